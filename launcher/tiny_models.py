@@ -1,0 +1,129 @@
+"""Builds small Llama-family checkpoints locally: random weights and a byte-level BPE tokenizer.
+
+There is no model hub here, so the demo model and every test model come from this one builder.
+The tokenizer is byte-level, so any text (multi-byte UTF-8 included) round-trips.
+"""
+
+import json
+from pathlib import Path
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<|end|>"]
+
+# A small corpus with enough variety for BPE merges; non-ASCII lines exercise multi-byte tokens.
+_CORPUS_LINES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Switchyard serves language models over HTTP with continuous batching.",
+    "Paged attention reads keys and values through a block table.",
+    "Tensor parallelism splits every layer across several devices.",
+    "In the beginning the universe was created, which made a lot of people very angry.",
+    "def forward(self, x): return self.down(self.act(self.gate(x)) * self.up(x))",
+    "Numbers: 0 1 2 3 4 5 6 7 8 9 10 42 100 2048 65536",
+    "Ünïcödé façade naïve café résumé — “quotes” and ‘apostrophes’ …",
+    "日本語のテキストと中文文本以及한국어 텍스트",
+    "Emoji: 🚀🔥✨🙂 and symbols ∑ ∫ √ ∞ ≠ ≤ ≥ π",
+]
+
+ARCHITECTURES = {
+    "LlamaForCausalLM": "LlamaConfig",
+    "MistralForCausalLM": "MistralConfig",
+    "Qwen2ForCausalLM": "Qwen2Config",
+}
+
+
+def _corpus() -> list[str]:
+    words = " ".join(_CORPUS_LINES).split()
+    # Deterministic shuffles of the words give the trainer more pairs to merge.
+    lines = list(_CORPUS_LINES)
+    for stride in range(1, 40):
+        lines.append(" ".join(words[i % len(words)] for i in range(0, len(words) * stride, stride)))
+    return lines
+
+
+def build_tokenizer(vocab_size: int):
+    """A byte-level BPE PreTrainedTokenizerFast trained on the built-in corpus."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        additional_special_tokens=["<|end|>"],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_model(
+    path: str | Path,
+    architecture: str = "LlamaForCausalLM",
+    *,
+    vocab_size: int = 512,
+    hidden_size: int = 64,
+    intermediate_size: int = 128,
+    num_hidden_layers: int = 2,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    seed: int = 0,
+    dtype: str = "float32",
+    **config_overrides,
+) -> Path:
+    """Writes config, safetensors weights and tokenizer of a random model to `path`.
+
+    `vocab_size` is the model's embedding size; the tokenizer may have fewer entries (the
+    trainer stops when it runs out of merges), as real checkpoints often pad their vocabulary.
+    """
+    import torch
+    import transformers
+
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"unknown architecture {architecture!r}; one of {sorted(ARCHITECTURES)}")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(vocab_size)
+    config_cls = getattr(transformers, ARCHITECTURES[architecture])
+    config = config_cls(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=None,
+        **config_overrides,
+    )
+    config.architectures = [architecture]
+    torch.manual_seed(seed)
+    model = getattr(transformers, architecture)(config).to(getattr(torch, dtype))
+    # Random init gives near-uniform logits; a wider spread makes greedy choices decisive, so
+    # token-equality tests compare real decisions rather than numerical ties.
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" not in name:
+                param.normal_(0.0, 0.08 if "embed" in name or "lm_head" in name else 0.05)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    # A generation_config with eos lets both transformers and Switchyard stop on the same token.
+    (path / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id})
+    )
+    return path
