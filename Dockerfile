@@ -1,0 +1,39 @@
+# CPU image by default. For NVIDIA GPUs pick a CUDA build of torch, e.g.
+#   docker build --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 -t switchyard:cuda .
+# (the wheels bring the CUDA runtime; the host needs the NVIDIA driver and container toolkit).
+ARG PYTHON_VERSION=3.11
+FROM python:${PYTHON_VERSION}-slim
+
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    HF_HOME=/data/huggingface \
+    SWITCHYARD_CACHE=/data/switchyard
+
+# Triton compiles a small C helper at runtime on GPUs, so CUDA images need a C compiler.
+RUN case "${TORCH_INDEX_URL}" in \
+      */cpu) ;; \
+      *) apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+         && rm -rf /var/lib/apt/lists/* ;; \
+    esac
+
+# torch first and alone: its layer is the big one and changes least often.
+RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}"
+
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY proto ./proto
+COPY switchyard_pb ./switchyard_pb
+COPY launcher ./launcher
+COPY router ./router
+COPY shard ./shard
+RUN pip install . && useradd --create-home --uid 1000 switchyard \
+    && mkdir -p /data && chown switchyard /data
+
+USER switchyard
+VOLUME /data
+EXPOSE 3000
+ENTRYPOINT ["launcher", "--hostname", "0.0.0.0", "--port", "3000"]

@@ -1,0 +1,182 @@
+"""Command-line flags of `launcher` and the frozen configuration they produce."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from launcher.devices import default_num_shard
+from launcher.env import LauncherEnv
+
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+ATTENTION_BACKENDS = ("torch", "triton")
+
+# Router flags forwarded verbatim when given; the router owns their defaults.
+ROUTER_INT_FLAGS = (
+    "max_input_tokens",
+    "max_total_tokens",
+    "max_batch_prefill_tokens",
+    "max_batch_total_tokens",
+    "max_concurrent_requests",
+    "max_stop_sequences",
+    "max_best_of",
+    "max_waiting_tokens",
+)
+
+
+@dataclass(frozen=True)
+class LauncherConfig:
+    model_id: str | None  # None: the built-in demo model
+    hostname: str
+    port: int
+    # Shard settings
+    num_shard: int
+    shard_uds_path: str
+    master_addr: str
+    master_port: int
+    dtype: str
+    attention: str | None  # None: the shard picks the best backend for its device
+    block_size: int
+    cuda_memory_fraction: float | None
+    cpu_kv_cache_gb: float | None
+    shard_startup_timeout: float
+    # Router settings (None: not forwarded, the router's default applies)
+    max_input_tokens: int | None
+    max_total_tokens: int | None
+    max_batch_prefill_tokens: int | None
+    max_batch_total_tokens: int | None
+    max_concurrent_requests: int | None
+    max_stop_sequences: int | None
+    max_best_of: int | None
+    waiting_served_ratio: float | None
+    max_waiting_tokens: int | None
+    served_model_name: str | None
+
+    def shard_socket(self, rank: int) -> str:
+        return f"{self.shard_uds_path}-{rank}"
+
+
+def _bounded(
+    kind: Callable[[str], float], low: float, high: float | None = None, low_inclusive: bool = True
+) -> Callable[[str], float]:
+    """An argparse type that rejects out-of-range values; argparse then names the flag."""
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {kind.__name__} value: {text!r}") from None
+        too_low = value < low if low_inclusive else value <= low
+        if too_low or (high is not None and value > high):
+            bound = f">= {low}" if low_inclusive else f"> {low}"
+            rng = bound if high is None else f"{bound} and <= {high}"
+            raise argparse.ArgumentTypeError(f"must be {rng}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse uses it in "invalid <type> value" messages
+    return parse
+
+
+_positive_int = _bounded(int, 1)
+_port = _bounded(int, 1, 65535)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="launcher",
+        description="Start Switchyard: one shard per GPU, then the HTTP router; supervise both.",
+    )
+    p.add_argument(
+        "--model-id",
+        default=None,
+        help="local model directory or Hugging Face hub id (default: a small demo model "
+        "built on first use)",
+    )
+    p.add_argument(
+        "--served-model-name",
+        default=None,
+        help="model name reported by the API (default: --model-id)",
+    )
+    p.add_argument("--hostname", default="0.0.0.0", help="address the router listens on")
+    p.add_argument("--port", type=_port, default=3000, help="port the router listens on")
+
+    s = p.add_argument_group("shards")
+    s.add_argument(
+        "--num-shard",
+        type=_positive_int,
+        default=None,
+        help="tensor-parallel shards (default: visible CUDA GPUs, 1 on CPU)",
+    )
+    s.add_argument("--dtype", choices=DTYPES, default="auto")
+    s.add_argument(
+        "--attention",
+        choices=ATTENTION_BACKENDS,
+        default=None,
+        help="attention backend (default: the shard's choice for its device)",
+    )
+    s.add_argument("--block-size", type=_positive_int, default=16, help="tokens per KV block")
+    s.add_argument(
+        "--cuda-memory-fraction",
+        type=_bounded(float, 0.0, 1.0, low_inclusive=False),
+        default=None,
+        help="share of GPU memory a shard may use",
+    )
+    s.add_argument(
+        "--cpu-kv-cache-gb",
+        type=_bounded(float, 0.0, low_inclusive=False),
+        default=None,
+        help="KV cache size on CPU, in GB",
+    )
+    s.add_argument(
+        "--shard-uds-path",
+        default="/tmp/switchyard-server",
+        help="prefix of the shards' unix sockets (rank r listens on PATH-r)",
+    )
+    s.add_argument("--master-addr", default="127.0.0.1", help="torch.distributed rendezvous host")
+    s.add_argument(
+        "--master-port", type=_port, default=29500, help="torch.distributed rendezvous port"
+    )
+    s.add_argument(
+        "--shard-startup-timeout",
+        type=_bounded(float, 0.0, low_inclusive=False),
+        default=300.0,
+        help="seconds to wait for every shard to answer Health",
+    )
+
+    r = p.add_argument_group("router (forwarded when given)")
+    for name in ROUTER_INT_FLAGS:
+        r.add_argument("--" + name.replace("_", "-"), type=_positive_int, default=None)
+    r.add_argument("--waiting-served-ratio", type=_bounded(float, 0.0), default=None)
+    return p
+
+
+def parse_args(argv: Sequence[str] | None, env: LauncherEnv) -> LauncherConfig:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    _check_consistency(parser, ns)
+    if ns.num_shard is None:
+        ns.num_shard = default_num_shard(env.cuda_visible_devices)
+    return LauncherConfig(**vars(ns))
+
+
+def _check_consistency(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    """Cross-flag limits, caught here so a bad combination fails before minutes of loading."""
+    if ns.max_input_tokens is not None and ns.max_total_tokens is not None:
+        if ns.max_input_tokens >= ns.max_total_tokens:
+            parser.error(
+                f"--max-input-tokens ({ns.max_input_tokens}) must be < "
+                f"--max-total-tokens ({ns.max_total_tokens})"
+            )
+    if ns.max_input_tokens is not None and ns.max_batch_prefill_tokens is not None:
+        if ns.max_batch_prefill_tokens < ns.max_input_tokens:
+            parser.error(
+                f"--max-batch-prefill-tokens ({ns.max_batch_prefill_tokens}) must be >= "
+                f"--max-input-tokens ({ns.max_input_tokens})"
+            )
+    if ns.max_total_tokens is not None and ns.max_batch_total_tokens is not None:
+        if ns.max_batch_total_tokens < ns.max_total_tokens:
+            parser.error(
+                f"--max-batch-total-tokens ({ns.max_batch_total_tokens}) must be >= "
+                f"--max-total-tokens ({ns.max_total_tokens})"
+            )

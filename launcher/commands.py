@@ -1,0 +1,96 @@
+"""The command lines and environments of the shard and router processes (docs/architecture.md)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from launcher.args import ROUTER_INT_FLAGS, LauncherConfig
+
+
+@dataclass(frozen=True)
+class Programs:
+    """What runs a shard and the router; swapped for wrappers or stand-ins, never for flags."""
+
+    shard: tuple[str, ...] = (sys.executable, "-m", "shard")
+    router: tuple[str, ...] = (sys.executable, "-m", "router")
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    name: str  # used as the log prefix and in every error about this child
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)  # added on top of the launcher's env
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    shards: tuple[ChildSpec, ...]
+    shard_sockets: tuple[Path, ...]  # shard_sockets[r] is where rank r listens
+    router: ChildSpec
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def shard_spec(
+    cfg: LauncherConfig, model_dir: Path, rank: int, program: tuple[str, ...]
+) -> ChildSpec:
+    argv = [
+        *program,
+        "serve",
+        "--model-id",
+        str(model_dir),
+        "--uds-path",
+        cfg.shard_uds_path,
+        "--dtype",
+        cfg.dtype,
+        "--block-size",
+        str(cfg.block_size),
+    ]
+    for name in ("attention", "cuda_memory_fraction", "cpu_kv_cache_gb"):
+        value = getattr(cfg, name)
+        if value is not None:
+            argv += [_flag(name), str(value)]
+    env = {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(cfg.num_shard),
+        # One node: the local rank picks the GPU.
+        "LOCAL_RANK": str(rank),
+        "MASTER_ADDR": cfg.master_addr,
+        "MASTER_PORT": str(cfg.master_port),
+    }
+    return ChildSpec(name=f"shard {rank}", argv=tuple(argv), env=env)
+
+
+def router_spec(cfg: LauncherConfig, model_dir: Path, program: tuple[str, ...]) -> ChildSpec:
+    # The API reports what the user asked for, not a cache path the launcher resolved it to.
+    served_name = cfg.served_model_name or cfg.model_id or model_dir.name
+    argv = [
+        *program,
+        "--model-id",
+        str(model_dir),
+        "--shard-uds-path",
+        cfg.shard_uds_path,
+        "--hostname",
+        cfg.hostname,
+        "--port",
+        str(cfg.port),
+        "--served-model-name",
+        served_name,
+    ]
+    for name in (*ROUTER_INT_FLAGS, "waiting_served_ratio"):
+        value = getattr(cfg, name)
+        if value is not None:
+            argv += [_flag(name), str(value)]
+    return ChildSpec(name="router", argv=tuple(argv))
+
+
+def build_plan(cfg: LauncherConfig, model_dir: Path, programs: Programs) -> LaunchPlan:
+    return LaunchPlan(
+        shards=tuple(shard_spec(cfg, model_dir, r, programs.shard) for r in range(cfg.num_shard)),
+        shard_sockets=tuple(Path(cfg.shard_socket(r)) for r in range(cfg.num_shard)),
+        router=router_spec(cfg, model_dir, programs.router),
+    )

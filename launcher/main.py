@@ -1,0 +1,95 @@
+"""`launcher`: resolve the model, then start and supervise the shards and the router."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Callable, Iterator, Sequence
+
+from launcher.args import parse_args
+from launcher.commands import Programs, build_plan
+from launcher.env import LauncherEnv
+from launcher.resolve import ModelResolutionError, resolve_model
+from launcher.supervisor import Supervisor, SupervisorSettings
+
+log = logging.getLogger("launcher")
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is at emit time (pytest and embedders swap it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    @property  # type: ignore[override]
+    def stream(self):  # noqa: ANN201
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:  # noqa: ANN001
+        pass
+
+
+def _configure_logging() -> None:
+    if not any(isinstance(h, _StderrHandler) for h in log.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s launcher: %(message)s"))
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop: Callable[[], None]) -> Iterator[None]:
+    """SIGINT and SIGTERM request a graceful stop; previous handlers come back afterwards."""
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.getsignal(s) for s in sigs}
+    for s in sigs:
+        signal.signal(s, lambda _signum, _frame: stop())
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    programs: Programs | None = None,
+    settings: SupervisorSettings | None = None,
+) -> int:
+    """Entry point of the `launcher` console script; returns the process exit code.
+
+    `programs` and `settings` let tests run stand-in children with short timeouts.
+    """
+    _configure_logging()
+    env = LauncherEnv.from_environ()
+    cfg = parse_args(argv, env)
+    try:
+        model_dir = resolve_model(cfg.model_id, env)
+    except ModelResolutionError as exc:
+        log.error("%s", exc)
+        return 1
+    except OSError as exc:  # e.g. an unwritable cache while building the demo model
+        log.error("could not prepare the model: %s", exc)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    log.info("model %s -> %s; %d shard(s)", cfg.model_id or "(demo)", model_dir, cfg.num_shard)
+    if programs is None:
+        default = Programs()
+        programs = Programs(
+            shard=env.shard_program or default.shard, router=env.router_program or default.router
+        )
+    if settings is None:
+        settings = SupervisorSettings(startup_timeout_s=cfg.shard_startup_timeout)
+    supervisor = Supervisor(build_plan(cfg, model_dir, programs), settings)
+    with _stop_on_signals(supervisor.request_stop):
+        return supervisor.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""Starts the shards, waits until each answers Health, starts the router, and keeps them running
+together: if any child dies the others are stopped; a stop request stops all of them in order."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from launcher.commands import ChildSpec, LaunchPlan
+from launcher.health import shard_is_healthy
+from launcher.process import Child
+
+log = logging.getLogger("launcher")
+
+Probe = Callable[[Path, float], bool]
+
+
+@dataclass(frozen=True)
+class SupervisorSettings:
+    startup_timeout_s: float = 300.0
+    # How long a child gets to exit after SIGTERM before SIGKILL.
+    grace_period_s: float = 10.0
+    poll_interval_s: float = 0.1
+    # Per-attempt bound, so a shard that accepted the connection but hangs cannot stall the loop.
+    probe_timeout_s: float = 2.0
+    error_tail_lines: int = 20
+
+
+class StartupFailed(RuntimeError):
+    pass
+
+
+class ChildExited(RuntimeError):
+    pass
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def format_tail(child: Child, n: int) -> str:
+    lines = child.tail(n)
+    if not lines:
+        return f"{child.name} printed nothing"
+    return f"last {len(lines)} log lines of {child.name}:\n" + "\n".join(
+        f"    {ln}" for ln in lines
+    )
+
+
+class Supervisor:
+    def __init__(
+        self,
+        plan: LaunchPlan,
+        settings: SupervisorSettings,
+        *,
+        probe: Probe = shard_is_healthy,
+        sink: TextIO | None = None,
+    ) -> None:
+        self.plan = plan
+        self.settings = settings
+        self._probe = probe
+        self._sink = sink if sink is not None else sys.stdout
+        self._sink_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._force = threading.Event()
+        self._shards: list[Child] = []
+        self._router: Child | None = None
+
+    def request_stop(self) -> None:
+        """Safe from a signal handler. A second request skips the grace period."""
+        if self._stop.is_set():
+            self._force.set()
+        self._stop.set()
+
+    def run(self) -> int:
+        """Returns the launcher's exit code: 0 after a requested stop, 1 after any failure."""
+        try:
+            self._remove_sockets(stale=True)
+            for spec in self.plan.shards:
+                self._shards.append(self._spawn(spec))
+            if not self._wait_for_shards():
+                return 0
+            self._router = self._spawn(self.plan.router)
+            log.info(
+                "all %d shard(s) ready; router started (pid %d)",
+                len(self._shards),
+                self._router.pid,
+            )
+            self._supervise()
+            log.info("stop requested: shutting down")
+            return 0
+        except (StartupFailed, ChildExited) as exc:
+            log.error("%s", exc)
+            return 1
+        finally:
+            self._stop_children()
+            self._remove_sockets(stale=False)
+
+    def _spawn(self, spec: ChildSpec) -> Child:
+        try:
+            child = Child(spec, self._sink, self._sink_lock)
+        except OSError as exc:  # e.g. a wrong SWITCHYARD_SHARD_COMMAND
+            raise StartupFailed(
+                f"could not start {spec.name} ({' '.join(spec.argv)}): {exc}"
+            ) from exc
+        log.info("started %s (pid %d): %s", spec.name, child.pid, " ".join(spec.argv))
+        return child
+
+    def _wait_for_shards(self) -> bool:
+        """True when every shard answers Health; False when a stop was requested first."""
+        timeout = self.settings.startup_timeout_s
+        deadline = time.monotonic() + timeout
+        pending = dict(enumerate(self._shards))
+        while pending:
+            if self._stop.is_set():
+                return False
+            self._check_alive(during_startup=True)
+            for rank, child in list(pending.items()):
+                remaining = max(0.05, deadline - time.monotonic())
+                if self._probe(
+                    self.plan.shard_sockets[rank], min(self.settings.probe_timeout_s, remaining)
+                ):
+                    log.info("%s is ready", child.name)
+                    del pending[rank]
+            if pending and time.monotonic() >= deadline:
+                raise StartupFailed(
+                    "\n".join(
+                        self._not_ready_report(rank, child, timeout)
+                        for rank, child in pending.items()
+                    )
+                )
+            if pending:
+                self._stop.wait(self.settings.poll_interval_s)
+        return True
+
+    def _not_ready_report(self, rank: int, child: Child, timeout: float) -> str:
+        socket = self.plan.shard_sockets[rank]
+        state = "exists but Health did not answer" if socket.exists() else "was never created"
+        return (
+            f"{child.name} did not become ready within {timeout:g} s "
+            f"(socket {socket} {state}); {format_tail(child, self.settings.error_tail_lines)}"
+        )
+
+    def _supervise(self) -> None:
+        while not self._stop.is_set():
+            self._check_alive(during_startup=False)
+            self._stop.wait(self.settings.poll_interval_s)
+
+    def _check_alive(self, *, during_startup: bool) -> None:
+        children = [*self._shards, *([self._router] if self._router else [])]
+        for child in children:
+            code = child.poll()
+            if code is None:
+                continue
+            when = "before it became ready" if during_startup else "unexpectedly"
+            error = StartupFailed if during_startup else ChildExited
+            # Even exit code 0 is a failure: a server process has no reason to finish on its own.
+            raise error(
+                f"{child.name} {describe_exit(code)} {when}; stopping the others. "
+                f"{format_tail(child, self.settings.error_tail_lines)}"
+            )
+
+    def _stop_children(self) -> None:
+        # Router first, so it stops taking requests before the shards under it disappear.
+        groups = [[self._router] if self._router else [], self._shards]
+        for group in groups:
+            running = [c for c in group if c.poll() is None]
+            for child in running:
+                child.signal(signal.SIGTERM)
+            deadline = time.monotonic() + self.settings.grace_period_s
+            while any(c.poll() is None for c in running):
+                if self._force.is_set() or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.05)
+            for child in running:
+                if child.poll() is None:
+                    log.warning(
+                        "%s did not exit within %g s of SIGTERM; killing it",
+                        child.name,
+                        self.settings.grace_period_s,
+                    )
+                    child.signal(signal.SIGKILL)
+                    child.wait(5.0)
+
+    def _remove_sockets(self, *, stale: bool) -> None:
+        for path in self.plan.shard_sockets:
+            if path.is_dir():
+                if stale:
+                    raise StartupFailed(f"shard socket path {path} is a directory")
+                continue
+            if stale:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                if path.exists() or path.is_symlink():
+                    # A crashed earlier run leaves its sockets; binding over them would fail and
+                    # the readiness check could mistake them for live shards.
+                    log.info("removing stale socket %s", path)
+            path.unlink(missing_ok=True)

@@ -1,0 +1,127 @@
+"""Flag validation, defaults and the command lines built from them."""
+
+from pathlib import Path
+
+import pytest
+
+from launcher.args import parse_args
+from launcher.commands import Programs, build_plan
+from launcher.devices import visible_gpu_count
+from launcher.env import LauncherEnv
+from launcher.main import main
+
+CPU_ENV = LauncherEnv.from_environ({"CUDA_VISIBLE_DEVICES": ""})
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--dtype", "float64"], "--dtype"),
+        (["--num-shard", "0"], "--num-shard"),
+        (["--num-shard", "two"], "--num-shard"),
+        (["--attention", "flash"], "--attention"),
+        (["--port", "70000"], "--port"),
+        (["--block-size", "-16"], "--block-size"),
+        (["--cuda-memory-fraction", "1.5"], "--cuda-memory-fraction"),
+        (["--max-concurrent-requests", "0"], "--max-concurrent-requests"),
+        (["--max-input-tokens", "100", "--max-total-tokens", "100"], "--max-input-tokens"),
+        (
+            ["--max-input-tokens", "100", "--max-batch-prefill-tokens", "50"],
+            "--max-batch-prefill-tokens",
+        ),
+        (["--no-such-flag"], "--no-such-flag"),
+    ],
+)
+def test_bad_flags_exit_2_naming_the_flag(argv, flag, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_defaults_on_a_cpu_machine():
+    cfg = parse_args([], CPU_ENV)
+    assert cfg.model_id is None
+    assert (cfg.num_shard, cfg.port, cfg.hostname, cfg.dtype) == (1, 3000, "0.0.0.0", "auto")
+    assert (cfg.shard_uds_path, cfg.master_addr, cfg.master_port) == (
+        "/tmp/switchyard-server",
+        "127.0.0.1",
+        29500,
+    )
+    assert cfg.block_size == 16 and cfg.shard_startup_timeout == 300
+
+
+@pytest.mark.parametrize(("value", "count"), [("", 0), ("-1", 0), ("-1,0", 0), (" ", 0)])
+def test_hidden_gpus_count_as_none(value, count):
+    assert visible_gpu_count(value) == count
+
+
+def test_shard_and_router_command_lines():
+    cfg = parse_args(
+        [
+            "--model-id",
+            "org/model",
+            "--num-shard",
+            "2",
+            "--attention",
+            "torch",
+            "--cpu-kv-cache-gb",
+            "1.5",
+            "--max-best-of",
+            "3",
+            "--waiting-served-ratio",
+            "0.5",
+            "--hostname",
+            "127.0.0.1",
+            "--port",
+            "8080",
+        ],
+        CPU_ENV,
+    )
+    plan = build_plan(cfg, Path("/models/m"), Programs(shard=("S",), router=("R",)))
+    shard = plan.shards[1]
+    assert shard.name == "shard 1"
+    assert shard.argv == (
+        "S",
+        "serve",
+        "--model-id",
+        "/models/m",
+        "--uds-path",
+        "/tmp/switchyard-server",
+        "--dtype",
+        "auto",
+        "--block-size",
+        "16",
+        "--attention",
+        "torch",
+        "--cpu-kv-cache-gb",
+        "1.5",
+    )
+    assert shard.env["RANK"] == "1" and shard.env["WORLD_SIZE"] == "2"
+    assert plan.shard_sockets == (
+        Path("/tmp/switchyard-server-0"),
+        Path("/tmp/switchyard-server-1"),
+    )
+    assert plan.router.argv == (
+        "R",
+        "--model-id",
+        "/models/m",
+        "--shard-uds-path",
+        "/tmp/switchyard-server",
+        "--hostname",
+        "127.0.0.1",
+        "--port",
+        "8080",
+        "--served-model-name",
+        "org/model",
+        "--max-best-of",
+        "3",
+        "--waiting-served-ratio",
+        "0.5",
+    )
+
+
+def test_program_overrides_come_from_the_environment():
+    env = LauncherEnv.from_environ({"SWITCHYARD_SHARD_COMMAND": "nsys profile python -m shard"})
+    assert env.shard_program == ("nsys", "profile", "python", "-m", "shard")
+    assert env.router_program is None
