@@ -1,0 +1,154 @@
+"""Attention over a paged KV cache, behind one backend interface.
+
+The KV cache of a layer is [2, num_blocks, block_size, Hkv, D]; flattening the block and offset
+dims gives one row per slot (`slot = block * block_size + offset`), which is how new tokens are
+written and how a block table turns positions into rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AttentionMetadata:
+    is_prefill: bool
+    slot_mapping: torch.Tensor  # [T] int64, cache slot of each new token (T = tokens this step)
+    block_tables: torch.Tensor  # [B, max_blocks] int32, rows padded with 0
+    context_lens: torch.Tensor  # [B] int32, tokens of each sequence in the cache after this step
+    cu_seqlens_q: torch.Tensor | None = None  # prefill: [B+1] int32, packed query offsets
+    max_seqlen_q: int = 0  # prefill: longest query
+    max_seqlen_k: int = 0  # prefill: longest context (== max_seqlen_q without cached prefix)
+
+
+class AttentionBackend(Protocol):
+    def store_kv(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None: ...
+
+    def prefill(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor: ...
+
+    def decode(
+        self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    ) -> torch.Tensor: ...
+
+
+def _slot_rows(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values as [num_blocks * block_size, Hkv, D] views of the cache."""
+    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
+    rows = num_blocks * block_size
+    return kv_cache[0].view(rows, num_kv_heads, head_dim), kv_cache[1].view(
+        rows, num_kv_heads, head_dim
+    )
+
+
+def _slots(block_tables: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Cache slot of each position through each row's block table: [B, P] for positions [P]."""
+    blocks = block_tables.long()[:, positions // block_size]
+    return blocks * block_size + positions % block_size
+
+
+class TorchAttentionBackend:
+    """Reference backend in plain torch: correct everywhere, fast nowhere in particular."""
+
+    def store_kv(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        keys, values = _slot_rows(kv_cache)
+        slots = slot_mapping.long()  # index_copy_ wants int64; callers may hand us int32
+        keys.index_copy_(0, slots, key.to(keys.dtype))
+        values.index_copy_(0, slots, value.to(values.dtype))
+
+    def prefill(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """Causal attention per packed sequence; a cached prefix (context_lens > query length)
+        is read from the cache and comes before the new tokens."""
+        assert meta.cu_seqlens_q is not None, "prefill needs cu_seqlens_q"
+        keys, values = _slot_rows(kv_cache)
+        block_size = kv_cache.shape[2]
+        bounds = meta.cu_seqlens_q.tolist()
+        context_lens = meta.context_lens.tolist()
+        out = torch.empty_like(q)
+        for i, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+            q_len, prefix = stop - start, context_lens[i] - (stop - start)
+            k_i, v_i = k[start:stop], v[start:stop]
+            if prefix > 0:
+                slots = _slots(
+                    meta.block_tables[i : i + 1], torch.arange(prefix, device=q.device), block_size
+                )[0]
+                k_i = torch.cat([keys[slots].to(k.dtype), k_i])
+                v_i = torch.cat([values[slots].to(v.dtype), v_i])
+            # Query j sits at absolute position prefix + j and sees keys 0..prefix + j.
+            mask = torch.ones(q_len, prefix + q_len, dtype=torch.bool, device=q.device).tril(prefix)
+            o = F.scaled_dot_product_attention(
+                q[start:stop].transpose(0, 1),
+                k_i.transpose(0, 1),
+                v_i.transpose(0, 1),
+                attn_mask=mask,
+                scale=scale,
+                enable_gqa=True,
+            )
+            out[start:stop] = o.transpose(0, 1)
+        return out
+
+    def decode(
+        self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
+        """One query per sequence against its whole context, all sequences in one batched pass:
+        every row gathers max_ctx slots and masks the ones past its own context length."""
+        keys, values = _slot_rows(kv_cache)
+        block_size = kv_cache.shape[2]
+        max_ctx = int(meta.context_lens.max())
+        positions = torch.arange(max_ctx, device=q.device)
+        valid = positions[None, :] < meta.context_lens[:, None].long()  # [B, max_ctx]
+        # Padded positions read whatever block 0 holds; zeroing them keeps stale NaN/inf out.
+        slots = _slots(meta.block_tables, positions, block_size).masked_fill(~valid, 0)
+        k = keys[slots].to(q.dtype).masked_fill(~valid[..., None, None], 0)  # [B, max_ctx, Hkv, D]
+        v = values[slots].to(q.dtype).masked_fill(~valid[..., None, None], 0)
+        o = F.scaled_dot_product_attention(
+            q.unsqueeze(2),  # [B, H, 1, D]
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            attn_mask=valid[:, None, None, :],
+            scale=scale,
+            enable_gqa=True,
+        )
+        return o.squeeze(2)
+
+
+_BACKENDS = {"torch": TorchAttentionBackend}
+
+
+def get_attention_backend(name: str) -> AttentionBackend:
+    if name == "triton":
+        raise ValueError("attention backend 'triton' is not implemented yet; use --attention torch")
+    if name not in _BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; available: {sorted(_BACKENDS)}")
+    return _BACKENDS[name]()

@@ -1,0 +1,80 @@
+"""Vocab-parallel token embedding and LM head.
+
+The vocabulary is padded up to a multiple of the world size so every rank holds an equal block
+of rows (the padding rows are zero and their logits are cut off before anyone sees them).
+The LM head may share the embedding's weight (tied embeddings).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from shard.distributed import Distributed
+from shard.weights import Weights
+
+
+def _read_vocab_block(weights: Weights, name: str, vocab_size: int) -> torch.Tensor:
+    world, rank = weights.dist.world_size, weights.dist.rank
+    rows = weights.shape(name)[0]
+    if rows < vocab_size:
+        raise ValueError(f"{name} has {rows} rows, fewer than vocab_size {vocab_size}")
+    block = -(-vocab_size // world)
+    start, stop = min(rank * block, vocab_size), min((rank + 1) * block, vocab_size)
+    local = weights.get_range(name, 0, start, stop)
+    if stop - start < block:
+        local = torch.cat([local, local.new_zeros(block - (stop - start), local.shape[1])])
+    return local
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Each rank looks up the ids in its vocab block, zeros the rest; all_reduce sums them."""
+
+    def __init__(self, weight: torch.Tensor, vocab_size: int, dist: Distributed) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)  # [padded_vocab / world, hidden]
+        self.vocab_size = vocab_size
+        self.dist = dist
+        self.vocab_start = dist.rank * weight.shape[0]
+
+    @classmethod
+    def load(cls, weights: Weights, name: str, vocab_size: int) -> VocabParallelEmbedding:
+        return cls(_read_vocab_block(weights, name, vocab_size), vocab_size, weights.dist)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.dist.world_size == 1:
+            return F.embedding(input_ids, self.weight)
+        local = input_ids - self.vocab_start
+        outside = (local < 0) | (local >= self.weight.shape[0])
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        out.masked_fill_(outside.unsqueeze(-1), 0)
+        return self.dist.all_reduce(out)
+
+
+class ParallelLMHead(nn.Module):
+    """Local logits for this rank's vocab block, all_gather'ed into the full (unpadded) vocab."""
+
+    def __init__(self, weight: nn.Parameter | torch.Tensor, vocab_size: int, dist: Distributed):
+        super().__init__()
+        # Tied heads pass the embedding's Parameter itself so the two never diverge in memory.
+        self.weight = (
+            weight
+            if isinstance(weight, nn.Parameter)
+            else nn.Parameter(weight, requires_grad=False)
+        )
+        self.vocab_size = vocab_size
+        self.dist = dist
+
+    @classmethod
+    def load(cls, weights: Weights, name: str, vocab_size: int) -> ParallelLMHead:
+        return cls(_read_vocab_block(weights, name, vocab_size), vocab_size, weights.dist)
+
+    @classmethod
+    def tied(cls, embedding: VocabParallelEmbedding) -> ParallelLMHead:
+        return cls(embedding.weight, embedding.vocab_size, embedding.dist)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, hidden] -> float32 [N, vocab_size], the full vocabulary on every rank."""
+        logits = self.dist.all_gather(F.linear(hidden, self.weight), dim=-1)
+        return logits[:, : self.vocab_size].float()

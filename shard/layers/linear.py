@@ -1,0 +1,180 @@
+"""Tensor-parallel linears. Each layer knows how to read its own slice from the checkpoint.
+
+Column layers split output features (no communication: their consumer is a row layer or the
+attention of this rank's heads); row layers split input features and sum partial products with
+one all_reduce. Fused layers run several projections as one matmul, packed per rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from shard.distributed import Distributed
+from shard.weights import Weights, WeightsError
+
+
+def _param(t: torch.Tensor | None) -> nn.Parameter | None:
+    return None if t is None else nn.Parameter(t, requires_grad=False)
+
+
+class ColumnParallelLinear(nn.Module):
+    """y_r = x @ W_r.T + b_r, W_r the rank's block of output rows."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.weight = _param(weight)
+        self.bias = _param(bias)
+
+    @classmethod
+    def load(cls, weights: Weights, prefix: str, *, bias: bool) -> ColumnParallelLinear:
+        return cls(
+            weights.get_sharded(f"{prefix}.weight", 0),
+            weights.get_sharded(f"{prefix}.bias", 0) if bias else None,
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Equal-sized column linears of one input fused into one matmul (gate_up_proj).
+
+    The output is packed per rank as [block0_r, block1_r, ...], so `split` needs no communication.
+    `prefixes` names each block's checkpoint tensor, or one tensor that already fuses them.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, num_blocks: int) -> None:
+        super().__init__(weight, bias)
+        self.num_blocks = num_blocks
+
+    @classmethod
+    def load_merged(
+        cls, weights: Weights, prefixes: Sequence[str], *, bias: bool, num_blocks: int
+    ) -> MergedColumnParallelLinear:
+        def read(suffix: str) -> torch.Tensor:
+            names = [f"{p}.{suffix}" for p in prefixes]
+            if len(names) == num_blocks:
+                return weights.get_multi_sharded(names, 0)
+            if len(names) == 1:
+                size = weights.shape(names[0])[0]
+                return weights.get_packed_sharded(names[0], 0, [size // num_blocks] * num_blocks)
+            raise WeightsError(f"{num_blocks} fused blocks cannot come from {list(prefixes)}")
+
+        return cls(read("weight"), read("bias") if bias else None, num_blocks)
+
+    def split(self, out: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return out.chunk(self.num_blocks, dim=-1)
+
+
+def head_range(num_heads: int, rank: int, world_size: int, *, replicate: bool) -> tuple[int, int]:
+    """Heads [start, stop) owned by `rank`. With `replicate`, fewer heads than ranks means each
+    head is shared by world_size / num_heads consecutive ranks (the KV heads of GQA)."""
+    if num_heads % world_size == 0:
+        per_rank = num_heads // world_size
+        return rank * per_rank, (rank + 1) * per_rank
+    if replicate and world_size % num_heads == 0:
+        head = rank // (world_size // num_heads)
+        return head, head + 1
+    raise WeightsError(f"{num_heads} heads cannot be split across world size {world_size}")
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """q, k and v projections in one matmul, packed per rank as [q_r, k_r, v_r].
+
+    Query heads split evenly; KV heads split too, or are replicated when there are fewer KV
+    heads than ranks, so every rank holds the KV heads its query heads attend to.
+    """
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        *,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+    ) -> None:
+        super().__init__(weight, bias)
+        self.num_heads = num_heads  # per rank
+        self.num_kv_heads = num_kv_heads  # per rank
+        self.head_dim = head_dim
+
+    @classmethod
+    def load_qkv(
+        cls,
+        weights: Weights,
+        prefixes: Sequence[str],
+        *,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        bias: bool,
+    ) -> QKVParallelLinear:
+        """`prefixes`: the q, k, v checkpoint tensors, or one tensor that already fuses them."""
+        rank, world = weights.dist.rank, weights.dist.world_size
+        q = head_range(num_heads, rank, world, replicate=False)
+        kv = head_range(num_kv_heads, rank, world, replicate=True)
+        if len(prefixes) == 3:
+            sources = [(p, 0) for p in prefixes]
+        elif len(prefixes) == 1:
+            q_rows, kv_rows = num_heads * head_dim, num_kv_heads * head_dim
+            sources = [(prefixes[0], 0), (prefixes[0], q_rows), (prefixes[0], q_rows + kv_rows)]
+        else:
+            raise WeightsError(f"qkv must come from 3 tensors or 1 fused tensor, got {prefixes}")
+
+        def read(suffix: str) -> torch.Tensor:
+            return torch.cat(
+                [
+                    weights.get_range(
+                        f"{name}.{suffix}", 0, offset + a * head_dim, offset + b * head_dim
+                    )
+                    for (name, offset), (a, b) in zip(sources, (q, kv, kv), strict=True)
+                ]
+            )
+
+        return cls(
+            read("weight"),
+            read("bias") if bias else None,
+            num_heads=q[1] - q[0],
+            num_kv_heads=kv[1] - kv[0],
+            head_dim=head_dim,
+        )
+
+    def split(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[T, (H + 2 Hkv) D] -> q [T, H, D], k [T, Hkv, D], v [T, Hkv, D] (this rank's heads)."""
+        d = self.head_dim
+        q, k, v = out.split([self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], -1)
+        return (
+            q.view(-1, self.num_heads, d),
+            k.view(-1, self.num_kv_heads, d),
+            v.view(-1, self.num_kv_heads, d),
+        )
+
+
+class RowParallelLinear(nn.Module):
+    """y = sum_r x_r @ W_r.T + b: W_r the rank's block of input columns, one all_reduce after.
+
+    The bias is added once, after the reduction, rather than on every rank before it.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dist: Distributed) -> None:
+        super().__init__()
+        self.weight = _param(weight)
+        self.bias = _param(bias)
+        self.dist = dist
+
+    @classmethod
+    def load(cls, weights: Weights, prefix: str, *, bias: bool) -> RowParallelLinear:
+        return cls(
+            weights.get_sharded(f"{prefix}.weight", 1),
+            weights.get_tensor(f"{prefix}.bias") if bias else None,
+            weights.dist,
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.dist.all_reduce(F.linear(x, self.weight))
+        return y if self.bias is None else y + self.bias

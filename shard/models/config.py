@@ -1,0 +1,128 @@
+"""The model configuration a shard needs, read once from the checkpoint directory."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shard.layers.rotary import RopeConfig
+
+logger = logging.getLogger(__name__)
+
+
+class UnsupportedArchitectureError(ValueError):
+    pass
+
+
+def read_architecture(model_dir: Path) -> str:
+    """architectures[0] of config.json, read raw so that unknown model types get a clear error."""
+    config = json.loads((model_dir / "config.json").read_text())
+    architectures = config.get("architectures") or []
+    if not architectures:
+        raise UnsupportedArchitectureError(f"{model_dir}/config.json names no architectures")
+    return architectures[0]
+
+
+def read_config_dict(model_dir: Path) -> dict[str, Any]:
+    """config.json with the model type's defaults filled in (save_pretrained omits fields that
+    equal them) and old-style rope fields standardized, as transformers itself reads it."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model_dir).to_dict()
+
+
+def _eos_token_ids(model_dir: Path, config: dict[str, Any]) -> list[int]:
+    found: list[int] = []
+    sources = [config.get("eos_token_id")]
+    generation_config = model_dir / "generation_config.json"
+    if generation_config.exists():
+        sources.append(json.loads(generation_config.read_text()).get("eos_token_id"))
+    for value in sources:
+        for token in value if isinstance(value, list) else [value]:
+            if token is not None and token not in found:
+                found.append(int(token))
+    return found
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    hidden_act: str
+    rope: RopeConfig
+    sliding_window: int | None
+    eos_token_ids: tuple[int, ...]
+
+    @classmethod
+    def from_dict(
+        cls,
+        config: dict[str, Any],
+        *,
+        architecture: str,
+        eos_token_ids: list[int],
+        qkv_bias_default: bool = False,
+    ) -> ModelConfig:
+        num_heads = config["num_attention_heads"]
+        head_dim = config.get("head_dim") or config["hidden_size"] // num_heads
+        attention_bias = config.get("attention_bias")
+        sliding_window = config.get("sliding_window")
+        if config.get("use_sliding_window") is False:  # Qwen2 keeps the value but disables it
+            sliding_window = None
+        max_pos = config.get("max_position_embeddings", 2048)
+        return cls(
+            architecture=architecture,
+            vocab_size=config["vocab_size"],
+            hidden_size=config["hidden_size"],
+            intermediate_size=config["intermediate_size"],
+            num_layers=config["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=config.get("num_key_value_heads") or num_heads,
+            head_dim=head_dim,
+            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+            max_position_embeddings=max_pos,
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            qkv_bias=qkv_bias_default if attention_bias is None else bool(attention_bias),
+            o_bias=bool(attention_bias),
+            mlp_bias=bool(config.get("mlp_bias", False)),
+            hidden_act=config.get("hidden_act", "silu"),
+            rope=RopeConfig.from_config_dict(config, head_dim),
+            sliding_window=sliding_window,
+            eos_token_ids=tuple(eos_token_ids),
+        )
+
+    @classmethod
+    def load(cls, model_dir: Path, *, qkv_bias_default: bool = False) -> ModelConfig:
+        config = read_config_dict(model_dir)
+        model_config = cls.from_dict(
+            config,
+            architecture=read_architecture(model_dir),
+            eos_token_ids=_eos_token_ids(model_dir, config),
+            qkv_bias_default=qkv_bias_default,
+        )
+        window = model_config.sliding_window
+        if window is not None and window < model_config.max_position_embeddings:
+            # Attention here is always full-context: identical to sliding-window attention for
+            # sequences no longer than the window, different beyond it.
+            logger.warning(
+                "%s has sliding_window=%d < max_position_embeddings=%d; sequences longer than "
+                "the window are attended in full, unlike the reference model",
+                model_config.architecture,
+                window,
+                model_config.max_position_embeddings,
+            )
+        return model_config

@@ -1,0 +1,104 @@
+"""Builds attention metadata for sequences laid out in a paged KV cache, as the router would:
+each sequence gets blocks drawn from a shuffled pool, so block tables are non-contiguous."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from shard.layers.attention import AttentionMetadata
+
+
+@dataclass
+class PagedLayout:
+    block_size: int
+    num_blocks: int
+    seed: int = 0
+    tables: list[list[int]] = field(default_factory=list)
+    _free: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        gen = torch.Generator().manual_seed(self.seed)
+        self._free = torch.randperm(self.num_blocks, generator=gen).tolist()
+
+    def add(self, capacity: int) -> int:
+        """Reserves blocks for `capacity` tokens; returns the sequence index."""
+        n = -(-capacity // self.block_size)
+        self.tables.append([self._free.pop() for _ in range(n)])
+        return len(self.tables) - 1
+
+    def slot(self, seq: int, pos: int) -> int:
+        return self.tables[seq][pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def block_tables(self, seqs: list[int]) -> torch.Tensor:
+        width = max(len(self.tables[s]) for s in seqs)
+        rows = [self.tables[s] + [0] * (width - len(self.tables[s])) for s in seqs]
+        return torch.tensor(rows, dtype=torch.int32)
+
+    def prefill(
+        self, seqs: list[int], starts: list[int], stops: list[int]
+    ) -> tuple[torch.Tensor, AttentionMetadata]:
+        """Positions [start, stop) of each sequence, packed as one step (start > 0: cached)."""
+        positions = torch.cat([torch.arange(a, b) for a, b in zip(starts, stops, strict=True)])
+        slots = [
+            self.slot(s, p)
+            for s, a, b in zip(seqs, starts, stops, strict=True)
+            for p in range(a, b)
+        ]
+        q_lens = [b - a for a, b in zip(starts, stops, strict=True)]
+        cu = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32)
+        return positions, AttentionMetadata(
+            is_prefill=True,
+            slot_mapping=torch.tensor(slots, dtype=torch.int64),
+            block_tables=self.block_tables(seqs),
+            context_lens=torch.tensor(stops, dtype=torch.int32),
+            cu_seqlens_q=cu,
+            max_seqlen_q=max(q_lens),
+            max_seqlen_k=max(stops),
+        )
+
+    def decode(
+        self, seqs: list[int], positions: list[int]
+    ) -> tuple[torch.Tensor, AttentionMetadata]:
+        """One new token per sequence at `positions`."""
+        return torch.tensor(positions, dtype=torch.int64), AttentionMetadata(
+            is_prefill=False,
+            slot_mapping=torch.tensor(
+                [self.slot(s, p) for s, p in zip(seqs, positions, strict=True)]
+            ),
+            block_tables=self.block_tables(seqs),
+            context_lens=torch.tensor([p + 1 for p in positions], dtype=torch.int32),
+        )
+
+
+def run_paged(
+    model, prompts: list[torch.Tensor], steps: int, *, block_size: int = 16, seed: int = 0
+) -> tuple[list[torch.Tensor], list[list[int]]]:
+    """Packed prefill of `prompts` into a shuffled paged cache, then `steps` greedy decode steps.
+
+    Returns the logits of every step (prefill: all prompt positions, packed; decode: [B, V]) and
+    each sequence's tokens (prompt + generated, including the token chosen after the last step).
+    """
+    lens = [len(p) for p in prompts]
+    num_blocks = sum(-(-(n + steps + 1) // block_size) for n in lens) + 3
+    layout = PagedLayout(block_size, num_blocks, seed=seed)
+    seqs = [layout.add(n + steps + 1) for n in lens]
+    caches = model.allocate_kv_cache(num_blocks, block_size)
+    positions, meta = layout.prefill(seqs, [0] * len(lens), lens)
+    with torch.inference_mode():
+        logits = model.compute_logits(model(torch.cat(prompts), positions, caches, meta))
+        all_logits = [logits]
+        last = meta.cu_seqlens_q[1:].long() - 1
+        next_ids = logits[last].argmax(-1)
+        tokens = [p.tolist() for p in prompts]
+        for _ in range(steps):
+            for t, nid in zip(tokens, next_ids.tolist(), strict=True):
+                t.append(nid)
+            positions, meta = layout.decode(seqs, [len(t) - 1 for t in tokens])
+            logits = model.compute_logits(model(next_ids, positions, caches, meta))
+            all_logits.append(logits)
+            next_ids = logits.argmax(-1)
+    for t, nid in zip(tokens, next_ids.tolist(), strict=True):
+        t.append(nid)
+    return all_logits, tokens

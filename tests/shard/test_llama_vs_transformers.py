@@ -1,0 +1,99 @@
+"""Our paged Llama/Mistral/Qwen2 against transformers on the same tiny checkpoints (float32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import TINY_MODELS
+from paged_helpers import PagedLayout, run_paged
+from transformers import AutoModelForCausalLM
+
+from shard.distributed import Distributed
+from shard.models import load_model
+
+CPU = torch.device("cpu")
+STEPS = 5
+ATOL = 1e-4
+
+
+def prompts(vocab_size: int, lens=(21, 37), seed: int = 0) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab_size, (n,), generator=gen) for n in lens]
+
+
+def reference(path) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+@torch.inference_mode()
+def ref_logits(ref: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+    return ref(torch.tensor([ids])).logits[0].float()
+
+
+@pytest.mark.parametrize("name", [n for n in TINY_MODELS if n != "llama_odd_vocab"])
+def test_prefill_and_decode_logits_and_greedy_tokens(tiny_model, name):
+    path = tiny_model(name)
+    ours = load_model(path, dtype=torch.float32, device=CPU, dist=Distributed())
+    ref = reference(path)
+    batch = prompts(ours.vocab_size)
+    logits, tokens = run_paged(ours, batch, STEPS, seed=7)
+
+    start = 0
+    for prompt in batch:  # prefill: every prompt position, not just the last
+        expected = ref_logits(ref, prompt.tolist())
+        torch.testing.assert_close(
+            logits[0][start : start + len(prompt)], expected, atol=ATOL, rtol=0
+        )
+        start += len(prompt)
+    for step in range(1, STEPS + 1):
+        for row, (prompt, seq) in enumerate(zip(batch, tokens, strict=True)):
+            expected = ref_logits(ref, seq[: len(prompt) + step])[-1]
+            torch.testing.assert_close(
+                logits[step][row], expected, atol=ATOL, rtol=0, msg=f"step {step}"
+            )
+
+    for prompt, seq in zip(batch, tokens, strict=True):
+        with torch.inference_mode():
+            out = ref.generate(
+                prompt[None],
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                max_new_tokens=STEPS + 1,
+                do_sample=False,
+                pad_token_id=0,
+            )
+        generated = out[0, len(prompt) :].tolist()
+        assert generated, "transformers generated nothing"
+        assert seq[len(prompt) : len(prompt) + len(generated)] == generated
+
+
+def test_prefill_after_cached_prefix(tiny_model):
+    """A chunked prompt: the second prefill reads the first chunk's K/V through the block table."""
+    path = tiny_model("llama_gqa_llama3")
+    ours = load_model(path, dtype=torch.float32, device=CPU, dist=Distributed())
+    ref = reference(path)
+    a, b, c = prompts(ours.vocab_size, lens=(37, 21, 5), seed=3)
+    layout = PagedLayout(16, num_blocks=9, seed=5)
+    seq_a, seq_b, seq_c = layout.add(37), layout.add(21), layout.add(5)
+    caches = ours.allocate_kv_cache(9, 16)
+    with torch.inference_mode():
+        positions, meta = layout.prefill([seq_a, seq_b], [0, 0], [16, 21])
+        ours(torch.cat([a[:16], b]), positions, caches, meta)
+        positions, meta = layout.prefill([seq_a, seq_c], [16, 0], [37, 5])
+        logits = ours.compute_logits(ours(torch.cat([a[16:], c]), positions, caches, meta))
+    torch.testing.assert_close(logits[:21], ref_logits(ref, a.tolist())[16:], atol=ATOL, rtol=0)
+    torch.testing.assert_close(logits[21:], ref_logits(ref, c.tolist()), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_tracks_float32(tiny_model, dtype):
+    path = tiny_model("qwen2_bias")
+    ours = load_model(path, dtype=dtype, device=CPU, dist=Distributed())
+    assert all(p.dtype == dtype for p in ours.parameters())
+    assert all(c.dtype == dtype for c in ours.allocate_kv_cache(2, 16))
+    ref = reference(path)
+    batch = prompts(ours.vocab_size)
+    logits, _ = run_paged(ours, batch, steps=2)
+    assert logits[0].dtype == torch.float32
+    expected = ref_logits(ref, batch[0].tolist())
+    # Half precision rounds every activation; the logits must still be close to float32's.
+    torch.testing.assert_close(logits[0][: len(batch[0])], expected, atol=3e-2, rtol=0)

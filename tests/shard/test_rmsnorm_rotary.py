@@ -1,0 +1,100 @@
+"""RMSNorm and rotary embedding against transformers' Llama implementations."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import (
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+)
+
+from shard.layers.norm import RMSNorm
+from shard.layers.rotary import RopeConfig, RotaryEmbedding
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rmsnorm_matches_llama(dtype):
+    torch.manual_seed(0)
+    weight = torch.randn(32).to(dtype)
+    x = (torch.randn(7, 32) * 3).to(dtype)
+    ref = LlamaRMSNorm(32, eps=1e-5).to(dtype)
+    ref.weight.data.copy_(weight)
+    assert torch.equal(RMSNorm(weight, 1e-5)(x), ref(x))
+
+
+ROPES = {
+    "default": {"rope_type": "default", "rope_theta": 10000.0},
+    "linear": {"rope_type": "linear", "rope_theta": 500000.0, "factor": 4.0},
+    "llama3": {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 256,
+    },
+}
+
+
+@pytest.mark.parametrize("kind", list(ROPES))
+def test_rotary_matches_llama(kind):
+    config = LlamaConfig(
+        hidden_size=256,
+        num_attention_heads=4,
+        max_position_embeddings=4096,
+        rope_parameters=dict(ROPES[kind]),
+    )
+    head_dim = 64
+    ours = RotaryEmbedding(
+        RopeConfig.from_config_dict(config.to_dict(), head_dim), torch.device("cpu")
+    )
+    ref = LlamaRotaryEmbedding(config)
+    torch.manual_seed(0)
+    positions = torch.tensor([0, 1, 17, 255, 1000, 4095, 3])
+    q, k = torch.randn(7, 4, head_dim), torch.randn(7, 2, head_dim)
+    cos, sin = ref(q, positions[None])
+    q_ref, k_ref = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
+    q_ours, k_ours = ours(positions, q, k)
+    torch.testing.assert_close(q_ours, q_ref[0].transpose(0, 1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(k_ours, k_ref[0].transpose(0, 1), atol=1e-5, rtol=1e-5)
+
+
+def test_rope_config_reads_old_style_fields():
+    old = {
+        "max_position_embeddings": 1024,
+        "rope_theta": 1e6,
+        "rope_scaling": {"type": "linear", "factor": 2.0},
+    }
+    cfg = RopeConfig.from_config_dict(old, head_dim=8)
+    assert (cfg.theta, cfg.rope_type, cfg.factor) == (1e6, "linear", 2.0)
+    llama3 = {
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+        },
+        "max_position_embeddings": 512,
+    }
+    assert RopeConfig.from_config_dict(llama3, 8).original_max_position_embeddings == 512
+    plain = RopeConfig.from_config_dict({}, 8)
+    assert (plain.theta, plain.rope_type, plain.max_position_embeddings) == (
+        10000.0,
+        "default",
+        2048,
+    )
+
+
+def test_rope_config_rejects_unsupported_scaling():
+    with pytest.raises(ValueError, match="'yarn'.*llama3"):
+        RopeConfig.from_config_dict({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, 8)
+
+
+def test_half_precision_rotary_keeps_dtype():
+    rope = RotaryEmbedding(RopeConfig(head_dim=8, max_position_embeddings=64), torch.device("cpu"))
+    assert rope.cos.dtype == torch.float32
+    q, k = rope(torch.arange(3), torch.randn(3, 2, 8).half(), torch.randn(3, 1, 8).half())
+    assert q.dtype == k.dtype == torch.float16

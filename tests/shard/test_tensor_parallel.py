@@ -1,0 +1,167 @@
+"""Two gloo ranks on CPU must compute what one process computes: collectives, the partitioned
+layers, and whole tiny models (prefill + decode through a paged cache)."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as tdist
+import torch.multiprocessing as mp
+from paged_helpers import run_paged
+from safetensors.torch import save_file
+
+from shard.distributed import Distributed, init_distributed
+from shard.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from shard.layers.linear import QKVParallelLinear, RowParallelLinear
+from shard.models import load_model
+from shard.weights import Weights
+
+WORLD = 2
+CPU = torch.device("cpu")
+# GQA split across ranks, one KV head replicated on both, qkv bias, and a vocab of 509 (padded).
+MODELS = [
+    "llama_gqa_llama3",
+    "mistral_mqa",
+    "qwen2_bias",
+    "llama_odd_vocab",
+    "llama_tied_linear_bias",
+]
+PROMPTS = [torch.arange(5, 26), torch.arange(40, 77) * 3 % 500]  # 21 and 37 tokens
+STEPS = 3
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def layer_inputs() -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return {
+        "q.weight": torch.randn(4 * 4, 8, generator=gen),
+        "q.bias": torch.randn(16, generator=gen),
+        "k.weight": torch.randn(4, 8, generator=gen),  # one KV head: replicated on both ranks
+        "k.bias": torch.randn(4, generator=gen),
+        "v.weight": torch.randn(4, 8, generator=gen),
+        "v.bias": torch.randn(4, generator=gen),
+        "o.weight": torch.randn(8, 16, generator=gen),
+        "o.bias": torch.randn(8, generator=gen),
+        "embed.weight": torch.randn(13, 8, generator=gen),
+        "x": torch.randn(5, 8, generator=gen),
+        "ids": torch.tensor([0, 6, 7, 12, 3]),
+    }
+
+
+def worker(rank: int, port: int, layer_dir: str, model_dirs: dict[str, str], out_dir: str) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(WORLD),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    torch.set_num_threads(1)
+    dist = init_distributed(CPU)
+    results: dict[str, object] = {}
+
+    t = torch.full((3,), float(rank + 1), dtype=torch.bfloat16)
+    results["all_reduce_bf16"] = dist.all_reduce(t).clone()
+    results["all_reduce"] = dist.all_reduce(torch.tensor([rank, 10.0 * rank]))
+    results["all_gather"] = dist.all_gather(torch.full((2, 1), float(rank)), dim=1)
+    results["broadcast"] = dist.broadcast(torch.tensor([rank + 5.0]), src=1)
+
+    w = Weights(layer_dir, dtype=torch.float32, device=CPU, dist=dist)
+    inputs = layer_inputs()
+    qkv = QKVParallelLinear.load_qkv(
+        w, ["q", "k", "v"], num_heads=4, num_kv_heads=1, head_dim=4, bias=True
+    )
+    q, k, v = qkv.split(qkv(inputs["x"]))
+    results["q"] = dist.all_gather(q, dim=1)
+    results["k"], results["v"] = k, v
+    o = RowParallelLinear.load(w, "o", bias=True)
+    results["o"] = o(q.flatten(1))  # this rank's heads in, full (reduced) output out
+    emb = VocabParallelEmbedding.load(w, "embed.weight", 13)
+    results["embed"] = emb(inputs["ids"])
+    results["lm_head"] = ParallelLMHead.tied(emb)(inputs["x"])
+
+    for name, path in model_dirs.items():
+        model = load_model(path, dtype=torch.float32, device=CPU, dist=dist)
+        logits, tokens = run_paged(model, PROMPTS, STEPS, seed=3)
+        results[name] = (logits, tokens)
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    tdist.barrier()
+    tdist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks(tiny_model, tmp_path_factory):
+    layer_dir = tmp_path_factory.mktemp("tp_layers")
+    save_file(
+        {k: v for k, v in layer_inputs().items() if k not in ("x", "ids")},
+        layer_dir / "model.safetensors",
+    )
+    model_dirs = {name: str(tiny_model(name)) for name in MODELS}
+    out_dir = tmp_path_factory.mktemp("tp_out")
+    mp.spawn(
+        worker,
+        args=(free_port(), str(layer_dir), model_dirs, str(out_dir)),
+        nprocs=WORLD,
+        join=True,
+    )
+    return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+def test_collectives(ranks):
+    for r, res in enumerate(ranks):
+        assert torch.equal(res["all_reduce_bf16"], torch.full((3,), 3.0, dtype=torch.bfloat16))
+        assert torch.equal(res["all_reduce"], torch.tensor([1.0, 10.0]))
+        assert torch.equal(res["all_gather"], torch.tensor([[0.0, 1.0], [0.0, 1.0]]))
+        assert torch.equal(res["broadcast"], torch.tensor([6.0])), f"rank {r}"
+
+
+def test_partitioned_layers_match_unpartitioned(ranks):
+    t = layer_inputs()
+    x = t["x"]
+    q = (x @ t["q.weight"].T + t["q.bias"]).view(5, 4, 4)
+    k = (x @ t["k.weight"].T + t["k.bias"]).view(5, 1, 4)
+    v = (x @ t["v.weight"].T + t["v.bias"]).view(5, 1, 4)
+    o = q.flatten(1) @ t["o.weight"].T + t["o.bias"]
+    for res in ranks:
+        torch.testing.assert_close(res["q"], q)
+        torch.testing.assert_close(res["k"], k)
+        torch.testing.assert_close(res["v"], v)
+        torch.testing.assert_close(res["o"], o)
+        torch.testing.assert_close(res["embed"], t["embed.weight"][t["ids"]])
+        torch.testing.assert_close(res["lm_head"], x @ t["embed.weight"].T)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_two_ranks_match_one(ranks, tiny_model, name):
+    single = load_model(tiny_model(name), dtype=torch.float32, device=CPU, dist=Distributed())
+    want_logits, want_tokens = run_paged(single, PROMPTS, STEPS, seed=3)
+    for rank, res in enumerate(ranks):
+        logits, tokens = res[name]
+        assert tokens == want_tokens, f"rank {rank} diverged"
+        for step, (got, want) in enumerate(zip(logits, want_logits, strict=True)):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=0, msg=f"rank {rank} step {step}")
+
+
+def test_world_size_one_needs_no_process_group(monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    dist = init_distributed(CPU)
+    assert (dist.rank, dist.world_size, dist.local_rank, dist.device) == (0, 1, 0, CPU)
+    assert not tdist.is_initialized()
+    t = torch.ones(3)
+    assert dist.all_reduce(t) is t and dist.broadcast(t) is t and dist.all_gather(t, 0) is t
+
+
+def test_rank_outside_world_is_refused(monkeypatch):
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="RANK=2.*WORLD_SIZE=2"):
+        init_distributed(CPU)
