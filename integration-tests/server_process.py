@@ -1,0 +1,86 @@
+"""Starts the real `launcher` as a subprocess on a free port and waits until it serves."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+STARTUP_TIMEOUT_S = 180
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launcher_command() -> list[str]:
+    """The installed console script when there is one: that is what users run."""
+    script = Path(sys.executable).parent / "launcher"
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-c", "import sys; from launcher.main import main; sys.exit(main())"]
+
+
+class LauncherProcess:
+    def __init__(self, model_dir: Path | None, *extra_args: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._tmp = tempfile.TemporaryDirectory(prefix="switchyard-it-")
+        self.log_path = Path(self._tmp.name) / "launcher.log"
+        args = [
+            *launcher_command(),
+            "--port", str(self.port),
+            "--hostname", "127.0.0.1",
+            "--shard-uds-path", str(Path(self._tmp.name) / "shard"),
+            "--master-port", str(free_port()),
+            *extra_args,
+        ]
+        if model_dir is not None:
+            args += ["--model-id", str(model_dir)]
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            args, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
+        self._wait_ready()
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"launcher exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if requests.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"launcher not ready after {STARTUP_TIMEOUT_S}s:\n{self.log_tail()}")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        self._tmp.cleanup()
+        return self.proc.returncode
+
+    def __enter__(self) -> "LauncherProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

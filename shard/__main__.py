@@ -1,0 +1,78 @@
+"""`python -m shard serve ...`: load this rank's slice of the model and serve it over gRPC."""
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from shard.settings import ShardSettings
+
+
+def parse_args(argv: list[str]) -> ShardSettings:
+    parser = argparse.ArgumentParser(prog="python -m shard")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve one shard over gRPC on a unix socket")
+    serve.add_argument("--model-id", required=True, help="local model directory")
+    serve.add_argument("--uds-path", required=True, help="socket path prefix; rank r uses P-r")
+    serve.add_argument(
+        "--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"]
+    )
+    serve.add_argument("--attention", default=None, choices=["torch", "triton"])
+    serve.add_argument("--block-size", type=int, default=16)
+    serve.add_argument("--cuda-memory-fraction", type=float, default=0.9)
+    serve.add_argument("--cpu-kv-cache-gb", type=float, default=None)
+    args = parser.parse_args(argv)
+    if args.block_size < 1:
+        parser.error(f"--block-size must be at least 1, got {args.block_size}")
+    if not 0 < args.cuda_memory_fraction <= 1:
+        parser.error(f"--cuda-memory-fraction must be in (0, 1], got {args.cuda_memory_fraction}")
+    if args.cpu_kv_cache_gb is not None and args.cpu_kv_cache_gb <= 0:
+        parser.error(f"--cpu-kv-cache-gb must be positive, got {args.cpu_kv_cache_gb}")
+    if not Path(args.model_id).is_dir():
+        parser.error(f"--model-id {args.model_id} is not a directory")
+    return ShardSettings(
+        model_id=args.model_id,
+        uds_path=args.uds_path,
+        dtype=args.dtype,
+        attention=args.attention,
+        block_size=args.block_size,
+        cuda_memory_fraction=args.cuda_memory_fraction,
+        cpu_kv_cache_gb=args.cpu_kv_cache_gb,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = parse_args(sys.argv[1:] if argv is None else argv)
+    rank = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(
+        level=os.environ.get("LOG_LEVEL", "INFO"),
+        format=f"%(asctime)s %(levelname)s shard{rank} %(name)s: %(message)s",
+    )
+    from shard.startup import build_service
+    from shard.server import serve
+
+    service = build_service(settings)
+    socket_path = Path(f"{settings.uds_path}-{rank}")
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(serve(service, rank))
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        try:
+            await task
+        except asyncio.CancelledError:
+            logging.getLogger(__name__).info("shard %d shutting down", rank)
+
+    try:
+        asyncio.run(run())
+    finally:
+        socket_path.unlink(missing_ok=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

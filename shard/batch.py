@@ -1,0 +1,155 @@
+"""Per-batch state on a shard: what each request holds and the tensors a decode step reads.
+
+Everything a decode step needs is kept as padded [B, ...] tensors so that building the model
+inputs is a handful of gathers, not a Python loop over requests. `filter` and `concat` keep those
+tensors in step with the list of requests.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from shard.layers.sampling import SamplingParams, SamplingTensors
+from switchyard_pb import generate_pb2
+
+
+@dataclass(frozen=True)
+class RequestInfo:
+    """The per-request facts that never change while the request lives on the shard."""
+
+    id: int
+    input_len: int
+    prefill_logprobs: bool
+    top_n_tokens: int
+    num_blocks: int
+    # Positions the router reserved KV slots for (prompt + max_new_tokens).
+    capacity: int
+
+
+def _pad_rows(rows: list[list[int]], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    width = max((len(r) for r in rows), default=0)
+    out = torch.zeros((len(rows), max(width, 1)), dtype=dtype)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row, dtype=dtype)
+    return out.to(device)
+
+
+def _pad_cat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Concatenates [B_i, W_i] tensors along rows, zero-padding the narrower ones."""
+    width = max(t.shape[1] for t in tensors)
+    padded = [torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in tensors]
+    return torch.cat(padded, dim=0)
+
+
+def sampling_params_from_proto(p: generate_pb2.NextTokenChooserParameters) -> SamplingParams:
+    return SamplingParams(
+        temperature=p.temperature or 1.0,
+        top_k=p.top_k,
+        top_p=p.top_p or 1.0,
+        typical_p=p.typical_p or 1.0,
+        do_sample=p.do_sample,
+        seed=p.seed,
+        repetition_penalty=p.repetition_penalty or 1.0,
+        frequency_penalty=p.frequency_penalty,
+    )
+
+
+@dataclass
+class Batch:
+    id: int
+    requests: list[RequestInfo]
+    block_tables: torch.Tensor  # [B, max_blocks] int32
+    slots: torch.Tensor  # [B, max_positions] int64: slots[i, p] = KV slot of position p
+    history: torch.Tensor  # [B, max_positions] int64: prompt + generated ids
+    history_lens: torch.Tensor  # [B] int64: valid entries of `history`
+    sampling: SamplingTensors
+
+    @classmethod
+    def from_proto(cls, pb: generate_pb2.Batch, device: torch.device) -> "Batch":
+        requests = []
+        for r in pb.requests:
+            if len(r.slots) < len(r.input_ids):
+                raise ValueError(
+                    f"request {r.id}: {len(r.slots)} KV slots for {len(r.input_ids)} prompt tokens"
+                )
+            requests.append(
+                RequestInfo(
+                    id=r.id,
+                    input_len=len(r.input_ids),
+                    prefill_logprobs=r.prefill_logprobs,
+                    top_n_tokens=r.top_n_tokens,
+                    num_blocks=len(r.blocks),
+                    capacity=len(r.slots),
+                )
+            )
+        # History holds one more id than there are slots: the last sampled token never needs KV.
+        history = _pad_rows([list(r.input_ids) for r in pb.requests], torch.int64, device)
+        width = max(len(r.slots) for r in pb.requests) + 1
+        history = torch.nn.functional.pad(history, (0, width - history.shape[1]))
+        return cls(
+            id=pb.id,
+            requests=requests,
+            block_tables=_pad_rows([list(r.blocks) for r in pb.requests], torch.int32, device),
+            slots=_pad_rows([list(r.slots) for r in pb.requests], torch.int64, device),
+            history=history,
+            history_lens=torch.tensor([len(r.input_ids) for r in pb.requests], device=device),
+            sampling=SamplingTensors.from_params(
+                [sampling_params_from_proto(r.parameters) for r in pb.requests], device
+            ),
+        )
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    @property
+    def max_top_n(self) -> int:
+        return max((r.top_n_tokens for r in self.requests), default=0)
+
+    @property
+    def max_tokens(self) -> int:
+        return sum(r.capacity for r in self.requests)
+
+    def to_cached_proto(self) -> generate_pb2.CachedBatch:
+        return generate_pb2.CachedBatch(
+            id=self.id,
+            request_ids=[r.id for r in self.requests],
+            size=len(self.requests),
+            max_tokens=self.max_tokens,
+        )
+
+    def append_tokens(self, next_ids: torch.Tensor) -> None:
+        """Records the token sampled for every row at its next position."""
+        rows = torch.arange(len(self.requests), device=self.history.device)
+        self.history[rows, self.history_lens] = next_ids
+        self.history_lens += 1
+
+    def filter(self, request_ids: list[int]) -> "Batch":
+        position = {r.id: i for i, r in enumerate(self.requests)}
+        missing = [rid for rid in request_ids if rid not in position]
+        if missing:
+            raise ValueError(f"batch {self.id} has no requests {missing}")
+        keep_list = [position[rid] for rid in request_ids]
+        keep = torch.tensor(keep_list, dtype=torch.int64, device=self.history.device)
+        return Batch(
+            id=self.id,
+            requests=[self.requests[i] for i in keep_list],
+            block_tables=self.block_tables[keep],
+            slots=self.slots[keep],
+            history=self.history[keep],
+            history_lens=self.history_lens[keep],
+            sampling=self.sampling.index(keep),
+        )
+
+    @classmethod
+    def concat(cls, batches: list["Batch"]) -> "Batch":
+        if len(batches) == 1:
+            return batches[0]
+        return cls(
+            id=batches[0].id,
+            requests=[r for b in batches for r in b.requests],
+            block_tables=_pad_cat([b.block_tables for b in batches]),
+            slots=_pad_cat([b.slots for b in batches]),
+            history=_pad_cat([b.history for b in batches]),
+            history_lens=torch.cat([b.history_lens for b in batches]),
+            sampling=SamplingTensors.concat([b.sampling for b in batches]),
+        )

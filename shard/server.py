@@ -1,0 +1,185 @@
+"""The shard's gRPC servicer: keeps cached batches by id and runs steps on the model runner.
+
+Model steps block (and, with several shards, wait on collectives), so they run in a worker
+thread one at a time while the event loop keeps answering Health and Info.
+"""
+
+import asyncio
+import gc
+import logging
+import time
+from dataclasses import dataclass
+
+import grpc
+import torch
+
+from shard.batch import Batch
+from shard.kv_cache import KvCacheSettings, plan_num_blocks
+from shard.runner import ModelRunner
+from switchyard_pb import generate_pb2, generate_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ShardIdentity:
+    model_id: str
+    dtype: str
+    uds_path: str
+    attention: str
+
+
+def shard_url(uds_path: str, rank: int) -> str:
+    return f"unix://{uds_path}-{rank}"
+
+
+class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
+    def __init__(
+        self, runner: ModelRunner, identity: ShardIdentity, kv_settings: KvCacheSettings
+    ) -> None:
+        self.runner = runner
+        self.identity = identity
+        self.kv_settings = kv_settings
+        self.cache: dict[int, Batch] = {}
+        self.step_lock = asyncio.Lock()
+
+    async def _run(self, fn, *args):
+        async with self.step_lock:
+            return await asyncio.to_thread(fn, *args)
+
+    async def _abort_on_error(self, context, fn, *args):
+        """Runs a step; a failure becomes a gRPC error carrying the message, never a crash."""
+        try:
+            return await self._run(fn, *args)
+        except (ValueError, KeyError) as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except Exception as e:  # the router turns this into an error for the affected batch only
+            log.exception("step failed")
+            await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+
+    async def Info(self, request, context):
+        model = self.runner.model
+        return generate_pb2.InfoResponse(
+            model_id=self.identity.model_id,
+            dtype=self.identity.dtype,
+            device_type=self.runner.device.type,
+            block_size=self.runner.block_size,
+            world_size=self.runner.dist.world_size,
+            vocab_size=model.vocab_size,
+            max_position_embeddings=model.max_position_embeddings,
+            attention_impl=self.identity.attention,
+            eos_token_ids=model.eos_token_ids,
+        )
+
+    async def Health(self, request, context):
+        if self.runner.device.type == "cuda":
+            torch.zeros(2, device=self.runner.device)  # fails if the device is gone
+        return generate_pb2.HealthResponse()
+
+    async def ServiceDiscovery(self, request, context):
+        urls = [shard_url(self.identity.uds_path, r) for r in range(self.runner.dist.world_size)]
+        return generate_pb2.ServiceDiscoveryResponse(urls=urls)
+
+    async def ClearCache(self, request, context):
+        if request.HasField("id"):
+            self.cache.pop(request.id, None)
+        else:
+            self.cache.clear()
+        return generate_pb2.ClearCacheResponse()
+
+    def _cached(self, batch_id: int) -> Batch:
+        if batch_id not in self.cache:
+            raise ValueError(f"no cached batch {batch_id} on this shard")
+        return self.cache[batch_id]
+
+    async def FilterBatch(self, request, context):
+        def filter_batch():
+            kept = self._cached(request.batch_id).filter(list(request.request_ids))
+            self.cache[kept.id] = kept
+            return generate_pb2.FilterBatchResponse(batch=kept.to_cached_proto())
+
+        return await self._abort_on_error(context, filter_batch)
+
+    async def Prefill(self, request, context):
+        def prefill():
+            start = time.perf_counter_ns()
+            batch = Batch.from_proto(request.batch, self.runner.device)
+            generations, timings = self.runner.prefill(batch)
+            self.cache[batch.id] = batch
+            return generate_pb2.PrefillResponse(
+                generations=generations,
+                batch=batch.to_cached_proto(),
+                forward_ns=timings.forward_ns,
+                decode_ns=timings.decode_ns,
+                total_ns=time.perf_counter_ns() - start,
+            )
+
+        return await self._abort_on_error(context, prefill)
+
+    async def Decode(self, request, context):
+        def decode():
+            start = time.perf_counter_ns()
+            if not request.batches:
+                raise ValueError("Decode needs at least one cached batch")
+            # Look every batch up before popping any, so a bad id leaves the cache intact.
+            batches = [self._cached(b.id) for b in request.batches]
+            for b in request.batches:
+                del self.cache[b.id]
+            batch = Batch.concat(batches)
+            concat_done = time.perf_counter_ns()
+            generations, timings = self.runner.decode(batch)
+            self.cache[batch.id] = batch
+            return generate_pb2.DecodeResponse(
+                generations=generations,
+                batch=batch.to_cached_proto(),
+                concat_ns=concat_done - start,
+                forward_ns=timings.forward_ns,
+                decode_ns=timings.decode_ns,
+                total_ns=time.perf_counter_ns() - start,
+            )
+
+        return await self._abort_on_error(context, decode)
+
+    async def Warmup(self, request, context):
+        def warmup():
+            runner = self.runner
+            self.cache.clear()
+            # The worst-case batch only needs blocks up to the highest id it references.
+            highest = max((b for r in request.batch.requests for b in r.blocks), default=0)
+            runner.allocate_kv_cache(highest + 1)
+            if runner.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(runner.device)
+            if request.batch.requests:
+                runner.prefill(Batch.from_proto(request.batch, runner.device))
+            runner.kv_caches = None
+            gc.collect()
+            if runner.device.type == "cuda":
+                torch.cuda.empty_cache()
+            num_blocks = plan_num_blocks(
+                runner.model.kv_cache_bytes_per_token(),
+                self.kv_settings,
+                runner.device,
+                request.max_batch_total_tokens,
+            )
+            runner.allocate_kv_cache(num_blocks)
+            log.info("KV cache: %d blocks of %d tokens", num_blocks, runner.block_size)
+            return generate_pb2.WarmupResponse(
+                max_supported_total_tokens=num_blocks * runner.block_size, num_blocks=num_blocks
+            )
+
+        return await self._abort_on_error(context, warmup)
+
+
+async def serve(service: TextGenerationService, rank: int) -> None:
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_send_message_length", -1),
+            ("grpc.max_receive_message_length", -1),
+        ]
+    )
+    generate_pb2_grpc.add_TextGenerationServiceServicer_to_server(service, server)
+    url = shard_url(service.identity.uds_path, rank)
+    server.add_insecure_port(url)
+    await server.start()
+    log.info("shard %d serving on %s", rank, url)
+    await server.wait_for_termination()

@@ -1,0 +1,37 @@
+"""The shard's configuration, parsed once from its command line and environment."""
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class ShardSettings:
+    model_id: str
+    uds_path: str
+    dtype: str = "auto"
+    # None: the default backend for the device.
+    attention: str | None = None
+    block_size: int = 16
+    cuda_memory_fraction: float = 0.9
+    cpu_kv_cache_gb: float | None = None
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    """The torch.distributed environment the launcher sets for each shard."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+
+    @classmethod
+    def from_environ(cls) -> "RankEnv":
+        return cls(
+            rank=int(os.environ.get("RANK", "0")),
+            world_size=int(os.environ.get("WORLD_SIZE", "1")),
+            local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+        )

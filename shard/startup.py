@@ -1,0 +1,57 @@
+"""Builds a ready-to-serve shard: device, process group, model, runner and servicer."""
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from shard.distributed import init_distributed
+from shard.kv_cache import KvCacheSettings
+from shard.models import load_model
+from shard.runner import ModelRunner
+from shard.server import ShardIdentity, TextGenerationService
+from shard.settings import DTYPES, RankEnv, ShardSettings
+
+log = logging.getLogger(__name__)
+
+
+def pick_device(env: RankEnv) -> torch.device:
+    if torch.cuda.is_available():
+        torch.cuda.set_device(env.local_rank)
+        return torch.device("cuda", env.local_rank)
+    return torch.device("cpu")
+
+
+def checkpoint_dtype(model_dir: Path) -> torch.dtype:
+    """The dtype the checkpoint was saved in (`--dtype auto`); float32 when it does not say."""
+    config = json.loads((model_dir / "config.json").read_text())
+    name = config.get("dtype") or config.get("torch_dtype") or "float32"
+    if name not in DTYPES:
+        raise ValueError(f"checkpoint dtype {name!r} is not supported; pass --dtype explicitly")
+    return DTYPES[name]
+
+
+def build_service(settings: ShardSettings) -> TextGenerationService:
+    env = RankEnv.from_environ()
+    device = pick_device(env)
+    dist = init_distributed(device)
+    model_dir = Path(settings.model_id)
+    dtype = checkpoint_dtype(model_dir) if settings.dtype == "auto" else DTYPES[settings.dtype]
+    # The Triton backend lands with its own issue; until then torch is the default everywhere.
+    attention = settings.attention or "torch"
+    log.info("loading %s as %s on %s (rank %d of %d)", model_dir, dtype, device, env.rank, env.world_size)
+    model = load_model(model_dir, dtype=dtype, device=device, dist=dist, attention=attention)
+    runner = ModelRunner(model, dist, device, settings.block_size)
+    identity = ShardIdentity(
+        model_id=settings.model_id,
+        dtype=str(dtype).removeprefix("torch."),
+        uds_path=settings.uds_path,
+        attention=attention,
+    )
+    kv_settings = KvCacheSettings(
+        block_size=settings.block_size,
+        cuda_memory_fraction=settings.cuda_memory_fraction,
+        cpu_kv_cache_gb=settings.cpu_kv_cache_gb,
+    )
+    return TextGenerationService(runner, identity, kv_settings)
