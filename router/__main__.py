@@ -1,0 +1,64 @@
+"""`python -m router --model-id DIR --shard-uds-path P [...]` (flags: docs/architecture.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+from router.args import RouterArgs, parse_args
+from router.client import ShardClient, ShardError
+from router.infer import Infer, ModelInfo
+from router.limits import ConfigError
+from router.server import create_app, serve
+from router.tokenizer import Tokenizer
+from router.warmup import warm_up
+
+log = logging.getLogger("router")
+
+
+async def build_infer(args: RouterArgs) -> Infer:
+    """Tokenizer, shard connection, Info, Warmup: everything before the first request."""
+    tokenizer = Tokenizer.from_dir(args.model_id)
+    client = await ShardClient.connect(args.shard_uds_path)
+    try:
+        info = await client.info()
+        limits = await warm_up(client, args, info)
+    except BaseException:
+        await client.close()
+        raise
+    return Infer(args, limits, ModelInfo.from_proto(info, args.model_name), client, tokenizer)
+
+
+async def amain(args: RouterArgs) -> None:
+    infer = await build_infer(args)
+    try:
+        await serve(create_app(infer), args.hostname, args.port)
+    finally:
+        await infer.client.close()
+        infer.tokenizer.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    args = parse_args(argv)
+    try:
+        asyncio.run(amain(args))
+    except ConfigError as err:
+        print(f"router: error: {err}", file=sys.stderr)
+        return 2
+    except (ShardError, TimeoutError, asyncio.TimeoutError) as err:
+        print(
+            f"router: error: cannot start with the shards at {args.shard_uds_path}: {err}",
+            file=sys.stderr,
+        )
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,267 @@
+"""The scheduler loop: continuous batching over one running batch (TGI's v3 loop, simplified).
+
+Between decode steps, waiting requests that fit the budgets are prefilled as a new batch (each
+gets its first token from Prefill), then that cached batch joins the running one: the next
+Decode receives both and the shards concatenate them. After every step the router applies its
+own stopping decisions and drops finished or abandoned requests with FilterBatch (ClearCache
+when none remain), giving their KV blocks back.
+
+A failing RPC fails only the requests of the batches it was about; the loop itself never dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from router.block_allocator import BlockAllocator
+from router.client import ShardClient
+from router.entry import Entry
+from router.errors import GenerationError, IncompleteGenerationError, RouterError
+from router.metrics import Metrics
+from router.queue import Queue
+from router.results import Results
+from router.tokenizer import Tokenizer
+from switchyard_pb import generate_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_batch_prefill_tokens: int
+    max_batch_total_tokens: int
+    waiting_served_ratio: float = 0.3
+    max_waiting_tokens: int = 20
+
+
+class Batcher:
+    def __init__(
+        self,
+        client: ShardClient,
+        queue: Queue,
+        allocator: BlockAllocator,
+        tokenizer: Tokenizer,
+        config: SchedulerConfig,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.client = client
+        self.queue = queue
+        self.allocator = allocator
+        self.tokenizer = tokenizer
+        self.config = config
+        self.metrics = metrics or Metrics()
+        self.results = Results(tokenizer, self.metrics)
+        self.entries: dict[int, Entry] = {}  # admitted requests, by id
+        self.running: pb.CachedBatch | None = None
+        # From 1: the warmup batch was 0, and 0 reads as "unset" in proto3 dumps.
+        self._batch_ids = itertools.count(1)
+        self._steps_since_prefill = 0
+
+    # -- loop ---------------------------------------------------------------------------------
+
+    async def run_forever(self) -> None:
+        try:
+            while True:
+                try:
+                    await self.step()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as err:  # a bug must cost its batch, never the server
+                    log.exception("scheduler step failed")
+                    try:
+                        await self._reset(GenerationError(f"internal router error: {err}"))
+                    except Exception:
+                        log.exception("scheduler reset failed")
+                        self.entries.clear()
+                        self.running = None
+        finally:
+            self._abort_all()
+
+    async def step(self) -> None:
+        self.queue.drop_gone()
+        if self.running is not None:
+            self.running = await self._prune(self.running)
+        if self.running is None:
+            await self._start_batch()
+            return
+        batches = [self.running]
+        if len(self.queue):
+            new = await self._prefill_waiting(len(self.running.request_ids))
+            if new is not None:
+                batches.append(new)
+        self.running = await self._decode(batches)
+        self._steps_since_prefill += 1
+
+    async def _start_batch(self) -> None:
+        await self.queue.wait()
+        self.queue.drop_gone()
+        entries = self.queue.next_batch(
+            self.allocator,
+            prefill_token_budget=self.config.max_batch_prefill_tokens,
+            token_budget=self.config.max_batch_total_tokens,
+        )
+        if not entries:
+            if len(self.queue) and not self.entries:
+                # Startup checks make this impossible; failing beats spinning forever.
+                head = self.queue.pop_head()
+                head.fail(GenerationError("request does not fit in an empty KV cache"))
+            return
+        self.running = await self._prefill(entries)
+        self._steps_since_prefill = 0
+
+    async def _prefill_waiting(self, running_size: int) -> pb.CachedBatch | None:
+        cfg = self.config
+        if self._steps_since_prefill >= cfg.max_waiting_tokens:
+            min_size = None  # waited long enough: take whatever fits
+        else:
+            # Interrupting decode for a prefill is only worth it for enough new requests.
+            min_size = math.floor(running_size * cfg.waiting_served_ratio)
+        reserved = sum(e.request.total_tokens for e in self.entries.values())
+        entries = self.queue.next_batch(
+            self.allocator,
+            prefill_token_budget=cfg.max_batch_prefill_tokens,
+            token_budget=cfg.max_batch_total_tokens - reserved,
+            min_size=min_size,
+        )
+        if not entries:
+            return None
+        self._steps_since_prefill = 0
+        return await self._prefill(entries)
+
+    # -- RPCs ---------------------------------------------------------------------------------
+
+    async def _prefill(self, entries: list[Entry]) -> pb.CachedBatch | None:
+        now = time.monotonic()
+        for entry in entries:
+            self.entries[entry.id] = entry
+            entry.started_at = now
+        requests = [e.to_proto() for e in entries]
+        batch = pb.Batch(
+            id=next(self._batch_ids),
+            requests=requests,
+            size=len(requests),
+            max_tokens=sum(e.request.total_tokens for e in entries),
+            max_blocks=max(len(r.blocks) for r in requests),
+        )
+        try:
+            response = await self.client.prefill(batch)
+        except Exception as err:
+            log.error("prefill of batch %d failed: %s", batch.id, err)
+            self._fail([e.id for e in entries], err)
+            await self._clear(batch.id)
+            return None
+        self.metrics.steps["prefill"].add(
+            response.forward_ns, response.decode_ns, response.total_ns
+        )
+        self._handle(response.generations)
+        cached = response.batch if response.HasField("batch") else None
+        return await self._settle(cached, [e.id for e in entries])
+
+    async def _decode(self, batches: list[pb.CachedBatch]) -> pb.CachedBatch | None:
+        ids = [rid for b in batches for rid in b.request_ids]
+        try:
+            response = await self.client.decode(batches)
+        except Exception as err:
+            log.error("decode of batches %s failed: %s", [b.id for b in batches], err)
+            self._fail(ids, err)
+            for b in batches:
+                await self._clear(b.id)
+            return None
+        self.metrics.steps["decode"].add(response.forward_ns, response.decode_ns, response.total_ns)
+        self._handle(response.generations)
+        cached = response.batch if response.HasField("batch") else None
+        return await self._settle(cached, ids)
+
+    async def _prune(self, batch: pb.CachedBatch) -> pb.CachedBatch | None:
+        """Drops requests whose client went away before spending a step on them."""
+        gone = [rid for rid in batch.request_ids if rid in self.entries and self.entries[rid].gone]
+        for rid in gone:
+            self._release(self.entries[rid])
+        return await self._settle(batch, list(batch.request_ids)) if gone else batch
+
+    async def _settle(
+        self, cached: pb.CachedBatch | None, sent_ids: Sequence[int]
+    ) -> pb.CachedBatch | None:
+        """Makes the shards' cached batch hold exactly the router's live requests."""
+        returned = set(cached.request_ids) if cached is not None else set()
+        lost = [rid for rid in sent_ids if rid in self.entries and rid not in returned]
+        if lost:
+            self._fail(lost, RuntimeError("the shard dropped the request from its batch"))
+        if cached is None:
+            return None
+        keep = [rid for rid in cached.request_ids if rid in self.entries]
+        if len(keep) == len(cached.request_ids):
+            return cached
+        try:
+            if not keep:
+                await self.client.clear_cache(cached.id)
+                return None
+            return await self.client.filter_batch(cached.id, keep)
+        except Exception as err:
+            log.error("filtering batch %d failed: %s", cached.id, err)
+            self._fail(keep, err)
+            await self._clear(cached.id)
+            return None
+
+    async def _clear(self, batch_id: int | None) -> None:
+        try:
+            await self.client.clear_cache(batch_id)
+        except Exception as err:  # the shard may be gone; its requests already failed
+            log.warning("ClearCache(%s) failed: %s", batch_id, err)
+
+    # -- results ------------------------------------------------------------------------------
+
+    def _handle(self, generations: Iterable[pb.Generation]) -> None:
+        for gen in generations:
+            entry = self.entries.get(gen.request_id)
+            if entry is None:
+                continue
+            if entry.gone:
+                self._release(entry)
+                continue
+            try:
+                finished = self.results.apply(entry, gen)
+            except Exception as err:  # one bad answer costs its request only
+                log.exception("handling the generation of request %d failed", entry.id)
+                self._fail([entry.id], GenerationError(f"internal router error: {err}"))
+                continue
+            if finished:
+                self._release(entry)
+
+    # -- bookkeeping --------------------------------------------------------------------------
+
+    def _release(self, entry: Entry) -> None:
+        self.entries.pop(entry.id, None)
+        entry.done = True
+        if entry.allocation is not None:
+            self.allocator.free(entry.allocation.blocks)
+            entry.allocation = None
+
+    def _fail(self, ids: Iterable[int], err: BaseException) -> None:
+        error = err if isinstance(err, RouterError) else GenerationError(str(err))
+        for rid in ids:
+            entry = self.entries.get(rid)
+            if entry is not None:
+                if not entry.done:
+                    self.metrics.failures[error.error_type] += 1
+                entry.fail(error)
+                self._release(entry)
+
+    async def _reset(self, error: RouterError) -> None:
+        self._fail(list(self.entries), error)
+        self.running = None
+        await self._clear(None)
+
+    def _abort_all(self) -> None:
+        """On shutdown: nobody waits forever."""
+        error = IncompleteGenerationError()
+        self._fail(list(self.entries), error)
+        for entry in self.queue.drain():
+            entry.fail(error)
+        self.running = None

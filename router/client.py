@@ -1,0 +1,127 @@
+"""gRPC client of the shards: every RPC goes to all of them at once, rank 0 answers.
+
+Shards run each step in lock-step (they all-reduce inside the model), so a call that reached
+only some ranks would hang the others: every request is sent to every shard concurrently and
+the router waits for all of them before it looks at rank 0's answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+import grpc
+
+from switchyard_pb import generate_pb2 as pb
+from switchyard_pb import generate_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+# Prefill answers carry logprobs of whole prompts (and warmup batches are large): no size cap.
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+]
+
+
+class ShardError(Exception):
+    """An RPC failed on at least one shard."""
+
+    def __init__(self, method: str, rank: int, cause: BaseException) -> None:
+        detail = cause.details() if isinstance(cause, grpc.aio.AioRpcError) else str(cause)
+        super().__init__(f"{method} failed on shard {rank}: {detail or type(cause).__name__}")
+        self.method = method
+        self.rank = rank
+        self.cause = cause
+
+
+def shard_url(uds_path: str, rank: int) -> str:
+    return f"unix://{uds_path}-{rank}"
+
+
+def _as_target(url: str) -> str:
+    # ServiceDiscovery may answer bare socket paths; gRPC needs the unix:// scheme.
+    return url if "://" in url or url.startswith("unix:") else f"unix://{url}"
+
+
+class ShardClient:
+    def __init__(self, channels: Sequence[grpc.aio.Channel]) -> None:
+        if not channels:
+            raise ValueError("a ShardClient needs at least one shard")
+        self._channels = list(channels)
+        self._stubs = [pb_grpc.TextGenerationServiceStub(c) for c in self._channels]
+
+    @property
+    def world_size(self) -> int:
+        return len(self._stubs)
+
+    @classmethod
+    async def connect(cls, uds_path: str, timeout: float = 60.0) -> ShardClient:
+        """Connects to rank 0, then to every shard it lists in ServiceDiscovery."""
+        first = grpc.aio.insecure_channel(shard_url(uds_path, 0), options=CHANNEL_OPTIONS)
+        try:
+            await asyncio.wait_for(first.channel_ready(), timeout)
+            stub = pb_grpc.TextGenerationServiceStub(first)
+            urls = list((await stub.ServiceDiscovery(pb.ServiceDiscoveryRequest())).urls)
+        except BaseException:
+            await first.close()
+            raise
+        first_target = shard_url(uds_path, 0)
+        channels = [first]
+        for url in urls:
+            target = _as_target(url)
+            if target == first_target:
+                continue
+            channels.append(grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS))
+        client = cls(channels)
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(*(c.channel_ready() for c in channels[1:])), timeout
+            )
+        except BaseException:
+            await client.close()
+            raise
+        log.info("connected to %d shard(s): %s", len(channels), urls or [first_target])
+        return client
+
+    async def close(self) -> None:
+        await asyncio.gather(*(c.close() for c in self._channels), return_exceptions=True)
+
+    async def _all(self, method: str, request, timeout: float | None = None):
+        return (await self._every(method, request, timeout))[0]
+
+    async def _every(self, method: str, request, timeout: float | None = None) -> list:
+        calls = [getattr(stub, method)(request, timeout=timeout) for stub in self._stubs]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        for rank, result in enumerate(results):
+            if isinstance(result, BaseException):
+                if isinstance(result, asyncio.CancelledError):
+                    raise result
+                raise ShardError(method, rank, result) from result
+        return results
+
+    async def info(self) -> pb.InfoResponse:
+        return await self._all("Info", pb.InfoRequest())
+
+    async def health(self, timeout: float | None = 5.0) -> None:
+        await self._all("Health", pb.HealthRequest(), timeout=timeout)
+
+    async def warmup(self, request: pb.WarmupRequest) -> pb.WarmupResponse:
+        """The smallest cache any shard can hold: a batch must fit on every rank."""
+        answers = await self._every("Warmup", request)
+        return min(answers, key=lambda a: (a.max_supported_total_tokens, a.num_blocks))
+
+    async def prefill(self, batch: pb.Batch) -> pb.PrefillResponse:
+        return await self._all("Prefill", pb.PrefillRequest(batch=batch))
+
+    async def decode(self, batches: Sequence[pb.CachedBatch]) -> pb.DecodeResponse:
+        return await self._all("Decode", pb.DecodeRequest(batches=list(batches)))
+
+    async def filter_batch(self, batch_id: int, request_ids: Sequence[int]) -> pb.CachedBatch:
+        req = pb.FilterBatchRequest(batch_id=batch_id, request_ids=list(request_ids))
+        return (await self._all("FilterBatch", req)).batch
+
+    async def clear_cache(self, batch_id: int | None = None) -> None:
+        req = pb.ClearCacheRequest() if batch_id is None else pb.ClearCacheRequest(id=batch_id)
+        await self._all("ClearCache", req)

@@ -1,0 +1,108 @@
+"""One request's life inside the router: its reservation, its stream of events, its results.
+
+The scheduler is the only writer of an entry's generation state; the HTTP handler only reads
+events from `events` and may mark the entry cancelled (client gone), which the scheduler
+honours at its next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from router.block_allocator import Allocation
+from router.detokenizer import IncrementalDetokenizer
+from router.errors import RouterError
+from router.request import ValidRequest
+from router.stopping import FinishReason, StoppingCriteria
+from switchyard_pb import generate_pb2 as pb
+
+
+@dataclass(frozen=True)
+class Token:
+    id: int
+    text: str
+    logprob: float | None  # None where it cannot be known (first prompt token)
+    special: bool = False
+
+
+@dataclass(frozen=True)
+class Finished:
+    generated_text: str
+    finish_reason: FinishReason
+    generated_tokens: int
+    seed: int | None  # only when sampling, as TGI reports it
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token; `end` is set on the last one."""
+
+    token: Token
+    top_tokens: tuple[Token, ...] = ()
+    end: Finished | None = None
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    error: RouterError
+
+
+Event = TokenEvent | ErrorEvent
+
+
+@dataclass(eq=False)
+class Entry:
+    id: int
+    request: ValidRequest
+    detokenizer: IncrementalDetokenizer
+    stopping: StoppingCriteria
+    # Probe of the client connection; the scheduler drops the entry when it returns False.
+    alive: Callable[[], bool] = lambda: True
+    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    allocation: Allocation | None = None
+    queued_at: float = field(default_factory=time.monotonic)
+    started_at: float | None = None
+    prefill: list[Token] = field(default_factory=list)
+    tokens: list[Token] = field(default_factory=list)
+    top_tokens: list[tuple[Token, ...]] = field(default_factory=list)
+    generated_ids: list[int] = field(default_factory=list)
+    cancelled: bool = False
+    done: bool = False
+
+    def cancel(self) -> None:
+        """Called from the HTTP side: the client no longer wants the result."""
+        self.cancelled = True
+
+    @property
+    def gone(self) -> bool:
+        if self.cancelled:
+            return True
+        try:
+            return not self.alive()
+        except Exception:  # a broken probe must not break the scheduler
+            return True
+
+    def fail(self, error: RouterError) -> None:
+        if not self.done:
+            self.done = True
+            self.events.put_nowait(ErrorEvent(error))
+
+    def to_proto(self) -> pb.Request:
+        assert self.allocation is not None, "a request is sent to shards only once admitted"
+        req = self.request
+        return pb.Request(
+            id=self.id,
+            input_ids=req.input_ids,
+            parameters=req.sampling.to_proto(),
+            stopping_parameters=pb.StoppingCriteriaParameters(
+                max_new_tokens=req.max_new_tokens, ignore_eos_token=req.ignore_eos
+            ),
+            prefill_logprobs=req.decoder_input_details,
+            top_n_tokens=req.top_n_tokens,
+            adapter_id=req.adapter_id,
+            blocks=self.allocation.blocks,
+            slots=self.allocation.slots,
+        )

@@ -1,0 +1,1 @@
+"""HTTP handlers, one module per API surface (generate, stream, info/health/tokenize)."""

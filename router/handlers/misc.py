@@ -1,0 +1,90 @@
+"""GET /info, GET /health, GET /metrics, POST /tokenize and TGI's compat route POST /."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+import router
+from router.errors import UnhealthyError, ValidationError
+from router.handlers.common import error_response, infer_of, read_json
+from router.handlers.generate import generate_payload
+from router.handlers.stream import stream_payload
+
+
+async def info(request: web.Request) -> web.Response:
+    infer = infer_of(request)
+    args, limits, model = infer.args, infer.limits, infer.model
+    body: dict[str, Any] = {
+        "model_id": model.model_id,
+        "model_sha": None,
+        "model_dtype": model.dtype,
+        "model_device_type": model.device_type,
+        "model_pipeline_tag": "text-generation",
+        "max_concurrent_requests": args.max_concurrent_requests,
+        "max_best_of": args.max_best_of,
+        "max_stop_sequences": args.max_stop_sequences,
+        "max_input_tokens": limits.max_input_tokens,
+        "max_input_length": limits.max_input_tokens,  # older TGI name, still read by clients
+        "max_total_tokens": limits.max_total_tokens,
+        "max_batch_prefill_tokens": limits.max_batch_prefill_tokens,
+        "max_batch_total_tokens": limits.batch_total_tokens,
+        "max_supported_total_tokens": limits.max_supported_total_tokens,
+        "waiting_served_ratio": args.waiting_served_ratio,
+        "max_waiting_tokens": args.max_waiting_tokens,
+        "max_batch_size": None,
+        "max_client_batch_size": 1,
+        "validation_workers": 1,
+        "block_size": limits.block_size,
+        "num_blocks": limits.num_blocks,
+        "num_shard": model.world_size,
+        "router": "switchyard",
+        "version": router.__version__,
+        "sha": None,
+        "docker_label": None,
+    }
+    return web.json_response(body)
+
+
+async def health(request: web.Request) -> web.Response:
+    if await infer_of(request).healthy():
+        return web.Response(status=200)
+    return error_response(UnhealthyError())
+
+
+async def metrics(request: web.Request) -> web.Response:
+    infer = infer_of(request)
+    return web.Response(
+        text=infer.metrics.render(infer.gauges()), content_type="text/plain", charset="utf-8"
+    )
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    """TGI's /tokenize: the tokens of `inputs` with their character offsets."""
+    infer = infer_of(request)
+    payload = await read_json(request)
+    inputs = payload.get("inputs")
+    if not isinstance(inputs, str):
+        raise ValidationError("`inputs` must be a string")
+    add_special_tokens = payload.get("add_special_tokens", True)
+    if not isinstance(add_special_tokens, bool):
+        raise ValidationError("`add_special_tokens` must be a boolean")
+    encoding = await infer.tokenizer.encode(inputs, add_special_tokens=add_special_tokens)
+    return web.json_response(
+        [
+            {"id": tid, "text": inputs[start:stop], "start": start, "stop": stop}
+            for tid, (start, stop) in zip(encoding.ids, encoding.offsets, strict=True)
+        ]
+    )
+
+
+async def compat_generate(request: web.Request) -> web.StreamResponse:
+    """POST /: `stream` picks /generate_stream or /generate (answered as a one-element list)."""
+    payload = await read_json(request)
+    stream = payload.get("stream", False)
+    if not isinstance(stream, bool):
+        raise ValidationError("`stream` must be a boolean")
+    if stream:
+        return await stream_payload(request, payload)
+    return await generate_payload(request, payload, as_list=True)

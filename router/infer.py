@@ -1,0 +1,160 @@
+"""The router's core object: what the HTTP handlers talk to.
+
+It owns the validator, the queue, the block allocator and the scheduler task, and hands out
+concurrency permits (429 past max_concurrent_requests, as TGI's semaphore does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from router.args import RouterArgs
+from router.batcher import Batcher, SchedulerConfig
+from router.block_allocator import BlockAllocator
+from router.client import ShardClient
+from router.detokenizer import IncrementalDetokenizer
+from router.entry import Entry
+from router.errors import OverloadedError
+from router.limits import RESERVED_BLOCKS, Limits
+from router.metrics import Metrics
+from router.queue import Queue
+from router.request import ValidRequest
+from router.stopping import StoppingCriteria
+from router.tokenizer import Tokenizer
+from router.validation import ValidationLimits, Validator
+from switchyard_pb import generate_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What /info reports about the model, from the shards' Info answer."""
+
+    model_id: str
+    dtype: str
+    device_type: str
+    world_size: int
+    eos_token_ids: tuple[int, ...]
+
+    @classmethod
+    def from_proto(cls, info: pb.InfoResponse, model_name: str) -> ModelInfo:
+        return cls(
+            model_id=model_name,
+            dtype=info.dtype,
+            device_type=info.device_type,
+            world_size=info.world_size,
+            eos_token_ids=tuple(info.eos_token_ids),
+        )
+
+
+class Infer:
+    def __init__(
+        self,
+        args: RouterArgs,
+        limits: Limits,
+        model: ModelInfo,
+        client: ShardClient,
+        tokenizer: Tokenizer,
+    ) -> None:
+        self.args = args
+        self.limits = limits
+        self.model = model
+        self.client = client
+        self.tokenizer = tokenizer
+        self.validator = Validator(
+            tokenizer,
+            ValidationLimits(
+                max_input_tokens=limits.max_input_tokens,
+                max_total_tokens=limits.max_total_tokens,
+                max_stop_sequences=args.max_stop_sequences,
+                max_best_of=args.max_best_of,
+            ),
+        )
+        eos = set(model.eos_token_ids)
+        if not eos and tokenizer.eos_token_id is not None:
+            eos.add(tokenizer.eos_token_id)
+        self.eos_token_ids = frozenset(eos)
+        self.queue = Queue()
+        self.metrics = Metrics()
+        self.allocator = BlockAllocator(limits.num_blocks, limits.block_size, RESERVED_BLOCKS)
+        self.batcher = Batcher(
+            client,
+            self.queue,
+            self.allocator,
+            tokenizer,
+            SchedulerConfig(
+                max_batch_prefill_tokens=limits.max_batch_prefill_tokens,
+                max_batch_total_tokens=limits.batch_total_tokens,
+                waiting_served_ratio=args.waiting_served_ratio,
+                max_waiting_tokens=args.max_waiting_tokens,
+            ),
+            self.metrics,
+        )
+        self.in_flight = 0
+        self._ids = itertools.count(1)
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self.batcher.run_forever())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    @contextmanager
+    def permit(self, count: int = 1) -> Iterator[None]:
+        """Holds `count` request slots for the life of a request, or raises 429."""
+        if self.in_flight + count > self.args.max_concurrent_requests:
+            raise OverloadedError()
+        self.in_flight += count
+        try:
+            yield
+        finally:
+            self.in_flight -= count
+
+    def submit(self, request: ValidRequest, alive: Callable[[], bool] | None = None) -> Entry:
+        entry = Entry(
+            id=next(self._ids),
+            request=request,
+            detokenizer=IncrementalDetokenizer(self.tokenizer, request.input_ids),
+            stopping=StoppingCriteria(
+                request.max_new_tokens, self.eos_token_ids, request.ignore_eos, request.stop
+            ),
+        )
+        if alive is not None:
+            entry.alive = alive
+        self.metrics.input_tokens += request.input_length
+        self.queue.append(entry)
+        return entry
+
+    def gauges(self) -> dict[str, float]:
+        running = self.batcher.entries.values()
+        return {
+            "tgi_queue_size": len(self.queue),
+            "tgi_batch_current_size": len(running),
+            "tgi_batch_current_max_tokens": sum(e.request.total_tokens for e in running),
+            "switchyard_requests_in_flight": self.in_flight,
+            "switchyard_kv_blocks_total": self.allocator.capacity_blocks,
+            "switchyard_kv_blocks_used": self.allocator.used_blocks,
+            "switchyard_kv_blocks_free": self.allocator.free_blocks,
+        }
+
+    async def healthy(self) -> bool:
+        try:
+            await self.client.health()
+        except Exception as err:
+            log.warning("health check failed: %s", err)
+            return False
+        return True

@@ -1,0 +1,155 @@
+"""Token limits: defaults derived from the model (like TGI) and the checks that make them safe.
+
+Resolution happens in two stages: `resolve_limits` right after the Info RPC (flags + model
+context length), `apply_capacity` after Warmup (what the shards' KV cache can actually hold).
+Every failure is a `ConfigError` whose message names the offending flag, so the router can exit
+with a clear line instead of failing on the first request.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from router.args import RouterArgs
+
+# TGI's historical defaults, capped by the model's context length.
+DEFAULT_MAX_TOTAL_TOKENS = 2048
+DEFAULT_MAX_INPUT_TOKENS = 1024
+# TGI leaves a little room above one full prompt for the default prefill budget.
+PREFILL_HEADROOM = 50
+# Block 0 is never handed to a request: shards may pad slot mappings with slot 0.
+RESERVED_BLOCKS = 1
+
+
+class ConfigError(Exception):
+    """A limit that cannot work; the message names the flag to change."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_input_tokens: int
+    max_total_tokens: int
+    max_batch_prefill_tokens: int
+    # None until warmup: the flag's value when given, else what the KV cache holds.
+    max_batch_total_tokens: int | None
+    block_size: int
+    num_blocks: int = 0
+    max_supported_total_tokens: int = 0
+
+    def blocks_for(self, tokens: int) -> int:
+        return math.ceil(tokens / self.block_size)
+
+    @property
+    def usable_blocks(self) -> int:
+        return max(self.num_blocks - RESERVED_BLOCKS, 0)
+
+    @property
+    def batch_total_tokens(self) -> int:
+        """The effective batch budget; valid only after `apply_capacity`."""
+        assert self.max_batch_total_tokens is not None, "limits used before warmup"
+        return self.max_batch_total_tokens
+
+
+def resolve_limits(args: RouterArgs, max_position_embeddings: int, block_size: int) -> Limits:
+    if block_size <= 0:
+        raise ConfigError(f"the shards report block_size={block_size}; it must be positive")
+    mpe = max_position_embeddings if max_position_embeddings > 0 else DEFAULT_MAX_TOTAL_TOKENS
+
+    total = args.max_total_tokens
+    if total is None:
+        total = min(mpe, DEFAULT_MAX_TOTAL_TOKENS)
+        if args.max_input_tokens is not None:
+            # A user-given input limit must leave room for at least one new token.
+            total = max(total, args.max_input_tokens + 1)
+    max_input = args.max_input_tokens
+    if max_input is None:
+        max_input = (
+            total - 1
+            if args.max_total_tokens is not None
+            else min(total - 1, DEFAULT_MAX_INPUT_TOKENS)
+        )
+    prefill = args.max_batch_prefill_tokens
+    if prefill is None:
+        prefill = max_input + PREFILL_HEADROOM
+        if args.max_batch_total_tokens is not None:
+            prefill = min(prefill, args.max_batch_total_tokens)
+
+    if max_input < 1:
+        raise ConfigError(
+            f"--max-total-tokens ({total}) leaves no room for a prompt; it must be >= 2"
+        )
+    if max_input >= total:
+        raise ConfigError(
+            f"--max-input-tokens ({max_input}) must be < --max-total-tokens ({total})"
+        )
+    if total > mpe and args.max_total_tokens is None:
+        raise ConfigError(
+            f"--max-input-tokens ({max_input}) must be < the model's "
+            f"max_position_embeddings ({mpe})"
+        )
+    if total > mpe:
+        raise ConfigError(
+            f"--max-total-tokens ({total}) exceeds the model's max_position_embeddings ({mpe})"
+        )
+    batch_total = args.max_batch_total_tokens
+    if batch_total is not None and batch_total < total:
+        raise ConfigError(
+            f"--max-batch-total-tokens ({batch_total}) must be >= --max-total-tokens ({total})"
+        )
+    if prefill < max_input:
+        raise ConfigError(
+            f"--max-batch-prefill-tokens ({prefill}) must be >= --max-input-tokens ({max_input}),"
+            " or no full-length prompt could ever be prefilled"
+        )
+    if batch_total is not None:
+        if batch_total < prefill:
+            raise ConfigError(
+                f"--max-batch-prefill-tokens ({prefill}) must be <= "
+                f"--max-batch-total-tokens ({batch_total})"
+            )
+    return Limits(
+        max_input_tokens=max_input,
+        max_total_tokens=total,
+        max_batch_prefill_tokens=prefill,
+        max_batch_total_tokens=batch_total,
+        block_size=block_size,
+    )
+
+
+def apply_capacity(limits: Limits, max_supported_total_tokens: int, num_blocks: int) -> Limits:
+    """Fits the limits to the KV cache the shards sized during warmup."""
+    if num_blocks <= 0 or max_supported_total_tokens <= 0:
+        raise ConfigError(
+            f"the shards report an empty KV cache (num_blocks={num_blocks}, "
+            f"max_supported_total_tokens={max_supported_total_tokens}); give them more memory"
+        )
+    if limits.max_total_tokens > max_supported_total_tokens:
+        raise ConfigError(
+            f"--max-total-tokens ({limits.max_total_tokens}) exceeds the "
+            f"{max_supported_total_tokens} tokens the shards' KV cache holds; lower "
+            "--max-total-tokens or give the shards more memory"
+        )
+    sized = replace(
+        limits, num_blocks=num_blocks, max_supported_total_tokens=max_supported_total_tokens
+    )
+    needed = sized.blocks_for(limits.max_total_tokens)
+    if needed > sized.usable_blocks:
+        raise ConfigError(
+            f"--max-total-tokens ({limits.max_total_tokens}) needs {needed} KV blocks of "
+            f"{limits.block_size} tokens but only {sized.usable_blocks} are usable "
+            f"({num_blocks} minus {RESERVED_BLOCKS} reserved); lower --max-total-tokens"
+        )
+    usable_tokens = sized.usable_blocks * limits.block_size
+    batch_total = limits.max_batch_total_tokens
+    if batch_total is None:
+        batch_total = min(max_supported_total_tokens, usable_tokens)
+    elif batch_total > max_supported_total_tokens:
+        raise ConfigError(
+            f"--max-batch-total-tokens ({batch_total}) exceeds the {max_supported_total_tokens} "
+            "tokens the shards' KV cache holds; lower it or leave it unset"
+        )
+    # A batch never prefills more than it may hold; max_total_tokens <= batch_total (checked
+    # above through the block count), so one full-length prompt still always fits.
+    prefill = min(limits.max_batch_prefill_tokens, batch_total)
+    return replace(sized, max_batch_total_tokens=batch_total, max_batch_prefill_tokens=prefill)

@@ -1,0 +1,92 @@
+"""The waiting queue: FIFO admission under token budgets and KV block availability.
+
+Admission is strictly first-come first-served: when the head does not fit, nothing behind it
+jumps ahead (a large request would otherwise starve). Entries get their KV reservation here,
+at admission, for their whole life (prompt + max_new_tokens).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+from router.block_allocator import BlockAllocator
+from router.entry import Entry
+
+
+class Queue:
+    def __init__(self) -> None:
+        self._entries: deque[Entry] = deque()
+        self._arrived = asyncio.Event()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def append(self, entry: Entry) -> None:
+        self._entries.append(entry)
+        self._arrived.set()
+
+    async def wait(self) -> None:
+        """Returns once the queue holds at least one entry."""
+        while not self._entries:
+            self._arrived.clear()
+            await self._arrived.wait()
+
+    def drop_gone(self) -> list[Entry]:
+        """Removes entries whose client went away (they hold no blocks yet)."""
+        keep: deque[Entry] = deque()
+        gone: list[Entry] = []
+        for entry in self._entries:
+            (gone if entry.gone else keep).append(entry)
+        for entry in gone:
+            entry.done = True
+        self._entries = keep
+        return gone
+
+    def pop_head(self) -> Entry:
+        return self._entries.popleft()
+
+    def drain(self) -> list[Entry]:
+        entries = list(self._entries)
+        self._entries.clear()
+        return entries
+
+    def next_batch(
+        self,
+        allocator: BlockAllocator,
+        *,
+        prefill_token_budget: int,
+        token_budget: int,
+        min_size: int | None = None,
+    ) -> list[Entry]:
+        """Takes the longest FIFO prefix that fits; empty when fewer than min_size fit.
+
+        token_budget bounds prompt + max_new_tokens over the new entries (what the running
+        batch leaves of max_batch_total_tokens); prefill_token_budget bounds their prompts.
+        """
+        batch: list[Entry] = []
+        prefill_tokens = 0
+        total_tokens = 0
+        for entry in self._entries:
+            req = entry.request
+            if prefill_tokens + req.input_length > prefill_token_budget:
+                break
+            if total_tokens + req.total_tokens > token_budget:
+                break
+            allocation = allocator.allocate(req.total_tokens)
+            if allocation is None:
+                break
+            entry.allocation = allocation
+            batch.append(entry)
+            prefill_tokens += req.input_length
+            total_tokens += req.total_tokens
+        if not batch or (min_size is not None and len(batch) < min_size):
+            # Not worth interrupting the running batch for: give the reservations back.
+            for entry in batch:
+                assert entry.allocation is not None
+                allocator.free(entry.allocation.blocks)
+                entry.allocation = None
+            return []
+        for _ in batch:
+            self._entries.popleft()
+        return batch

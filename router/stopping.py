@@ -1,0 +1,48 @@
+"""When a request is finished: the router decides, the shards only compute.
+
+Order follows TGI: the length limit first, then the EOS token, then stop sequences. A stop
+sequence matches anywhere in the generated text, also across token boundaries; like TGI, the
+generated text keeps the stop sequence.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+
+
+class FinishReason(str, enum.Enum):
+    LENGTH = "length"
+    EOS_TOKEN = "eos_token"
+    STOP_SEQUENCE = "stop_sequence"
+
+
+class StoppingCriteria:
+    def __init__(
+        self,
+        max_new_tokens: int,
+        eos_token_ids: Iterable[int] = (),
+        ignore_eos: bool = False,
+        stop_sequences: Sequence[str] = (),
+    ) -> None:
+        self.max_new_tokens = max_new_tokens
+        self.eos_token_ids = frozenset(() if ignore_eos else eos_token_ids)
+        self.stop_sequences = tuple(s for s in stop_sequences if s)
+        # Only this much text before the newest chunk can be part of a new match.
+        self._keep = max((len(s) for s in self.stop_sequences), default=1) - 1
+        self._tail = ""
+        self.generated = 0
+
+    def step(self, token_id: int, text: str) -> FinishReason | None:
+        """Records one generated token and the text it emitted; returns why to stop, if so."""
+        self.generated += 1
+        if self.generated >= self.max_new_tokens:
+            return FinishReason.LENGTH
+        if token_id in self.eos_token_ids:
+            return FinishReason.EOS_TOKEN
+        if self.stop_sequences and text:
+            window = self._tail + text
+            if any(stop in window for stop in self.stop_sequences):
+                return FinishReason.STOP_SEQUENCE
+            self._tail = window[-self._keep :] if self._keep else ""
+        return None

@@ -1,0 +1,83 @@
+"""The model's tokenizer, as the router uses it.
+
+Encoding runs on a worker thread with its own tokenizer instance: long prompts must not stall
+the event loop, and HF tokenizer objects are not meant to be shared across threads while the
+scheduler decodes on the loop thread with the other instance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+
+@dataclass(frozen=True)
+class Encoding:
+    ids: list[int]
+    # Character offsets (start, stop) of each token in the input text.
+    offsets: list[tuple[int, int]]
+
+
+class Tokenizer:
+    def __init__(self, decoder: PreTrainedTokenizerBase, encoder: PreTrainedTokenizerBase) -> None:
+        self.decoder = decoder
+        self._encoder = encoder
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
+        self.special_ids: frozenset[int] = frozenset(decoder.all_special_ids)
+        self._piece_cache: dict[int, str] = {}
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> Tokenizer:
+        return cls(
+            AutoTokenizer.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
+        )
+
+    @classmethod
+    def from_object(cls, tokenizer: PreTrainedTokenizerBase) -> Tokenizer:
+        """Tests build tokenizers in memory; a deep copy gives the encoder its own instance."""
+        import copy
+
+        return cls(tokenizer, copy.deepcopy(tokenizer))
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.decoder.eos_token_id
+
+    def _encode_sync(self, text: str, add_special_tokens: bool) -> Encoding:
+        if not self._encoder.is_fast:  # slow tokenizers cannot report offsets
+            ids = self._encoder.encode(text, add_special_tokens=add_special_tokens)
+            return Encoding(ids=list(ids), offsets=[(0, 0)] * len(ids))
+        out = self._encoder(
+            text, add_special_tokens=add_special_tokens, return_offsets_mapping=True
+        )
+        return Encoding(
+            ids=list(out["input_ids"]), offsets=[tuple(o) for o in out["offset_mapping"]]
+        )
+
+    async def encode(self, text: str, add_special_tokens: bool = True) -> Encoding:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self._encode_sync, text, add_special_tokens)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        # No space clean-up: it would make incremental decoding disagree with the full decode.
+        return self.decoder.decode(
+            ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
+        )
+
+    def piece(self, token_id: int) -> str:
+        """One token's own text (prefill and top-n tokens); cached, vocabularies are finite."""
+        text = self._piece_cache.get(token_id)
+        if text is None:
+            text = self.decode([token_id])
+            self._piece_cache[token_id] = text
+        return text
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id in self.special_ids
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,252 @@
+"""A deterministic in-process shard speaking the real wire protocol, for router tests.
+
+Next token = (last token + 1) % vocab_size. Every RPC is checked against the protocol rules the
+router must follow (block/slot consistency, no block owned twice, no step past max_new_tokens,
+batch bookkeeping); violations are recorded in `violations` for the tests to assert on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass, field
+
+import grpc
+
+from switchyard_pb import generate_pb2 as pb
+from switchyard_pb import generate_pb2_grpc as pb_grpc
+
+
+@dataclass
+class FakeRequest:
+    id: int
+    ids: list[int]
+    max_new: int
+    blocks: list[int]
+    slots: list[int]
+    top_n: int
+    generated: int = 0
+
+
+@dataclass
+class FakeShard(pb_grpc.TextGenerationServiceServicer):
+    rank: int
+    urls: list[str]
+    vocab_size: int = 512
+    block_size: int = 4
+    num_blocks: int = 160
+    max_position_embeddings: int = 256
+    eos_token_ids: tuple[int, ...] = (2,)
+    # Test knobs.
+    fail_prefill_token: int | None = None  # Prefill fails when a prompt holds this token
+    fail_next_decode: bool = False
+    healthy: bool = True
+    decode_delay: float = 0.0
+    # Observations.
+    calls: list[str] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    batches: dict[int, list[FakeRequest]] = field(default_factory=dict)
+    owner: dict[int, int] = field(default_factory=dict)  # block -> request id
+    max_batch_size_seen: int = 0
+
+    def _check(self, ok: bool, message: str) -> None:
+        if not ok:
+            self.violations.append(message)
+
+    def _check_request(self, r: pb.Request, warmup: bool) -> None:
+        positions = len(r.input_ids) + r.stopping_parameters.max_new_tokens
+        bs = self.block_size
+        self._check(len(r.slots) == positions, f"req {r.id}: {len(r.slots)} slots for {positions}")
+        self._check(
+            len(r.blocks) == math.ceil(positions / bs), f"req {r.id}: block count {len(r.blocks)}"
+        )
+        for p, slot in enumerate(r.slots):
+            if p // bs >= len(r.blocks) or slot != r.blocks[p // bs] * bs + p % bs:
+                self._check(False, f"req {r.id}: slot {p} = {slot} inconsistent with blocks")
+                break
+        self._check(len(set(r.blocks)) == len(r.blocks), f"req {r.id}: repeated block")
+        low = 0 if warmup else 1  # block 0 is reserved by the router
+        self._check(all(low <= b < self.num_blocks for b in r.blocks), f"req {r.id}: block range")
+        self._check(r.parameters.seed != 0 or warmup, f"req {r.id}: seed not set")
+
+    def _check_batch(self, batch: pb.Batch, warmup: bool = False) -> None:
+        self._check(batch.size == len(batch.requests), "batch.size")
+        self._check(
+            batch.max_tokens
+            == sum(len(r.input_ids) + r.stopping_parameters.max_new_tokens for r in batch.requests),
+            "batch.max_tokens",
+        )
+        self._check(batch.max_blocks == max(len(r.blocks) for r in batch.requests), "max_blocks")
+        for r in batch.requests:
+            self._check_request(r, warmup)
+
+    def _next(self, req: FakeRequest) -> int:
+        return (req.ids[-1] + 1) % self.vocab_size
+
+    def _generation(self, req: FakeRequest, prefill_logprobs: bool = False) -> pb.Generation:
+        self._check(req.generated < req.max_new, f"req {req.id}: step past max_new_tokens")
+        token = self._next(req)
+        req.ids.append(token)
+        req.generated += 1
+        gen = pb.Generation(
+            request_id=req.id,
+            tokens=pb.Tokens(ids=[token], logprobs=[-0.1 * (token % 10) - 0.01]),
+            top_tokens=[
+                pb.Tokens(
+                    ids=[(token + k) % self.vocab_size for k in range(req.top_n)],
+                    logprobs=[-0.1 * (k + 1) for k in range(req.top_n)],
+                )
+            ]
+            if req.top_n
+            else [],
+        )
+        if prefill_logprobs:
+            prompt = req.ids[:-1]
+            gen.prefill_tokens.CopyFrom(
+                pb.Tokens(ids=prompt, logprobs=[math.nan] + [-1.0] * (len(prompt) - 1))
+            )
+        return gen
+
+    def _cached(self, batch_id: int) -> pb.CachedBatch:
+        reqs = self.batches[batch_id]
+        return pb.CachedBatch(
+            id=batch_id,
+            request_ids=[r.id for r in reqs],
+            size=len(reqs),
+            max_tokens=sum(len(r.slots) for r in reqs),
+        )
+
+    def _release(self, reqs: list[FakeRequest]) -> None:
+        for r in reqs:
+            for b in r.blocks:
+                if self.owner.get(b) == r.id:
+                    del self.owner[b]
+
+    # -- RPCs ---------------------------------------------------------------------------------
+
+    async def Info(self, request, context):
+        self.calls.append("Info")
+        return pb.InfoResponse(
+            model_id="fake",
+            dtype="float32",
+            device_type="cpu",
+            block_size=self.block_size,
+            world_size=len(self.urls),
+            vocab_size=self.vocab_size,
+            max_position_embeddings=self.max_position_embeddings,
+            attention_impl="fake",
+            eos_token_ids=list(self.eos_token_ids),
+        )
+
+    async def ServiceDiscovery(self, request, context):
+        self.calls.append("ServiceDiscovery")
+        return pb.ServiceDiscoveryResponse(urls=self.urls)
+
+    async def Health(self, request, context):
+        self.calls.append("Health")
+        if not self.healthy:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "unhealthy")
+        return pb.HealthResponse()
+
+    async def Warmup(self, request, context):
+        self.calls.append("Warmup")
+        self._check_batch(request.batch, warmup=True)
+        self._check(
+            sum(len(r.input_ids) for r in request.batch.requests) == request.max_prefill_tokens,
+            "warmup batch does not fill max_prefill_tokens",
+        )
+        if request.max_batch_total_tokens:
+            # Like the real shard: exactly the cache asked for, when it fits.
+            wanted = math.ceil(request.max_batch_total_tokens / self.block_size)
+            if wanted > self.num_blocks:
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "cache too large")
+            self.num_blocks = wanted
+        return pb.WarmupResponse(
+            max_supported_total_tokens=self.num_blocks * self.block_size,
+            num_blocks=self.num_blocks,
+        )
+
+    async def Prefill(self, request, context):
+        self.calls.append("Prefill")
+        batch = request.batch
+        self._check_batch(batch)
+        self._check(batch.id not in self.batches, f"batch id {batch.id} reused")
+        if self.fail_prefill_token is not None and any(
+            self.fail_prefill_token in r.input_ids for r in batch.requests
+        ):
+            await context.abort(grpc.StatusCode.INTERNAL, "injected prefill failure")
+        reqs = []
+        for r in batch.requests:
+            for b in r.blocks:
+                self._check(
+                    b not in self.owner, f"block {b} owned by {self.owner.get(b)} and {r.id}"
+                )
+                self.owner[b] = r.id
+            reqs.append(
+                FakeRequest(
+                    r.id,
+                    list(r.input_ids),
+                    r.stopping_parameters.max_new_tokens,
+                    list(r.blocks),
+                    list(r.slots),
+                    r.top_n_tokens,
+                )
+            )
+        self.batches[batch.id] = reqs
+        gens = [
+            self._generation(req, r.prefill_logprobs)
+            for req, r in zip(reqs, batch.requests, strict=True)
+        ]
+        return pb.PrefillResponse(generations=gens, batch=self._cached(batch.id))
+
+    async def Decode(self, request, context):
+        self.calls.append("Decode")
+        if self.decode_delay:
+            await asyncio.sleep(self.decode_delay)
+        ids = [b.id for b in request.batches]
+        for b in request.batches:
+            self._check(b.id in self.batches, f"decode of unknown batch {b.id}")
+            if b.id in self.batches:
+                known = [r.id for r in self.batches[b.id]]
+                self._check(list(b.request_ids) == known, f"batch {b.id} ids {b.request_ids}")
+        if self.fail_next_decode:
+            self.fail_next_decode = False
+            await context.abort(grpc.StatusCode.INTERNAL, "injected decode failure")
+        merged = [r for i in ids for r in self.batches.pop(i, [])]
+        self.batches[ids[0]] = merged
+        self.max_batch_size_seen = max(self.max_batch_size_seen, len(merged))
+        gens = [self._generation(r) for r in merged]
+        return pb.DecodeResponse(generations=gens, batch=self._cached(ids[0]))
+
+    async def FilterBatch(self, request, context):
+        self.calls.append("FilterBatch")
+        reqs = self.batches.get(request.batch_id, [])
+        keep = set(request.request_ids)
+        self._check(keep <= {r.id for r in reqs}, "filter keeps unknown ids")
+        self._check(bool(keep), "FilterBatch with no ids (ClearCache expected)")
+        self._release([r for r in reqs if r.id not in keep])
+        self.batches[request.batch_id] = [r for r in reqs if r.id in keep]
+        return pb.FilterBatchResponse(batch=self._cached(request.batch_id))
+
+    async def ClearCache(self, request, context):
+        self.calls.append("ClearCache")
+        ids = [request.id] if request.HasField("id") else list(self.batches)
+        for i in ids:
+            self._release(self.batches.pop(i, []))
+        return pb.ClearCacheResponse()
+
+
+async def start_fake_shards(
+    uds_path: str, world_size: int = 2, **kwargs
+) -> tuple[list[FakeShard], list[grpc.aio.Server]]:
+    urls = [f"unix://{uds_path}-{r}" for r in range(world_size)]
+    shards, servers = [], []
+    for rank, url in enumerate(urls):
+        shard = FakeShard(rank=rank, urls=urls, **kwargs)
+        server = grpc.aio.server()
+        pb_grpc.add_TextGenerationServiceServicer_to_server(shard, server)
+        server.add_insecure_port(url)
+        await server.start()
+        shards.append(shard)
+        servers.append(server)
+    return shards, servers

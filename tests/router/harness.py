@@ -1,0 +1,87 @@
+"""A real router (startup, warmup, HTTP app) served by aiohttp's test server against fake shards."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp.test_utils import TestClient, TestServer
+
+from router.__main__ import build_infer
+from router.args import RouterArgs
+from router.infer import Infer
+from router.server import create_app
+from tests.router.fake_shard import FakeShard, start_fake_shards
+
+TEST_TIMEOUT_S = 30.0
+
+
+@dataclass
+class RouterEnv:
+    client: TestClient
+    infer: Infer
+    shards: list[FakeShard]
+
+    def violations(self) -> list[str]:
+        return [v for s in self.shards for v in s.violations]
+
+
+@asynccontextmanager
+async def router_env(
+    model_dir: Path, world_size: int = 2, shard: dict[str, Any] | None = None, **args: Any
+) -> AsyncIterator[RouterEnv]:
+    # Unix socket paths are limited to ~100 bytes: keep them short.
+    sock_dir = tempfile.mkdtemp(prefix="sy-")
+    uds = f"{sock_dir}/s"
+    shards, servers = await start_fake_shards(uds, world_size, **(shard or {}))
+    infer = None
+    client = None
+    try:
+        infer = await build_infer(RouterArgs(model_id=str(model_dir), shard_uds_path=uds, **args))
+        client = TestClient(TestServer(create_app(infer), handler_cancellation=True))
+        await client.start_server()
+        yield RouterEnv(client, infer, shards)
+    finally:
+        if client is not None:
+            await client.close()
+        if infer is not None:
+            await infer.client.close()
+            infer.tokenizer.close()
+        for server in servers:
+            await server.stop(None)
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def async_test(fn):
+    """Runs an async test function in a fresh event loop (no pytest-asyncio needed)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        asyncio.run(asyncio.wait_for(fn(*args, **kwargs), TEST_TIMEOUT_S))
+
+    return wrapper
+
+
+def parse_sse(body: str) -> list[dict[str, Any]]:
+    """Parses `data:` events the way TGI's text-generation client does."""
+    events = []
+    for line in body.splitlines():
+        if line.startswith("data:"):
+            events.append(json.loads(line[len("data:") :]))
+    return events
+
+
+async def wait_until(predicate, timeout: float = 5.0, interval: float = 0.01) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(interval)
