@@ -1,0 +1,443 @@
+"""Next-token selection for a batch: penalties, warpers, seeded sampling and logprobs.
+
+Every request in a batch may have different parameters; one call handles them all with
+batched tensor ops (no loop over requests). Order and semantics follow HF/TGI: repetition
+penalty, then frequency penalty (every row), then temperature, top-k, top-p and typical-p
+(do_sample rows only), then the choice. Logprobs are log_softmax of the logits that were
+sampled from: penalized, and for sampled rows also warped.
+
+On CPU at B=64, V=150k a full sort or a random number per vocabulary entry costs far more
+than everything else, so neither is on the common path:
+- rows that truncate (top-k/top-p/typical-p) work on their K largest logits only
+  (`torch.topk`); K grows only for rows whose kept set may reach past them
+  (`shard.layers.truncation`);
+- Gumbel noise is drawn for each row's HEAD_SIZE most likely tokens, and for the rest
+  only when a per-row draw lands in the remaining probability mass (`_draw`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+
+import torch
+from torch import Tensor
+
+from shard.layers import random_hash
+from shard.layers.truncation import Warpers, candidate_groups
+
+NEG_INF = float("-inf")
+
+# Tokens that get their own Gumbel draw every step; other tokens are drawn only with the
+# probability mass outside them (usually a few percent).
+HEAD_SIZE = 128
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """One request's parameters; mirrors NextTokenChooserParameters.
+
+    Neutral values: temperature 1.0, top_k 0, top_p 1.0, typical_p 1.0, repetition_penalty
+    1.0, frequency_penalty 0.0. Greedy requests ignore the warper parameters, so those are
+    validated only with do_sample (an unset proto field reads 0).
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    typical_p: float = 1.0
+    do_sample: bool = False
+    seed: int = 0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not math.isfinite(self.frequency_penalty):
+            raise ValueError(f"frequency_penalty must be finite, got {self.frequency_penalty}")
+        if not self.do_sample:
+            return
+        if not (self.temperature > 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 < self.typical_p <= 1:
+            raise ValueError(f"typical_p must be in (0, 1], got {self.typical_p}")
+
+
+@dataclass(frozen=True)
+class SamplingFlags:
+    """Host-side summary of a batch, so that sample() skips unused stages without a sync.
+
+    Warper flags count do_sample rows only: greedy rows never see the warpers.
+    """
+
+    any_temperature: bool = False
+    any_top_k: bool = False
+    any_top_p: bool = False
+    any_typical: bool = False
+    any_repetition: bool = False
+    any_frequency: bool = False
+    max_top_k: int = 0
+
+    @property
+    def any_penalty(self) -> bool:
+        return self.any_repetition or self.any_frequency
+
+    @classmethod
+    def of_rows(cls, rows: dict[str, Tensor]) -> SamplingFlags:
+        """Flags of per-row tensors; one device sync when they are not on the CPU."""
+        sample = rows["do_sample"]
+        if sample.numel() == 0:
+            return cls()
+        top_k = torch.where(sample, rows["top_k"], 0)
+        *stats, max_top_k = torch.stack(
+            [
+                (sample & (rows["temperature"] != 1)).any(),
+                (top_k > 0).any(),
+                (sample & (rows["top_p"] < 1)).any(),
+                (sample & (rows["typical_p"] < 1)).any(),
+                (rows["repetition_penalty"] != 1).any(),
+                (rows["frequency_penalty"] != 0).any(),
+                top_k.max(),
+            ]
+        ).tolist()
+        return cls(*(bool(s) for s in stats), max_top_k=max_top_k)
+
+    def merge(self, other: SamplingFlags) -> SamplingFlags:
+        """Flags of the concatenation of two batches."""
+        merged = {
+            f.name: getattr(self, f.name) or getattr(other, f.name)
+            for f in fields(self)
+            if f.name != "max_top_k"
+        }
+        return SamplingFlags(**merged, max_top_k=max(self.max_top_k, other.max_top_k))
+
+
+def _truncates(rows: dict[str, Tensor]) -> Tensor:
+    """Rows whose sampled distribution is cut by top-k, top-p or typical-p."""
+    cut = (rows["top_k"] > 0) | (rows["top_p"] < 1) | (rows["typical_p"] < 1)
+    return rows["do_sample"] & cut
+
+
+@dataclass(frozen=True)
+class SamplingTensors:
+    """Per-request parameters as [B] tensors, built once per batch composition.
+
+    The rows are also split by how they are sampled: "dense" rows (greedy, or sampling from
+    the whole vocabulary) and "truncated" rows (sampling after top-k/top-p/typical-p).
+    """
+
+    temperature: Tensor  # float32
+    top_k: Tensor  # int64, 0 = off
+    top_p: Tensor  # float32
+    typical_p: Tensor  # float32
+    do_sample: Tensor  # bool
+    seed_lo: Tensor  # int64, low 32 bits of the seed
+    seed_hi: Tensor  # int64, high 32 bits (seeds are taken modulo 2**64)
+    repetition_penalty: Tensor  # float32
+    frequency_penalty: Tensor  # float32
+    dense_rows: Tensor  # int64 row indices, ascending
+    dense_sampled: Tensor  # int64 positions in dense_rows of the do_sample rows
+    truncated_rows: Tensor  # int64 row indices, ascending
+    flags: SamplingFlags
+
+    @classmethod
+    def from_params(
+        cls, params: list[SamplingParams], device: torch.device | str
+    ) -> SamplingTensors:
+        seeds = [random_hash.split_seed(p.seed) for p in params]
+
+        def column(values: list, dtype: torch.dtype) -> Tensor:
+            return torch.tensor(values, dtype=dtype)
+
+        # Built on the CPU first: the flags then come from the float32 values the kernels
+        # see (a top_p of 1 - 1e-9 rounds to 1.0), without a device sync.
+        rows = {
+            "temperature": column([p.temperature for p in params], torch.float32),
+            "top_k": column([p.top_k for p in params], torch.int64),
+            "top_p": column([p.top_p for p in params], torch.float32),
+            "typical_p": column([p.typical_p for p in params], torch.float32),
+            "do_sample": column([p.do_sample for p in params], torch.bool),
+            "seed_lo": column([lo for lo, _ in seeds], torch.int64),
+            "seed_hi": column([hi for _, hi in seeds], torch.int64),
+            "repetition_penalty": column([p.repetition_penalty for p in params], torch.float32),
+            "frequency_penalty": column([p.frequency_penalty for p in params], torch.float32),
+        }
+        return cls._of_rows(rows).to(device)
+
+    @classmethod
+    def _of_rows(cls, rows: dict[str, Tensor]) -> SamplingTensors:
+        truncated = _truncates(rows)
+        dense_rows = (~truncated).nonzero().squeeze(1)
+        return cls(
+            **rows,
+            dense_rows=dense_rows,
+            dense_sampled=rows["do_sample"][dense_rows].nonzero().squeeze(1),
+            truncated_rows=truncated.nonzero().squeeze(1),
+            flags=SamplingFlags.of_rows(rows),
+        )
+
+    def _rows(self) -> dict[str, Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _DERIVED}
+
+    def __len__(self) -> int:
+        return self.do_sample.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.do_sample.device
+
+    def to(self, device: torch.device | str) -> SamplingTensors:
+        moved = {
+            f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name != "flags"
+        }
+        return SamplingTensors(**moved, flags=self.flags)
+
+    def index(self, keep: Tensor) -> SamplingTensors:
+        """The rows selected by keep (int64 indices or a bool mask), e.g. for FilterBatch."""
+        keep = keep.to(self.device)
+        return self._of_rows({name: t[keep] for name, t in self._rows().items()})
+
+    @classmethod
+    def concat(cls, parts: list[SamplingTensors]) -> SamplingTensors:
+        """The rows of every part, in order, e.g. when Decode receives several batches."""
+        if not parts:
+            raise ValueError("concat needs at least one part")
+        if len(parts) == 1:
+            return parts[0]
+        names = parts[0]._rows().keys()
+        rows = {name: torch.cat([getattr(p, name) for p in parts]) for name in names}
+        dense_rows, dense_sampled, truncated_rows = [], [], []
+        row_offset, dense_offset, flags = 0, 0, SamplingFlags()
+        for part in parts:
+            dense_rows.append(part.dense_rows + row_offset)
+            dense_sampled.append(part.dense_sampled + dense_offset)
+            truncated_rows.append(part.truncated_rows + row_offset)
+            row_offset += len(part)
+            dense_offset += part.dense_rows.shape[0]
+            flags = flags.merge(part.flags)
+        return cls(
+            **rows,
+            dense_rows=torch.cat(dense_rows),
+            dense_sampled=torch.cat(dense_sampled),
+            truncated_rows=torch.cat(truncated_rows),
+            flags=flags,
+        )
+
+
+_DERIVED = frozenset({"dense_rows", "dense_sampled", "truncated_rows", "flags"})
+
+
+@dataclass(frozen=True)
+class SampleOutput:
+    next_ids: Tensor  # [B] int64
+    logprobs: Tensor  # [B] float32, log-prob of next_ids under the processed distribution
+    top_ids: Tensor  # [B, n] int64, n = min(max_top_n, V), by logprob descending
+    top_logprobs: Tensor  # [B, n] float32 (-inf for tokens the warpers removed)
+
+    @classmethod
+    def empty(cls, batch: int, top_n: int, device: torch.device) -> SampleOutput:
+        return cls(
+            next_ids=torch.empty(batch, dtype=torch.int64, device=device),
+            logprobs=torch.empty(batch, dtype=torch.float32, device=device),
+            top_ids=torch.empty((batch, top_n), dtype=torch.int64, device=device),
+            top_logprobs=torch.empty((batch, top_n), dtype=torch.float32, device=device),
+        )
+
+    def write(self, rows: Tensor, part: SampleOutput) -> None:
+        """Store part's rows at the given row indices."""
+        for f in fields(self):
+            getattr(self, f.name).index_copy_(0, rows, getattr(part, f.name))
+
+
+def sample(
+    logits: Tensor,
+    tensors: SamplingTensors,
+    history: Tensor,
+    history_lens: Tensor,
+    max_top_n: int = 0,
+) -> SampleOutput:
+    """Choose the next token of every row; logits [B, V] float32 is left unmodified.
+
+    history [B, L] int64 holds prompt + generated ids (anything past history_lens is
+    ignored); history_lens [B] also numbers the step for the random draws.
+    """
+    logits = logits.float()  # no copy when it already is
+    batch, vocab = logits.shape
+    top_n = max(0, min(max_top_n, vocab))
+    history_lens = history_lens.to(device=logits.device, dtype=torch.int64)
+    scores = _apply_penalties(logits, tensors, history, history_lens)
+    owned = scores is not logits
+    keys = random_hash.stream_keys(tensors.seed_lo, tensors.seed_hi, history_lens)
+
+    dense_rows, truncated_rows = tensors.dense_rows, tensors.truncated_rows
+    if dense_rows.shape[0] == batch:
+        return _sample_dense(scores, owned, tensors, keys, top_n)
+    out = SampleOutput.empty(batch, top_n, logits.device)
+    if dense_rows.shape[0] > 0:
+        out.write(dense_rows, _sample_dense(scores, owned, tensors, keys, top_n))
+    for rows, part in _sample_truncated(scores, tensors, keys, top_n):
+        out.write(truncated_rows[rows], part)
+    return out
+
+
+def _sample_dense(
+    scores: Tensor, owned: bool, tensors: SamplingTensors, keys: Tensor, top_n: int
+) -> SampleOutput:
+    """Greedy rows, and sampled rows without truncation (their distribution spans the whole
+    vocabulary, so they need the full log_softmax anyway)."""
+    rows, sampled = tensors.dense_rows, tensors.dense_sampled
+    x = scores
+    if rows.shape[0] < scores.shape[0]:
+        x, owned = scores.index_select(0, rows), True
+    if tensors.flags.any_temperature and sampled.shape[0] > 0:
+        # Greedy rows divide by 1.0, which leaves them bit for bit unchanged.
+        temperature = torch.where(tensors.do_sample, tensors.temperature, 1.0)[rows, None]
+        x = x.div_(temperature) if owned else x / temperature
+
+    logprobs = torch.log_softmax(x, dim=-1)
+    next_ids = x.argmax(dim=-1)
+    if sampled.shape[0] > 0:
+        # log_softmax's normalizer, recovered exactly where x is largest (x - max == 0 there).
+        lse = x.gather(1, next_ids[:, None]) - logprobs.gather(1, next_ids[:, None])
+        values = x if sampled.shape[0] == rows.shape[0] else x.index_select(0, sampled)
+        picked = _draw(values, lse.squeeze(1)[sampled], keys[rows][sampled])
+        next_ids.index_copy_(0, sampled, picked)
+
+    chosen = logprobs.gather(1, next_ids[:, None]).squeeze(1)
+    top_logprobs, top_ids = logprobs.topk(top_n, dim=-1)
+    return SampleOutput(next_ids, chosen, top_ids, top_logprobs)
+
+
+def _sample_truncated(
+    scores: Tensor, tensors: SamplingTensors, keys: Tensor, top_n: int
+) -> Iterator[tuple[Tensor, SampleOutput]]:
+    """Sampled rows with top-k/top-p/typical-p, computed on candidate logits only.
+
+    Yields (positions in tensors.truncated_rows, their outputs), one group per candidate
+    width that was needed.
+    """
+    rows = tensors.truncated_rows
+    if rows.shape[0] == 0:
+        return
+    raw = scores if rows.shape[0] == scores.shape[0] else scores.index_select(0, rows)
+    warpers = Warpers(
+        temperature=tensors.temperature[rows],
+        top_k=tensors.top_k[rows],
+        top_p=tensors.top_p[rows],
+        typical_p=tensors.typical_p[rows],
+    )
+    flags = tensors.flags
+    groups = candidate_groups(
+        raw,
+        warpers,
+        top_k=flags.any_top_k,
+        top_p=flags.any_top_p,
+        typical=flags.any_typical,
+        min_width=max(top_n, flags.max_top_k + 1),
+    )
+    for group in groups:
+        # Removed candidates are -inf: they drop out of the normalizer and the draw.
+        lse = group.logits.logsumexp(dim=1)
+        logprobs = group.logits - lse[:, None]
+        column = _draw(group.logits, lse, keys[rows][group.rows], group.ids)
+        next_ids = group.ids.gather(1, column[:, None]).squeeze(1)
+        chosen = logprobs.gather(1, column[:, None]).squeeze(1)
+        # Every group is at least top_n wide, so its top_n columns are distinct real tokens.
+        top_logprobs, top_columns = logprobs.topk(top_n, dim=1)
+        yield (
+            group.rows,
+            SampleOutput(next_ids, chosen, group.ids.gather(1, top_columns), top_logprobs),
+        )
+
+
+# --- penalties -------------------------------------------------------------------------------
+
+
+def _apply_penalties(
+    logits: Tensor, tensors: SamplingTensors, history: Tensor, history_lens: Tensor
+) -> Tensor:
+    """Repetition then frequency penalty on every row: logits itself when no row has one,
+    else a new tensor.
+
+    Repetition (HF): a token present in the history has its logit divided by the penalty
+    when positive, multiplied when negative. Frequency (OpenAI): subtract penalty * count.
+    Works on the [B, L] gathered history entries rather than on [B, V].
+    """
+    flags = tensors.flags
+    if not flags.any_penalty or history.shape[1] == 0:
+        return logits
+    history = history.to(device=logits.device, dtype=torch.int64)
+    vocab = logits.shape[1]
+    positions = torch.arange(history.shape[1], device=logits.device)
+    # Ids the logits have no entry for (a tokenizer larger than the LM head) cannot be
+    # generated, so like HF they are left out rather than failing the batch.
+    valid = (positions[None, :] < history_lens[:, None]) & (history >= 0) & (history < vocab)
+    nonempty = valid.any(dim=1)
+    # Padding points at the row's first valid token: it then writes back exactly the value
+    # of that token's real occurrence, so the scatter below leaves it as intended.
+    first = history.gather(1, valid.to(torch.uint8).argmax(dim=1, keepdim=True))
+    ids = torch.where(valid, history, torch.where(nonempty[:, None], first, 0))
+
+    scores = logits.clone()
+    picked = scores.gather(1, ids)
+    if flags.any_repetition:
+        penalty = torch.where(nonempty, tensors.repetition_penalty, 1.0)[:, None]
+        picked = torch.where(picked < 0, picked * penalty, picked / penalty)
+    if flags.any_frequency:
+        # Sums of ones are exact in any order (scatter_add is unordered on GPU), so every
+        # rank gets the same counts.
+        counts = torch.zeros_like(scores).scatter_add_(1, ids, valid.to(scores.dtype))
+        penalty = torch.where(nonempty, tensors.frequency_penalty, 0.0)[:, None]
+        picked = picked - penalty * counts.gather(1, ids)
+    # Duplicate ids carry identical values, so the unordered scatter is deterministic.
+    return scores.scatter_(1, ids, picked)
+
+
+# --- the draw --------------------------------------------------------------------------------
+
+
+def _draw(values: Tensor, lse: Tensor, keys: Tensor, ids: Tensor | None = None) -> Tensor:
+    """Column of one sample per row from softmax(values), with counter-based noise.
+
+    values [R, W] logits (-inf = removed), lse [R] their logsumexp, keys [R] the rows' random
+    streams, ids [R, W] the token id of each column (None: the column is the token id).
+
+    Gumbel-max over a whole row costs a hash per column. Instead the row is split into its
+    HEAD_SIZE largest values and the rest (the tail): a per-row uniform picks the tail with
+    probability equal to the tail's mass, and Gumbel-max runs over the chosen part only.
+    P(token) = P(part) * P(token | part), and every random number is a function of (seed,
+    step, token id), so the draw depends on nothing but the row itself.
+    """
+    width = values.shape[1]
+    head = min(HEAD_SIZE, width)
+    head_vals, head_cols = values.topk(head, dim=1)
+    head_ids = head_cols if ids is None else ids.gather(1, head_cols)
+    noise = random_hash.gumbel(keys[:, None], random_hash.token_codes(head_ids))
+    picked = head_cols.gather(1, (head_vals + noise).argmax(dim=1, keepdim=True)).squeeze(1)
+    if head == width:
+        return picked
+
+    # 1 - head mass instead of a logsumexp over the tail, which would cost two more passes
+    # over [R, V]; the tail's probability is then off by float32 rounding (~1e-6) at most.
+    head_mass = (head_vals.double() - lse.double()[:, None]).exp().sum(dim=1)
+    row_code = random_hash.token_codes(torch.full_like(keys, random_hash.ROW_COUNTER))
+    choose_tail = random_hash.uniform64(keys, row_code) < 1 - head_mass
+    tail_rows = choose_tail.nonzero().squeeze(1)
+    if tail_rows.shape[0] == 0:
+        return picked
+    tail = values.index_select(0, tail_rows).scatter_(1, head_cols[tail_rows], NEG_INF)
+    if ids is None:
+        codes = random_hash.vocab_codes(width, values.device)
+    else:
+        codes = random_hash.token_codes(ids.index_select(0, tail_rows))
+    tail += random_hash.gumbel(keys[tail_rows, None], codes)
+    best, best_cols = tail.max(dim=1)
+    # A tail of removed tokens only (rounding made its mass look positive) keeps the head pick.
+    picked[tail_rows] = torch.where(best > NEG_INF, best_cols, picked[tail_rows])
+    return picked
