@@ -1,7 +1,8 @@
 """TGI's JSON response shapes, built from an entry's results.
 
-Field presence follows TGI's serde attributes: `details` is omitted unless asked for,
-`top_tokens` and `best_of_sequences` are omitted when empty, NaN logprobs become null.
+Field presence follows TGI's serde attributes: /generate omits `details` unless asked for,
+`top_tokens` and `best_of_sequences` are omitted when empty, NaN logprobs become null. One
+deviation: the last stream event always carries its details (TGI: only with `details`).
 """
 
 from __future__ import annotations
@@ -67,7 +68,9 @@ def stream_json(
         out["top_tokens"] = [token_json(t) for t in top]
     out["generated_text"] = output_text(entry, finished) if finished is not None else None
     details = None
-    if finished is not None and entry.request.details:
+    # TGI sends these only when `details` was asked for; they are cheap and clients (ours and
+    # the integration tests) read them, so the last event always carries them.
+    if finished is not None:
         details = {
             "finish_reason": finished.finish_reason.value,
             "generated_tokens": finished.generated_tokens,

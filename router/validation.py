@@ -1,6 +1,7 @@
 """Request validation with TGI's semantics and messages (422 naming the field and the limit).
 
-Checks run in TGI's order, so the same bad request gets the same first error. Malformed JSON
+Checks run in TGI's order (so the same bad request gets the same first error), except that
+a too-long prompt is reported before the total-length check. Malformed JSON
 and wrongly typed fields are 422 as well, with a message naming the field.
 """
 
@@ -213,18 +214,18 @@ class Validator:
         input_length = len(ids)
         if input_length == 0:
             raise ValidationError("`inputs` cannot be empty")
-        if max_new_tokens is None:
-            max_new_tokens = max(
-                min(lim.max_total_tokens - input_length, DEFAULT_GENERATION_LENGTH), 1
+        # TGI checks the total first; a too-long prompt is the root cause whenever it applies
+        # (the default max_new_tokens even depends on it), so it is named first here.
+        if input_length > lim.max_input_tokens:
+            raise ValidationError(
+                f"`inputs` must have less than {lim.max_input_tokens} tokens. Given: {input_length}"
             )
+        if max_new_tokens is None:
+            max_new_tokens = min(lim.max_total_tokens - input_length, DEFAULT_GENERATION_LENGTH)
         if input_length + max_new_tokens > lim.max_total_tokens:
             raise ValidationError(
                 f"`inputs` tokens + `max_new_tokens` must be <= {lim.max_total_tokens}. "
                 f"Given: {input_length} `inputs` tokens and {max_new_tokens} `max_new_tokens`"
-            )
-        if input_length > lim.max_input_tokens:
-            raise ValidationError(
-                f"`inputs` must have less than {lim.max_input_tokens} tokens. Given: {input_length}"
             )
 
         top_k = top_k or 0

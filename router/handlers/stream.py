@@ -50,7 +50,7 @@ async def stream_payload(request: web.Request, payload: dict[str, Any]) -> web.S
                 return error_response(event.error)
             response = web.StreamResponse(
                 headers={
-                    "Content-Type": "text/event-stream",
+                    "Content-Type": "text/event-stream; charset=utf-8",
                     "Cache-Control": "no-cache",
                     "X-Accel-Buffering": "no",
                     "x-compute-type": infer.model.device_type or "unknown",

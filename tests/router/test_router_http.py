@@ -124,6 +124,8 @@ async def test_compat_route(model_dir):
         events = parse_sse(await r.text())
         assert [e["token"]["text"] for e in events] == ["I", "J"]
         assert events[-1]["generated_text"] == "IJ"
+        # Details come with the last event even when not asked for.
+        assert events[-1]["details"]["finish_reason"] == "length"
 
 
 @async_test

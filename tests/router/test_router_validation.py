@@ -63,6 +63,8 @@ BAD = [
         {"inputs": "a " * 18, "parameters": {"max_new_tokens": 1}},
         "`inputs` must have less than 16 tokens. Given: 19",
     ),
+    # Without max_new_tokens the prompt, not the total, is what is too long.
+    ({"inputs": "a " * 40}, "`inputs` must have less than 16 tokens. Given: 41"),
     ({"parameters": {}}, "missing field `inputs`"),
     ({"inputs": 5}, "`inputs` must be a string"),
     ({"inputs": "x", "parameters": []}, "`parameters` must be a JSON object"),
