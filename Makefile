@@ -14,11 +14,14 @@ STAMP := $(VENV)/.switchyard-installed
 
 install: $(STAMP)
 
-# Re-runs only when the dependency list changes.
+# Re-runs only when the dependency list changes. Few retries for the torch index: where it is
+# unreachable, pip falls back to local wheels (find-links) per package, and pip's default of five
+# retries for each of torch's dependencies would add minutes.
 $(STAMP): pyproject.toml
 	test -x $(VENV_PY) || $(PYTHON) -m venv $(VENV)
 	if ! command -v nvidia-smi >/dev/null 2>&1; then \
-		$(VENV_PY) -m pip install "torch==$(TORCH_VERSION)" --index-url $(TORCH_CPU_INDEX); \
+		$(VENV_PY) -m pip install --retries 1 "torch==$(TORCH_VERSION)" \
+			--index-url $(TORCH_CPU_INDEX); \
 	fi
 	$(VENV_PY) -m pip install -e ".[dev]"
 	touch $@

@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from typing import TextIO
 
 from launcher.args import parse_args
 from launcher.commands import Programs, build_plan
@@ -20,15 +21,12 @@ log = logging.getLogger("launcher")
 class _StderrHandler(logging.StreamHandler):
     """Writes to whatever sys.stderr is at emit time (pytest and embedders swap it)."""
 
-    def __init__(self) -> None:
-        super().__init__()
-
     @property  # type: ignore[override]
-    def stream(self):  # noqa: ANN201
+    def stream(self) -> TextIO:
         return sys.stderr
 
     @stream.setter
-    def stream(self, _value) -> None:  # noqa: ANN001
+    def stream(self, _value: TextIO) -> None:
         pass
 
 
