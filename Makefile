@@ -4,8 +4,11 @@ PYTHON ?= python3
 VENV ?= .venv
 PORT ?= 3000
 TORCH_VERSION ?= 2.13.0
-# CPU wheels; a plain `torch` from PyPI would pull gigabytes of CUDA packages on a CPU machine.
-TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+# Where torch comes from on machines without CUDA. Empty: pip's configured sources, which on the
+# project's machines hold the CPU wheel of torch==2.13.0; elsewhere set it to a CPU index, e.g.
+# `make test TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu`, so that pip does not pull the
+# gigabytes of CUDA packages a plain PyPI torch brings.
+TORCH_CPU_INDEX ?=
 
 VENV_PY := $(VENV)/bin/python
 STAMP := $(VENV)/.switchyard-installed
@@ -14,14 +17,13 @@ STAMP := $(VENV)/.switchyard-installed
 
 install: $(STAMP)
 
-# Re-runs only when the dependency list changes. Few retries for the torch index: where it is
-# unreachable, pip falls back to local wheels (find-links) per package, and pip's default of five
-# retries for each of torch's dependencies would add minutes.
+# Re-runs only when the dependency list changes. torch goes in first so that the project's
+# unpinned `torch` requirement is already satisfied and pulls nothing more.
 $(STAMP): pyproject.toml
 	test -x $(VENV_PY) || $(PYTHON) -m venv $(VENV)
 	if ! command -v nvidia-smi >/dev/null 2>&1; then \
-		$(VENV_PY) -m pip install --retries 1 "torch==$(TORCH_VERSION)" \
-			--index-url $(TORCH_CPU_INDEX); \
+		$(VENV_PY) -m pip install "torch==$(TORCH_VERSION)" \
+			$(if $(TORCH_CPU_INDEX),--extra-index-url $(TORCH_CPU_INDEX)); \
 	fi
 	$(VENV_PY) -m pip install -e ".[dev]"
 	touch $@

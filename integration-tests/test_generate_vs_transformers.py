@@ -5,7 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from conftest import PROMPTS, TINY_MODELS
+from it_cases import PROMPTS, TINY_MODELS
 from reference import greedy
 from server_process import LauncherProcess
 

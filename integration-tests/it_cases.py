@@ -1,0 +1,16 @@
+"""Prompts and tiny model shapes shared by the integration tests."""
+
+# Prompts of different lengths whose prompts and generations cross 16-token KV blocks.
+PROMPTS = [
+    "Hello",
+    "The quick brown fox jumps over the lazy dog.",
+    "Paged attention reads keys and values through a block table, and tensor parallelism "
+    "splits every layer across several devices.",
+    "Ünïcödé façade naïve café — 日本語のテキスト 🚀🔥 and numbers 42 2048 65536",
+]
+
+TINY_MODELS = {
+    "llama": dict(architecture="LlamaForCausalLM", num_key_value_heads=2),
+    "mistral": dict(architecture="MistralForCausalLM", num_key_value_heads=1),
+    "qwen2": dict(architecture="Qwen2ForCausalLM", num_key_value_heads=2, tie_word_embeddings=True),
+}
