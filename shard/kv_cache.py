@@ -13,10 +13,11 @@ from dataclasses import dataclass
 import torch
 
 GIB = 1 << 30
-# Without an explicit budget a CPU shard takes this share of available memory, capped, so that
-# the demo and the tests start on small machines and leave room for activations.
-CPU_DEFAULT_SHARE = 0.2
-CPU_DEFAULT_CAP_BYTES = 4 * GIB
+# Without an explicit budget a CPU shard takes this share of available memory, capped: the cache
+# is zero-filled (masked positions must not hold NaNs), so every byte of it is resident, and a CPU
+# serves far fewer concurrent tokens than that cap holds for any model it can run at speed.
+CPU_DEFAULT_SHARE = 0.1
+CPU_DEFAULT_CAP_BYTES = 1 * GIB
 
 
 @dataclass(frozen=True)
