@@ -81,3 +81,19 @@ def test_stream_equals_generate_and_reference(served):
     assert final["details"]["generated_tokens"] == len(ref.token_ids)
     assert final["generated_text"] == "".join(e["token"]["text"] for e in events)
     assert final["generated_text"] == generate(server, prompt, 20)["generated_text"]
+
+
+def test_seeded_sampling_is_reproducible_and_reports_its_seed(served):
+    server, _ = served
+    params = {"do_sample": True, "temperature": 1.3, "top_k": 50, "top_p": 0.95}
+    first = generate(server, PROMPTS[1], 16, seed=1234, **params)
+    again = generate(server, PROMPTS[1], 16, seed=1234, **params)
+    other = generate(server, PROMPTS[1], 16, seed=4321, **params)
+    ids = [t["id"] for t in first["details"]["tokens"]]
+    assert ids == [t["id"] for t in again["details"]["tokens"]]
+    assert ids != [t["id"] for t in other["details"]["tokens"]]
+    assert first["details"]["seed"] == 1234
+    # Without a seed the server picks one and reports it; replaying it reproduces the result.
+    unseeded = generate(server, PROMPTS[1], 16, **params)
+    replay = generate(server, PROMPTS[1], 16, seed=unseeded["details"]["seed"], **params)
+    assert [t["id"] for t in unseeded["details"]["tokens"]] == [t["id"] for t in replay["details"]["tokens"]]
