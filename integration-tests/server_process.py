@@ -29,7 +29,10 @@ def launcher_command() -> list[str]:
 
 
 class LauncherProcess:
-    def __init__(self, model_dir: Path | None, *extra_args: str) -> None:
+    def __init__(
+        self, model_dir: Path | None, *extra_args: str, env: dict[str, str] | None = None
+    ) -> None:
+        """`env` adds to (or overrides) this process's environment for the launcher's tree."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._tmp = tempfile.TemporaryDirectory(prefix="switchyard-it-")
@@ -46,7 +49,10 @@ class LauncherProcess:
             args += ["--model-id", str(model_dir)]
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            args, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+            args,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
         self._wait_ready()
 

@@ -38,9 +38,12 @@ def build_service(settings: ShardSettings) -> TextGenerationService:
     dist = init_distributed(device)
     model_dir = Path(settings.model_id)
     dtype = checkpoint_dtype(model_dir) if settings.dtype == "auto" else DTYPES[settings.dtype]
-    # The Triton backend lands with its own issue; until then torch is the default everywhere.
-    attention = settings.attention or "torch"
-    log.info("loading %s as %s on %s (rank %d of %d)", model_dir, dtype, device, env.rank, env.world_size)
+    # Triton kernels on GPUs; on CPU they only run interpreted (TRITON_INTERPRET=1), for tests.
+    attention = settings.attention or ("triton" if device.type == "cuda" else "torch")
+    log.info(
+        "loading %s as %s on %s with %s attention (rank %d of %d)",
+        model_dir, dtype, device, attention, env.rank, env.world_size,
+    )  # fmt: skip
     model = load_model(model_dir, dtype=dtype, device=device, dist=dist, attention=attention)
     runner = ModelRunner(model, dist, device, settings.block_size)
     identity = ShardIdentity(

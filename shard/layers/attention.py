@@ -148,7 +148,13 @@ _BACKENDS = {"torch": TorchAttentionBackend}
 
 def get_attention_backend(name: str) -> AttentionBackend:
     if name == "triton":
-        raise ValueError("attention backend 'triton' is not implemented yet; use --attention torch")
+        # Imported on demand: triton is only a dependency where this backend is used, and
+        # TRITON_INTERPRET must be set before triton is first imported.
+        try:
+            from shard.layers.attention_triton import TritonAttentionBackend
+        except ImportError as e:
+            raise ValueError(f"attention backend 'triton' needs the triton package: {e}") from e
+        return TritonAttentionBackend()
     if name not in _BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; available: {sorted(_BACKENDS)}")
     return _BACKENDS[name]()

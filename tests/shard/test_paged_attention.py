@@ -132,7 +132,5 @@ def test_store_kv_writes_each_token_at_its_slot(backend):
 
 
 def test_unknown_backends_fail_clearly():
-    with pytest.raises(ValueError, match="triton"):
-        get_attention_backend("triton")
     with pytest.raises(ValueError, match="'flash9'.*torch"):
         get_attention_backend("flash9")

@@ -1,0 +1,201 @@
+"""Packed variable-length causal flash attention for prefill, with an optional cached prefix.
+
+One program per (BLOCK_M query rows, sequence, query head). The program's K/V head is
+`head // group`, so GQA/MQA read the shared K/V head directly and never repeat it in memory.
+
+Keys of sequence i come from two places, in position order:
+  1. a cached prefix of `context_lens[i] - k_len` tokens, read from the paged cache through the
+     block table (prefix caching, chunked prefill); every query sees all of it;
+  2. the k_len packed new keys of this step, causal with the bottom-right alignment of
+     flash-attention 2 (query j sees new keys 0 .. j + k_len - q_len).
+The packed part is split into tiles every row of the block sees (no mask, the bulk of the work)
+and the tiles along the diagonal (masked), so the mask costs nothing off the diagonal.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from shard.kernels import check_device, dot_options, head_block, interpreting
+from shard.kernels.softmax import attend_tile
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr,
+    cache_ptr, block_tables_ptr, context_lens_ptr,
+    cu_seqlens_q_ptr, cu_seqlens_k_ptr, scale_log2,
+    stride_qt, stride_qh, stride_qd,
+    stride_kt, stride_kh, stride_kd,
+    stride_vt, stride_vh, stride_vd,
+    stride_ot, stride_oh, stride_od,
+    stride_c_kv, stride_c_blk, stride_c_off, stride_c_h, stride_c_d,
+    stride_bt,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CACHE_BLOCK_SIZE: tl.constexpr,
+    HAS_PREFIX: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
+):
+    start_m = tl.program_id(0)
+    seq = tl.program_id(1)
+    head = tl.program_id(2)
+    kv_head = head // GROUP
+
+    q_start = tl.load(cu_seqlens_q_ptr + seq)
+    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    # The grid is sized for the longest sequence; shorter ones leave programs with nothing to do.
+    if start_m * BLOCK_M >= q_len:
+        return
+    k_start = tl.load(cu_seqlens_k_ptr + seq)
+    k_len = tl.load(cu_seqlens_k_ptr + seq + 1) - k_start
+    shift = k_len - q_len
+
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d[None, :] < HEAD_DIM
+    m_mask = offs_m[:, None] < q_len
+
+    q_rows = (q_start + offs_m).to(tl.int64)[:, None] * stride_qt + head * stride_qh
+    q = tl.load(q_ptr + q_rows + offs_d[None, :] * stride_qd, mask=m_mask & d_mask, other=0.0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    if HAS_PREFIX:
+        prefix = tl.load(context_lens_ptr + seq) - k_len
+        bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+        for start_n in range(0, prefix, BLOCK_N):
+            pos = start_n + offs_n
+            valid = pos < prefix
+            block = tl.load(bt_row + pos // CACHE_BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+            rows = block * stride_c_blk + (pos % CACHE_BLOCK_SIZE) * stride_c_off
+            ptrs = cache_ptr + rows[:, None] + kv_head * stride_c_h + offs_d[None, :] * stride_c_d
+            kv_mask = valid[:, None] & d_mask
+            k = tl.load(ptrs, mask=kv_mask, other=0.0)
+            v = tl.load(ptrs + stride_c_kv, mask=kv_mask, other=0.0)
+            m_i, l_i, acc = attend_tile(
+                q, k, v, m_i, l_i, acc, valid[None, :], scale_log2,
+                MASKED=True, DOT_PRECISION=DOT_PRECISION, DOT_UPCAST=DOT_UPCAST,
+            )
+
+    k_base = k_ptr + kv_head * stride_kh + offs_d[None, :] * stride_kd
+    v_base = v_ptr + kv_head * stride_vh + offs_d[None, :] * stride_vd
+    # Keys below `full_end` are visible to every row of this block: no causal or length mask.
+    full_end = tl.minimum(start_m * BLOCK_M + shift + 1, k_len) // BLOCK_N * BLOCK_N
+    for start_n in range(0, full_end, BLOCK_N):
+        rows = (k_start + start_n + offs_n).to(tl.int64)[:, None]
+        if BLOCK_D == HEAD_DIM:  # the hot loop: no mask at all when the head dim needs no pad
+            k = tl.load(k_base + rows * stride_kt)
+            v = tl.load(v_base + rows * stride_vt)
+        else:
+            k = tl.load(k_base + rows * stride_kt, mask=d_mask, other=0.0)
+            v = tl.load(v_base + rows * stride_vt, mask=d_mask, other=0.0)
+        m_i, l_i, acc = attend_tile(
+            q, k, v, m_i, l_i, acc, None, scale_log2, MASKED=False,
+            DOT_PRECISION=DOT_PRECISION, DOT_UPCAST=DOT_UPCAST,
+        )
+    # The diagonal: the last row of the block sees keys up to (start_m + 1) * BLOCK_M - 1 + shift.
+    diag_end = tl.minimum((start_m + 1) * BLOCK_M + shift, k_len)
+    for start_n in range(full_end, diag_end, BLOCK_N):
+        pos = start_n + offs_n
+        valid = pos < k_len
+        rows = (k_start + pos).to(tl.int64)[:, None]
+        k = tl.load(k_base + rows * stride_kt, mask=valid[:, None] & d_mask, other=0.0)
+        v = tl.load(v_base + rows * stride_vt, mask=valid[:, None] & d_mask, other=0.0)
+        causal = (pos[None, :] <= offs_m[:, None] + shift) & valid[None, :]
+        m_i, l_i, acc = attend_tile(
+            q, k, v, m_i, l_i, acc, causal, scale_log2, MASKED=True,
+            DOT_PRECISION=DOT_PRECISION, DOT_UPCAST=DOT_UPCAST,
+        )
+
+    out = acc / l_i[:, None]
+    o_rows = (q_start + offs_m).to(tl.int64)[:, None] * stride_ot + head * stride_oh
+    tl.store(
+        o_ptr + o_rows + offs_d[None, :] * stride_od,
+        out.to(o_ptr.dtype.element_ty),
+        mask=m_mask & d_mask,
+    )
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def default_prefill_config(head_dim: int, dtype: torch.dtype) -> PrefillConfig:
+    if interpreting():
+        # The interpreter's cost is per tile operation, not per element; 16x16 tiles keep the
+        # test shapes multi-tile (so the online softmax and the masks are really exercised).
+        return PrefillConfig(16, 16, 1, 1)
+    if dtype == torch.float32:
+        # fp32 tiles are twice the bytes: 128x64 with 3 stages needs ~225 KB of shared memory
+        # at head dim 128 (an H100's whole budget; more than an A100 has).
+        return PrefillConfig(64, 32, 4, 2)
+    # Not yet tuned on a GPU (see docs/kernels.md): flash-attention 2's usual Hopper/Ampere
+    # shape, 8 warps once the head dim makes the [M, D] accumulator large.
+    return PrefillConfig(128, 64, 8 if head_dim > 64 else 4, 3)
+
+
+def varlen_prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    scale: float,
+    *,
+    kv_cache: torch.Tensor | None = None,
+    block_tables: torch.Tensor | None = None,
+    context_lens: torch.Tensor | None = None,
+    config: PrefillConfig | None = None,
+) -> torch.Tensor:
+    """Causal attention of packed queries q [Tq, H, D] over packed keys/values k, v [Tk, Hkv, D]
+    (sequence i is rows cu_seqlens[i]:cu_seqlens[i+1]; k_len >= q_len per sequence).
+
+    With kv_cache/block_tables/context_lens, sequence i first attends to the
+    `context_lens[i] - k_len` cached tokens before its new keys. Returns [Tq, H, D] in q's dtype.
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    if num_heads % num_kv_heads:
+        raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv_heads} KV heads")
+    out = torch.empty_like(q)
+    batch = cu_seqlens_q.numel() - 1
+    if num_tokens == 0 or batch == 0:
+        return out
+    has_prefix = kv_cache is not None
+    if has_prefix:
+        assert block_tables is not None and context_lens is not None, "a prefix needs its table"
+        check_device(q, k, v, cu_seqlens_q, cu_seqlens_k, kv_cache, block_tables, context_lens)
+        cache_strides, bt_stride = kv_cache.stride(), block_tables.stride(0)
+        cache_block_size = kv_cache.shape[2]
+    else:
+        check_device(q, k, v, cu_seqlens_q, cu_seqlens_k)
+        # Dummies: the prefix branch is compiled out, these are never dereferenced.
+        kv_cache, block_tables, context_lens = q, cu_seqlens_q, cu_seqlens_q
+        cache_strides, bt_stride, cache_block_size = (0,) * 5, 0, 1
+    cfg = config or default_prefill_config(head_dim, q.dtype)
+    grid = (triton.cdiv(max_seqlen_q, cfg.block_m), batch, num_heads)
+    _prefill_kernel[grid](
+        q, k, v, out,
+        kv_cache, block_tables, context_lens,
+        cu_seqlens_q, cu_seqlens_k, scale * math.log2(math.e),
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        *cache_strides, bt_stride,
+        GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=head_block(head_dim),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CACHE_BLOCK_SIZE=cache_block_size,
+        HAS_PREFIX=has_prefix, **dot_options(q.dtype),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out
