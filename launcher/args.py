@@ -22,6 +22,8 @@ ROUTER_INT_FLAGS = (
     "max_stop_sequences",
     "max_best_of",
     "max_waiting_tokens",
+    "max_batch_size",
+    "payload_limit",
 )
 
 
@@ -51,6 +53,11 @@ class LauncherConfig:
     max_best_of: int | None
     waiting_served_ratio: float | None
     max_waiting_tokens: int | None
+    max_batch_size: int | None
+    payload_limit: int | None
+    max_top_n_tokens: int | None
+    api_key: str | None  # handed to the router in its environment, never on its command line
+    cors_allow_origin: tuple[str, ...] | None
     served_model_name: str | None
 
     def shard_socket(self, rank: int) -> str:
@@ -148,6 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ROUTER_INT_FLAGS:
         r.add_argument("--" + name.replace("_", "-"), type=_positive_int, default=None)
     r.add_argument("--waiting-served-ratio", type=_bounded(float, 0.0), default=None)
+    r.add_argument("--max-top-n-tokens", type=_bounded(int, 0), default=None)
+    r.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY`")
+    r.add_argument(
+        "--cors-allow-origin", action="append", default=None, help="repeatable; '*' for any"
+    )
     return p
 
 
@@ -157,6 +169,8 @@ def parse_args(argv: Sequence[str] | None, env: LauncherEnv) -> LauncherConfig:
     _check_consistency(parser, ns)
     if ns.num_shard is None:
         ns.num_shard = default_num_shard(env.cuda_visible_devices)
+    if ns.cors_allow_origin is not None:
+        ns.cors_allow_origin = tuple(ns.cors_allow_origin)
     return LauncherConfig(**vars(ns))
 
 

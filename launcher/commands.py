@@ -8,6 +8,10 @@ from pathlib import Path
 
 from launcher.args import ROUTER_INT_FLAGS, LauncherConfig
 
+# The router reads its API key from here (router/args.py); a plain constant, so the launcher
+# does not import the router (and its dependencies) just to start it.
+API_KEY_ENV = "SWITCHYARD_API_KEY"
+
 
 @dataclass(frozen=True)
 class Programs:
@@ -81,11 +85,15 @@ def router_spec(cfg: LauncherConfig, model_dir: Path, program: tuple[str, ...]) 
         "--served-model-name",
         served_name,
     ]
-    for name in (*ROUTER_INT_FLAGS, "waiting_served_ratio"):
+    for name in (*ROUTER_INT_FLAGS, "waiting_served_ratio", "max_top_n_tokens"):
         value = getattr(cfg, name)
         if value is not None:
             argv += [_flag(name), str(value)]
-    return ChildSpec(name="router", argv=tuple(argv))
+    for origin in cfg.cors_allow_origin or ():
+        argv += ["--cors-allow-origin", origin]
+    # The key stays out of argv: `ps` and the launcher's "started router" log line show argv.
+    env = {API_KEY_ENV: cfg.api_key} if cfg.api_key else {}
+    return ChildSpec(name="router", argv=tuple(argv), env=env)
 
 
 def build_plan(cfg: LauncherConfig, model_dir: Path, programs: Programs) -> LaunchPlan:

@@ -7,7 +7,14 @@ only the shards know, so `router.limits` resolves them after the Info RPC.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
+
+# The launcher hands the API key over in the environment, not on a command line that `ps` and
+# the launcher's own log would show.
+API_KEY_ENV = "SWITCHYARD_API_KEY"
+# TGI's default: bodies are small JSON documents; the token limits are the real bound on prompts.
+DEFAULT_PAYLOAD_LIMIT = 2_000_000
 
 
 @dataclass(frozen=True)
@@ -25,6 +32,11 @@ class RouterArgs:
     max_best_of: int = 2
     waiting_served_ratio: float = 0.3
     max_waiting_tokens: int = 20
+    max_batch_size: int | None = None
+    max_top_n_tokens: int = 5
+    payload_limit: int = DEFAULT_PAYLOAD_LIMIT
+    api_key: str | None = None
+    cors_allow_origin: tuple[str, ...] = field(default_factory=tuple)
     served_model_name: str | None = None
 
     @property
@@ -73,6 +85,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-best-of", type=_positive_int, default=2)
     p.add_argument("--waiting-served-ratio", type=_non_negative_float, default=0.3)
     p.add_argument("--max-waiting-tokens", type=_non_negative_int, default=20)
+    p.add_argument(
+        "--max-batch-size", type=_positive_int, default=None, help="requests per batch (unbounded)"
+    )
+    p.add_argument("--max-top-n-tokens", type=_non_negative_int, default=5)
+    p.add_argument(
+        "--payload-limit", type=_positive_int, default=DEFAULT_PAYLOAD_LIMIT, help="bytes"
+    )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help=f"require `Authorization: Bearer KEY` on generation routes (or set {API_KEY_ENV})",
+    )
+    p.add_argument(
+        "--cors-allow-origin",
+        action="append",
+        default=None,
+        help="origin allowed to call the API from a browser (repeatable, or comma-separated; "
+        "'*' for any)",
+    )
     p.add_argument("--served-model-name", default=None)
     return p
 
@@ -82,4 +113,8 @@ def parse_args(argv: list[str] | None = None) -> RouterArgs:
     values = vars(ns)
     if values["max_batch_total_tokens"] == 0:
         values["max_batch_total_tokens"] = None
+    if values["api_key"] is None:
+        values["api_key"] = os.environ.get(API_KEY_ENV) or None
+    origins = [o.strip() for arg in values["cors_allow_origin"] or [] for o in arg.split(",")]
+    values["cors_allow_origin"] = tuple(o for o in origins if o)
     return RouterArgs(**values)

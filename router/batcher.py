@@ -38,6 +38,7 @@ class SchedulerConfig:
     max_batch_total_tokens: int
     waiting_served_ratio: float = 0.3
     max_waiting_tokens: int = 20
+    max_batch_size: int | None = None  # None: only the token budgets bound a batch
 
 
 class Batcher:
@@ -61,7 +62,8 @@ class Batcher:
         self.running: pb.CachedBatch | None = None
         # From 1: the warmup batch was 0, and 0 reads as "unset" in proto3 dumps.
         self._batch_ids = itertools.count(1)
-        self._steps_since_prefill = 0
+        # TGI's `waiting_tokens`: decode steps since requests last joined, counted from 1.
+        self._waiting_steps = 1
 
     # -- loop ---------------------------------------------------------------------------------
 
@@ -84,7 +86,7 @@ class Batcher:
             self._abort_all()
 
     async def step(self) -> None:
-        self.queue.drop_gone()
+        self.metrics.cancellations.inc(len(self.queue.drop_gone()))
         if self.running is not None:
             self.running = await self._prune(self.running)
         if self.running is None:
@@ -96,15 +98,16 @@ class Batcher:
             if new is not None:
                 batches.append(new)
         self.running = await self._decode(batches)
-        self._steps_since_prefill += 1
+        self._waiting_steps += 1
 
     async def _start_batch(self) -> None:
         await self.queue.wait()
-        self.queue.drop_gone()
+        self.metrics.cancellations.inc(len(self.queue.drop_gone()))
         entries = self.queue.next_batch(
             self.allocator,
             prefill_token_budget=self.config.max_batch_prefill_tokens,
             token_budget=self.config.max_batch_total_tokens,
+            max_size=self.config.max_batch_size,
         )
         if not entries:
             if len(self.queue) and not self.entries:
@@ -113,34 +116,46 @@ class Batcher:
                 head.fail(GenerationError("request does not fit in an empty KV cache"))
             return
         self.running = await self._prefill(entries)
-        self._steps_since_prefill = 0
+        self._waiting_steps = 1
 
     async def _prefill_waiting(self, running_size: int) -> pb.CachedBatch | None:
+        """TGI's rule for pausing the running batch to prefill waiting requests."""
         cfg = self.config
-        if self._steps_since_prefill >= cfg.max_waiting_tokens:
+        if self._waiting_steps >= cfg.max_waiting_tokens:
             min_size = None  # waited long enough: take whatever fits
         else:
             # Interrupting decode for a prefill is only worth it for enough new requests.
             min_size = math.floor(running_size * cfg.waiting_served_ratio)
+        max_size = None
+        if cfg.max_batch_size is not None:
+            max_size = cfg.max_batch_size - running_size
+            if max_size <= 0:
+                return None
         reserved = sum(e.request.total_tokens for e in self.entries.values())
         entries = self.queue.next_batch(
             self.allocator,
             prefill_token_budget=cfg.max_batch_prefill_tokens,
             token_budget=cfg.max_batch_total_tokens - reserved,
             min_size=min_size,
+            max_size=max_size,
         )
         if not entries:
             return None
-        self._steps_since_prefill = 0
-        return await self._prefill(entries)
+        self._waiting_steps = 1
+        reason = "backpressure" if min_size is not None else "wait_exceeded"
+        return await self._prefill(entries, concat_reason=reason)
 
     # -- RPCs ---------------------------------------------------------------------------------
 
-    async def _prefill(self, entries: list[Entry]) -> pb.CachedBatch | None:
+    async def _prefill(
+        self, entries: list[Entry], concat_reason: str | None = None
+    ) -> pb.CachedBatch | None:
         now = time.monotonic()
         for entry in entries:
             self.entries[entry.id] = entry
             entry.started_at = now
+            self.metrics.admitted(now - entry.queued_at)
+        self.metrics.prefill_batch(len(entries), concat_reason)
         requests = [e.to_proto() for e in entries]
         batch = pb.Batch(
             id=next(self._batch_ids),
@@ -149,6 +164,7 @@ class Batcher:
             max_tokens=sum(e.request.total_tokens for e in entries),
             max_blocks=max(len(r.blocks) for r in requests),
         )
+        self.metrics.step_started("prefill")
         try:
             response = await self.client.prefill(batch)
         except Exception as err:
@@ -156,8 +172,8 @@ class Batcher:
             self._fail([e.id for e in entries], err)
             await self._clear(batch.id)
             return None
-        self.metrics.steps["prefill"].add(
-            response.forward_ns, response.decode_ns, response.total_ns
+        self.metrics.step_done(
+            "prefill", response.forward_ns, response.decode_ns, response.total_ns
         )
         self._handle(response.generations)
         cached = response.batch if response.HasField("batch") else None
@@ -165,6 +181,7 @@ class Batcher:
 
     async def _decode(self, batches: list[pb.CachedBatch]) -> pb.CachedBatch | None:
         ids = [rid for b in batches for rid in b.request_ids]
+        self.metrics.step_started("decode")
         try:
             response = await self.client.decode(batches)
         except Exception as err:
@@ -173,7 +190,7 @@ class Batcher:
             for b in batches:
                 await self._clear(b.id)
             return None
-        self.metrics.steps["decode"].add(response.forward_ns, response.decode_ns, response.total_ns)
+        self.metrics.step_done("decode", response.forward_ns, response.decode_ns, response.total_ns)
         self._handle(response.generations)
         cached = response.batch if response.HasField("batch") else None
         return await self._settle(cached, ids)
@@ -183,6 +200,7 @@ class Batcher:
         gone = [rid for rid in batch.request_ids if rid in self.entries and self.entries[rid].gone]
         for rid in gone:
             self._release(self.entries[rid])
+        self.metrics.cancellations.inc(len(gone))
         return await self._settle(batch, list(batch.request_ids)) if gone else batch
 
     async def _settle(
@@ -224,6 +242,7 @@ class Batcher:
                 continue
             if entry.gone:
                 self._release(entry)
+                self.metrics.cancellations.inc()
                 continue
             try:
                 finished = self.results.apply(entry, gen)
@@ -249,7 +268,7 @@ class Batcher:
             entry = self.entries.get(rid)
             if entry is not None:
                 if not entry.done:
-                    self.metrics.failures[error.error_type] += 1
+                    self.metrics.request_failed(error.error_type)
                 entry.fail(error)
                 self._release(entry)
 

@@ -63,8 +63,12 @@ class Entry:
     alive: Callable[[], bool] = lambda: True
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     allocation: Allocation | None = None
+    # Timeline (time.monotonic): the HTTP request arrived, it entered the queue, it was admitted
+    # (prefilled), its latest token. They feed the timing headers and the latency histograms.
+    received_at: float = field(default_factory=time.monotonic)
     queued_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None
+    last_token_at: float | None = None
     prefill: list[Token] = field(default_factory=list)
     tokens: list[Token] = field(default_factory=list)
     top_tokens: list[tuple[Token, ...]] = field(default_factory=list)

@@ -69,3 +69,25 @@ class UnhealthyError(RouterError):
 
     def __init__(self) -> None:
         super().__init__("unhealthy")
+
+
+class UnauthorizedError(RouterError):
+    """--api-key is set and the request does not carry it (401)."""
+
+    status = 401
+    error_type = "unauthorized"
+
+    def __init__(self) -> None:
+        super().__init__("Unauthorized: send `Authorization: Bearer <api key>`")
+
+
+class PayloadTooLargeError(RouterError):
+    """The body exceeds --payload-limit (413), refused before it is parsed."""
+
+    status = 413
+    error_type = "payload_too_large"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"Payload too large: the request body exceeds {limit} bytes (--payload-limit)"
+        )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -74,6 +75,7 @@ class Infer:
                 max_total_tokens=limits.max_total_tokens,
                 max_stop_sequences=args.max_stop_sequences,
                 max_best_of=args.max_best_of,
+                max_top_n_tokens=args.max_top_n_tokens,
             ),
         )
         eos = set(model.eos_token_ids)
@@ -82,6 +84,7 @@ class Infer:
         self.eos_token_ids = frozenset(eos)
         self.queue = Queue()
         self.metrics = Metrics()
+        self.metrics.watch(self.gauges)
         self.allocator = BlockAllocator(limits.num_blocks, limits.block_size, RESERVED_BLOCKS)
         self.batcher = Batcher(
             client,
@@ -93,10 +96,12 @@ class Infer:
                 max_batch_total_tokens=limits.batch_total_tokens,
                 waiting_served_ratio=args.waiting_served_ratio,
                 max_waiting_tokens=args.max_waiting_tokens,
+                max_batch_size=args.max_batch_size,
             ),
             self.metrics,
         )
         self.in_flight = 0
+        self.started_at = int(time.time())  # OpenAI's `created` of the model
         self._ids = itertools.count(1)
         self._task: asyncio.Task[None] | None = None
 
@@ -124,7 +129,13 @@ class Infer:
         finally:
             self.in_flight -= count
 
-    def submit(self, request: ValidRequest, alive: Callable[[], bool] | None = None) -> Entry:
+    def submit(
+        self,
+        request: ValidRequest,
+        alive: Callable[[], bool] | None = None,
+        received_at: float | None = None,
+    ) -> Entry:
+        """Queues a validated request; received_at is when its HTTP request arrived."""
         entry = Entry(
             id=next(self._ids),
             request=request,
@@ -135,11 +146,14 @@ class Infer:
         )
         if alive is not None:
             entry.alive = alive
-        self.metrics.input_tokens += request.input_length
+        if received_at is not None:
+            entry.received_at = received_at
+        self.metrics.input_tokens.inc(request.input_length)
         self.queue.append(entry)
         return entry
 
     def gauges(self) -> dict[str, float]:
+        """Read at each /metrics scrape (see router.metrics)."""
         running = self.batcher.entries.values()
         return {
             "tgi_queue_size": len(self.queue),

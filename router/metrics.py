@@ -1,65 +1,167 @@
-"""Prometheus text exposition for GET /metrics, with TGI's metric names where TGI has one.
+"""Prometheus metrics for GET /metrics through prometheus_client, with TGI's names where it has one.
 
-Counters are plain integers bumped from the event loop (single-threaded, no locks needed);
-gauges are read at scrape time. Step timings come from the shards' Prefill/Decode answers and
-are exported as summaries (sum and count) per method.
+Each router owns its registry (not prometheus_client's global one): tests run many routers in one
+process, and a registry per app keeps their numbers apart. prometheus_client appends `_total` to
+counters, so TGI's `tgi_request_count` is exported as `tgi_request_count_total`. Gauges are not
+kept up to date by hand: a collector reads them from the router's state at scrape time, so they
+cannot drift from the truth (KV blocks used/free come straight from the allocator).
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+# `*_created` series double the output and no dashboard reads them.
+prometheus_client.disable_created_metrics()
+
+CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
+# Request-level latencies: from sub-millisecond (tiny models) to minutes (long generations).
+REQUEST_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# One prefill or decode step.
+STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
+TOKEN_BUCKETS = tuple(float(2**i) for i in range(17))  # 1 .. 65536 tokens
+BATCH_BUCKETS = tuple(float(2**i) for i in range(11))  # 1 .. 1024 requests
+
+GAUGE_HELP = {
+    "tgi_queue_size": "Requests waiting to be admitted",
+    "tgi_batch_current_size": "Requests in the running batch",
+    "tgi_batch_current_max_tokens": "Tokens reserved by the running batch",
+    "switchyard_requests_in_flight": "Requests holding a concurrency permit",
+    "switchyard_kv_blocks_total": "KV cache blocks the allocator hands out",
+    "switchyard_kv_blocks_used": "KV cache blocks reserved by admitted requests",
+    "switchyard_kv_blocks_free": "KV cache blocks free",
+}
 
 
-@dataclass
-class StepTimings:
-    count: int = 0
-    forward_s: float = 0.0
-    decode_s: float = 0.0
-    total_s: float = 0.0
+class _Gauges(Collector):
+    def __init__(self, read: Callable[[], dict[str, float]]) -> None:
+        self._read = read
 
-    def add(self, forward_ns: int, decode_ns: int, total_ns: int) -> None:
-        self.count += 1
-        self.forward_s += forward_ns / 1e9
-        self.decode_s += decode_ns / 1e9
-        self.total_s += total_ns / 1e9
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        for name, value in self._read().items():
+            yield GaugeMetricFamily(name, GAUGE_HELP.get(name, name), value=value)
 
 
-@dataclass
 class Metrics:
-    requests: int = 0
-    successes: int = 0
-    failures: Counter[str] = field(default_factory=Counter)  # by error_type
-    generated_tokens: int = 0
-    input_tokens: int = 0
-    steps: dict[str, StepTimings] = field(
-        default_factory=lambda: {"prefill": StepTimings(), "decode": StepTimings()}
-    )
+    """Everything the router counts; the methods are the events it counts them at."""
 
-    def render(self, gauges: dict[str, float]) -> str:
-        lines: list[str] = []
-
-        def metric(name: str, kind: str, samples: list[tuple[str, float]]) -> None:
-            lines.append(f"# TYPE {name} {kind}")
-            lines.extend(f"{name}{labels} {value:g}" for labels, value in samples)
-
-        metric("tgi_request_count", "counter", [("", self.requests)])
-        metric("tgi_request_success", "counter", [("", self.successes)])
-        metric(
-            "tgi_request_failure",
-            "counter",
-            [(f'{{err="{err}"}}', n) for err, n in sorted(self.failures.items())] or [("", 0)],
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry(auto_describe=False)
+        self.requests = Counter("tgi_request_count", "Generation requests received", registry=r)
+        self.successes = Counter("tgi_request_success", "Requests that finished", registry=r)
+        self.failures = Counter(
+            "tgi_request_failure", "Requests that failed, by error_type", ["err"], registry=r
         )
-        metric("tgi_request_generated_tokens_total", "counter", [("", self.generated_tokens)])
-        metric("tgi_request_input_tokens_total", "counter", [("", self.input_tokens)])
-        for part in ("forward", "decode", "total"):
-            name = f"tgi_batch_{part}_duration_seconds"
-            samples = []
-            for method, t in self.steps.items():
-                samples.append((f'_sum{{method="{method}"}}', getattr(t, f"{part}_s")))
-                samples.append((f'_count{{method="{method}"}}', t.count))
-            lines.append(f"# TYPE {name} summary")
-            lines.extend(f"{name}{labels} {value:g}" for labels, value in samples)
-        for name, value in gauges.items():
-            metric(name, "gauge", [("", value)])
-        return "\n".join(lines) + "\n"
+        self.cancellations = Counter(
+            "switchyard_request_cancelled", "Requests whose client went away", registry=r
+        )
+        self.input_tokens = Counter("switchyard_prompt_tokens", "Prompt tokens", registry=r)
+        self.generated_tokens = Counter(
+            "switchyard_generated_tokens", "Generated tokens", registry=r
+        )
+
+        def hist(name: str, doc: str, buckets: tuple[float, ...], labels=()) -> Histogram:
+            return Histogram(name, doc, list(labels), buckets=buckets, registry=r)
+
+        self.duration = hist("tgi_request_duration", "End-to-end request latency", REQUEST_BUCKETS)
+        self.validation = hist(
+            "tgi_request_validation_duration", "Tokenization and validation", REQUEST_BUCKETS
+        )
+        self.queue = hist("tgi_request_queue_duration", "Waiting in the queue", REQUEST_BUCKETS)
+        self.inference = hist(
+            "tgi_request_inference_duration", "Time from admission to the end", REQUEST_BUCKETS
+        )
+        self.time_per_token = hist(
+            "tgi_request_mean_time_per_token_duration", "Mean time per token", STEP_BUCKETS
+        )
+        self.ttft = hist(
+            "switchyard_time_to_first_token_seconds", "Arrival to first token", REQUEST_BUCKETS
+        )
+        self.itl = hist(
+            "switchyard_inter_token_latency_seconds", "Between two tokens", STEP_BUCKETS
+        )
+        self.input_length = hist("tgi_request_input_length", "Prompt tokens", TOKEN_BUCKETS)
+        self.output_length = hist("tgi_request_generated_tokens", "Tokens generated", TOKEN_BUCKETS)
+        self.max_new_tokens = hist("tgi_request_max_new_tokens", "max_new_tokens", TOKEN_BUCKETS)
+        self.next_size = hist("tgi_batch_next_size", "Requests per prefill", BATCH_BUCKETS)
+        self.concat = Counter(
+            "tgi_batch_concat",
+            "Prefills joining a running batch, by reason",
+            ["reason"],
+            registry=r,
+        )
+        method = ("method",)
+        self.step_count = Counter(
+            "tgi_batch_inference_count", "Prefill/decode steps", method, registry=r
+        )
+        self.step_success = Counter(
+            "tgi_batch_inference_success", "Steps that succeeded", method, registry=r
+        )
+        # The shards measure these (forward_ns, decode_ns, total_ns in each answer).
+        self.step_forward = hist(
+            "tgi_batch_forward_duration", "Model forward per step", STEP_BUCKETS, method
+        )
+        self.step_decode = hist(
+            "tgi_batch_decode_duration", "Sampling and output per step", STEP_BUCKETS, method
+        )
+        self.step_total = hist(
+            "tgi_batch_inference_duration", "Whole step on the shard", STEP_BUCKETS, method
+        )
+
+    def watch(self, read_gauges: Callable[[], dict[str, float]]) -> None:
+        """Registers the router state's gauges, read at each scrape."""
+        self.registry.register(_Gauges(read_gauges))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    # -- events --------------------------------------------------------------------------------
+
+    def request_failed(self, error_type: str) -> None:
+        self.failures.labels(err=error_type).inc()
+
+    def step_started(self, method: str) -> None:
+        self.step_count.labels(method=method).inc()
+
+    def step_done(self, method: str, forward_ns: int, decode_ns: int, total_ns: int) -> None:
+        self.step_success.labels(method=method).inc()
+        self.step_forward.labels(method=method).observe(forward_ns / 1e9)
+        self.step_decode.labels(method=method).observe(decode_ns / 1e9)
+        self.step_total.labels(method=method).observe(total_ns / 1e9)
+
+    def prefill_batch(self, size: int, concat_reason: str | None) -> None:
+        """concat_reason: why new requests joined a running batch (None: a fresh batch)."""
+        self.next_size.observe(size)
+        if concat_reason is not None:
+            self.concat.labels(reason=concat_reason).inc()
+
+    def admitted(self, queue_s: float) -> None:
+        self.queue.observe(queue_s)
+
+    def token(self, since_previous_s: float, first: bool) -> None:
+        self.generated_tokens.inc()
+        (self.ttft if first else self.itl).observe(since_previous_s)
+
+    def finished(
+        self,
+        *,
+        total_s: float,
+        validation_s: float,
+        inference_s: float,
+        input_tokens: int,
+        generated_tokens: int,
+        max_new_tokens: int,
+    ) -> None:
+        self.successes.inc()
+        self.duration.observe(total_s)
+        self.validation.observe(validation_s)
+        self.inference.observe(inference_s)
+        self.time_per_token.observe(inference_s / max(generated_tokens, 1))
+        self.input_length.observe(input_tokens)
+        self.output_length.observe(generated_tokens)
+        self.max_new_tokens.observe(max_new_tokens)

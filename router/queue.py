@@ -58,16 +58,20 @@ class Queue:
         prefill_token_budget: int,
         token_budget: int,
         min_size: int | None = None,
+        max_size: int | None = None,
     ) -> list[Entry]:
         """Takes the longest FIFO prefix that fits; empty when fewer than min_size fit.
 
         token_budget bounds prompt + max_new_tokens over the new entries (what the running
-        batch leaves of max_batch_total_tokens); prefill_token_budget bounds their prompts.
+        batch leaves of max_batch_total_tokens); prefill_token_budget bounds their prompts;
+        max_size bounds their number (what the running batch leaves of max_batch_size).
         """
         batch: list[Entry] = []
         prefill_tokens = 0
         total_tokens = 0
         for entry in self._entries:
+            if max_size is not None and len(batch) >= max_size:
+                break
             req = entry.request
             if prefill_tokens + req.input_length > prefill_token_budget:
                 break

@@ -7,6 +7,7 @@ This is where the router's own decisions about a request's output are made: incr
 from __future__ import annotations
 
 import math
+import time
 
 from router.detokenizer import REPLACEMENT_CHAR
 from router.entry import Entry, Finished, Token, TokenEvent
@@ -38,10 +39,15 @@ class Results:
             text += entry.detokenizer.flush()  # the stream must add up to the whole text
         token = Token(token_id, text, logprob, self.tokenizer.is_special(token_id))
         top_tokens = tuple(self.tokens(top)) if top is not None else ()
+        now = time.monotonic()
+        first = not entry.tokens
+        # TTFT counts from the HTTP request's arrival, as a client experiences it.
+        previous = entry.received_at if first else (entry.last_token_at or now)
+        self.metrics.token(now - previous, first)
+        entry.last_token_at = now
         entry.generated_ids.append(token_id)
         entry.tokens.append(token)
         entry.top_tokens.append(top_tokens)
-        self.metrics.generated_tokens += 1
         finished = None
         if reason is not None:
             sampling = entry.request.sampling
@@ -52,9 +58,20 @@ class Results:
                 seed=sampling.seed if sampling.do_sample else None,
             )
             entry.done = True
-            self.metrics.successes += 1
+            self._record_finished(entry, now)
         entry.events.put_nowait(TokenEvent(token, top_tokens, finished))
         return finished is not None
+
+    def _record_finished(self, entry: Entry, now: float) -> None:
+        started = entry.started_at if entry.started_at is not None else now
+        self.metrics.finished(
+            total_s=now - entry.received_at,
+            validation_s=entry.queued_at - entry.received_at,
+            inference_s=now - started,
+            input_tokens=entry.request.input_length,
+            generated_tokens=len(entry.generated_ids),
+            max_new_tokens=entry.request.max_new_tokens,
+        )
 
     def tokens(self, tokens: pb.Tokens) -> list[Token]:
         """Prompt or top-n tokens: each decoded on its own, NaN logprobs as unknown."""

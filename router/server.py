@@ -9,17 +9,23 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from router.auth import api_key_middleware
+from router.cors import Cors
 from router.errors import GenerationError, IncompleteGenerationError, RouterError
 from router.handlers.common import INFER, error_response
 from router.handlers.generate import generate
-from router.handlers.misc import compat_generate, health, info, metrics, tokenize
+from router.handlers.misc import compat_generate, health, info, metrics, models, tokenize
+from router.handlers.openai_chat import chat_completions
+from router.handlers.openai_completions import completions
 from router.handlers.stream import generate_stream
 from router.infer import Infer
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-GENERATE_PATHS = frozenset({"/", "/generate", "/generate_stream"})
+GENERATE_PATHS = frozenset(
+    {"/", "/generate", "/generate_stream", "/v1/completions", "/v1/chat/completions"}
+)
 # Failures during generation are counted where they happen, once per request.
 COUNTED_BY_SCHEDULER = (GenerationError, IncompleteGenerationError)
 
@@ -29,12 +35,12 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
     """Every failure is `{"error", "error_type"}` with TGI's status code."""
     metrics = request.app[INFER].metrics
     if request.method == "POST" and request.path in GENERATE_PATHS:
-        metrics.requests += 1
+        metrics.requests.inc()
     try:
         return await handler(request)
     except RouterError as err:
         if not isinstance(err, COUNTED_BY_SCHEDULER):
-            metrics.failures[err.error_type] += 1
+            metrics.request_failed(err.error_type)
         return error_response(err)
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -48,13 +54,27 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
 
 
 def create_app(infer: Infer) -> web.Application:
-    # Prompts can be long: allow large bodies (the token limits are the real bound).
-    app = web.Application(middlewares=[errors_as_json], client_max_size=64 * 1024 * 1024)
+    args = infer.args
+    cors = Cors(args.cors_allow_origin) if args.cors_allow_origin else None
+    # Outermost first: CORS preflights need no key; a missing key is refused before anything
+    # is read or counted; then every other failure becomes TGI's JSON error.
+    middlewares = [errors_as_json]
+    if args.api_key:
+        middlewares.insert(0, api_key_middleware(args.api_key))
+    if cors is not None:
+        middlewares.insert(0, cors.preflight)
+    # aiohttp refuses a body of client_max_size bytes or more; the limit itself is allowed.
+    app = web.Application(middlewares=middlewares, client_max_size=args.payload_limit + 1)
+    if cors is not None:
+        app.on_response_prepare.append(cors.add_headers)
     app[INFER] = infer
     app.router.add_post("/", compat_generate)
     app.router.add_post("/generate", generate)
     app.router.add_post("/generate_stream", generate_stream)
     app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", models)
     app.router.add_get("/info", info)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)

@@ -11,6 +11,7 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
@@ -61,6 +62,23 @@ class Tokenizer:
     async def encode(self, text: str, add_special_tokens: bool = True) -> Encoding:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, self._encode_sync, text, add_special_tokens)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self._encoder, "chat_template", None))
+
+    def _render_chat(self, messages: list[dict[str, Any]]) -> str:
+        return self._encoder.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+
+    async def apply_chat_template(self, messages: list[dict[str, Any]]) -> str:
+        """The prompt for a conversation, rendered by the tokenizer's own (Jinja) chat template.
+
+        Raises what the template raises (jinja2.TemplateError, e.g. on a role order it refuses).
+        """
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self._render_chat, messages)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         # No space clean-up: it would make incremental decoding disagree with the full decode.

@@ -21,6 +21,9 @@ from router.tokenizer import Tokenizer
 DEFAULT_GENERATION_LENGTH = 1024
 MAX_TOP_N_TOKENS = 5
 U64_MAX = 2**64 - 1
+# Every step scans a window as long as the longest stop sequence: bound it so one request cannot
+# make every step of the batch slow (TGI has no such bound; no real stop sequence comes close).
+MAX_STOP_SEQUENCE_CHARS = 1024
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,7 @@ def parse_json_body(body: bytes) -> dict[str, Any]:
     return payload
 
 
-class _Fields:
+class Fields:
     """Typed access to a JSON object; a wrong type is a 422 naming the field."""
 
     def __init__(self, obj: dict[str, Any]) -> None:
@@ -108,7 +111,7 @@ class Validator:
         self.limits = limits
 
     async def validate(self, payload: dict[str, Any], *, stream: bool = False) -> ValidRequest:
-        top = _Fields(payload)
+        top = Fields(payload)
         if "inputs" not in payload:
             raise ValidationError("missing field `inputs`")
         inputs = top.string("inputs")
@@ -120,7 +123,7 @@ class Validator:
             raw_params = {}
         if not isinstance(raw_params, dict):
             raise ValidationError("`parameters` must be a JSON object")
-        p = _Fields(raw_params)
+        p = Fields(raw_params)
 
         # Deserialization: every field has the right type before any semantic check.
         best_of = p.integer("best_of", low=0)
@@ -189,6 +192,12 @@ class Validator:
             )
         if any(s == "" for s in stop):
             raise ValidationError("`stop` sequences must not be empty strings")
+        longest = max((len(s) for s in stop), default=0)
+        if longest > MAX_STOP_SEQUENCE_CHARS:
+            raise ValidationError(
+                f"`stop` sequences must be at most {MAX_STOP_SEQUENCE_CHARS} characters long. "
+                f"Given: {longest}"
+            )
         if seed is not None and best_of > 1:
             raise ValidationError("`seed` must not be set when `best_of` > 1")
         if top_n_tokens is not None and not 0 <= top_n_tokens <= lim.max_top_n_tokens:

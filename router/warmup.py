@@ -20,7 +20,9 @@ from switchyard_pb import generate_pb2 as pb
 log = logging.getLogger(__name__)
 
 
-def build_warmup_batch(limits: Limits, vocab_size: int) -> pb.Batch:
+def build_warmup_batch(
+    limits: Limits, vocab_size: int, top_n_tokens: int = MAX_TOP_N_TOKENS
+) -> pb.Batch:
     bs = limits.block_size
     requests = []
     remaining = limits.max_batch_prefill_tokens
@@ -50,7 +52,7 @@ def build_warmup_batch(limits: Limits, vocab_size: int) -> pb.Batch:
                     max_new_tokens=max_new, ignore_eos_token=True
                 ),
                 prefill_logprobs=True,
-                top_n_tokens=MAX_TOP_N_TOKENS,
+                top_n_tokens=top_n_tokens,
                 blocks=blocks,
                 slots=[blocks[p // bs] * bs + p % bs for p in range(positions)],
             )
@@ -77,7 +79,7 @@ async def warm_up(client: ShardClient, args: RouterArgs, info: pb.InfoResponse) 
     Raises ConfigError (naming the flag to change) when they cannot fit.
     """
     limits = resolve_limits(args, info.max_position_embeddings, info.block_size)
-    batch = build_warmup_batch(limits, info.vocab_size)
+    batch = build_warmup_batch(limits, info.vocab_size, args.max_top_n_tokens)
     log.info(
         "warming up with %d request(s), %d prefill tokens",
         batch.size,

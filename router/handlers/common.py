@@ -1,13 +1,15 @@
-"""Helpers shared by the handlers: the app key, JSON bodies, errors, client liveness."""
+"""Helpers shared by the handlers: the app key, JSON bodies, errors, liveness, timing headers."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
-from router.errors import RouterError
+from router.entry import Entry, ErrorEvent, Finished
+from router.errors import PayloadTooLargeError, RouterError
 from router.infer import Infer
 from router.validation import parse_json_body
 
@@ -23,7 +25,12 @@ def error_response(err: RouterError, headers: dict[str, str] | None = None) -> w
 
 
 async def read_json(request: web.Request) -> dict[str, Any]:
-    return parse_json_body(await request.read())
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        # aiohttp stops reading at the app's client_max_size (set from --payload-limit).
+        raise PayloadTooLargeError(infer_of(request).args.payload_limit) from None
+    return parse_json_body(body)
 
 
 def client_alive(request: web.Request) -> Callable[[], bool]:
@@ -34,3 +41,35 @@ def client_alive(request: web.Request) -> Callable[[], bool]:
         return transport is not None and not transport.is_closing()
 
     return alive
+
+
+async def wait_finished(entry: Entry) -> Finished:
+    while True:
+        event = await entry.events.get()
+        if isinstance(event, ErrorEvent):
+            raise event.error
+        if event.end is not None:
+            return event.end
+
+
+def timing_headers(infer: Infer, entry: Entry, finished: Finished) -> dict[str, str]:
+    """TGI's response headers for a finished request (times in ms, x-compute-time in s)."""
+    now = time.monotonic()
+    began = entry.started_at if entry.started_at is not None else now
+    inference = now - began
+
+    def ms(seconds: float) -> str:
+        return str(int(seconds * 1000))
+
+    return {
+        "x-compute-type": infer.model.device_type or "unknown",
+        "x-compute-time": f"{now - entry.received_at:.6f}",
+        "x-compute-characters": str(len(entry.request.inputs)),
+        "x-total-time": ms(now - entry.received_at),
+        "x-validation-time": ms(entry.queued_at - entry.received_at),
+        "x-queue-time": ms(began - entry.queued_at),
+        "x-inference-time": ms(inference),
+        "x-time-per-token": ms(inference / max(finished.generated_tokens, 1)),
+        "x-prompt-tokens": str(entry.request.input_length),
+        "x-generated-tokens": str(finished.generated_tokens),
+    }

@@ -1,7 +1,8 @@
-"""GET /info, GET /health, GET /metrics, POST /tokenize and TGI's compat route POST /."""
+"""GET /info, /health, /metrics, /v1/models, POST /tokenize and TGI's compat route POST /."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from aiohttp import web
@@ -11,6 +12,7 @@ from router.errors import UnhealthyError, ValidationError
 from router.handlers.common import error_response, infer_of, read_json
 from router.handlers.generate import generate_payload
 from router.handlers.stream import stream_payload
+from router.metrics import CONTENT_TYPE
 
 
 async def info(request: web.Request) -> web.Response:
@@ -33,7 +35,8 @@ async def info(request: web.Request) -> web.Response:
         "max_supported_total_tokens": limits.max_supported_total_tokens,
         "waiting_served_ratio": args.waiting_served_ratio,
         "max_waiting_tokens": args.max_waiting_tokens,
-        "max_batch_size": None,
+        "max_batch_size": args.max_batch_size,
+        "max_top_n_tokens": args.max_top_n_tokens,
         "max_client_batch_size": 1,
         "validation_workers": 1,
         "block_size": limits.block_size,
@@ -54,10 +57,20 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    body = infer_of(request).metrics.render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+async def models(request: web.Request) -> web.Response:
+    """OpenAI's GET /v1/models: the one model this server serves."""
     infer = infer_of(request)
-    return web.Response(
-        text=infer.metrics.render(infer.gauges()), content_type="text/plain", charset="utf-8"
-    )
+    model = {
+        "id": infer.model.model_id,
+        "object": "model",
+        "created": infer.started_at,
+        "owned_by": "switchyard",
+    }
+    return web.json_response({"object": "list", "data": [model]})
 
 
 async def tokenize(request: web.Request) -> web.Response:
@@ -81,10 +94,11 @@ async def tokenize(request: web.Request) -> web.Response:
 
 async def compat_generate(request: web.Request) -> web.StreamResponse:
     """POST /: `stream` picks /generate_stream or /generate (answered as a one-element list)."""
+    received = time.monotonic()
     payload = await read_json(request)
     stream = payload.get("stream", False)
     if not isinstance(stream, bool):
         raise ValidationError("`stream` must be a boolean")
     if stream:
-        return await stream_payload(request, payload)
-    return await generate_payload(request, payload, as_list=True)
+        return await stream_payload(request, payload, received)
+    return await generate_payload(request, payload, as_list=True, received=received)

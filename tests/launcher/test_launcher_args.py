@@ -125,3 +125,26 @@ def test_program_overrides_come_from_the_environment():
     env = LauncherEnv.from_environ({"SWITCHYARD_SHARD_COMMAND": "nsys profile python -m shard"})
     assert env.shard_program == ("nsys", "profile", "python", "-m", "shard")
     assert env.router_program is None
+
+
+def test_router_flags_of_the_production_router_are_forwarded():
+    cfg = parse_args(
+        [
+            "--max-batch-size", "8",
+            "--payload-limit", "1000",
+            "--max-top-n-tokens", "0",
+            "--cors-allow-origin", "https://a.example",
+            "--cors-allow-origin", "https://b.example",
+            "--api-key", "s3cret",
+        ],
+        CPU_ENV,
+    )  # fmt: skip
+    router = build_plan(cfg, Path("/m"), Programs(shard=("S",), router=("R",))).router
+    argv = " ".join(router.argv)
+    assert "--max-batch-size 8" in argv and "--payload-limit 1000" in argv
+    assert "--max-top-n-tokens 0" in argv
+    assert "--cors-allow-origin https://a.example --cors-allow-origin https://b.example" in argv
+    # The key travels in the environment: argv is logged and visible to `ps`.
+    assert "s3cret" not in argv and router.env == {"SWITCHYARD_API_KEY": "s3cret"}
+    assert parse_args([], CPU_ENV).api_key is None
+    assert build_plan(parse_args([], CPU_ENV), Path("/m"), Programs()).router.env == {}

@@ -48,6 +48,8 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
     batches: dict[int, list[FakeRequest]] = field(default_factory=dict)
     owner: dict[int, int] = field(default_factory=dict)  # block -> request id
     max_batch_size_seen: int = 0
+    prefilled: list[pb.Request] = field(default_factory=list)  # every request, as received
+    decode_sizes: list[int] = field(default_factory=list)  # requests in each Decode
 
     def _check(self, ok: bool, message: str) -> None:
         if not ok:
@@ -176,6 +178,7 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
         ):
             await context.abort(grpc.StatusCode.INTERNAL, "injected prefill failure")
         reqs = []
+        self.prefilled.extend(batch.requests)
         for r in batch.requests:
             for b in r.blocks:
                 self._check(
@@ -215,6 +218,7 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
         merged = [r for i in ids for r in self.batches.pop(i, [])]
         self.batches[ids[0]] = merged
         self.max_batch_size_seen = max(self.max_batch_size_seen, len(merged))
+        self.decode_sizes.append(len(merged))
         gens = [self._generation(r) for r in merged]
         return pb.DecodeResponse(generations=gens, batch=self._cached(ids[0]))
 

@@ -79,6 +79,20 @@ def parse_sse(body: str) -> list[dict[str, Any]]:
     return events
 
 
+async def scrape(client: TestClient) -> dict[str, float]:
+    """GET /metrics as {'name{label="v",...}': value}, parsed with prometheus_client's parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    response = await client.get("/metrics")
+    assert response.status == 200
+    samples = {}
+    for family in text_string_to_metric_families(await response.text()):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return samples
+
+
 async def wait_until(predicate, timeout: float = 5.0, interval: float = 0.01) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not predicate():

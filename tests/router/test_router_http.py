@@ -6,7 +6,7 @@ The fake shards answer next token = last token + 1. In the tiny tokenizer "H" is
 
 import asyncio
 
-from tests.router.harness import async_test, parse_sse, router_env, wait_until
+from tests.router.harness import async_test, parse_sse, router_env, scrape, wait_until
 
 
 def gen(inputs="H", **params):
@@ -327,13 +327,12 @@ async def test_health_info_tokenize(model_dir):
 
         await env.client.post("/generate", json=gen(max_new_tokens=3))
         await env.client.post("/generate", json=gen(top_k=-1))
-        text = await (await env.client.get("/metrics")).text()
-        lines = set(text.splitlines())
-        assert {"tgi_request_count 2", "tgi_request_success 1"} <= lines
-        assert 'tgi_request_failure{err="validation"} 1' in lines
-        assert "tgi_request_generated_tokens_total 3" in lines
-        assert 'tgi_batch_forward_duration_seconds_count{method="decode"} 2' in lines
-        assert "switchyard_kv_blocks_total 159" in lines and "tgi_queue_size 0" in lines
+        m = await scrape(env.client)
+        assert m["tgi_request_count_total"] == 2 and m["tgi_request_success_total"] == 1
+        assert m['tgi_request_failure_total{err="validation"}'] == 1
+        assert m["switchyard_generated_tokens_total"] == 3
+        assert m['tgi_batch_forward_duration_count{method="decode"}'] == 2
+        assert m["switchyard_kv_blocks_total"] == 159 and m["tgi_queue_size"] == 0
 
         r = await env.client.post("/tokenize", json={"inputs": "Hello 日本"})
         toks = await r.json()

@@ -47,6 +47,7 @@ BAD = [
     ),
     (req(stop=["a", "b", "c"]), "`stop` supports up to 2 stop sequences. Given: 3"),
     (req(stop=[""]), "`stop` sequences must not be empty"),
+    (req(stop=["ab" * 513]), "`stop` sequences must be at most 1024 characters long. Given: 1026"),
     (req(truncate=0), "`truncate` must be strictly positive and less than 16. Given: 0"),
     (req(truncate=17), "`truncate` must be strictly positive and less than 16. Given: 17"),
     (req(top_n_tokens=6), "`top_n_tokens` must be >= 0 and <= 5. Given: 6"),

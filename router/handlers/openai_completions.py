@@ -1,0 +1,174 @@
+"""POST /v1/completions: OpenAI's (legacy) text completion API."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aiohttp import web
+
+from router.entry import Entry, Finished, Token, TokenEvent
+from router.errors import RouterError, ValidationError
+from router.handlers.common import (
+    client_alive,
+    infer_of,
+    read_json,
+    timing_headers,
+    wait_finished,
+)
+from router.handlers.openai_common import (
+    FINGERPRINT,
+    FINISH_REASON,
+    SHARED_FIELDS,
+    StopTrimmer,
+    check_fields,
+    logprob,
+    max_tokens_param,
+    new_id,
+    parse_shared,
+    reject_unless,
+    trim_stop,
+    usage,
+    validate,
+    visible,
+)
+from router.handlers.sse import serve_sse
+from router.infer import Infer
+from router.validation import Fields
+
+COMPLETION_FIELDS = SHARED_FIELDS | {"prompt", "best_of", "echo", "suffix"}
+# OpenAI's default for this route (TGI would generate up to the context limit).
+DEFAULT_MAX_TOKENS = 16
+
+
+def _prompt(payload: dict[str, Any]) -> str:
+    prompt = payload.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        return prompt[0]
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        raise ValidationError(f"`prompt` must hold one prompt per request. Given: {len(prompt)}")
+    if not isinstance(prompt, str):
+        raise ValidationError("`prompt` must be a string (token id prompts are not supported)")
+    return prompt
+
+
+def _logprobs_param(payload: dict[str, Any], params: dict[str, Any]) -> int | None:
+    """OpenAI's `logprobs` here is how many alternatives to list per token (0 = none)."""
+    n = Fields(payload).integer("logprobs")
+    if n is not None and n < 0:
+        raise ValidationError(f"`logprobs` must be >= 0. Given: {n}")
+    if n:
+        params["top_n_tokens"] = n
+    return n
+
+
+def logprobs_json(infer: Infer, tokens: list[tuple[Token, tuple[Token, ...], str]], offset: int):
+    """The legacy logprobs object for (token, alternatives, visible text) triples."""
+    offsets = []
+    for _token, _top, text in tokens:
+        offsets.append(offset)
+        offset += len(text)
+    return {
+        "tokens": [infer.tokenizer.piece(t.id) for t, _top, _text in tokens],
+        "token_logprobs": [logprob(t.logprob) for t, _top, _text in tokens],
+        "top_logprobs": [{a.text: logprob(a.logprob) for a in top} for _t, top, _text in tokens],
+        "text_offset": offsets,
+    }
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    received = time.monotonic()
+    infer = infer_of(request)
+    payload = await read_json(request)
+    check_fields(payload, COMPLETION_FIELDS)
+    shared = parse_shared(payload)
+    reject_unless(payload, "best_of", payload.get("best_of") == 1, "; only 1")
+    reject_unless(payload, "echo", payload.get("echo") is False)
+    reject_unless(payload, "suffix", payload.get("suffix") == "")
+    max_name = max_tokens_param(payload, ("max_tokens",), shared.generate)
+    shared.generate.setdefault("max_new_tokens", DEFAULT_MAX_TOKENS)
+    logprobs = _logprobs_param(payload, shared.generate)
+    prompt = _prompt(payload)
+    renames = {"inputs": "prompt", "max_new_tokens": max_name, "top_n_tokens": "logprobs"}
+    valid = await validate(infer, prompt, shared, renames)
+    with infer.permit():
+        entry = infer.submit(valid, client_alive(request), received)
+        if shared.stream:
+            stream = CompletionStream(infer, entry, logprobs is not None, shared.include_usage)
+            headers = {"x-compute-type": infer.model.device_type or "unknown"}
+            return await serve_sse(request, entry, headers, stream)
+        try:
+            finished = await wait_finished(entry)
+        finally:
+            if not entry.done:
+                entry.cancel()
+    lp = None
+    if logprobs is not None:
+        triples = [
+            (t, top, visible(t)) for t, top in zip(entry.tokens, entry.top_tokens, strict=True)
+        ]
+        lp = logprobs_json(infer, triples, 0)
+    choice = {
+        "index": 0,
+        "text": trim_stop(finished.generated_text, valid.stop),
+        "logprobs": lp,
+        "finish_reason": FINISH_REASON[finished.finish_reason],
+    }
+    body = {
+        "id": new_id("cmpl"),
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": infer.model.model_id,
+        "system_fingerprint": FINGERPRINT,
+        "choices": [choice],
+        "usage": usage(entry),
+    }
+    return web.json_response(body, headers=timing_headers(infer, entry, finished))
+
+
+class CompletionStream:
+    """`text_completion` events: one per token with text, then one with finish_reason."""
+
+    prefix = b"data: "
+
+    def __init__(self, infer: Infer, entry: Entry, logprobs: bool, include_usage: bool) -> None:
+        self.infer, self.entry = infer, entry
+        self.logprobs, self.include_usage = logprobs, include_usage
+        self.id, self.created = new_id("cmpl"), int(time.time())
+        self.trimmer = StopTrimmer(entry.request.stop)
+        self.offset = 0
+        self.finished: Finished | None = None
+
+    def chunk(self, text: str, logprobs: Any = None, finish: str | None = None) -> dict:
+        out: dict[str, Any] = {
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.infer.model.model_id,
+            "system_fingerprint": FINGERPRINT,
+            "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}],
+        }
+        if self.include_usage:
+            out["usage"] = None  # only the last chunk carries it
+        return out
+
+    def on_token(self, event: TokenEvent) -> list[Any]:
+        text = self.trimmer.push(visible(event.token))
+        if event.end is not None:
+            self.finished = event.end
+            text += self.trimmer.flush()
+        lp = None
+        if self.logprobs:
+            lp = logprobs_json(self.infer, [(event.token, event.top_tokens, text)], self.offset)
+        self.offset += len(text)
+        return [self.chunk(text, lp)] if text or lp else []
+
+    def on_error(self, error: RouterError) -> list[Any]:
+        return [error.to_json()]
+
+    def on_end(self) -> list[Any]:
+        assert self.finished is not None
+        out: list[Any] = [self.chunk("", finish=FINISH_REASON[self.finished.finish_reason])]
+        if self.include_usage:
+            out.append({**self.chunk(""), "choices": [], "usage": usage(self.entry)})
+        return [*out, "[DONE]"]
