@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TextIO
 
 from launcher.args import parse_args
+from launcher.checks import ShardCountError, check_num_shard
 from launcher.commands import Programs, build_plan
 from launcher.env import LauncherEnv
 from launcher.resolve import ModelResolutionError, resolve_model
@@ -76,6 +77,11 @@ def main(
         return 1
     except KeyboardInterrupt:
         return 130
+    try:
+        check_num_shard(cfg.num_shard, model_dir, env.cuda_visible_devices)
+    except ShardCountError as exc:
+        log.error("%s", exc)
+        return 1
     log.info("model %s -> %s; %d shard(s)", cfg.model_id or "(demo)", model_dir, cfg.num_shard)
     if programs is None:
         default = Programs()

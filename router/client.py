@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import grpc
 
+from router.shard_agreement import check_agreement
 from switchyard_pb import generate_pb2 as pb
 from switchyard_pb import generate_pb2_grpc as pb_grpc
 
@@ -113,10 +114,14 @@ class ShardClient:
         return min(answers, key=lambda a: (a.max_supported_total_tokens, a.num_blocks))
 
     async def prefill(self, batch: pb.Batch) -> pb.PrefillResponse:
-        return await self._all("Prefill", pb.PrefillRequest(batch=batch))
+        answers = await self._every("Prefill", pb.PrefillRequest(batch=batch))
+        check_agreement("Prefill", answers)  # a divergence fails the batch: 424, ClearCache
+        return answers[0]
 
     async def decode(self, batches: Sequence[pb.CachedBatch]) -> pb.DecodeResponse:
-        return await self._all("Decode", pb.DecodeRequest(batches=list(batches)))
+        answers = await self._every("Decode", pb.DecodeRequest(batches=list(batches)))
+        check_agreement("Decode", answers)
+        return answers[0]
 
     async def filter_batch(self, batch_id: int, request_ids: Sequence[int]) -> pb.CachedBatch:
         req = pb.FilterBatchRequest(batch_id=batch_id, request_ids=list(request_ids))

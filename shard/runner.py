@@ -5,6 +5,7 @@ batch's padded tensors, so the per-token hot path has no Python loop over reques
 that remain only copy results into protobuf messages.
 """
 
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -16,6 +17,8 @@ from shard.distributed import Distributed
 from shard.layers.attention import AttentionMetadata
 from shard.layers.sampling import SampleOutput, sample
 from switchyard_pb import generate_pb2
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -139,7 +142,17 @@ class ModelRunner:
         if self.dist.world_size > 1:
             # Logits are all-gathered and sampling is deterministic, so ranks agree already;
             # the broadcast makes agreement a guarantee rather than a consequence.
+            local = out.next_ids.clone()
             self.dist.broadcast(out.next_ids, src=0)
+            if not torch.equal(local, out.next_ids):
+                # Rank 0's tokens win and serving goes on, but ranks saw different logits:
+                # a non-deterministic collective or kernel that deserves a look.
+                log.warning(
+                    "rank %d sampled %s where rank 0 sampled %s; using rank 0's",
+                    self.dist.rank,
+                    local.tolist(),
+                    out.next_ids.tolist(),
+                )
         return out
 
     def _generations(self, batch: Batch, out: SampleOutput) -> list[generate_pb2.Generation]:

@@ -1,7 +1,11 @@
 """Reads a checkpoint one slice at a time and remembers which tensors the model consumed.
 
-Safetensors files are opened once and read with `get_slice`, so a rank only ever reads the rows
-or columns it owns. `.bin`/`.pth` checkpoints go through `torch.load(weights_only=True)` (never
+Safetensors files are read with `get_slice`, so a rank only ever reads the rows or columns it
+owns. `get_slice` returns a view into the file's mmap, so every read is copied into a tensor of
+its own and the file is mapped only for the duration of that read: a parameter that stayed a view
+would pin the mapping, and every checkpoint page a rank touched (a row-parallel slice touches the
+pages of the whole tensor) would then count in that rank's memory (docs/tensor-parallel.md has
+the numbers). `.bin`/`.pth` checkpoints go through `torch.load(weights_only=True)` (never
 unpickling arbitrary code); they are memory-mapped where the file format allows.
 After the model is built, `check_all_consumed()` turns any tensor nobody asked for into an error,
 so a wrong name table cannot silently leave layers at their initial values.
@@ -10,13 +14,19 @@ so a wrong name table cannot silently leave layers at their initial values.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
 from shard.distributed import Distributed
+
+# Elements read through one mapping (16 MiB of float32): bounds the checkpoint pages a rank has
+# mapped at any moment, whatever the tensor's size.
+READ_CHUNK_ELEMENTS = 1 << 22
 
 # Non-persistent buffers that some old exports still contain; we recompute them.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -28,19 +38,32 @@ class WeightsError(RuntimeError):
 
 class _SafetensorsSource:
     def __init__(self, files: Sequence[Path], weight_map: dict[str, str] | None) -> None:
-        self._handles = {f.name: safe_open(str(f), framework="pt") for f in files}
-        if weight_map is None:
-            weight_map = {k: name for name, h in self._handles.items() for k in h.keys()}
-        self._map = weight_map
+        self._files = {f.name: f for f in files}
+        # Headers only: shapes and where each tensor lives, read once; no data is touched.
+        self._shapes: dict[str, list[int]] = {}
+        found: dict[str, str] = {}
+        for file_name, path in self._files.items():
+            handle = safe_open(str(path), framework="pt")
+            for key in handle.keys():
+                self._shapes[key] = list(handle.get_slice(key).get_shape())
+                found[key] = file_name
+        self._map = found if weight_map is None else weight_map
 
     def keys(self) -> Iterable[str]:
         return self._map.keys()
 
     def shape(self, name: str) -> list[int]:
-        return list(self._handles[self._map[name]].get_slice(name).get_shape())
+        if name not in self._shapes:
+            raise WeightsError(f"the index maps {name!r} to {self._map[name]}, which lacks it")
+        return self._shapes[name]
 
-    def read(self, name: str, index: tuple[slice, ...]) -> torch.Tensor:
-        return self._handles[self._map[name]].get_slice(name)[index]
+    @contextmanager
+    def view(self, name: str, index: tuple[slice, ...]) -> Iterator[torch.Tensor]:
+        """`name[index]`, valid inside the block only. A handle per read (~1 ms): when it and
+        the view go, the mapping goes, and the pages this read touched stop counting as ours."""
+        self.shape(name)  # a stale index fails with a clear message
+        handle = safe_open(str(self._files[self._map[name]]), framework="pt")
+        yield handle.get_slice(name)[index]
 
 
 class _TorchSource:
@@ -59,8 +82,10 @@ class _TorchSource:
     def shape(self, name: str) -> list[int]:
         return list(self._tensors[name].shape)
 
-    def read(self, name: str, index: tuple[slice, ...]) -> torch.Tensor:
-        return self._tensors[name][index]
+    @contextmanager
+    def view(self, name: str, index: tuple[slice, ...]) -> Iterator[torch.Tensor]:
+        # The whole file stays mapped until loading ends: .bin is the legacy path.
+        yield self._tensors[name][index]
 
 
 def _open_source(model_dir: Path) -> _SafetensorsSource | _TorchSource:
@@ -116,16 +141,17 @@ class Weights:
 
     def get_tensor(self, name: str) -> torch.Tensor:
         """The whole tensor, for replicated parameters (norms)."""
-        return self._read(name, (slice(None),) if self.shape(name) else ())
+        shape = self.shape(name)
+        if shape:
+            return self.get_range(name, 0, 0, shape[0])
+        with self._source.view(name, ()) as view:  # a scalar has no dimension to slice
+            out = view.to(self._dtype_of(view), copy=True).to(self.device)
+        self.consumed.add(name)
+        return out
 
     def get_range(self, name: str, dim: int, start: int, stop: int) -> torch.Tensor:
-        """Rows `start:stop` of `name` along `dim`; the primitive every sharded read uses."""
-        shape = self.shape(name)
-        dim = dim % len(shape)
-        if not 0 <= start <= stop <= shape[dim]:
-            raise WeightsError(f"{name}: range {start}:{stop} outside dim {dim} of shape {shape}")
-        index = tuple(slice(None) for _ in range(dim)) + (slice(start, stop),)
-        return self._read(name, index)
+        """Rows `start:stop` of `name` along `dim`."""
+        return self.get_concat([(name, start, stop)], dim)
 
     def get_sharded(self, name: str, dim: int) -> torch.Tensor:
         """This rank's equal 1/world_size block of `name` along `dim`."""
@@ -145,13 +171,69 @@ class Weights:
         pieces, offset = [], 0
         for size in block_sizes:
             start, stop = self._shard_bounds(name, dim, size)
-            pieces.append(self.get_range(name, dim, offset + start, offset + stop))
+            pieces.append((name, offset + start, offset + stop))
             offset += size
-        return torch.cat(pieces, dim=dim)
+        return self.get_concat(pieces, dim)
 
     def get_multi_sharded(self, names: Sequence[str], dim: int) -> torch.Tensor:
         """Shards each tensor along `dim` and concatenates this rank's slices (fused layers)."""
-        return torch.cat([self.get_sharded(n, dim) for n in names], dim=dim)
+        pieces = []
+        for name in names:
+            start, stop = self._shard_bounds(name, dim, self.shape(name)[dim])
+            pieces.append((name, start, stop))
+        return self.get_concat(pieces, dim)
+
+    def get_concat(
+        self, pieces: Sequence[tuple[str, int, int]], dim: int, size: int | None = None
+    ) -> torch.Tensor:
+        """Ranges (name, start, stop) along `dim`, concatenated, zero-padded to `size` along it.
+
+        Every piece is copied once, straight into its place in the result: fused and padded
+        parameters need no torch.cat, so loading never holds a second copy of them.
+        """
+        if not pieces:
+            raise WeightsError("nothing to read")
+        shapes = [self.shape(name) for name, _, _ in pieces]
+        dim = dim % len(shapes[0])
+        filled = 0
+        for (name, start, stop), shape in zip(pieces, shapes, strict=True):
+            if not 0 <= start <= stop <= shape[dim]:
+                raise WeightsError(
+                    f"{name}: range {start}:{stop} outside dim {dim} of shape {shape}"
+                )
+            if [n for d, n in enumerate(shape) if d != dim] != [
+                n for d, n in enumerate(shapes[0]) if d != dim
+            ]:
+                raise WeightsError(f"{name} {shape} cannot join {pieces[0][0]} {shapes[0]}")
+            filled += stop - start
+        total = filled if size is None else size
+        if total < filled:
+            raise WeightsError(f"{filled} rows along dim {dim} do not fit in {total}")
+        out_shape = list(shapes[0])
+        out_shape[dim] = total
+        out: torch.Tensor | None = None
+        offset = 0
+        for (name, start, stop), shape in zip(pieces, shapes, strict=True):
+            # Chunks of rows (dim 0), each through its own mapping: a column slice touches the
+            # pages of every row, so reading it whole would map the whole tensor at once.
+            lo, hi = (start, stop) if dim == 0 else (0, shape[0])
+            step = max(1, READ_CHUNK_ELEMENTS // max(1, math.prod(shape[1:])))
+            cols = (slice(start, stop),) if dim else ()
+            for r0 in range(lo, hi, step):
+                r1 = min(r0 + step, hi)
+                index = (slice(r0, r1), *(slice(None) for _ in range(1, dim)), *cols)
+                with self._source.view(name, index) as view:
+                    if out is None:
+                        out = torch.empty(out_shape, dtype=self._dtype_of(view), device=self.device)
+                    dest = out.narrow(dim, offset, stop - start).narrow(0, r0 - lo, r1 - r0)
+                    # One pass converts the dtype, gathers a strided slice, crosses devices.
+                    dest.copy_(view)
+            self.consumed.add(name)
+            offset += stop - start
+        if out is None:  # every piece was empty
+            out = torch.empty(out_shape, dtype=self.dtype, device=self.device)
+        out.narrow(dim, filled, total - filled).zero_()
+        return out
 
     def check_all_consumed(self) -> None:
         """Fails naming every checkpoint tensor the model did not load."""
@@ -178,10 +260,5 @@ class Weights:
         if name not in self._keys:
             raise WeightsError(f"missing tensor {name!r} in checkpoint {self.model_dir}")
 
-    def _read(self, name: str, index: tuple[slice, ...]) -> torch.Tensor:
-        self._require(name)
-        tensor = self._source.read(name, index)
-        self.consumed.add(name)
-        if tensor.is_floating_point():
-            tensor = tensor.to(self.dtype)
-        return tensor.contiguous().to(self.device)
+    def _dtype_of(self, view: torch.Tensor) -> torch.dtype:
+        return self.dtype if view.is_floating_point() else view.dtype  # ids keep their type

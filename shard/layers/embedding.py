@@ -12,20 +12,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from shard.distributed import Distributed
-from shard.weights import Weights
+from shard.weights import Weights, WeightsError
 
 
 def _read_vocab_block(weights: Weights, name: str, vocab_size: int) -> torch.Tensor:
     world, rank = weights.dist.world_size, weights.dist.rank
     rows = weights.shape(name)[0]
     if rows < vocab_size:
-        raise ValueError(f"{name} has {rows} rows, fewer than vocab_size {vocab_size}")
+        raise WeightsError(f"{name}: dim 0 has {rows} rows, fewer than vocab_size {vocab_size}")
     block = -(-vocab_size // world)
     start, stop = min(rank * block, vocab_size), min((rank + 1) * block, vocab_size)
-    local = weights.get_range(name, 0, start, stop)
-    if stop - start < block:
-        local = torch.cat([local, local.new_zeros(block - (stop - start), local.shape[1])])
-    return local
+    # The last rank's block runs past the vocabulary: its tail rows are zero padding.
+    return weights.get_concat([(name, start, stop)], 0, size=block)
 
 
 class VocabParallelEmbedding(nn.Module):

@@ -70,16 +70,24 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         return out.chunk(self.num_blocks, dim=-1)
 
 
-def head_range(num_heads: int, rank: int, world_size: int, *, replicate: bool) -> tuple[int, int]:
+def head_range(
+    num_heads: int, rank: int, world_size: int, *, replicate: bool, tensor: str = ""
+) -> tuple[int, int]:
     """Heads [start, stop) owned by `rank`. With `replicate`, fewer heads than ranks means each
-    head is shared by world_size / num_heads consecutive ranks (the KV heads of GQA)."""
+    head is shared by world_size / num_heads consecutive ranks (the KV heads of GQA).
+    `tensor` names the checkpoint tensor whose dim 0 holds the heads, for the error message."""
     if num_heads % world_size == 0:
         per_rank = num_heads // world_size
         return rank * per_rank, (rank + 1) * per_rank
     if replicate and world_size % num_heads == 0:
         head = rank // (world_size // num_heads)
         return head, head + 1
-    raise WeightsError(f"{num_heads} heads cannot be split across world size {world_size}")
+    where = f"cannot shard {tensor} along dim 0: " if tensor else ""
+    rule = "divide it or be a multiple of it" if replicate else "divide it"
+    raise WeightsError(
+        f"{where}{num_heads} heads cannot be split across world size {world_size} "
+        f"(the world size must {rule})"
+    )
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -116,8 +124,6 @@ class QKVParallelLinear(ColumnParallelLinear):
     ) -> QKVParallelLinear:
         """`prefixes`: the q, k, v checkpoint tensors, or one tensor that already fuses them."""
         rank, world = weights.dist.rank, weights.dist.world_size
-        q = head_range(num_heads, rank, world, replicate=False)
-        kv = head_range(num_kv_heads, rank, world, replicate=True)
         if len(prefixes) == 3:
             sources = [(p, 0) for p in prefixes]
         elif len(prefixes) == 1:
@@ -125,16 +131,16 @@ class QKVParallelLinear(ColumnParallelLinear):
             sources = [(prefixes[0], 0), (prefixes[0], q_rows), (prefixes[0], q_rows + kv_rows)]
         else:
             raise WeightsError(f"qkv must come from 3 tensors or 1 fused tensor, got {prefixes}")
+        q_name, k_name = f"{sources[0][0]}.weight", f"{sources[1][0]}.weight"
+        q = head_range(num_heads, rank, world, replicate=False, tensor=q_name)
+        kv = head_range(num_kv_heads, rank, world, replicate=True, tensor=k_name)
 
         def read(suffix: str) -> torch.Tensor:
-            return torch.cat(
-                [
-                    weights.get_range(
-                        f"{name}.{suffix}", 0, offset + a * head_dim, offset + b * head_dim
-                    )
-                    for (name, offset), (a, b) in zip(sources, (q, kv, kv), strict=True)
-                ]
-            )
+            pieces = [
+                (f"{name}.{suffix}", offset + a * head_dim, offset + b * head_dim)
+                for (name, offset), (a, b) in zip(sources, (q, kv, kv), strict=True)
+            ]
+            return weights.get_concat(pieces, 0)
 
         return cls(
             read("weight"),
@@ -156,9 +162,10 @@ class QKVParallelLinear(ColumnParallelLinear):
 
 
 class RowParallelLinear(nn.Module):
-    """y = sum_r x_r @ W_r.T + b: W_r the rank's block of input columns, one all_reduce after.
+    """y = sum_r (x_r @ W_r.T) + b: W_r the rank's block of input columns, one all_reduce after.
 
-    The bias is added once, after the reduction, rather than on every rank before it.
+    Only rank 0 holds the bias and adds it before the reduction, so the sum counts it exactly
+    once and the add fuses into the matmul; the other ranks never read it.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dist: Distributed) -> None:
@@ -169,12 +176,12 @@ class RowParallelLinear(nn.Module):
 
     @classmethod
     def load(cls, weights: Weights, prefix: str, *, bias: bool) -> RowParallelLinear:
-        return cls(
-            weights.get_sharded(f"{prefix}.weight", 1),
-            weights.get_tensor(f"{prefix}.bias") if bias else None,
-            weights.dist,
-        )
+        bias_tensor = None
+        if bias and weights.dist.rank == 0:
+            bias_tensor = weights.get_tensor(f"{prefix}.bias")
+        elif bias:
+            weights.mark_consumed(f"{prefix}.bias")  # rank 0's copy stands for every rank
+        return cls(weights.get_sharded(f"{prefix}.weight", 1), bias_tensor, weights.dist)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.dist.all_reduce(F.linear(x, self.weight))
-        return y if self.bias is None else y + self.bias
+        return self.dist.all_reduce(F.linear(x, self.weight, self.bias))

@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import os
 import socket
+from collections import Counter
 
 import pytest
 import torch
 import torch.distributed as tdist
 import torch.multiprocessing as mp
+import torch.nn.functional as F
 from paged_helpers import run_paged
 from safetensors.torch import save_file
 
 from shard.distributed import Distributed, init_distributed
 from shard.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from shard.layers.linear import QKVParallelLinear, RowParallelLinear
+from shard.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from shard.layers.sampling import SamplingParams, SamplingTensors, sample
 from shard.models import load_model
 from shard.weights import Weights
 
@@ -51,6 +54,11 @@ def layer_inputs() -> dict[str, torch.Tensor]:
         "o.weight": torch.randn(8, 16, generator=gen),
         "o.bias": torch.randn(8, generator=gen),
         "embed.weight": torch.randn(13, 8, generator=gen),
+        "head.weight": torch.randn(13, 8, generator=gen),  # untied; 13 rows pad to 2 x 7
+        "gate.weight": torch.randn(12, 8, generator=gen),
+        "up.weight": torch.randn(12, 8, generator=gen),
+        "down.weight": torch.randn(8, 12, generator=gen),
+        "down.bias": torch.randn(8, generator=gen),
         "x": torch.randn(5, 8, generator=gen),
         "ids": torch.tensor([0, 6, 7, 12, 3]),
     }
@@ -87,14 +95,69 @@ def worker(rank: int, port: int, layer_dir: str, model_dirs: dict[str, str], out
     emb = VocabParallelEmbedding.load(w, "embed.weight", 13)
     results["embed"] = emb(inputs["ids"])
     results["lm_head"] = ParallelLMHead.tied(emb)(inputs["x"])
+    results["lm_head_untied"] = ParallelLMHead.load(w, "head.weight", 13)(inputs["x"])
+    gate_up = MergedColumnParallelLinear.load_merged(w, ["gate", "up"], bias=False, num_blocks=2)
+    down = RowParallelLinear.load(w, "down", bias=True)
+    gate, up = gate_up.split(gate_up(inputs["x"]))
+    results["mlp"] = down(F.silu(gate) * up)
+    results["row_bias_here"] = (o.bias is not None, down.bias is not None)
 
     for name, path in model_dirs.items():
         model = load_model(path, dtype=torch.float32, device=CPU, dist=dist)
+        with count_collectives() as counts:
+            run_paged(model, PROMPTS[:1], 0)  # one prefill: forward + logits
+        results[f"{name}/collectives"] = (dict(counts), model.num_layers)
         logits, tokens = run_paged(model, PROMPTS, STEPS, seed=3)
         results[name] = (logits, tokens)
+        results[f"{name}/sampled"] = sample_without_broadcast(logits[-1])
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     tdist.barrier()
     tdist.destroy_process_group()
+
+
+class count_collectives:
+    """Counts the torch.distributed calls made inside the block (the layers call them by name)."""
+
+    def __enter__(self) -> Counter:
+        self.counts: Counter = Counter()
+        self.saved = {n: getattr(tdist, n) for n in ("all_reduce", "all_gather", "broadcast")}
+        for name, real in self.saved.items():
+            setattr(tdist, name, self._counting(name, real))
+        return self.counts
+
+    def _counting(self, name, real):
+        def call(*args, **kwargs):
+            self.counts[name] += 1
+            return real(*args, **kwargs)
+
+        return call
+
+    def __exit__(self, *exc) -> None:
+        for name, real in self.saved.items():
+            setattr(tdist, name, real)
+
+
+# Greedy, sampled without a seed (0), seeded, and seeded with every warper and a penalty.
+SAMPLING = [
+    SamplingParams(),
+    SamplingParams(do_sample=True),
+    SamplingParams(do_sample=True, seed=1234),
+    SamplingParams(do_sample=True, seed=99, temperature=0.7, top_k=20, top_p=0.9),
+    SamplingParams(do_sample=True, seed=5, typical_p=0.8, repetition_penalty=1.3),
+]
+
+
+def sample_without_broadcast(logits: torch.Tensor) -> list[list[int]]:
+    """Each rank samples on its own (the runner's broadcast is left out): 16 steps of draws
+    for every parameter set over the same logits; only the step counter changes."""
+    rows = logits[:1].expand(len(SAMPLING), -1)
+    history = torch.arange(6).repeat(len(SAMPLING), 1)
+    tensors = SamplingTensors.from_params(SAMPLING, CPU)
+    steps = []
+    for step in range(16):
+        lens = torch.full((len(SAMPLING),), 6 + step)
+        steps.append(sample(rows, tensors, history, lens).next_ids.tolist())
+    return steps
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +200,33 @@ def test_partitioned_layers_match_unpartitioned(ranks):
         torch.testing.assert_close(res["o"], o)
         torch.testing.assert_close(res["embed"], t["embed.weight"][t["ids"]])
         torch.testing.assert_close(res["lm_head"], x @ t["embed.weight"].T)
+        torch.testing.assert_close(res["lm_head_untied"], x @ t["head.weight"].T)
+        gate, up = x @ t["gate.weight"].T, x @ t["up.weight"].T
+        mlp = (F.silu(gate) * up) @ t["down.weight"].T + t["down.bias"]
+        torch.testing.assert_close(res["mlp"], mlp)
+    # Row-parallel biases live on rank 0 only, so the all_reduce adds them exactly once.
+    assert [res["row_bias_here"] for res in ranks] == [(True, True), (False, False)]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_one_all_reduce_per_row_layer_and_one_gather_for_logits(ranks, name):
+    for res in ranks:
+        counts, layers = res[f"{name}/collectives"]
+        # o_proj and down_proj in every layer, plus the embedding's masked-lookup sum.
+        assert counts == {"all_reduce": 2 * layers + 1, "all_gather": 1}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_ranks_sample_the_same_tokens_on_their_own(ranks, name):
+    first, second = (res[f"{name}/sampled"] for res in ranks)
+    assert first == second  # every step, greedy and sampled, with and without a seed
+    for res in ranks:  # and the logits they sample from are bit-identical
+        for got, want in zip(res[name][0], ranks[0][name][0], strict=True):
+            assert torch.equal(got, want)
+    per_row = list(zip(*first, strict=True))
+    assert len(set(per_row[0])) == 1  # greedy: the same argmax at every step
+    assert len(set(per_row[2])) > 1  # sampled: the draws change with the step
+    assert per_row[1] != per_row[2]  # the seed matters
 
 
 @pytest.mark.parametrize("name", MODELS)

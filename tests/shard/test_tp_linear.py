@@ -103,6 +103,21 @@ def test_qkv_gives_each_rank_its_query_heads_and_their_kv_heads(ckpt, world, fus
         torch.testing.assert_close(v, full["v"][:, kv_heads])
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_qkv_names_the_tensor_its_dim_and_the_world_size_when_heads_do_not_split(ckpt, fused):
+    path, _ = ckpt
+    name = "qkv" if fused else "q"
+    with pytest.raises(WeightsError, match=rf"{name}\.weight along dim 0: 4 heads .* size 3"):
+        QKVParallelLinear.load_qkv(
+            weights_at(path, 0, 3),
+            ["qkv"] if fused else ["q", "k", "v"],
+            num_heads=HEADS,
+            num_kv_heads=KV_HEADS,
+            head_dim=D,
+            bias=False,
+        )
+
+
 def test_head_range_refuses_uneven_splits():
     assert head_range(2, 3, 4, replicate=True) == (1, 2)
     with pytest.raises(WeightsError, match="3 heads cannot be split across world size 2"):
@@ -118,8 +133,14 @@ def test_row_parallel_at_world_size_one_is_a_linear(ckpt):
     torch.testing.assert_close(layer(x), x @ t["down.weight"].T + t["down.bias"])
 
 
-def test_row_parallel_reads_its_input_columns_and_the_whole_bias(ckpt):
+@pytest.mark.parametrize("rank", [0, 1])
+def test_row_parallel_reads_its_input_columns_and_only_rank0_the_bias(ckpt, rank):
     path, t = ckpt
-    layer = RowParallelLinear.load(weights_at(path, 1, 2), "down", bias=True)
-    assert torch.equal(layer.weight, t["down.weight"][:, 12:])
-    assert torch.equal(layer.bias, t["down.bias"])
+    w = weights_at(path, rank, 2)
+    layer = RowParallelLinear.load(w, "down", bias=True)
+    assert torch.equal(layer.weight, t["down.weight"][:, 12 * rank : 12 * (rank + 1)])
+    if rank == 0:
+        assert torch.equal(layer.bias, t["down.bias"])
+    else:  # summed over ranks, a bias on every rank would count world_size times
+        assert layer.bias is None
+    assert {"down.weight", "down.bias"} <= w.consumed

@@ -1,0 +1,131 @@
+"""`--num-shard 2` on CPU (gloo) serves what one shard and transformers compute.
+
+Per model: one 2-shard server and one 1-shard server, started side by side (a start costs
+~10-20 s on 2 cores, so every check for a model runs against the same two servers). The models
+cover the partitioned paths: KV heads split across ranks (llama), a single KV head replicated
+on both ranks (mistral), and an odd vocabulary padded to an even split, with qkv biases and
+tied embeddings (qwen2).
+
+Rank agreement is visible from outside: the router compares every shard's tokens at every step
+and fails the batch with a 424 on any difference, so each 200 from the 2-shard server is a step
+sequence on which both ranks agreed.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import requests
+from reference import greedy
+from server_process import LauncherProcess
+
+from launcher.tiny_models import build_model
+
+pytestmark = pytest.mark.slow
+LOGPROB_TOLERANCE = 1e-3
+
+MODELS = {
+    "llama_split_kv": dict(architecture="LlamaForCausalLM", num_key_value_heads=2),
+    "mistral_one_kv_head": dict(architecture="MistralForCausalLM", num_key_value_heads=1),
+    "qwen2_odd_vocab": dict(
+        architecture="Qwen2ForCausalLM",
+        num_key_value_heads=2,
+        vocab_size=509,
+        tie_word_embeddings=True,
+    ),
+}
+# Different lengths, so the batch shrinks (FilterBatch on both shards) as requests finish.
+GREEDY = [("Hello", 12), ("The quick brown fox jumps over the lazy dog.", 20), ("日本語 🚀", 16)]
+SEEDED = [
+    ("Tensor parallelism", dict(seed=42)),
+    ("Tensor parallelism", dict(seed=7, top_k=20, top_p=0.9, temperature=0.8)),
+    ("Paged attention", dict(seed=3, typical_p=0.7, repetition_penalty=1.2)),
+]
+SAMPLED_TOKENS = 16
+
+
+@dataclass
+class Served:
+    greedy: list[dict]  # details of each GREEDY request
+    seeded: list[list[int]]  # token ids of each SEEDED request, first round
+    seeded_again: list[list[int]]  # the same requests, sent again
+    log: str
+
+
+def generate(url: str, prompt: str, max_new_tokens: int, **params) -> dict:
+    body = {
+        "inputs": prompt,
+        "parameters": {"max_new_tokens": max_new_tokens, "details": True, **params},
+    }
+    response = requests.post(f"{url}/generate", json=body, timeout=120)
+    assert response.status_code == 200, response.text  # a 424 here: shards diverged
+    return response.json()["details"]
+
+
+def concurrently(url: str, jobs: list[tuple[str, int, dict]]) -> list[dict]:
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        return list(pool.map(lambda job: generate(url, job[0], job[1], **job[2]), jobs))
+
+
+def ids(details: dict) -> list[int]:
+    return [t["id"] for t in details["tokens"]]
+
+
+def serve(model_dir: Path, num_shard: int) -> Served:
+    args = ("--num-shard", str(num_shard), "--dtype", "float32")
+    with LauncherProcess(model_dir, *args, "--max-batch-total-tokens", "2048") as server:
+        greedy_jobs = [(p, n, {"decoder_input_details": True}) for p, n in GREEDY]
+        sampled = {"do_sample": True}
+        seeded_jobs = [(p, SAMPLED_TOKENS, {**sampled, **params}) for p, params in SEEDED]
+        # Unseeded sampling too: the router draws a seed and sends it to every shard alike.
+        unseeded = [("Hello", SAMPLED_TOKENS, sampled)] * 2
+        results = concurrently(server.url, greedy_jobs + seeded_jobs + unseeded)
+        again = concurrently(server.url, seeded_jobs)
+        return Served(
+            greedy=results[: len(GREEDY)],
+            seeded=[ids(d) for d in results[len(GREEDY) : len(GREEDY) + len(SEEDED)]],
+            seeded_again=[ids(d) for d in again],
+            log=server.log_path.read_text(errors="replace"),
+        )
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tp-models")
+    return {name: build_model(root / name, **kw) for name, kw in MODELS.items()}
+
+
+def assert_logprobs_close(got: list[dict], want: list[float], what: str) -> None:
+    for step, (token, expected) in enumerate(zip(got, want, strict=True)):
+        assert token["logprob"] == pytest.approx(expected, abs=LOGPROB_TOLERANCE), f"{what} {step}"
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_two_shards_equal_one_shard_and_transformers(model_dirs, name):
+    model_dir = model_dirs[name]
+    # Both servers and the reference at once: starting a server is mostly waiting on imports.
+    with ThreadPoolExecutor(2) as pool:
+        two_shards, one_shard = pool.submit(serve, model_dir, 2), pool.submit(serve, model_dir, 1)
+        refs = [greedy(model_dir, prompt, max_new) for prompt, max_new in GREEDY]
+        two, one = two_shards.result(), one_shard.result()
+    assert "all 2 shard(s) ready" in two.log
+
+    for (prompt, _), ref, got, single in zip(GREEDY, refs, two.greedy, one.greedy, strict=True):
+        assert ids(got) == ref.token_ids, f"{prompt!r}: 2 shards differ from transformers"
+        assert ids(single) == ids(got), f"{prompt!r}: 2 shards differ from 1 shard"
+        assert_logprobs_close(got["tokens"], ref.logprobs, f"{prompt!r} vs transformers, step")
+        assert_logprobs_close(
+            got["tokens"], [t["logprob"] for t in single["tokens"]], f"{prompt!r} vs 1 shard"
+        )
+        prefill = got["prefill"]
+        assert [t["id"] for t in prefill] == ref.prompt_ids
+        assert_logprobs_close(prefill[1:], ref.prompt_logprobs, f"{prompt!r} prompt token")
+
+    # Seeded sampling repeats itself run after run, on one shard and on two.
+    assert two.seeded == two.seeded_again
+    assert one.seeded == one.seeded_again
+    assert all(len(t) == SAMPLED_TOKENS for t in two.seeded)
+    assert two.seeded[0] != two.seeded[1]  # same prompt, other seed: really sampled

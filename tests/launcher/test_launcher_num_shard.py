@@ -1,0 +1,85 @@
+"""`--num-shard`: its default, and the errors raised before any shard is spawned."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import launcher.main as launcher_main
+from launcher.args import parse_args
+from launcher.checks import ShardCountError, check_num_shard
+from launcher.devices import default_num_shard
+from launcher.env import LauncherEnv
+
+
+def model(tmp_path: Path, **config) -> Path:
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["X"], **config}))
+    return tmp_path
+
+
+def gpus(n: int):
+    return lambda _visible: n
+
+
+@pytest.mark.parametrize(
+    ("visible", "torch_count", "expected"),
+    [
+        (None, 0, 1),  # a CPU machine
+        ("0,1", 0, 1),  # ids listed, but no driver: still the CPU
+        (None, 4, 4),
+        ("0,1", 2, 2),  # torch.cuda honours CUDA_VISIBLE_DEVICES
+        ("-1", 4, 1),  # "-1" hides every GPU without asking torch
+        ("", 4, 1),
+    ],
+)
+def test_default_is_the_visible_gpus_or_one(monkeypatch, visible, torch_count, expected):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: torch_count)
+    assert default_num_shard(visible) == expected
+    env = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
+    assert parse_args([], LauncherEnv.from_environ(env)).num_shard == expected
+
+
+def test_more_shards_than_gpus_is_refused(tmp_path):
+    with pytest.raises(ShardCountError, match=r"--num-shard 4 .* only 2 GPU\(s\)") as err:
+        check_num_shard(4, model(tmp_path, num_attention_heads=8), "0,1", gpus(2))
+    assert "--num-shard 2 or fewer" in str(err.value)
+    check_num_shard(2, model(tmp_path, num_attention_heads=8), "0,1", gpus(2))
+
+
+def test_cpu_takes_any_count_that_divides_the_heads(tmp_path):
+    check_num_shard(8, model(tmp_path, num_attention_heads=8), None, gpus(0))
+
+
+def test_heads_must_divide(tmp_path):
+    path = model(tmp_path, num_attention_heads=12, num_key_value_heads=4)
+    with pytest.raises(
+        ShardCountError, match=r"--num-shard 5 does not divide .* 12 attention heads"
+    ):
+        check_num_shard(5, path, None, gpus(0))
+    with pytest.raises(ShardCountError, match="1, 2, 3, 4, 6, 12"):
+        check_num_shard(8, path, None, gpus(0))
+
+
+def test_kv_heads_split_or_replicate(tmp_path):
+    check_num_shard(4, model(tmp_path, num_attention_heads=8, num_key_value_heads=1), None, gpus(0))
+    check_num_shard(4, model(tmp_path, num_attention_heads=8, num_key_value_heads=2), None, gpus(0))
+    path = model(tmp_path, num_attention_heads=12, num_key_value_heads=3)
+    with pytest.raises(ShardCountError, match=r"--num-shard 2 .* 3 key/value heads"):
+        check_num_shard(2, path, None, gpus(0))
+
+
+def test_a_config_without_head_counts_is_left_to_the_shard(tmp_path):
+    check_num_shard(3, model(tmp_path), None, gpus(0))
+    check_num_shard(3, tmp_path / "missing", None, gpus(0))
+
+
+def test_launcher_exits_1_before_spawning(tmp_path, monkeypatch, capsys):
+    def no_spawn(*_args, **_kwargs):
+        raise AssertionError("a shard was spawned")
+
+    monkeypatch.setattr(launcher_main, "Supervisor", no_spawn)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    path = model(tmp_path, num_attention_heads=4)
+    assert launcher_main.main(["--model-id", str(path), "--num-shard", "3"]) == 1
+    assert "--num-shard 3 does not divide the model's 4 attention heads" in capsys.readouterr().err
