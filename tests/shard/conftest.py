@@ -9,37 +9,7 @@ import pytest
 
 from launcher.tiny_models import build_model
 
-LLAMA3_ROPE = {
-    "rope_type": "llama3",
-    "rope_theta": 10000.0,
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    # Small enough that the tiny head_dim has frequencies in all three llama3 bands.
-    "original_max_position_embeddings": 64,
-}
-
-# name -> (architecture, config overrides)
-TINY_MODELS: dict[str, tuple[str, dict]] = {
-    "llama_gqa_llama3": (
-        "LlamaForCausalLM",
-        {"num_key_value_heads": 2, "rope_parameters": LLAMA3_ROPE},
-    ),
-    "llama_tied_linear_bias": (
-        "LlamaForCausalLM",
-        {
-            "num_key_value_heads": 4,
-            "tie_word_embeddings": True,
-            "head_dim": 32,  # != hidden_size / heads, so head_dim must come from the config
-            "attention_bias": True,
-            "mlp_bias": True,
-            "rope_scaling": {"rope_type": "linear", "factor": 2.0},
-        },
-    ),
-    "mistral_mqa": ("MistralForCausalLM", {"num_key_value_heads": 1}),
-    "qwen2_bias": ("Qwen2ForCausalLM", {"num_key_value_heads": 2}),
-    "llama_odd_vocab": ("LlamaForCausalLM", {"vocab_size": 509, "num_key_value_heads": 2}),
-}
+from tests.shard.tiny_model_cases import TINY_MODELS
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TINY_MODELS
+from tests.shard.tiny_model_cases import TINY_MODELS
 from paged_helpers import PagedLayout, run_paged
 from transformers import AutoModelForCausalLM
 
