@@ -42,3 +42,19 @@ proto: $(STAMP)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache
+
+# Benchmarks (docs/benchmarks.md): Switchyard vs `transformers serve --continuous-batching` on the
+# same CPU, then the shard alone over gRPC. Results, plot and logs go to bench/results/.
+# Pass flags through, e.g. `make bench BENCH_ARGS="--concurrency 1 8" SHARD_BENCH_ARGS="--batch-sizes 16"`.
+BENCH_STAMP := $(VENV)/.switchyard-bench-installed
+BENCH_ARGS ?=
+SHARD_BENCH_ARGS ?=
+
+$(BENCH_STAMP): $(STAMP)
+	$(VENV_PY) -m pip install -e ".[dev,bench]"
+	touch $@
+
+.PHONY: bench
+bench: $(BENCH_STAMP)
+	$(VENV_PY) -m bench.serve $(BENCH_ARGS)
+	$(VENV_PY) -m bench.shard $(SHARD_BENCH_ARGS)

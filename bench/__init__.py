@@ -1,0 +1,1 @@
+"""Benchmarks (not tests): serving against OpenAI/TGI-style servers, and the shards over gRPC."""

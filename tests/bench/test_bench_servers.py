@@ -1,0 +1,45 @@
+"""Command lines the serving benchmark starts its servers with (nothing is started here)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import shard.kv_cache
+from bench.servers import switchyard, transformers_kv_blocks, transformers_serve
+
+SMOLLM = {
+    "hidden_size": 576,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+}
+
+
+@pytest.fixture
+def model_dir(tmp_path, monkeypatch):
+    (tmp_path / "config.json").write_text(json.dumps(SMOLLM))
+    monkeypatch.setattr(shard.kv_cache, "available_host_memory", lambda: 64 << 30)
+    return tmp_path
+
+
+def test_transformers_gets_the_kv_memory_of_a_switchyard_cpu_shard(model_dir):
+    bytes_per_token = 2 * 30 * 3 * 64 * 2  # K and V, 30 layers, 3 KV heads of 64, bf16
+    assert transformers_kv_blocks(model_dir) == (1 << 30) // (256 * bytes_per_token)  # 1 GiB cap
+    argv = transformers_serve(model_dir, []).argv
+    assert argv[argv.index("--cb-num-blocks") + 1] == str(transformers_kv_blocks(model_dir))
+    assert {"--continuous-batching", "bfloat16", "cpu", str(model_dir)} <= set(argv)
+
+
+def test_user_kv_flags_replace_the_default(model_dir):
+    argv = transformers_serve(model_dir, ["--cb-max-memory-percent", "0.6"]).argv
+    assert "--cb-num-blocks" not in argv and "--cb-max-memory-percent" in argv
+
+
+def test_switchyard_uses_private_sockets_and_ignores_eos(model_dir):
+    a, b = switchyard(model_dir, ["--max-batch-prefill-tokens", "4096"]), switchyard(model_dir, [])
+    path = a.argv[a.argv.index("--shard-uds-path") + 1]
+    assert path != b.argv[b.argv.index("--shard-uds-path") + 1]
+    assert a.argv[-2:] == ["--max-batch-prefill-tokens", "4096"]
+    assert a.extra_body["ignore_eos"] is True and a.extra_body["temperature"] == 0.0
