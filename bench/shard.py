@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import statistics
 import subprocess
 import sys
@@ -58,7 +59,7 @@ class ShardProcess:
     """`python -m shard serve` as a rank-0-of-1 child in its own process group."""
 
     def __init__(self, model_dir: Path, dtype: str, log_path: Path) -> None:
-        self.uds = str(Path(tempfile.mkdtemp(prefix="sy-bench-shard-")) / "shard")
+        self.uds = str(Path(tempfile.gettempdir()) / f"sy-bench-{secrets.token_hex(4)}-shard")
         env = {
             **os.environ,
             "RANK": "0",
