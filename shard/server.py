@@ -1,13 +1,17 @@
 """The shard's gRPC servicer: keeps cached batches by id and runs steps on the model runner.
 
-Model steps block (and, with several shards, wait on collectives), so they run in a worker
-thread one at a time while the event loop keeps answering Health and Info.
+Model steps block (and, with several shards, wait on collectives), so they run off the event
+loop, which keeps answering Health and Info. They all run on one dedicated thread, the same one
+that loaded the model: torch keeps an OpenMP worker pool per calling thread, and a second pool
+on a small CPU makes every step markedly slower (bench/omp_threads.py shows it). One thread also
+runs the steps strictly one at a time.
 """
 
 import asyncio
 import gc
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import grpc
@@ -35,17 +39,20 @@ def shard_url(uds_path: str, rank: int) -> str:
 
 class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
     def __init__(
-        self, runner: ModelRunner, identity: ShardIdentity, kv_settings: KvCacheSettings
+        self,
+        runner: ModelRunner,
+        identity: ShardIdentity,
+        kv_settings: KvCacheSettings,
+        torch_thread: ThreadPoolExecutor | None = None,
     ) -> None:
         self.runner = runner
         self.identity = identity
         self.kv_settings = kv_settings
         self.cache: dict[int, Batch] = {}
-        self.step_lock = asyncio.Lock()
+        self.torch_thread = torch_thread or ThreadPoolExecutor(1, thread_name_prefix="torch")
 
     async def _run(self, fn, *args):
-        async with self.step_lock:
-            return await asyncio.to_thread(fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self.torch_thread, fn, *args)
 
     async def _abort_on_error(self, context, fn, *args):
         """Runs a step; a failure becomes a gRPC error carrying the message, never a crash."""

@@ -2,6 +2,8 @@
 
 import json
 import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -32,9 +34,23 @@ def checkpoint_dtype(model_dir: Path) -> torch.dtype:
     return DTYPES[name]
 
 
-def build_service(settings: ShardSettings) -> TextGenerationService:
+def build_service(
+    settings: ShardSettings, torch_thread: ThreadPoolExecutor | None = None
+) -> TextGenerationService:
+    """Loads the model on `torch_thread` (a new one when None), the thread every step runs on."""
+    torch_thread = torch_thread or ThreadPoolExecutor(1, thread_name_prefix="torch")
+    return torch_thread.submit(_build_service, settings, torch_thread).result()
+
+
+def _build_service(
+    settings: ShardSettings, torch_thread: ThreadPoolExecutor
+) -> TextGenerationService:
     env = RankEnv.from_environ()
     device = pick_device(env)
+    if device.type == "cpu" and env.world_size > 1:
+        # CPU shards share the machine's cores; one OpenMP pool each the size of the machine
+        # would oversubscribe it N times.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.world_size))
     dist = init_distributed(device)
     model_dir = Path(settings.model_id)
     dtype = checkpoint_dtype(model_dir) if settings.dtype == "auto" else DTYPES[settings.dtype]
@@ -57,4 +73,4 @@ def build_service(settings: ShardSettings) -> TextGenerationService:
         cuda_memory_fraction=settings.cuda_memory_fraction,
         cpu_kv_cache_gb=settings.cpu_kv_cache_gb,
     )
-    return TextGenerationService(runner, identity, kv_settings)
+    return TextGenerationService(runner, identity, kv_settings, torch_thread)

@@ -64,6 +64,26 @@ def _slots(block_tables: torch.Tensor, positions: torch.Tensor, block_size: int)
     return blocks * block_size + positions % block_size
 
 
+def _decode_gather_index(
+    meta: AttentionMetadata, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cache slot of every context position of every sequence, [B, max_ctx], and which are real.
+
+    The same for every layer of a step, so it is computed once and kept on the metadata object
+    (which lives for one step) instead of once per layer.
+    """
+    cached = getattr(meta, "_torch_decode_index", None)
+    if cached is not None:
+        return cached
+    max_ctx = int(meta.context_lens.max())
+    positions = torch.arange(max_ctx, device=meta.context_lens.device)
+    valid = positions[None, :] < meta.context_lens[:, None].long()
+    # Padded positions read slot 0, whatever it holds; their scores are masked out.
+    slots = _slots(meta.block_tables, positions, block_size).masked_fill(~valid, 0)
+    meta._torch_decode_index = (slots, valid)
+    return slots, valid
+
+
 class TorchAttentionBackend:
     """Reference backend in plain torch: correct everywhere, fast nowhere in particular."""
 
@@ -122,25 +142,25 @@ class TorchAttentionBackend:
         self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float
     ) -> torch.Tensor:
         """One query per sequence against its whole context, all sequences in one batched pass:
-        every row gathers max_ctx slots and masks the ones past its own context length."""
+        every row gathers max_ctx slots and masks the ones past its own context length.
+
+        Plain matmuls rather than SDPA: with one query row, SDPA's per-call overhead on CPU
+        costs more than the arithmetic. Query heads are grouped by the KV head they share, so
+        K/V are never repeated; scores and softmax are in fp32.
+        """
         keys, values = _slot_rows(kv_cache)
-        block_size = kv_cache.shape[2]
-        max_ctx = int(meta.context_lens.max())
-        positions = torch.arange(max_ctx, device=q.device)
-        valid = positions[None, :] < meta.context_lens[:, None].long()  # [B, max_ctx]
-        # Padded positions read whatever block 0 holds; zeroing them keeps stale NaN/inf out.
-        slots = _slots(meta.block_tables, positions, block_size).masked_fill(~valid, 0)
-        k = keys[slots].to(q.dtype).masked_fill(~valid[..., None, None], 0)  # [B, max_ctx, Hkv, D]
-        v = values[slots].to(q.dtype).masked_fill(~valid[..., None, None], 0)
-        o = F.scaled_dot_product_attention(
-            q.unsqueeze(2),  # [B, H, 1, D]
-            k.transpose(1, 2),
-            v.transpose(1, 2),
-            attn_mask=valid[:, None, None, :],
-            scale=scale,
-            enable_gqa=True,
-        )
-        return o.squeeze(2)
+        slots, valid = _decode_gather_index(meta, kv_cache.shape[2])
+        batch, num_heads, head_dim = q.shape
+        num_kv_heads = keys.shape[1]
+        grouped = q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim).float()
+        k = keys[slots].float().permute(0, 2, 3, 1)  # [B, Hkv, D, max_ctx]
+        # Masked scores drop padded keys even when they hold NaN; padded values must be zeroed,
+        # as a zero weight times NaN is still NaN.
+        v = values[slots].float().masked_fill_(~valid[..., None, None], 0).transpose(1, 2)
+        scores = torch.matmul(grouped, k).mul_(scale)  # [B, Hkv, G, max_ctx]
+        scores.masked_fill_(~valid[:, None, None, :], float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        return torch.matmul(probs, v).reshape(batch, num_heads, head_dim).to(q.dtype)
 
 
 _BACKENDS = {"torch": TorchAttentionBackend}

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shard.distributed import Distributed
+from shard.layers.matmul import linear
 from shard.weights import Weights, WeightsError
 
 
@@ -74,5 +75,5 @@ class ParallelLMHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> float32 [N, vocab_size], the full vocabulary on every rank."""
-        logits = self.dist.all_gather(F.linear(hidden, self.weight), dim=-1)
+        logits = self.dist.all_gather(linear(hidden, self.weight), dim=-1)
         return logits[:, : self.vocab_size].float()

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from shard.distributed import Distributed
+from shard.layers.matmul import linear
 from shard.weights import Weights, WeightsError
 
 
@@ -37,7 +37,7 @@ class ColumnParallelLinear(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -184,4 +184,4 @@ class RowParallelLinear(nn.Module):
         return cls(weights.get_sharded(f"{prefix}.weight", 1), bias_tensor, weights.dist)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dist.all_reduce(F.linear(x, self.weight, self.bias))
+        return self.dist.all_reduce(linear(x, self.weight, self.bias))

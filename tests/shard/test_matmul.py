@@ -1,0 +1,44 @@
+"""The CPU matmul dispatch computes what a half-precision GEMM computes, widened or not."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from shard.layers import matmul
+
+
+@pytest.fixture
+def no_native_half(monkeypatch):
+    monkeypatch.setattr(matmul, "_cpu_flags", lambda: frozenset({"avx2", "fma"}))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows", [1, 3, 4, 17])
+@pytest.mark.parametrize("out_features", [7, 1024, 2500])
+def test_widened_linear_matches_fp32_math_rounded_to_dtype(no_native_half, dtype, rows, out_features):
+    torch.manual_seed(rows * out_features)
+    x = torch.randn(rows, 96).to(dtype)
+    w = (torch.randn(out_features, 96) * 0.1).to(dtype)
+    b = torch.randn(out_features).to(dtype)
+    got = matmul.linear(x, w, b)
+    # Exact products of the half-precision values, accumulated in fp32, rounded once.
+    expected = F.linear(x.float(), w.float(), b.float()).to(dtype)
+    assert got.dtype == dtype and got.shape == (rows, out_features)
+    if rows >= matmul.WIDEN_MIN_ROWS:
+        torch.testing.assert_close(got, expected, atol=0, rtol=0)
+    else:
+        torch.testing.assert_close(got, F.linear(x, w, b), atol=0, rtol=0)
+
+
+def test_leading_dims_are_kept(no_native_half):
+    x = torch.randn(2, 5, 32).bfloat16()
+    w = torch.randn(48, 32).bfloat16()
+    assert matmul.linear(x, w).shape == (2, 5, 48)
+    torch.testing.assert_close(matmul.linear(x, w), F.linear(x.float(), w.float()).bfloat16(), atol=0, rtol=0)
+
+
+def test_native_half_and_fp32_go_straight_to_torch(monkeypatch):
+    monkeypatch.setattr(matmul, "_cpu_flags", lambda: frozenset({"avx512_bf16", "amx_bf16"}))
+    assert not matmul._widen_on_cpu(torch.bfloat16)
+    assert matmul._widen_on_cpu(torch.float16)
+    assert not matmul._widen_on_cpu(torch.float32)
