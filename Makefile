@@ -26,6 +26,10 @@ $(STAMP): pyproject.toml
 			$(if $(TORCH_CPU_INDEX),--extra-index-url $(TORCH_CPU_INDEX)); \
 	fi
 	$(VENV_PY) -m pip install -e ".[dev]"
+	# TGI's own client, for the compatibility tests: without its dependencies, because it pins
+	# huggingface-hub<1.0, which transformers 5 cannot import with (it only needs aiohttp and
+	# pydantic, which are installed).
+	$(VENV_PY) -m pip install --no-deps "text-generation>=0.7"
 	touch $@
 
 serve: $(STAMP)
