@@ -39,7 +39,7 @@ def greedy(model_dir: Path, prompt: str, max_new_tokens: int) -> ReferenceGenera
     tokens = out.sequences[0, ids.shape[1] :].tolist()
     logprobs = [
         torch.log_softmax(step_logits[0].float(), -1)[tok].item()
-        for step_logits, tok in zip(out.logits, tokens)
+        for step_logits, tok in zip(out.logits, tokens, strict=True)
     ]
     prompt_lp = torch.log_softmax(prompt_logits.float(), -1)[:-1].gather(1, ids[0, 1:, None])
     return ReferenceGeneration(ids[0].tolist(), tokens, logprobs, prompt_lp[:, 0].tolist())

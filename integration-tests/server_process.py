@@ -39,10 +39,14 @@ class LauncherProcess:
         self.log_path = Path(self._tmp.name) / "launcher.log"
         args = [
             *launcher_command(),
-            "--port", str(self.port),
-            "--hostname", "127.0.0.1",
-            "--shard-uds-path", str(Path(self._tmp.name) / "shard"),
-            "--master-port", str(free_port()),
+            "--port",
+            str(self.port),
+            "--hostname",
+            "127.0.0.1",
+            "--shard-uds-path",
+            str(Path(self._tmp.name) / "shard"),
+            "--master-port",
+            str(free_port()),
             *extra_args,
         ]
         if model_dir is not None:
@@ -63,7 +67,9 @@ class LauncherProcess:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"launcher exited with {self.proc.returncode}:\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"launcher exited with {self.proc.returncode}:\n{self.log_tail()}"
+                )
             try:
                 if requests.get(f"{self.url}/health", timeout=2).status_code == 200:
                     return

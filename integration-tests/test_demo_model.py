@@ -12,7 +12,10 @@ def test_launcher_without_model_id_serves_the_demo_model(tmp_path, monkeypatch):
     with LauncherProcess(None, "--max-batch-total-tokens", "4096") as server:
         r = requests.post(
             f"{server.url}/generate",
-            json={"inputs": "The quick brown fox", "parameters": {"max_new_tokens": 8, "details": True}},
+            json={
+                "inputs": "The quick brown fox",
+                "parameters": {"max_new_tokens": 8, "details": True},
+            },
             timeout=60,
         )
         assert r.status_code == 200, r.text

@@ -9,8 +9,17 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dirs):
-    with LauncherProcess(tiny_model_dirs["llama"], "--dtype", "float32", "--max-input-tokens", "64",
-                         "--max-total-tokens", "128", "--max-batch-total-tokens", "2048") as s:
+    with LauncherProcess(
+        tiny_model_dirs["llama"],
+        "--dtype",
+        "float32",
+        "--max-input-tokens",
+        "64",
+        "--max-total-tokens",
+        "128",
+        "--max-batch-total-tokens",
+        "2048",
+    ) as s:
         yield s
 
 
@@ -39,8 +48,12 @@ def test_too_long_input_names_the_limit(server):
 
 
 def test_server_still_answers_after_errors(server):
-    requests.post(f"{server.url}/generate", data=b"{not json", headers={"content-type": "application/json"})
-    r = requests.post(f"{server.url}/generate", json={"inputs": "Hello", "parameters": {"max_new_tokens": 3}})
+    requests.post(
+        f"{server.url}/generate", data=b"{not json", headers={"content-type": "application/json"}
+    )
+    r = requests.post(
+        f"{server.url}/generate", json={"inputs": "Hello", "parameters": {"max_new_tokens": 3}}
+    )
     assert r.status_code == 200
     assert r.json()["generated_text"] is not None
     info = requests.get(f"{server.url}/info").json()

@@ -16,7 +16,9 @@ LOGPROB_TOLERANCE = 1e-3
 @pytest.fixture(scope="module", params=sorted(TINY_MODELS))
 def served(request, tiny_model_dirs):
     model_dir = tiny_model_dirs[request.param]
-    with LauncherProcess(model_dir, "--dtype", "float32", "--max-batch-total-tokens", "4096") as server:
+    with LauncherProcess(
+        model_dir, "--dtype", "float32", "--max-batch-total-tokens", "4096"
+    ) as server:
         yield server, model_dir
 
 
@@ -33,8 +35,10 @@ def generate(server, prompt: str, max_new_tokens: int, **params) -> dict:
 def assert_matches_reference(details: dict, ref, what: str) -> None:
     ids = [t["id"] for t in details["tokens"]]
     assert ids == ref.token_ids, f"{what}: token ids differ from transformers"
-    for step, (token, expected) in enumerate(zip(details["tokens"], ref.logprobs)):
-        assert token["logprob"] == pytest.approx(expected, abs=LOGPROB_TOLERANCE), f"{what} step {step}"
+    for step, (token, expected) in enumerate(zip(details["tokens"], ref.logprobs, strict=True)):
+        assert token["logprob"] == pytest.approx(expected, abs=LOGPROB_TOLERANCE), (
+            f"{what} step {step}"
+        )
 
 
 def test_greedy_ids_and_logprobs_equal_transformers(served):
@@ -45,7 +49,7 @@ def test_greedy_ids_and_logprobs_equal_transformers(served):
         assert_matches_reference(out["details"], ref, prompt)
         prefill = out["details"]["prefill"]
         assert [t["id"] for t in prefill] == ref.prompt_ids
-        for token, expected in zip(prefill[1:], ref.prompt_logprobs):
+        for token, expected in zip(prefill[1:], ref.prompt_logprobs, strict=True):
             assert token["logprob"] == pytest.approx(expected, abs=LOGPROB_TOLERANCE)
 
 
@@ -54,7 +58,7 @@ def test_sixteen_concurrent_requests_equal_sequential_reference(served):
     jobs = [(PROMPTS[i % len(PROMPTS)] + " " * (i // len(PROMPTS)), 8 + 3 * i) for i in range(16)]
     with ThreadPoolExecutor(16) as pool:
         results = list(pool.map(lambda job: generate(server, *job), jobs))
-    for (prompt, max_new), out in zip(jobs, results):
+    for (prompt, max_new), out in zip(jobs, results, strict=True):
         assert_matches_reference(out["details"], greedy(model_dir, prompt, max_new), repr(prompt))
 
 
@@ -96,4 +100,6 @@ def test_seeded_sampling_is_reproducible_and_reports_its_seed(served):
     # Without a seed the server picks one and reports it; replaying it reproduces the result.
     unseeded = generate(server, PROMPTS[1], 16, **params)
     replay = generate(server, PROMPTS[1], 16, seed=unseeded["details"]["seed"], **params)
-    assert [t["id"] for t in unseeded["details"]["tokens"]] == [t["id"] for t in replay["details"]["tokens"]]
+    assert [t["id"] for t in unseeded["details"]["tokens"]] == [
+        t["id"] for t in replay["details"]["tokens"]
+    ]

@@ -51,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         level=os.environ.get("LOG_LEVEL", "INFO"),
         format=f"%(asctime)s %(levelname)s shard{rank} %(name)s: %(message)s",
     )
-    from shard.startup import build_service
     from shard.server import serve
+    from shard.startup import build_service
 
     service = build_service(settings)
     socket_path = Path(f"{settings.uds_path}-{rank}")

@@ -63,9 +63,11 @@ def plan_num_blocks(
         wanted = math.ceil(requested_tokens / settings.block_size)
         limit = fits if device.type == "cuda" else available_host_memory() // bytes_per_block
         if wanted > limit:
+            needed_gib = wanted * bytes_per_block / GIB
+            available_gib = limit * bytes_per_block / GIB
             raise KvCacheTooLargeError(
-                f"--max-batch-total-tokens {requested_tokens} needs {wanted * bytes_per_block / GIB:.2f} GiB "
-                f"of KV cache per shard but only {limit * bytes_per_block / GIB:.2f} GiB are available"
+                f"--max-batch-total-tokens {requested_tokens} needs {needed_gib:.2f} GiB of KV "
+                f"cache per shard but only {available_gib:.2f} GiB are available"
             )
         return wanted
     if fits < 1:

@@ -116,7 +116,11 @@ class ModelRunner:
 
     @torch.inference_mode()
     def decode(self, batch: Batch) -> tuple[list[generate_pb2.Generation], StepTimings]:
-        overflow = [r.id for r, n in zip(batch.requests, batch.history_lens.tolist()) if n > r.capacity]
+        overflow = [
+            r.id
+            for r, n in zip(batch.requests, batch.history_lens.tolist(), strict=True)
+            if n > r.capacity
+        ]
         if overflow:
             raise ValueError(f"requests {overflow} have used all the KV slots the router gave them")
         start = time.perf_counter_ns()
@@ -168,7 +172,9 @@ class ModelRunner:
             )
             if request.top_n_tokens and top_ids is not None:
                 n = request.top_n_tokens
-                gen.top_tokens.append(generate_pb2.Tokens(ids=top_ids[i][:n], logprobs=top_lps[i][:n]))
+                gen.top_tokens.append(
+                    generate_pb2.Tokens(ids=top_ids[i][:n], logprobs=top_lps[i][:n])
+                )
             generations.append(gen)
         return generations
 
@@ -181,7 +187,7 @@ class ModelRunner:
     ) -> None:
         input_ids = inputs.input_ids.tolist()
         start = 0
-        for request, gen in zip(batch.requests, generations):
+        for request, gen in zip(batch.requests, generations, strict=True):
             end = start + request.input_len
             if request.prefill_logprobs:
                 # The first prompt token has no prediction; position j predicts token j + 1.

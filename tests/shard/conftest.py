@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from launcher.tiny_models import build_model
-
 from tests.shard.tiny_model_cases import TINY_MODELS
 
 

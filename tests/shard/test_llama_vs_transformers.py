@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.shard.tiny_model_cases import TINY_MODELS
 from paged_helpers import PagedLayout, run_paged
 from transformers import AutoModelForCausalLM
 
 from shard.distributed import Distributed
 from shard.models import load_model
+from tests.shard.tiny_model_cases import TINY_MODELS
 
 CPU = torch.device("cpu")
 STEPS = 5

@@ -15,7 +15,9 @@ def no_native_half(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rows", [1, 3, 4, 17])
 @pytest.mark.parametrize("out_features", [7, 1024, 2500])
-def test_widened_linear_matches_fp32_math_rounded_to_dtype(no_native_half, dtype, rows, out_features):
+def test_widened_linear_matches_fp32_math_rounded_to_dtype(
+    no_native_half, dtype, rows, out_features
+):
     torch.manual_seed(rows * out_features)
     x = torch.randn(rows, 96).to(dtype)
     w = (torch.randn(out_features, 96) * 0.1).to(dtype)
@@ -34,7 +36,9 @@ def test_leading_dims_are_kept(no_native_half):
     x = torch.randn(2, 5, 32).bfloat16()
     w = torch.randn(48, 32).bfloat16()
     assert matmul.linear(x, w).shape == (2, 5, 48)
-    torch.testing.assert_close(matmul.linear(x, w), F.linear(x.float(), w.float()).bfloat16(), atol=0, rtol=0)
+    torch.testing.assert_close(
+        matmul.linear(x, w), F.linear(x.float(), w.float()).bfloat16(), atol=0, rtol=0
+    )
 
 
 def test_native_half_and_fp32_go_straight_to_torch(monkeypatch):

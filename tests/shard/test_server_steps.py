@@ -31,7 +31,9 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def service(model_dir):
-    return build_service(ShardSettings(model_id=str(model_dir), uds_path="/unused", dtype="float32"))
+    return build_service(
+        ShardSettings(model_id=str(model_dir), uds_path="/unused", dtype="float32")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +45,14 @@ def reference(model_dir):
 
 def greedy_reference(model, prompt: list[int], n: int) -> list[int]:
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
-                             eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+        out = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 class BlockPool:
@@ -60,9 +67,13 @@ class BlockPool:
         blocks = [self.free.pop() for _ in range(-(-total // BLOCK_SIZE))]
         slots = [blocks[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in range(total)]
         return generate_pb2.Request(
-            id=rid, input_ids=prompt, blocks=blocks, slots=slots,
-            parameters=generate_pb2.NextTokenChooserParameters(temperature=1.0, top_p=1.0, typical_p=1.0,
-                                                               repetition_penalty=1.0),
+            id=rid,
+            input_ids=prompt,
+            blocks=blocks,
+            slots=slots,
+            parameters=generate_pb2.NextTokenChooserParameters(
+                temperature=1.0, top_p=1.0, typical_p=1.0, repetition_penalty=1.0
+            ),
             stopping_parameters=generate_pb2.StoppingCriteriaParameters(max_new_tokens=max_new),
             **kw,
         )
@@ -80,7 +91,11 @@ def prompts(n: int, seed: int) -> list[list[int]]:
 def test_warmup_sizes_cache_from_requested_tokens(service):
     pool = BlockPool(8)
     batch = generate_pb2.Batch(id=99, requests=[pool.request(0, list(range(3, 40)), 4)], size=1)
-    resp = run(service.Warmup(generate_pb2.WarmupRequest(batch=batch, max_batch_total_tokens=1000), FakeContext()))
+    resp = run(
+        service.Warmup(
+            generate_pb2.WarmupRequest(batch=batch, max_batch_total_tokens=1000), FakeContext()
+        )
+    )
     assert resp.num_blocks == 63  # ceil(1000 / 16)
     assert resp.max_supported_total_tokens == 63 * BLOCK_SIZE
 
@@ -91,8 +106,12 @@ def test_prefill_then_decode_with_a_joining_batch_equals_transformers(service, r
     steps = 12
     first = prompts(3, seed=1)
     second = prompts(2, seed=2)
-    b1 = generate_pb2.Batch(id=1, requests=[pool.request(i, p, steps + 6) for i, p in enumerate(first)])
-    b2 = generate_pb2.Batch(id=2, requests=[pool.request(10 + i, p, steps) for i, p in enumerate(second)])
+    b1 = generate_pb2.Batch(
+        id=1, requests=[pool.request(i, p, steps + 6) for i, p in enumerate(first)]
+    )
+    b2 = generate_pb2.Batch(
+        id=2, requests=[pool.request(10 + i, p, steps) for i, p in enumerate(second)]
+    )
     got: dict[int, list[int]] = {}
 
     def record(generations):
@@ -109,18 +128,30 @@ def test_prefill_then_decode_with_a_joining_batch_equals_transformers(service, r
     # A second batch joins the running one: Decode concatenates them.
     resp2 = run(service.Prefill(generate_pb2.PrefillRequest(batch=b2), FakeContext()))
     record(resp2.generations)
-    resp = run(service.Decode(generate_pb2.DecodeRequest(batches=[cached, resp2.batch]), FakeContext()))
+    resp = run(
+        service.Decode(generate_pb2.DecodeRequest(batches=[cached, resp2.batch]), FakeContext())
+    )
     record(resp.generations)
     cached = resp.batch
     assert list(cached.request_ids) == [0, 1, 2, 10, 11]
     # Request 1 leaves; the rest keep decoding.
-    cached = run(service.FilterBatch(
-        generate_pb2.FilterBatchRequest(batch_id=cached.id, request_ids=[0, 2, 10, 11]), FakeContext())).batch
+    cached = run(
+        service.FilterBatch(
+            generate_pb2.FilterBatchRequest(batch_id=cached.id, request_ids=[0, 2, 10, 11]),
+            FakeContext(),
+        )
+    ).batch
     for _ in range(5):
         resp = run(service.Decode(generate_pb2.DecodeRequest(batches=[cached]), FakeContext()))
         record(resp.generations)
         cached = resp.batch
-    for rid, prompt in [(0, first[0]), (1, first[1]), (2, first[2]), (10, second[0]), (11, second[1])]:
+    for rid, prompt in [
+        (0, first[0]),
+        (1, first[1]),
+        (2, first[2]),
+        (10, second[0]),
+        (11, second[1]),
+    ]:
         assert got[rid] == greedy_reference(reference, prompt, len(got[rid])), f"request {rid}"
     run(service.ClearCache(generate_pb2.ClearCacheRequest(), FakeContext()))
     assert service.cache == {}
@@ -131,8 +162,12 @@ def test_prefill_logprobs_and_top_tokens(service, reference):
     pool = BlockPool(128)
     prompt = prompts(1, seed=3)[0]
     req = pool.request(5, prompt, 4, prefill_logprobs=True, top_n_tokens=3)
-    resp = run(service.Prefill(generate_pb2.PrefillRequest(batch=generate_pb2.Batch(id=7, requests=[req])),
-                               FakeContext()))
+    resp = run(
+        service.Prefill(
+            generate_pb2.PrefillRequest(batch=generate_pb2.Batch(id=7, requests=[req])),
+            FakeContext(),
+        )
+    )
     gen = resp.generations[0]
     with torch.no_grad():
         logits = reference(torch.tensor([prompt])).logits[0]
@@ -140,18 +175,30 @@ def test_prefill_logprobs_and_top_tokens(service, reference):
     expected = logprobs[:-1].gather(1, torch.tensor(prompt[1:])[:, None])[:, 0]
     assert list(gen.prefill_tokens.ids) == prompt
     assert torch.isnan(torch.tensor(gen.prefill_tokens.logprobs[0]))
-    torch.testing.assert_close(torch.tensor(gen.prefill_tokens.logprobs[1:]), expected, atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        torch.tensor(gen.prefill_tokens.logprobs[1:]), expected, atol=1e-4, rtol=0
+    )
     top = logprobs[-1].topk(3)
     assert list(gen.top_tokens[0].ids) == top.indices.tolist()
     assert gen.tokens.ids[0] == top.indices[0].item()
-    torch.testing.assert_close(torch.tensor(gen.top_tokens[0].logprobs), top.values, atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        torch.tensor(gen.top_tokens[0].logprobs), top.values, atol=1e-4, rtol=0
+    )
 
 
 def test_bad_requests_are_errors_not_crashes(service):
     run(service.Warmup(generate_pb2.WarmupRequest(max_batch_total_tokens=512), FakeContext()))
     with pytest.raises(AbortError, match="no cached batch 12345"):
-        run(service.FilterBatch(generate_pb2.FilterBatchRequest(batch_id=12345, request_ids=[1]), FakeContext()))
+        run(
+            service.FilterBatch(
+                generate_pb2.FilterBatchRequest(batch_id=12345, request_ids=[1]), FakeContext()
+            )
+        )
     with pytest.raises(AbortError, match="slots"):
         bad = generate_pb2.Request(id=1, input_ids=[5, 6, 7], blocks=[0], slots=[0])
-        run(service.Prefill(generate_pb2.PrefillRequest(batch=generate_pb2.Batch(id=3, requests=[bad])),
-                            FakeContext()))
+        run(
+            service.Prefill(
+                generate_pb2.PrefillRequest(batch=generate_pb2.Batch(id=3, requests=[bad])),
+                FakeContext(),
+            )
+        )
