@@ -127,7 +127,9 @@ def test_openai_completions_greedy_equals_transformers(served, oai):
 
 def test_tgi_client_generate_and_stream(served):
     # Not in the dev extra (README): it pins huggingface-hub<1.0; installed with --no-deps.
-    text_generation = pytest.importorskip("text_generation")
+    text_generation = pytest.importorskip(
+        "text_generation", reason="make install adds it with --no-deps"
+    )
     server, model_dir = served
     client = text_generation.Client(server.url, headers=AUTH, timeout=120)
     prompt = PROMPTS[2]
