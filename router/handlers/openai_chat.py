@@ -28,6 +28,7 @@ from router.handlers.openai_common import (
     new_id,
     parse_shared,
     reject_unless,
+    response_body,
     trim_stop,
     usage,
     validate,
@@ -148,15 +149,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if logprobs:
         steps = zip(entry.tokens, entry.top_tokens, strict=True)
         choice["logprobs"] = {"content": [token_logprob(infer, t, top) for t, top in steps]}
-    body = {
-        "id": new_id("chatcmpl"),
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": infer.model.model_id,
-        "system_fingerprint": FINGERPRINT,
-        "choices": [choice],
-        "usage": usage(entry),
-    }
+    body = response_body(
+        infer, entry, object_type="chat.completion", id_prefix="chatcmpl", choice=choice
+    )
     return web.json_response(body, headers=timing_headers(infer, entry, finished))
 
 

@@ -11,6 +11,7 @@ presence_penalty, tools...) are a 422 saying so, never silently dropped.
 from __future__ import annotations
 
 import math
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -150,6 +151,21 @@ async def validate(
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def response_body(
+    infer: Infer, entry: Entry, *, object_type: str, id_prefix: str, choice: dict[str, Any]
+) -> dict[str, Any]:
+    """The envelope every non-streamed OpenAI answer shares around its one choice."""
+    return {
+        "id": new_id(id_prefix),
+        "object": object_type,
+        "created": int(time.time()),
+        "model": infer.model.model_id,
+        "system_fingerprint": FINGERPRINT,
+        "choices": [choice],
+        "usage": usage(entry),
+    }
 
 
 def usage(entry: Entry) -> dict[str, int]:

@@ -27,6 +27,7 @@ from router.handlers.openai_common import (
     new_id,
     parse_shared,
     reject_unless,
+    response_body,
     trim_stop,
     usage,
     validate,
@@ -114,15 +115,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
         "logprobs": lp,
         "finish_reason": FINISH_REASON[finished.finish_reason],
     }
-    body = {
-        "id": new_id("cmpl"),
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": infer.model.model_id,
-        "system_fingerprint": FINGERPRINT,
-        "choices": [choice],
-        "usage": usage(entry),
-    }
+    body = response_body(
+        infer, entry, object_type="text_completion", id_prefix="cmpl", choice=choice
+    )
     return web.json_response(body, headers=timing_headers(infer, entry, finished))
 
 
