@@ -60,31 +60,11 @@ def _pseudo_word_corpus(seed: int, lines: int = 20000, words_per_line: int = 20)
 
 def build_full_vocab_tokenizer(vocab_size: int, seed: int = 0):
     """Byte-level BPE with exactly `vocab_size` entries and tiny_models' special tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from launcher.tiny_models import build_tokenizer
 
-    from launcher.tiny_models import CHAT_TEMPLATE, SPECIAL_TOKENS
-
-    tok = Tokenizer(models.BPE(unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_pseudo_word_corpus(seed), trainer=trainer)
-    if tok.get_vocab_size() != vocab_size:
-        raise RuntimeError(f"tokenizer has {tok.get_vocab_size()} entries, wanted {vocab_size}")
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        unk_token="<unk>",
-        bos_token="<s>",
-        eos_token="</s>",
-        additional_special_tokens=["<|end|>"],
-    )
-    fast.chat_template = CHAT_TEMPLATE
+    fast = build_tokenizer(vocab_size, _pseudo_word_corpus(seed))
+    if len(fast) != vocab_size:
+        raise RuntimeError(f"tokenizer has {len(fast)} entries, wanted {vocab_size}")
     return fast
 
 

@@ -5,6 +5,7 @@ The tokenizer is byte-level, so any text (multi-byte UTF-8 included) round-trips
 """
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 CHAT_TEMPLATE = (
@@ -45,8 +46,8 @@ def _corpus() -> list[str]:
     return lines
 
 
-def build_tokenizer(vocab_size: int):
-    """A byte-level BPE PreTrainedTokenizerFast trained on the built-in corpus."""
+def build_tokenizer(vocab_size: int, corpus: Iterable[str] | None = None):
+    """A byte-level BPE PreTrainedTokenizerFast trained on `corpus` (default: the built-in one)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -59,7 +60,7 @@ def build_tokenizer(vocab_size: int):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok.train_from_iterator(_corpus() if corpus is None else corpus, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         unk_token="<unk>",
