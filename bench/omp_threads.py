@@ -41,13 +41,13 @@ def build(model_dir: Path, batch: int, seq_len: int, steps: int):
     runner.allocate_kv_cache(cache_tokens_needed(batch, seq_len, steps + 2, block) // block)
     pb_batch = make_batch(1, batch, seq_len, steps + 1, block, runner.model.vocab_size)
     state = Batch.from_proto(pb_batch, runner.device)
-    runner.prefill(state)
+    runner.step(state)
     return runner, state
 
 
 def timed_decode(runner, state) -> float:
     t0 = time.perf_counter()
-    runner.decode(state)
+    runner.step(state)
     return time.perf_counter() - t0
 
 

@@ -76,14 +76,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     pb_batch = make_batch(1, args.batch, args.seq_len, 2 * args.steps + 1, block, vocab)
     batch = Batch.from_proto(pb_batch, runner.device)
-    runner.prefill(batch)
+    runner.step(batch)
     for _ in range(args.steps):  # warm: first calls allocate and pick kernels
-        runner.decode(batch)
+        runner.step(batch)
     wall = []
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         for _ in range(args.steps):
             t0 = time.perf_counter()
-            runner.decode(batch)
+            runner.step(batch)
             wall.append(time.perf_counter() - t0)
     step_ms = 1e3 * sum(wall) / len(wall)
     print(f"threads {torch.get_num_threads()}, batch {args.batch}, context {args.seq_len}+, "

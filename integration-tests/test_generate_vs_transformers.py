@@ -1,4 +1,8 @@
-"""The real launcher serves tiny Llama, Mistral and Qwen2 models; results equal transformers."""
+"""The real launcher serves tiny Llama, Mistral and Qwen2 models; results equal transformers.
+
+The server runs with a small prefill budget, so prompts go through chunked prefill mixed with
+the decoding of other requests; the tensor-parallel tests run whole-prompt prefill.
+"""
 
 import json
 from concurrent.futures import ThreadPoolExecutor
@@ -13,12 +17,20 @@ pytestmark = pytest.mark.slow
 LOGPROB_TOLERANCE = 1e-3
 
 
+# A step budget smaller than the longer prompts: they are prefilled in chunks of at most 24
+# tokens (decode tokens of running requests included), across 16-token block boundaries.
+PREFILL_BUDGET = "24"
+
+
 @pytest.fixture(scope="module", params=sorted(TINY_MODELS))
 def served(request, tiny_model_dirs):
     model_dir = tiny_model_dirs[request.param]
     with LauncherProcess(
-        model_dir, "--dtype", "float32", "--max-batch-total-tokens", "4096"
-    ) as server:
+        model_dir,
+        "--dtype", "float32",
+        "--max-batch-total-tokens", "4096",
+        "--max-batch-prefill-tokens", PREFILL_BUDGET,
+    ) as server:  # fmt: skip
         yield server, model_dir
 
 

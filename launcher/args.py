@@ -54,6 +54,7 @@ class LauncherConfig:
     waiting_served_ratio: float | None
     max_waiting_tokens: int | None
     max_batch_size: int | None
+    prefill_chunking: bool | None
     payload_limit: int | None
     max_top_n_tokens: int | None
     api_key: str | None  # handed to the router in its environment, never on its command line
@@ -156,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
         r.add_argument("--" + name.replace("_", "-"), type=_positive_int, default=None)
     r.add_argument("--waiting-served-ratio", type=_bounded(float, 0.0), default=None)
     r.add_argument("--max-top-n-tokens", type=_bounded(int, 0), default=None)
+    r.add_argument(
+        "--prefill-chunking",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="spread long prompts over steps mixed with decoding (router default: on)",
+    )
     r.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY`")
     r.add_argument(
         "--cors-allow-origin", action="append", default=None, help="repeatable; '*' for any"
@@ -183,10 +190,11 @@ def _check_consistency(parser: argparse.ArgumentParser, ns: argparse.Namespace) 
                 f"--max-total-tokens ({ns.max_total_tokens})"
             )
     if ns.max_input_tokens is not None and ns.max_batch_prefill_tokens is not None:
-        if ns.max_batch_prefill_tokens < ns.max_input_tokens:
+        # With chunking (the default) a prompt may take several steps' budgets.
+        if ns.max_batch_prefill_tokens < ns.max_input_tokens and ns.prefill_chunking is False:
             parser.error(
                 f"--max-batch-prefill-tokens ({ns.max_batch_prefill_tokens}) must be >= "
-                f"--max-input-tokens ({ns.max_input_tokens})"
+                f"--max-input-tokens ({ns.max_input_tokens}) with --no-prefill-chunking"
             )
     if ns.max_total_tokens is not None and ns.max_batch_total_tokens is not None:
         if ns.max_batch_total_tokens < ns.max_total_tokens:

@@ -89,6 +89,8 @@ def router_spec(cfg: LauncherConfig, model_dir: Path, program: tuple[str, ...]) 
         value = getattr(cfg, name)
         if value is not None:
             argv += [_flag(name), str(value)]
+    if cfg.prefill_chunking is not None:
+        argv.append("--prefill-chunking" if cfg.prefill_chunking else "--no-prefill-chunking")
     for origin in cfg.cors_allow_origin or ():
         argv += ["--cors-allow-origin", origin]
     # The key stays out of argv: `ps` and the launcher's "started router" log line show argv.

@@ -33,6 +33,7 @@ class RouterArgs:
     waiting_served_ratio: float = 0.3
     max_waiting_tokens: int = 20
     max_batch_size: int | None = None
+    prefill_chunking: bool = True
     max_top_n_tokens: int = 5
     payload_limit: int = DEFAULT_PAYLOAD_LIMIT
     api_key: str | None = None
@@ -87,6 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-waiting-tokens", type=_non_negative_int, default=20)
     p.add_argument(
         "--max-batch-size", type=_positive_int, default=None, help="requests per batch (unbounded)"
+    )
+    p.add_argument(
+        "--prefill-chunking",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="compute long prompts over several steps, mixed with decoding, at most "
+        "--max-batch-prefill-tokens per step (default: on)",
     )
     p.add_argument("--max-top-n-tokens", type=_non_negative_int, default=5)
     p.add_argument(

@@ -1,12 +1,15 @@
 """The scheduler loop: continuous batching over one running batch (TGI's v3 loop, simplified).
 
-Between decode steps, waiting requests that fit the budgets are prefilled as a new batch (each
-gets its first token from Prefill), then that cached batch joins the running one: the next
-Decode receives both and the shards concatenate them. After every step the router applies its
-own stopping decisions and drops finished or abandoned requests with FilterBatch (ClearCache
-when none remain), giving their KV blocks back.
+With prefill chunking (the default), every step is one forward pass under the token budget of
+router/chunking.py: the running batch's decode tokens and prompt chunks, and the first chunks
+of newly admitted requests, which the Prefill RPC starts together with the running batch.
+Without it (TGI's v2 behaviour), waiting requests are prefilled whole as a separate batch
+between decode steps, under TGI's waiting_served_ratio / max_waiting_tokens rules, and that
+batch joins the running one at the next Decode.
 
-A failing RPC fails only the requests of the batches it was about; the loop itself never dies.
+After every step the router applies its own stopping decisions and drops finished or abandoned
+requests with FilterBatch (ClearCache when none remain), giving their KV blocks back. A failing
+RPC fails only the requests of the batches it was about; the loop itself never dies.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from router.block_allocator import BlockAllocator
+from router.chunking import chunk_new, share_budget
 from router.client import ShardClient
 from router.entry import Entry
 from router.errors import GenerationError, IncompleteGenerationError, RouterError
@@ -39,6 +43,8 @@ class SchedulerConfig:
     waiting_served_ratio: float = 0.3
     max_waiting_tokens: int = 20
     max_batch_size: int | None = None  # None: only the token budgets bound a batch
+    # Spread prompts over steps mixed with decoding (max_batch_prefill_tokens per step).
+    prefill_chunking: bool = True
 
 
 class Batcher:
@@ -89,6 +95,9 @@ class Batcher:
         self.metrics.cancellations.inc(len(self.queue.drop_gone()))
         if self.running is not None:
             self.running = await self._prune(self.running)
+        if self.config.prefill_chunking:
+            await self._chunked_step()
+            return
         if self.running is None:
             await self._start_batch()
             return
@@ -100,23 +109,40 @@ class Batcher:
         self.running = await self._decode(batches)
         self._waiting_steps += 1
 
+    async def _chunked_step(self) -> None:
+        running = self.running
+        if running is None:
+            await self.queue.wait()
+            self.metrics.cancellations.inc(len(self.queue.drop_gone()))
+        members = [self.entries[rid] for rid in running.request_ids] if running else []
+        chunks, budget = share_budget(self.config.max_batch_prefill_tokens, members)
+        new = []
+        if budget > 0 and len(self.queue):
+            new = self._admit(budget, len(members), chunking=True)
+            chunks.update(chunk_new(budget, new))
+        if new:
+            reason = "chunked" if running is not None else None
+            self.running = await self._prefill(new, reason, cached=running, chunks=chunks)
+        elif running is not None:
+            self.running = await self._decode([running], chunks)
+        else:
+            self._fail_unfittable_head()
+
     async def _start_batch(self) -> None:
         await self.queue.wait()
         self.metrics.cancellations.inc(len(self.queue.drop_gone()))
-        entries = self.queue.next_batch(
-            self.allocator,
-            prefill_token_budget=self.config.max_batch_prefill_tokens,
-            token_budget=self.config.max_batch_total_tokens,
-            max_size=self.config.max_batch_size,
-        )
+        entries = self._admit(self.config.max_batch_prefill_tokens, 0)
         if not entries:
-            if len(self.queue) and not self.entries:
-                # Startup checks make this impossible; failing beats spinning forever.
-                head = self.queue.pop_head()
-                head.fail(GenerationError("request does not fit in an empty KV cache"))
+            self._fail_unfittable_head()
             return
         self.running = await self._prefill(entries)
         self._waiting_steps = 1
+
+    def _fail_unfittable_head(self) -> None:
+        if len(self.queue) and not self.entries:
+            # Startup checks make this impossible; failing beats spinning forever.
+            head = self.queue.pop_head()
+            head.fail(GenerationError("request does not fit in an empty KV cache"))
 
     async def _prefill_waiting(self, running_size: int) -> pb.CachedBatch | None:
         """TGI's rule for pausing the running batch to prefill waiting requests."""
@@ -126,30 +152,47 @@ class Batcher:
         else:
             # Interrupting decode for a prefill is only worth it for enough new requests.
             min_size = math.floor(running_size * cfg.waiting_served_ratio)
-        max_size = None
-        if cfg.max_batch_size is not None:
-            max_size = cfg.max_batch_size - running_size
-            if max_size <= 0:
-                return None
-        reserved = sum(e.request.total_tokens for e in self.entries.values())
-        entries = self.queue.next_batch(
-            self.allocator,
-            prefill_token_budget=cfg.max_batch_prefill_tokens,
-            token_budget=cfg.max_batch_total_tokens - reserved,
-            min_size=min_size,
-            max_size=max_size,
-        )
+        entries = self._admit(cfg.max_batch_prefill_tokens, running_size, min_size=min_size)
         if not entries:
             return None
         self._waiting_steps = 1
         reason = "backpressure" if min_size is not None else "wait_exceeded"
         return await self._prefill(entries, concat_reason=reason)
 
+    def _admit(
+        self,
+        prefill_budget: int,
+        running_size: int,
+        min_size: int | None = None,
+        chunking: bool = False,
+    ) -> list[Entry]:
+        """Waiting requests that fit beside the running batch, with their KV blocks reserved."""
+        cfg = self.config
+        max_size = None
+        if cfg.max_batch_size is not None:
+            max_size = cfg.max_batch_size - running_size
+            if max_size <= 0:
+                return []
+        reserved = sum(e.request.total_tokens for e in self.entries.values())
+        return self.queue.next_batch(
+            self.allocator,
+            prefill_token_budget=prefill_budget,
+            token_budget=cfg.max_batch_total_tokens - reserved,
+            min_size=min_size,
+            max_size=max_size,
+            chunking=chunking,
+        )
+
     # -- RPCs ---------------------------------------------------------------------------------
 
     async def _prefill(
-        self, entries: list[Entry], concat_reason: str | None = None
+        self,
+        entries: list[Entry],
+        concat_reason: str | None = None,
+        cached: pb.CachedBatch | None = None,
+        chunks: dict[int, int] | None = None,
     ) -> pb.CachedBatch | None:
+        """Starts a batch of new requests; `cached` (the running batch) steps in the same pass."""
         now = time.monotonic()
         for entry in entries:
             self.entries[entry.id] = entry
@@ -164,26 +207,34 @@ class Batcher:
             max_tokens=sum(e.request.total_tokens for e in entries),
             max_blocks=max(len(r.blocks) for r in requests),
         )
+        cached_batches = [cached] if cached is not None else []
+        ids = [rid for b in cached_batches for rid in b.request_ids] + [e.id for e in entries]
         self.metrics.step_started("prefill")
         try:
-            response = await self.client.prefill(batch)
+            response = await self.client.prefill(batch, cached_batches, chunks or {})
         except Exception as err:
+            # Every request of the step fails, like a failed Decode: the shards' copy of the
+            # cached batch can no longer be trusted.
             log.error("prefill of batch %d failed: %s", batch.id, err)
-            self._fail([e.id for e in entries], err)
-            await self._clear(batch.id)
+            self._fail(ids, err)
+            for batch_id in [batch.id, *(b.id for b in cached_batches)]:
+                await self._clear(batch_id)
             return None
         self.metrics.step_done(
             "prefill", response.forward_ns, response.decode_ns, response.total_ns
         )
+        self._record_prompt_progress(chunks, entries)
         self._handle(response.generations)
-        cached = response.batch if response.HasField("batch") else None
-        return await self._settle(cached, [e.id for e in entries])
+        result = response.batch if response.HasField("batch") else None
+        return await self._settle(result, ids)
 
-    async def _decode(self, batches: list[pb.CachedBatch]) -> pb.CachedBatch | None:
+    async def _decode(
+        self, batches: list[pb.CachedBatch], chunks: dict[int, int] | None = None
+    ) -> pb.CachedBatch | None:
         ids = [rid for b in batches for rid in b.request_ids]
         self.metrics.step_started("decode")
         try:
-            response = await self.client.decode(batches)
+            response = await self.client.decode(batches, chunks or {})
         except Exception as err:
             log.error("decode of batches %s failed: %s", [b.id for b in batches], err)
             self._fail(ids, err)
@@ -191,9 +242,21 @@ class Batcher:
                 await self._clear(b.id)
             return None
         self.metrics.step_done("decode", response.forward_ns, response.decode_ns, response.total_ns)
+        self._record_prompt_progress(chunks, [])
         self._handle(response.generations)
         cached = response.batch if response.HasField("batch") else None
         return await self._settle(cached, ids)
+
+    def _record_prompt_progress(self, chunks: dict[int, int] | None, started: list[Entry]) -> None:
+        """What the shards computed of each prompt: the chunks, else the started prompts whole."""
+        if not chunks:
+            for entry in started:
+                entry.prompt_done = entry.request.input_length
+            return
+        for rid, n in chunks.items():
+            entry = self.entries.get(rid)
+            if entry is not None:
+                entry.prompt_done += n
 
     async def _prune(self, batch: pb.CachedBatch) -> pb.CachedBatch | None:
         """Drops requests whose client went away before spending a step on them."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import grpc
 
@@ -113,13 +113,24 @@ class ShardClient:
         answers = await self._every("Warmup", request)
         return min(answers, key=lambda a: (a.max_supported_total_tokens, a.num_blocks))
 
-    async def prefill(self, batch: pb.Batch) -> pb.PrefillResponse:
-        answers = await self._every("Prefill", pb.PrefillRequest(batch=batch))
+    async def prefill(
+        self,
+        batch: pb.Batch,
+        cached_batches: Sequence[pb.CachedBatch] = (),
+        chunks: Mapping[int, int] | None = None,
+    ) -> pb.PrefillResponse:
+        request = pb.PrefillRequest(
+            batch=batch, cached_batches=list(cached_batches), prefill_chunks=chunks or {}
+        )
+        answers = await self._every("Prefill", request)
         check_agreement("Prefill", answers)  # a divergence fails the batch: 424, ClearCache
         return answers[0]
 
-    async def decode(self, batches: Sequence[pb.CachedBatch]) -> pb.DecodeResponse:
-        answers = await self._every("Decode", pb.DecodeRequest(batches=list(batches)))
+    async def decode(
+        self, batches: Sequence[pb.CachedBatch], chunks: Mapping[int, int] | None = None
+    ) -> pb.DecodeResponse:
+        request = pb.DecodeRequest(batches=list(batches), prefill_chunks=chunks or {})
+        answers = await self._every("Decode", request)
         check_agreement("Decode", answers)
         return answers[0]
 

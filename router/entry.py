@@ -73,6 +73,8 @@ class Entry:
     tokens: list[Token] = field(default_factory=list)
     top_tokens: list[tuple[Token, ...]] = field(default_factory=list)
     generated_ids: list[int] = field(default_factory=list)
+    # Prompt tokens the shards have computed (chunked prefill spreads a prompt over steps).
+    prompt_done: int = 0
     cancelled: bool = False
     done: bool = False
 
@@ -88,6 +90,10 @@ class Entry:
             return not self.alive()
         except Exception:  # a broken probe must not break the scheduler
             return True
+
+    @property
+    def prompt_left(self) -> int:
+        return self.request.input_length - self.prompt_done
 
     def fail(self, error: RouterError) -> None:
         if not self.done:

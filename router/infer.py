@@ -97,6 +97,7 @@ class Infer:
                 waiting_served_ratio=args.waiting_served_ratio,
                 max_waiting_tokens=args.max_waiting_tokens,
                 max_batch_size=args.max_batch_size,
+                prefill_chunking=args.prefill_chunking,
             ),
             self.metrics,
         )

@@ -18,6 +18,10 @@ DEFAULT_MAX_TOTAL_TOKENS = 2048
 DEFAULT_MAX_INPUT_TOKENS = 1024
 # TGI leaves a little room above one full prompt for the default prefill budget.
 PREFILL_HEADROOM = 50
+# On a CPU, with prefill chunking, the default prefill budget is smaller: a forward pass costs
+# milliseconds per token there, and a step's budget is the longest stall running requests see
+# while prompts are computed (bench: docs/benchmarks.md).
+DEFAULT_CPU_CHUNKED_PREFILL_TOKENS = 256
 # Block 0 is never handed to a request: shards may pad slot mappings with slot 0.
 RESERVED_BLOCKS = 1
 
@@ -51,7 +55,9 @@ class Limits:
         return self.max_batch_total_tokens
 
 
-def resolve_limits(args: RouterArgs, max_position_embeddings: int, block_size: int) -> Limits:
+def resolve_limits(
+    args: RouterArgs, max_position_embeddings: int, block_size: int, device_type: str = "cuda"
+) -> Limits:
     if block_size <= 0:
         raise ConfigError(f"the shards report block_size={block_size}; it must be positive")
     mpe = max_position_embeddings if max_position_embeddings > 0 else DEFAULT_MAX_TOTAL_TOKENS
@@ -72,6 +78,8 @@ def resolve_limits(args: RouterArgs, max_position_embeddings: int, block_size: i
     prefill = args.max_batch_prefill_tokens
     if prefill is None:
         prefill = max_input + PREFILL_HEADROOM
+        if args.prefill_chunking and device_type == "cpu":
+            prefill = min(prefill, DEFAULT_CPU_CHUNKED_PREFILL_TOKENS)
         if args.max_batch_total_tokens is not None:
             prefill = min(prefill, args.max_batch_total_tokens)
 
@@ -97,10 +105,10 @@ def resolve_limits(args: RouterArgs, max_position_embeddings: int, block_size: i
         raise ConfigError(
             f"--max-batch-total-tokens ({batch_total}) must be >= --max-total-tokens ({total})"
         )
-    if prefill < max_input:
+    if prefill < max_input and not args.prefill_chunking:
         raise ConfigError(
-            f"--max-batch-prefill-tokens ({prefill}) must be >= --max-input-tokens ({max_input}),"
-            " or no full-length prompt could ever be prefilled"
+            f"--max-batch-prefill-tokens ({prefill}) must be >= --max-input-tokens ({max_input})"
+            " with --no-prefill-chunking, or no full-length prompt could ever be prefilled"
         )
     if batch_total is not None:
         if batch_total < prefill:

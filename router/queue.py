@@ -59,12 +59,14 @@ class Queue:
         token_budget: int,
         min_size: int | None = None,
         max_size: int | None = None,
+        chunking: bool = False,
     ) -> list[Entry]:
         """Takes the longest FIFO prefix that fits; empty when fewer than min_size fit.
 
         token_budget bounds prompt + max_new_tokens over the new entries (what the running
-        batch leaves of max_batch_total_tokens); prefill_token_budget bounds their prompts;
-        max_size bounds their number (what the running batch leaves of max_batch_size).
+        batch leaves of max_batch_total_tokens); prefill_token_budget bounds their prompts
+        (with chunking, what is computed this step: the last entry may start with a part of its
+        prompt); max_size bounds their number (what the running batch leaves of max_batch_size).
         """
         batch: list[Entry] = []
         prefill_tokens = 0
@@ -73,7 +75,10 @@ class Queue:
             if max_size is not None and len(batch) >= max_size:
                 break
             req = entry.request
-            if prefill_tokens + req.input_length > prefill_token_budget:
+            if chunking:
+                if prefill_tokens >= prefill_token_budget:
+                    break
+            elif prefill_tokens + req.input_length > prefill_token_budget:
                 break
             if total_tokens + req.total_tokens > token_budget:
                 break

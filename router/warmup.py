@@ -78,7 +78,7 @@ async def warm_up(client: ShardClient, args: RouterArgs, info: pb.InfoResponse) 
 
     Raises ConfigError (naming the flag to change) when they cannot fit.
     """
-    limits = resolve_limits(args, info.max_position_embeddings, info.block_size)
+    limits = resolve_limits(args, info.max_position_embeddings, info.block_size, info.device_type)
     batch = build_warmup_batch(limits, info.vocab_size, args.max_top_n_tokens)
     log.info(
         "warming up with %d request(s), %d prefill tokens",

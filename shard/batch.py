@@ -1,11 +1,15 @@
-"""Per-batch state on a shard: what each request holds and the tensors a decode step reads.
+"""Per-batch state on a shard: what each request holds and the tensors a step reads.
 
-Everything a decode step needs is kept as padded [B, ...] tensors so that building the model
-inputs is a handful of gathers, not a Python loop over requests. `filter` and `concat` keep those
-tensors in step with the list of requests.
+Everything a step needs is kept as padded [B, ...] tensors so that building the model inputs is
+a handful of gathers, not a Python loop over requests. `filter` and `concat` keep those tensors
+in step with the list of requests.
+
+A row is decoding when all but its last known token have KV in the cache
+(cache_lens == history_lens - 1); before that it is still in its prompt, which chunked prefill
+computes over several steps.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -62,7 +66,10 @@ class Batch:
     slots: torch.Tensor  # [B, max_positions] int64: slots[i, p] = KV slot of position p
     history: torch.Tensor  # [B, max_positions] int64: prompt + generated ids
     history_lens: torch.Tensor  # [B] int64: valid entries of `history`
+    cache_lens: torch.Tensor  # [B] int64: leading positions whose K/V are in the cache
     sampling: SamplingTensors
+    # Prompt logprobs gathered chunk by chunk, by request id, until the prompt is complete.
+    prompt_logprobs: dict[int, list[float]] = field(default_factory=dict)
 
     @classmethod
     def from_proto(cls, pb: generate_pb2.Batch, device: torch.device) -> "Batch":
@@ -93,6 +100,7 @@ class Batch:
             slots=_pad_rows([list(r.slots) for r in pb.requests], torch.int64, device),
             history=history,
             history_lens=torch.tensor([len(r.input_ids) for r in pb.requests], device=device),
+            cache_lens=torch.zeros(len(pb.requests), dtype=torch.int64, device=device),
             sampling=SamplingTensors.from_params(
                 [sampling_params_from_proto(r.parameters) for r in pb.requests], device
             ),
@@ -117,11 +125,12 @@ class Batch:
             max_tokens=self.max_tokens,
         )
 
-    def append_tokens(self, next_ids: torch.Tensor) -> None:
-        """Records the token sampled for every row at its next position."""
-        rows = torch.arange(len(self.requests), device=self.history.device)
-        self.history[rows, self.history_lens] = next_ids
-        self.history_lens += 1
+    def append_tokens(self, next_ids: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+        """Records the token sampled for each of `rows` (default: all) at its next position."""
+        if rows is None:
+            rows = torch.arange(len(self.requests), device=self.history.device)
+        self.history[rows, self.history_lens[rows]] = next_ids
+        self.history_lens[rows] += 1
 
     def filter(self, request_ids: list[int]) -> "Batch":
         position = {r.id: i for i, r in enumerate(self.requests)}
@@ -137,13 +146,20 @@ class Batch:
             slots=self.slots[keep],
             history=self.history[keep],
             history_lens=self.history_lens[keep],
+            cache_lens=self.cache_lens[keep],
             sampling=self.sampling.index(keep),
+            prompt_logprobs={
+                rid: lps for rid, lps in self.prompt_logprobs.items() if rid in set(request_ids)
+            },
         )
 
     @classmethod
     def concat(cls, batches: list["Batch"]) -> "Batch":
         if len(batches) == 1:
             return batches[0]
+        ids = [r.id for b in batches for r in b.requests]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"batches {[b.id for b in batches]} share request ids")
         return cls(
             id=batches[0].id,
             requests=[r for b in batches for r in b.requests],
@@ -151,5 +167,7 @@ class Batch:
             slots=_pad_cat([b.slots for b in batches]),
             history=_pad_cat([b.history for b in batches]),
             history_lens=torch.cat([b.history_lens for b in batches]),
+            cache_lens=torch.cat([b.cache_lens for b in batches]),
             sampling=SamplingTensors.concat([b.sampling for b in batches]),
+            prompt_logprobs={k: v for b in batches for k, v in b.prompt_logprobs.items()},
         )

@@ -1,21 +1,22 @@
-"""Turns a batch into model inputs and attention metadata, runs the forward pass, samples.
+"""Runs one step of a batch: the forward pass over what each row runs, then sampling.
 
-This is the only place that builds per-step tensors. Decode inputs come from gathers on the
-batch's padded tensors, so the per-token hot path has no Python loop over requests; the loops
-that remain only copy results into protobuf messages.
+Prefill, decode and chunked-prefill steps are one code path: shard/step_inputs.py decides which
+tokens each row runs and packs them. The per-token hot path has no Python loop over requests;
+the loops that remain copy results into protobuf messages.
 """
 
 import logging
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
 from shard.batch import Batch
 from shard.distributed import Distributed
-from shard.layers.attention import AttentionMetadata
 from shard.layers.sampling import SampleOutput, sample
+from shard.step_inputs import StepInputs, build_step_inputs, step_lengths
 from switchyard_pb import generate_pb2
 
 log = logging.getLogger(__name__)
@@ -25,14 +26,6 @@ log = logging.getLogger(__name__)
 class StepTimings:
     forward_ns: int
     decode_ns: int
-
-
-@dataclass(frozen=True)
-class PrefillInputs:
-    input_ids: torch.Tensor  # [T] packed prompts
-    positions: torch.Tensor  # [T]
-    meta: AttentionMetadata
-    last_index: torch.Tensor  # [B] index of each prompt's last token in the packed dimension
 
 
 class ModelRunner:
@@ -47,92 +40,64 @@ class ModelRunner:
         self.kv_caches = None  # free the old cache before allocating the new one
         self.kv_caches = self.model.allocate_kv_cache(num_blocks, self.block_size)
 
-    # -- input preparation -------------------------------------------------------------
-
-    def prepare_prefill(self, batch: Batch) -> PrefillInputs:
-        lens = batch.history_lens
-        width = int(lens.max())
-        columns = torch.arange(width, device=self.device)
-        # Row-major boolean indexing packs the prompts one after another: the varlen layout.
-        mask = columns[None, :] < lens[:, None]
-        cu_seqlens = torch.zeros(len(batch) + 1, dtype=torch.int32, device=self.device)
-        cu_seqlens[1:] = torch.cumsum(lens, 0)
-        meta = AttentionMetadata(
-            is_prefill=True,
-            slot_mapping=batch.slots[:, :width][mask],
-            block_tables=batch.block_tables,
-            context_lens=lens.to(torch.int32),
-            cu_seqlens_q=cu_seqlens,
-            max_seqlen_q=width,
-            max_seqlen_k=width,
-        )
-        return PrefillInputs(
-            input_ids=batch.history[:, :width][mask],
-            positions=columns.expand(len(batch), width)[mask],
-            meta=meta,
-            last_index=cu_seqlens[1:].to(torch.int64) - 1,
-        )
-
-    def prepare_decode(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        positions = batch.history_lens - 1
-        input_ids = batch.history.gather(1, positions[:, None]).squeeze(1)
-        slot_mapping = batch.slots.gather(1, positions[:, None]).squeeze(1)
-        meta = AttentionMetadata(
-            is_prefill=False,
-            slot_mapping=slot_mapping,
-            block_tables=batch.block_tables,
-            context_lens=batch.history_lens.to(torch.int32),
-        )
-        return input_ids, positions, meta
-
-    # -- steps -------------------------------------------------------------------------
+    # -- the step ----------------------------------------------------------------------
 
     @torch.inference_mode()
-    def prefill(self, batch: Batch) -> tuple[list[generate_pb2.Generation], StepTimings]:
+    def step(
+        self, batch: Batch, chunks: Mapping[int, int] | None = None
+    ) -> tuple[list[generate_pb2.Generation], StepTimings]:
+        """Runs one step: a token for every decoding row, the next prompt chunk (`chunks`, by
+        request id; default the whole rest) for rows in their prompt; samples the rows whose
+        known tokens are then all in the cache."""
+        q_lens = step_lengths(batch, chunks or {})
+        self._check_capacity(batch, q_lens)
+        if int(q_lens.sum()) == 0:
+            return [], StepTimings(0, 0)
         start = time.perf_counter_ns()
-        inputs = self.prepare_prefill(batch)
+        inputs = build_step_inputs(batch, q_lens)
         hidden = self.model(inputs.input_ids, inputs.positions, self._caches(), inputs.meta)
-        wants_prompt_logprobs = any(r.prefill_logprobs for r in batch.requests)
-        if wants_prompt_logprobs:
-            all_logits = self.model.compute_logits(hidden)
-            logits = all_logits[inputs.last_index]
-        else:
-            logits = self.model.compute_logits(hidden[inputs.last_index])
+        self._gather_prompt_logprobs(batch, inputs, hidden)
+        logits = self.model.compute_logits(hidden[inputs.sample_index])
+        batch.cache_lens += q_lens
         forward_done = time.perf_counter_ns()
-        out = self._sample(logits, batch)
-        prompt_logprobs = None
-        if wants_prompt_logprobs:
-            # logprob of token j+1 given tokens 0..j, under the raw distribution (as TGI reports).
-            targets = torch.roll(inputs.input_ids, -1)
-            prompt_logprobs = (
-                torch.log_softmax(all_logits, -1).gather(1, targets[:, None]).squeeze(1).tolist()
-            )
-        batch.append_tokens(out.next_ids)
-        generations = self._generations(batch, out)
-        if prompt_logprobs is not None:
-            self._attach_prompt_logprobs(batch, inputs, prompt_logprobs, generations)
+        generations: list[generate_pb2.Generation] = []
+        if len(inputs.sample_rows):
+            everyone = len(inputs.sample_rows) == len(batch)
+            rows = None if everyone else inputs.sample_rows
+            out = self._sample(logits, batch, rows)
+            batch.append_tokens(out.next_ids, rows)
+            generations = self._generations(batch, out, inputs.sample_rows.tolist())
         end = time.perf_counter_ns()
         return generations, StepTimings(forward_done - start, end - forward_done)
 
-    @torch.inference_mode()
-    def decode(self, batch: Batch) -> tuple[list[generate_pb2.Generation], StepTimings]:
-        overflow = [
-            r.id
-            for r, n in zip(batch.requests, batch.history_lens.tolist(), strict=True)
-            if n > r.capacity
-        ]
+    @staticmethod
+    def _check_capacity(batch: Batch, q_lens: torch.Tensor) -> None:
+        ends = (batch.cache_lens + q_lens).tolist()
+        overflow = [r.id for r, n in zip(batch.requests, ends, strict=True) if n > r.capacity]
         if overflow:
             raise ValueError(f"requests {overflow} have used all the KV slots the router gave them")
-        start = time.perf_counter_ns()
-        input_ids, positions, meta = self.prepare_decode(batch)
-        hidden = self.model(input_ids, positions, self._caches(), meta)
-        logits = self.model.compute_logits(hidden)
-        forward_done = time.perf_counter_ns()
-        out = self._sample(logits, batch)
-        batch.append_tokens(out.next_ids)
-        generations = self._generations(batch, out)
-        end = time.perf_counter_ns()
-        return generations, StepTimings(forward_done - start, end - forward_done)
+
+    def _gather_prompt_logprobs(
+        self, batch: Batch, inputs: StepInputs, hidden: torch.Tensor
+    ) -> None:
+        """Keeps the logprob of every prompt token this step predicts, for requests that asked:
+        position p predicts token p + 1 under the raw distribution (as TGI reports it)."""
+        if not any(r.prefill_logprobs for r in batch.requests):
+            return
+        device = inputs.positions.device
+        wants = torch.tensor([r.prefill_logprobs for r in batch.requests], device=device)
+        input_lens = torch.tensor([r.input_len for r in batch.requests], device=device)
+        rows, pos = inputs.token_rows, inputs.positions
+        index = (wants[rows] & (pos + 1 < input_lens[rows])).nonzero().squeeze(1)
+        if not len(index):
+            return
+        rows, pos = rows[index], pos[index]
+        logits = self.model.compute_logits(hidden[index])
+        targets = batch.history[rows, pos + 1]
+        logprobs = torch.log_softmax(logits, -1).gather(1, targets[:, None]).squeeze(1).tolist()
+        # Tokens are packed row by row in position order, so appending keeps each list in order.
+        for row, logprob in zip(rows.tolist(), logprobs, strict=True):
+            batch.prompt_logprobs.setdefault(batch.requests[row].id, []).append(logprob)
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -141,8 +106,17 @@ class ModelRunner:
             raise RuntimeError("the KV cache is not allocated yet: Warmup must run first")
         return self.kv_caches
 
-    def _sample(self, logits: torch.Tensor, batch: Batch) -> SampleOutput:
-        out = sample(logits, batch.sampling, batch.history, batch.history_lens, batch.max_top_n)
+    def _sample(
+        self, logits: torch.Tensor, batch: Batch, rows: torch.Tensor | None
+    ) -> SampleOutput:
+        """Samples one token for each of `rows` (None: every row of the batch)."""
+        if rows is None:
+            sampling, history, lens = batch.sampling, batch.history, batch.history_lens
+        else:
+            sampling, history, lens = (
+                batch.sampling.index(rows), batch.history[rows], batch.history_lens[rows]
+            )  # fmt: skip
+        out = sample(logits, sampling, history, lens, batch.max_top_n)
         if self.dist.world_size > 1:
             # Logits are all-gathered and sampling is deterministic, so ranks agree already;
             # the broadcast makes agreement a guarantee rather than a consequence.
@@ -159,13 +133,16 @@ class ModelRunner:
                 )
         return out
 
-    def _generations(self, batch: Batch, out: SampleOutput) -> list[generate_pb2.Generation]:
+    def _generations(
+        self, batch: Batch, out: SampleOutput, rows: list[int]
+    ) -> list[generate_pb2.Generation]:
         ids = out.next_ids.tolist()
         logprobs = out.logprobs.tolist()
         top_ids = out.top_ids.tolist() if out.top_ids.numel() else None
         top_lps = out.top_logprobs.tolist() if out.top_logprobs.numel() else None
         generations = []
-        for i, request in enumerate(batch.requests):
+        for i, row in enumerate(rows):
+            request = batch.requests[row]
             gen = generate_pb2.Generation(
                 request_id=request.id,
                 tokens=generate_pb2.Tokens(ids=[ids[i]], logprobs=[logprobs[i]]),
@@ -175,24 +152,14 @@ class ModelRunner:
                 gen.top_tokens.append(
                     generate_pb2.Tokens(ids=top_ids[i][:n], logprobs=top_lps[i][:n])
                 )
+            if request.prefill_logprobs and int(batch.history_lens[row]) == request.input_len + 1:
+                # The request's first token: its prompt's logprobs go with it. The first prompt
+                # token has no prediction.
+                gen.prefill_tokens.CopyFrom(
+                    generate_pb2.Tokens(
+                        ids=batch.history[row, : request.input_len].tolist(),
+                        logprobs=[math.nan] + batch.prompt_logprobs.pop(request.id, []),
+                    )
+                )
             generations.append(gen)
         return generations
-
-    @staticmethod
-    def _attach_prompt_logprobs(
-        batch: Batch,
-        inputs: PrefillInputs,
-        prompt_logprobs: list[float],
-        generations: list[generate_pb2.Generation],
-    ) -> None:
-        input_ids = inputs.input_ids.tolist()
-        start = 0
-        for request, gen in zip(batch.requests, generations, strict=True):
-            end = start + request.input_len
-            if request.prefill_logprobs:
-                # The first prompt token has no prediction; position j predicts token j + 1.
-                logprobs = [math.nan] + prompt_logprobs[start : end - 1]
-                gen.prefill_tokens.CopyFrom(
-                    generate_pb2.Tokens(ids=input_ids[start:end], logprobs=logprobs)
-                )
-            start = end

@@ -19,7 +19,7 @@ import torch
 
 from shard.batch import Batch
 from shard.kv_cache import KvCacheSettings, plan_num_blocks
-from shard.runner import ModelRunner
+from shard.runner import ModelRunner, StepTimings
 from switchyard_pb import generate_pb2, generate_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -107,12 +107,26 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
 
         return await self._abort_on_error(context, filter_batch)
 
+    def _take(self, cached: list[generate_pb2.CachedBatch]) -> list[Batch]:
+        """Removes cached batches for a step; a bad id leaves the cache intact."""
+        batches = [self._cached(b.id) for b in cached]
+        for b in cached:
+            del self.cache[b.id]
+        return batches
+
+    def _step(self, batch: Batch, chunks) -> tuple[list[generate_pb2.Generation], StepTimings]:
+        generations, timings = self.runner.step(batch, dict(chunks))
+        self.cache[batch.id] = batch
+        return generations, timings
+
     async def Prefill(self, request, context):
         def prefill():
             start = time.perf_counter_ns()
-            batch = Batch.from_proto(request.batch, self.runner.device)
-            generations, timings = self.runner.prefill(batch)
-            self.cache[batch.id] = batch
+            new = Batch.from_proto(request.batch, self.runner.device)
+            if new.id in self.cache and not request.cached_batches:
+                raise ValueError(f"batch {new.id} is already cached on this shard")
+            batch = Batch.concat([*self._take(list(request.cached_batches)), new])
+            generations, timings = self._step(batch, request.prefill_chunks)
             return generate_pb2.PrefillResponse(
                 generations=generations,
                 batch=batch.to_cached_proto(),
@@ -128,14 +142,9 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             start = time.perf_counter_ns()
             if not request.batches:
                 raise ValueError("Decode needs at least one cached batch")
-            # Look every batch up before popping any, so a bad id leaves the cache intact.
-            batches = [self._cached(b.id) for b in request.batches]
-            for b in request.batches:
-                del self.cache[b.id]
-            batch = Batch.concat(batches)
+            batch = Batch.concat(self._take(list(request.batches)))
             concat_done = time.perf_counter_ns()
-            generations, timings = self.runner.decode(batch)
-            self.cache[batch.id] = batch
+            generations, timings = self._step(batch, request.prefill_chunks)
             return generate_pb2.DecodeResponse(
                 generations=generations,
                 batch=batch.to_cached_proto(),
@@ -157,7 +166,7 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             if runner.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(runner.device)
             if request.batch.requests:
-                runner.prefill(Batch.from_proto(request.batch, runner.device))
+                runner.step(Batch.from_proto(request.batch, runner.device))
             runner.kv_caches = None
             gc.collect()
             if runner.device.type == "cuda":

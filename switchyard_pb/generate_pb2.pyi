@@ -171,10 +171,21 @@ class FilterBatchResponse(_message.Message):
     def __init__(self, batch: _Optional[_Union[CachedBatch, _Mapping]] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("batch",)
+    __slots__ = ("batch", "cached_batches", "prefill_chunks")
+    class PrefillChunksEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    CACHED_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     batch: Batch
-    def __init__(self, batch: _Optional[_Union[Batch, _Mapping]] = ...) -> None: ...
+    cached_batches: _containers.RepeatedCompositeFieldContainer[CachedBatch]
+    prefill_chunks: _containers.ScalarMap[int, int]
+    def __init__(self, batch: _Optional[_Union[Batch, _Mapping]] = ..., cached_batches: _Optional[_Iterable[_Union[CachedBatch, _Mapping]]] = ..., prefill_chunks: _Optional[_Mapping[int, int]] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
     __slots__ = ("generations", "batch", "forward_ns", "decode_ns", "total_ns")
@@ -191,10 +202,19 @@ class PrefillResponse(_message.Message):
     def __init__(self, generations: _Optional[_Iterable[_Union[Generation, _Mapping]]] = ..., batch: _Optional[_Union[CachedBatch, _Mapping]] = ..., forward_ns: _Optional[int] = ..., decode_ns: _Optional[int] = ..., total_ns: _Optional[int] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
-    __slots__ = ("batches",)
+    __slots__ = ("batches", "prefill_chunks")
+    class PrefillChunksEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
     BATCHES_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     batches: _containers.RepeatedCompositeFieldContainer[CachedBatch]
-    def __init__(self, batches: _Optional[_Iterable[_Union[CachedBatch, _Mapping]]] = ...) -> None: ...
+    prefill_chunks: _containers.ScalarMap[int, int]
+    def __init__(self, batches: _Optional[_Iterable[_Union[CachedBatch, _Mapping]]] = ..., prefill_chunks: _Optional[_Mapping[int, int]] = ...) -> None: ...
 
 class DecodeResponse(_message.Message):
     __slots__ = ("generations", "batch", "concat_ns", "forward_ns", "decode_ns", "total_ns")

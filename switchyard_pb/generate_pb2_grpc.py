@@ -115,14 +115,17 @@ class TextGenerationServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Prefill(self, request, context):
-        """Run the prompts of a new batch and sample each request's first token.
+        """Start a new batch: run its prompts (or their first chunks) and sample the first token of
+        each request whose prompt is complete. Cached batches given with it run in the same forward
+        pass (chunked prefill mixes prompt chunks with decode tokens).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Decode(self, request, context):
-        """Advance cached batches by one token, concatenating them first when several are given.
+        """Advance cached batches by one step, concatenating them first when several are given: one
+        token per decoding request, the next prompt chunk for requests still in their prompt.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -34,15 +34,36 @@ WAVES = 2
 
 @triton.jit
 def _paged_decode_kernel(
-    q_ptr, cache_ptr, block_tables_ptr, context_lens_ptr,
-    out_ptr, part_out_ptr, part_lse_ptr, scale_log2, tokens_per_split,
-    stride_qb, stride_qh, stride_qd,
-    stride_ob, stride_oh, stride_od,
-    stride_c_kv, stride_c_blk, stride_c_off, stride_c_h, stride_c_d,
+    q_ptr,
+    cache_ptr,
+    block_tables_ptr,
+    context_lens_ptr,
+    out_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    scale_log2,
+    tokens_per_split,
+    stride_qb,
+    stride_qh,
+    stride_qd,
+    stride_ob,
+    stride_oh,
+    stride_od,
+    stride_c_kv,
+    stride_c_blk,
+    stride_c_off,
+    stride_c_h,
+    stride_c_d,
     stride_bt,
-    NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    CACHE_BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    NUM_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CACHE_BLOCK_SIZE: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
     seq = tl.program_id(0)
@@ -80,8 +101,17 @@ def _paged_decode_kernel(
         k = tl.load(ptrs, mask=valid[:, None] & d_mask, other=0.0)
         v = tl.load(ptrs + stride_c_kv, mask=valid[:, None] & d_mask, other=0.0)
         m_i, l_i, acc = attend_tile(
-            q, k, v, m_i, l_i, acc, valid[None, :], scale_log2,
-            MASKED=True, DOT_PRECISION=DOT_PRECISION, DOT_UPCAST=DOT_UPCAST,
+            q,
+            k,
+            v,
+            m_i,
+            l_i,
+            acc,
+            valid[None, :],
+            scale_log2,
+            MASKED=True,
+            DOT_PRECISION=DOT_PRECISION,
+            DOT_UPCAST=DOT_UPCAST,
         )
 
     if NUM_SPLITS == 1:
@@ -173,14 +203,30 @@ def paged_decode(
     else:
         part_out = part_lse = out  # unused: the split branch is compiled out
     _paged_decode_kernel[(batch, num_kv_heads, num_splits)](
-        q, kv_cache, block_tables, context_lens,
-        out, part_out, part_lse, scale * math.log2(math.e), tokens_per_split,
-        *q.stride(), *out.stride(), *kv_cache.stride(), block_tables.stride(0),
-        NUM_HEADS=num_heads, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
-        HEAD_DIM=head_dim, BLOCK_D=head_block(head_dim), BLOCK_N=cfg.block_n,
-        CACHE_BLOCK_SIZE=cache_block_size, NUM_SPLITS=num_splits,
+        q,
+        kv_cache,
+        block_tables,
+        context_lens,
+        out,
+        part_out,
+        part_lse,
+        scale * math.log2(math.e),
+        tokens_per_split,
+        *q.stride(),
+        *out.stride(),
+        *kv_cache.stride(),
+        block_tables.stride(0),
+        NUM_HEADS=num_heads,
+        GROUP=group,
+        BLOCK_G=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim,
+        BLOCK_D=head_block(head_dim),
+        BLOCK_N=cfg.block_n,
+        CACHE_BLOCK_SIZE=cache_block_size,
+        NUM_SPLITS=num_splits,
         **dot_options(q.dtype),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     if num_splits > 1:
         decode_reduce(part_out, part_lse, out)

@@ -15,10 +15,17 @@ import triton.language as tl
 
 @triton.jit
 def _decode_reduce_kernel(
-    part_out_ptr, part_lse_ptr, out_ptr,
-    stride_ob, stride_oh, stride_od,
-    NUM_HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    stride_ob,
+    stride_oh,
+    stride_od,
+    NUM_HEADS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -46,7 +53,13 @@ def decode_reduce(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Ten
     """part_out [B, H, S, D] fp32, part_lse [B, H, S] fp32 -> out [B, H, D] (written in place)."""
     batch, num_heads, num_splits, head_dim = part_out.shape
     _decode_reduce_kernel[(batch, num_heads)](
-        part_out, part_lse, out, *out.stride(),
-        NUM_HEADS=num_heads, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
-        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
+        part_out,
+        part_lse,
+        out,
+        *out.stride(),
+        NUM_HEADS=num_heads,
+        NUM_SPLITS=num_splits,
+        BLOCK_S=triton.next_power_of_2(num_splits),
+        HEAD_DIM=head_dim,
+        BLOCK_D=triton.next_power_of_2(head_dim),
     )

@@ -15,12 +15,26 @@ from shard.kernels import check_device, head_block
 
 @triton.jit
 def _kv_write_kernel(
-    key_ptr, value_ptr, cache_ptr, slot_ptr,
-    stride_kt, stride_kh, stride_kd,
-    stride_vt, stride_vh, stride_vd,
-    stride_c_kv, stride_c_blk, stride_c_off, stride_c_h, stride_c_d,
-    BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    key_ptr,
+    value_ptr,
+    cache_ptr,
+    slot_ptr,
+    stride_kt,
+    stride_kh,
+    stride_kd,
+    stride_vt,
+    stride_vh,
+    stride_vd,
+    stride_c_kv,
+    stride_c_blk,
+    stride_c_off,
+    stride_c_h,
+    stride_c_d,
+    BLOCK_SIZE: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token).to(tl.int64)
@@ -50,8 +64,16 @@ def kv_write(
     check_device(key, value, kv_cache, slot_mapping)
     block_size = kv_cache.shape[2]
     _kv_write_kernel[(num_tokens,)](
-        key, value, kv_cache, slot_mapping,
-        *key.stride(), *value.stride(), *kv_cache.stride(),
-        BLOCK_SIZE=block_size, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
-        BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=head_block(head_dim),
+        key,
+        value,
+        kv_cache,
+        slot_mapping,
+        *key.stride(),
+        *value.stride(),
+        *kv_cache.stride(),
+        BLOCK_SIZE=block_size,
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_H=triton.next_power_of_2(num_kv_heads),
+        BLOCK_D=head_block(head_dim),
     )

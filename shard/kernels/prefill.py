@@ -27,18 +27,42 @@ from shard.kernels.softmax import attend_tile
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr,
-    cache_ptr, block_tables_ptr, context_lens_ptr,
-    cu_seqlens_q_ptr, cu_seqlens_k_ptr, scale_log2,
-    stride_qt, stride_qh, stride_qd,
-    stride_kt, stride_kh, stride_kd,
-    stride_vt, stride_vh, stride_vd,
-    stride_ot, stride_oh, stride_od,
-    stride_c_kv, stride_c_blk, stride_c_off, stride_c_h, stride_c_d,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    o_ptr,
+    cache_ptr,
+    block_tables_ptr,
+    context_lens_ptr,
+    cu_seqlens_q_ptr,
+    cu_seqlens_k_ptr,
+    scale_log2,
+    stride_qt,
+    stride_qh,
+    stride_qd,
+    stride_kt,
+    stride_kh,
+    stride_kd,
+    stride_vt,
+    stride_vh,
+    stride_vd,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    stride_c_kv,
+    stride_c_blk,
+    stride_c_off,
+    stride_c_h,
+    stride_c_d,
     stride_bt,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CACHE_BLOCK_SIZE: tl.constexpr,
-    HAS_PREFIX: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CACHE_BLOCK_SIZE: tl.constexpr,
+    HAS_PREFIX: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
     start_m = tl.program_id(0)
@@ -81,8 +105,17 @@ def _prefill_kernel(
             k = tl.load(ptrs, mask=kv_mask, other=0.0)
             v = tl.load(ptrs + stride_c_kv, mask=kv_mask, other=0.0)
             m_i, l_i, acc = attend_tile(
-                q, k, v, m_i, l_i, acc, valid[None, :], scale_log2,
-                MASKED=True, DOT_PRECISION=DOT_PRECISION, DOT_UPCAST=DOT_UPCAST,
+                q,
+                k,
+                v,
+                m_i,
+                l_i,
+                acc,
+                valid[None, :],
+                scale_log2,
+                MASKED=True,
+                DOT_PRECISION=DOT_PRECISION,
+                DOT_UPCAST=DOT_UPCAST,
             )
 
     k_base = k_ptr + kv_head * stride_kh + offs_d[None, :] * stride_kd
@@ -98,8 +131,17 @@ def _prefill_kernel(
             k = tl.load(k_base + rows * stride_kt, mask=d_mask, other=0.0)
             v = tl.load(v_base + rows * stride_vt, mask=d_mask, other=0.0)
         m_i, l_i, acc = attend_tile(
-            q, k, v, m_i, l_i, acc, None, scale_log2, MASKED=False,
-            DOT_PRECISION=DOT_PRECISION, DOT_UPCAST=DOT_UPCAST,
+            q,
+            k,
+            v,
+            m_i,
+            l_i,
+            acc,
+            None,
+            scale_log2,
+            MASKED=False,
+            DOT_PRECISION=DOT_PRECISION,
+            DOT_UPCAST=DOT_UPCAST,
         )
     # The diagonal: the last row of the block sees keys up to (start_m + 1) * BLOCK_M - 1 + shift.
     diag_end = tl.minimum((start_m + 1) * BLOCK_M + shift, k_len)
@@ -111,8 +153,17 @@ def _prefill_kernel(
         v = tl.load(v_base + rows * stride_vt, mask=valid[:, None] & d_mask, other=0.0)
         causal = (pos[None, :] <= offs_m[:, None] + shift) & valid[None, :]
         m_i, l_i, acc = attend_tile(
-            q, k, v, m_i, l_i, acc, causal, scale_log2, MASKED=True,
-            DOT_PRECISION=DOT_PRECISION, DOT_UPCAST=DOT_UPCAST,
+            q,
+            k,
+            v,
+            m_i,
+            l_i,
+            acc,
+            causal,
+            scale_log2,
+            MASKED=True,
+            DOT_PRECISION=DOT_PRECISION,
+            DOT_UPCAST=DOT_UPCAST,
         )
 
     out = acc / l_i[:, None]
@@ -188,14 +239,31 @@ def varlen_prefill(
     cfg = config or default_prefill_config(head_dim, q.dtype)
     grid = (triton.cdiv(max_seqlen_q, cfg.block_m), batch, num_heads)
     _prefill_kernel[grid](
-        q, k, v, out,
-        kv_cache, block_tables, context_lens,
-        cu_seqlens_q, cu_seqlens_k, scale * math.log2(math.e),
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        *cache_strides, bt_stride,
-        GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=head_block(head_dim),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CACHE_BLOCK_SIZE=cache_block_size,
-        HAS_PREFIX=has_prefix, **dot_options(q.dtype),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        q,
+        k,
+        v,
+        out,
+        kv_cache,
+        block_tables,
+        context_lens,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        scale * math.log2(math.e),
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *out.stride(),
+        *cache_strides,
+        bt_stride,
+        GROUP=num_heads // num_kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_D=head_block(head_dim),
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        CACHE_BLOCK_SIZE=cache_block_size,
+        HAS_PREFIX=has_prefix,
+        **dot_options(q.dtype),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     return out

@@ -12,8 +12,17 @@ import triton.language as tl
 
 @triton.jit
 def attend_tile(
-    q, k, v, m_i, l_i, acc, mask, scale_log2,
-    MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    q,
+    k,
+    v,
+    m_i,
+    l_i,
+    acc,
+    mask,
+    scale_log2,
+    MASKED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
 ):
     """Folds one key/value tile into the running (max, sum, weighted values) of each query row.
 

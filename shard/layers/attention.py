@@ -25,6 +25,49 @@ class AttentionMetadata:
     max_seqlen_k: int = 0  # prefill: longest context (== max_seqlen_q without cached prefix)
 
 
+@dataclass
+class MixedMetadata:
+    """One forward pass over prompt chunks and single-token rows together (chunked prefill).
+
+    The packed tokens hold the prefill part first (`num_prefill_tokens` of them, varlen, each
+    sequence's cached prefix read from the cache) and then one token per decode-part sequence,
+    so each part goes through the kernel made for it. Either part may be absent.
+    """
+
+    slot_mapping: torch.Tensor  # [T] int64, every new token of the step
+    prefill: AttentionMetadata | None
+    decode: AttentionMetadata | None
+    num_prefill_tokens: int
+
+
+# What a model's forward pass takes: a pure prefill or decode step, or a mixed one.
+StepMetadata = AttentionMetadata | MixedMetadata
+
+
+def attend(
+    backend: AttentionBackend,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: StepMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Stores the step's new K/V, then attends each token over its sequence's context."""
+    backend.store_kv(k, v, kv_cache, meta.slot_mapping)
+    if isinstance(meta, AttentionMetadata):
+        if meta.is_prefill:
+            return backend.prefill(q, k, v, kv_cache, meta, scale)
+        return backend.decode(q, kv_cache, meta, scale)
+    n = meta.num_prefill_tokens
+    parts = []
+    if meta.prefill is not None:
+        parts.append(backend.prefill(q[:n], k[:n], v[:n], kv_cache, meta.prefill, scale))
+    if meta.decode is not None:
+        parts.append(backend.decode(q[n:], kv_cache, meta.decode, scale))
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
 class AttentionBackend(Protocol):
     def store_kv(
         self,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from shard.layers.attention import AttentionMetadata
+from shard.layers.attention import StepMetadata
 
 
 class CausalLM(nn.Module):
@@ -25,7 +25,7 @@ class CausalLM(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         kv_caches: list[torch.Tensor],
-        meta: AttentionMetadata,
+        meta: StepMetadata,
     ) -> torch.Tensor:
         """input_ids, positions [T] int64 -> final hidden states [T, hidden]."""
         raise NotImplementedError

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shard.layers.attention import AttentionBackend, AttentionMetadata, get_attention_backend
+from shard.layers.attention import AttentionBackend, StepMetadata, attend, get_attention_backend
 from shard.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from shard.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from shard.layers.norm import RMSNorm
@@ -93,15 +93,11 @@ class LlamaAttention(nn.Module):
         hidden: torch.Tensor,
         positions: torch.Tensor,
         kv_cache: torch.Tensor,
-        meta: AttentionMetadata,
+        meta: StepMetadata,
     ) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
         q, k = self.rotary(positions, q, k)
-        self.backend.store_kv(k, v, kv_cache, meta.slot_mapping)
-        if meta.is_prefill:
-            out = self.backend.prefill(q, k, v, kv_cache, meta, self.scale)
-        else:
-            out = self.backend.decode(q, kv_cache, meta, self.scale)
+        out = attend(self.backend, q, k, v, kv_cache, meta, self.scale)
         return self.o_proj(out.flatten(1))
 
 
@@ -162,7 +158,7 @@ class LlamaDecoderLayer(nn.Module):
         hidden: torch.Tensor,
         positions: torch.Tensor,
         kv_cache: torch.Tensor,
-        meta: AttentionMetadata,
+        meta: StepMetadata,
     ) -> torch.Tensor:
         hidden = hidden + self.self_attn(self.input_layernorm(hidden), positions, kv_cache, meta)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
@@ -205,7 +201,7 @@ class LlamaForCausalLM(CausalLM):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         kv_caches: list[torch.Tensor],
-        meta: AttentionMetadata,
+        meta: StepMetadata,
     ) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):

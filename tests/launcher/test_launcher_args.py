@@ -26,7 +26,13 @@ CPU_ENV = LauncherEnv.from_environ({"CUDA_VISIBLE_DEVICES": ""})
         (["--max-concurrent-requests", "0"], "--max-concurrent-requests"),
         (["--max-input-tokens", "100", "--max-total-tokens", "100"], "--max-input-tokens"),
         (
-            ["--max-input-tokens", "100", "--max-batch-prefill-tokens", "50"],
+            [
+                "--max-input-tokens",
+                "100",
+                "--max-batch-prefill-tokens",
+                "50",
+                "--no-prefill-chunking",
+            ],
             "--max-batch-prefill-tokens",
         ),
         (["--no-such-flag"], "--no-such-flag"),

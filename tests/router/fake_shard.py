@@ -25,7 +25,13 @@ class FakeRequest:
     blocks: list[int]
     slots: list[int]
     top_n: int
+    prefill_logprobs: bool = False
     generated: int = 0
+    computed: int = 0  # prompt tokens computed so far (chunked prefill)
+
+    @property
+    def prompt_left(self) -> int:
+        return len(self.ids) - self.generated - self.computed
 
 
 @dataclass
@@ -50,6 +56,9 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
     max_batch_size_seen: int = 0
     prefilled: list[pb.Request] = field(default_factory=list)  # every request, as received
     decode_sizes: list[int] = field(default_factory=list)  # requests in each Decode
+    step_tokens: list[int] = field(default_factory=list)  # tokens computed by each Prefill/Decode
+    step_generated: list[list[int]] = field(default_factory=list)  # ids given a token, per step
+    prompt_chunks: list[dict[int, int]] = field(default_factory=list)  # chunks computed, per step
 
     def _check(self, ok: bool, message: str) -> None:
         if not ok:
@@ -108,6 +117,28 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
                 pb.Tokens(ids=prompt, logprobs=[math.nan] + [-1.0] * (len(prompt) - 1))
             )
         return gen
+
+    def _step(self, reqs: list[FakeRequest], chunks) -> list[pb.Generation]:
+        """One step like the real shard's: decoding rows get a token; rows in their prompt compute
+        their chunk (default: the rest) and get their first token once it is all computed."""
+        known = {r.id for r in reqs}
+        self._check(set(chunks) <= known, f"chunks for unknown requests {set(chunks) - known}")
+        gens, tokens, computed = [], 0, {}
+        for req in reqs:
+            if req.prompt_left > 0:
+                n = min(chunks.get(req.id, req.prompt_left), req.prompt_left)
+                req.computed += n
+                tokens += n
+                computed[req.id] = n
+                if req.prompt_left == 0:
+                    gens.append(self._generation(req, req.prefill_logprobs))
+            else:
+                tokens += 1
+                gens.append(self._generation(req))
+        self.step_tokens.append(tokens)
+        self.step_generated.append([g.request_id for g in gens])
+        self.prompt_chunks.append(computed)
+        return gens
 
     def _cached(self, batch_id: int) -> pb.CachedBatch:
         reqs = self.batches[batch_id]
@@ -193,34 +224,37 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
                     list(r.blocks),
                     list(r.slots),
                     r.top_n_tokens,
+                    r.prefill_logprobs,
                 )
             )
-        self.batches[batch.id] = reqs
-        gens = [
-            self._generation(req, r.prefill_logprobs)
-            for req, r in zip(reqs, batch.requests, strict=True)
-        ]
-        return pb.PrefillResponse(generations=gens, batch=self._cached(batch.id))
+        merged = self._take(list(request.cached_batches)) + reqs
+        batch_id = request.cached_batches[0].id if request.cached_batches else batch.id
+        self.batches[batch_id] = merged
+        gens = self._step(merged, dict(request.prefill_chunks))
+        return pb.PrefillResponse(generations=gens, batch=self._cached(batch_id))
+
+    def _take(self, cached: list[pb.CachedBatch]) -> list[FakeRequest]:
+        for b in cached:
+            self._check(b.id in self.batches, f"step of unknown batch {b.id}")
+            if b.id in self.batches:
+                known = [r.id for r in self.batches[b.id]]
+                self._check(list(b.request_ids) == known, f"batch {b.id} ids {b.request_ids}")
+        return [r for b in cached for r in self.batches.pop(b.id, [])]
 
     async def Decode(self, request, context):
         self.calls.append("Decode")
         if self.decode_delay:
             await asyncio.sleep(self.decode_delay)
-        ids = [b.id for b in request.batches]
-        for b in request.batches:
-            self._check(b.id in self.batches, f"decode of unknown batch {b.id}")
-            if b.id in self.batches:
-                known = [r.id for r in self.batches[b.id]]
-                self._check(list(b.request_ids) == known, f"batch {b.id} ids {b.request_ids}")
         if self.fail_next_decode:
             self.fail_next_decode = False
             await context.abort(grpc.StatusCode.INTERNAL, "injected decode failure")
-        merged = [r for i in ids for r in self.batches.pop(i, [])]
-        self.batches[ids[0]] = merged
+        merged = self._take(list(request.batches))
+        batch_id = request.batches[0].id
+        self.batches[batch_id] = merged
         self.max_batch_size_seen = max(self.max_batch_size_seen, len(merged))
         self.decode_sizes.append(len(merged))
-        gens = [self._generation(r) for r in merged]
-        return pb.DecodeResponse(generations=gens, batch=self._cached(ids[0]))
+        gens = self._step(merged, dict(request.prefill_chunks))
+        return pb.DecodeResponse(generations=gens, batch=self._cached(batch_id))
 
     async def FilterBatch(self, request, context):
         self.calls.append("FilterBatch")

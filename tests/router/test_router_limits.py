@@ -57,7 +57,7 @@ def test_defaults_follow_the_model_context():
         ({"max_input_tokens": 100, "max_total_tokens": 100}, 4096, "--max-input-tokens"),
         ({"max_total_tokens": 5000}, 4096, "--max-total-tokens"),
         (
-            {"max_input_tokens": 100, "max_batch_prefill_tokens": 99},
+            {"max_input_tokens": 100, "max_batch_prefill_tokens": 99, "prefill_chunking": False},
             4096,
             "--max-batch-prefill-tokens",
         ),
@@ -72,6 +72,18 @@ def test_defaults_follow_the_model_context():
 def test_impossible_flags_are_refused_by_name(kw, mpe, flag):
     with pytest.raises(ConfigError, match=flag):
         resolve_limits(args(**kw), mpe, 16)
+
+
+def test_chunking_lets_prompts_outgrow_the_prefill_budget_and_shrinks_it_on_cpu():
+    lim = resolve_limits(args(max_input_tokens=100, max_batch_prefill_tokens=99), 4096, 16)
+    assert (lim.max_input_tokens, lim.max_batch_prefill_tokens) == (100, 99)
+    assert resolve_limits(args(), 4096, 16, "cpu").max_batch_prefill_tokens == 256
+    assert resolve_limits(args(), 4096, 16, "cuda").max_batch_prefill_tokens == 1074
+    unchunked = args(prefill_chunking=False)
+    assert resolve_limits(unchunked, 4096, 16, "cpu").max_batch_prefill_tokens == 1074
+    # A flag given by the user always wins.
+    given = args(max_batch_prefill_tokens=4096)
+    assert resolve_limits(given, 4096, 16, "cpu").max_batch_prefill_tokens == 4096
 
 
 def test_capacity_from_warmup():

@@ -5,6 +5,8 @@ concurrent results equal to sequential ones.
 
 import asyncio
 
+import pytest
+
 from tests.router.harness import async_test, parse_sse, router_env, wait_until
 
 
@@ -25,9 +27,12 @@ def _decodes_before_last_prefill(calls: list[str], since: int) -> tuple[int, int
     return between, calls[since : prefills[-1]].count("Decode")
 
 
+@pytest.mark.parametrize("chunking,reason", [(True, "chunked"), (False, "backpressure")])
 @async_test
-async def test_a_long_running_batch_keeps_admitting_new_requests(model_dir):
-    async with router_env(model_dir, shard={"decode_delay": 0.005}) as env:
+async def test_a_long_running_batch_keeps_admitting_new_requests(model_dir, chunking, reason):
+    async with router_env(
+        model_dir, shard={"decode_delay": 0.005}, prefill_chunking=chunking
+    ) as env:
         long = await env.client.post("/generate_stream", json=gen(max_new_tokens=100))
         assert (await long.content.readline()).startswith(b"data:")
         jobs = [
@@ -40,7 +45,7 @@ async def test_a_long_running_batch_keeps_admitting_new_requests(model_dir):
         # They all finished while the long request was still generating.
         assert len(env.infer.batcher.entries) == 1
         assert max(env.shards[0].decode_sizes) >= 2  # decoded together with the long one
-        assert env.infer.metrics.concat.labels(reason="backpressure")._value.get() >= 1
+        assert env.infer.metrics.concat.labels(reason=reason)._value.get() >= 1
         sequential = [await _text(env, j) for j in jobs]
         assert concurrent == sequential
         events = parse_sse(await long.text())  # the first event was read above
@@ -52,7 +57,9 @@ async def test_a_long_running_batch_keeps_admitting_new_requests(model_dir):
 
 async def _late_join_decodes(model_dir, **flags) -> tuple[int, int]:
     """Runs 4 long requests, then one late one; counts the decodes before it joined."""
-    async with router_env(model_dir, shard={"decode_delay": 0.005}, **flags) as env:
+    async with router_env(
+        model_dir, shard={"decode_delay": 0.005}, prefill_chunking=False, **flags
+    ) as env:
         streams = [
             await env.client.post("/generate_stream", json=gen(p, max_new_tokens=120))
             for p in ("H", "A", "a", "0")
@@ -70,8 +77,8 @@ async def _late_join_decodes(model_dir, **flags) -> tuple[int, int]:
 
 @async_test
 async def test_waiting_served_ratio_and_max_waiting_tokens(model_dir):
-    # TGI: a prefill interrupts the running batch only for >= ratio * batch size requests,
-    # or once max_waiting_tokens decode steps went by without one.
+    # TGI without chunking: a prefill interrupts the running batch only for >= ratio * batch
+    # size requests, or once max_waiting_tokens decode steps went by without one.
     _, waited = await _late_join_decodes(model_dir, waiting_served_ratio=0.25)  # 1 >= 0.25 * 4
     assert waited <= 1
     # 1 < 1.0 * 4: the late request waits until 20 - 1 decodes followed the last prefill.

@@ -1,0 +1,85 @@
+"""Chunked prefill in the scheduler, against fake shards: every step stays within
+max_batch_prefill_tokens (decode tokens included), long prompts are split over steps while the
+running requests keep getting a token every step, and results equal unchunked ones."""
+
+import asyncio
+
+from tests.router.harness import async_test, parse_sse, router_env, wait_until
+
+LONG_PROMPTS = [
+    "The quick brown fox jumps over the lazy dog, twice over",
+    "Hello world, and hello again to everyone in the room",
+    "日本語のテキストも少し長めに書いておきます",
+]
+
+
+def gen(inputs, **params):
+    return {"inputs": inputs, "parameters": params}
+
+
+async def _result(env, body) -> dict:
+    r = await env.client.post("/generate", json=body)
+    assert r.status == 200, await r.text()
+    return await r.json()
+
+
+@async_test
+async def test_steps_stay_within_the_budget_and_running_requests_never_stall(model_dir, tokenizer):
+    budget = 8
+    async with router_env(
+        model_dir, shard={"decode_delay": 0.002}, max_batch_prefill_tokens=budget
+    ) as env:
+        lengths = [len(tokenizer.encode(p)) for p in LONG_PROMPTS]
+        assert min(lengths) > 2 * budget  # each prompt needs several steps
+        running = await env.client.post("/generate_stream", json=gen("H", max_new_tokens=60))
+        await running.content.readline()
+        jobs = [gen(p, max_new_tokens=6, decoder_input_details=True) for p in LONG_PROMPTS]
+        concurrent = await asyncio.gather(*(_result(env, j) for j in jobs))
+        events = parse_sse(await running.text())
+        assert events[-1]["details"]["finish_reason"] == "length"
+
+        shard = env.shards[0]
+        assert max(shard.step_tokens) <= budget
+        # Each long prompt was computed over several steps...
+        prompt_len = {r.id: len(r.input_ids) for r in shard.prefilled}
+        long_ids = [rid for rid, n in prompt_len.items() if n > 2 * budget]
+        assert len(long_ids) == len(LONG_PROMPTS)
+        for rid in long_ids:
+            spread = [step[rid] for step in shard.prompt_chunks if step.get(rid)]
+            assert len(spread) > 2 and sum(spread) == prompt_len[rid]
+        # ...while the running request got a token at every step from its first to its last.
+        first_id = shard.prefilled[0].id
+        with_token = [i for i, ids in enumerate(shard.step_generated) if first_id in ids]
+        assert with_token == list(range(with_token[0], with_token[-1] + 1))
+        assert len(with_token) == 60
+
+        # Details of chunked prompts are whole and equal what unchunked prefill reports.
+        for job, result in zip(jobs, concurrent, strict=True):
+            prefill = result["details"]["prefill"]
+            assert len(prefill) == len(tokenizer.encode(job["inputs"]))
+            alone = await _result(env, job)
+            assert alone == result
+        assert env.violations() == []
+        await wait_until(lambda: env.infer.allocator.used_blocks == 0)
+
+    async with router_env(model_dir, prefill_chunking=False) as unchunked:
+        for job, result in zip(jobs, concurrent, strict=True):
+            assert await _result(unchunked, job) == result
+
+
+@async_test
+async def test_more_decoding_requests_than_budget_still_finish_in_order(model_dir):
+    # Four decoding requests already exceed a budget of 2: prompts wait for room, never starve.
+    async with router_env(model_dir, max_batch_prefill_tokens=2) as env:
+        prompts = ["Hello there", "The quick", "abc def ghi", "日本", "xyz"]
+        jobs = [gen(p, max_new_tokens=5 + i) for i, p in enumerate(prompts)]
+        concurrent = await asyncio.gather(*(_result(env, j) for j in jobs))
+        sequential = [await _result(env, j) for j in jobs]
+        assert concurrent == sequential
+        # Prompt work per step never exceeds what the decode tokens leave of the budget.
+        shard = env.shards[0]
+        for tokens, chunks in zip(shard.step_tokens, shard.prompt_chunks, strict=True):
+            decode_tokens = tokens - sum(chunks.values())
+            assert sum(chunks.values()) <= max(0, 2 - decode_tokens)
+        assert env.violations() == []
+        await wait_until(lambda: env.infer.allocator.used_blocks == 0)

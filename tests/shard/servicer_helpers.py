@@ -1,0 +1,67 @@
+"""Driving the shard servicer directly in tests: a fake gRPC context, block tables, references."""
+
+import asyncio
+import random
+
+import torch
+
+from switchyard_pb import generate_pb2
+
+BLOCK_SIZE = 16
+
+
+class AbortError(Exception):
+    pass
+
+
+class FakeContext:
+    async def abort(self, code, details):
+        raise AbortError(f"{code}: {details}")
+
+
+def greedy_reference(model, prompt: list[int], n: int) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+class BlockPool:
+    """Hands out shuffled blocks so block tables are non-contiguous, like a busy allocator's."""
+
+    def __init__(self, num_blocks: int, seed: int = 0) -> None:
+        self.free = list(range(num_blocks))
+        random.Random(seed).shuffle(self.free)
+
+    def request(self, rid: int, prompt: list[int], max_new: int, **kw) -> generate_pb2.Request:
+        total = len(prompt) + max_new
+        blocks = [self.free.pop() for _ in range(-(-total // BLOCK_SIZE))]
+        slots = [blocks[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in range(total)]
+        kw.setdefault(
+            "parameters",
+            generate_pb2.NextTokenChooserParameters(
+                temperature=1.0, top_p=1.0, typical_p=1.0, repetition_penalty=1.0
+            ),
+        )
+        return generate_pb2.Request(
+            id=rid,
+            input_ids=prompt,
+            blocks=blocks,
+            slots=slots,
+            stopping_parameters=generate_pb2.StoppingCriteriaParameters(max_new_tokens=max_new),
+            **kw,
+        )
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def prompts(n: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 500) for _ in range(rng.randrange(5, 40))] for _ in range(n)]
