@@ -17,6 +17,7 @@ ROUTER_INT_FLAGS = (
     "max_input_tokens",
     "max_total_tokens",
     "max_batch_prefill_tokens",
+    "prefill_chunk_tokens",
     "max_batch_total_tokens",
     "max_concurrent_requests",
     "max_stop_sequences",
@@ -47,6 +48,7 @@ class LauncherConfig:
     max_input_tokens: int | None
     max_total_tokens: int | None
     max_batch_prefill_tokens: int | None
+    prefill_chunk_tokens: int | None
     max_batch_total_tokens: int | None
     max_concurrent_requests: int | None
     max_stop_sequences: int | None

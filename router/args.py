@@ -34,6 +34,7 @@ class RouterArgs:
     max_waiting_tokens: int = 20
     max_batch_size: int | None = None
     prefill_chunking: bool = True
+    prefill_chunk_tokens: int | None = None
     max_top_n_tokens: int = 5
     payload_limit: int = DEFAULT_PAYLOAD_LIMIT
     api_key: str | None = None
@@ -93,8 +94,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--prefill-chunking",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="compute long prompts over several steps, mixed with decoding, at most "
-        "--max-batch-prefill-tokens per step (default: on)",
+        help="compute prompts over several steps, mixed into the decoding of running requests "
+        "(default: on)",
+    )
+    p.add_argument(
+        "--prefill-chunk-tokens",
+        type=_positive_int,
+        default=None,
+        help="with chunking, prompt tokens a step may add while requests are decoding "
+        "(default: 64 on CPU, --max-batch-prefill-tokens on GPU)",
     )
     p.add_argument("--max-top-n-tokens", type=_non_negative_int, default=5)
     p.add_argument(

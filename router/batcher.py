@@ -43,8 +43,10 @@ class SchedulerConfig:
     waiting_served_ratio: float = 0.3
     max_waiting_tokens: int = 20
     max_batch_size: int | None = None  # None: only the token budgets bound a batch
-    # Spread prompts over steps mixed with decoding (max_batch_prefill_tokens per step).
+    # Spread prompts over steps mixed with decoding: prefill_chunk_tokens per step while any
+    # request decodes, max_batch_prefill_tokens when none does (nobody is stalled then).
     prefill_chunking: bool = True
+    prefill_chunk_tokens: int | None = None  # None: max_batch_prefill_tokens
 
 
 class Batcher:
@@ -115,7 +117,11 @@ class Batcher:
             await self.queue.wait()
             self.metrics.cancellations.inc(len(self.queue.drop_gone()))
         members = [self.entries[rid] for rid in running.request_ids] if running else []
-        chunks, budget = share_budget(self.config.max_batch_prefill_tokens, members)
+        cfg = self.config
+        budget = cfg.max_batch_prefill_tokens
+        if cfg.prefill_chunk_tokens is not None and any(e.prompt_left == 0 for e in members):
+            budget = cfg.prefill_chunk_tokens
+        chunks, budget = share_budget(budget, members)
         new = []
         if budget > 0 and len(self.queue):
             new = self._admit(budget, len(members), chunking=True)

@@ -1,10 +1,15 @@
-"""Chunked prefill: how a step's token budget is shared (vLLM's and TGI v3's rule).
+"""Chunked prefill: how a step's prompt budget is shared.
 
-Every step runs one token for each decoding request and spends what is left of
-max_batch_prefill_tokens on prompts: first on the requests of the running batch that are still
-in their prompt (oldest first), then on newly admitted ones, the last of which may get only the
-start of its prompt. A long prompt thus never stalls the running requests for more than one
-budget's worth of compute, and decoding goes on in the same forward pass.
+Every step runs one token for each decoding request and up to a budget of prompt tokens
+(prefill_chunk_tokens while any request decodes, max_batch_prefill_tokens when none does): first
+for the requests of the running batch still in their prompt (oldest first), then for newly
+admitted ones, the last of which may get only the start of its prompt. A long prompt thus never
+stalls the running requests for more than one chunk's worth of compute, and decoding goes on in
+the same forward pass.
+
+Decode tokens do not count against the budget (vLLM's max_num_batched_tokens counts them):
+the budget bounds what prompts add to a step, whatever the batch size, so prompts keep flowing
+into a large running batch instead of waiting for it to shrink.
 """
 
 from __future__ import annotations
@@ -21,17 +26,12 @@ def share_budget(budget: int, running: Iterable[Entry]) -> tuple[dict[int, int],
     whole rest of a prompt that has no chunk.
     """
     chunks: dict[int, int] = {}
-    in_prompt = []
     for entry in running:
         if entry.prompt_left > 0:
-            in_prompt.append(entry)
-        else:
-            budget -= 1  # its decode token
-    for entry in in_prompt:
-        n = max(0, min(entry.prompt_left, budget))
-        chunks[entry.id] = n
-        budget -= n
-    return chunks, max(budget, 0)
+            n = max(0, min(entry.prompt_left, budget))
+            chunks[entry.id] = n
+            budget -= n
+    return chunks, budget
 
 
 def chunk_new(budget: int, entries: Iterable[Entry]) -> dict[int, int]:

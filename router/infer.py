@@ -98,6 +98,7 @@ class Infer:
                 max_waiting_tokens=args.max_waiting_tokens,
                 max_batch_size=args.max_batch_size,
                 prefill_chunking=args.prefill_chunking,
+                prefill_chunk_tokens=limits.prefill_chunk_tokens,
             ),
             self.metrics,
         )

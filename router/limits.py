@@ -18,10 +18,10 @@ DEFAULT_MAX_TOTAL_TOKENS = 2048
 DEFAULT_MAX_INPUT_TOKENS = 1024
 # TGI leaves a little room above one full prompt for the default prefill budget.
 PREFILL_HEADROOM = 50
-# On a CPU, with prefill chunking, the default prefill budget is smaller: a forward pass costs
-# milliseconds per token there, and a step's budget is the longest stall running requests see
-# while prompts are computed (bench: docs/benchmarks.md).
-DEFAULT_CPU_CHUNKED_PREFILL_TOKENS = 256
+# Prompt tokens a step may add while other requests decode (chunked prefill), on a CPU: a token
+# costs ~2 ms there (docs/benchmarks.md), and the chunk is the stall every decoding request sees.
+# On a GPU the default is the whole --max-batch-prefill-tokens.
+DEFAULT_CPU_PREFILL_CHUNK_TOKENS = 64
 # Block 0 is never handed to a request: shards may pad slot mappings with slot 0.
 RESERVED_BLOCKS = 1
 
@@ -35,6 +35,8 @@ class Limits:
     max_input_tokens: int
     max_total_tokens: int
     max_batch_prefill_tokens: int
+    # With chunking: prompt tokens per step while requests are decoding (<= the above).
+    prefill_chunk_tokens: int
     # None until warmup: the flag's value when given, else what the KV cache holds.
     max_batch_total_tokens: int | None
     block_size: int
@@ -78,8 +80,6 @@ def resolve_limits(
     prefill = args.max_batch_prefill_tokens
     if prefill is None:
         prefill = max_input + PREFILL_HEADROOM
-        if args.prefill_chunking and device_type == "cpu":
-            prefill = min(prefill, DEFAULT_CPU_CHUNKED_PREFILL_TOKENS)
         if args.max_batch_total_tokens is not None:
             prefill = min(prefill, args.max_batch_total_tokens)
 
@@ -116,10 +116,18 @@ def resolve_limits(
                 f"--max-batch-prefill-tokens ({prefill}) must be <= "
                 f"--max-batch-total-tokens ({batch_total})"
             )
+    chunk = args.prefill_chunk_tokens
+    if chunk is None:
+        chunk = min(prefill, DEFAULT_CPU_PREFILL_CHUNK_TOKENS) if device_type == "cpu" else prefill
+    elif chunk > prefill:
+        raise ConfigError(
+            f"--prefill-chunk-tokens ({chunk}) must be <= --max-batch-prefill-tokens ({prefill})"
+        )
     return Limits(
         max_input_tokens=max_input,
         max_total_tokens=total,
         max_batch_prefill_tokens=prefill,
+        prefill_chunk_tokens=chunk,
         max_batch_total_tokens=batch_total,
         block_size=block_size,
     )
@@ -160,4 +168,9 @@ def apply_capacity(limits: Limits, max_supported_total_tokens: int, num_blocks: 
     # A batch never prefills more than it may hold; max_total_tokens <= batch_total (checked
     # above through the block count), so one full-length prompt still always fits.
     prefill = min(limits.max_batch_prefill_tokens, batch_total)
-    return replace(sized, max_batch_total_tokens=batch_total, max_batch_prefill_tokens=prefill)
+    return replace(
+        sized,
+        max_batch_total_tokens=batch_total,
+        max_batch_prefill_tokens=prefill,
+        prefill_chunk_tokens=min(limits.prefill_chunk_tokens, prefill),
+    )

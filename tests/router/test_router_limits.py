@@ -74,16 +74,24 @@ def test_impossible_flags_are_refused_by_name(kw, mpe, flag):
         resolve_limits(args(**kw), mpe, 16)
 
 
-def test_chunking_lets_prompts_outgrow_the_prefill_budget_and_shrinks_it_on_cpu():
+def test_chunking_lets_prompts_outgrow_the_prefill_budget_and_bounds_chunks_on_cpu():
     lim = resolve_limits(args(max_input_tokens=100, max_batch_prefill_tokens=99), 4096, 16)
     assert (lim.max_input_tokens, lim.max_batch_prefill_tokens) == (100, 99)
-    assert resolve_limits(args(), 4096, 16, "cpu").max_batch_prefill_tokens == 256
-    assert resolve_limits(args(), 4096, 16, "cuda").max_batch_prefill_tokens == 1074
-    unchunked = args(prefill_chunking=False)
-    assert resolve_limits(unchunked, 4096, 16, "cpu").max_batch_prefill_tokens == 1074
-    # A flag given by the user always wins.
-    given = args(max_batch_prefill_tokens=4096)
-    assert resolve_limits(given, 4096, 16, "cpu").max_batch_prefill_tokens == 4096
+    cpu = resolve_limits(args(), 4096, 16, "cpu")
+    assert (cpu.max_batch_prefill_tokens, cpu.prefill_chunk_tokens) == (1074, 64)
+    gpu = resolve_limits(args(), 4096, 16, "cuda")
+    assert (gpu.max_batch_prefill_tokens, gpu.prefill_chunk_tokens) == (1074, 1074)
+    small = resolve_limits(args(max_batch_prefill_tokens=40), 4096, 16, "cpu")
+    assert small.prefill_chunk_tokens == 40
+    given = resolve_limits(args(prefill_chunk_tokens=300), 4096, 16, "cpu")
+    assert given.prefill_chunk_tokens == 300
+    with pytest.raises(ConfigError, match="--prefill-chunk-tokens"):
+        resolve_limits(args(prefill_chunk_tokens=2000), 4096, 16, "cpu")
+    # Fitting to a small cache keeps the chunk within the clamped prefill budget.
+    fitted = apply_capacity(given, max_supported_total_tokens=16 * 200, num_blocks=200)
+    assert fitted.prefill_chunk_tokens == 300
+    tiny = resolve_limits(args(max_total_tokens=64, max_input_tokens=60), 4096, 16, "cuda")
+    assert apply_capacity(tiny, 80, 6).prefill_chunk_tokens == 80
 
 
 def test_capacity_from_warmup():
