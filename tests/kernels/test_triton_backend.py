@@ -7,7 +7,7 @@ import pytest
 import torch
 from kernel_cases import DEVICE, REFERENCE, TOLERANCES, PagedBatch, as_float, fill_cache, randn
 
-from shard.layers.attention import get_attention_backend
+from shard.layers.attention import MixedMetadata, attend, get_attention_backend
 from shard.layers.attention_triton import TritonAttentionBackend
 
 
@@ -42,6 +42,40 @@ def test_prefill_then_decode_through_the_interface():
     out = backend.decode(q, cache, meta, scale)
     ref_meta, ref_cache = as_float(meta, ref_cache)
     expected = REFERENCE.decode(q.cpu(), ref_cache, ref_meta, scale)
+    torch.testing.assert_close(out.cpu(), expected, **TOLERANCES[torch.float32])
+
+
+def test_a_mixed_chunked_prefill_step_equals_its_parts():
+    """Chunked prefill: a fresh prompt chunk, a chunk after a cached prefix and a decode token in
+    one step; attend() splits it between the prefill and decode kernels."""
+    backend = get_attention_backend("triton")
+    gen = torch.Generator().manual_seed(1)
+    heads, kv_heads, d, scale = 4, 2, 64, 0.125
+    full = PagedBatch.allocate([40, 40, 40], block_size=16)
+    cache = full.empty_cache(kv_heads, d, torch.float32)
+    fill_cache(full, cache, [0, 18, 24], gen)
+    ref_cache = cache.clone()
+    prefill = PagedBatch(full.tables[:2], 16, full.num_blocks).prefill_meta([0, 18], [20, 30])
+    decode = PagedBatch(full.tables[2:], 16, full.num_blocks).decode_meta([25])
+    n = prefill.slot_mapping.numel()
+    meta = MixedMetadata(
+        slot_mapping=torch.cat([prefill.slot_mapping, decode.slot_mapping]),
+        prefill=prefill,
+        decode=decode,
+        num_prefill_tokens=n,
+    )
+    shapes = (heads, kv_heads, kv_heads)
+    q, k, v = (randn(n + 1, h, d, dtype=torch.float32, gen=gen) for h in shapes)
+    out = attend(backend, q, k, v, cache, meta, scale)
+
+    REFERENCE.store_kv(k.cpu(), v.cpu(), ref_cache, meta.slot_mapping)
+    torch.testing.assert_close(cache, ref_cache, rtol=0, atol=0, equal_nan=True)
+    pre_meta, ref_f = as_float(prefill, ref_cache)
+    dec_meta, _ = as_float(decode, ref_cache)
+    expected = torch.cat([
+        REFERENCE.prefill(q[:n].cpu(), k[:n].cpu(), v[:n].cpu(), ref_f, pre_meta, scale),
+        REFERENCE.decode(q[n:].cpu(), ref_f, dec_meta, scale),
+    ])  # fmt: skip
     torch.testing.assert_close(out.cpu(), expected, **TOLERANCES[torch.float32])
 
 
