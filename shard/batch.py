@@ -139,6 +139,7 @@ class Batch:
             raise ValueError(f"batch {self.id} has no requests {missing}")
         keep_list = [position[rid] for rid in request_ids]
         keep = torch.tensor(keep_list, dtype=torch.int64, device=self.history.device)
+        kept_ids = set(request_ids)
         return Batch(
             id=self.id,
             requests=[self.requests[i] for i in keep_list],
@@ -149,7 +150,7 @@ class Batch:
             cache_lens=self.cache_lens[keep],
             sampling=self.sampling.index(keep),
             prompt_logprobs={
-                rid: lps for rid, lps in self.prompt_logprobs.items() if rid in set(request_ids)
+                rid: lps for rid, lps in self.prompt_logprobs.items() if rid in kept_ids
             },
         )
 

@@ -22,3 +22,17 @@ def tiny_model(tmp_path_factory) -> Callable[[str], Path]:
         return built[name]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def servicer_model_dir(tmp_path_factory) -> Path:
+    """The Llama (GQA) the servicer tests drive through Prefill/Decode."""
+    return build_model(tmp_path_factory.mktemp("servicer") / "llama", num_key_value_heads=2)
+
+
+@pytest.fixture(scope="session")
+def servicer_reference(servicer_model_dir):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(servicer_model_dir, dtype=torch.float32).eval()

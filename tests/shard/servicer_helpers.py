@@ -5,6 +5,8 @@ import random
 
 import torch
 
+from shard.settings import ShardSettings
+from shard.startup import build_service
 from switchyard_pb import generate_pb2
 
 BLOCK_SIZE = 16
@@ -17,6 +19,12 @@ class AbortError(Exception):
 class FakeContext:
     async def abort(self, code, details):
         raise AbortError(f"{code}: {details}")
+
+
+def start_service(model_dir):
+    """A float32 servicer of its own (each test module keeps its own batch cache)."""
+    settings = ShardSettings(model_id=str(model_dir), uds_path="/unused", dtype="float32")
+    return build_service(settings)
 
 
 def greedy_reference(model, prompt: list[int], n: int) -> list[int]:

@@ -7,9 +7,6 @@ import math
 import pytest
 import torch
 
-from launcher.tiny_models import build_model
-from shard.settings import ShardSettings
-from shard.startup import build_service
 from switchyard_pb import generate_pb2 as pb
 from tests.shard.servicer_helpers import (
     AbortError,
@@ -18,26 +15,20 @@ from tests.shard.servicer_helpers import (
     greedy_reference,
     prompts,
     run,
+    start_service,
 )
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return build_model(tmp_path_factory.mktemp("chunked") / "llama", num_key_value_heads=2)
-
-
-@pytest.fixture(scope="module")
-def service(model_dir):
-    service = build_service(ShardSettings(model_id=str(model_dir), uds_path="/u", dtype="float32"))
+def service(servicer_model_dir):
+    service = start_service(servicer_model_dir)
     run(service.Warmup(pb.WarmupRequest(max_batch_total_tokens=8192), FakeContext()))
     return service
 
 
-@pytest.fixture(scope="module")
-def reference(model_dir):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+@pytest.fixture
+def reference(servicer_reference):
+    return servicer_reference
 
 
 def _collect(got: dict[int, list[int]], generations) -> set[int]:

@@ -4,9 +4,6 @@ FilterBatch and ClearCache, compared token by token with transformers."""
 import pytest
 import torch
 
-from launcher.tiny_models import build_model
-from shard.settings import ShardSettings
-from shard.startup import build_service
 from switchyard_pb import generate_pb2
 from tests.shard.servicer_helpers import (
     BLOCK_SIZE,
@@ -16,26 +13,18 @@ from tests.shard.servicer_helpers import (
     greedy_reference,
     prompts,
     run,
+    start_service,
 )
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return build_model(tmp_path_factory.mktemp("shard-steps") / "llama", num_key_value_heads=2)
+def service(servicer_model_dir):
+    return start_service(servicer_model_dir)
 
 
-@pytest.fixture(scope="module")
-def service(model_dir):
-    return build_service(
-        ShardSettings(model_id=str(model_dir), uds_path="/unused", dtype="float32")
-    )
-
-
-@pytest.fixture(scope="module")
-def reference(model_dir):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+@pytest.fixture
+def reference(servicer_reference):
+    return servicer_reference
 
 
 def test_warmup_sizes_cache_from_requested_tokens(service):
