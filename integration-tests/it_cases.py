@@ -9,8 +9,18 @@ PROMPTS = [
     "Ünïcödé façade naïve café — 日本語のテキスト 🚀🔥 and numbers 42 2048 65536",
 ]
 
+# Mistral and Qwen2 attend through sliding windows shorter than the longer prompts (and than the
+# prefill chunks), so windows start inside cached prefixes and move during decoding; Qwen2 slides
+# only in its second layer (max_window_layers), as its real configs do.
 TINY_MODELS = {
     "llama": dict(architecture="LlamaForCausalLM", num_key_value_heads=2),
-    "mistral": dict(architecture="MistralForCausalLM", num_key_value_heads=1),
-    "qwen2": dict(architecture="Qwen2ForCausalLM", num_key_value_heads=2, tie_word_embeddings=True),
+    "mistral": dict(architecture="MistralForCausalLM", num_key_value_heads=1, sliding_window=12),
+    "qwen2": dict(
+        architecture="Qwen2ForCausalLM",
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        use_sliding_window=True,
+        sliding_window=16,
+        max_window_layers=1,
+    ),
 }

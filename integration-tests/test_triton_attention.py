@@ -2,8 +2,10 @@
 (TRITON_INTERPRET=1): greedy token ids equal transformers on a tiny model.
 
 The model has head dim 64 (a supported kernel size) and 4 query heads per KV head, so the
-prefill, decode and KV-write kernels all run with GQA; prompts and generations cross 16-token
-blocks, and concurrent requests make decode batches with ragged contexts.
+prefill, decode and KV-write kernels all run with GQA; it is a Mistral with a 24-token sliding
+window, shorter than the longer prompts plus their generations, so the windowed paths run too.
+Prompts and generations cross 16-token blocks, and concurrent requests make decode batches with
+ragged contexts.
 """
 
 from concurrent.futures import ThreadPoolExecutor
@@ -29,12 +31,13 @@ LIMITS = ("--max-input-tokens", "96", "--max-total-tokens", "128",
 @pytest.fixture(scope="module")
 def gqa_model(tmp_path_factory):
     return build_model(
-        tmp_path_factory.mktemp("triton") / "llama-gqa-d64",
-        "LlamaForCausalLM",
+        tmp_path_factory.mktemp("triton") / "mistral-gqa-d64-window24",
+        "MistralForCausalLM",
         hidden_size=256,
         intermediate_size=256,
         num_attention_heads=4,
         num_key_value_heads=1,
+        sliding_window=24,
     )
 
 

@@ -9,6 +9,9 @@ padded rows cost tensor-core time that is free, not memory traffic.
 Split-K (flash-decoding): with few sequences the (sequence, KV head) grid leaves most SMs idle,
 so the context is cut into `num_splits` contiguous ranges processed in parallel, each writing a
 partial result that `decode_reduce` combines. `choose_num_splits` decides.
+
+Sliding-window layers (SLIDING) start each sequence's loop at its window's first position, so a
+long context costs only its window; the splits cut up the window.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ def _paged_decode_kernel(
     part_lse_ptr,
     scale_log2,
     tokens_per_split,
+    window,
     stride_qb,
     stride_qh,
     stride_qd,
@@ -63,6 +67,7 @@ def _paged_decode_kernel(
     BLOCK_N: tl.constexpr,
     CACHE_BLOCK_SIZE: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    SLIDING: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
@@ -71,7 +76,11 @@ def _paged_decode_kernel(
     split = tl.program_id(2)
 
     context_len = tl.load(context_lens_ptr + seq)
-    start = split * tokens_per_split
+    # The first position the query sees: splits cut up the window, not the whole context.
+    first_pos = 0
+    if SLIDING:
+        first_pos = tl.maximum(context_len - window, 0)
+    start = first_pos + split * tokens_per_split
     end = tl.minimum(start + tokens_per_split, context_len)
 
     offs_g = tl.arange(0, BLOCK_G)
@@ -175,13 +184,16 @@ def paged_decode(
     context_lens: torch.Tensor,
     scale: float,
     *,
+    window: int | None = None,
     num_splits: int | None = None,
     config: DecodeConfig | None = None,
 ) -> torch.Tensor:
-    """q [B, H, D] against each sequence's first context_lens[b] cached tokens -> [B, H, D].
+    """q [B, H, D] against each sequence's first context_lens[b] cached tokens -> [B, H, D];
+    with `window`, against only the last `window` of them.
 
     `num_splits=None` lets `choose_num_splits` decide. Its context bound is the block table's
-    width, known on the host, so deciding costs no device-to-host sync.
+    width (or the window, if smaller), known on the host, so deciding costs no device-to-host
+    sync.
     """
     batch, num_heads, head_dim = q.shape
     _, _, cache_block_size, num_kv_heads, _ = kv_cache.shape
@@ -192,6 +204,8 @@ def paged_decode(
     group = num_heads // num_kv_heads
     cfg = config or default_decode_config()
     max_context = block_tables.shape[1] * cache_block_size
+    if window is not None:
+        max_context = min(max_context, window)
     if num_splits is None:
         num_splits = choose_num_splits(batch, num_kv_heads, max_context, num_sms(q.device))
     tokens_per_split = triton.cdiv(triton.cdiv(max_context, num_splits), cfg.block_n) * cfg.block_n
@@ -212,6 +226,7 @@ def paged_decode(
         part_lse,
         scale * math.log2(math.e),
         tokens_per_split,
+        window or 0,
         *q.stride(),
         *out.stride(),
         *kv_cache.stride(),
@@ -224,6 +239,7 @@ def paged_decode(
         BLOCK_N=cfg.block_n,
         CACHE_BLOCK_SIZE=cache_block_size,
         NUM_SPLITS=num_splits,
+        SLIDING=window is not None,
         **dot_options(q.dtype),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

@@ -3,7 +3,8 @@
 Each split s left o_s (its softmax-normalised output) and lse_s (log2 of its softmax
 denominator, in the base-2 score domain). The exact result is
 sum_s 2^(lse_s - lse_max) o_s / sum_s 2^(lse_s - lse_max). Splits that started past a sequence's
-end have lse = -inf and o = 0, so they weigh exactly nothing.
+end have lse = -inf and o = 0, so they weigh exactly nothing. (With a sliding window, split 0
+starts at the window's first position.)
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def _decode_reduce_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     s_mask = offs_s < NUM_SPLITS
     lse = tl.load(part_lse_ptr + row * NUM_SPLITS + offs_s, mask=s_mask, other=float("-inf"))
-    # Split 0 always holds the sequence's first token, so lse_max is finite.
+    # Split 0 always holds the first token the query sees, so lse_max is finite.
     weight = tl.exp2(lse - tl.max(lse, 0))
     parts = tl.load(
         part_out_ptr + (row * NUM_SPLITS + offs_s[:, None]) * HEAD_DIM + offs_d[None, :],

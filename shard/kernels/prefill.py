@@ -10,6 +10,10 @@ Keys of sequence i come from two places, in position order:
      flash-attention 2 (query j sees new keys 0 .. j + k_len - q_len).
 The packed part is split into tiles every row of the block sees (no mask, the bulk of the work)
 and the tiles along the diagonal (masked), so the mask costs nothing off the diagonal.
+
+Sliding-window layers (SLIDING, Mistral; Qwen2's sliding layers): a query sees only the keys less
+than `window` positions before it. Tiles wholly before the block's first window start are never
+read, and the tiles where the windows of the block's rows start are masked like the diagonal.
 """
 
 from __future__ import annotations
@@ -26,6 +30,59 @@ from shard.kernels.softmax import attend_tile
 
 
 @triton.jit
+def _masked_new_keys(
+    q,
+    m_i,
+    l_i,
+    acc,
+    k_base,
+    v_base,
+    lo,
+    hi,
+    k_start,
+    k_len,
+    shift,
+    window,
+    offs_m,
+    offs_n,
+    d_mask,
+    stride_kt,
+    stride_vt,
+    scale_log2,
+    BLOCK_N: tl.constexpr,
+    SLIDING: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
+):
+    """Folds in the packed new keys lo .. hi with every mask applied: the causal diagonal, the
+    sequence's end and (SLIDING) the window's start. Query row m sees new key n when
+    n <= m + shift and, with a window, n > m + shift - window."""
+    for start_n in range(lo, hi, BLOCK_N):
+        pos = start_n + offs_n
+        valid = pos < k_len
+        rows = (k_start + pos).to(tl.int64)[:, None]
+        k = tl.load(k_base + rows * stride_kt, mask=valid[:, None] & d_mask, other=0.0)
+        v = tl.load(v_base + rows * stride_vt, mask=valid[:, None] & d_mask, other=0.0)
+        seen = (pos[None, :] <= offs_m[:, None] + shift) & valid[None, :]
+        if SLIDING:
+            seen = seen & (pos[None, :] > offs_m[:, None] + shift - window)
+        m_i, l_i, acc = attend_tile(
+            q,
+            k,
+            v,
+            m_i,
+            l_i,
+            acc,
+            seen,
+            scale_log2,
+            MASKED=True,
+            DOT_PRECISION=DOT_PRECISION,
+            DOT_UPCAST=DOT_UPCAST,
+        )
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _prefill_kernel(
     q_ptr,
     k_ptr,
@@ -37,6 +94,7 @@ def _prefill_kernel(
     cu_seqlens_q_ptr,
     cu_seqlens_k_ptr,
     scale_log2,
+    window,
     stride_qt,
     stride_qh,
     stride_qd,
@@ -62,6 +120,7 @@ def _prefill_kernel(
     BLOCK_N: tl.constexpr,
     CACHE_BLOCK_SIZE: tl.constexpr,
     HAS_PREFIX: tl.constexpr,
+    SLIDING: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
@@ -95,7 +154,12 @@ def _prefill_kernel(
     if HAS_PREFIX:
         prefix = tl.load(context_lens_ptr + seq) - k_len
         bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
-        for start_n in range(0, prefix, BLOCK_N):
+        # Row m is at position prefix + shift + m.
+        q_pos = prefix + shift + offs_m[:, None]
+        first_pos = 0
+        if SLIDING:  # the first position the block's first row sees
+            first_pos = tl.maximum(prefix + shift + start_m * BLOCK_M - window + 1, 0)
+        for start_n in range(first_pos, prefix, BLOCK_N):
             pos = start_n + offs_n
             valid = pos < prefix
             block = tl.load(bt_row + pos // CACHE_BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
@@ -104,6 +168,9 @@ def _prefill_kernel(
             kv_mask = valid[:, None] & d_mask
             k = tl.load(ptrs, mask=kv_mask, other=0.0)
             v = tl.load(ptrs + stride_c_kv, mask=kv_mask, other=0.0)
+            seen = valid[None, :]
+            if SLIDING:
+                seen = seen & (pos[None, :] > q_pos - window)
             m_i, l_i, acc = attend_tile(
                 q,
                 k,
@@ -111,7 +178,7 @@ def _prefill_kernel(
                 m_i,
                 l_i,
                 acc,
-                valid[None, :],
+                seen,
                 scale_log2,
                 MASKED=True,
                 DOT_PRECISION=DOT_PRECISION,
@@ -122,7 +189,21 @@ def _prefill_kernel(
     v_base = v_ptr + kv_head * stride_vh + offs_d[None, :] * stride_vd
     # Keys below `full_end` are visible to every row of this block: no causal or length mask.
     full_end = tl.minimum(start_m * BLOCK_M + shift + 1, k_len) // BLOCK_N * BLOCK_N
-    for start_n in range(0, full_end, BLOCK_N):
+    # The diagonal: the last row of the block sees keys up to (start_m + 1) * BLOCK_M - 1 + shift.
+    diag_end = tl.minimum((start_m + 1) * BLOCK_M + shift, k_len)
+    # With a sliding window, keys from `full_start` on are inside every row's window; the tiles
+    # between the first row's window start and there are masked.
+    full_start = 0
+    if SLIDING:
+        first_key = tl.maximum(start_m * BLOCK_M + shift - window + 1, 0) // BLOCK_N * BLOCK_N
+        last_row_first_key = tl.maximum((start_m + 1) * BLOCK_M + shift - window, 0)
+        full_start = tl.cdiv(last_row_first_key, BLOCK_N) * BLOCK_N
+        m_i, l_i, acc = _masked_new_keys(
+            q, m_i, l_i, acc, k_base, v_base, first_key, tl.minimum(full_start, diag_end),
+            k_start, k_len, shift, window, offs_m, offs_n, d_mask, stride_kt, stride_vt,
+            scale_log2, BLOCK_N, SLIDING, DOT_PRECISION, DOT_UPCAST,
+        )  # fmt: skip
+    for start_n in range(full_start, full_end, BLOCK_N):
         rows = (k_start + start_n + offs_n).to(tl.int64)[:, None]
         if BLOCK_D == HEAD_DIM:  # the hot loop: no mask at all when the head dim needs no pad
             k = tl.load(k_base + rows * stride_kt)
@@ -143,30 +224,14 @@ def _prefill_kernel(
             DOT_PRECISION=DOT_PRECISION,
             DOT_UPCAST=DOT_UPCAST,
         )
-    # The diagonal: the last row of the block sees keys up to (start_m + 1) * BLOCK_M - 1 + shift.
-    diag_end = tl.minimum((start_m + 1) * BLOCK_M + shift, k_len)
-    for start_n in range(full_end, diag_end, BLOCK_N):
-        pos = start_n + offs_n
-        valid = pos < k_len
-        rows = (k_start + pos).to(tl.int64)[:, None]
-        k = tl.load(k_base + rows * stride_kt, mask=valid[:, None] & d_mask, other=0.0)
-        v = tl.load(v_base + rows * stride_vt, mask=valid[:, None] & d_mask, other=0.0)
-        causal = (pos[None, :] <= offs_m[:, None] + shift) & valid[None, :]
-        m_i, l_i, acc = attend_tile(
-            q,
-            k,
-            v,
-            m_i,
-            l_i,
-            acc,
-            causal,
-            scale_log2,
-            MASKED=True,
-            DOT_PRECISION=DOT_PRECISION,
-            DOT_UPCAST=DOT_UPCAST,
-        )
+    m_i, l_i, acc = _masked_new_keys(
+        q, m_i, l_i, acc, k_base, v_base, tl.maximum(full_end, full_start), diag_end,
+        k_start, k_len, shift, window, offs_m, offs_n, d_mask, stride_kt, stride_vt,
+        scale_log2, BLOCK_N, SLIDING, DOT_PRECISION, DOT_UPCAST,
+    )  # fmt: skip
 
-    out = acc / l_i[:, None]
+    # Padding rows past q_len may have seen no key at all (a window); they are never stored.
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     o_rows = (q_start + offs_m).to(tl.int64)[:, None] * stride_ot + head * stride_oh
     tl.store(
         o_ptr + o_rows + offs_d[None, :] * stride_od,
@@ -209,13 +274,15 @@ def varlen_prefill(
     kv_cache: torch.Tensor | None = None,
     block_tables: torch.Tensor | None = None,
     context_lens: torch.Tensor | None = None,
+    window: int | None = None,
     config: PrefillConfig | None = None,
 ) -> torch.Tensor:
     """Causal attention of packed queries q [Tq, H, D] over packed keys/values k, v [Tk, Hkv, D]
     (sequence i is rows cu_seqlens[i]:cu_seqlens[i+1]; k_len >= q_len per sequence).
 
     With kv_cache/block_tables/context_lens, sequence i first attends to the
-    `context_lens[i] - k_len` cached tokens before its new keys. Returns [Tq, H, D] in q's dtype.
+    `context_lens[i] - k_len` cached tokens before its new keys. With `window`, a query sees
+    only the keys less than `window` positions before it. Returns [Tq, H, D] in q's dtype.
     """
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
@@ -249,6 +316,7 @@ def varlen_prefill(
         cu_seqlens_q,
         cu_seqlens_k,
         scale * math.log2(math.e),
+        window or 0,
         *q.stride(),
         *k.stride(),
         *v.stride(),
@@ -262,6 +330,7 @@ def varlen_prefill(
         BLOCK_N=cfg.block_n,
         CACHE_BLOCK_SIZE=cache_block_size,
         HAS_PREFIX=has_prefix,
+        SLIDING=window is not None,
         **dot_options(q.dtype),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

@@ -26,9 +26,10 @@ def attend_tile(
 ):
     """Folds one key/value tile into the running (max, sum, weighted values) of each query row.
 
-    q [M, D], k/v [N, D], mask [M, N] (ignored unless MASKED). Callers guarantee every row has
-    seen at least one unmasked key by its first tile, so m_i is finite whenever a row's whole
-    tile is masked and exp2(-inf - m_i) is a clean 0 rather than NaN.
+    q [M, D], k/v [N, D], mask [M, N] (ignored unless MASKED). In a masked tile a row may see no
+    key at all, and may have seen none before either (a sliding window starts after the tile);
+    its max is then still -inf, and the exponentials are taken against 0 instead, so they come
+    out as clean zeros rather than exp2(-inf - -inf) = NaN. An unmasked tile never needs this.
     """
     dtype = q.dtype
     k = k.to(dtype)
@@ -41,8 +42,11 @@ def attend_tile(
     if MASKED:
         s = tl.where(mask, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
-    p = tl.exp2(s - m_new[:, None])
-    alpha = tl.exp2(m_i - m_new)
+    m_ref = m_new
+    if MASKED:
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_ref[:, None])
+    alpha = tl.exp2(m_i - m_ref)
     l_i = l_i * alpha + tl.sum(p, 1)
     # P is rounded to the value dtype for the second matmul, as flash-attention does: with 16-bit
     # inputs the tensor cores want both operands in 16 bits; the accumulator stays fp32.

@@ -52,23 +52,28 @@ def attend(
     kv_cache: torch.Tensor,
     meta: StepMetadata,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Stores the step's new K/V, then attends each token over its sequence's context."""
+    """Stores the step's new K/V, then attends each token over its sequence's context, or over
+    the last `window` positions of it (itself included) for a sliding-window layer."""
     backend.store_kv(k, v, kv_cache, meta.slot_mapping)
     if isinstance(meta, AttentionMetadata):
         if meta.is_prefill:
-            return backend.prefill(q, k, v, kv_cache, meta, scale)
-        return backend.decode(q, kv_cache, meta, scale)
+            return backend.prefill(q, k, v, kv_cache, meta, scale, window)
+        return backend.decode(q, kv_cache, meta, scale, window)
     n = meta.num_prefill_tokens
     parts = []
     if meta.prefill is not None:
-        parts.append(backend.prefill(q[:n], k[:n], v[:n], kv_cache, meta.prefill, scale))
+        parts.append(backend.prefill(q[:n], k[:n], v[:n], kv_cache, meta.prefill, scale, window))
     if meta.decode is not None:
-        parts.append(backend.decode(q[n:], kv_cache, meta.decode, scale))
+        parts.append(backend.decode(q[n:], kv_cache, meta.decode, scale, window))
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 class AttentionBackend(Protocol):
+    """`window`: None for full causal attention; W for sliding-window attention, where the query
+    at position p sees the keys at positions p - W + 1 .. p (Mistral; Qwen2's sliding layers)."""
+
     def store_kv(
         self,
         key: torch.Tensor,
@@ -85,10 +90,16 @@ class AttentionBackend(Protocol):
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor: ...
 
     def decode(
-        self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        window: int | None = None,
     ) -> torch.Tensor: ...
 
 
@@ -102,29 +113,37 @@ def _slot_rows(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _slots(block_tables: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Cache slot of each position through each row's block table: [B, P] for positions [P]."""
-    blocks = block_tables.long()[:, positions // block_size]
+    """Cache slot of each position through each row's block table: [B, P] for positions [P]
+    shared by every row, or for per-row positions [B, P]."""
+    tables = block_tables.long()
+    index = positions // block_size
+    blocks = tables[:, index] if positions.dim() == 1 else tables.gather(1, index)
     return blocks * block_size + positions % block_size
 
 
 def _decode_gather_index(
-    meta: AttentionMetadata, block_size: int
+    meta: AttentionMetadata, block_size: int, window: int | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cache slot of every context position of every sequence, [B, max_ctx], and which are real.
+    """Cache slot of every position each sequence's query sees, [B, width], and which are real.
 
-    The same for every layer of a step, so it is computed once and kept on the metadata object
-    (which lives for one step) instead of once per layer.
+    A row covers its last `width` positions: the whole context (width = longest context), or
+    with a sliding window only the window (width = min(longest context, window)), so a long
+    context costs no more than its window. The same for every layer with the same window, so
+    it is computed once per step and kept on the metadata object (which lives for one step).
     """
-    cached = getattr(meta, "_torch_decode_index", None)
-    if cached is not None:
-        return cached
-    max_ctx = int(meta.context_lens.max())
-    positions = torch.arange(max_ctx, device=meta.context_lens.device)
-    valid = positions[None, :] < meta.context_lens[:, None].long()
+    cache = meta.__dict__.setdefault("_torch_decode_index", {})
+    if window in cache:
+        return cache[window]
+    context_lens = meta.context_lens.long()
+    max_ctx = int(context_lens.max())
+    width = max_ctx if window is None else min(max_ctx, window)
+    first = (context_lens - width).clamp_(min=0)
+    positions = first[:, None] + torch.arange(width, device=context_lens.device)
+    valid = positions < context_lens[:, None]
     # Padded positions read slot 0, whatever it holds; their scores are masked out.
-    slots = _slots(meta.block_tables, positions, block_size).masked_fill(~valid, 0)
-    meta._torch_decode_index = (slots, valid)
-    return slots, valid
+    slots = _slots(meta.block_tables, positions.masked_fill(~valid, 0), block_size)
+    cache[window] = (slots.masked_fill_(~valid, 0), valid)
+    return cache[window]
 
 
 class TorchAttentionBackend:
@@ -150,9 +169,11 @@ class TorchAttentionBackend:
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         """Causal attention per packed sequence; a cached prefix (context_lens > query length)
-        is read from the cache and comes before the new tokens."""
+        is read from the cache and comes before the new tokens. With a window, only the part
+        of the prefix the first query can see is read."""
         assert meta.cu_seqlens_q is not None, "prefill needs cu_seqlens_q"
         keys, values = _slot_rows(kv_cache)
         block_size = kv_cache.shape[2]
@@ -161,15 +182,23 @@ class TorchAttentionBackend:
         out = torch.empty_like(q)
         for i, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
             q_len, prefix = stop - start, context_lens[i] - (stop - start)
+            first = 0 if window is None else max(0, prefix - window + 1)
             k_i, v_i = k[start:stop], v[start:stop]
-            if prefix > 0:
+            if prefix > first:
                 slots = _slots(
-                    meta.block_tables[i : i + 1], torch.arange(prefix, device=q.device), block_size
+                    meta.block_tables[i : i + 1],
+                    torch.arange(first, prefix, device=q.device),
+                    block_size,
                 )[0]
                 k_i = torch.cat([keys[slots].to(k.dtype), k_i])
                 v_i = torch.cat([values[slots].to(v.dtype), v_i])
-            # Query j sits at absolute position prefix + j and sees keys 0..prefix + j.
-            mask = torch.ones(q_len, prefix + q_len, dtype=torch.bool, device=q.device).tril(prefix)
+            # Query j sits at position prefix + j and sees keys up to there (and, with a
+            # window, only those within `window` positions of it).
+            q_pos = torch.arange(prefix, prefix + q_len, device=q.device)[:, None]
+            k_pos = torch.arange(first, prefix + q_len, device=q.device)[None, :]
+            mask = k_pos <= q_pos
+            if window is not None:
+                mask &= k_pos > q_pos - window
             o = F.scaled_dot_product_attention(
                 q[start:stop].transpose(0, 1),
                 k_i.transpose(0, 1),
@@ -182,10 +211,15 @@ class TorchAttentionBackend:
         return out
 
     def decode(
-        self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
-        """One query per sequence against its whole context, all sequences in one batched pass:
-        every row gathers max_ctx slots and masks the ones past its own context length.
+        """One query per sequence against its context (or its window), all sequences in one
+        batched pass: every row gathers the same number of slots and masks the ones it lacks.
 
         Plain matmuls rather than SDPA: with one query row, SDPA's per-call overhead on CPU
         costs more than the arithmetic. Query heads are grouped by the KV head they share, so
@@ -194,12 +228,12 @@ class TorchAttentionBackend:
         straight into a heads-first layout, so both matmuls read them without another copy.
         """
         keys, values = _slot_rows(kv_cache)
-        slots, valid = _decode_gather_index(meta, kv_cache.shape[2])
+        slots, valid = _decode_gather_index(meta, kv_cache.shape[2], window)
         batch, num_heads, head_dim = q.shape
         num_kv_heads = keys.shape[1]
         flat = slots.reshape(-1)
 
-        def heads_first(rows: torch.Tensor) -> torch.Tensor:  # -> [B, Hkv, max_ctx, D] fp32
+        def heads_first(rows: torch.Tensor) -> torch.Tensor:  # -> [B, Hkv, width, D] fp32
             gathered = rows.index_select(0, flat).view(batch, -1, num_kv_heads, head_dim)
             return gathered.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format)
 
@@ -208,7 +242,7 @@ class TorchAttentionBackend:
         # Masked scores drop padded keys even when they hold NaN; padded values must be zeroed,
         # as a zero weight times NaN is still NaN.
         v = heads_first(values).masked_fill_(~valid[:, None, :, None], 0)
-        scores = torch.matmul(grouped, k.transpose(-1, -2)).mul_(scale)  # [B, Hkv, G, max_ctx]
+        scores = torch.matmul(grouped, k.transpose(-1, -2)).mul_(scale)  # [B, Hkv, G, width]
         scores.masked_fill_(~valid[:, None, None, :], float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         return torch.matmul(probs, v).reshape(batch, num_heads, head_dim).to(q.dtype)

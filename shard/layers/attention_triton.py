@@ -43,15 +43,22 @@ class TritonAttentionBackend:
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         assert meta.cu_seqlens_q is not None, "prefill needs cu_seqlens_q"
         return varlen_prefill(
             q, k, v,
             meta.cu_seqlens_q, meta.cu_seqlens_q, meta.max_seqlen_q, scale,
             kv_cache=kv_cache, block_tables=meta.block_tables, context_lens=meta.context_lens,
+            window=window,
         )  # fmt: skip
 
     def decode(
-        self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
-        return paged_decode(q, kv_cache, meta.block_tables, meta.context_lens, scale)
+        return paged_decode(q, kv_cache, meta.block_tables, meta.context_lens, scale, window=window)

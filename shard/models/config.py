@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from shard.layers.rotary import RopeConfig
-
-logger = logging.getLogger(__name__)
 
 
 class UnsupportedArchitectureError(ValueError):
@@ -66,6 +63,9 @@ class ModelConfig:
     hidden_act: str
     rope: RopeConfig
     sliding_window: int | None
+    # Per layer: the sliding window it attends with, or None for full attention. Mistral slides
+    # in every layer; Qwen2 (use_sliding_window) only in the layers its layer_types name.
+    layer_windows: tuple[int | None, ...]
     eos_token_ids: tuple[int, ...]
 
     @classmethod
@@ -84,12 +84,21 @@ class ModelConfig:
         if config.get("use_sliding_window") is False:  # Qwen2 keeps the value but disables it
             sliding_window = None
         max_pos = config.get("max_position_embeddings", 2048)
+        num_layers = config["num_hidden_layers"]
+        layer_types = config.get("layer_types") or ["sliding_attention"] * num_layers
+        if len(layer_types) != num_layers:
+            raise ValueError(f"layer_types names {len(layer_types)} layers, not {num_layers}")
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be at least 1, got {sliding_window}")
+        layer_windows = tuple(
+            sliding_window if kind == "sliding_attention" else None for kind in layer_types
+        )
         return cls(
             architecture=architecture,
             vocab_size=config["vocab_size"],
             hidden_size=config["hidden_size"],
             intermediate_size=config["intermediate_size"],
-            num_layers=config["num_hidden_layers"],
+            num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=config.get("num_key_value_heads") or num_heads,
             head_dim=head_dim,
@@ -102,27 +111,16 @@ class ModelConfig:
             hidden_act=config.get("hidden_act", "silu"),
             rope=RopeConfig.from_config_dict(config, head_dim),
             sliding_window=sliding_window,
+            layer_windows=layer_windows,
             eos_token_ids=tuple(eos_token_ids),
         )
 
     @classmethod
     def load(cls, model_dir: Path, *, qkv_bias_default: bool = False) -> ModelConfig:
         config = read_config_dict(model_dir)
-        model_config = cls.from_dict(
+        return cls.from_dict(
             config,
             architecture=read_architecture(model_dir),
             eos_token_ids=_eos_token_ids(model_dir, config),
             qkv_bias_default=qkv_bias_default,
         )
-        window = model_config.sliding_window
-        if window is not None and window < model_config.max_position_embeddings:
-            # Attention here is always full-context: identical to sliding-window attention for
-            # sequences no longer than the window, different beyond it.
-            logger.warning(
-                "%s has sliding_window=%d < max_position_embeddings=%d; sequences longer than "
-                "the window are attended in full, unlike the reference model",
-                model_config.architecture,
-                window,
-                model_config.max_position_embeddings,
-            )
-        return model_config

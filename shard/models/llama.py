@@ -1,6 +1,7 @@
 """Llama, Mistral and Qwen2: one composition of the shared layers.
 
-They differ only in configuration (biases, head_dim, rope scaling), which ModelConfig carries.
+They differ only in configuration (biases, head_dim, rope scaling, sliding windows), which
+ModelConfig carries.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class LlamaAttention(nn.Module):
         o_proj: RowParallelLinear,
         rotary: RotaryEmbedding,
         backend: AttentionBackend,
+        window: int | None = None,
     ) -> None:
         super().__init__()
         self.qkv_proj = qkv_proj
@@ -67,6 +69,7 @@ class LlamaAttention(nn.Module):
         self.rotary = rotary
         self.backend = backend
         self.scale = qkv_proj.head_dim**-0.5
+        self.window = window  # sliding-window layer: attends to the last `window` positions
 
     @classmethod
     def load(
@@ -86,7 +89,7 @@ class LlamaAttention(nn.Module):
             bias=config.qkv_bias,
         )
         o_proj = RowParallelLinear.load(weights, names.one("o_proj"), bias=config.o_bias)
-        return cls(qkv, o_proj, rotary, backend)
+        return cls(qkv, o_proj, rotary, backend, config.layer_windows[names.layer])
 
     def forward(
         self,
@@ -97,7 +100,7 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
         q, k = self.rotary(positions, q, k)
-        out = attend(self.backend, q, k, v, kv_cache, meta, self.scale)
+        out = attend(self.backend, q, k, v, kv_cache, meta, self.scale, self.window)
         return self.o_proj(out.flatten(1))
 
 

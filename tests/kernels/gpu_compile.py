@@ -48,7 +48,7 @@ def compile_kernel(fn, pointers: dict[str, str], constexprs: dict, **options) ->
     return kernel.metadata.shared
 
 
-def compile_prefill(dtype: torch.dtype, head_dim: int) -> None:
+def compile_prefill(dtype: torch.dtype, head_dim: int, sliding: bool = False) -> None:
     t = TYPES[dtype]
     cfg = prefill.default_prefill_config(head_dim, dtype)
     ptrs = {n: f"*{t}" for n in ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "cache_ptr")}
@@ -58,13 +58,14 @@ def compile_prefill(dtype: torch.dtype, head_dim: int) -> None:
     shared = compile_kernel(
         prefill._prefill_kernel, ptrs,
         dict(GROUP=4, HEAD_DIM=head_dim, BLOCK_D=head_block(head_dim), BLOCK_M=cfg.block_m,
-             BLOCK_N=cfg.block_n, CACHE_BLOCK_SIZE=16, HAS_PREFIX=True, **dot_options(dtype)),
+             BLOCK_N=cfg.block_n, CACHE_BLOCK_SIZE=16, HAS_PREFIX=True, SLIDING=sliding,
+             **dot_options(dtype)),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    report(f"prefill {t} d{head_dim} {cfg}", shared)
+    report(f"prefill {t} d{head_dim} sliding={sliding} {cfg}", shared)
 
 
-def compile_decode(dtype: torch.dtype, head_dim: int, splits: int) -> None:
+def compile_decode(dtype: torch.dtype, head_dim: int, splits: int, sliding: bool = False) -> None:
     t = TYPES[dtype]
     cfg = decode.default_decode_config()
     ptrs = {n: f"*{t}" for n in ("q_ptr", "cache_ptr", "out_ptr")}
@@ -73,10 +74,11 @@ def compile_decode(dtype: torch.dtype, head_dim: int, splits: int) -> None:
     shared = compile_kernel(
         decode._paged_decode_kernel, ptrs,
         dict(NUM_HEADS=32, GROUP=4, BLOCK_G=16, HEAD_DIM=head_dim, BLOCK_D=head_block(head_dim),
-             BLOCK_N=cfg.block_n, CACHE_BLOCK_SIZE=16, NUM_SPLITS=splits, **dot_options(dtype)),
+             BLOCK_N=cfg.block_n, CACHE_BLOCK_SIZE=16, NUM_SPLITS=splits, SLIDING=sliding,
+             **dot_options(dtype)),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    report(f"decode {t} d{head_dim} splits={splits} {cfg}", shared)
+    report(f"decode {t} d{head_dim} splits={splits} sliding={sliding} {cfg}", shared)
 
 
 def compile_reduce_and_kv_write(dtype: torch.dtype, head_dim: int) -> None:
@@ -102,17 +104,18 @@ def main() -> int:
     assert not interpreting(), "unset TRITON_INTERPRET: interpreted kernels cannot be compiled"
     # Every kernel and every compile-time branch once, not the whole dtype x head-dim product
     # (the interpreter tests cover that; compiling costs seconds per variant): bf16 at head dim
-    # 128 (the common case) and 80 (padded, masked loads), the plain and split-K decode. fp32
+    # 128 (the common case) and 80 (padded, masked loads), the plain and split-K decode, the
+    # sliding-window variants of both. fp32
     # prefill (own tiles, ieee dots) takes ~15 s alone to compile: `--all` adds it.
     compile_prefill(torch.bfloat16, 128)
-    compile_prefill(torch.bfloat16, 80)
+    compile_prefill(torch.bfloat16, 80, sliding=True)
     if "--all" in sys.argv:
         for dtype in (torch.float16, torch.float32):
             for head_dim in (64, 80, 96, 128):
                 compile_prefill(dtype, head_dim)
                 compile_decode(dtype, head_dim, splits=4)
     compile_decode(torch.bfloat16, 128, splits=1)
-    compile_decode(torch.bfloat16, 80, splits=8)
+    compile_decode(torch.bfloat16, 80, splits=8, sliding=True)
     compile_reduce_and_kv_write(torch.bfloat16, 80)
     return 0
 

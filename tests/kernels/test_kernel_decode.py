@@ -24,7 +24,13 @@ from shard.kernels.decode import (
 
 
 def decode_case(
-    contexts: list[int], heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, seed: int
+    contexts: list[int],
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    seed: int,
+    window: int | None = None,
 ):
     gen = torch.Generator().manual_seed(seed)
     # Reserved beyond the context, as the router does: the block table is wider than needed.
@@ -35,15 +41,18 @@ def decode_case(
     # A view of a fused projection, as in the model: strides are not those of a [B, H, D] tensor.
     q = randn(len(contexts), heads + 2 * kv_heads, head_dim, dtype=dtype, gen=gen)[:, :heads]
     ref_meta, ref_cache = as_float(meta, cache)
-    expected = REFERENCE.decode(q.float().cpu(), ref_cache, ref_meta, head_dim**-0.5)
+    expected = REFERENCE.decode(q.float().cpu(), ref_cache, ref_meta, head_dim**-0.5, window)
     return q, cache, meta, expected
 
 
-def run_decode(contexts, heads, kv_heads, head_dim, dtype, num_splits, seed=0) -> torch.Tensor:
-    q, cache, meta, expected = decode_case(contexts, heads, kv_heads, head_dim, dtype, seed)
+def run_decode(
+    contexts, heads, kv_heads, head_dim, dtype, num_splits, seed=0, window=None
+) -> torch.Tensor:
+    q, cache, meta, expected = decode_case(contexts, heads, kv_heads, head_dim, dtype, seed, window)
     out = paged_decode(
-        q, cache, meta.block_tables, meta.context_lens, head_dim**-0.5, num_splits=num_splits
-    )
+        q, cache, meta.block_tables, meta.context_lens, head_dim**-0.5,
+        window=window, num_splits=num_splits,
+    )  # fmt: skip
     assert out.dtype == dtype and out.shape == q.shape
     torch.testing.assert_close(out.float().cpu(), expected, **TOLERANCES[dtype])
     return out
@@ -59,6 +68,14 @@ def test_every_dtype_and_head_dim(dtype, head_dim):
 @pytest.mark.parametrize("heads,kv_heads", [(2, 2), (4, 1), (8, 1)], ids=["mha", "gqa4", "mqa8"])
 def test_gqa_ratios(heads, kv_heads, num_splits):
     run_decode([33, 16, 5], heads, kv_heads, 64, torch.float32, num_splits, seed=1)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 5])
+@pytest.mark.parametrize("window", [1, 7, 16, 30])
+def test_sliding_window(window, num_splits):
+    # Contexts shorter than, equal to and longer than the windows; splits cut up the window,
+    # so some splits of short windows hold no tokens.
+    run_decode([3, 16, 30, 61], 8, 2, 64, torch.float32, num_splits, seed=4, window=window)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

@@ -29,6 +29,7 @@ def run_prefill(
     *,
     block_size: int = 16,
     config: PrefillConfig | None = None,
+    window: int | None = None,
     seed: int = 0,
 ) -> None:
     """Prefill of new_lens[i] tokens after prefixes[i] cached ones, compared with the reference."""
@@ -47,11 +48,11 @@ def run_prefill(
     out = varlen_prefill(
         q, k, v, meta.cu_seqlens_q, meta.cu_seqlens_q, meta.max_seqlen_q, scale,
         kv_cache=cache, block_tables=meta.block_tables, context_lens=meta.context_lens,
-        config=config,
+        window=window, config=config,
     )  # fmt: skip
     ref_meta, ref_cache = as_float(meta, cache)
     expected = REFERENCE.prefill(
-        q.float().cpu(), k.float().cpu(), v.float().cpu(), ref_cache, ref_meta, scale
+        q.float().cpu(), k.float().cpu(), v.float().cpu(), ref_cache, ref_meta, scale, window
     )
     assert out.dtype == dtype and out.shape == q.shape
     torch.testing.assert_close(out.float().cpu(), expected, **TOLERANCES[dtype])
@@ -84,6 +85,20 @@ def test_larger_tiles_than_the_sequences():
     # The GPU's tile shape on interpreter-sized inputs: everything fits in one diagonal tile.
     cfg = PrefillConfig(block_m=64, block_n=32, num_warps=4, num_stages=1)
     run_prefill([5, 0], [9, 40], 4, 2, 80, torch.float32, config=cfg, seed=4)
+
+
+@pytest.mark.parametrize("window", [1, 5, 16, 23, 40])
+def test_sliding_window(window):
+    # Windows inside one tile, of exactly one tile, across tiles, and wider than some contexts;
+    # prefixes shorter and longer than the window (so the window starts in the cached prefix,
+    # in the new keys, or not at all).
+    run_prefill([0, 7, 30, 45], [37, 21, 18, 3], 4, 2, 64, torch.float32, window=window, seed=6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_sliding_window_16_bit_with_the_gpu_tile_shape(dtype):
+    cfg = PrefillConfig(block_m=64, block_n=32, num_warps=4, num_stages=1)
+    run_prefill([50, 0], [20, 70], 8, 1, 128, dtype, config=cfg, window=9, seed=7)
 
 
 def test_without_cache_and_longer_keys_than_queries():

@@ -45,9 +45,10 @@ def test_prefill_then_decode_through_the_interface():
     torch.testing.assert_close(out.cpu(), expected, **TOLERANCES[torch.float32])
 
 
-def test_a_mixed_chunked_prefill_step_equals_its_parts():
+@pytest.mark.parametrize("window", [None, 9])
+def test_a_mixed_chunked_prefill_step_equals_its_parts(window):
     """Chunked prefill: a fresh prompt chunk, a chunk after a cached prefix and a decode token in
-    one step; attend() splits it between the prefill and decode kernels."""
+    one step; attend() splits it between the prefill and decode kernels, window and all."""
     backend = get_attention_backend("triton")
     gen = torch.Generator().manual_seed(1)
     heads, kv_heads, d, scale = 4, 2, 64, 0.125
@@ -66,15 +67,15 @@ def test_a_mixed_chunked_prefill_step_equals_its_parts():
     )
     shapes = (heads, kv_heads, kv_heads)
     q, k, v = (randn(n + 1, h, d, dtype=torch.float32, gen=gen) for h in shapes)
-    out = attend(backend, q, k, v, cache, meta, scale)
+    out = attend(backend, q, k, v, cache, meta, scale, window)
 
     REFERENCE.store_kv(k.cpu(), v.cpu(), ref_cache, meta.slot_mapping)
     torch.testing.assert_close(cache, ref_cache, rtol=0, atol=0, equal_nan=True)
     pre_meta, ref_f = as_float(prefill, ref_cache)
     dec_meta, _ = as_float(decode, ref_cache)
     expected = torch.cat([
-        REFERENCE.prefill(q[:n].cpu(), k[:n].cpu(), v[:n].cpu(), ref_f, pre_meta, scale),
-        REFERENCE.decode(q[n:].cpu(), ref_f, dec_meta, scale),
+        REFERENCE.prefill(q[:n].cpu(), k[:n].cpu(), v[:n].cpu(), ref_f, pre_meta, scale, window),
+        REFERENCE.decode(q[n:].cpu(), ref_f, dec_meta, scale, window),
     ])  # fmt: skip
     torch.testing.assert_close(out.cpu(), expected, **TOLERANCES[torch.float32])
 

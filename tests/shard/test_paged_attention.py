@@ -13,15 +13,20 @@ BLOCK = 16
 
 
 def naive_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int | None = None
 ) -> torch.Tensor:
-    """q [Lq, H, D] at the last Lq of the Lk positions of k/v [Lk, Hkv, D]; float64, causal."""
+    """q [Lq, H, D] at the last Lq of the Lk positions of k/v [Lk, Hkv, D]; float64, causal;
+    with a window, query i sees key j only when i - window < j (transformers' sliding mask)."""
     group = q.shape[1] // k.shape[1]
     k = k.double().repeat_interleave(group, dim=1)
     v = v.double().repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q.double(), k) * scale
     lq, lk = q.shape[0], k.shape[0]
-    causal = torch.ones(lq, lk, dtype=torch.bool).tril(lk - lq)
+    q_pos = torch.arange(lk - lq, lk)[:, None]
+    k_pos = torch.arange(lk)[None, :]
+    causal = k_pos <= q_pos
+    if window is not None:
+        causal &= k_pos > q_pos - window
     probs = scores.masked_fill(~causal, float("-inf")).softmax(-1)
     return torch.einsum("hqk,khd->qhd", probs, v).float()
 
@@ -59,7 +64,8 @@ def test_prefill_ragged_packed(backend, heads, kv_heads):
         torch.testing.assert_close(out[a:b], expected, atol=1e-5, rtol=1e-5)
 
 
-def test_prefill_with_cached_prefix(backend):
+@pytest.mark.parametrize("window", [None, 1, 5, 16, 24])
+def test_prefill_with_cached_prefix(backend, window):
     torch.manual_seed(1)
     heads, kv_heads = 4, 2
     prefixes, totals = [16, 7, 0, 30], [21, 27, 9, 31]
@@ -82,15 +88,18 @@ def test_prefill_with_cached_prefix(backend):
     v = torch.cat([vv[p:] for vv, p in zip(full_v, prefixes, strict=True)])
     q = torch.randn(k.shape[0], heads, D)
     backend.store_kv(k, v, cache, meta.slot_mapping)
-    out = backend.prefill(q, k, v, cache, meta, scale=0.3)
+    out = backend.prefill(q, k, v, cache, meta, scale=0.3, window=window)
     cu = meta.cu_seqlens_q.tolist()
     for i, (a, b) in enumerate(zip(cu[:-1], cu[1:], strict=True)):
-        expected = naive_attention(q[a:b], full_k[i], full_v[i], 0.3)
+        expected = naive_attention(q[a:b], full_k[i], full_v[i], 0.3, window)
         torch.testing.assert_close(out[a:b], expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2), (6, 1)])
-def test_decode_matches_naive(backend, heads, kv_heads):
+@pytest.mark.parametrize(
+    "heads,kv_heads,window",
+    [(4, 4, None), (4, 2, None), (6, 1, None), (4, 2, 1), (4, 2, 7), (6, 1, 16)],
+)
+def test_decode_matches_naive(backend, heads, kv_heads, window):
     torch.manual_seed(2)
     contexts = [1, 17, 33, 40, 16]
     layout = PagedLayout(BLOCK, num_blocks=16, seed=3)
@@ -113,10 +122,10 @@ def test_decode_matches_naive(backend, heads, kv_heads):
         cache,
         meta.slot_mapping,
     )
-    out = backend.decode(q, cache, meta, scale=D**-0.5)
+    out = backend.decode(q, cache, meta, scale=D**-0.5, window=window)
     assert out.shape == (len(contexts), heads, D)
     for i in range(len(contexts)):
-        expected = naive_attention(q[i : i + 1], full_k[i], full_v[i], D**-0.5)[0]
+        expected = naive_attention(q[i : i + 1], full_k[i], full_v[i], D**-0.5, window)[0]
         torch.testing.assert_close(out[i], expected, atol=1e-5, rtol=1e-5)
 
 

@@ -29,5 +29,20 @@ TINY_MODELS: dict[str, tuple[str, dict]] = {
     ),
     "mistral_mqa": ("MistralForCausalLM", {"num_key_value_heads": 1}),
     "qwen2_bias": ("Qwen2ForCausalLM", {"num_key_value_heads": 2}),
+    # Windows far shorter than the test prompts (21 and 37 tokens) and the 16-token blocks.
+    "mistral_sliding_window": (
+        "MistralForCausalLM",
+        {"num_key_value_heads": 2, "sliding_window": 7},
+    ),
+    # Qwen2 slides only from layer max_window_layers on: layer 0 full, layer 1 windowed.
+    "qwen2_sliding_layers": (
+        "Qwen2ForCausalLM",
+        {
+            "num_key_value_heads": 2,
+            "use_sliding_window": True,
+            "sliding_window": 11,
+            "max_window_layers": 1,
+        },
+    ),
     "llama_odd_vocab": ("LlamaForCausalLM", {"vocab_size": 509, "num_key_value_heads": 2}),
 }
