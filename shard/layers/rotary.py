@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,12 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    # yarn only
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    # cos and sin are multiplied by this (yarn's attention temperature; 1 for the others)
+    attention_factor: float = 1.0
 
     @classmethod
     def from_config_dict(cls, config: dict[str, Any], head_dim: int) -> RopeConfig:
@@ -43,17 +49,24 @@ class RopeConfig:
         partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor")) or 1.0
         if partial != 1.0:
             raise ValueError(f"partial_rotary_factor={partial} is not supported")
+        original_max_pos = int(params.get("original_max_position_embeddings", max_pos))
+        factor = params.get("factor")
+        if factor is None:  # yarn as DeepSeek writes it: the factor is implied by the lengths
+            factor = max_pos / original_max_pos if rope_type == "yarn" else 1.0
+        factor = float(factor)
         return cls(
             head_dim=head_dim,
             max_position_embeddings=max_pos,
             theta=float(params.get("rope_theta", config.get("rope_theta", 10000.0))),
             rope_type=rope_type,
-            factor=float(params.get("factor", 1.0)),
+            factor=factor,
             low_freq_factor=float(params.get("low_freq_factor", 1.0)),
             high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-            original_max_position_embeddings=int(
-                params.get("original_max_position_embeddings", max_pos)
-            ),
+            original_max_position_embeddings=original_max_pos,
+            beta_fast=float(params.get("beta_fast") or 32.0),
+            beta_slow=float(params.get("beta_slow") or 1.0),
+            truncate=bool(params.get("truncate", True)),
+            attention_factor=_attention_factor(rope_type, factor, params),
         )
 
     def inv_freq(self) -> torch.Tensor:
@@ -64,6 +77,8 @@ class RopeConfig:
             return inv_freq / self.factor
         if self.rope_type == "llama3":
             return self._llama3(inv_freq)
+        if self.rope_type == "yarn":
+            return self._yarn(inv_freq)
         return inv_freq
 
     def _llama3(self, inv_freq: torch.Tensor) -> torch.Tensor:
@@ -81,6 +96,43 @@ class RopeConfig:
         medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
         return torch.where(medium, smoothed, scaled)
 
+    def _yarn(self, inv_freq: torch.Tensor) -> torch.Tensor:
+        # YaRN (arXiv 2309.00071): dimensions that turn fewer than beta_slow times over the
+        # original context are interpolated (divided by `factor`), those that turn more than
+        # beta_fast times are kept, with a linear ramp between; as transformers computes it.
+        dim, base = self.head_dim, self.theta
+
+        def dim_of(rotations: float) -> float:
+            turns = self.original_max_position_embeddings / (rotations * 2 * math.pi)
+            return dim * math.log(turns) / (2 * math.log(base))
+
+        low, high = dim_of(self.beta_fast), dim_of(self.beta_slow)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001  # no zero-width ramp
+        ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+        keep = 1 - ramp  # 1: extrapolate (keep the frequency), 0: interpolate
+        return inv_freq / self.factor * (1 - keep) + inv_freq * keep
+
+
+def _attention_factor(rope_type: str, factor: float, params: dict[str, Any]) -> float:
+    """YaRN's cos/sin scale: given, or 0.1 ln(factor) + 1 (DeepSeek's mscale variant when
+    mscale and mscale_all_dim are both given); 1 for the other rope types."""
+    if rope_type != "yarn":
+        return 1.0
+    if params.get("attention_factor") is not None:
+        return float(params["attention_factor"])
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    m, m_all = params.get("mscale"), params.get("mscale_all_dim")
+    if m and m_all:
+        return mscale(factor, m) / mscale(factor, m_all)
+    return mscale(factor)
+
 
 class RotaryEmbedding(nn.Module):
     def __init__(self, config: RopeConfig, device: torch.device) -> None:
@@ -88,8 +140,9 @@ class RotaryEmbedding(nn.Module):
         self.config = config
         positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
         freqs = positions[:, None] * config.inv_freq()[None, :]
-        self.register_buffer("cos", freqs.cos().to(device), persistent=False)  # [P, D/2] float32
-        self.register_buffer("sin", freqs.sin().to(device), persistent=False)
+        cos, sin = freqs.cos() * config.attention_factor, freqs.sin() * config.attention_factor
+        self.register_buffer("cos", cos.to(device), persistent=False)  # [P, D/2] float32
+        self.register_buffer("sin", sin.to(device), persistent=False)
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor

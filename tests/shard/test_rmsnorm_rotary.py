@@ -36,6 +36,36 @@ ROPES = {
         "high_freq_factor": 4.0,
         "original_max_position_embeddings": 256,
     },
+    "yarn": {
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 4.0,
+        "original_max_position_embeddings": 1024,
+    },
+    "yarn_untruncated_betas": {
+        "rope_type": "yarn",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "beta_fast": 16,
+        "beta_slow": 2,
+        "truncate": False,
+        "original_max_position_embeddings": 512,
+    },
+    "yarn_mscale": {  # DeepSeek's form of the attention factor
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 4.0,
+        "mscale": 0.707,
+        "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 1024,
+    },
+    "yarn_attention_factor": {
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 4.0,
+        "attention_factor": 1.3,
+        "original_max_position_embeddings": 1024,
+    },
 }
 
 
@@ -89,8 +119,9 @@ def test_rope_config_reads_old_style_fields():
 
 
 def test_rope_config_rejects_unsupported_scaling():
-    with pytest.raises(ValueError, match="'yarn'.*llama3"):
-        RopeConfig.from_config_dict({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, 8)
+    # dynamic NTK rescales with the batch's current length in transformers: no fixed table.
+    with pytest.raises(ValueError, match="'dynamic'.*llama3"):
+        RopeConfig.from_config_dict({"rope_parameters": {"rope_type": "dynamic", "factor": 4.0}}, 8)
 
 
 def test_half_precision_rotary_keeps_dtype():

@@ -10,6 +10,14 @@ LLAMA3_ROPE = {
     "original_max_position_embeddings": 64,
 }
 
+YARN_ROPE = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    # Short, so that the tiny head_dim has both kept and interpolated frequencies.
+    "original_max_position_embeddings": 16,
+}
+
 # name -> (architecture, config overrides)
 TINY_MODELS: dict[str, tuple[str, dict]] = {
     "llama_gqa_llama3": (
@@ -29,6 +37,7 @@ TINY_MODELS: dict[str, tuple[str, dict]] = {
     ),
     "mistral_mqa": ("MistralForCausalLM", {"num_key_value_heads": 1}),
     "qwen2_bias": ("Qwen2ForCausalLM", {"num_key_value_heads": 2}),
+    "qwen2_yarn": ("Qwen2ForCausalLM", {"num_key_value_heads": 2, "rope_parameters": YARN_ROPE}),
     # Windows far shorter than the test prompts (21 and 37 tokens) and the 16-token blocks.
     "mistral_sliding_window": (
         "MistralForCausalLM",
