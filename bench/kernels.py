@@ -8,7 +8,9 @@ the device's peak and against torch.nn.functional.scaled_dot_product_attention o
 
 Shapes are Llama-3-8B-like (32 query heads, 8 KV heads, head dim 128, bf16, 16-token blocks):
 decode at batch 64 x 4096 context (target >= 70% of HBM bandwidth), split-K decode at batch 2 x
-32k context, causal prefill of one 8192-token sequence (target: at least SDPA's flash backend).
+32k context, sliding-window decode at batch 64 x 16k context with a 4k window (should cost what a
+4k context does), causal prefill of one 8192-token sequence (target: at least SDPA's flash
+backend).
 SDPA gets dense, contiguous K/V (no block table), which is the best case for it. Ratios are
 SDPA time / ours: above 1 means ours is faster.
 """
@@ -51,10 +53,11 @@ class Shapes:
     split_batch: int = 2
     split_context: int = 32768
     prefill_tokens: int = 8192
+    window: int = 4096
     dtype: torch.dtype = torch.bfloat16
 
 
-SMOKE = Shapes(4, 2, 64, 16, 3, 48, 1, 96, 48, torch.bfloat16)
+SMOKE = Shapes(4, 2, 64, 16, 3, 48, 1, 96, 48, 32, torch.bfloat16)
 
 
 @dataclass
@@ -116,7 +119,9 @@ def sdpa(q, k, v, causal: bool):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
-def bench_decode(s, bench, device, batch, context, name, splits=None, sweep=False):
+def bench_decode(s, bench, device, batch, context, name, splits=None, sweep=False, window=None):
+    """With `window`, each query sees its last `window` tokens: the bytes read, and SDPA's
+    dense K/V, are the window's."""
     from shard.kernels.decode import (
         DecodeConfig,
         choose_num_splits,
@@ -125,15 +130,23 @@ def bench_decode(s, bench, device, batch, context, name, splits=None, sweep=Fals
     )
 
     cache, tables, k, v = paged_cache(s, batch, context, device)
+    if window is not None:
+        k, v = k[:, :, -window:].contiguous(), v[:, :, -window:].contiguous()
     lens = torch.full((batch,), context, dtype=torch.int32, device=device)
     q = torch.randn(batch, s.heads, s.head_dim, dtype=s.dtype, device=device)
     scale = s.head_dim**-0.5
-    # Every K/V byte of every context once, plus q and out.
+
+    def ours(num_splits=None, config=None):
+        return paged_decode(
+            q, cache, tables, lens, scale, window=window, num_splits=num_splits, config=config
+        )
+
+    # Every K/V byte each query sees once, plus q and out.
     work = 2 * k.numel() * k.element_size() + 2 * q.numel() * q.element_size()
-    chosen = choose_num_splits(batch, s.kv_heads, context, num_sms(device))
+    chosen = choose_num_splits(batch, s.kv_heads, min(context, window or context), num_sms(device))
     results = []
     for forced in [splits] if splits is not None else [None, 1]:
-        ms = bench(lambda f=forced: paged_decode(q, cache, tables, lens, scale, num_splits=f))
+        ms = bench(lambda f=forced: ours(num_splits=f))
         used = chosen if forced is None else forced
         label = f"{name} splits={used}" + (" (heuristic)" if forced is None else " (forced)")
         results.append(Result(label, ms, work, "TB/s"))
@@ -144,12 +157,12 @@ def bench_decode(s, bench, device, batch, context, name, splits=None, sweep=Fals
     # results may stop after the heuristic's run (see above): zip to the shorter.
     for r, forced in zip(results, [splits] if splits is not None else [None, 1], strict=False):
         r.sdpa_ms = sdpa_ms
-        got = paged_decode(q, cache, tables, lens, scale, num_splits=forced)
+        got = ours(num_splits=forced)
         r.max_err = (got.float() - expected.float()).abs().max().item()
     if sweep:
         for cfg in (DecodeConfig(32, 4, 2), DecodeConfig(64, 4, 3), DecodeConfig(64, 8, 2),
                     DecodeConfig(128, 4, 2), DecodeConfig(128, 8, 3)):  # fmt: skip
-            ms = bench(lambda c=cfg: paged_decode(q, cache, tables, lens, scale, config=c))
+            ms = bench(lambda c=cfg: ours(config=c))
             label = f"  sweep N={cfg.block_n} warps={cfg.num_warps} stages={cfg.num_stages}"
             results.append(Result(label, ms, work, "TB/s"))
     return results
@@ -231,7 +244,7 @@ def report(results: list[Result], device_name: str, peak: Peak | None) -> None:
     if peak is None:
         print("peak: unknown for this device; no %-of-peak column")
     header = (
-        f"{'kernel':44} {'ms':>9} {'achieved':>16} {'of peak':>8} {'SDPA ms':>9} {'ratio':>6} "
+        f"{'kernel':52} {'ms':>9} {'achieved':>16} {'of peak':>8} {'SDPA ms':>9} {'ratio':>6} "
         f"{'max|diff|':>9}"
     )
     print(header)
@@ -245,7 +258,7 @@ def report(results: list[Result], device_name: str, peak: Peak | None) -> None:
         peak_s = f"{of_peak:8.1%}" if of_peak else f"{'-':>8}"
         sdpa_s = f"{r.sdpa_ms:9.3f} {r.sdpa_ms / r.ms:6.2f}" if r.sdpa_ms else f"{'':9} {'':6}"
         err_s = f"{r.max_err:9.2e}" if r.max_err is not None else f"{'':9}"
-        line = f"{r.name:44} {r.ms:9.3f} {achieved:9.2f} {r.unit:7}{peak_s} {sdpa_s} {err_s}"
+        line = f"{r.name:52} {r.ms:9.3f} {achieved:9.2f} {r.unit:7}{peak_s} {sdpa_s} {err_s}"
         print(f"{line} {r.note}".rstrip())
 
 
@@ -276,6 +289,10 @@ def main() -> int:
                       f"decode B={s.split_batch} ctx={s.split_context}",
                       # The interpreter's "device" never wants splits at smoke sizes.
                       splits=3 if args.smoke else None),
+        # Mistral-style: a context 4x the window costs what the window does.
+        *bench_decode(s, bench, device, s.decode_batch, 4 * s.window,
+                      f"decode B={s.decode_batch} ctx={4 * s.window} window={s.window}",
+                      window=s.window),
         *bench_prefill(s, bench, device, sweep=args.sweep),
         *bench_kv_write(s, bench, device),
     ]  # fmt: skip
