@@ -23,4 +23,5 @@ TINY_MODELS = {
         sliding_window=16,
         max_window_layers=1,
     ),
+    "qwen3": dict(architecture="Qwen3ForCausalLM", num_key_value_heads=2, head_dim=32),
 }

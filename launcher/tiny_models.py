@@ -34,6 +34,7 @@ ARCHITECTURES = {
     "LlamaForCausalLM": "LlamaConfig",
     "MistralForCausalLM": "MistralConfig",
     "Qwen2ForCausalLM": "Qwen2Config",
+    "Qwen3ForCausalLM": "Qwen3Config",
 }
 
 

@@ -34,7 +34,9 @@ def load_model(
             f"{', '.join(SUPPORTED_ARCHITECTURES)}"
         )
     spec = _REGISTRY[architecture]
-    config = ModelConfig.load(model_dir, qkv_bias_default=spec.qkv_bias_default)
+    config = ModelConfig.load(
+        model_dir, qkv_bias_default=spec.qkv_bias_default, qk_norm=spec.qk_norm
+    )
     weights = Weights(model_dir, dtype=dtype, device=device, dist=dist)
     model = spec.model_cls(config, weights, attention)
     weights.check_all_consumed()

@@ -53,3 +53,4 @@ class Architecture:
 
     model_cls: type[CausalLM]
     qkv_bias_default: bool = False  # when config.json has no attention_bias field
+    qk_norm: bool = False  # RMSNorm over each head's query and key before rotary (Qwen3)

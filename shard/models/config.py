@@ -59,6 +59,7 @@ class ModelConfig:
     tie_word_embeddings: bool
     qkv_bias: bool
     o_bias: bool
+    qk_norm: bool
     mlp_bias: bool
     hidden_act: str
     rope: RopeConfig
@@ -76,6 +77,7 @@ class ModelConfig:
         architecture: str,
         eos_token_ids: list[int],
         qkv_bias_default: bool = False,
+        qk_norm: bool = False,
     ) -> ModelConfig:
         num_heads = config["num_attention_heads"]
         head_dim = config.get("head_dim") or config["hidden_size"] // num_heads
@@ -107,6 +109,7 @@ class ModelConfig:
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             qkv_bias=qkv_bias_default if attention_bias is None else bool(attention_bias),
             o_bias=bool(attention_bias),
+            qk_norm=qk_norm,
             mlp_bias=bool(config.get("mlp_bias", False)),
             hidden_act=config.get("hidden_act", "silu"),
             rope=RopeConfig.from_config_dict(config, head_dim),
@@ -116,11 +119,14 @@ class ModelConfig:
         )
 
     @classmethod
-    def load(cls, model_dir: Path, *, qkv_bias_default: bool = False) -> ModelConfig:
+    def load(
+        cls, model_dir: Path, *, qkv_bias_default: bool = False, qk_norm: bool = False
+    ) -> ModelConfig:
         config = read_config_dict(model_dir)
         return cls.from_dict(
             config,
             architecture=read_architecture(model_dir),
             eos_token_ids=_eos_token_ids(model_dir, config),
             qkv_bias_default=qkv_bias_default,
+            qk_norm=qk_norm,
         )

@@ -1,7 +1,7 @@
-"""Llama, Mistral and Qwen2: one composition of the shared layers.
+"""Llama, Mistral, Qwen2 and Qwen3: one composition of the shared layers.
 
-They differ only in configuration (biases, head_dim, rope scaling, sliding windows), which
-ModelConfig carries.
+They differ only in configuration (biases, head_dim, rope scaling, sliding windows, Qwen3's
+per-head query/key norms), which ModelConfig carries.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ CHECKPOINT_NAMES: dict[str, tuple[str, ...]] = {
         "model.layers.{i}.self_attn.v_proj",
     ),
     "o_proj": ("model.layers.{i}.self_attn.o_proj",),
+    "q_norm": ("model.layers.{i}.self_attn.q_norm",),
+    "k_norm": ("model.layers.{i}.self_attn.k_norm",),
     "gate_up_proj": ("model.layers.{i}.mlp.gate_proj", "model.layers.{i}.mlp.up_proj"),
     "down_proj": ("model.layers.{i}.mlp.down_proj",),
 }
@@ -62,10 +64,13 @@ class LlamaAttention(nn.Module):
         rotary: RotaryEmbedding,
         backend: AttentionBackend,
         window: int | None = None,
+        qk_norms: tuple[RMSNorm, RMSNorm] | None = None,
     ) -> None:
         super().__init__()
         self.qkv_proj = qkv_proj
         self.o_proj = o_proj
+        # Qwen3: each head's query and key are RMS-normalised over head_dim before rotary.
+        self.q_norm, self.k_norm = qk_norms or (None, None)
         self.rotary = rotary
         self.backend = backend
         self.scale = qkv_proj.head_dim**-0.5
@@ -89,7 +94,14 @@ class LlamaAttention(nn.Module):
             bias=config.qkv_bias,
         )
         o_proj = RowParallelLinear.load(weights, names.one("o_proj"), bias=config.o_bias)
-        return cls(qkv, o_proj, rotary, backend, config.layer_windows[names.layer])
+        qk_norms = None
+        if config.qk_norm:
+            eps = config.rms_norm_eps
+            qk_norms = (
+                RMSNorm.load(weights, names.one("q_norm"), eps),
+                RMSNorm.load(weights, names.one("k_norm"), eps),
+            )
+        return cls(qkv, o_proj, rotary, backend, config.layer_windows[names.layer], qk_norms)
 
     def forward(
         self,
@@ -99,6 +111,8 @@ class LlamaAttention(nn.Module):
         meta: StepMetadata,
     ) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k)
         out = attend(self.backend, q, k, v, kv_cache, meta, self.scale, self.window)
         return self.o_proj(out.flatten(1))
@@ -220,4 +234,5 @@ ARCHITECTURES: dict[str, Architecture] = {
     "LlamaForCausalLM": Architecture(LlamaForCausalLM, qkv_bias_default=False),
     "MistralForCausalLM": Architecture(LlamaForCausalLM, qkv_bias_default=False),
     "Qwen2ForCausalLM": Architecture(LlamaForCausalLM, qkv_bias_default=True),
+    "Qwen3ForCausalLM": Architecture(LlamaForCausalLM, qk_norm=True),
 }

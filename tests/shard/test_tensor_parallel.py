@@ -31,6 +31,7 @@ MODELS = [
     "qwen2_bias",
     "llama_odd_vocab",
     "llama_tied_linear_bias",
+    "qwen3_qk_norm_sliding",
 ]
 PROMPTS = [torch.arange(5, 26), torch.arange(40, 77) * 3 % 500]  # 21 and 37 tokens
 STEPS = 3

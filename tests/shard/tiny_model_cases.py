@@ -53,5 +53,17 @@ TINY_MODELS: dict[str, tuple[str, dict]] = {
             "max_window_layers": 1,
         },
     ),
+    # Per-head q/k norms; head_dim 32 != hidden / heads; windows in the second layer only.
+    "qwen3_qk_norm_sliding": (
+        "Qwen3ForCausalLM",
+        {
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "tie_word_embeddings": True,
+            "use_sliding_window": True,
+            "sliding_window": 9,
+            "max_window_layers": 1,
+        },
+    ),
     "llama_odd_vocab": ("LlamaForCausalLM", {"vocab_size": 509, "num_key_value_heads": 2}),
 }
