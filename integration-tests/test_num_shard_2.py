@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import requests
+import torch
 from reference import greedy
 from server_process import LauncherProcess
 
@@ -76,7 +77,10 @@ def ids(details: dict) -> list[int]:
 
 def serve(model_dir: Path, num_shard: int) -> Served:
     args = ("--num-shard", str(num_shard), "--dtype", "float32")
-    with LauncherProcess(model_dir, *args, "--max-batch-total-tokens", "2048") as server:
+    # Two shards need two GPUs (the launcher refuses fewer); short of that, both servers run
+    # on the CPU with gloo, which is the path this file is about, also on a one-GPU machine.
+    env = {"CUDA_VISIBLE_DEVICES": ""} if torch.cuda.device_count() < 2 else None
+    with LauncherProcess(model_dir, *args, "--max-batch-total-tokens", "2048", env=env) as server:
         greedy_jobs = [(p, n, {"decoder_input_details": True}) for p, n in GREEDY]
         sampled = {"do_sample": True}
         seeded_jobs = [(p, SAMPLED_TOKENS, {**sampled, **params}) for p, params in SEEDED]
