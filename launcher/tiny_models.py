@@ -33,6 +33,7 @@ _CORPUS_LINES = [
 ARCHITECTURES = {
     "LlamaForCausalLM": "LlamaConfig",
     "MistralForCausalLM": "MistralConfig",
+    "MinistralForCausalLM": "MinistralConfig",
     "Qwen2ForCausalLM": "Qwen2Config",
     "Qwen3ForCausalLM": "Qwen3Config",
 }

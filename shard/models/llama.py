@@ -233,6 +233,9 @@ class LlamaForCausalLM(CausalLM):
 ARCHITECTURES: dict[str, Architecture] = {
     "LlamaForCausalLM": Architecture(LlamaForCausalLM, qkv_bias_default=False),
     "MistralForCausalLM": Architecture(LlamaForCausalLM, qkv_bias_default=False),
+    # Mistral with per-layer attention types (transformers loads a Mistral config that has
+    # layer_types as Ministral, and so does this registry, through ModelConfig.layer_windows).
+    "MinistralForCausalLM": Architecture(LlamaForCausalLM, qkv_bias_default=False),
     "Qwen2ForCausalLM": Architecture(LlamaForCausalLM, qkv_bias_default=True),
     "Qwen3ForCausalLM": Architecture(LlamaForCausalLM, qk_norm=True),
 }

@@ -109,3 +109,31 @@ def test_model_reports_its_shape_and_sizes_its_kv_cache(tiny_model):
         sum(c.numel() * c.element_size() for c in caches)
         == 5 * 16 * model.kv_cache_bytes_per_token()
     )
+
+
+def test_layer_windows_follow_the_config():
+    from shard.models.config import ModelConfig
+
+    base = {
+        "vocab_size": 64,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+    }
+
+    def windows(**extra) -> tuple:
+        config = ModelConfig.from_dict(
+            {**base, **extra}, architecture="MistralForCausalLM", eos_token_ids=[]
+        )
+        return config.layer_windows
+
+    assert windows() == (None, None, None)
+    assert windows(sliding_window=5) == (5, 5, 5)
+    mixed = ["full_attention", "sliding_attention", "full_attention"]
+    assert windows(sliding_window=5, layer_types=mixed) == (None, 5, None)
+    assert windows(sliding_window=5, use_sliding_window=False) == (None, None, None)
+    with pytest.raises(ValueError, match="layer_types names 2 layers, not 3"):
+        windows(sliding_window=5, layer_types=mixed[:2])
+    with pytest.raises(ValueError, match="sliding_window must be at least 1"):
+        windows(sliding_window=0)

@@ -43,6 +43,16 @@ TINY_MODELS: dict[str, tuple[str, dict]] = {
         "MistralForCausalLM",
         {"num_key_value_heads": 2, "sliding_window": 7},
     ),
+    # Ministral: the window in the layers layer_types names, here the first but not the second.
+    "ministral_alternating": (
+        "MinistralForCausalLM",
+        {
+            "num_key_value_heads": 2,
+            "head_dim": 16,  # transformers' Ministral needs it given (real configs all do)
+            "sliding_window": 7,
+            "layer_types": ["sliding_attention", "full_attention"],
+        },
+    ),
     # Qwen2 slides only from layer max_window_layers on: layer 0 full, layer 1 windowed.
     "qwen2_sliding_layers": (
         "Qwen2ForCausalLM",
