@@ -67,18 +67,23 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return bool(getattr(self._encoder, "chat_template", None))
 
-    def _render_chat(self, messages: list[dict[str, Any]]) -> str:
+    def _render_chat(self, messages: list[dict[str, Any]], variables: dict[str, Any]) -> str:
         return self._encoder.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
+            messages, tokenize=False, add_generation_prompt=True, **variables
         )
 
-    async def apply_chat_template(self, messages: list[dict[str, Any]]) -> str:
-        """The prompt for a conversation, rendered by the tokenizer's own (Jinja) chat template.
+    async def apply_chat_template(
+        self, messages: list[dict[str, Any]], variables: dict[str, Any] | None = None
+    ) -> str:
+        """The prompt for a conversation, rendered by the tokenizer's own (Jinja) chat template;
+        `variables` are extra template variables (e.g. Qwen3's `enable_thinking`).
 
         Raises what the template raises (jinja2.TemplateError, e.g. on a role order it refuses).
         """
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self._render_chat, messages)
+        return await loop.run_in_executor(
+            self._pool, self._render_chat, messages, dict(variables or {})
+        )
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         # No space clean-up: it would make incremental decoding disagree with the full decode.

@@ -40,8 +40,33 @@ from router.validation import Fields
 
 CHAT_FIELDS = SHARED_FIELDS | {
     "messages", "max_completion_tokens", "top_logprobs", "response_format", "tools",
-    "tool_choice", "functions", "function_call", "modalities",
+    "tool_choice", "functions", "function_call", "modalities", "chat_template_kwargs",
 }  # fmt: skip
+
+# apply_chat_template's own parameters and what the server decides itself: a request cannot
+# set them through chat_template_kwargs.
+RESERVED_TEMPLATE_VARIABLES = frozenset({
+    "messages", "conversation", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+    "processor_kwargs",
+})  # fmt: skip
+
+
+def template_variables(payload: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's `chat_template_kwargs`: extra variables for the chat template, such as Qwen3's
+    `enable_thinking`."""
+    variables = payload.get("chat_template_kwargs")
+    if variables is None:
+        return {}
+    if not isinstance(variables, dict):
+        raise ValidationError("`chat_template_kwargs` must be a JSON object")
+    reserved = sorted(RESERVED_TEMPLATE_VARIABLES.intersection(variables))
+    if reserved:
+        raise ValidationError(
+            f"`chat_template_kwargs` may not set {', '.join(f'`{k}`' for k in reserved)}"
+        )
+    return variables
 
 
 def _content(index: int, content: Any) -> str:
@@ -119,10 +144,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     max_name = max_tokens_param(payload, ("max_completion_tokens", "max_tokens"), shared.generate)
     logprobs = _logprobs_param(payload, shared.generate)
     messages = parse_messages(payload)
+    variables = template_variables(payload)
     if not infer.tokenizer.has_chat_template:
         raise ValidationError("the model's tokenizer has no chat template; use /v1/completions")
     try:
-        prompt = await infer.tokenizer.apply_chat_template(messages)
+        prompt = await infer.tokenizer.apply_chat_template(messages, variables)
     except (jinja2.TemplateError, ValueError, TypeError, KeyError) as err:
         raise ValidationError(f"`messages` rejected by the model's chat template: {err}") from None
     renames = {"inputs": "messages", "max_new_tokens": max_name, "top_n_tokens": "top_logprobs"}

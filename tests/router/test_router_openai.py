@@ -196,3 +196,33 @@ def test_stop_trimmer(chunks, stops, expected):
     out = [trimmer.push(c) for c in chunks]
     out[-1] += trimmer.flush()
     assert out[: len(expected)] == expected
+
+
+@async_test
+async def test_chat_template_kwargs_reach_the_template(tokenizer, tmp_path):
+    """vLLM's chat_template_kwargs: extra template variables (Qwen3's enable_thinking)."""
+    path = tmp_path / "thinking-template"
+    tokenizer.save_pretrained(path)  # the shared fixture itself stays as it is
+    (path / "chat_template.jinja").write_text(
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if enable_thinking is defined and not enable_thinking %}/no_think\n{% endif %}"
+        "assistant:"
+    )
+    async with router_env(path) as env:
+
+        async def sent_prompt(**extra) -> str:
+            body = {"messages": HI, "max_tokens": 1, **extra}
+            r = await env.client.post("/v1/chat/completions", json=body)
+            assert r.status == 200, await r.text()
+            return tokenizer.decode(env.shards[0].prefilled[-1].input_ids)
+
+        assert "/no_think" not in await sent_prompt()
+        assert "/no_think" in await sent_prompt(chat_template_kwargs={"enable_thinking": False})
+        assert "/no_think" not in await sent_prompt(chat_template_kwargs={"enable_thinking": True})
+        for bad, message in [
+            ("yes", "`chat_template_kwargs` must be a JSON object"),
+            ({"tokenize": True, "messages": []}, "may not set `messages`, `tokenize`"),
+        ]:
+            body = {"messages": HI, "chat_template_kwargs": bad}
+            r = await env.client.post("/v1/chat/completions", json=body)
+            assert r.status == 422 and message in (await r.json())["error"]
