@@ -38,11 +38,11 @@ IGNORED_FIELDS = frozenset(
     {"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
      "prompt_cache_retention", "parallel_tool_calls"}
 )  # fmt: skip
-# Both routes; `ignore_eos`, `top_k` and `repetition_penalty` are vLLM's extensions.
+# Both routes; `ignore_eos`, `top_k`, `repetition_penalty` and `min_p` are vLLM's extensions.
 SHARED_FIELDS = frozenset(
     {"model", "frequency_penalty", "presence_penalty", "logit_bias", "logprobs", "max_tokens",
      "n", "seed", "stop", "stream", "stream_options", "temperature", "top_p", "ignore_eos",
-     "top_k", "repetition_penalty"}
+     "top_k", "repetition_penalty", "min_p"}
 )  # fmt: skip
 
 
@@ -76,6 +76,8 @@ def parse_shared(payload: dict[str, Any]) -> OpenAIParams:
     reject_unless(payload, "presence_penalty", presence == 0.0, "; use `frequency_penalty`")
     bias = payload.get("logit_bias")
     reject_unless(payload, "logit_bias", bias == {})
+    # Sent as 0 by clients following e.g. Qwen3's recommended settings: that is "off".
+    reject_unless(payload, "min_p", f.number("min_p") == 0.0, "; only 0 (off)")
     temperature = f.number("temperature")
     if temperature is not None and not 0.0 <= temperature <= 2.0:
         raise ValidationError(f"`temperature` must be >= 0.0 and <= 2.0. Given: {temperature}")

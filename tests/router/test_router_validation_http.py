@@ -80,6 +80,7 @@ TABLE = [
     (COMP, c(echo=True), 422, ["`echo`", "not supported"]),
     (COMP, c(suffix="x"), 422, ["`suffix`", "not supported"]),
     (COMP, c(logit_bias={"5": 10}), 422, ["`logit_bias`", "not supported"]),
+    (COMP, c(min_p=0.05), 422, ["`min_p`", "not supported", "only 0"]),
     (COMP, c(logprobs=4), 422, ["`logprobs`", "<= 3", "Given: 4"]),
     (COMP, c(max_tokens=0), 422, ["`max_tokens`", "strictly positive"]),
     (COMP, c(max_tokens=61), 422, ["`max_tokens`", "<= 64"]),
@@ -156,7 +157,8 @@ async def test_every_rule_is_a_json_error_naming_field_and_limit(model_dir):
         assert r.status == 200 and (await r.json())["generated_text"] == expected
         r = await env.client.post(COMP, json=c(max_tokens=2, user="u", stream=False))
         assert r.status == 200, await r.text()
-        r = await env.client.post(CHAT, json=ch(max_tokens=2, logit_bias={}, presence_penalty=0))
+        neutral = dict(logit_bias={}, presence_penalty=0, min_p=0)
+        r = await env.client.post(CHAT, json=ch(max_tokens=2, **neutral))
         assert r.status == 200, await r.text()
         r = await env.client.post(GEN, json={"inputs": "x" * 3900, "parameters": {"truncate": 4}})
         assert r.status == 200, await r.text()  # at the payload limit, not over it
