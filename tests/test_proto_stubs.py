@@ -57,3 +57,21 @@ def test_stubs_are_not_a_top_level_proto_package():
         [sys.executable, "-c", probe], cwd=codegen.REPO_ROOT, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_declared_protobuf_range_admits_only_runtimes_the_stubs_accept():
+    """protobuf refuses a runtime older than the stubs' gencode, or of another major version, at
+    import: pyproject's range must not let an install pick such a runtime."""
+    import re
+
+    stub = (STUB_DIR / "generate_pb2.py").read_text()
+    gencode = tuple(
+        int(x) for x in re.search(r"Protobuf Python Version: (\d+)\.(\d+)\.(\d+)", stub).groups()
+    )
+    pyproject = (STUB_DIR.parent / "pyproject.toml").read_text()
+    (spec,) = re.findall(r'^\s*"(protobuf[^"]*)"', pyproject, flags=re.MULTILINE)
+    lower = re.search(r">=\s*([\d.]+)", spec)
+    upper = re.search(r"<\s*(\d+)(?:[,\s]|$)", spec)
+    assert lower and upper, f"{spec!r} needs a lower bound and an exclusive major upper bound"
+    assert tuple(int(x) for x in lower.group(1).split(".")) >= gencode, spec
+    assert int(upper.group(1)) == gencode[0] + 1, spec
