@@ -154,8 +154,6 @@ def _prefill_kernel(
     if HAS_PREFIX:
         prefix = tl.load(context_lens_ptr + seq) - k_len
         bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
-        # Row m is at position prefix + shift + m.
-        q_pos = prefix + shift + offs_m[:, None]
         first_pos = 0
         if SLIDING:  # the first position the block's first row sees
             first_pos = tl.maximum(prefix + shift + start_m * BLOCK_M - window + 1, 0)
@@ -169,8 +167,8 @@ def _prefill_kernel(
             k = tl.load(ptrs, mask=kv_mask, other=0.0)
             v = tl.load(ptrs + stride_c_kv, mask=kv_mask, other=0.0)
             seen = valid[None, :]
-            if SLIDING:
-                seen = seen & (pos[None, :] > q_pos - window)
+            if SLIDING:  # row m is at position prefix + shift + m
+                seen = seen & (pos[None, :] > prefix + shift + offs_m[:, None] - window)
             m_i, l_i, acc = attend_tile(
                 q,
                 k,

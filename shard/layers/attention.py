@@ -140,9 +140,8 @@ def _decode_gather_index(
     first = (context_lens - width).clamp_(min=0)
     positions = first[:, None] + torch.arange(width, device=context_lens.device)
     valid = positions < context_lens[:, None]
-    # Padded positions read slot 0, whatever it holds; their scores are masked out.
-    slots = _slots(meta.block_tables, positions.masked_fill(~valid, 0), block_size)
-    cache[window] = (slots.masked_fill_(~valid, 0), valid)
+    # Padded positions read the row's position 0, whatever it holds; their scores are masked.
+    cache[window] = (_slots(meta.block_tables, positions.masked_fill(~valid, 0), block_size), valid)
     return cache[window]
 
 

@@ -26,25 +26,14 @@ from tests.shard.servicer_helpers import (
     run,
     start_service,
 )
+from tests.shard.tiny_model_cases import LLAMA3_ROPE, YARN_ROPE
 
 KV_TOKENS = 4096
 ROPES = {
     "default": None,
     "linear": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
-    "llama3": {
-        "rope_type": "llama3",
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 32,
-        "rope_theta": 10000.0,
-    },
-    "yarn": {
-        "rope_type": "yarn",
-        "factor": 4.0,
-        "original_max_position_embeddings": 16,
-        "rope_theta": 10000.0,
-    },
+    "llama3": LLAMA3_ROPE,
+    "yarn": YARN_ROPE,
 }
 
 
