@@ -23,6 +23,7 @@ import torch
 from safetensors import safe_open
 
 from shard.distributed import Distributed
+from shard.layers.quant.config import QuantizationConfig
 
 # Elements read through one mapping (16 MiB of float32): bounds the checkpoint pages a rank has
 # mapped at any moment, whatever the tensor's size.
@@ -117,9 +118,17 @@ class Weights:
     """This rank's view of a checkpoint. Floating tensors come back in `dtype` on `device`."""
 
     def __init__(
-        self, model_dir: str | Path, *, dtype: torch.dtype, device: torch.device, dist: Distributed
+        self,
+        model_dir: str | Path,
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+        dist: Distributed,
+        quantization: QuantizationConfig | None = None,
     ) -> None:
         self.model_dir = Path(model_dir)
+        # How the checkpoint's linears are stored; the TP linears pick their method from it.
+        self.quantization = quantization
         self.dtype = dtype
         self.device = device
         self.dist = dist
@@ -149,14 +158,16 @@ class Weights:
         self.consumed.add(name)
         return out
 
-    def get_range(self, name: str, dim: int, start: int, stop: int) -> torch.Tensor:
+    def get_range(
+        self, name: str, dim: int, start: int, stop: int, *, stored_dtype: bool = False
+    ) -> torch.Tensor:
         """Rows `start:stop` of `name` along `dim`."""
-        return self.get_concat([(name, start, stop)], dim)
+        return self.get_concat([(name, start, stop)], dim, stored_dtype=stored_dtype)
 
     def get_sharded(self, name: str, dim: int) -> torch.Tensor:
         """This rank's equal 1/world_size block of `name` along `dim`."""
         size = self.shape(name)[dim]
-        start, stop = self._shard_bounds(name, dim, size)
+        start, stop = self.shard_bounds(name, dim, size)
         return self.get_range(name, dim, start, stop)
 
     def get_packed_sharded(self, name: str, dim: int, block_sizes: Sequence[int]) -> torch.Tensor:
@@ -170,7 +181,7 @@ class Weights:
             )
         pieces, offset = [], 0
         for size in block_sizes:
-            start, stop = self._shard_bounds(name, dim, size)
+            start, stop = self.shard_bounds(name, dim, size)
             pieces.append((name, offset + start, offset + stop))
             offset += size
         return self.get_concat(pieces, dim)
@@ -179,14 +190,21 @@ class Weights:
         """Shards each tensor along `dim` and concatenates this rank's slices (fused layers)."""
         pieces = []
         for name in names:
-            start, stop = self._shard_bounds(name, dim, self.shape(name)[dim])
+            start, stop = self.shard_bounds(name, dim, self.shape(name)[dim])
             pieces.append((name, start, stop))
         return self.get_concat(pieces, dim)
 
     def get_concat(
-        self, pieces: Sequence[tuple[str, int, int]], dim: int, size: int | None = None
+        self,
+        pieces: Sequence[tuple[str, int, int]],
+        dim: int,
+        size: int | None = None,
+        *,
+        stored_dtype: bool = False,
     ) -> torch.Tensor:
         """Ranges (name, start, stop) along `dim`, concatenated, zero-padded to `size` along it.
+        `stored_dtype` keeps floating tensors in the checkpoint's dtype (quantization scales,
+        which rounding to the model's dtype would change).
 
         Every piece is copied once, straight into its place in the result: fused and padded
         parameters need no torch.cat, so loading never holds a second copy of them.
@@ -224,7 +242,8 @@ class Weights:
                 index = (slice(r0, r1), *(slice(None) for _ in range(1, dim)), *cols)
                 with self._source.view(name, index) as view:
                     if out is None:
-                        out = torch.empty(out_shape, dtype=self._dtype_of(view), device=self.device)
+                        dtype = view.dtype if stored_dtype else self._dtype_of(view)
+                        out = torch.empty(out_shape, dtype=dtype, device=self.device)
                     dest = out.narrow(dim, offset, stop - start).narrow(0, r0 - lo, r1 - r0)
                     # One pass converts the dtype, gathers a strided slice, crosses devices.
                     dest.copy_(view)
@@ -246,7 +265,7 @@ class Weights:
                 f"not use: {', '.join(unexpected)}"
             )
 
-    def _shard_bounds(self, name: str, dim: int, size: int) -> tuple[int, int]:
+    def shard_bounds(self, name: str, dim: int, size: int) -> tuple[int, int]:
         world, rank = self.dist.world_size, self.dist.rank
         if size % world:
             raise WeightsError(

@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from shard.distributed import Distributed
-from shard.layers.matmul import linear
+from shard.layers.quant.base import LinearWeight, Piece
+from shard.layers.quant.select import linear_method
 from shard.weights import Weights, WeightsError
 
 
@@ -21,33 +22,47 @@ def _param(t: torch.Tensor | None) -> nn.Parameter | None:
     return None if t is None else nn.Parameter(t, requires_grad=False)
 
 
-class ColumnParallelLinear(nn.Module):
-    """y_r = x @ W_r.T + b_r, W_r the rank's block of output rows."""
+def _column_bias(weights: Weights, pieces: Sequence[Piece]) -> torch.Tensor:
+    return weights.get_concat([(f"{p.prefix}.bias", p.start, p.stop) for p in pieces], 0)
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+
+class ColumnParallelLinear(nn.Module):
+    """y_r = x @ W_r.T + b_r, W_r the rank's block of output rows.
+
+    `weight` is whatever the checkpoint's LinearMethod made of this rank's pieces (dense,
+    int4...); the layers below only decide which output features each rank owns.
+    """
+
+    def __init__(self, weight: LinearWeight, bias: torch.Tensor | None) -> None:
         super().__init__()
-        self.weight = _param(weight)
+        self.weight = weight
         self.bias = _param(bias)
 
     @classmethod
+    def load_pieces(
+        cls, weights: Weights, pieces: Sequence[Piece], *, bias: bool
+    ) -> tuple[LinearWeight, torch.Tensor | None]:
+        method = linear_method(weights, [p.prefix for p in pieces])
+        return method.load_columns(weights, pieces), _column_bias(weights, pieces) if bias else None
+
+    @classmethod
     def load(cls, weights: Weights, prefix: str, *, bias: bool) -> ColumnParallelLinear:
-        return cls(
-            weights.get_sharded(f"{prefix}.weight", 0),
-            weights.get_sharded(f"{prefix}.bias", 0) if bias else None,
-        )
+        out = linear_method(weights, [prefix]).out_features(weights, prefix)
+        start, stop = weights.shard_bounds(prefix, 0, out)
+        return cls(*cls.load_pieces(weights, [Piece(prefix, start, stop)], bias=bias))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return self.weight(x, self.bias)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
     """Equal-sized column linears of one input fused into one matmul (gate_up_proj).
 
     The output is packed per rank as [block0_r, block1_r, ...], so `split` needs no communication.
-    `prefixes` names each block's checkpoint tensor, or one tensor that already fuses them.
+    `prefixes` names each block's checkpoint module, or one module that already fuses them.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, num_blocks: int) -> None:
+    def __init__(self, weight: LinearWeight, bias: torch.Tensor | None, num_blocks: int) -> None:
         super().__init__(weight, bias)
         self.num_blocks = num_blocks
 
@@ -55,16 +70,22 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     def load_merged(
         cls, weights: Weights, prefixes: Sequence[str], *, bias: bool, num_blocks: int
     ) -> MergedColumnParallelLinear:
-        def read(suffix: str) -> torch.Tensor:
-            names = [f"{p}.{suffix}" for p in prefixes]
-            if len(names) == num_blocks:
-                return weights.get_multi_sharded(names, 0)
-            if len(names) == 1:
-                size = weights.shape(names[0])[0]
-                return weights.get_packed_sharded(names[0], 0, [size // num_blocks] * num_blocks)
+        method = linear_method(weights, prefixes)
+        if len(prefixes) == num_blocks:
+            blocks = [(p, 0, method.out_features(weights, p)) for p in prefixes]
+        elif len(prefixes) == 1:
+            total = method.out_features(weights, prefixes[0])
+            if total % num_blocks:
+                raise WeightsError(f"{prefixes[0]}: {total} outputs are not {num_blocks} blocks")
+            size = total // num_blocks
+            blocks = [(prefixes[0], b * size, (b + 1) * size) for b in range(num_blocks)]
+        else:
             raise WeightsError(f"{num_blocks} fused blocks cannot come from {list(prefixes)}")
-
-        return cls(read("weight"), read("bias") if bias else None, num_blocks)
+        pieces = []
+        for prefix, offset, end in blocks:
+            start, stop = weights.shard_bounds(prefix, 0, end - offset)
+            pieces.append(Piece(prefix, offset + start, offset + stop))
+        return cls(*cls.load_pieces(weights, pieces, bias=bias), num_blocks)
 
     def split(self, out: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return out.chunk(self.num_blocks, dim=-1)
@@ -99,7 +120,7 @@ class QKVParallelLinear(ColumnParallelLinear):
 
     def __init__(
         self,
-        weight: torch.Tensor,
+        weight: LinearWeight,
         bias: torch.Tensor | None,
         *,
         num_heads: int,
@@ -122,7 +143,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         head_dim: int,
         bias: bool,
     ) -> QKVParallelLinear:
-        """`prefixes`: the q, k, v checkpoint tensors, or one tensor that already fuses them."""
+        """`prefixes`: the q, k, v checkpoint modules, or one module that already fuses them."""
         rank, world = weights.dist.rank, weights.dist.world_size
         if len(prefixes) == 3:
             sources = [(p, 0) for p in prefixes]
@@ -134,17 +155,12 @@ class QKVParallelLinear(ColumnParallelLinear):
         q_name, k_name = f"{sources[0][0]}.weight", f"{sources[1][0]}.weight"
         q = head_range(num_heads, rank, world, replicate=False, tensor=q_name)
         kv = head_range(num_kv_heads, rank, world, replicate=True, tensor=k_name)
-
-        def read(suffix: str) -> torch.Tensor:
-            pieces = [
-                (f"{name}.{suffix}", offset + a * head_dim, offset + b * head_dim)
-                for (name, offset), (a, b) in zip(sources, (q, kv, kv), strict=True)
-            ]
-            return weights.get_concat(pieces, 0)
-
+        pieces = [
+            Piece(name, offset + a * head_dim, offset + b * head_dim)
+            for (name, offset), (a, b) in zip(sources, (q, kv, kv), strict=True)
+        ]
         return cls(
-            read("weight"),
-            read("bias") if bias else None,
+            *cls.load_pieces(weights, pieces, bias=bias),
             num_heads=q[1] - q[0],
             num_kv_heads=kv[1] - kv[0],
             head_dim=head_dim,
@@ -168,9 +184,9 @@ class RowParallelLinear(nn.Module):
     once and the add fuses into the matmul; the other ranks never read it.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dist: Distributed) -> None:
+    def __init__(self, weight: LinearWeight, bias: torch.Tensor | None, dist: Distributed) -> None:
         super().__init__()
-        self.weight = _param(weight)
+        self.weight = weight
         self.bias = _param(bias)
         self.dist = dist
 
@@ -181,7 +197,10 @@ class RowParallelLinear(nn.Module):
             bias_tensor = weights.get_tensor(f"{prefix}.bias")
         elif bias:
             weights.mark_consumed(f"{prefix}.bias")  # rank 0's copy stands for every rank
-        return cls(weights.get_sharded(f"{prefix}.weight", 1), bias_tensor, weights.dist)
+        method = linear_method(weights, [prefix])
+        method.check_row_split(weights, prefix)
+        start, stop = weights.shard_bounds(prefix, 1, method.in_features(weights, prefix))
+        return cls(method.load_rows(weights, Piece(prefix, start, stop)), bias_tensor, weights.dist)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dist.all_reduce(linear(x, self.weight, self.bias))
+        return self.dist.all_reduce(self.weight(x, self.bias))

@@ -37,7 +37,9 @@ def load_model(
     config = ModelConfig.load(
         model_dir, qkv_bias_default=spec.qkv_bias_default, qk_norm=spec.qk_norm
     )
-    weights = Weights(model_dir, dtype=dtype, device=device, dist=dist)
+    weights = Weights(
+        model_dir, dtype=dtype, device=device, dist=dist, quantization=config.quantization
+    )
     model = spec.model_cls(config, weights, attention)
     weights.check_all_consumed()
     return model.eval()

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shard.layers.quant.config import QuantizationConfig, parse_quantization_config
 from shard.layers.rotary import RopeConfig
 
 
@@ -21,6 +22,14 @@ def read_architecture(model_dir: Path) -> str:
     if not architectures:
         raise UnsupportedArchitectureError(f"{model_dir}/config.json names no architectures")
     return architectures[0]
+
+
+def read_quantization(model_dir: Path) -> QuantizationConfig | None:
+    """config.json's quantization_config (compression_config in older compressed-tensors
+    exports), parsed; None for a floating-point checkpoint."""
+    config = json.loads((model_dir / "config.json").read_text())
+    raw = config.get("quantization_config") or config.get("compression_config")
+    return parse_quantization_config(raw)
 
 
 def read_config_dict(model_dir: Path) -> dict[str, Any]:
@@ -68,6 +77,8 @@ class ModelConfig:
     # in every layer; Qwen2 (use_sliding_window) only in the layers its layer_types name.
     layer_windows: tuple[int | None, ...]
     eos_token_ids: tuple[int, ...]
+    # How the checkpoint stores its linears (AWQ, GPTQ, compressed-tensors); None: floats.
+    quantization: QuantizationConfig | None = None
 
     @classmethod
     def from_dict(
@@ -78,6 +89,7 @@ class ModelConfig:
         eos_token_ids: list[int],
         qkv_bias_default: bool = False,
         qk_norm: bool = False,
+        quantization: QuantizationConfig | None = None,
     ) -> ModelConfig:
         num_heads = config["num_attention_heads"]
         head_dim = config.get("head_dim") or config["hidden_size"] // num_heads
@@ -116,6 +128,7 @@ class ModelConfig:
             sliding_window=sliding_window,
             layer_windows=layer_windows,
             eos_token_ids=tuple(eos_token_ids),
+            quantization=quantization,
         )
 
     @classmethod
@@ -129,4 +142,5 @@ class ModelConfig:
             eos_token_ids=_eos_token_ids(model_dir, config),
             qkv_bias_default=qkv_bias_default,
             qk_norm=qk_norm,
+            quantization=read_quantization(model_dir),
         )

@@ -1,0 +1,195 @@
+"""`quantization_config` from config.json, parsed once into what the loaders and checks need.
+
+Torch-free on purpose: the launcher reads it too, to refuse a wrong `--quantize` or
+`--num-shard` before it spawns anything.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+# The names `--quantize` takes, as checkpoints spell `quant_method`.
+METHODS = ("awq", "gptq", "compressed-tensors")
+_SUPPORTED_BITS = {"awq": (4,), "gptq": (4, 8), "compressed-tensors": (4, 8)}
+
+
+class QuantizationConfigError(ValueError):
+    """The checkpoint's quantization_config names something we cannot load; says which field."""
+
+
+@dataclass(frozen=True)
+class QuantizationConfig:
+    method: str  # one of METHODS
+    bits: int
+    group_size: int  # input rows per scale; -1: one scale per output channel (whole input)
+    # Asymmetric (integer zero points stored in the checkpoint) or symmetric (zero = 2^(bits-1)).
+    zero_point: bool
+    desc_act: bool = False  # GPTQ act-order: each input row's group comes from g_idx
+    # GPTQ: "gptq" stores zero points minus one (the original AutoGPTQ quirk); "gptq_v2" does not.
+    checkpoint_format: str = "gptq"
+    # Modules left in floating point: exact names or "re:" patterns (compressed-tensors `ignore`,
+    # AWQ `modules_to_not_convert` substrings are turned into patterns).
+    ignore: tuple[str, ...] = ()
+
+    @property
+    def pack_factor(self) -> int:
+        return 32 // self.bits
+
+    def quantizes(self, prefix: str) -> bool:
+        """Whether the checkpoint module `prefix` (e.g. model.layers.0.mlp.down_proj) is
+        quantized; ignored modules load as plain floating-point linears."""
+        for pattern in self.ignore:
+            if pattern.startswith("re:"):
+                if re.fullmatch(pattern[3:], prefix):
+                    return False
+            elif prefix == pattern or prefix.endswith(f".{pattern}"):
+                return False
+        return True
+
+    def row_split_ok(self, in_features: int, num_shard: int) -> bool:
+        """Whether a row-parallel layer of `in_features` inputs splits on group boundaries
+        (and on whole packed int32 words) across `num_shard` shards."""
+        if in_features % num_shard:
+            return False
+        per_shard = in_features // num_shard
+        if self.group_size == -1:  # one group spans every input: it cannot be split
+            return num_shard == 1
+        return per_shard % self.group_size == 0 and per_shard % self.pack_factor == 0
+
+
+def parse_quantization_config(raw: dict[str, Any] | None) -> QuantizationConfig | None:
+    """None for an unquantized checkpoint; raises QuantizationConfigError naming the field."""
+    if not raw:
+        return None
+    if not isinstance(raw, dict):
+        raise QuantizationConfigError("quantization_config must be an object")
+    method = raw.get("quant_method")
+    if method == "awq":
+        return _awq(raw)
+    if method == "gptq":
+        return _gptq(raw)
+    if method == "compressed-tensors":
+        return _compressed_tensors(raw)
+    raise QuantizationConfigError(
+        f"quantization_config.quant_method {method!r} is not supported; supported: "
+        f"{', '.join(METHODS)}"
+    )
+
+
+def _bits(method: str, value: Any, field: str) -> int:
+    if value not in _SUPPORTED_BITS[method]:
+        raise QuantizationConfigError(
+            f"{field} = {value!r} is not supported for {method}; supported: "
+            f"{', '.join(map(str, _SUPPORTED_BITS[method]))}"
+        )
+    return int(value)
+
+
+def _group_size(value: Any, field: str, bits: int) -> int:
+    if value == -1 or value is None:
+        return -1
+    if not isinstance(value, int) or value <= 0 or value % (32 // bits):
+        raise QuantizationConfigError(
+            f"{field} = {value!r} is not supported: a positive multiple of {32 // bits} or -1"
+        )
+    return value
+
+
+def _awq(raw: dict[str, Any]) -> QuantizationConfig:
+    version = str(raw.get("version", "gemm")).lower()
+    if version != "gemm":
+        raise QuantizationConfigError(
+            f"quantization_config.version = {version!r}: only AWQ's 'gemm' checkpoints are "
+            "supported (gemv, gemv_fast, marlin and exllama pack their weights differently)"
+        )
+    bits = _bits("awq", raw.get("bits", raw.get("w_bit")), "quantization_config.bits")
+    group = raw.get("group_size", raw.get("q_group_size"))
+    group_size = _group_size(group, "quantization_config.group_size", bits)
+    if group_size == -1:
+        raise QuantizationConfigError("quantization_config.group_size: AWQ needs a group size")
+    skipped = raw.get("modules_to_not_convert") or ()
+    return QuantizationConfig(
+        method="awq",
+        bits=bits,
+        group_size=group_size,
+        zero_point=bool(raw.get("zero_point", True)),
+        ignore=tuple(f"re:.*{re.escape(name)}.*" for name in skipped),
+    )
+
+
+def _gptq(raw: dict[str, Any]) -> QuantizationConfig:
+    bits = _bits("gptq", raw.get("bits"), "quantization_config.bits")
+    fmt = str(raw.get("checkpoint_format") or raw.get("format") or "gptq").lower()
+    if fmt not in ("gptq", "gptq_v2"):
+        raise QuantizationConfigError(
+            f"quantization_config.checkpoint_format = {fmt!r} is not supported "
+            "(supported: gptq, gptq_v2)"
+        )
+    if raw.get("dynamic"):
+        raise QuantizationConfigError(
+            "quantization_config.dynamic (per-module GPTQ settings) is not supported"
+        )
+    return QuantizationConfig(
+        method="gptq",
+        bits=bits,
+        group_size=_group_size(raw.get("group_size", 128), "quantization_config.group_size", bits),
+        # Symmetric GPTQ still stores zero points (all the midpoint); they are read either way.
+        zero_point=not raw.get("sym", True),
+        desc_act=bool(raw.get("desc_act", False)),
+        checkpoint_format=fmt,
+        ignore=tuple(raw.get("modules_to_not_convert") or ()),
+    )
+
+
+def _compressed_tensors(raw: dict[str, Any]) -> QuantizationConfig:
+    fmt = raw.get("format")
+    if fmt != "pack-quantized":
+        raise QuantizationConfigError(
+            f"quantization_config.format = {fmt!r}: only compressed-tensors 'pack-quantized' "
+            "(W4A16/W8A16 integer weights) is supported"
+        )
+    groups = raw.get("config_groups") or {}
+    if len(groups) != 1:
+        raise QuantizationConfigError(
+            f"quantization_config.config_groups has {len(groups)} groups; exactly one "
+            "(one scheme for every quantized linear) is supported"
+        )
+    (name, scheme), = groups.items()
+    where = f"quantization_config.config_groups.{name}"
+    if scheme.get("input_activations") or scheme.get("output_activations"):
+        raise QuantizationConfigError(
+            f"{where}: quantized activations are not supported (weight-only W4A16/W8A16 only)"
+        )
+    targets = scheme.get("targets") or []
+    if targets != ["Linear"]:
+        raise QuantizationConfigError(
+            f"{where}.targets = {targets!r}: only ['Linear'] is supported"
+        )
+    weights = scheme.get("weights") or {}
+    if weights.get("type", "int") != "int":
+        raise QuantizationConfigError(f"{where}.weights.type = {weights.get('type')!r}: only int")
+    bits = _bits("compressed-tensors", weights.get("num_bits"), f"{where}.weights.num_bits")
+    strategy = weights.get("strategy")
+    if strategy == "group":
+        group_size = _group_size(weights.get("group_size"), f"{where}.weights.group_size", bits)
+        if group_size == -1:
+            raise QuantizationConfigError(f"{where}.weights.group_size is missing")
+    elif strategy == "channel":
+        group_size = -1
+    else:
+        raise QuantizationConfigError(
+            f"{where}.weights.strategy = {strategy!r}: only 'group' and 'channel' are supported"
+        )
+    if weights.get("actorder") not in (None, False, "static", "weight"):
+        raise QuantizationConfigError(
+            f"{where}.weights.actorder = {weights.get('actorder')!r} is not supported"
+        )
+    return QuantizationConfig(
+        method="compressed-tensors",
+        bits=bits,
+        group_size=group_size,
+        zero_point=not weights.get("symmetric", True),
+        ignore=tuple(raw.get("ignore") or ()),
+    )

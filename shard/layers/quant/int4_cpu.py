@@ -1,0 +1,144 @@
+"""Int4 matmuls on the CPU: torch's own int4 kernel where it applies, else dequantizing.
+
+torch's `_weight_int4pack_mm_for_cpu` reads the packed weight directly, which is what makes
+int4 pay on a CPU: decode there is bound by the bytes of weight read per token. It is only fast
+for bfloat16 activations (fp32 and fp16 take a reference path ~30x slower; bench/int4_cpu.py),
+wants groups of 32-256 consecutive input rows, and computes (code - 8) * scale + zero per group:
+our integer zero point z folds in as zero = (8 - z) * scale. Each row of x is a separate pass
+over the weight, so for many rows (long prefill chunks) dequantizing a slice of the weight at a
+time and running a dense GEMM is faster; `DENSE_MIN_ROWS` is that crossover, measured.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from shard.layers.matmul import linear
+from shard.layers.quant.base import LinearWeight
+from shard.layers.quant.int4 import QuantizedWeight, unpack_rows
+
+CPU_GROUP_SIZES = (256, 128, 64, 32)
+# Rows of x from which dequantize + GEMM beats the int4 kernel: 2048x8192, one thread, bf16:
+# 54.6 vs 49.3 ms at 128 rows, 80.8 vs 99.2 ms at 256 (bench/int4_cpu.py).
+DENSE_MIN_ROWS = 160
+# Output features dequantized at once: bounds the temporary dense slice (1024 x K floats).
+DEQUANT_CHUNK = 1024
+# torch's CPU int4 layout: blocks of 64 output rows, each byte holding rows j and j + 32 of
+# the block at one input position. Checked against the real kernel at load (see CpuInt4).
+_CPU_BLOCK_N = 64
+
+
+def dequantize(
+    codes: torch.Tensor,
+    zeros: torch.Tensor,
+    scales: torch.Tensor,
+    group_size: int,
+    g_idx: torch.Tensor | None,
+) -> torch.Tensor:
+    """codes [c, K] (any int type), zeros/scales [G, c] -> fp32 [c, K] weight."""
+    c, k = codes.shape
+    zeros, scales = zeros.T.float(), scales.T.float()  # [c, G]
+    if g_idx is not None:
+        return (codes.float() - zeros[:, g_idx]) * scales[:, g_idx]
+    groups = zeros.shape[1]
+    padded = F.pad(codes.float(), (0, groups * group_size - k)).view(c, groups, group_size)
+    return ((padded - zeros[..., None]) * scales[..., None]).view(c, -1)[:, :k]
+
+
+class DequantizingInt4(LinearWeight):
+    """Keeps the weight packed; every call dequantizes it a slice of outputs at a time and runs
+    a dense GEMM in x's dtype. Exact for fp32 activations, and the path for layouts the int4
+    kernel cannot take (act-order, odd group sizes) and for many rows."""
+
+    def __init__(self, qw: QuantizedWeight) -> None:
+        super().__init__()
+        self.in_features, self.out_features = qw.in_features, qw.out_features
+        self.group_size = qw.group_size
+        self.register_buffer("qweight", qw.qweight)
+        self.register_buffer("zeros", qw.zeros)
+        self.register_buffer("scales", qw.scales)
+        self.register_buffer("g_idx", None if qw.g_idx is None else qw.g_idx.long())
+
+    def codes(self, start: int, stop: int) -> torch.Tensor:
+        """uint8 [stop - start, K] codes of those output features."""
+        return unpack_rows(self.qweight[:, start:stop]).T
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        out = torch.empty(*x.shape[:-1], self.out_features, dtype=x.dtype, device=x.device)
+        for start in range(0, self.out_features, DEQUANT_CHUNK):
+            stop = min(start + DEQUANT_CHUNK, self.out_features)
+            w = dequantize(
+                self.codes(start, stop),
+                self.zeros[:, start:stop],
+                self.scales[:, start:stop],
+                self.group_size,
+                self.g_idx,
+            )
+            b = None if bias is None else bias[start:stop]
+            out[..., start:stop] = linear(x, w.to(x.dtype), b)
+        return out
+
+
+def cpu_group_size(qw: QuantizedWeight) -> int | None:
+    """The group size torch's kernel can run this weight with, or None. A per-channel weight
+    runs as groups that repeat its one scale."""
+    k = qw.in_features
+    if qw.bits != 4 or qw.g_idx is not None or qw.out_features % 16:
+        return None
+    if qw.group_size in CPU_GROUP_SIZES and k % qw.group_size == 0:
+        return qw.group_size
+    if qw.group_size >= k:
+        return next((g for g in CPU_GROUP_SIZES if k % g == 0), None)
+    return None
+
+
+def _unpack_cpu_layout(packed: torch.Tensor, k: int) -> torch.Tensor:
+    """torch's CPU int4 layout [n, K / 2] uint8 -> [n, K] codes (n a multiple of 64)."""
+    n = packed.shape[0]
+    blocks = packed.view(n // _CPU_BLOCK_N, k, _CPU_BLOCK_N // 2)
+    both = torch.cat([blocks & 0xF, blocks >> 4], dim=-1)  # [n / 64, K, 64]
+    return both.transpose(1, 2).reshape(n, k)
+
+
+class CpuInt4(DequantizingInt4):
+    """torch's CPU int4 kernel for up to DENSE_MIN_ROWS rows, dequantize + GEMM beyond.
+
+    The dense path reads its codes back out of the kernel's own packed weight, so only one
+    packed copy is kept; if this torch packs differently than `_unpack_cpu_layout` expects
+    (checked once, here), the original packing is kept as well.
+    """
+
+    def __init__(self, qw: QuantizedWeight, group_size: int) -> None:
+        super().__init__(qw)
+        self.kernel_group_size = group_size
+        repeat = qw.group_size // group_size if qw.group_size >= qw.in_features else 1
+        scales = qw.scales.float().repeat_interleave(repeat, dim=0)
+        zeros = qw.zeros.float().repeat_interleave(repeat, dim=0)
+        scale_zero = torch.stack([scales, (8 - zeros) * scales], dim=-1)
+        self.register_buffer("scale_zero", scale_zero.to(torch.bfloat16).contiguous())
+        codes = qw.codes().T.contiguous()  # [N, K]
+        self.register_buffer(
+            "packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.int(), 1)
+        )
+        self.own_layout = codes.shape[0] % _CPU_BLOCK_N == 0 and torch.equal(
+            _unpack_cpu_layout(self.packed, self.in_features), codes
+        )
+        if self.own_layout:
+            self.qweight = None  # the kernel's copy serves the dense path too
+
+    def codes(self, start: int, stop: int) -> torch.Tensor:
+        if not self.own_layout:
+            return super().codes(start, stop)
+        return _unpack_cpu_layout(self.packed[start:stop], self.in_features)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        if rows >= DENSE_MIN_ROWS or x.dtype != torch.bfloat16:
+            return super().forward(x, bias)
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x.reshape(rows, x.shape[-1]), self.packed, self.kernel_group_size, self.scale_zero
+        )
+        if bias is not None:
+            out += bias
+        return out.reshape(*x.shape[:-1], self.out_features)

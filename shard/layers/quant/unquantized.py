@@ -1,0 +1,40 @@
+"""The floating-point method: `{prefix}.weight` [out, in] in the model's dtype."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from shard.layers.matmul import linear
+from shard.layers.quant.base import LinearWeight, Piece
+from shard.weights import Weights
+
+
+class DenseWeight(LinearWeight):
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.out_features, self.in_features = weight.shape
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return linear(x, self.weight, bias)
+
+
+class UnquantizedMethod:
+    def out_features(self, weights: Weights, prefix: str) -> int:
+        return weights.shape(f"{prefix}.weight")[0]
+
+    def in_features(self, weights: Weights, prefix: str) -> int:
+        return weights.shape(f"{prefix}.weight")[1]
+
+    def check_row_split(self, weights: Weights, prefix: str) -> None:
+        pass  # any equal split of a dense matrix works (Weights checks divisibility)
+
+    def load_columns(self, weights: Weights, pieces: Sequence[Piece]) -> DenseWeight:
+        names = [(f"{p.prefix}.weight", p.start, p.stop) for p in pieces]
+        return DenseWeight(weights.get_concat(names, 0))
+
+    def load_rows(self, weights: Weights, piece: Piece) -> DenseWeight:
+        return DenseWeight(weights.get_range(f"{piece.prefix}.weight", 1, piece.start, piece.stop))
