@@ -166,7 +166,8 @@ def test_validation_auth_and_payload_limit_end_to_end(served, oai):
     with pytest.raises(openai.AuthenticationError):
         wrong_key.completions.create(model="m", prompt="x")
     big = json.dumps({"inputs": "x" * 2_000_100}).encode()
-    r = requests.post(f"{server.url}/generate", data=big, headers=AUTH, timeout=30)
+    json_type = {**AUTH, "Content-Type": "application/json"}
+    r = requests.post(f"{server.url}/generate", data=big, headers=json_type, timeout=30)
     assert r.status_code == 413 and r.json()["error_type"] == "payload_too_large"
     assert [m.id for m in oai.models.list()] == ["tiny-llama"]
     r = requests.post(f"{server.url}/generate", json={"inputs": "Hi"}, headers=AUTH, timeout=60)
@@ -248,7 +249,11 @@ def test_a_running_batch_keeps_admitting_and_overload_loses_nothing(served):
     refused = requests.post(f"{server.url}/generate", json={"inputs": "Hi"}, headers=AUTH)
     assert time.monotonic() - started < 5
     assert refused.status_code == 429
-    assert refused.json() == {"error": "Model is overloaded", "error_type": "overloaded"}
+    assert refused.json() == {
+        "error": "Model is overloaded",
+        "error_type": "overloaded",
+        "request_id": refused.headers["x-request-id"],
+    }
     # No accepted request is lost: every held stream runs to its end, and gives what the same
     # request gives alone.
     for i, r in enumerate(held):

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from router.errors import UnauthorizedError
+from router.handlers.common import error_response
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
@@ -41,10 +42,8 @@ def api_key_middleware(api_key: str) -> Middleware:
             and request.path in PROTECTED_PATHS
             and not authorized(request.headers.get("Authorization"), expected)
         ):
-            err = UnauthorizedError()
-            return web.json_response(
-                err.to_json(), status=err.status, headers={"WWW-Authenticate": "Bearer"}
-            )
+            headers = {"WWW-Authenticate": "Bearer"}
+            return error_response(request, UnauthorizedError(), headers)
         return await handler(request)
 
     return require_api_key

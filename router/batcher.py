@@ -9,7 +9,8 @@ batch joins the running one at the next Decode.
 
 After every step the router applies its own stopping decisions and drops finished or abandoned
 requests with FilterBatch (ClearCache when none remain), giving their KV blocks back. A failing
-RPC fails only the requests of the batches it was about; the loop itself never dies.
+RPC fails only the requests of the batches it was about; the loop itself never dies. Their
+clients get a short error; what failed inside goes to the log with their request ids.
 """
 
 from __future__ import annotations
@@ -26,7 +27,12 @@ from router.block_allocator import BlockAllocator
 from router.chunking import chunk_new, share_budget
 from router.client import ShardClient
 from router.entry import Entry
-from router.errors import GenerationError, IncompleteGenerationError, RouterError
+from router.errors import (
+    GenerationError,
+    IncompleteGenerationError,
+    RouterError,
+    internal_failure,
+)
 from router.metrics import Metrics
 from router.queue import Queue
 from router.results import Results
@@ -83,9 +89,12 @@ class Batcher:
                 except asyncio.CancelledError:
                     raise
                 except Exception as err:  # a bug must cost its batch, never the server
-                    log.exception("scheduler step failed")
+                    log.exception(
+                        "scheduler step failed; failing request(s) %s",
+                        self._request_ids(self.entries),
+                    )
                     try:
-                        await self._reset(GenerationError(f"internal router error: {err}"))
+                        await self._reset(internal_failure(err))
                     except Exception:
                         log.exception("scheduler reset failed")
                         self.entries.clear()
@@ -221,8 +230,7 @@ class Batcher:
         except Exception as err:
             # Every request of the step fails, like a failed Decode: the shards' copy of the
             # cached batch can no longer be trusted.
-            log.error("prefill of batch %d failed: %s", batch.id, err)
-            self._fail(ids, err)
+            self._fail_internal(f"prefill of batch {batch.id}", ids, err)
             for batch_id in [batch.id, *(b.id for b in cached_batches)]:
                 await self._clear(batch_id)
             return None
@@ -242,8 +250,7 @@ class Batcher:
         try:
             response = await self.client.decode(batches, chunks or {})
         except Exception as err:
-            log.error("decode of batches %s failed: %s", [b.id for b in batches], err)
-            self._fail(ids, err)
+            self._fail_internal(f"decode of batches {[b.id for b in batches]}", ids, err)
             for b in batches:
                 await self._clear(b.id)
             return None
@@ -279,7 +286,8 @@ class Batcher:
         returned = set(cached.request_ids) if cached is not None else set()
         lost = [rid for rid in sent_ids if rid in self.entries and rid not in returned]
         if lost:
-            self._fail(lost, RuntimeError("the shard dropped the request from its batch"))
+            error = GenerationError("the shard dropped the request from its batch")
+            self._fail_internal("a step", lost, error)
         if cached is None:
             return None
         keep = [rid for rid in cached.request_ids if rid in self.entries]
@@ -291,8 +299,7 @@ class Batcher:
                 return None
             return await self.client.filter_batch(cached.id, keep)
         except Exception as err:
-            log.error("filtering batch %d failed: %s", cached.id, err)
-            self._fail(keep, err)
+            self._fail_internal(f"filtering batch {cached.id}", keep, err)
             await self._clear(cached.id)
             return None
 
@@ -316,8 +323,8 @@ class Batcher:
             try:
                 finished = self.results.apply(entry, gen)
             except Exception as err:  # one bad answer costs its request only
-                log.exception("handling the generation of request %d failed", entry.id)
-                self._fail([entry.id], GenerationError(f"internal router error: {err}"))
+                log.exception("handling the generation of request %s failed", entry.request_id)
+                self._fail([entry.id], internal_failure(err))
                 continue
             if finished:
                 self._release(entry)
@@ -331,8 +338,17 @@ class Batcher:
             self.allocator.free(entry.allocation.blocks)
             entry.allocation = None
 
-    def _fail(self, ids: Iterable[int], err: BaseException) -> None:
-        error = err if isinstance(err, RouterError) else GenerationError(str(err))
+    def _request_ids(self, ids: Iterable[int]) -> str:
+        """The HTTP request ids of these entries, as the log names them."""
+        return ", ".join(self.entries[rid].request_id for rid in ids if rid in self.entries)
+
+    def _fail_internal(self, what: str, ids: Sequence[int], err: BaseException) -> None:
+        """Fails requests after an internal failure: the log gets the detail with their ids
+        (a shard's exception may be pages of gloo or CUDA text), the clients a short error."""
+        log.error("%s failed for request(s) %s: %s", what, self._request_ids(ids), err)
+        self._fail(ids, err if isinstance(err, RouterError) else internal_failure(err))
+
+    def _fail(self, ids: Iterable[int], error: RouterError) -> None:
         for rid in ids:
             entry = self.entries.get(rid)
             if entry is not None:

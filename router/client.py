@@ -35,6 +35,8 @@ class ShardError(Exception):
         self.method = method
         self.rank = rank
         self.cause = cause
+        # What the client is told; the cause (e.g. gloo's RuntimeError text) goes to the log.
+        self.summary = f"{method} failed on shard {rank}"
 
 
 def shard_url(uds_path: str, rank: int) -> str:

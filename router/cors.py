@@ -12,14 +12,18 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from router.errors import CorsRefusedError
+from router.handlers.common import error_response
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 ALLOW_METHODS = "GET, POST, OPTIONS"
-ALLOW_HEADERS = "Authorization, Content-Type"
-# Headers a browser script may read: TGI's timing headers.
+ALLOW_HEADERS = "Authorization, Content-Type, X-Request-Id"
+# Headers a browser script may read: TGI's timing headers and the request id.
 EXPOSE_HEADERS = (
     "x-compute-type, x-compute-time, x-compute-characters, x-total-time, x-validation-time, "
-    "x-queue-time, x-inference-time, x-time-per-token, x-prompt-tokens, x-generated-tokens"
+    "x-queue-time, x-inference-time, x-time-per-token, x-prompt-tokens, x-generated-tokens, "
+    "x-request-id"
 )
 PREFLIGHT_MAX_AGE_S = 600
 
@@ -43,10 +47,7 @@ class Cors:
             return await handler(request)
         allow = self.allowed(request.headers.get("Origin"))
         if allow is None:
-            return web.json_response(
-                {"error": "origin not allowed (--cors-allow-origin)", "error_type": "cors"},
-                status=403,
-            )
+            return error_response(request, CorsRefusedError())
         return web.Response(
             status=204,
             headers={

@@ -59,6 +59,8 @@ class Entry:
     request: ValidRequest
     detokenizer: IncrementalDetokenizer
     stopping: StoppingCriteria
+    # The HTTP request's id (router/request_ids.py): in its error bodies and in log lines about it.
+    request_id: str = ""
     # Probe of the client connection; the scheduler drops the entry when it returns False.
     alive: Callable[[], bool] = lambda: True
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)

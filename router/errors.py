@@ -1,7 +1,9 @@
 """Errors a request can end with, each mapped to TGI's HTTP status and `error_type`.
 
 Clients (TGI's own `text-generation` package among them) dispatch on the status code and on
-`error_type`, so both must match TGI exactly.
+`error_type`, so both must match TGI exactly. Every body also carries the request's id, the one
+the router's log uses for it: an internal failure (a shard's exception, a router bug) reaches the
+client as a short, stable message, and its detail is in the log under that id.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ class RouterError(Exception):
     def message(self) -> str:
         return str(self)
 
-    def to_json(self) -> dict[str, str]:
-        return {"error": self.message, "error_type": self.error_type}
+    def to_json(self, request_id: str) -> dict[str, str]:
+        """The one shape of every error body, streamed or not."""
+        return {"error": self.message, "error_type": self.error_type, "request_id": request_id}
 
 
 class ValidationError(RouterError):
@@ -43,7 +46,10 @@ class OverloadedError(RouterError):
 
 
 class GenerationError(RouterError):
-    """A shard failed while running this request's batch (424)."""
+    """A shard failed while running this request's batch (424).
+
+    The message is written for clients; what went wrong inside is logged with the request id.
+    """
 
     status = 424
     error_type = "generation"
@@ -91,3 +97,51 @@ class PayloadTooLargeError(RouterError):
         super().__init__(
             f"Payload too large: the request body exceeds {limit} bytes (--payload-limit)"
         )
+
+
+class UnsupportedMediaTypeError(RouterError):
+    """A JSON route got a body that is not declared as JSON (415), as TGI's axum answers."""
+
+    status = 415
+    error_type = "unsupported_media_type"
+
+    def __init__(self, content_type: str | None) -> None:
+        given = content_type or "no Content-Type"
+        super().__init__(f"Content-Type must be application/json. Given: {given}")
+
+
+class HttpError(RouterError):
+    """aiohttp's own refusals (404, 405...), with their status and reason."""
+
+    error_type = "http"
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+class InternalError(RouterError):
+    """An unexpected exception in a handler (500): only the request id reaches the client."""
+
+    status = 500
+    error_type = "internal"
+
+    def __init__(self) -> None:
+        super().__init__("Internal server error; the server log has the details")
+
+
+class CorsRefusedError(RouterError):
+    """A CORS preflight from an origin --cors-allow-origin does not list (403)."""
+
+    status = 403
+    error_type = "cors"
+
+    def __init__(self) -> None:
+        super().__init__("origin not allowed (--cors-allow-origin)")
+
+
+def internal_failure(cause: BaseException) -> GenerationError:
+    """What a client learns of an internal failure: which step failed where, if that is known
+    (`summary` of router.client.ShardError and ShardDivergenceError), never the raw text."""
+    summary = getattr(cause, "summary", None) or "internal error"
+    return GenerationError(f"{summary} (the server log has the details under this request_id)")

@@ -136,11 +136,13 @@ class Infer:
         request: ValidRequest,
         alive: Callable[[], bool] | None = None,
         received_at: float | None = None,
+        request_id: str = "",
     ) -> Entry:
         """Queues a validated request; received_at is when its HTTP request arrived."""
         entry = Entry(
             id=next(self._ids),
             request=request,
+            request_id=request_id,
             detokenizer=IncrementalDetokenizer(self.tokenizer, request.input_ids),
             stopping=StoppingCriteria(
                 request.max_new_tokens, self.eos_token_ids, request.ignore_eos, request.stop

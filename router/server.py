@@ -11,7 +11,13 @@ from aiohttp import web
 
 from router.auth import api_key_middleware
 from router.cors import Cors
-from router.errors import GenerationError, IncompleteGenerationError, RouterError
+from router.errors import (
+    GenerationError,
+    HttpError,
+    IncompleteGenerationError,
+    InternalError,
+    RouterError,
+)
 from router.handlers.common import INFER, error_response
 from router.handlers.generate import generate
 from router.handlers.misc import compat_generate, health, info, metrics, models, tokenize
@@ -19,6 +25,7 @@ from router.handlers.openai_chat import chat_completions
 from router.handlers.openai_completions import completions
 from router.handlers.stream import generate_stream
 from router.infer import Infer
+from router.request_ids import add_request_id_header, request_id
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +39,7 @@ COUNTED_BY_SCHEDULER = (GenerationError, IncompleteGenerationError)
 
 @web.middleware
 async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every failure is `{"error", "error_type"}` with TGI's status code."""
+    """Every failure is `{"error", "error_type", "request_id"}` with TGI's status code."""
     metrics = request.app[INFER].metrics
     if request.method == "POST" and request.path in GENERATE_PATHS:
         metrics.requests.inc()
@@ -41,16 +48,18 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
     except RouterError as err:
         if not isinstance(err, COUNTED_BY_SCHEDULER):
             metrics.request_failed(err.error_type)
-        return error_response(err)
+        return error_response(request, err)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return web.json_response({"error": exc.reason, "error_type": "http"}, status=exc.status)
+        return error_response(request, HttpError(exc.status, exc.reason))
     except (asyncio.CancelledError, ConnectionResetError):
         raise
-    except Exception as err:
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        return web.json_response({"error": str(err), "error_type": "internal"}, status=500)
+    except Exception:
+        # The exception's text may be anything (paths, library internals): it stays in the log.
+        rid = request_id(request)
+        log.exception("request %s: unhandled error on %s %s", rid, request.method, request.path)
+        return error_response(request, InternalError())
 
 
 def create_app(infer: Infer) -> web.Application:
@@ -65,6 +74,7 @@ def create_app(infer: Infer) -> web.Application:
         middlewares.insert(0, cors.preflight)
     # aiohttp refuses a body of client_max_size bytes or more; the limit itself is allowed.
     app = web.Application(middlewares=middlewares, client_max_size=args.payload_limit + 1)
+    app.on_response_prepare.append(add_request_id_header)
     if cors is not None:
         app.on_response_prepare.append(cors.add_headers)
     app[INFER] = infer

@@ -17,7 +17,10 @@ StepResponse = pb.PrefillResponse | pb.DecodeResponse
 
 
 class ShardDivergenceError(RuntimeError):
-    pass
+    def __init__(self, method: str, detail: str) -> None:
+        super().__init__(f"{method}: {detail}")
+        # What the client is told; the detail (request and token ids) goes to the log.
+        self.summary = f"the shards' answers to {method} diverged"
 
 
 def _tokens(answer: StepResponse) -> list[tuple[int, tuple[int, ...]]]:
@@ -35,12 +38,13 @@ def check_agreement(method: str, answers: Sequence[StepResponse]) -> None:
     for rank, answer in enumerate(answers[1:], start=1):
         tokens = _tokens(answer)
         if tokens != want_tokens:
-            raise ShardDivergenceError(f"{method}: {_first_difference(tokens, want_tokens, rank)}")
+            raise ShardDivergenceError(method, _first_difference(tokens, want_tokens, rank))
         cached = _cached(answer)
         if cached != want_cached:
             raise ShardDivergenceError(
-                f"{method}: shard {rank} holds cached batch {cached} but shard 0 holds "
-                f"{want_cached} (batch id, request ids); the shards' states diverged"
+                method,
+                f"shard {rank} holds cached batch {cached} but shard 0 holds "
+                f"{want_cached} (batch id, request ids); the shards' states diverged",
             )
 
 

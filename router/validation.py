@@ -2,14 +2,18 @@
 
 Checks run in TGI's order (so the same bad request gets the same first error), except that
 a too-long prompt is reported before the total-length check. Malformed JSON
-and wrongly typed fields are 422 as well, with a message naming the field.
+and wrongly typed fields are 422 as well, with a message naming the field. Unlike TGI, which
+ignores unknown fields, an unknown field is a 422 naming it, as on the OpenAI routes: a typo such
+as `max_new_token` must not silently fall back to the default length.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +28,26 @@ U64_MAX = 2**64 - 1
 # Every step scans a window as long as the longest stop sequence: bound it so one request cannot
 # make every step of the batch slow (TGI has no such bound; no real stop sequence comes close).
 MAX_STOP_SEQUENCE_CHARS = 1024
+
+
+# TGI's GenerateRequest (CompatGenerateRequest adds `stream`) and GenerateParameters.
+REQUEST_FIELDS = frozenset({"inputs", "parameters", "add_special_tokens", "stream"})
+PARAMETER_FIELDS = frozenset(
+    {"best_of", "temperature", "repetition_penalty", "frequency_penalty", "top_k", "top_p",
+     "typical_p", "do_sample", "max_new_tokens", "return_full_text", "stop", "truncate",
+     "watermark", "details", "decoder_input_details", "seed", "top_n_tokens", "grammar",
+     "adapter_id"}
+)  # fmt: skip
+
+
+def reject_unknown(obj: dict[str, Any], known: Iterable[str], parent: str = "") -> None:
+    """A 422 naming the first field not in `known` (and the known one it most resembles)."""
+    known = frozenset(known)
+    for name in obj:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"; did you mean `{close[0]}`?" if close else ""
+            raise ValidationError(f"unknown field `{parent}{name}`{hint}")
 
 
 @dataclass(frozen=True)
@@ -111,7 +135,15 @@ class Validator:
         self.limits = limits
 
     async def validate(self, payload: dict[str, Any], *, stream: bool = False) -> ValidRequest:
+        """`stream`: whether the route streams; a `stream` field must agree with it."""
+        reject_unknown(payload, REQUEST_FIELDS)
         top = Fields(payload)
+        if top.boolean("stream", stream) != stream:
+            raise ValidationError(
+                "`stream` is true: streams come from /generate_stream (or from / with `stream`)"
+                if not stream
+                else "`stream` is false: single answers come from /generate"
+            )
         if "inputs" not in payload:
             raise ValidationError("missing field `inputs`")
         inputs = top.string("inputs")
@@ -123,6 +155,7 @@ class Validator:
             raw_params = {}
         if not isinstance(raw_params, dict):
             raise ValidationError("`parameters` must be a JSON object")
+        reject_unknown(raw_params, PARAMETER_FIELDS, parent="parameters.")
         p = Fields(raw_params)
 
         # Deserialization: every field has the right type before any semantic check.
@@ -215,6 +248,12 @@ class Validator:
             raise ValidationError("`watermark` is not supported")
         if raw_params.get("grammar") is not None:
             raise ValidationError("grammar is not supported")
+        if adapter_id:
+            # Until multi-LoRA serving lands, an adapter is never silently replaced by the base
+            # model; that work replaces this with a lookup of the loaded adapters.
+            raise ValidationError(
+                f"`adapter_id` {adapter_id!r}: no LoRA adapters are loaded on this server"
+            )
 
         encoding = await self.tokenizer.encode(inputs, add_special_tokens=add_special_tokens)
         ids = encoding.ids

@@ -9,8 +9,10 @@ from typing import Any
 from aiohttp import web
 
 from router.entry import Entry, ErrorEvent, Finished
-from router.errors import PayloadTooLargeError, RouterError
+from router.errors import PayloadTooLargeError, RouterError, UnsupportedMediaTypeError
 from router.infer import Infer
+from router.request import ValidRequest
+from router.request_ids import request_id
 from router.validation import parse_json_body
 
 INFER: web.AppKey[Infer] = web.AppKey("infer", Infer)
@@ -20,11 +22,21 @@ def infer_of(request: web.Request) -> Infer:
     return request.app[INFER]
 
 
-def error_response(err: RouterError, headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response(err.to_json(), status=err.status, headers=headers)
+def error_response(
+    request: web.Request, err: RouterError, headers: dict[str, str] | None = None
+) -> web.Response:
+    return web.json_response(err.to_json(request_id(request)), status=err.status, headers=headers)
+
+
+def is_json(content_type: str) -> bool:
+    """application/json, with or without parameters, or a `+json` type (as axum accepts)."""
+    return content_type == "application/json" or content_type.endswith("+json")
 
 
 async def read_json(request: web.Request) -> dict[str, Any]:
+    # Checked before the body is read: a form post (curl -d without -H) is a 415, as in TGI.
+    if not is_json(request.content_type):
+        raise UnsupportedMediaTypeError(request.headers.get("Content-Type"))
     try:
         body = await request.read()
     except web.HTTPRequestEntityTooLarge:
@@ -41,6 +53,11 @@ def client_alive(request: web.Request) -> Callable[[], bool]:
         return transport is not None and not transport.is_closing()
 
     return alive
+
+
+def submit(request: web.Request, valid: ValidRequest, received: float | None) -> Entry:
+    """Queues a validated request on behalf of this HTTP request (its id, its liveness)."""
+    return infer_of(request).submit(valid, client_alive(request), received, request_id(request))
 
 
 async def wait_finished(entry: Entry) -> Finished:

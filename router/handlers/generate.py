@@ -11,7 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from router.entry import Entry
-from router.handlers.common import client_alive, infer_of, read_json, timing_headers, wait_finished
+from router.handlers.common import infer_of, read_json, submit, timing_headers, wait_finished
 from router.infer import Infer
 from router.request import ValidRequest
 from router.responses import generate_json
@@ -50,7 +50,7 @@ async def generate_payload(
     infer: Infer = infer_of(request)
     valid = await infer.validator.validate(payload, stream=False)
     with infer.permit(valid.best_of):
-        entries = [infer.submit(v, client_alive(request), received) for v in _variants(valid)]
+        entries = [submit(request, v, received) for v in _variants(valid)]
         try:
             results = await asyncio.gather(*(wait_finished(e) for e in entries))
         finally:

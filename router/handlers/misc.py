@@ -13,6 +13,7 @@ from router.handlers.common import error_response, infer_of, read_json
 from router.handlers.generate import generate_payload
 from router.handlers.stream import stream_payload
 from router.metrics import CONTENT_TYPE
+from router.validation import reject_unknown
 
 
 async def info(request: web.Request) -> web.Response:
@@ -55,7 +56,7 @@ async def info(request: web.Request) -> web.Response:
 async def health(request: web.Request) -> web.Response:
     if await infer_of(request).healthy():
         return web.Response(status=200)
-    return error_response(UnhealthyError())
+    return error_response(request, UnhealthyError())
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -79,6 +80,8 @@ async def tokenize(request: web.Request) -> web.Response:
     """TGI's /tokenize: the tokens of `inputs` with their character offsets."""
     infer = infer_of(request)
     payload = await read_json(request)
+    # TGI's /tokenize takes a generate request; its parameters do not change the tokens.
+    reject_unknown(payload, ("inputs", "parameters", "add_special_tokens"))
     inputs = payload.get("inputs")
     if not isinstance(inputs, str):
         raise ValidationError("`inputs` must be a string")

@@ -11,9 +11,9 @@ from aiohttp import web
 from router.entry import Entry, Finished, Token, TokenEvent
 from router.errors import RouterError, ValidationError
 from router.handlers.common import (
-    client_alive,
     infer_of,
     read_json,
+    submit,
     timing_headers,
     wait_finished,
 )
@@ -42,6 +42,10 @@ CHAT_FIELDS = SHARED_FIELDS | {
     "messages", "max_completion_tokens", "top_logprobs", "response_format", "tools",
     "tool_choice", "functions", "function_call", "modalities", "chat_template_kwargs",
 }  # fmt: skip
+
+# OpenAI's roles; any other is refused as OpenAI does, not handed to a template that might drop
+# the message or render the unknown name as text.
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 # apply_chat_template's own parameters and what the server decides itself: a request cannot
 # set them through chat_template_kwargs.
@@ -100,6 +104,10 @@ def parse_messages(payload: dict[str, Any]) -> list[dict[str, str]]:
         role = message.get("role")
         if not isinstance(role, str) or not role:
             raise ValidationError(f"`messages[{i}].role` must be a non-empty string")
+        if role not in ROLES:
+            raise ValidationError(
+                f"`messages[{i}].role` must be one of {', '.join(ROLES)}. Given: {role!r}"
+            )
         reject_unless(message, "tool_calls", not message.get("tool_calls"))
         messages.append({"role": role, "content": _content(i, message.get("content"))})
     return messages
@@ -155,7 +163,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     # The template writes the special tokens it wants (BOS...): none are added on top (as TGI).
     valid = await validate(infer, prompt, shared, renames, add_special_tokens=False)
     with infer.permit():
-        entry = infer.submit(valid, client_alive(request), received)
+        entry = submit(request, valid, received)
         if shared.stream:
             stream = ChatStream(infer, entry, logprobs, shared.include_usage)
             headers = {"x-compute-type": infer.model.device_type or "unknown"}
@@ -226,7 +234,7 @@ class ChatStream:
         return out
 
     def on_error(self, error: RouterError) -> list[Any]:
-        return [error.to_json()]
+        return [error.to_json(self.entry.request_id)]
 
     def on_end(self) -> list[Any]:
         assert self.finished is not None

@@ -23,7 +23,7 @@ from router.errors import ValidationError
 from router.infer import Infer
 from router.request import ValidRequest
 from router.stopping import FinishReason
-from router.validation import Fields
+from router.validation import Fields, reject_unknown
 
 FINISH_REASON = {
     FinishReason.LENGTH: "length",
@@ -55,9 +55,7 @@ class OpenAIParams:
 
 
 def check_fields(payload: dict[str, Any], allowed: frozenset[str]) -> None:
-    for name in payload:
-        if name not in allowed and name not in IGNORED_FIELDS:
-            raise ValidationError(f"unknown field `{name}`")
+    reject_unknown(payload, allowed | IGNORED_FIELDS)
 
 
 def reject_unless(payload: dict[str, Any], name: str, harmless: bool, why: str = "") -> None:

@@ -10,9 +10,9 @@ from aiohttp import web
 from router.entry import Entry, Finished, Token, TokenEvent
 from router.errors import RouterError, ValidationError
 from router.handlers.common import (
-    client_alive,
     infer_of,
     read_json,
+    submit,
     timing_headers,
     wait_finished,
 )
@@ -93,7 +93,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     renames = {"inputs": "prompt", "max_new_tokens": max_name, "top_n_tokens": "logprobs"}
     valid = await validate(infer, prompt, shared, renames)
     with infer.permit():
-        entry = infer.submit(valid, client_alive(request), received)
+        entry = submit(request, valid, received)
         if shared.stream:
             stream = CompletionStream(infer, entry, logprobs is not None, shared.include_usage)
             headers = {"x-compute-type": infer.model.device_type or "unknown"}
@@ -159,7 +159,7 @@ class CompletionStream:
         return [self.chunk(text, lp)] if text or lp else []
 
     def on_error(self, error: RouterError) -> list[Any]:
-        return [error.to_json()]
+        return [error.to_json(self.entry.request_id)]
 
     def on_end(self) -> list[Any]:
         assert self.finished is not None

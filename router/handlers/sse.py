@@ -63,7 +63,7 @@ async def serve_sse(
     try:
         event = await next_event(entry, None)
         if isinstance(event, ErrorEvent):
-            return error_response(event.error)
+            return error_response(request, event.error)
         response = web.StreamResponse(headers={**SSE_HEADERS, **headers})
         await response.prepare(request)
         try:

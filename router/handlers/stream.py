@@ -9,7 +9,7 @@ from aiohttp import web
 
 from router.entry import Entry, TokenEvent
 from router.errors import RouterError
-from router.handlers.common import client_alive, infer_of, read_json
+from router.handlers.common import infer_of, read_json, submit
 from router.handlers.sse import serve_sse
 from router.responses import stream_json
 
@@ -31,7 +31,7 @@ class TgiStream:
         return [stream_json(self.entry, self.index, event.token, event.top_tokens, event.end)]
 
     def on_error(self, error: RouterError) -> list[Any]:
-        return [error.to_json()]
+        return [error.to_json(self.entry.request_id)]
 
     def on_end(self) -> list[Any]:
         return []
@@ -44,7 +44,7 @@ async def stream_payload(
     received = time.monotonic() if received is None else received
     valid = await infer.validator.validate(payload, stream=True)
     with infer.permit():
-        entry = infer.submit(valid, client_alive(request), received)
+        entry = submit(request, valid, received)
         # As TGI: only what is known before the first token; timings come in /metrics.
         headers = {
             "x-compute-type": infer.model.device_type or "unknown",

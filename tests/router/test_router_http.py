@@ -13,6 +13,11 @@ def gen(inputs="H", **params):
     return {"inputs": inputs, "parameters": params}
 
 
+def logged(caplog, *needles: str) -> bool:
+    """Whether one record of the router's log holds every needle (a request id and a detail)."""
+    return any(all(n in r.getMessage() for n in needles) for r in caplog.records)
+
+
 @async_test
 async def test_generate_with_details(model_dir):
     async with router_env(model_dir) as env:
@@ -183,15 +188,22 @@ async def test_max_batch_total_tokens_flag_bounds_the_batch(model_dir):
 
 
 @async_test
-async def test_prefill_error_is_424_and_the_router_keeps_serving(model_dir):
+async def test_prefill_error_is_424_and_the_router_keeps_serving(model_dir, caplog):
     # Only rank 0 fails: the router must still clear the batch rank 1 cached.
     async with router_env(model_dir) as env:
         env.shards[0].fail_prefill_token = 72  # "e"
         r = await env.client.post("/generate", json=gen("Hello", max_new_tokens=3))
         assert r.status == 424
         body = await r.json()
-        assert body["error_type"] == "generation"
-        assert "injected prefill failure" in body["error"]
+        rid = r.headers["x-request-id"]
+        assert body == {
+            "error": "Request failed during generation: Prefill failed on shard 0 "
+            "(the server log has the details under this request_id)",
+            "error_type": "generation",
+            "request_id": rid,
+        }
+        # The shard's own words go to the log, under the id the client was given.
+        assert logged(caplog, rid, "Prefill failed on shard 0: injected prefill failure")
         # A streaming request that fails before its first token gets plain JSON too.
         r = await env.client.post("/generate_stream", json=gen("Hello", max_new_tokens=3))
         assert r.status == 424 and (await r.json())["error_type"] == "generation"
@@ -203,15 +215,21 @@ async def test_prefill_error_is_424_and_the_router_keeps_serving(model_dir):
 
 
 @async_test
-async def test_decode_error_fails_the_stream_and_the_router_recovers(model_dir):
+async def test_decode_error_fails_the_stream_and_the_router_recovers(model_dir, caplog):
     async with router_env(model_dir) as env:
         env.shards[1].fail_next_decode = True
         r = await env.client.post("/generate_stream", json=gen(max_new_tokens=5))
         assert r.status == 200
         events = parse_sse(await r.text())
         assert events[0]["token"]["text"] == "I"  # from Prefill, before the failure
-        assert events[-1]["error_type"] == "generation"
-        assert "injected decode failure" in events[-1]["error"]
+        rid = r.headers["x-request-id"]
+        assert events[-1] == {
+            "error": "Request failed during generation: Decode failed on shard 1 "
+            "(the server log has the details under this request_id)",
+            "error_type": "generation",
+            "request_id": rid,
+        }
+        assert logged(caplog, rid, "Decode failed on shard 1: injected decode failure")
         r = await env.client.post("/generate", json=gen(max_new_tokens=5))
         assert (await r.json())["generated_text"] == "IJKLM"
         assert env.violations() == []
@@ -219,7 +237,7 @@ async def test_decode_error_fails_the_stream_and_the_router_recovers(model_dir):
 
 
 @async_test
-async def test_scheduler_survives_router_bugs(model_dir):
+async def test_scheduler_survives_router_bugs(model_dir, caplog):
     async with router_env(model_dir) as env:
         batcher = env.infer.batcher
         real_apply, real_next_batch = batcher.results.apply, env.infer.queue.next_batch
@@ -239,7 +257,11 @@ async def test_scheduler_survives_router_bugs(model_dir):
 
         batcher.results.apply = bad_apply
         r = await env.client.post("/generate", json=gen(max_new_tokens=3))
-        assert r.status == 424 and "bug in result handling" in (await r.json())["error"]
+        body = await r.json()
+        assert r.status == 424 and body["error_type"] == "generation"
+        assert "bug in result handling" not in body["error"]  # a traceback's words stay inside
+        bug = [rec for rec in caplog.records if body["request_id"] in rec.getMessage()]
+        assert bug and "bug in result handling" in str(bug[0].exc_info[1])
         env.infer.queue.next_batch = bad_next_batch
         r = await env.client.post("/generate", json=gen(max_new_tokens=3))
         assert r.status == 200 and (await r.json())["generated_text"] == "IJK"
@@ -281,7 +303,11 @@ async def test_overload_is_429(model_dir):
         await r1.content.readline()
         r2 = await env.client.post("/generate", json=gen(max_new_tokens=2))
         assert r2.status == 429
-        assert await r2.json() == {"error": "Model is overloaded", "error_type": "overloaded"}
+        assert await r2.json() == {
+            "error": "Model is overloaded",
+            "error_type": "overloaded",
+            "request_id": r2.headers["x-request-id"],
+        }
         await r1.text()
         r3 = await env.client.post("/generate", json=gen(max_new_tokens=2))
         assert r3.status == 200
@@ -297,8 +323,10 @@ async def test_validation_errors_over_http(model_dir):
             assert await r.json() == {
                 "error": "Input validation error: `top_p` must be > 0.0 and < 1.0",
                 "error_type": "validation",
+                "request_id": r.headers["x-request-id"],
             }
-        r = await env.client.post("/generate", data=b"{oops")
+        json_type = {"Content-Type": "application/json"}
+        r = await env.client.post("/generate", data=b"{oops", headers=json_type)
         assert r.status == 422 and (await r.json())["error_type"] == "validation"
         r = await env.client.post("/generate", json=gen(max_new_tokens=1000))
         assert "`inputs` tokens + `max_new_tokens` must be <= 256" in (await r.json())["error"]
@@ -314,7 +342,11 @@ async def test_health_info_tokenize(model_dir):
         env.shards[1].healthy = False
         r = await env.client.get("/health")
         assert r.status == 503
-        assert await r.json() == {"error": "unhealthy", "error_type": "healthcheck"}
+        assert await r.json() == {
+            "error": "unhealthy",
+            "error_type": "healthcheck",
+            "request_id": r.headers["x-request-id"],
+        }
 
         info = await (await env.client.get("/info")).json()
         assert info["model_id"] == "tiny" and info["router"] == "switchyard"

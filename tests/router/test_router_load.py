@@ -8,6 +8,11 @@ from tests.router.harness import async_test, parse_sse, router_env, scrape, wait
 OVERLOADED = {"error": "Model is overloaded", "error_type": "overloaded"}
 
 
+def overloaded(r) -> dict:
+    """The 429 body, whose request_id is the one in the response's header."""
+    return {**OVERLOADED, "request_id": r.headers["x-request-id"]}
+
+
 def gen(inputs="H", **params):
     return {"inputs": inputs, "parameters": params}
 
@@ -72,7 +77,7 @@ async def test_overload_is_429_at_once_and_no_accepted_request_is_lost(model_dir
         )
         assert time.monotonic() - started < 1.0  # at once, not after the running ones
         for r in refused:
-            assert r.status == 429 and await r.json() == OVERLOADED
+            assert r.status == 429 and await r.json() == overloaded(r)
         for r in held:
             events = parse_sse(await r.text())
             assert len(events) == 39 and events[-1]["details"]["finish_reason"] == "length"
@@ -80,11 +85,11 @@ async def test_overload_is_429_at_once_and_no_accepted_request_is_lost(model_dir
         # A burst: every request is either refused at once or answered in full.
         async def one(i):
             r = await env.client.post("/generate", json=gen(max_new_tokens=5 + i))
-            return r.status, await r.json()
+            return r.status, await r.json(), overloaded(r)
 
         answers = await asyncio.gather(*(one(i) for i in range(16)))
-        ok = [(i, body) for i, (status, body) in enumerate(answers) if status == 200]
-        refused_count = sum(1 for status, body in answers if status == 429 and body == OVERLOADED)
+        ok = [(i, body) for i, (status, body, _) in enumerate(answers) if status == 200]
+        refused_count = sum(1 for status, body, want in answers if status == 429 and body == want)
         assert len(ok) + refused_count == 16 and len(ok) >= 4
         expected = "IJKLMNOPQRSTUVWXYZ"
         assert all(body["generated_text"] == expected[: 5 + i] for i, body in ok)

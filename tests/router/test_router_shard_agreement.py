@@ -41,7 +41,7 @@ def test_any_difference_is_an_error(other, message):
 
 
 @async_test
-async def test_divergent_shards_fail_the_batch_with_424_and_the_router_recovers(model_dir):
+async def test_divergent_shards_fail_the_batch_with_424_and_the_router_recovers(model_dir, caplog):
     async with router_env(model_dir) as env:
         # Rank 1 samples differently from rank 0: from the first Prefill on, their tokens differ.
         env.shards[1]._next = lambda req: (req.ids[-1] + 2) % env.shards[1].vocab_size
@@ -49,7 +49,11 @@ async def test_divergent_shards_fail_the_batch_with_424_and_the_router_recovers(
         assert r.status == 424
         body = await r.json()
         assert body["error_type"] == "generation"
-        assert "Prefill: shards disagree on the token sampled" in body["error"]
+        assert "the shards' answers to Prefill diverged" in body["error"]
+        # Which request and which tokens: in the log, under the id the client was given.
+        detail = "Prefill: shards disagree on the token sampled"
+        logged = [rec.getMessage() for rec in caplog.records]
+        assert any(body["request_id"] in m and detail in m for m in logged), logged
         await wait_until(lambda: "ClearCache" in env.shards[1].calls)
         del env.shards[1]._next  # the class's deterministic next token again
         r = await env.client.post(

@@ -76,6 +76,16 @@ BAD = [
     (req(details=1), "`details` must be a boolean"),
     (req(stop="END"), "`stop` must be a list of strings"),
     (req(stop=[1]), "`stop` must be a list of strings"),
+    # Unknown fields, unlike TGI: a typo must not fall back to the default length.
+    (
+        req(max_new_token=5),
+        "unknown field `parameters.max_new_token`; did you mean `max_new_tokens`?",
+    ),
+    (req(frobnicate=1), "unknown field `parameters.frobnicate`"),
+    ({"inputs": "x", "paramters": {}}, "unknown field `paramters`; did you mean `parameters`?"),
+    ({"inputs": "x", "stream": True}, "`stream` is true: streams come from /generate_stream"),
+    ({"inputs": "x", "stream": "no"}, "`stream` must be a boolean"),
+    (req(adapter_id="my-lora"), "`adapter_id` 'my-lora': no LoRA adapters are loaded"),
 ]
 
 
@@ -85,12 +95,15 @@ def test_bad_requests_name_the_field_and_limit(validator, payload, message):
         validate(validator, payload)
     err = info.value
     assert err.status == 422
-    assert err.to_json()["error_type"] == "validation"
-    assert err.to_json()["error"].startswith("Input validation error: ")
-    assert message in err.to_json()["error"]
+    body = err.to_json("req-1")
+    assert body["error_type"] == "validation" and body["request_id"] == "req-1"
+    assert body["error"].startswith("Input validation error: ")
+    assert message in body["error"]
 
 
 def test_streaming_only_rules(validator):
+    with pytest.raises(ValidationError, match="`stream` is false: single answers come from"):
+        validate(validator, {"inputs": "x", "stream": False}, stream=True)
     with pytest.raises(ValidationError, match="`best_of` != 1 is not supported when streaming"):
         validate(validator, req(best_of=2, do_sample=True), stream=True)
     with pytest.raises(ValidationError, match="`decoder_input_details` == true is not supported"):
@@ -160,12 +173,15 @@ def test_valid_full_request(validator):
             top_n_tokens=5,
             watermark=False,
             grammar=None,
-            unknown_field="ignored, like TGI",
+            adapter_id=None,  # TGI's clients send every field, null when unset
         ),
     )
     assert v.max_new_tokens == 10 and v.stop == ("\n", "END") and v.sampling.seed == 7
     assert v.details and v.decoder_input_details and v.return_full_text and v.top_n_tokens == 5
     assert v.sampling.do_sample
+    # The fields TGI's `text-generation` client sends around the parameters.
+    full = {"inputs": "Hello", "parameters": {}, "stream": False, "add_special_tokens": True}
+    assert validate(validator, full).input_ids == validate(validator, {"inputs": "Hello"}).input_ids
 
 
 @pytest.mark.parametrize(

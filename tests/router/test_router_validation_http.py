@@ -70,6 +70,14 @@ TABLE = [
     (GEN, {"inputs": "x" * 5000}, 413, ["4000 bytes", "--payload-limit"]),
     ("/generate_stream", g(best_of=2, do_sample=True), 422, ["`best_of`", "streaming"]),
     ("/generate_stream", g(decoder_input_details=True), 422, ["`decoder_input_details`"]),
+    # unknown fields: a typo would otherwise generate up to the default 1024 tokens
+    (GEN, g(max_new_token=5), 422, ["unknown field `parameters.max_new_token`", "max_new_tokens`"]),
+    (GEN, {"inputs": "Hello", "max_new_tokens": 5}, 422, ["unknown field `max_new_tokens`"]),
+    ("/", {"inputs": "Hello", "parameters": {"temprature": 0.5}}, 422, ["`parameters.temprature`"]),
+    ("/generate_stream", g(max_tokens=5), 422, ["unknown field `parameters.max_tokens`"]),
+    (GEN, {"inputs": "Hello", "stream": True}, 422, ["`stream`", "/generate_stream"]),
+    (GEN, g(adapter_id="my-lora"), 422, ["`adapter_id` 'my-lora'", "no LoRA adapters are loaded"]),
+    ("/tokenize", {"inputs": "Hello", "add_special_token": False}, 422, ["`add_special_token`"]),
     # OpenAI completions: OpenAI's ranges and field names
     (COMP, c(temperature=2.5), 422, ["`temperature`", "<= 2.0", "2.5"]),
     (COMP, c(top_p=0), 422, ["`top_p`", "> 0.0 and <= 1.0"]),
@@ -107,6 +115,12 @@ TABLE = [
     (CHAT, ch(messages=[]), 422, ["`messages`", "non-empty"]),
     (CHAT, {"model": "m"}, 422, ["`messages`"]),
     (CHAT, ch(messages=[{"content": "x"}]), 422, ["`messages[0].role`"]),
+    (
+        CHAT,
+        ch(messages=[{"role": "wizard", "content": "x"}]),
+        422,
+        ["`messages[0].role`", "wizard"],
+    ),
     (CHAT, ch(messages=[{"role": "user", "content": 5}]), 422, ["`messages[0].content`"]),
     (
         CHAT,
@@ -151,7 +165,9 @@ async def test_every_rule_is_a_json_error_naming_field_and_limit(model_dir):
         assert env.shards[0].prefilled == []
         metrics = await scrape(env.client)
         assert metrics['tgi_request_failure_total{err="validation"}'] >= len(TABLE) - 5
-        r = await env.client.post(GEN, json=g(max_new_tokens=3, unknown="TGI ignores these"))
+        # Known fields sent as null, as TGI's clients send every field they know.
+        body = {"inputs": "Hello", "parameters": {"max_new_tokens": 3, "adapter_id": None}}
+        r = await env.client.post(GEN, json={**body, "stream": False})
         # "Hello" is [43, 72, 79, 400]; the fake shards continue 401, 402, 403.
         expected = env.infer.tokenizer.decode([401, 402, 403])
         assert r.status == 200 and (await r.json())["generated_text"] == expected
@@ -163,3 +179,24 @@ async def test_every_rule_is_a_json_error_naming_field_and_limit(model_dir):
         r = await env.client.post(GEN, json={"inputs": "x" * 3900, "parameters": {"truncate": 4}})
         assert r.status == 200, await r.text()  # at the payload limit, not over it
         assert env.violations() == []
+
+
+@async_test
+async def test_bodies_not_declared_as_json_are_415(model_dir):
+    async with router_env(model_dir) as env:
+        body = json.dumps(g(max_new_tokens=2)).encode()
+        for route in (GEN, "/generate_stream", "/", "/tokenize", COMP, CHAT):
+            for content_type in (None, "text/plain", "application/x-www-form-urlencoded"):
+                # aiohttp would add application/octet-stream; an empty value means none at all.
+                r = await env.client.post(
+                    route, data=body, headers={"Content-Type": content_type or ""}
+                )
+                assert r.status == 415, (route, content_type, await r.text())
+                error = await r.json()
+                assert error["error_type"] == "unsupported_media_type"
+                assert "application/json" in error["error"]
+                assert (content_type or "no Content-Type") in error["error"]
+        for content_type in ("application/json; charset=utf-8", "application/vnd.api+json"):
+            r = await env.client.post(GEN, data=body, headers={"Content-Type": content_type})
+            assert r.status == 200, (content_type, await r.text())
+        assert env.shards[0].prefilled and env.violations() == []
