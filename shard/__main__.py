@@ -8,6 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
+from shard.layers.quant.config import METHODS as QUANTIZE_METHODS
 from shard.settings import ShardSettings
 
 
@@ -19,6 +20,9 @@ def parse_args(argv: list[str]) -> ShardSettings:
     serve.add_argument("--uds-path", required=True, help="socket path prefix; rank r uses P-r")
     serve.add_argument(
         "--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"]
+    )
+    serve.add_argument(
+        "--quantize", default=None, choices=QUANTIZE_METHODS, help="must match the checkpoint"
     )
     serve.add_argument("--attention", default=None, choices=["torch", "triton"])
     serve.add_argument("--block-size", type=int, default=16)
@@ -37,6 +41,7 @@ def parse_args(argv: list[str]) -> ShardSettings:
         model_id=args.model_id,
         uds_path=args.uds_path,
         dtype=args.dtype,
+        quantize=args.quantize,
         attention=args.attention,
         block_size=args.block_size,
         cuda_memory_fraction=args.cuda_memory_fraction,

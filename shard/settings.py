@@ -13,6 +13,8 @@ class ShardSettings:
     model_id: str
     uds_path: str
     dtype: str = "auto"
+    # None: the checkpoint's quantization_config decides; else it must name the same method.
+    quantize: str | None = None
     # None: the default backend for the device.
     attention: str | None = None
     block_size: int = 16

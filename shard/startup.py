@@ -11,6 +11,7 @@ import torch
 from shard.distributed import init_distributed
 from shard.kv_cache import KvCacheSettings
 from shard.models import load_model
+from shard.models.config import read_quantization
 from shard.runner import ModelRunner
 from shard.server import ShardIdentity, TextGenerationService
 from shard.settings import DTYPES, RankEnv, ShardSettings
@@ -25,8 +26,25 @@ def pick_device(env: RankEnv) -> torch.device:
     return torch.device("cpu")
 
 
+def auto_dtype(model_dir: Path, device: torch.device) -> torch.dtype:
+    """`--dtype auto`: the checkpoint's dtype, except for int4 checkpoints on a CPU, whose only
+    fast kernel (torch's int4 matmul) takes bfloat16 activations (see quant/int4_cpu.py)."""
+    if device.type == "cpu" and read_quantization(model_dir) is not None:
+        return torch.bfloat16
+    return checkpoint_dtype(model_dir)
+
+
+def check_quantize_flag(quantize: str | None, model_dir: Path) -> None:
+    found = read_quantization(model_dir)
+    if quantize is not None and (found is None or found.method != quantize):
+        raise ValueError(
+            f"--quantize {quantize} disagrees with {model_dir}, which is "
+            f"{found.method if found else 'not quantized'} (config.json quantization_config)"
+        )
+
+
 def checkpoint_dtype(model_dir: Path) -> torch.dtype:
-    """The dtype the checkpoint was saved in (`--dtype auto`); float32 when it does not say."""
+    """The dtype the checkpoint was saved in; float32 when it does not say."""
     config = json.loads((model_dir / "config.json").read_text())
     name = config.get("dtype") or config.get("torch_dtype") or "float32"
     if name not in DTYPES:
@@ -53,7 +71,8 @@ def _build_service(
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.world_size))
     dist = init_distributed(device)
     model_dir = Path(settings.model_id)
-    dtype = checkpoint_dtype(model_dir) if settings.dtype == "auto" else DTYPES[settings.dtype]
+    check_quantize_flag(settings.quantize, model_dir)
+    dtype = auto_dtype(model_dir, device) if settings.dtype == "auto" else DTYPES[settings.dtype]
     # Triton kernels on GPUs; on CPU they only run interpreted (TRITON_INTERPRET=1), for tests.
     attention = settings.attention or ("triton" if device.type == "cuda" else "torch")
     log.info(

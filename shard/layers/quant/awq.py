@@ -35,7 +35,7 @@ class AwqReader:
         self.group_size = group_size
 
     def out_features(self, weights: Weights, prefix: str) -> int:
-        return weights.shape(f"{prefix}.scales")[1]
+        return weights.shape(f"{prefix}.qweight")[1] * PACK
 
     def in_features(self, weights: Weights, prefix: str) -> int:
         return weights.shape(f"{prefix}.qweight")[0]

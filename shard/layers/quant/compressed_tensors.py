@@ -46,10 +46,12 @@ class CompressedTensorsReader:
     def read(
         self, weights: Weights, prefix: str, rows: FeatureRange, cols: FeatureRange
     ) -> QuantizedWeight:
-        group_size = rows.total if self.group_size == -1 else self.group_size
-        groups = rows.packed(group_size) if not rows.is_whole else FeatureRange.whole(
-            -(-rows.total // group_size)
-        )
+        if self.group_size == -1:  # channel: one scale per output, whatever rows we take
+            group_size, groups = rows.stop - rows.start, FeatureRange.whole(1)
+        else:
+            group_size = self.group_size
+            whole = FeatureRange.whole(-(-rows.total // group_size))
+            groups = whole if rows.is_whole else rows.packed(group_size)
         if rows.total % PACK:
             raise WeightsError(
                 f"{prefix}: {rows.total} input features are not a multiple of {PACK}"

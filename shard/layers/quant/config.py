@@ -12,7 +12,8 @@ from typing import Any
 
 # The names `--quantize` takes, as checkpoints spell `quant_method`.
 METHODS = ("awq", "gptq", "compressed-tensors")
-_SUPPORTED_BITS = {"awq": (4,), "gptq": (4, 8), "compressed-tensors": (4, 8)}
+# 8-bit checkpoints would need a second packed layout; they are refused by name for now.
+_SUPPORTED_BITS = {"awq": (4,), "gptq": (4,), "compressed-tensors": (4,)}
 
 
 class QuantizationConfigError(ValueError):
@@ -54,9 +55,9 @@ class QuantizationConfig:
         if in_features % num_shard:
             return False
         per_shard = in_features // num_shard
-        if self.group_size == -1:  # one group spans every input: it cannot be split
-            return num_shard == 1
-        return per_shard % self.group_size == 0 and per_shard % self.pack_factor == 0
+        # Per-channel scales (group_size -1) hold for every input row, so any cut works.
+        group = self.pack_factor if self.group_size == -1 else self.group_size
+        return per_shard % group == 0 and per_shard % self.pack_factor == 0
 
 
 def parse_quantization_config(raw: dict[str, Any] | None) -> QuantizationConfig | None:

@@ -30,7 +30,7 @@ class GptqReader:
         self.v1_zeros = v1_zeros
 
     def out_features(self, weights: Weights, prefix: str) -> int:
-        return weights.shape(f"{prefix}.scales")[1]
+        return weights.shape(f"{prefix}.qweight")[1]
 
     def in_features(self, weights: Weights, prefix: str) -> int:
         return weights.shape(f"{prefix}.qweight")[0] * PACK
@@ -42,17 +42,20 @@ class GptqReader:
     def read(
         self, weights: Weights, prefix: str, rows: FeatureRange, cols: FeatureRange
     ) -> QuantizedWeight:
-        group_size = self.group_size if self.group_size != -1 else rows.total
+        channel = self.group_size == -1  # one group: its scales hold for any rows we take
+        group_size = rows.total if channel else self.group_size
         num_groups = self.groups(rows.total)
         qweight = read_part(weights, f"{prefix}.qweight", rows.packed(PACK), cols)
         g_idx = self._g_idx(weights, prefix, rows)
-        if g_idx is None or _is_sequential(g_idx, rows.start, group_size):
+        if channel:
+            g_idx, group_size = None, rows.stop - rows.start
+            group_rows = FeatureRange.whole(num_groups)
+        elif g_idx is None or _is_sequential(g_idx, rows.start, group_size):
             g_idx = None
             whole = FeatureRange.whole(num_groups)
             group_rows = whole if rows.is_whole else rows.packed(group_size)
         else:  # act-order: this slice's rows may belong to any group, so keep all of them
             group_rows = FeatureRange.whole(num_groups)
-        group_rows = FeatureRange(group_rows.start, group_rows.stop, num_groups)
         packed_zeros = read_part(weights, f"{prefix}.qzeros", group_rows, cols.packed(PACK))
         scales = read_part(weights, f"{prefix}.scales", group_rows, cols)
         zeros = unpack_rows(packed_zeros.T.contiguous()).T

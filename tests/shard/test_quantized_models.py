@@ -1,0 +1,111 @@
+"""Int4 checkpoints made by AutoAWQ, GPTQModel and compressed-tensors, served by our loaders,
+against the same models dequantized by those libraries and run by transformers in float32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from paged_helpers import run_paged
+from quant_fixtures import CPU, SERVED, fixture, quant_config, reference_weights, weights_at
+from transformers import AutoModelForCausalLM
+
+from shard.distributed import Distributed
+from shard.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from shard.layers.quant.int4_cpu import DequantizingInt4
+from shard.models import load_model
+
+STEPS = 4
+ATOL = 1e-4
+HEADS, KV_HEADS, HEAD_DIM = 4, 2, 32  # every fixture's shape (tests/quant_fixtures/build.py)
+ATTN, MLP = "model.layers.{i}.self_attn", "model.layers.{i}.mlp"
+
+
+def prompts(vocab_size: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    return [torch.randint(3, vocab_size, (n,), generator=gen) for n in (19, 33)]
+
+
+@pytest.mark.parametrize("name", SERVED)
+def test_logits_and_greedy_ids_match_transformers_on_the_library_dequantized_model(name):
+    ours = load_model(fixture(name), dtype=torch.float32, device=CPU, dist=Distributed())
+    assert all(isinstance(layer.mlp.down_proj.weight, DequantizingInt4) for layer in ours.layers)
+    ref = AutoModelForCausalLM.from_pretrained(fixture(name) / "reference", dtype=torch.float32)
+    batch = prompts(ours.vocab_size)
+    logits, tokens = run_paged(ours, batch, STEPS, seed=3)
+    with torch.inference_mode():
+        start = 0
+        for prompt in batch:
+            want = ref(prompt[None]).logits[0]
+            got = logits[0][start : start + len(prompt)]
+            torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+            start += len(prompt)
+        for prompt, seq in zip(batch, tokens, strict=True):
+            out = ref.generate(
+                prompt[None],
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                max_new_tokens=STEPS + 1,
+                do_sample=False,
+                pad_token_id=0,
+            )
+            assert seq[len(prompt) :] == out[0, len(prompt) :].tolist()
+
+
+def _layers(weights, layer: int):
+    names = {k: v.format(i=layer) for k, v in {"attn": ATTN, "mlp": MLP}.items()}
+    qkv = QKVParallelLinear.load_qkv(
+        weights,
+        [f"{names['attn']}.{p}_proj" for p in "qkv"],
+        num_heads=HEADS,
+        num_kv_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        bias=weights.has(f"{names['attn']}.q_proj.bias"),
+    )
+    gate_up = MergedColumnParallelLinear.load_merged(
+        weights, [f"{names['mlp']}.gate_proj", f"{names['mlp']}.up_proj"], bias=False, num_blocks=2
+    )
+    o = RowParallelLinear.load(weights, f"{names['attn']}.o_proj", bias=False)
+    down = RowParallelLinear.load(weights, f"{names['mlp']}.down_proj", bias=False)
+    return {"qkv": qkv, "gate_up": gate_up, "o": o, "down": down}
+
+
+def _expected(ref: dict[str, torch.Tensor], layer: int) -> dict[str, torch.Tensor]:
+    attn, mlp = ATTN.format(i=layer), MLP.format(i=layer)
+    return {
+        "qkv": torch.cat([ref[f"{attn}.{p}_proj.weight"] for p in "qkv"]),
+        "gate_up": torch.cat([ref[f"{mlp}.gate_proj.weight"], ref[f"{mlp}.up_proj.weight"]]),
+        "o": ref[f"{attn}.o_proj.weight"],
+        "down": ref[f"{mlp}.down_proj.weight"],
+    }
+
+
+def _dense(layer) -> torch.Tensor:
+    """The layer's weight, dequantized: its matmul applied to the identity."""
+    eye = torch.eye(layer.weight.in_features)
+    return layer.weight(eye).T
+
+
+@pytest.mark.parametrize("name", SERVED)
+def test_loaded_int4_layers_equal_the_library_dequantized_weights_exactly(name):
+    ref = reference_weights(name)
+    for i in range(2):
+        layers, want = _layers(weights_at(fixture(name)), i), _expected(ref, i)
+        for key, layer in layers.items():
+            assert torch.equal(_dense(layer), want[key].float()), f"layer {i} {key}"
+
+
+@pytest.mark.parametrize("name", [n for n in SERVED if quant_config(n).get("group_size") != 128])
+def test_each_rank_of_two_holds_exactly_its_slice(name):
+    """Column layers: each rank holds its slice of every fused block ([q_r, k_r, v_r],
+    [gate_r, up_r]); row layers: the input columns of its half, on group boundaries."""
+    want = _expected(reference_weights(name), 1)
+    ranks = [_layers(weights_at(fixture(name), r, 2), 1) for r in range(2)]
+    for key in ("o", "down"):
+        halves = [_dense(r[key]) for r in ranks]
+        assert torch.equal(torch.cat(halves, dim=1), want[key].float()), key
+    q, k, v = want["qkv"].split([HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM])
+    gate, up = want["gate_up"].chunk(2)
+    for rank, r in enumerate(ranks):
+        qkv = torch.cat([t.chunk(2)[rank] for t in (q, k, v)])
+        assert torch.equal(_dense(r["qkv"]), qkv.float()), f"rank {rank} qkv"
+        gate_up = torch.cat([gate.chunk(2)[rank], up.chunk(2)[rank]])
+        assert torch.equal(_dense(r["gate_up"]), gate_up.float()), f"rank {rank} gate_up"
