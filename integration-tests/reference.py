@@ -16,16 +16,20 @@ class ReferenceGeneration:
 
 
 @lru_cache(maxsize=4)
-def _load(model_dir: str):
+def _load(model_dir: str, tokenizer_dir: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.eval()
-    return AutoTokenizer.from_pretrained(model_dir), model
+    return AutoTokenizer.from_pretrained(tokenizer_dir), model
 
 
-def greedy(model_dir: Path, prompt: str, max_new_tokens: int) -> ReferenceGeneration:
-    tokenizer, model = _load(str(model_dir))
+def greedy(
+    model_dir: Path, prompt: str, max_new_tokens: int, tokenizer_dir: Path | None = None
+) -> ReferenceGeneration:
+    """`tokenizer_dir`: where the tokenizer is when `model_dir` has only weights (the
+    library-dequantized twin of a quantized checkpoint)."""
+    tokenizer, model = _load(str(model_dir), str(tokenizer_dir or model_dir))
     ids = tokenizer(prompt, return_tensors="pt").input_ids
     with torch.no_grad():
         out = model.generate(

@@ -125,10 +125,14 @@ class Weights:
         device: torch.device,
         dist: Distributed,
         quantization: QuantizationConfig | None = None,
+        triton: bool = False,
     ) -> None:
         self.model_dir = Path(model_dir)
         # How the checkpoint's linears are stored; the TP linears pick their method from it.
         self.quantization = quantization
+        # Quantized layers use the Triton kernels (always on CUDA; interpreted on CPU when the
+        # shard runs its attention in Triton too, which is how tests run them end to end).
+        self.triton = triton
         self.dtype = dtype
         self.device = device
         self.dist = dist

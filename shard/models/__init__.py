@@ -38,7 +38,12 @@ def load_model(
         model_dir, qkv_bias_default=spec.qkv_bias_default, qk_norm=spec.qk_norm
     )
     weights = Weights(
-        model_dir, dtype=dtype, device=device, dist=dist, quantization=config.quantization
+        model_dir,
+        dtype=dtype,
+        device=device,
+        dist=dist,
+        quantization=config.quantization,
+        triton=attention == "triton",
     )
     model = spec.model_cls(config, weights, attention)
     weights.check_all_consumed()

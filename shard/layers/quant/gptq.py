@@ -19,6 +19,7 @@ from shard.layers.quant.reader import FeatureRange, read_part, read_vector
 from shard.weights import Weights
 
 PACK = 8
+V1_ZERO_OFFSET = 0x11111111  # 1 in each of the 8 nibbles of a word
 
 
 class GptqReader:
@@ -58,9 +59,11 @@ class GptqReader:
             group_rows = FeatureRange.whole(num_groups)
         packed_zeros = read_part(weights, f"{prefix}.qzeros", group_rows, cols.packed(PACK))
         scales = read_part(weights, f"{prefix}.scales", group_rows, cols)
-        zeros = unpack_rows(packed_zeros.T.contiguous()).T
         if self.v1_zeros:
-            zeros = (zeros + 1) & 0xF  # v1 stored z - 1 (wrapping z = 0 to 15)
+            # v1 subtracted 1 from every zero point as one word-wide subtraction (GPTQModel's
+            # v2-to-v1 conversion), borrows included; the word-wide addition undoes it exactly.
+            packed_zeros = packed_zeros + V1_ZERO_OFFSET
+        zeros = unpack_rows(packed_zeros.T.contiguous()).T
         return QuantizedWeight(
             qweight=qweight,
             zeros=zeros.contiguous(),

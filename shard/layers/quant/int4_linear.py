@@ -46,8 +46,8 @@ class TritonInt4(DequantizingInt4):
         return out.reshape(*x.shape[:-1], self.out_features)
 
 
-def int4_weight(qw: QuantizedWeight, dtype: torch.dtype) -> LinearWeight:
-    if qw.qweight.device.type == "cuda":
+def int4_weight(qw: QuantizedWeight, dtype: torch.dtype, triton: bool) -> LinearWeight:
+    if qw.qweight.device.type == "cuda" or triton:
         if qw.g_idx is not None:
             qw.g_idx = qw.g_idx.int()
         return TritonInt4(qw)
@@ -110,11 +110,12 @@ class Int4Method:
             n = self.out_features(weights, piece.prefix)
             cols = FeatureRange(piece.start, piece.stop, n)
             parts.append(self.reader.read(weights, piece.prefix, FeatureRange.whole(k), cols))
-        return int4_weight(concat_columns(parts, [p.prefix for p in pieces]), weights.dtype)
+        qw = concat_columns(parts, [p.prefix for p in pieces])
+        return int4_weight(qw, weights.dtype, weights.triton)
 
     def load_rows(self, weights: Weights, piece: Piece) -> LinearWeight:
         k = self.in_features(weights, piece.prefix)
         n = self.out_features(weights, piece.prefix)
         rows = FeatureRange(piece.start, piece.stop, k)
         qw = self.reader.read(weights, piece.prefix, rows, FeatureRange.whole(n))
-        return int4_weight(qw, weights.dtype)
+        return int4_weight(qw, weights.dtype, weights.triton)
