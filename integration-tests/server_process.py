@@ -1,6 +1,7 @@
 """Starts the real `launcher` as a subprocess on a free port and waits until it serves."""
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -30,21 +31,28 @@ def launcher_command() -> list[str]:
 
 class LauncherProcess:
     def __init__(
-        self, model_dir: Path | None, *extra_args: str, env: dict[str, str] | None = None
+        self,
+        model_dir: Path | None,
+        *extra_args: str,
+        env: dict[str, str] | None = None,
+        default_sockets: bool = False,
     ) -> None:
-        """`env` adds to (or overrides) this process's environment for the launcher's tree."""
+        """`env` adds to (or overrides) this process's environment for the launcher's tree.
+        `default_sockets`: let the launcher place the shards' sockets, as an operator's does."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._tmp = tempfile.TemporaryDirectory(prefix="switchyard-it-")
         self.log_path = Path(self._tmp.name) / "launcher.log"
+        sockets = (
+            [] if default_sockets else ["--shard-uds-path", str(Path(self._tmp.name) / "shard")]
+        )
         args = [
             *launcher_command(),
             "--port",
             str(self.port),
             "--hostname",
             "127.0.0.1",
-            "--shard-uds-path",
-            str(Path(self._tmp.name) / "shard"),
+            *sockets,
             "--master-port",
             str(free_port()),
             *extra_args,
@@ -59,6 +67,21 @@ class LauncherProcess:
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
         self._wait_ready()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def child_pid(self, name: str) -> int:
+        """The pid of `shard N` or `router`, from the launcher's "started ..." line."""
+        match = re.search(rf"started {name} \(pid (\d+)\)", self.log_text())
+        assert match, f"no pid for {name}:\n{self.log_tail()}"
+        return int(match.group(1))
+
+    def shard_uds_path(self) -> str:
+        """The socket prefix the launcher gave its shards (from shard 0's command line)."""
+        match = re.search(r"started shard 0 \(pid \d+\): .* --uds-path (\S+)", self.log_text())
+        assert match, self.log_tail()
+        return match.group(1)
 
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

@@ -35,7 +35,7 @@ class LauncherConfig:
     port: int
     # Shard settings
     num_shard: int
-    shard_uds_path: str
+    shard_uds_path: str | None  # None: a private directory per launcher (launcher/sockets.py)
     master_addr: str
     master_port: int
     dtype: str
@@ -140,8 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--shard-uds-path",
-        default="/tmp/switchyard-server",
-        help="prefix of the shards' unix sockets (rank r listens on PATH-r)",
+        default=None,
+        help="prefix of the shards' unix sockets (rank r listens on PATH-r; default: in a fresh "
+        "private directory, so that servers on one host never share sockets)",
     )
     s.add_argument("--master-addr", default="127.0.0.1", help="torch.distributed rendezvous host")
     s.add_argument(

@@ -99,6 +99,9 @@ def router_spec(cfg: LauncherConfig, model_dir: Path, program: tuple[str, ...]) 
 
 
 def build_plan(cfg: LauncherConfig, model_dir: Path, programs: Programs) -> LaunchPlan:
+    if cfg.shard_uds_path is None:
+        # launcher.main gives every launcher its own directory first (launcher/sockets.py).
+        raise ValueError("the shards' socket prefix must be chosen before building the plan")
     return LaunchPlan(
         shards=tuple(shard_spec(cfg, model_dir, r, programs.shard) for r in range(cfg.num_shard)),
         shard_sockets=tuple(Path(cfg.shard_socket(r)) for r in range(cfg.num_shard)),

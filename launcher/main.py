@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import TextIO
 
-from launcher.args import parse_args
+from launcher.args import LauncherConfig, parse_args
 from launcher.checks import ShardCountError, check_num_shard
 from launcher.commands import Programs, build_plan
 from launcher.env import LauncherEnv
+from launcher.ports import PortUnavailableError, check_ports
 from launcher.resolve import ModelResolutionError, resolve_model
+from launcher.sockets import SocketPathError, check_socket_paths, private_socket_prefix
 from launcher.supervisor import Supervisor, SupervisorSettings
 
 log = logging.getLogger("launcher")
@@ -67,6 +71,33 @@ def main(
     _configure_logging()
     env = LauncherEnv.from_environ()
     cfg = parse_args(argv, env)
+    with contextlib.ExitStack() as cleanup:
+        if cfg.shard_uds_path is None:
+            prefix = cleanup.enter_context(private_socket_prefix())
+            cfg = dataclasses.replace(cfg, shard_uds_path=prefix)
+        if not _preflight(cfg):
+            return 1
+        return _launch(cfg, env, programs, settings)
+
+
+def _preflight(cfg: LauncherConfig) -> bool:
+    """What would otherwise fail only after the model is resolved and loaded (minutes, for a big
+    one): a busy port, another server's shard sockets. Logs one line and returns False."""
+    try:
+        check_ports(cfg.hostname, cfg.port, cfg.num_shard, cfg.master_addr, cfg.master_port)
+        check_socket_paths([Path(cfg.shard_socket(r)) for r in range(cfg.num_shard)])
+    except (PortUnavailableError, SocketPathError) as exc:
+        log.error("%s", exc)
+        return False
+    return True
+
+
+def _launch(
+    cfg: LauncherConfig,
+    env: LauncherEnv,
+    programs: Programs | None,
+    settings: SupervisorSettings | None,
+) -> int:
     try:
         model_dir = resolve_model(cfg.model_id, env)
     except ModelResolutionError as exc:

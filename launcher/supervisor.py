@@ -1,5 +1,6 @@
 """Starts the shards, waits until each answers Health, starts the router, and keeps them running
-together: if any child dies the others are stopped; a stop request stops all of them in order."""
+together: if any child dies the others are stopped at once; a stop request stops all of them in
+order, gracefully."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -16,6 +17,7 @@ from typing import TextIO
 from launcher.commands import ChildSpec, LaunchPlan
 from launcher.health import shard_is_healthy
 from launcher.process import Child
+from launcher.sockets import SocketPathError, claim_socket_paths
 
 log = logging.getLogger("launcher")
 
@@ -25,19 +27,33 @@ Probe = Callable[[Path, float], bool]
 @dataclass(frozen=True)
 class SupervisorSettings:
     startup_timeout_s: float = 300.0
-    # How long a child gets to exit after SIGTERM before SIGKILL.
+    # How long a child gets to exit after SIGTERM before SIGKILL, on a requested stop.
     grace_period_s: float = 10.0
+    # The same after a failure, for all children at once. Once one child is dead the others
+    # cannot serve (a shard's peers stall in their collectives, the router has lost a shard),
+    # and the launcher must exit within 2 s of the death so an orchestrator restarts the pod.
+    failure_grace_s: float = 1.0
     poll_interval_s: float = 0.1
     # Per-attempt bound, so a shard that accepted the connection but hangs cannot stall the loop.
     probe_timeout_s: float = 2.0
     error_tail_lines: int = 20
 
 
-class StartupFailed(RuntimeError):
+class LaunchFailed(RuntimeError):
+    """Why the launcher gives up: `summary` is one line, logged at once; the last log lines of
+    the children to blame follow once the others are stopped, so that they end the output."""
+
+    def __init__(self, summary: str, blame: Sequence[Child] = ()) -> None:
+        super().__init__(summary)
+        self.summary = summary
+        self.blame = tuple(blame)
+
+
+class StartupFailed(LaunchFailed):
     pass
 
 
-class ChildExited(RuntimeError):
+class ChildExited(LaunchFailed):
     pass
 
 
@@ -77,6 +93,7 @@ class Supervisor:
         self._force = threading.Event()
         self._shards: list[Child] = []
         self._router: Child | None = None
+        self._sockets_claimed = False
 
     def request_stop(self) -> None:
         """Safe from a signal handler. A second request skips the grace period."""
@@ -87,7 +104,7 @@ class Supervisor:
     def run(self) -> int:
         """Returns the launcher's exit code: 0 after a requested stop, 1 after any failure."""
         try:
-            self._remove_sockets(stale=True)
+            self._claim_sockets()
             for spec in self.plan.shards:
                 self._shards.append(self._spawn(spec))
             if not self._wait_for_shards():
@@ -101,12 +118,21 @@ class Supervisor:
             self._supervise()
             log.info("stop requested: shutting down")
             return 0
-        except (StartupFailed, ChildExited) as exc:
-            log.error("%s", exc)
+        except LaunchFailed as exc:
+            others = any(c.poll() is None for c in self._children())
+            log.error("%s%s", exc.summary, "; stopping the others" if others else "")
+            self._stop_children(self.settings.failure_grace_s, all_at_once=True)
+            if exc.blame:
+                n = self.settings.error_tail_lines
+                tails = "\n".join(format_tail(child, n) for child in exc.blame)
+                log.error("%s; %s", exc.summary, tails)
             return 1
         finally:
-            self._stop_children()
-            self._remove_sockets(stale=False)
+            self._stop_children(self.settings.grace_period_s, all_at_once=False)
+            self._release_sockets()
+
+    def _children(self) -> list[Child]:
+        return [*self._shards, *([self._router] if self._router else [])]
 
     def _spawn(self, spec: ChildSpec) -> Child:
         try:
@@ -136,22 +162,17 @@ class Supervisor:
                     del pending[rank]
             if pending and time.monotonic() >= deadline:
                 raise StartupFailed(
-                    "\n".join(
-                        self._not_ready_report(rank, child, timeout)
-                        for rank, child in pending.items()
-                    )
+                    "; ".join(self._not_ready(r, child, timeout) for r, child in pending.items()),
+                    blame=list(pending.values()),
                 )
             if pending:
                 self._stop.wait(self.settings.poll_interval_s)
         return True
 
-    def _not_ready_report(self, rank: int, child: Child, timeout: float) -> str:
+    def _not_ready(self, rank: int, child: Child, timeout: float) -> str:
         socket = self.plan.shard_sockets[rank]
         state = "exists but Health did not answer" if socket.exists() else "was never created"
-        return (
-            f"{child.name} did not become ready within {timeout:g} s "
-            f"(socket {socket} {state}); {format_tail(child, self.settings.error_tail_lines)}"
-        )
+        return f"{child.name} did not become ready within {timeout:g} s (socket {socket} {state})"
 
     def _supervise(self) -> None:
         while not self._stop.is_set():
@@ -159,51 +180,48 @@ class Supervisor:
             self._stop.wait(self.settings.poll_interval_s)
 
     def _check_alive(self, *, during_startup: bool) -> None:
-        children = [*self._shards, *([self._router] if self._router else [])]
-        for child in children:
+        for child in self._children():
             code = child.poll()
             if code is None:
                 continue
             when = "before it became ready" if during_startup else "unexpectedly"
             error = StartupFailed if during_startup else ChildExited
             # Even exit code 0 is a failure: a server process has no reason to finish on its own.
-            raise error(
-                f"{child.name} {describe_exit(code)} {when}; stopping the others. "
-                f"{format_tail(child, self.settings.error_tail_lines)}"
-            )
+            raise error(f"{child.name} {describe_exit(code)} {when}", blame=[child])
 
-    def _stop_children(self) -> None:
-        # Router first, so it stops taking requests before the shards under it disappear.
-        groups = [[self._router] if self._router else [], self._shards]
+    def _stop_children(self, grace_s: float, *, all_at_once: bool) -> None:
+        # A requested stop takes the router first, so it stops taking requests before the shards
+        # under it disappear; after a failure nothing is served any more and time counts.
+        shards, router = self._shards, [self._router] if self._router else []
+        groups = [router + shards] if all_at_once else [router, shards]
         for group in groups:
             running = [c for c in group if c.poll() is None]
             for child in running:
                 child.signal(signal.SIGTERM)
-            deadline = time.monotonic() + self.settings.grace_period_s
+            deadline = time.monotonic() + grace_s
             while any(c.poll() is None for c in running):
                 if self._force.is_set() or time.monotonic() >= deadline:
                     break
-                time.sleep(0.05)
+                time.sleep(0.02)
             for child in running:
                 if child.poll() is None:
                     log.warning(
-                        "%s did not exit within %g s of SIGTERM; killing it",
-                        child.name,
-                        self.settings.grace_period_s,
+                        "%s did not exit within %g s of SIGTERM; killing it", child.name, grace_s
                     )
                     child.signal(signal.SIGKILL)
                     child.wait(5.0)
 
-    def _remove_sockets(self, *, stale: bool) -> None:
-        for path in self.plan.shard_sockets:
-            if path.is_dir():
-                if stale:
-                    raise StartupFailed(f"shard socket path {path} is a directory")
-                continue
-            if stale:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                if path.exists() or path.is_symlink():
-                    # A crashed earlier run leaves its sockets; binding over them would fail and
-                    # the readiness check could mistake them for live shards.
-                    log.info("removing stale socket %s", path)
-            path.unlink(missing_ok=True)
+    def _claim_sockets(self) -> None:
+        try:
+            claim_socket_paths(self.plan.shard_sockets)
+        except SocketPathError as exc:
+            raise StartupFailed(str(exc)) from None
+        self._sockets_claimed = True
+
+    def _release_sockets(self) -> None:
+        # Only sockets this launcher's shards served: one that was refused as live is another
+        # server's.
+        if self._sockets_claimed:
+            for path in self.plan.shard_sockets:
+                if not path.is_dir():
+                    path.unlink(missing_ok=True)

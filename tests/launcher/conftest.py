@@ -15,6 +15,14 @@ from launcher.commands import Programs
 from tests.launcher.launcher_process import REPO_ROOT, STANDINS
 
 
+@pytest.fixture(autouse=True)
+def _machine_ports_do_not_matter(monkeypatch):
+    """Tests that call launcher.main.main in-process leave --port at 3000, which a developer's own
+    server may hold: there the port check is a no-op. test_launcher_ports checks it, and so does
+    every launcher run as a subprocess."""
+    monkeypatch.setattr("launcher.main.check_ports", lambda *_args, **_kwargs: None)
+
+
 @pytest.fixture
 def standin_programs() -> Programs:
     return Programs(

@@ -1,7 +1,10 @@
 """Runs the real `python -m launcher` as a subprocess and collects its output line by line."""
 
+import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -10,6 +13,27 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STANDINS = Path(__file__).parent / "standins"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launcher_args(model_dir: Path, sock: Path, *extra: str) -> list[str]:
+    """The launcher checks its ports before spawning (the rendezvous port with several shards):
+    free ones, though the stand-ins never bind them."""
+    args = ["--model-id", str(model_dir), "--shard-uds-path", str(sock)]
+    args += ["--port", str(free_port())]
+    if "--master-port" not in extra:
+        args += ["--master-port", str(free_port())]
+    return [*args, *extra]
+
+
+def records(env: dict[str, str]) -> dict[str, dict]:
+    """What each stand-in child recorded of its command line and environment, by name."""
+    return {p.stem: json.loads(p.read_text()) for p in Path(env["FAKE_PID_DIR"]).glob("*.json")}
 
 
 class LauncherProcess:
@@ -46,6 +70,13 @@ class LauncherProcess:
                 if left <= 0 or self.proc.poll() is not None:
                     raise AssertionError(f"no line containing {needle!r}; output:\n{self.output}")
                 self._changed.wait(min(left, 0.2))
+
+    def child_pid(self, name: str) -> int:
+        """From the launcher's "started NAME (pid N)" line: there even for a child that was
+        stopped before it could record anything itself."""
+        match = re.search(rf"started {name} \(pid (\d+)\)", self.output)
+        assert match, f"no pid for {name}:\n{self.output}"
+        return int(match.group(1))
 
     def wait(self, timeout: float = 20.0) -> int:
         try:

@@ -49,11 +49,10 @@ def test_defaults_on_a_cpu_machine():
     cfg = parse_args([], CPU_ENV)
     assert cfg.model_id is None
     assert (cfg.num_shard, cfg.port, cfg.hostname, cfg.dtype) == (1, 3000, "0.0.0.0", "auto")
-    assert (cfg.shard_uds_path, cfg.master_addr, cfg.master_port) == (
-        "/tmp/switchyard-server",
-        "127.0.0.1",
-        29500,
-    )
+    # No fixed socket path: launcher.main makes a private one per launcher (test_launcher_sockets).
+    assert (cfg.shard_uds_path, cfg.master_addr, cfg.master_port) == (None, "127.0.0.1", 29500)
+    with pytest.raises(ValueError, match="socket prefix"):
+        build_plan(cfg, Path("/m"), Programs())
     assert cfg.block_size == 16 and cfg.shard_startup_timeout == 300
 
 
@@ -81,6 +80,8 @@ def test_shard_and_router_command_lines():
             "127.0.0.1",
             "--port",
             "8080",
+            "--shard-uds-path",
+            "/tmp/switchyard-server",
         ],
         CPU_ENV,
     )
@@ -136,6 +137,7 @@ def test_program_overrides_come_from_the_environment():
 def test_router_flags_of_the_production_router_are_forwarded():
     cfg = parse_args(
         [
+            "--shard-uds-path", "/tmp/s",
             "--max-batch-size", "8",
             "--payload-limit", "1000",
             "--max-top-n-tokens", "0",
@@ -153,4 +155,5 @@ def test_router_flags_of_the_production_router_are_forwarded():
     # The key travels in the environment: argv is logged and visible to `ps`.
     assert "s3cret" not in argv and router.env == {"SWITCHYARD_API_KEY": "s3cret"}
     assert parse_args([], CPU_ENV).api_key is None
-    assert build_plan(parse_args([], CPU_ENV), Path("/m"), Programs()).router.env == {}
+    plain = parse_args(["--shard-uds-path", "/tmp/s"], CPU_ENV)
+    assert build_plan(plain, Path("/m"), Programs()).router.env == {}

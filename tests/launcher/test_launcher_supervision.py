@@ -1,21 +1,23 @@
 """Supervision with stand-in children: the real launcher process, fake shard and router programs."""
 
 import json
+import os
+import signal
 import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from launcher.commands import LaunchPlan, Programs, router_spec, shard_spec
 from launcher.supervisor import Supervisor, SupervisorSettings
-from tests.launcher.launcher_process import LauncherProcess, pid_alive, wait_dead
-
-
-def launcher_args(model_dir: Path, sock: Path, *extra: str) -> list[str]:
-    return ["--model-id", str(model_dir), "--shard-uds-path", str(sock), "--port", "3999", *extra]
-
-
-def records(env: dict[str, str]) -> dict[str, dict]:
-    return {p.stem: json.loads(p.read_text()) for p in Path(env["FAKE_PID_DIR"]).glob("*.json")}
+from tests.launcher.launcher_process import (
+    LauncherProcess,
+    launcher_args,
+    pid_alive,
+    records,
+    wait_dead,
+)
 
 
 def test_starts_shards_then_router_and_stops_all_on_sigterm(model_dir, sock_prefix, standin_env):
@@ -36,7 +38,7 @@ def test_starts_shards_then_router_and_stops_all_on_sigterm(model_dir, sock_pref
         "29611",
     )
     launcher = LauncherProcess(args, standin_env)
-    launcher.wait_for_line("[router] router listening on 0.0.0.0:3999")
+    launcher.wait_for_line("[router] router listening on 0.0.0.0:")
     rec = records(standin_env)
     assert set(rec) == {"shard-0", "shard-1", "router"}
 
@@ -101,7 +103,8 @@ def test_shard_dying_during_startup_fails_fast_with_its_error(model_dir, sock_pr
     out = launcher.output
     assert "shard 0 exited with code 7 before it became ready" in out
     assert "RuntimeError: CUDA out of memory (fake)" in out[out.index("exited with code 7") :]
-    assert wait_dead(records(standin_env)["shard-1"]["pid"])
+    # Stopped at once, maybe before it could record its pid itself.
+    assert wait_dead(launcher.child_pid("shard 1"))
 
 
 def test_router_dying_stops_the_shards_and_fails(model_dir, sock_prefix, standin_env):
@@ -122,6 +125,43 @@ def test_shard_dying_while_serving_stops_the_others_and_fails(model_dir, sock_pr
     assert "fatal error in decode (fake)" in out[out.index("exited with code 3") :]
     rec = records(standin_env)
     assert wait_dead(rec["shard-0"]["pid"]) and wait_dead(rec["router"]["pid"])
+
+
+# Issue 18: the launcher exits non-zero within 2 s of any child's death, whatever the shard count.
+# Its own budget is ~1.1 s (0.1 s to notice, 1 s for the others to go), the rest is margin.
+EXIT_AFTER_DEATH_S = 2.0
+
+
+@pytest.mark.parametrize("num_shard", [1, 2])
+def test_shard_death_exits_within_2_s_with_one_line_then_its_last_log_lines(
+    model_dir, sock_prefix, standin_env, num_shard
+):
+    # The surviving shard ignores SIGTERM, as a real one stuck in a collective with its dead peer
+    # does: it must not hold the launcher for a graceful stop's 10 s.
+    env = {**standin_env, "FAKE_IGNORE_SIGTERM": "1"}
+    args = launcher_args(model_dir, sock_prefix, "--num-shard", str(num_shard))
+    launcher = LauncherProcess(args, env)
+    launcher.wait_for_line("[router] router listening")
+    rec = records(env)
+    victim = f"shard {num_shard - 1}"
+    killed = time.monotonic()
+    os.kill(rec[f"shard-{num_shard - 1}"]["pid"], signal.SIGKILL)
+    code = launcher.wait()
+    elapsed = time.monotonic() - killed
+    assert code == 1, launcher.output
+    assert elapsed < EXIT_AFTER_DEATH_S, (
+        f"exited {elapsed:.2f} s after the kill:\n{launcher.output}"
+    )
+
+    lines = launcher.lines
+    errors = [i for i, line in enumerate(lines) if " ERROR launcher: " in line]
+    summary = f"{victim} was killed by SIGKILL unexpectedly"
+    assert lines[errors[0]].endswith(f"{summary}; stopping the others"), launcher.output
+    # The output ends with the dead shard's report: the line again, then its last log lines.
+    assert lines[errors[-1]].endswith(f"{summary}; last 1 log lines of {victim}:")
+    assert lines[errors[-1] + 1 :] == [f"    {victim} serving on {sock_prefix}-{num_shard - 1}"]
+    for name, r in rec.items():
+        assert wait_dead(r["pid"], timeout=1.0), f"{name} survived the launcher"
 
 
 def test_child_ignoring_sigterm_is_killed_after_the_grace_period(
