@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from launcher.devices import default_num_shard
 from launcher.env import LauncherEnv
+from shard.layers.quant.config import METHODS as QUANTIZE_METHODS
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 ATTENTION_BACKENDS = ("torch", "triton")
@@ -39,6 +40,7 @@ class LauncherConfig:
     master_addr: str
     master_port: int
     dtype: str
+    quantize: str | None  # None: whatever the checkpoint's quantization_config says
     attention: str | None  # None: the shard picks the best backend for its device
     block_size: int
     cuda_memory_fraction: float | None
@@ -119,6 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="tensor-parallel shards (default: visible CUDA GPUs, 1 on CPU)",
     )
     s.add_argument("--dtype", choices=DTYPES, default="auto")
+    s.add_argument(
+        "--quantize",
+        choices=QUANTIZE_METHODS,
+        default=None,
+        help="the checkpoint's quantization, read from its config.json (default); when given, "
+        "it must agree with the checkpoint",
+    )
     s.add_argument(
         "--attention",
         choices=ATTENTION_BACKENDS,

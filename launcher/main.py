@@ -16,6 +16,7 @@ from launcher.checks import ShardCountError, check_num_shard
 from launcher.commands import Programs, build_plan
 from launcher.env import LauncherEnv
 from launcher.ports import PortUnavailableError, check_ports
+from launcher.quant_checks import QuantizationCheckError, check_quantization
 from launcher.resolve import ModelResolutionError, resolve_model
 from launcher.sockets import SocketPathError, check_socket_paths, private_socket_prefix
 from launcher.supervisor import Supervisor, SupervisorSettings
@@ -110,7 +111,8 @@ def _launch(
         return 130
     try:
         check_num_shard(cfg.num_shard, model_dir, env.cuda_visible_devices)
-    except ShardCountError as exc:
+        check_quantization(cfg.quantize, cfg.num_shard, model_dir)
+    except (ShardCountError, QuantizationCheckError) as exc:
         log.error("%s", exc)
         return 1
     log.info("model %s -> %s; %d shard(s)", cfg.model_id or "(demo)", model_dir, cfg.num_shard)
