@@ -1,6 +1,7 @@
 # CPU image by default. For NVIDIA GPUs pick a CUDA build of torch, e.g.
 #   docker build --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 -t switchyard:cuda .
 # (the wheels bring the CUDA runtime; the host needs the NVIDIA driver and container toolkit).
+# deploy/ runs switchyard:cuda; README ("Container image") shows how to run either.
 ARG PYTHON_VERSION=3.11
 FROM python:${PYTHON_VERSION}-slim
 
@@ -14,6 +15,8 @@ ENV PYTHONUNBUFFERED=1 \
     SWITCHYARD_CACHE=/data/switchyard
 
 # Triton compiles a small C helper at runtime on GPUs, so CUDA images need a C compiler.
+# Unpinned: the base image's Debian release fixes their versions.
+# hadolint ignore=DL3008
 RUN case "${TORCH_INDEX_URL}" in \
       */cpu) ;; \
       *) apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
@@ -33,7 +36,8 @@ COPY shard ./shard
 RUN pip install . && useradd --create-home --uid 1000 switchyard \
     && mkdir -p /data && chown switchyard /data
 
-USER switchyard
+# By uid: Kubernetes' runAsNonRoot can only check a numeric user.
+USER 1000
 VOLUME /data
 EXPOSE 3000
 ENTRYPOINT ["launcher", "--hostname", "0.0.0.0", "--port", "3000"]

@@ -4,10 +4,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PORT ?= 3000
 TORCH_VERSION ?= 2.13.0
-# Where torch comes from on machines without CUDA. Empty: pip's configured sources, which on the
-# project's machines hold the CPU wheel of torch==2.13.0; elsewhere set it to a CPU index, e.g.
-# `make test TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu`, so that pip does not pull the
-# gigabytes of CUDA packages a plain PyPI torch brings.
+# Where torch comes from on machines without CUDA. Empty: pip's configured index. Where that is
+# PyPI, set it to a CPU index, e.g. `make test TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu`,
+# so that pip does not pull the gigabytes of CUDA packages a plain PyPI torch brings.
 TORCH_CPU_INDEX ?=
 
 VENV_PY := $(VENV)/bin/python
