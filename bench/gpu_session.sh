@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Everything issue 4 needs measured on a GPU, in one command (a GPU lease is short and every
-# start costs minutes): the kernel tests run compiled, every kernel variant compiled for the
-# device, the kernel benchmark with the tile sweep, and the server end to end with
-# `--attention triton` on the GPU. Each step logs to its own file under RESULTS and a failing
+# Everything the Triton kernels need measured on a GPU, in one command (a GPU lease is short and
+# every start costs minutes): the kernel tests run compiled (attention and the W4A16 GEMM), every
+# kernel variant compiled for the device, the kernel benchmark with the tile sweep (attention
+# against SDPA, W4A16 against torch.matmul on Llama-2-7B's layers), and the server end to end
+# with `--attention triton` on the GPU. Each step logs to its own file under RESULTS and a failing
 # step does not stop the next ones; the exit status says whether all passed.
 #
 #     bash bench/gpu_session.sh [RESULTS]      # RESULTS defaults to $OUT, else bench/results/gpu

@@ -1,5 +1,6 @@
-"""Attention kernels on a GPU: achieved bandwidth (decode, KV write) or FLOP/s (prefill), against
-the device's peak and against torch.nn.functional.scaled_dot_product_attention on the same shapes.
+"""The Triton kernels on a GPU: achieved bandwidth (decode, KV write, W4A16) or FLOP/s (prefill),
+against the device's peak and against a torch baseline on the same shapes (SDPA for attention,
+torch.matmul with the dense fp16 weight for the W4A16 GEMM: bench/kernels_w4a16.py).
 
     .venv/bin/python bench/kernels.py            # needs CUDA; prints one table
     .venv/bin/python bench/kernels.py --sweep    # also times the candidate tile configs
@@ -11,8 +12,9 @@ decode at batch 64 x 4096 context (target >= 70% of HBM bandwidth), split-K deco
 32k context, sliding-window decode at batch 64 x 16k context with a 4k window (should cost what a
 4k context does), causal prefill of one 8192-token sequence (target: at least SDPA's flash
 backend).
-SDPA gets dense, contiguous K/V (no block table), which is the best case for it. Ratios are
-SDPA time / ours: above 1 means ours is faster.
+SDPA gets dense, contiguous K/V (no block table), which is the best case for it. W4A16: Llama-2-7B's
+linears at M = 1, 16, 256 and 4096 tokens (targets: >= 3x torch at M = 1, >= 0.9x at 4096).
+Ratios are baseline time / ours: above 1 means ours is faster.
 """
 
 from __future__ import annotations
@@ -20,8 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,15 +31,8 @@ import torch.nn.functional as F
 # The repository's kernels, not whatever copy of the package an environment may have installed.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-
-@dataclass(frozen=True)
-class Peak:
-    bytes_per_s: float
-    flops: float  # dense bf16 tensor-core FLOP/s
-
-
-# Matched against torch.cuda.get_device_name(); H200 first ("H200" never contains "H100").
-PEAKS = {"H200": Peak(4.8e12, 989e12), "H100": Peak(3.35e12, 989e12)}
+from bench.kernel_report import Result, device_peak, report, timer  # noqa: E402
+from bench.kernels_w4a16 import bench_w4a16  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -58,42 +51,6 @@ class Shapes:
 
 
 SMOKE = Shapes(4, 2, 64, 16, 3, 48, 1, 96, 48, 32, torch.bfloat16)
-
-
-@dataclass
-class Result:
-    name: str
-    ms: float
-    work: float  # bytes or FLOPs
-    unit: str  # "TB/s" or "TFLOP/s"
-    sdpa_ms: float | None = None
-    note: str = ""
-    max_err: float | None = None  # max |ours - SDPA|: a compiled-mode bug shows here at once
-
-
-def device_peak() -> tuple[str, Peak | None]:
-    if not torch.cuda.is_available():
-        return "cpu (interpreter)", None
-    name = torch.cuda.get_device_name()
-    # H100 PCIe/NVL have other peaks; only the SXM numbers are known here.
-    if "H100" in name and ("PCIe" in name or "NVL" in name):
-        return name, None
-    return name, next((p for key, p in PEAKS.items() if key in name), None)
-
-
-def timer(smoke: bool) -> Callable[[Callable[[], object]], float]:
-    if not smoke:
-        import triton.testing
-
-        return lambda fn: triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-
-    def wall_ms(fn: Callable[[], object]) -> float:
-        fn()
-        start = time.perf_counter()
-        fn()
-        return (time.perf_counter() - start) * 1e3
-
-    return wall_ms
 
 
 def paged_cache(s: Shapes, batch: int, context: int, device: torch.device):
@@ -152,11 +109,11 @@ def bench_decode(s, bench, device, batch, context, name, splits=None, sweep=Fals
         results.append(Result(label, ms, work, "TB/s"))
         if forced is None and chosen == 1:
             break  # forcing 1 would time the same launch again
-    sdpa_ms = bench(lambda: sdpa(q.unsqueeze(2), k, v, causal=False))
+    baseline_ms = bench(lambda: sdpa(q.unsqueeze(2), k, v, causal=False))
     expected = sdpa(q.unsqueeze(2), k, v, causal=False).squeeze(2)
     # results may stop after the heuristic's run (see above): zip to the shorter.
     for r, forced in zip(results, [splits] if splits is not None else [None, 1], strict=False):
-        r.sdpa_ms = sdpa_ms
+        r.baseline_ms = baseline_ms
         got = ours(num_splits=forced)
         r.max_err = (got.float() - expected.float()).abs().max().item()
     if sweep:
@@ -239,29 +196,6 @@ def bench_kv_write(s, bench, device):
     return [Result(f"kv write {t} tok", ms, work, "TB/s", bench(torch_store), "vs index_copy_")]
 
 
-def report(results: list[Result], device_name: str, peak: Peak | None) -> None:
-    print(f"device: {device_name}; torch {torch.__version__}")
-    if peak is None:
-        print("peak: unknown for this device; no %-of-peak column")
-    header = (
-        f"{'kernel':52} {'ms':>9} {'achieved':>16} {'of peak':>8} {'SDPA ms':>9} {'ratio':>6} "
-        f"{'max|diff|':>9}"
-    )
-    print(header)
-    print("-" * len(header))
-    for r in results:
-        rate = r.work / (r.ms * 1e-3)
-        if r.unit == "TB/s":
-            achieved, of_peak = rate / 1e12, peak and rate / peak.bytes_per_s
-        else:
-            achieved, of_peak = rate / 1e12, peak and rate / peak.flops
-        peak_s = f"{of_peak:8.1%}" if of_peak else f"{'-':>8}"
-        sdpa_s = f"{r.sdpa_ms:9.3f} {r.sdpa_ms / r.ms:6.2f}" if r.sdpa_ms else f"{'':9} {'':6}"
-        err_s = f"{r.max_err:9.2e}" if r.max_err is not None else f"{'':9}"
-        line = f"{r.name:52} {r.ms:9.3f} {achieved:9.2f} {r.unit:7}{peak_s} {sdpa_s} {err_s}"
-        print(f"{line} {r.note}".rstrip())
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true", help="also time candidate tile configs")
@@ -295,11 +229,12 @@ def main() -> int:
                       window=s.window),
         *bench_prefill(s, bench, device, sweep=args.sweep),
         *bench_kv_write(s, bench, device),
+        *bench_w4a16(bench, device, args.smoke, args.sweep),
     ]  # fmt: skip
     name, peak = device_peak()
     print(
         f"H={s.heads} Hkv={s.kv_heads} D={s.head_dim} {str(s.dtype).removeprefix('torch.')} "
-        f"block_size={s.block_size}"
+        f"block_size={s.block_size}; w4a16: fp16, group 128"
     )
     report(results, name, None if args.smoke else peak)
     return 0

@@ -12,7 +12,10 @@ subprocess. Prints one line per kernel with its shared memory.
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -30,22 +33,45 @@ from shard.kernels import (  # noqa: E402
     interpreting,
     kv_write,
     prefill,
+    w4a16,
 )
+from shard.kernels.w4a16_config import W4A16Config, default_config  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
 H100_SHARED_BYTES = 227 * 1024
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
-def compile_kernel(fn, pointers: dict[str, str], constexprs: dict, **options) -> int:
+def compile_kernel(
+    fn, pointers: dict[str, str], constexprs: dict, divisible: tuple[str, ...] = (), **options
+) -> int:
     """Compiles `fn` with the named pointer/float args typed, other args i32 (strides, lengths);
-    returns the shared memory it needs."""
+    returns the shared memory it needs. `divisible` names the args a launch would find
+    divisible by 16 (triton's JIT specialises on that: it decides vector widths, and whether a
+    load can be pipelined with cp.async at all)."""
     signature = {
         name: "constexpr" if name in constexprs else pointers.get(name, "i32")
         for name in fn.arg_names
     }
-    kernel = triton.compile(ASTSource(fn, signature, constexprs), target=HOPPER, options=options)
-    return kernel.metadata.shared
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in divisible}
+    source = ASTSource(fn, signature, constexprs, attrs)
+    kernel = triton.compile(source, target=HOPPER, options=options)
+    return kernel.metadata.shared, registers_and_spills(kernel.asm["cubin"])
+
+
+def registers_and_spills(cubin: bytes) -> tuple[int, int]:
+    """Registers per thread and bytes of stack (register spills), read from the cubin with the
+    cuobjdump that triton's wheel ships (without a GPU, triton itself cannot tell)."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        usage = subprocess.run(
+            [triton.knobs.nvidia.cuobjdump.path, "-res-usage", f.name],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+    found = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+    assert found, usage
+    return int(found.group(1)), int(found.group(2))
 
 
 def compile_prefill(dtype: torch.dtype, head_dim: int, sliding: bool = False) -> None:
@@ -55,14 +81,14 @@ def compile_prefill(dtype: torch.dtype, head_dim: int, sliding: bool = False) ->
     ptrs |= {n: "*i32" for n in ("block_tables_ptr", "context_lens_ptr")}
     ptrs |= {"cu_seqlens_q_ptr": "*i32", "cu_seqlens_k_ptr": "*i32", "scale_log2": "fp32"}
     ptrs["stride_c_kv"] = "i64"  # a large cache's K-to-V distance passes 2^31 elements
-    shared = compile_kernel(
+    compiled = compile_kernel(
         prefill._prefill_kernel, ptrs,
         dict(GROUP=4, HEAD_DIM=head_dim, BLOCK_D=head_block(head_dim), BLOCK_M=cfg.block_m,
              BLOCK_N=cfg.block_n, CACHE_BLOCK_SIZE=16, HAS_PREFIX=True, SLIDING=sliding,
              **dot_options(dtype)),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    report(f"prefill {t} d{head_dim} sliding={sliding} {cfg}", shared)
+    report(f"prefill {t} d{head_dim} sliding={sliding} {cfg}", compiled)
 
 
 def compile_decode(dtype: torch.dtype, head_dim: int, splits: int, sliding: bool = False) -> None:
@@ -71,33 +97,67 @@ def compile_decode(dtype: torch.dtype, head_dim: int, splits: int, sliding: bool
     ptrs = {n: f"*{t}" for n in ("q_ptr", "cache_ptr", "out_ptr")}
     ptrs |= {"block_tables_ptr": "*i32", "context_lens_ptr": "*i32", "scale_log2": "fp32"}
     ptrs |= {"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "stride_c_kv": "i64"}
-    shared = compile_kernel(
+    compiled = compile_kernel(
         decode._paged_decode_kernel, ptrs,
         dict(NUM_HEADS=32, GROUP=4, BLOCK_G=16, HEAD_DIM=head_dim, BLOCK_D=head_block(head_dim),
              BLOCK_N=cfg.block_n, CACHE_BLOCK_SIZE=16, NUM_SPLITS=splits, SLIDING=sliding,
              **dot_options(dtype)),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    report(f"decode {t} d{head_dim} splits={splits} sliding={sliding} {cfg}", shared)
+    report(f"decode {t} d{head_dim} splits={splits} sliding={sliding} {cfg}", compiled)
 
 
 def compile_reduce_and_kv_write(dtype: torch.dtype, head_dim: int) -> None:
     t = TYPES[dtype]
-    shared = compile_kernel(
+    compiled = compile_kernel(
         decode_reduce._decode_reduce_kernel,
         {"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": f"*{t}"},
         dict(NUM_HEADS=32, NUM_SPLITS=8, BLOCK_S=8, HEAD_DIM=head_dim,
              BLOCK_D=triton.next_power_of_2(head_dim)),
     )  # fmt: skip
-    report(f"decode_reduce {t} d{head_dim}", shared)
-    shared = compile_kernel(
+    report(f"decode_reduce {t} d{head_dim}", compiled)
+    compiled = compile_kernel(
         kv_write._kv_write_kernel,
         {"key_ptr": f"*{t}", "value_ptr": f"*{t}", "cache_ptr": f"*{t}", "slot_ptr": "*i64",
          "stride_c_kv": "i64"},
         dict(BLOCK_SIZE=16, NUM_KV_HEADS=8, HEAD_DIM=head_dim, BLOCK_H=8,
              BLOCK_D=head_block(head_dim)),
     )  # fmt: skip
-    report(f"kv_write {t} d{head_dim}", shared)
+    report(f"kv_write {t} d{head_dim}", compiled)
+
+
+def compile_w4a16(
+    dtype: torch.dtype, cfg: W4A16Config, split_k: int, *, act_order: bool = False,
+    group_size: int = 128, even_k: bool = True,
+) -> None:  # fmt: skip
+    """As a launch on contiguous tensors specialises it: unit strides are constants, pointers
+    and the other strides (Llama's K and N are multiples of 16) divisible by 16."""
+    t = TYPES[dtype]
+    ptrs = {"x_ptr": f"*{t}", "out_ptr": f"*{t}", "scales_ptr": "*fp16", "zeros_ptr": "*u8"}
+    ptrs |= {"qweight_ptr": "*i32", "g_idx_ptr": "*i32", "counters_ptr": "*i32"}
+    ptrs |= {"partials_ptr": "*fp32"}
+    row_groups = act_order or group_size % cfg.block_k != 0
+    unit_strides = dict(stride_xk=1, stride_qn=1, stride_sn=1, stride_zn=1, stride_on=1)
+    divisible = (*ptrs, "N", "K", "stride_xm", "stride_qk", "stride_sg", "stride_zg")
+    compiled = compile_kernel(
+        w4a16._w4a16_kernel, ptrs,
+        dict(GROUP_SIZE=group_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+             BLOCK_K=cfg.block_k, SPLIT_K=split_k, GROUP_M=8, ROW_GROUPS=row_groups,
+             ACT_ORDER=act_order, SCALE_AFTER_DOT=cfg.scale_after_dot and not row_groups,
+             EVEN_K=even_k, **unit_strides, **dot_options(dtype)),
+        (*divisible, "stride_om", "exponent"),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    what = f"split_k={split_k} act_order={act_order} group={group_size} even_k={even_k}"
+    # fp32 is a correctness path (FMA dots, not tensor cores); spills there cost nothing real.
+    report(f"w4a16 {t} {cfg} {what}", compiled, allow_spills=dtype == torch.float32)
+
+
+def compile_w4a16_defaults(dtype: torch.dtype, m: int, split_k: int, **kwargs) -> None:
+    """The config w4a16_matmul picks for m tokens on a 4096-wide layer of an H100 (132 SMs)."""
+    act_order = kwargs.get("act_order", False)
+    cfg = default_config(m, 4096, kwargs.get("group_size", 128), dtype, 132, act_order)
+    compile_w4a16(dtype, cfg, split_k, **kwargs)
 
 
 def main() -> int:
@@ -117,15 +177,32 @@ def main() -> int:
     compile_decode(torch.bfloat16, 128, splits=1)
     compile_decode(torch.bfloat16, 80, splits=8, sliding=True)
     compile_reduce_and_kv_write(torch.bfloat16, 80)
+    # W4A16: decode (split-K epilogue) and prefill in bf16, act-order, a mid-size M with a
+    # group of 32, K off the tile and fp16.
+    compile_w4a16_defaults(torch.bfloat16, 1, split_k=8)
+    compile_w4a16_defaults(torch.bfloat16, 4096, split_k=1)
+    compile_w4a16_defaults(torch.float16, 256, split_k=2, act_order=True)
+    compile_w4a16_defaults(torch.float16, 48, split_k=4, group_size=32, even_k=False)
+    if "--all" in sys.argv:
+        for dtype in (torch.float16, torch.bfloat16, torch.float32):
+            for m in (1, 16, 64, 256, 4096):
+                for act_order in (False, True):
+                    compile_w4a16_defaults(dtype, m, split_k=1, act_order=act_order)
+                    compile_w4a16_defaults(dtype, m, split_k=4, act_order=act_order)
+                compile_w4a16_defaults(dtype, m, split_k=2, group_size=32, even_k=False)
     return 0
 
 
-def report(what: str, shared: int) -> None:
-    print(f"compiled for sm_90: {what}: {shared} B shared", flush=True)
+def report(what: str, compiled: tuple[int, tuple[int, int]], allow_spills: bool = True) -> None:
+    shared, (regs, stack) = compiled
+    print(f"compiled for sm_90: {what}: {shared} B shared, {regs} registers, {stack} B stack")
+    sys.stdout.flush()
     if shared > H100_SHARED_BYTES:
         raise SystemExit(
             f"{what} needs {shared} B of shared memory; an H100 has {H100_SHARED_BYTES}"
         )
+    if stack and not allow_spills:
+        raise SystemExit(f"{what} spills registers ({stack} B of stack)")
 
 
 if __name__ == "__main__":
