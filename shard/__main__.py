@@ -28,6 +28,12 @@ def parse_args(argv: list[str]) -> ShardSettings:
     serve.add_argument("--block-size", type=int, default=16)
     serve.add_argument("--cuda-memory-fraction", type=float, default=0.9)
     serve.add_argument("--cpu-kv-cache-gb", type=float, default=None)
+    serve.add_argument(
+        "--lora-adapters", default="", help="NAME=DIR[,NAME=DIR...]: PEFT adapters to serve"
+    )
+    serve.add_argument("--max-loras", type=int, default=4, help="adapter slots on the device")
+    serve.add_argument("--max-cpu-loras", type=int, default=None, help="host LRU cache size")
+    serve.add_argument("--max-lora-rank", type=int, default=64)
     args = parser.parse_args(argv)
     if args.block_size < 1:
         parser.error(f"--block-size must be at least 1, got {args.block_size}")
@@ -37,6 +43,15 @@ def parse_args(argv: list[str]) -> ShardSettings:
         parser.error(f"--cpu-kv-cache-gb must be positive, got {args.cpu_kv_cache_gb}")
     if not Path(args.model_id).is_dir():
         parser.error(f"--model-id {args.model_id} is not a directory")
+    adapters = []
+    for item in filter(None, args.lora_adapters.split(",")):
+        name, sep, path = item.partition("=")
+        if not (sep and name and path):
+            parser.error(f"--lora-adapters: {item!r} is not NAME=DIR")
+        adapters.append((name, path))
+    for flag in ("max_loras", "max_lora_rank"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be at least 1")
     return ShardSettings(
         model_id=args.model_id,
         uds_path=args.uds_path,
@@ -46,6 +61,10 @@ def parse_args(argv: list[str]) -> ShardSettings:
         block_size=args.block_size,
         cuda_memory_fraction=args.cuda_memory_fraction,
         cpu_kv_cache_gb=args.cpu_kv_cache_gb,
+        lora_adapters=tuple(adapters),
+        max_loras=args.max_loras,
+        max_cpu_loras=args.max_cpu_loras,
+        max_lora_rank=args.max_lora_rank,
     )
 
 

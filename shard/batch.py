@@ -68,6 +68,9 @@ class Batch:
     history_lens: torch.Tensor  # [B] int64: valid entries of `history`
     cache_lens: torch.Tensor  # [B] int64: leading positions whose K/V are in the cache
     sampling: SamplingTensors
+    # [B] int32: the device slot of each request's LoRA adapter, -1 for the base model
+    # (shard/lora/manager.py assigns them when the batch arrives).
+    lora_slots: torch.Tensor
     # Prompt logprobs gathered chunk by chunk, by request id, until the prompt is complete.
     prompt_logprobs: dict[int, list[float]] = field(default_factory=dict)
 
@@ -104,6 +107,7 @@ class Batch:
             sampling=SamplingTensors.from_params(
                 [sampling_params_from_proto(r.parameters) for r in pb.requests], device
             ),
+            lora_slots=torch.full((len(pb.requests),), -1, dtype=torch.int32, device=device),
         )
 
     def __len__(self) -> int:
@@ -149,6 +153,7 @@ class Batch:
             history_lens=self.history_lens[keep],
             cache_lens=self.cache_lens[keep],
             sampling=self.sampling.index(keep),
+            lora_slots=self.lora_slots[keep],
             prompt_logprobs={
                 rid: lps for rid, lps in self.prompt_logprobs.items() if rid in kept_ids
             },
@@ -170,5 +175,6 @@ class Batch:
             history_lens=torch.cat([b.history_lens for b in batches]),
             cache_lens=torch.cat([b.cache_lens for b in batches]),
             sampling=SamplingTensors.concat([b.sampling for b in batches]),
+            lora_slots=torch.cat([b.lora_slots for b in batches]),
             prompt_logprobs={k: v for b in batches for k, v in b.prompt_logprobs.items()},
         )

@@ -15,6 +15,7 @@ import torch
 
 from shard.batch import Batch
 from shard.distributed import Distributed
+from shard.layers.lora import LoraStep
 from shard.layers.sampling import SampleOutput, sample
 from shard.step_inputs import StepInputs, build_step_inputs, step_lengths
 from switchyard_pb import generate_pb2
@@ -29,12 +30,20 @@ class StepTimings:
 
 
 class ModelRunner:
-    def __init__(self, model, dist: Distributed, device: torch.device, block_size: int) -> None:
+    def __init__(
+        self,
+        model,
+        dist: Distributed,
+        device: torch.device,
+        block_size: int,
+        lora: LoraStep | None = None,
+    ) -> None:
         self.model = model
         self.dist = dist
         self.device = device
         self.block_size = block_size
         self.kv_caches: list[torch.Tensor] | None = None
+        self.lora = lora  # the per-step LoRA context every LoRA term reads, when adapters exist
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         self.kv_caches = None  # free the old cache before allocating the new one
@@ -55,6 +64,8 @@ class ModelRunner:
             return [], StepTimings(0, 0)
         start = time.perf_counter_ns()
         inputs = build_step_inputs(batch, q_lens)
+        if self.lora is not None:
+            self.lora.set_tokens(batch.lora_slots[inputs.token_rows])
         hidden = self.model(inputs.input_ids, inputs.positions, self._caches(), inputs.meta)
         self._gather_prompt_logprobs(batch, inputs, hidden)
         logits = self.model.compute_logits(hidden[inputs.sample_index])

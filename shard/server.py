@@ -19,6 +19,7 @@ import torch
 
 from shard.batch import Batch
 from shard.kv_cache import KvCacheSettings, plan_num_blocks
+from shard.lora.manager import LoraManager
 from shard.runner import ModelRunner, StepTimings
 from switchyard_pb import generate_pb2, generate_pb2_grpc
 
@@ -44,10 +45,12 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
         identity: ShardIdentity,
         kv_settings: KvCacheSettings,
         torch_thread: ThreadPoolExecutor | None = None,
+        lora: LoraManager | None = None,
     ) -> None:
         self.runner = runner
         self.identity = identity
         self.kv_settings = kv_settings
+        self.lora = lora
         self.cache: dict[int, Batch] = {}
         self.torch_thread = torch_thread or ThreadPoolExecutor(1, thread_name_prefix="torch")
 
@@ -125,6 +128,7 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             new = Batch.from_proto(request.batch, self.runner.device)
             if new.id in self.cache and not request.cached_batches:
                 raise ValueError(f"batch {new.id} is already cached on this shard")
+            self._assign_adapters(new, [r.adapter_id for r in request.batch.requests])
             batch = Batch.concat([*self._take(list(request.cached_batches)), new])
             generations, timings = self._step(batch, request.prefill_chunks)
             return generate_pb2.PrefillResponse(
@@ -136,6 +140,17 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             )
 
         return await self._abort_on_error(context, prefill)
+
+    def _assign_adapters(self, batch: Batch, adapter_ids: list[str]) -> None:
+        """Never serves a request for an adapter with the base model: an adapter we do not
+        have is an error for the batch (the router validates first, so this is a backstop)."""
+        if not any(adapter_ids):
+            return
+        if self.lora is None:
+            named = sorted({a for a in adapter_ids if a})
+            raise ValueError(f"LoRA adapter(s) {named} requested, but none are loaded")
+        live = [b.lora_slots for b in self.cache.values()]
+        batch.lora_slots = self.lora.assign(adapter_ids, live).to(batch.lora_slots.device)
 
     async def Decode(self, request, context):
         def decode():

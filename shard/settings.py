@@ -20,6 +20,11 @@ class ShardSettings:
     block_size: int = 16
     cuda_memory_fraction: float = 0.9
     cpu_kv_cache_gb: float | None = None
+    # Multi-LoRA: adapter name -> PEFT directory; slots, host cache and rank limits.
+    lora_adapters: tuple[tuple[str, str], ...] = ()
+    max_loras: int = 4
+    max_cpu_loras: int | None = None
+    max_lora_rank: int = 64
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import torch
 
 from shard.distributed import init_distributed
 from shard.kv_cache import KvCacheSettings
+from shard.lora.manager import LoraManager, LoraSettings
 from shard.models import load_model
 from shard.models.config import read_quantization
 from shard.runner import ModelRunner
@@ -80,7 +81,17 @@ def _build_service(
         model_dir, dtype, device, attention, env.rank, env.world_size,
     )  # fmt: skip
     model = load_model(model_dir, dtype=dtype, device=device, dist=dist, attention=attention)
-    runner = ModelRunner(model, dist, device, settings.block_size)
+    lora = None
+    if settings.lora_adapters:
+        lora_settings = LoraSettings(
+            adapters={name: Path(path) for name, path in settings.lora_adapters},
+            max_loras=settings.max_loras,
+            max_cpu_loras=settings.max_cpu_loras,
+            max_rank=settings.max_lora_rank,
+        )
+        lora = LoraManager(model, lora_settings, triton=attention == "triton")
+        log.info("LoRA adapters: %s (%d slots)", ", ".join(lora.names), settings.max_loras)
+    runner = ModelRunner(model, dist, device, settings.block_size, lora.step if lora else None)
     identity = ShardIdentity(
         model_id=settings.model_id,
         dtype=str(dtype).removeprefix("torch."),
@@ -92,4 +103,4 @@ def _build_service(
         cuda_memory_fraction=settings.cuda_memory_fraction,
         cpu_kv_cache_gb=settings.cpu_kv_cache_gb,
     )
-    return TextGenerationService(runner, identity, kv_settings, torch_thread)
+    return TextGenerationService(runner, identity, kv_settings, torch_thread, lora)

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from shard.distributed import Distributed
+from shard.layers.lora import LoraTerm
 from shard.layers.quant.base import LinearWeight, Piece
 from shard.layers.quant.select import linear_method
 from shard.weights import Weights, WeightsError
@@ -37,6 +38,11 @@ class ColumnParallelLinear(nn.Module):
         super().__init__()
         self.weight = weight
         self.bias = _param(bias)
+        # What LoRA needs to cut an adapter like the weight: this rank's output pieces of each
+        # checkpoint module, and each module's whole (in, out) shape. Set by `load_pieces`.
+        self.pieces: tuple[Piece, ...] = ()
+        self.module_shapes: dict[str, tuple[int, int]] = {}
+        self.lora: LoraTerm | None = None  # attached by shard/lora/manager.py
 
     @classmethod
     def load_pieces(
@@ -45,14 +51,30 @@ class ColumnParallelLinear(nn.Module):
         method = linear_method(weights, [p.prefix for p in pieces])
         return method.load_columns(weights, pieces), _column_bias(weights, pieces) if bias else None
 
+    def _record(self, weights: Weights, pieces: Sequence[Piece]) -> ColumnParallelLinear:
+        method = linear_method(weights, [p.prefix for p in pieces])
+        self.pieces = tuple(pieces)
+        self.module_shapes = {
+            p.prefix: (
+                method.in_features(weights, p.prefix),
+                method.out_features(weights, p.prefix),
+            )
+            for p in pieces
+        }
+        return self
+
     @classmethod
     def load(cls, weights: Weights, prefix: str, *, bias: bool) -> ColumnParallelLinear:
         out = linear_method(weights, [prefix]).out_features(weights, prefix)
         start, stop = weights.shard_bounds(prefix, 0, out)
-        return cls(*cls.load_pieces(weights, [Piece(prefix, start, stop)], bias=bias))
+        pieces = [Piece(prefix, start, stop)]
+        return cls(*cls.load_pieces(weights, pieces, bias=bias))._record(weights, pieces)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.weight(x, self.bias)
+        y = self.weight(x, self.bias)
+        if self.lora is not None:
+            self.lora(x, y)
+        return y
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -85,7 +107,8 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         for prefix, offset, end in blocks:
             start, stop = weights.shard_bounds(prefix, 0, end - offset)
             pieces.append(Piece(prefix, offset + start, offset + stop))
-        return cls(*cls.load_pieces(weights, pieces, bias=bias), num_blocks)
+        layer = cls(*cls.load_pieces(weights, pieces, bias=bias), num_blocks)
+        return layer._record(weights, pieces)
 
     def split(self, out: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return out.chunk(self.num_blocks, dim=-1)
@@ -159,12 +182,13 @@ class QKVParallelLinear(ColumnParallelLinear):
             Piece(name, offset + a * head_dim, offset + b * head_dim)
             for (name, offset), (a, b) in zip(sources, (q, kv, kv), strict=True)
         ]
-        return cls(
+        layer = cls(
             *cls.load_pieces(weights, pieces, bias=bias),
             num_heads=q[1] - q[0],
             num_kv_heads=kv[1] - kv[0],
             head_dim=head_dim,
         )
+        return layer._record(weights, pieces)
 
     def split(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[T, (H + 2 Hkv) D] -> q [T, H, D], k [T, Hkv, D], v [T, Hkv, D] (this rank's heads)."""
@@ -189,6 +213,9 @@ class RowParallelLinear(nn.Module):
         self.weight = weight
         self.bias = _param(bias)
         self.dist = dist
+        self.input_piece: Piece | None = None  # this rank's input features (for LoRA's A)
+        self.module_shapes: dict[str, tuple[int, int]] = {}
+        self.lora: LoraTerm | None = None  # attached by shard/lora/manager.py
 
     @classmethod
     def load(cls, weights: Weights, prefix: str, *, bias: bool) -> RowParallelLinear:
@@ -199,8 +226,16 @@ class RowParallelLinear(nn.Module):
             weights.mark_consumed(f"{prefix}.bias")  # rank 0's copy stands for every rank
         method = linear_method(weights, [prefix])
         method.check_row_split(weights, prefix)
-        start, stop = weights.shard_bounds(prefix, 1, method.in_features(weights, prefix))
-        return cls(method.load_rows(weights, Piece(prefix, start, stop)), bias_tensor, weights.dist)
+        in_features = method.in_features(weights, prefix)
+        start, stop = weights.shard_bounds(prefix, 1, in_features)
+        piece = Piece(prefix, start, stop)
+        layer = cls(method.load_rows(weights, piece), bias_tensor, weights.dist)
+        layer.input_piece = piece
+        layer.module_shapes = {prefix: (in_features, method.out_features(weights, prefix))}
+        return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dist.all_reduce(self.weight(x, self.bias))
+        y = self.weight(x, self.bias)
+        if self.lora is not None:  # this rank's share of the term joins the same all_reduce
+            self.lora(x, y)
+        return self.dist.all_reduce(y)

@@ -1,0 +1,191 @@
+"""Adapters on a shard: a host LRU cache of `max_cpu_loras` adapters read from disk, and
+`max_loras` device slots in every LoRA-capable layer (seeds 000 and 002).
+
+The router guarantees that the requests live on the shards never name more than `max_loras`
+distinct adapters, so `assign` always finds a slot: a slot is free when no cached batch row
+refers to it (derived from the batches themselves, so there is no refcount to keep in step
+with FilterBatch and ClearCache). A free slot keeps its adapter until it is needed for another
+one, least recently used first, so an adapter that comes back soon costs no copy.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from shard.layers.linear import ColumnParallelLinear, RowParallelLinear
+from shard.layers.lora import LoraStep, LoraTerm
+from shard.lora.adapter import LoraAdapter, read_adapter
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    adapters: Mapping[str, Path]  # name -> PEFT directory
+    max_loras: int = 4
+    max_cpu_loras: int | None = None  # None: max(max_loras, number of adapters)
+    max_rank: int = 64
+
+
+@dataclass
+class CacheStats:
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+
+
+@dataclass
+class _Slots:
+    names: list[str | None]
+    last_used: list[int] = field(default_factory=list)
+    clock: int = 0
+
+
+class LoraManager:
+    def __init__(self, model: nn.Module, settings: LoraSettings, *, triton: bool = False) -> None:
+        if settings.max_loras < 1:
+            raise ValueError(f"--max-loras must be at least 1, got {settings.max_loras}")
+        self.settings = settings
+        self.max_cpu_loras = settings.max_cpu_loras or max(
+            settings.max_loras, len(settings.adapters)
+        )
+        self.step = LoraStep(
+            scaling=torch.zeros(settings.max_loras, device=model.device),
+            scaling_host=[0.0] * settings.max_loras,
+        )
+        self.layers = _attach(model, self.step, settings, model.dtype, model.device, triton)
+        self.module_shapes = {m: s for layer, _ in self.layers for m, s in _shapes(layer).items()}
+        self.cache: OrderedDict[str, LoraAdapter] = OrderedDict()
+        self.stats = CacheStats()
+        self.slots = _Slots(names=[None] * settings.max_loras, last_used=[0] * settings.max_loras)
+        for name in settings.adapters:  # every adapter is validated before the shard serves
+            self._adapter(name)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.settings.adapters)
+
+    # -- host cache ----------------------------------------------------------------------
+
+    def _adapter(self, name: str) -> LoraAdapter:
+        if name in self.cache:
+            self.stats.hits += 1
+            self.cache.move_to_end(name)
+            return self.cache[name]
+        self.stats.misses += 1
+        adapter = read_adapter(
+            name,
+            Path(self.settings.adapters[name]),
+            max_rank=self.settings.max_rank,
+            module_shapes=self.module_shapes,
+        )
+        self.cache[name] = adapter
+        while len(self.cache) > self.max_cpu_loras:
+            evicted, _ = self.cache.popitem(last=False)
+            self.stats.evictions += 1
+            log.info("LoRA host cache full: evicted %s", evicted)
+        return adapter
+
+    # -- device slots --------------------------------------------------------------------
+
+    def assign(
+        self, adapter_ids: Sequence[str], live_slots: Iterable[torch.Tensor]
+    ) -> torch.Tensor:
+        """[B] int32 slots for the requests of a new batch ("" -> -1), loading adapters into
+        slots no live batch row uses. `live_slots`: the lora_slots of every cached batch."""
+        unknown = sorted({a for a in adapter_ids if a and a not in self.settings.adapters})
+        if unknown:
+            known = ", ".join(self.names) or "none"
+            raise ValueError(f"unknown LoRA adapter(s) {unknown}; loaded: {known}")
+        busy = {int(s) for t in live_slots for s in t.tolist() if s >= 0}
+        chosen: dict[str, int] = {}
+        for name in dict.fromkeys(a for a in adapter_ids if a):
+            chosen[name] = self._slot_for(name, busy)
+            busy.add(chosen[name])
+        return torch.tensor([chosen.get(a, -1) for a in adapter_ids], dtype=torch.int32)
+
+    def _slot_for(self, name: str, busy: set[int]) -> int:
+        slots = self.slots
+        slots.clock += 1
+        if name in slots.names:
+            slot = slots.names.index(name)
+        else:
+            free = [s for s in range(len(slots.names)) if s not in busy]
+            if not free:
+                raise ValueError(
+                    f"adapter {name!r} needs a slot but all {len(slots.names)} are in use "
+                    "(the router must not schedule more than --max-loras adapters at once)"
+                )
+            slot = min(free, key=lambda s: (slots.names[s] is not None, slots.last_used[s]))
+            self._load(slot, self._adapter(name))
+            slots.names[slot] = name
+        slots.last_used[slot] = slots.clock
+        return slot
+
+    def _load(self, slot: int, adapter: LoraAdapter) -> None:
+        for layer, term in self.layers:
+            term.fill(slot, _rank_parts(layer, adapter))
+        self.step.set_scaling(slot, adapter.scaling)
+
+    def slots_in_use(self) -> int:
+        return sum(name is not None for name in self.slots.names)
+
+
+def _shapes(layer: nn.Module) -> dict[str, tuple[int, int]]:
+    return dict(layer.module_shapes)
+
+
+def _rank_parts(
+    layer: ColumnParallelLinear | RowParallelLinear, adapter: LoraAdapter
+) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
+    """The adapter's A and B for each sub-module of `layer`, cut like its weight."""
+    if isinstance(layer, RowParallelLinear):
+        piece = layer.input_piece
+        ab = adapter.modules.get(piece.prefix)
+        return [None if ab is None else (ab[0][:, piece.start : piece.stop], ab[1])]
+    parts = []
+    for piece in layer.pieces:
+        ab = adapter.modules.get(piece.prefix)
+        parts.append(None if ab is None else (ab[0], ab[1][piece.start : piece.stop]))
+    return parts
+
+
+def _attach(
+    model: nn.Module,
+    step: LoraStep,
+    settings: LoraSettings,
+    dtype: torch.dtype,
+    device: torch.device,
+    triton: bool,
+) -> list[tuple[nn.Module, LoraTerm]]:
+    """Gives every TP linear of the model a LoRA term with `max_loras` empty slots."""
+    attached = []
+    for module in model.modules():
+        if isinstance(module, RowParallelLinear):
+            piece = module.input_piece
+            out_slices = (module.weight.out_features,)
+            in_features = piece.stop - piece.start
+        elif isinstance(module, ColumnParallelLinear):
+            out_slices = tuple(p.size for p in module.pieces)
+            in_features = module.weight.in_features
+        else:
+            continue
+        module.lora = LoraTerm(
+            step,
+            num_slots=settings.max_loras,
+            max_rank=settings.max_rank,
+            in_features=in_features,
+            out_slices=out_slices,
+            dtype=dtype,
+            device=device,
+            triton=triton,
+        )
+        attached.append((module, module.lora))
+    return attached

@@ -1,0 +1,42 @@
+"""PEFT adapters for tests, made by the `peft` library itself on tiny local base models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# name -> LoraConfig arguments: different ranks, target sets, rslora.
+ADAPTERS = {
+    "qv_r4": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    "all_r8": dict(r=8, lora_alpha=16, target_modules=ALL),
+    "mlp_rslora_r16": dict(
+        r=16, lora_alpha=8, use_rslora=True, target_modules=["o_proj", "gate_proj", "down_proj"]
+    ),
+    "kup_r8": dict(r=8, lora_alpha=32, target_modules=["k_proj", "up_proj"]),
+}
+
+
+def make_adapter(base_dir: Path, out_dir: Path, seed: int, **config) -> Path:
+    """A PEFT adapter with random, non-zero A and B (PEFT starts B at zero), saved by PEFT."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    model = get_peft_model(base, LoraConfig(init_lora_weights=False, **config))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_" in name:  # small enough to keep the model sane, large enough to matter
+                param.copy_(torch.randn_like(param) * 0.2)
+    model.save_pretrained(out_dir)
+    return out_dir
+
+
+def peft_reference(base_dir: Path, adapter_dir: Path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    return PeftModel.from_pretrained(base, adapter_dir).eval()

@@ -1,0 +1,117 @@
+"""Several PEFT adapters and the base model in one batch on the shard servicer, each request
+against transformers + peft running its adapter alone (float32): greedy ids equal, logprobs
+within 1e-4, with whole and chunked prompts mixed into decoding steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from lora_fixtures import ADAPTERS, make_adapter, peft_reference
+
+from shard.settings import ShardSettings
+from shard.startup import build_service
+from switchyard_pb import generate_pb2 as pb
+from tests.shard.servicer_helpers import BlockPool, FakeContext, prompts, run
+
+NEW_TOKENS = 6
+LOGPROB_ATOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_model, tmp_path_factory):
+    base = tiny_model("llama_gqa_llama3")
+    root = tmp_path_factory.mktemp("adapters")
+    adapters = {
+        name: make_adapter(base, root / name, seed=i, **cfg)
+        for i, (name, cfg) in enumerate(ADAPTERS.items())
+    }
+    settings = ShardSettings(
+        model_id=str(base),
+        uds_path="/unused",
+        dtype="float32",
+        lora_adapters=tuple((n, str(p)) for n, p in adapters.items()),
+        max_loras=len(adapters),
+        max_lora_rank=16,
+    )
+    service = build_service(settings)
+    run(service.Warmup(pb.WarmupRequest(max_batch_total_tokens=4096), FakeContext()))
+    return base, adapters, service
+
+
+def _reference(base, adapter_dir, prompt: list[int]) -> tuple[list[int], list[float]]:
+    from transformers import AutoModelForCausalLM
+
+    model = (
+        peft_reference(base, adapter_dir)
+        if adapter_dir
+        else AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    )
+    ids, logprobs = list(prompt), []
+    with torch.no_grad():
+        for _ in range(NEW_TOKENS):
+            logits = model(torch.tensor([ids])).logits[0, -1]
+            token = int(logits.argmax())
+            logprobs.append(float(torch.log_softmax(logits, -1)[token]))
+            ids.append(token)
+    return ids[len(prompt) :], logprobs
+
+
+def _serve(service, requests, chunks: dict[int, int] | None) -> dict[int, list]:
+    got: dict[int, list] = {}
+    resp = run(
+        service.Prefill(
+            pb.PrefillRequest(batch=pb.Batch(id=7, requests=requests), prefill_chunks=chunks or {}),
+            FakeContext(),
+        )
+    )
+    cached = resp.batch
+    for _ in range(40):
+        for g in resp.generations:
+            got.setdefault(g.request_id, []).append((g.tokens.ids[0], g.tokens.logprobs[0]))
+        if all(len(v) >= NEW_TOKENS for v in got.values()) and len(got) == len(requests):
+            break
+        resp = run(
+            service.Decode(pb.DecodeRequest(batches=[cached], prefill_chunks=chunks or {}),
+                           FakeContext())
+        )  # fmt: skip
+        cached = resp.batch
+    run(service.ClearCache(pb.ClearCacheRequest(), FakeContext()))
+    return got
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_adapters_mixed_with_the_base_model_equal_peft_alone(setup, chunked):
+    base, adapters, service = setup
+    names = ["", *ADAPTERS, "all_r8"]  # the base model, every adapter, one adapter twice
+    texts = prompts(len(names), seed=3)
+    pool = BlockPool(250, seed=1)
+    requests = [
+        pool.request(i, p, NEW_TOKENS + 40, adapter_id=name)  # room for every step below
+        for i, (name, p) in enumerate(zip(names, texts, strict=True))
+    ]
+    chunks = {i: 7 for i in range(len(names))} if chunked else None
+    got = _serve(service, requests, chunks)
+    for i, (name, prompt) in enumerate(zip(names, texts, strict=True)):
+        want_ids, want_lps = _reference(base, adapters.get(name), prompt)
+        ids = [t for t, _ in got[i][:NEW_TOKENS]]
+        assert ids == want_ids, f"request {i} ({name or 'base'})"
+        lps = torch.tensor([lp for _, lp in got[i][:NEW_TOKENS]])
+        torch.testing.assert_close(lps, torch.tensor(want_lps), atol=LOGPROB_ATOL, rtol=0)
+
+
+def test_an_adapter_changes_the_output(setup):
+    """Guards the test above against adapters too weak to matter."""
+    base, adapters, _ = setup
+    prompt = prompts(1, seed=9)[0]
+    plain = _reference(base, None, prompt)[1]
+    for name, path in adapters.items():
+        assert _reference(base, path, prompt)[1] != pytest.approx(plain, abs=1e-3), name
+
+
+def test_unknown_adapter_fails_the_batch_naming_it(setup):
+    _, _, service = setup
+    pool = BlockPool(50, seed=2)
+    request = pool.request(1, [5, 6, 7], 2, adapter_id="nope")
+    with pytest.raises(Exception, match=r"unknown LoRA adapter\(s\) \['nope'\]"):
+        run(service.Prefill(pb.PrefillRequest(batch=pb.Batch(id=9, requests=[request])),
+                            FakeContext()))  # fmt: skip
