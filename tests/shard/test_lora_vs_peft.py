@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from lora_fixtures import ADAPTERS, make_adapter, peft_reference
+from quant_fixtures import SERVED, fixture
 
 from shard.settings import ShardSettings
 from shard.startup import build_service
@@ -17,16 +18,24 @@ NEW_TOKENS = 6
 LOGPROB_ATOL = 1e-4
 
 
-@pytest.fixture(scope="module")
-def setup(tiny_model, tmp_path_factory):
-    base = tiny_model("llama_gqa_llama3")
+# A float base, and an int4 base (AutoAWQ's checkpoint; its library-dequantized twin is what
+# PEFT runs on): the LoRA term is float either way.
+BASES = ["llama_gqa_llama3", "awq_gemm_g64_llama"]
+
+
+@pytest.fixture(scope="module", params=BASES)
+def setup(request, tiny_model, tmp_path_factory):
+    if request.param in SERVED:
+        served, base = fixture(request.param), fixture(request.param) / "reference"
+    else:
+        served = base = tiny_model(request.param)
     root = tmp_path_factory.mktemp("adapters")
     adapters = {
         name: make_adapter(base, root / name, seed=i, **cfg)
         for i, (name, cfg) in enumerate(ADAPTERS.items())
     }
     settings = ShardSettings(
-        model_id=str(base),
+        model_id=str(served),
         uds_path="/unused",
         dtype="float32",
         lora_adapters=tuple((n, str(p)) for n, p in adapters.items()),
@@ -83,7 +92,7 @@ def _serve(service, requests, chunks: dict[int, int] | None) -> dict[int, list]:
 def test_adapters_mixed_with_the_base_model_equal_peft_alone(setup, chunked):
     base, adapters, service = setup
     names = ["", *ADAPTERS, "all_r8"]  # the base model, every adapter, one adapter twice
-    texts = prompts(len(names), seed=3)
+    texts = [[3 + t % 300 for t in p] for p in prompts(len(names), seed=3)]  # any vocab >= 303
     pool = BlockPool(250, seed=1)
     requests = [
         pool.request(i, p, NEW_TOKENS + 40, adapter_id=name)  # room for every step below
@@ -102,7 +111,7 @@ def test_adapters_mixed_with_the_base_model_equal_peft_alone(setup, chunked):
 def test_an_adapter_changes_the_output(setup):
     """Guards the test above against adapters too weak to matter."""
     base, adapters, _ = setup
-    prompt = prompts(1, seed=9)[0]
+    prompt = [3 + t % 300 for t in prompts(1, seed=9)[0]]
     plain = _reference(base, None, prompt)[1]
     for name, path in adapters.items():
         assert _reference(base, path, prompt)[1] != pytest.approx(plain, abs=1e-3), name
@@ -115,3 +124,42 @@ def test_unknown_adapter_fails_the_batch_naming_it(setup):
     with pytest.raises(Exception, match=r"unknown LoRA adapter\(s\) \['nope'\]"):
         run(service.Prefill(pb.PrefillRequest(batch=pb.Batch(id=9, requests=[request])),
                             FakeContext()))  # fmt: skip
+
+
+def test_eviction_from_host_cache_and_slots_reloads_and_still_matches(tiny_model, tmp_path):
+    """--max-loras 2, --max-cpu-loras 2, four adapters in turn: slots are reused and evicted
+    adapters are read from disk again, and every request still equals peft."""
+    base = tiny_model("llama_gqa_llama3")
+    adapters = {
+        name: make_adapter(base, tmp_path / name, seed=10 + i, **cfg)
+        for i, (name, cfg) in enumerate(ADAPTERS.items())
+    }
+    settings = ShardSettings(
+        model_id=str(base),
+        uds_path="/unused",
+        dtype="float32",
+        lora_adapters=tuple((n, str(p)) for n, p in adapters.items()),
+        max_loras=2,
+        max_cpu_loras=2,
+        max_lora_rank=16,
+    )
+    service = build_service(settings)
+    run(service.Warmup(pb.WarmupRequest(max_batch_total_tokens=4096), FakeContext()))
+    names = list(ADAPTERS)
+    rounds = [names[:2], names[2:], [names[0], names[3]], [names[1], names[2]]]
+    prompt = [3 + t % 300 for t in prompts(1, seed=4)[0]]
+    for pair in rounds:
+        pool = BlockPool(250, seed=3)
+        requests = [
+            pool.request(i, prompt, NEW_TOKENS + 40, adapter_id=n) for i, n in enumerate(pair)
+        ]
+        got = _serve(service, requests, None)
+        for i, name in enumerate(pair):
+            want_ids, _ = _reference(base, adapters[name], prompt)
+            assert [t for t, _ in got[i][:NEW_TOKENS]] == want_ids, (pair, name)
+    stats = service.lora.stats
+    # Startup reads all four (keeping the last two); then each round reads its adapters from
+    # disk, except kup_r8 in round 3, which is still in a device slot from round 2.
+    assert stats.misses == 4 + 2 + 2 + 1 + 2
+    assert stats.evictions == stats.misses - 2 and stats.hits == 0
+    assert service.lora.slots_in_use() == 2
