@@ -10,11 +10,15 @@ import argparse
 import os
 from dataclasses import dataclass, field
 
+from router.adapters import AdapterSpecError, LoraAdapter, parse_adapters
+
 # The launcher hands the API key over in the environment, not on a command line that `ps` and
 # the launcher's own log would show.
 API_KEY_ENV = "SWITCHYARD_API_KEY"
 # TGI's default: bodies are small JSON documents; the token limits are the real bound on prompts.
 DEFAULT_PAYLOAD_LIMIT = 2_000_000
+# Distinct LoRA adapters the shards hold on the device at once (the launcher's default too).
+DEFAULT_MAX_LORAS = 4
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,8 @@ class RouterArgs:
     api_key: str | None = None
     cors_allow_origin: tuple[str, ...] = field(default_factory=tuple)
     served_model_name: str | None = None
+    lora_adapters: tuple[LoraAdapter, ...] = ()
+    max_loras: int = DEFAULT_MAX_LORAS
 
     @property
     def model_name(self) -> str:
@@ -121,12 +127,31 @@ def build_parser() -> argparse.ArgumentParser:
         "'*' for any)",
     )
     p.add_argument("--served-model-name", default=None)
+    p.add_argument(
+        "--lora-adapters",
+        action="append",
+        default=None,
+        metavar="NAME=DIR[,NAME=DIR...]",
+        help="LoRA adapters the shards loaded (repeatable, or comma-separated)",
+    )
+    p.add_argument(
+        "--max-loras",
+        type=_positive_int,
+        default=DEFAULT_MAX_LORAS,
+        help="distinct adapters among the requests on the shards at once (their device slots)",
+    )
     return p
 
 
 def parse_args(argv: list[str] | None = None) -> RouterArgs:
-    ns = build_parser().parse_args(argv)
+    parser = build_parser()
+    ns = parser.parse_args(argv)
     values = vars(ns)
+    model_name = values["served_model_name"] or values["model_id"]
+    try:
+        values["lora_adapters"] = parse_adapters(values["lora_adapters"] or (), model_name)
+    except AdapterSpecError as err:
+        parser.error(f"argument --lora-adapters: {err}")
     if values["max_batch_total_tokens"] == 0:
         values["max_batch_total_tokens"] = None
     if values["api_key"] is None:

@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from router.adapters import LiveAdapters
 from router.block_allocator import BlockAllocator
 from router.chunking import chunk_new, share_budget
 from router.client import ShardClient
@@ -53,6 +54,7 @@ class SchedulerConfig:
     # request decodes, max_batch_prefill_tokens when none does (nobody is stalled then).
     prefill_chunking: bool = True
     prefill_chunk_tokens: int | None = None  # None: max_batch_prefill_tokens
+    max_loras: int = 4  # distinct LoRA adapters live on the shards at once (router/adapters.py)
 
 
 class Batcher:
@@ -73,6 +75,7 @@ class Batcher:
         self.metrics = metrics or Metrics()
         self.results = Results(tokenizer, self.metrics)
         self.entries: dict[int, Entry] = {}  # admitted requests, by id
+        self.adapters = LiveAdapters(config.max_loras)  # the adapters of `entries`
         self.running: pb.CachedBatch | None = None
         # From 1: the warmup batch was 0, and 0 reads as "unset" in proto3 dumps.
         self._batch_ids = itertools.count(1)
@@ -98,6 +101,7 @@ class Batcher:
                     except Exception:
                         log.exception("scheduler reset failed")
                         self.entries.clear()
+                        self.adapters.clear()
                         self.running = None
         finally:
             self._abort_all()
@@ -196,6 +200,7 @@ class Batcher:
             min_size=min_size,
             max_size=max_size,
             chunking=chunking,
+            adapters=self.adapters.gate(),
         )
 
     # -- RPCs ---------------------------------------------------------------------------------
@@ -211,6 +216,7 @@ class Batcher:
         now = time.monotonic()
         for entry in entries:
             self.entries[entry.id] = entry
+            self.adapters.acquire(entry.request.adapter_id)
             entry.started_at = now
             self.metrics.admitted(now - entry.queued_at)
         self.metrics.prefill_batch(len(entries), concat_reason)
@@ -332,7 +338,8 @@ class Batcher:
     # -- bookkeeping --------------------------------------------------------------------------
 
     def _release(self, entry: Entry) -> None:
-        self.entries.pop(entry.id, None)
+        if self.entries.pop(entry.id, None) is not None:
+            self.adapters.release(entry.request.adapter_id)
         entry.done = True
         if entry.allocation is not None:
             self.allocator.free(entry.allocation.blocks)

@@ -35,6 +35,19 @@ class ValidationError(RouterError):
         return f"Input validation error: {self}"
 
 
+class ModelNotFoundError(RouterError):
+    """OpenAI's `model` names neither the served model nor a loaded LoRA adapter (404, as vLLM)."""
+
+    status = 404
+    error_type = "model_not_found"
+
+    def __init__(self, model: str, available: list[str]) -> None:
+        super().__init__(
+            f"The model `{model}` does not exist. Available models: {', '.join(available)}"
+        )
+        self.model = model
+
+
 class OverloadedError(RouterError):
     """Too many requests in flight (429); the client may retry later."""
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from router.adapters import AdapterRegistry
 from router.args import RouterArgs
 from router.batcher import Batcher, SchedulerConfig
 from router.block_allocator import BlockAllocator
@@ -68,6 +69,7 @@ class Infer:
         self.model = model
         self.client = client
         self.tokenizer = tokenizer
+        self.adapters = AdapterRegistry(args.lora_adapters, model.model_id)
         self.validator = Validator(
             tokenizer,
             ValidationLimits(
@@ -77,6 +79,7 @@ class Infer:
                 max_best_of=args.max_best_of,
                 max_top_n_tokens=args.max_top_n_tokens,
             ),
+            self.adapters,
         )
         eos = set(model.eos_token_ids)
         if not eos and tokenizer.eos_token_id is not None:
@@ -85,6 +88,7 @@ class Infer:
         self.queue = Queue()
         self.metrics = Metrics()
         self.metrics.watch(self.gauges)
+        self.metrics.track_adapters(self.adapters.names)
         self.allocator = BlockAllocator(limits.num_blocks, limits.block_size, RESERVED_BLOCKS)
         self.batcher = Batcher(
             client,
@@ -99,6 +103,7 @@ class Infer:
                 max_batch_size=args.max_batch_size,
                 prefill_chunking=args.prefill_chunking,
                 prefill_chunk_tokens=limits.prefill_chunk_tokens,
+                max_loras=args.max_loras,
             ),
             self.metrics,
         )
@@ -153,6 +158,7 @@ class Infer:
         if received_at is not None:
             entry.received_at = received_at
         self.metrics.input_tokens.inc(request.input_length)
+        self.metrics.queued(request.adapter_id)
         self.queue.append(entry)
         return entry
 
@@ -167,6 +173,8 @@ class Infer:
             "switchyard_kv_blocks_total": self.allocator.capacity_blocks,
             "switchyard_kv_blocks_used": self.allocator.used_blocks,
             "switchyard_kv_blocks_free": self.allocator.free_blocks,
+            "switchyard_lora_adapters_live": self.batcher.adapters.distinct,
+            "switchyard_lora_max_loras": self.args.max_loras,
         }
 
     async def healthy(self) -> bool:

@@ -16,6 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from router.adapters import BASE_LABEL
+
 # `*_created` series double the output and no dashboard reads them.
 prometheus_client.disable_created_metrics()
 
@@ -35,7 +37,15 @@ GAUGE_HELP = {
     "switchyard_kv_blocks_total": "KV cache blocks the allocator hands out",
     "switchyard_kv_blocks_used": "KV cache blocks reserved by admitted requests",
     "switchyard_kv_blocks_free": "KV cache blocks free",
+    "switchyard_lora_adapters_live": "Distinct LoRA adapters with requests on the shards",
+    "switchyard_lora_max_loras": "Distinct LoRA adapters the shards hold at once (--max-loras)",
 }
+
+
+def adapter_label(adapter_id: str) -> str:
+    """The `adapter` label: the adapter's name, BASE_LABEL for the base model. Only validated
+    requests reach the metrics, so the label's values are bounded by the adapters loaded."""
+    return adapter_id or BASE_LABEL
 
 
 class _Gauges(Collector):
@@ -63,6 +73,19 @@ class Metrics:
         self.input_tokens = Counter("switchyard_prompt_tokens", "Prompt tokens", registry=r)
         self.generated_tokens = Counter(
             "switchyard_generated_tokens", "Generated tokens", registry=r
+        )
+        adapter = ("adapter",)
+        self.adapter_requests = Counter(
+            "switchyard_adapter_requests",
+            "Generation requests queued, by LoRA adapter (`base`: the base model)",
+            adapter,
+            registry=r,
+        )
+        self.adapter_tokens = Counter(
+            "switchyard_adapter_generated_tokens",
+            "Generated tokens, by LoRA adapter (`base`: the base model)",
+            adapter,
+            registry=r,
         )
 
         def hist(name: str, doc: str, buckets: tuple[float, ...], labels=()) -> Histogram:
@@ -117,6 +140,13 @@ class Metrics:
         """Registers the router state's gauges, read at each scrape."""
         self.registry.register(_Gauges(read_gauges))
 
+    def track_adapters(self, names: list[str]) -> None:
+        """Every adapter's series exists from the start, at 0, so rates work from the first
+        request on."""
+        for label in (BASE_LABEL, *names):
+            self.adapter_requests.labels(adapter=label)
+            self.adapter_tokens.labels(adapter=label)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -143,8 +173,12 @@ class Metrics:
     def admitted(self, queue_s: float) -> None:
         self.queue.observe(queue_s)
 
-    def token(self, since_previous_s: float, first: bool) -> None:
+    def queued(self, adapter_id: str) -> None:
+        self.adapter_requests.labels(adapter=adapter_label(adapter_id)).inc()
+
+    def token(self, since_previous_s: float, first: bool, adapter_id: str = "") -> None:
         self.generated_tokens.inc()
+        self.adapter_tokens.labels(adapter=adapter_label(adapter_id)).inc()
         (self.ttft if first else self.itl).observe(since_previous_s)
 
     def finished(

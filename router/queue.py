@@ -1,8 +1,9 @@
 """The waiting queue: FIFO admission under token budgets and KV block availability.
 
 Admission is strictly first-come first-served: when the head does not fit, nothing behind it
-jumps ahead (a large request would otherwise starve). Entries get their KV reservation here,
-at admission, for their whole life (prompt + max_new_tokens).
+jumps ahead (a large request would otherwise starve). The same holds when the head's LoRA adapter
+has no free device slot (router/adapters.py). Entries get their KV reservation here, at
+admission, for their whole life (prompt + max_new_tokens).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
+from router.adapters import AdmissionGate
 from router.block_allocator import BlockAllocator
 from router.entry import Entry
 
@@ -60,13 +62,15 @@ class Queue:
         min_size: int | None = None,
         max_size: int | None = None,
         chunking: bool = False,
+        adapters: AdmissionGate | None = None,
     ) -> list[Entry]:
         """Takes the longest FIFO prefix that fits; empty when fewer than min_size fit.
 
         token_budget bounds prompt + max_new_tokens over the new entries (what the running
         batch leaves of max_batch_total_tokens); prefill_token_budget bounds their prompts
         (with chunking, what is computed this step: the last entry may start with a part of its
-        prompt); max_size bounds their number (what the running batch leaves of max_batch_size).
+        prompt); max_size bounds their number (what the running batch leaves of max_batch_size);
+        `adapters` bounds the distinct LoRA adapters live on the shards (--max-loras).
         """
         batch: list[Entry] = []
         prefill_tokens = 0
@@ -81,6 +85,11 @@ class Queue:
             elif prefill_tokens + req.input_length > prefill_token_budget:
                 break
             if total_tokens + req.total_tokens > token_budget:
+                break
+            if adapters is not None and not adapters.admit(req.adapter_id):
+                # No slot for the head's adapter until a live adapter's last request ends.
+                # Admitting requests behind it (the base model's, or live adapters') would keep
+                # those adapters live and could starve it forever: it waits, and so do they.
                 break
             allocation = allocator.allocate(req.total_tokens)
             if allocation is None:

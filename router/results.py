@@ -43,7 +43,7 @@ class Results:
         first = not entry.tokens
         # TTFT counts from the HTTP request's arrival, as a client experiences it.
         previous = entry.received_at if first else (entry.last_token_at or now)
-        self.metrics.token(now - previous, first)
+        self.metrics.token(now - previous, first, entry.request.adapter_id)
         entry.last_token_at = now
         entry.generated_ids.append(token_id)
         entry.tokens.append(token)

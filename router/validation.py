@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from router.adapters import AdapterRegistry
 from router.errors import ValidationError
 from router.request import SamplingParams, ValidRequest
 from router.tokenizer import Tokenizer
@@ -130,9 +131,15 @@ class Fields:
 
 
 class Validator:
-    def __init__(self, tokenizer: Tokenizer, limits: ValidationLimits) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        limits: ValidationLimits,
+        adapters: AdapterRegistry | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.limits = limits
+        self.adapters = adapters or AdapterRegistry((), "")
 
     async def validate(self, payload: dict[str, Any], *, stream: bool = False) -> ValidRequest:
         """`stream`: whether the route streams; a `stream` field must agree with it."""
@@ -248,12 +255,7 @@ class Validator:
             raise ValidationError("`watermark` is not supported")
         if raw_params.get("grammar") is not None:
             raise ValidationError("grammar is not supported")
-        if adapter_id:
-            # Until multi-LoRA serving lands, an adapter is never silently replaced by the base
-            # model; that work replaces this with a lookup of the loaded adapters.
-            raise ValidationError(
-                f"`adapter_id` {adapter_id!r}: no LoRA adapters are loaded on this server"
-            )
+        adapter_id = self.adapters.adapter_id(adapter_id)  # 422 unless "" or a loaded adapter
 
         encoding = await self.tokenizer.encode(inputs, add_special_tokens=add_special_tokens)
         ids = encoding.ids

@@ -40,6 +40,8 @@ async def info(request: web.Request) -> web.Response:
         "max_waiting_tokens": args.max_waiting_tokens,
         "max_batch_size": args.max_batch_size,
         "max_top_n_tokens": args.max_top_n_tokens,
+        "lora_adapters": infer.adapters.names,
+        "max_loras": args.max_loras,
         "max_client_batch_size": 1,
         "validation_workers": 1,
         "block_size": limits.block_size,
@@ -65,15 +67,24 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def models(request: web.Request) -> web.Response:
-    """OpenAI's GET /v1/models: the one model this server serves."""
+    """OpenAI's GET /v1/models: the base model, then every LoRA adapter with its `parent` (the
+    base model) and `root` (where it was loaded from), as vLLM lists them."""
     infer = infer_of(request)
-    model = {
-        "id": infer.model.model_id,
-        "object": "model",
-        "created": infer.started_at,
-        "owned_by": "switchyard",
-    }
-    return web.json_response({"object": "list", "data": [model]})
+    base = infer.model.model_id
+
+    def entry(name: str, root: str, parent: str | None) -> dict[str, Any]:
+        return {
+            "id": name,
+            "object": "model",
+            "created": infer.started_at,
+            "owned_by": "switchyard",
+            "root": root,
+            "parent": parent,
+        }
+
+    data = [entry(base, base, None)]
+    data += [entry(a.name, a.path, base) for a in infer.adapters.adapters]
+    return web.json_response({"object": "list", "data": data})
 
 
 async def tokenize(request: web.Request) -> web.Response:

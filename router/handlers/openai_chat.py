@@ -25,6 +25,7 @@ from router.handlers.openai_common import (
     check_fields,
     logprob,
     max_tokens_param,
+    model_name,
     new_id,
     parse_shared,
     reject_unless,
@@ -147,7 +148,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     infer = infer_of(request)
     payload = await read_json(request)
     check_fields(payload, CHAT_FIELDS)
-    shared = parse_shared(payload)
+    shared = parse_shared(payload, infer.adapters)
     _reject_tools(payload)
     max_name = max_tokens_param(payload, ("max_completion_tokens", "max_tokens"), shared.generate)
     logprobs = _logprobs_param(payload, shared.generate)
@@ -207,7 +208,7 @@ class ChatStream:
             "id": self.id,
             "object": "chat.completion.chunk",
             "created": self.created,
-            "model": self.infer.model.model_id,
+            "model": model_name(self.infer, self.entry),
             "system_fingerprint": FINGERPRINT,
             "choices": [
                 {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import router
+from router.adapters import AdapterRegistry
 from router.entry import Entry, Token
 from router.errors import ValidationError
 from router.infer import Infer
@@ -64,9 +65,10 @@ def reject_unless(payload: dict[str, Any], name: str, harmless: bool, why: str =
         raise ValidationError(f"`{name}` is not supported{why}")
 
 
-def parse_shared(payload: dict[str, Any]) -> OpenAIParams:
+def parse_shared(payload: dict[str, Any], adapters: AdapterRegistry) -> OpenAIParams:
     f = Fields(payload)
-    f.string("model")  # any name is accepted: the server serves one model (as TGI does)
+    # The base model or a LoRA adapter (404 for an unknown name once adapters are loaded).
+    adapter_id = adapters.model(f.string("model"))
     n = f.integer("n")
     if n is not None and n != 1:
         raise ValidationError(f"`n` must be 1 (one choice per request). Given: {n}")
@@ -86,7 +88,7 @@ def parse_shared(payload: dict[str, Any]) -> OpenAIParams:
     stream = f.boolean("stream", False)
     include_usage = _include_usage(payload.get("stream_options"), stream)
 
-    params: dict[str, Any] = {}
+    params: dict[str, Any] = {"adapter_id": adapter_id} if adapter_id else {}
     # OpenAI samples by default; temperature 0 means greedy (exact argmax), whatever else is set.
     if temperature is None or temperature > 0.0:
         params["do_sample"] = True
@@ -149,6 +151,11 @@ async def validate(
     return replace(valid, ignore_eos=shared.ignore_eos)
 
 
+def model_name(infer: Infer, entry: Entry) -> str:
+    """What answers report as `model`: the adapter asked for, else the served model."""
+    return entry.request.adapter_id or infer.model.model_id
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
@@ -161,7 +168,7 @@ def response_body(
         "id": new_id(id_prefix),
         "object": object_type,
         "created": int(time.time()),
-        "model": infer.model.model_id,
+        "model": model_name(infer, entry),
         "system_fingerprint": FINGERPRINT,
         "choices": [choice],
         "usage": usage(entry),

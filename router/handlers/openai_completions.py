@@ -24,6 +24,7 @@ from router.handlers.openai_common import (
     check_fields,
     logprob,
     max_tokens_param,
+    model_name,
     new_id,
     parse_shared,
     reject_unless,
@@ -82,7 +83,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     infer = infer_of(request)
     payload = await read_json(request)
     check_fields(payload, COMPLETION_FIELDS)
-    shared = parse_shared(payload)
+    shared = parse_shared(payload, infer.adapters)
     reject_unless(payload, "best_of", payload.get("best_of") == 1, "; only 1")
     reject_unless(payload, "echo", payload.get("echo") is False)
     reject_unless(payload, "suffix", payload.get("suffix") == "")
@@ -139,7 +140,7 @@ class CompletionStream:
             "id": self.id,
             "object": "text_completion",
             "created": self.created,
-            "model": self.infer.model.model_id,
+            "model": model_name(self.infer, self.entry),
             "system_fingerprint": FINGERPRINT,
             "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}],
         }

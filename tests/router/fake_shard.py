@@ -26,6 +26,7 @@ class FakeRequest:
     slots: list[int]
     top_n: int
     prefill_logprobs: bool = False
+    adapter_id: str = ""
     generated: int = 0
     computed: int = 0  # prompt tokens computed so far (chunked prefill)
 
@@ -48,6 +49,8 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
     fail_next_decode: bool = False
     healthy: bool = True
     decode_delay: float = 0.0
+    # The shards' LoRA slots: more distinct adapters in one step is a router violation.
+    max_loras: int | None = None
     # Observations.
     calls: list[str] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
@@ -59,6 +62,7 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
     step_tokens: list[int] = field(default_factory=list)  # tokens computed by each Prefill/Decode
     step_generated: list[list[int]] = field(default_factory=list)  # ids given a token, per step
     prompt_chunks: list[dict[int, int]] = field(default_factory=list)  # chunks computed, per step
+    step_adapters: list[frozenset[str]] = field(default_factory=list)  # non-empty ids, per step
 
     def _check(self, ok: bool, message: str) -> None:
         if not ok:
@@ -123,6 +127,10 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
         their chunk (default: the rest) and get their first token once it is all computed."""
         known = {r.id for r in reqs}
         self._check(set(chunks) <= known, f"chunks for unknown requests {set(chunks) - known}")
+        adapters = frozenset(r.adapter_id for r in reqs if r.adapter_id)
+        self.step_adapters.append(adapters)
+        if self.max_loras is not None:
+            self._check(len(adapters) <= self.max_loras, f"adapters {sorted(adapters)} in a step")
         gens, tokens, computed = [], 0, {}
         for req in reqs:
             if req.prompt_left > 0:
@@ -225,6 +233,7 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
                     list(r.slots),
                     r.top_n_tokens,
                     r.prefill_logprobs,
+                    r.adapter_id,
                 )
             )
         merged = self._take(list(request.cached_batches)) + reqs

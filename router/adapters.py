@@ -1,0 +1,163 @@
+"""LoRA adapters on the router side: which exist, what a request's name resolves to, which are
+live on the shards, and the admission rule that keeps the shards' device slots sufficient.
+
+The contract with the shards (docs/lora.md): a request carries `adapter_id` ("" = the base
+model); the shards map ids to device slots themselves and rely on the router never having more
+than `--max-loras` distinct non-empty ids among the requests live on them at once. With chunked
+prefill, newly admitted requests run in the same forward pass as the running batch, so "live" is
+the running batch plus whatever one step admits: every admitted request until it is released.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from router.errors import ModelNotFoundError, ValidationError
+
+BASE = ""  # adapter_id of a base-model request, on the wire and in the router
+# The base model's value of the metrics' `adapter` label ("" would read as "no label" in
+# Prometheus); reserved, so no adapter can take it.
+BASE_LABEL = "base"
+# Names travel in `NAME=DIR,NAME=DIR` lists and in metric labels.
+FORBIDDEN_NAME_CHARS = frozenset(",= \t\n")
+
+
+@dataclass(frozen=True)
+class LoraAdapter:
+    name: str  # what requests use: TGI's `parameters.adapter_id`, OpenAI's `model`
+    path: str  # the directory the shards loaded it from (the launcher resolved hub ids)
+
+
+class AdapterSpecError(ValueError):
+    """A malformed `--lora-adapters` value; the message says which entry and why."""
+
+
+def parse_adapters(values: Iterable[str], model_name: str) -> tuple[LoraAdapter, ...]:
+    """`NAME=DIR[,NAME=DIR...]`, given once or several times (the launcher's forwarding form)."""
+    adapters: list[LoraAdapter] = []
+    for value in values:
+        for item in (part.strip() for part in value.split(",")):
+            if not item:
+                continue
+            name, sep, path = item.partition("=")
+            name, path = name.strip(), path.strip()
+            if not sep or not name or not path:
+                raise AdapterSpecError(f"{item!r} is not NAME=DIR")
+            adapters.append(LoraAdapter(name, path))
+    check_names([a.name for a in adapters], model_name)
+    return tuple(adapters)
+
+
+def check_names(names: Sequence[str], model_name: str) -> None:
+    """Names must say unambiguously which weights a request gets."""
+    seen: set[str] = set()
+    for name in names:
+        bad = sorted(FORBIDDEN_NAME_CHARS.intersection(name))
+        if not name or bad:
+            raise AdapterSpecError(f"adapter name {name!r} must be non-empty, without {bad}")
+        if name == BASE_LABEL:
+            raise AdapterSpecError(f"adapter name {name!r} is reserved for the base model")
+        if name == model_name:
+            # OpenAI's `model` could then mean either the base model or the adapter.
+            raise AdapterSpecError(f"adapter name {name!r} is the served model name")
+        if name in seen:
+            raise AdapterSpecError(f"adapter name {name!r} is given twice")
+        seen.add(name)
+
+
+class AdapterRegistry:
+    """The adapters this server was started with; resolves what requests name."""
+
+    def __init__(self, adapters: Sequence[LoraAdapter], model_name: str) -> None:
+        self.adapters = tuple(adapters)
+        self.model_name = model_name
+        self._by_name = {a.name: a for a in adapters}
+
+    @property
+    def names(self) -> list[str]:
+        return [a.name for a in self.adapters]
+
+    def adapter_id(self, adapter_id: str) -> str:
+        """TGI's `parameters.adapter_id`: a known adapter, or "" (the base model); else a 422.
+        Never a silent fallback to the base model: the client asked for other weights."""
+        if not adapter_id or adapter_id in self._by_name:
+            return adapter_id
+        if not self.adapters:
+            raise ValidationError(
+                f"`adapter_id` {adapter_id!r}: no LoRA adapters are loaded on this server"
+            )
+        raise ValidationError(
+            f"`adapter_id` {adapter_id!r} is not a loaded LoRA adapter. "
+            f"Loaded: {', '.join(self.names)}"
+        )
+
+    def model(self, model: str | None) -> str:
+        """OpenAI's `model`: an adapter's name selects it, the served name the base model.
+
+        Without adapters any name means the base model, as before (TGI ignores `model`, and
+        clients send placeholders such as "tgi"). With adapters, an unknown name is a 404
+        (vLLM's answer): a typo in an adapter's name must not run the base model instead.
+        """
+        if model in self._by_name:
+            return model
+        if not self.adapters or model is None or model == self.model_name:
+            return BASE
+        raise ModelNotFoundError(model, [self.model_name, *self.names])
+
+
+class AdmissionGate:
+    """One admission round's view of the adapters: those live, plus those it has let in."""
+
+    def __init__(self, live: Iterable[str], max_loras: int) -> None:
+        self._adapters = set(live)
+        self._max = max_loras
+
+    def admit(self, adapter_id: str) -> bool:
+        """Whether a request for this adapter may join; a True counts it for the rest of the round.
+
+        The base model uses no slot; an adapter already live shares its slot; a new one needs a
+        free slot.
+        """
+        if adapter_id == BASE or adapter_id in self._adapters:
+            return True
+        if len(self._adapters) >= self._max:
+            return False
+        self._adapters.add(adapter_id)
+        return True
+
+
+class LiveAdapters:
+    """Admitted requests per adapter, from admission until the batcher releases them."""
+
+    def __init__(self, max_loras: int) -> None:
+        if max_loras < 1:
+            raise ValueError(f"max_loras must be >= 1, got {max_loras}")
+        self.max_loras = max_loras
+        self._requests: Counter[str] = Counter()
+
+    @property
+    def distinct(self) -> int:
+        """Distinct adapters (the base model excluded) with a request on the shards."""
+        return len(self._requests)
+
+    def live(self) -> frozenset[str]:
+        return frozenset(self._requests)
+
+    def gate(self) -> AdmissionGate:
+        return AdmissionGate(self._requests, self.max_loras)
+
+    def acquire(self, adapter_id: str) -> None:
+        if adapter_id != BASE:
+            self._requests[adapter_id] += 1
+
+    def release(self, adapter_id: str) -> None:
+        if adapter_id == BASE:
+            return
+        self._requests[adapter_id] -= 1
+        if self._requests[adapter_id] <= 0:
+            del self._requests[adapter_id]
+
+    def clear(self) -> None:
+        self._requests.clear()
