@@ -107,7 +107,6 @@ def _refuse_unsupported(name: str, config: dict) -> None:
         "modules_to_save": "modules_to_save (fully trained extra modules) are not supported",
         "rank_pattern": "per-module ranks (rank_pattern) are not supported",
         "alpha_pattern": "per-module alphas (alpha_pattern) are not supported",
-        "layers_to_transform": "layers_to_transform is not supported",
     }
     for field, reason in reasons.items():
         if config.get(field):
