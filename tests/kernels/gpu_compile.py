@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 import triton  # noqa: E402
+from gpu_compile_lora import compile_lora  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
@@ -190,6 +191,7 @@ def main() -> int:
                     compile_w4a16_defaults(dtype, m, split_k=1, act_order=act_order)
                     compile_w4a16_defaults(dtype, m, split_k=4, act_order=act_order)
                 compile_w4a16_defaults(dtype, m, split_k=2, group_size=32, even_k=False)
+    compile_lora(compile_kernel, report, everything="--all" in sys.argv)
     return 0
 
 

@@ -20,4 +20,5 @@ def test_kernels_compile_for_sm90():
         [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("compiled for sm_90") == 10, done.stdout
+    # 10 attention and W4A16 variants, 4 LoRA ones (gpu_compile_lora.py).
+    assert done.stdout.count("compiled for sm_90") == 14, done.stdout
