@@ -88,30 +88,31 @@ def test_second_launcher_on_a_live_socket_is_refused_and_the_first_keeps_serving
 
 
 def test_launchers_with_default_paths_do_not_share_sockets(model_dir, standin_env, tmp_path):
-    def start(name: str) -> tuple[LauncherProcess, dict]:
+    started: list[LauncherProcess] = []
+
+    def start(name: str) -> tuple[LauncherProcess, str]:
         env = {**standin_env, "FAKE_PID_DIR": str(tmp_path / name)}
         (tmp_path / name).mkdir()
-        args = ["--model-id", str(model_dir), "--port", str(free_port())]
-        launcher = LauncherProcess(args, env)
+        launcher = LauncherProcess(["--model-id", str(model_dir), "--port", str(free_port())], env)
+        started.append(launcher)
         launcher.wait_for_line("[router] router listening")
-        return launcher, records(env)
+        argv = records(env)["shard-0"]["argv"]
+        return launcher, argv[argv.index("--uds-path") + 1]
 
-    a, a_records = start("a")
     try:
-        b, b_records = start("b")
-        a_prefix = a_records["shard-0"]["argv"][
-            a_records["shard-0"]["argv"].index("--uds-path") + 1
-        ]
-        b_prefix = b_records["shard-0"]["argv"][
-            b_records["shard-0"]["argv"].index("--uds-path") + 1
-        ]
+        a, a_prefix = start("a")
+        b, b_prefix = start("b")
         assert a_prefix != b_prefix
         assert "removing stale socket" not in a.output + b.output
         b.terminate()
         assert b.wait() == 0, b.output
         assert not Path(b_prefix).parent.exists()  # B's private directory went with it
         assert socket_is_live(Path(f"{a_prefix}-0")) and a.proc.poll() is None
-    finally:
         a.terminate()
-    assert a.wait() == 0, a.output
-    assert not Path(a_prefix).parent.exists()
+        assert a.wait() == 0, a.output
+        assert not Path(a_prefix).parent.exists()
+    finally:
+        for launcher in started:
+            if launcher.proc.poll() is None:
+                launcher.terminate()
+                launcher.wait()
