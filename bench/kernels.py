@@ -14,6 +14,8 @@ decode at batch 64 x 4096 context (target >= 70% of HBM bandwidth), split-K deco
 backend).
 SDPA gets dense, contiguous K/V (no block table), which is the best case for it. W4A16: Llama-2-7B's
 linears at M = 1, 16, 256 and 4096 tokens (targets: >= 3x torch at M = 1, >= 0.9x at 4096).
+LoRA: shrink + expand of Llama-3-8B's q/k/v and down_proj at rank 16, decode and prefill steps,
+against the torch path's per-slot loop (bench/kernels_lora.py).
 Ratios are baseline time / ours: above 1 means ours is faster.
 """
 
@@ -32,6 +34,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.kernel_report import Result, device_peak, report, timer  # noqa: E402
+from bench.kernels_lora import bench_lora  # noqa: E402
 from bench.kernels_w4a16 import bench_w4a16  # noqa: E402
 
 
@@ -230,6 +233,7 @@ def main() -> int:
         *bench_prefill(s, bench, device, sweep=args.sweep),
         *bench_kv_write(s, bench, device),
         *bench_w4a16(bench, device, args.smoke, args.sweep),
+        *bench_lora(bench, device, args.smoke),
     ]  # fmt: skip
     name, peak = device_peak()
     print(
