@@ -6,12 +6,17 @@ import argparse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from launcher.adapters import AdapterSpec, parse_specs
 from launcher.devices import default_num_shard
 from launcher.env import LauncherEnv
 from shard.layers.quant.config import METHODS as QUANTIZE_METHODS
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 ATTENTION_BACKENDS = ("torch", "triton")
+# Device slots: distinct adapters among the requests on the shards at once.
+DEFAULT_MAX_LORAS = 4
+# vLLM's default is 16, but PEFT adapters of rank 32 and 64 are common.
+DEFAULT_MAX_LORA_RANK = 64
 
 # Router flags forwarded verbatim when given; the router owns their defaults.
 ROUTER_INT_FLAGS = (
@@ -64,6 +69,11 @@ class LauncherConfig:
     api_key: str | None  # handed to the router in its environment, never on its command line
     cors_allow_origin: tuple[str, ...] | None
     served_model_name: str | None
+    # LoRA adapters (launcher/adapters.py); the other three flags matter only with adapters.
+    lora_adapters: tuple[AdapterSpec, ...]
+    max_loras: int
+    max_cpu_loras: int  # default: max(max_loras, number of adapters)
+    max_lora_rank: int
 
     def shard_socket(self, rank: int) -> str:
         return f"{self.shard_uds_path}-{rank}"
@@ -179,6 +189,34 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--cors-allow-origin", action="append", default=None, help="repeatable; '*' for any"
     )
+
+    lora = p.add_argument_group("LoRA adapters (docs/lora.md)")
+    lora.add_argument(
+        "--lora-adapters",
+        action="append",
+        default=None,
+        metavar="NAME=PATH[,NAME=PATH...]",
+        help="PEFT adapters to serve: a local directory with adapter_config.json or a hub id; "
+        "repeatable or comma-separated (default: $LORA_ADAPTERS)",
+    )
+    lora.add_argument(
+        "--max-loras",
+        type=_positive_int,
+        default=DEFAULT_MAX_LORAS,
+        help="distinct adapters among the requests on the shards at once (device slots)",
+    )
+    lora.add_argument(
+        "--max-cpu-loras",
+        type=_positive_int,
+        default=None,
+        help="adapters kept in host memory (default: max(--max-loras, number of adapters))",
+    )
+    lora.add_argument(
+        "--max-lora-rank",
+        type=_positive_int,
+        default=DEFAULT_MAX_LORA_RANK,
+        help="largest adapter rank the shards accept",
+    )
     return p
 
 
@@ -190,6 +228,15 @@ def parse_args(argv: Sequence[str] | None, env: LauncherEnv) -> LauncherConfig:
         ns.num_shard = default_num_shard(env.cuda_visible_devices)
     if ns.cors_allow_origin is not None:
         ns.cors_allow_origin = tuple(ns.cors_allow_origin)
+    # The flag wins over TGI's environment variable; neither means no adapters.
+    values = ns.lora_adapters or ([env.lora_adapters] if env.lora_adapters else [])
+    source = "--lora-adapters" if ns.lora_adapters else "LORA_ADAPTERS"
+    try:
+        ns.lora_adapters = parse_specs(values)
+    except ValueError as err:
+        parser.error(f"{source}: {err}")
+    if ns.max_cpu_loras is None:
+        ns.max_cpu_loras = max(ns.max_loras, len(ns.lora_adapters))
     return LauncherConfig(**vars(ns))
 
 
@@ -208,6 +255,12 @@ def _check_consistency(parser: argparse.ArgumentParser, ns: argparse.Namespace) 
                 f"--max-batch-prefill-tokens ({ns.max_batch_prefill_tokens}) must be >= "
                 f"--max-input-tokens ({ns.max_input_tokens}) with --no-prefill-chunking"
             )
+    if ns.max_cpu_loras is not None and ns.max_cpu_loras < ns.max_loras:
+        # The host cache feeds the device slots: a smaller one would evict adapters a step is
+        # still using (vLLM refuses this too).
+        parser.error(
+            f"--max-cpu-loras ({ns.max_cpu_loras}) must be >= --max-loras ({ns.max_loras})"
+        )
     if ns.max_total_tokens is not None and ns.max_batch_total_tokens is not None:
         if ns.max_batch_total_tokens < ns.max_total_tokens:
             parser.error(

@@ -6,7 +6,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher.adapters import LoraAdapter, flag_value
 from launcher.args import ROUTER_INT_FLAGS, LauncherConfig
+from launcher.demo_model import DEMO_NAME
 
 # The router reads its API key from here (router/args.py); a plain constant, so the launcher
 # does not import the router (and its dependencies) just to start it.
@@ -39,8 +41,27 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def served_model_name(cfg: LauncherConfig) -> str:
+    # The API reports what the user asked for, not a cache path the launcher resolved it to.
+    return cfg.served_model_name or cfg.model_id or DEMO_NAME
+
+
+def _lora_flags(cfg: LauncherConfig, adapters: tuple[LoraAdapter, ...]) -> list[str]:
+    """The shards' LoRA flags; none without adapters (the shards then build no LoRA state)."""
+    if not adapters:
+        return []
+    argv = ["--lora-adapters", flag_value(adapters)]
+    for name in ("max_loras", "max_cpu_loras", "max_lora_rank"):
+        argv += [_flag(name), str(getattr(cfg, name))]
+    return argv
+
+
 def shard_spec(
-    cfg: LauncherConfig, model_dir: Path, rank: int, program: tuple[str, ...]
+    cfg: LauncherConfig,
+    model_dir: Path,
+    rank: int,
+    program: tuple[str, ...],
+    adapters: tuple[LoraAdapter, ...] = (),
 ) -> ChildSpec:
     argv = [
         *program,
@@ -58,6 +79,7 @@ def shard_spec(
         value = getattr(cfg, name)
         if value is not None:
             argv += [_flag(name), str(value)]
+    argv += _lora_flags(cfg, adapters)
     env = {
         "RANK": str(rank),
         "WORLD_SIZE": str(cfg.num_shard),
@@ -69,9 +91,13 @@ def shard_spec(
     return ChildSpec(name=f"shard {rank}", argv=tuple(argv), env=env)
 
 
-def router_spec(cfg: LauncherConfig, model_dir: Path, program: tuple[str, ...]) -> ChildSpec:
-    # The API reports what the user asked for, not a cache path the launcher resolved it to.
-    served_name = cfg.served_model_name or cfg.model_id or model_dir.name
+def router_spec(
+    cfg: LauncherConfig,
+    model_dir: Path,
+    program: tuple[str, ...],
+    adapters: tuple[LoraAdapter, ...] = (),
+) -> ChildSpec:
+    served_name = served_model_name(cfg)
     argv = [
         *program,
         "--model-id",
@@ -93,17 +119,27 @@ def router_spec(cfg: LauncherConfig, model_dir: Path, program: tuple[str, ...]) 
         argv.append("--prefill-chunking" if cfg.prefill_chunking else "--no-prefill-chunking")
     for origin in cfg.cors_allow_origin or ():
         argv += ["--cors-allow-origin", origin]
+    if adapters:
+        # Names and paths for validation and /v1/models; --max-loras for admission.
+        argv += ["--lora-adapters", flag_value(adapters), "--max-loras", str(cfg.max_loras)]
     # The key stays out of argv: `ps` and the launcher's "started router" log line show argv.
     env = {API_KEY_ENV: cfg.api_key} if cfg.api_key else {}
     return ChildSpec(name="router", argv=tuple(argv), env=env)
 
 
-def build_plan(cfg: LauncherConfig, model_dir: Path, programs: Programs) -> LaunchPlan:
+def build_plan(
+    cfg: LauncherConfig,
+    model_dir: Path,
+    programs: Programs,
+    adapters: tuple[LoraAdapter, ...] = (),
+) -> LaunchPlan:
     if cfg.shard_uds_path is None:
         # launcher.main gives every launcher its own directory first (launcher/sockets.py).
         raise ValueError("the shards' socket prefix must be chosen before building the plan")
     return LaunchPlan(
-        shards=tuple(shard_spec(cfg, model_dir, r, programs.shard) for r in range(cfg.num_shard)),
+        shards=tuple(
+            shard_spec(cfg, model_dir, r, programs.shard, adapters) for r in range(cfg.num_shard)
+        ),
         shard_sockets=tuple(Path(cfg.shard_socket(r)) for r in range(cfg.num_shard)),
-        router=router_spec(cfg, model_dir, programs.router),
+        router=router_spec(cfg, model_dir, programs.router, adapters),
     )

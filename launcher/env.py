@@ -24,6 +24,8 @@ class LauncherEnv:
     # documented arguments). Lets ops wrap shards in a profiler and tests use stand-ins.
     shard_program: tuple[str, ...] | None
     router_program: tuple[str, ...] | None
+    # TGI's LORA_ADAPTERS: the adapters to serve when --lora-adapters is not given.
+    lora_adapters: str | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> LauncherEnv:
@@ -35,6 +37,7 @@ class LauncherEnv:
             cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
             shard_program=_program(env.get("SWITCHYARD_SHARD_COMMAND")),
             router_program=_program(env.get("SWITCHYARD_ROUTER_COMMAND")),
+            lora_adapters=env.get("LORA_ADAPTERS") or None,
         )
 
 

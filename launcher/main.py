@@ -11,9 +11,10 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TextIO
 
+from launcher.adapters import AdapterError, check_served_name, resolve_adapters
 from launcher.args import LauncherConfig, parse_args
 from launcher.checks import ShardCountError, check_num_shard
-from launcher.commands import Programs, build_plan
+from launcher.commands import Programs, build_plan, served_model_name
 from launcher.env import LauncherEnv
 from launcher.ports import PortUnavailableError, check_ports
 from launcher.quant_checks import QuantizationCheckError, check_quantization
@@ -100,8 +101,11 @@ def _launch(
     settings: SupervisorSettings | None,
 ) -> int:
     try:
+        # Adapters first: a bad one is refused at once, not after a model download.
+        check_served_name(cfg.lora_adapters, served_model_name(cfg))
+        adapters = resolve_adapters(cfg.lora_adapters, env)
         model_dir = resolve_model(cfg.model_id, env)
-    except ModelResolutionError as exc:
+    except (ModelResolutionError, AdapterError) as exc:
         log.error("%s", exc)
         return 1
     except OSError as exc:  # e.g. an unwritable cache while building the demo model
@@ -123,7 +127,9 @@ def _launch(
         )
     if settings is None:
         settings = SupervisorSettings(startup_timeout_s=cfg.shard_startup_timeout)
-    supervisor = Supervisor(build_plan(cfg, model_dir, programs), settings)
+    if adapters:
+        log.info("LoRA adapters: %s", ", ".join(f"{a.name} -> {a.path}" for a in adapters))
+    supervisor = Supervisor(build_plan(cfg, model_dir, programs, adapters), settings)
     with _stop_on_signals(supervisor.request_stop):
         return supervisor.run()
 

@@ -29,6 +29,8 @@ def main() -> None:
     ):
         parser.add_argument(f"--{flag}", type=int)
     parser.add_argument("--waiting-served-ratio", type=float)
+    parser.add_argument("--lora-adapters")
+    parser.add_argument("--max-loras", type=int)
     args = parser.parse_args()
     if not Path(f"{args.shard_uds_path}-0").exists():
         sys.exit("router started before shard 0's socket existed")

@@ -77,6 +77,9 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--cuda-memory-fraction", type=float)
     parser.add_argument("--cpu-kv-cache-gb", type=float)
+    parser.add_argument("--lora-adapters")
+    for flag in ("max-loras", "max-cpu-loras", "max-lora-rank"):
+        parser.add_argument(f"--{flag}", type=int)
     args = parser.parse_args()
     if os.environ.get("FAKE_IGNORE_SIGTERM") == "1":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
