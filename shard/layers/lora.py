@@ -28,9 +28,12 @@ class LoraStep:
 
     scaling: torch.Tensor  # [S] fp32 on the device (the kernels read it there)
     scaling_host: list[float]  # the same, for the torch path's per-slot calls
+    triton: bool = False  # the Triton shrink/expand kernels (CUDA, or interpreted in tests)
     token_slots: torch.Tensor | None = None  # [T] int32, -1: no adapter
     # The torch path: (slot, indices of its tokens), one entry per slot the step uses.
     groups: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    # The Triton path: the step's tokens grouped by slot into tiles, built once for all layers.
+    tiles: object | None = None
 
     def set_scaling(self, slot: int, value: float) -> None:
         self.scaling[slot] = value
@@ -38,9 +41,15 @@ class LoraStep:
 
     def set_tokens(self, token_slots: torch.Tensor | None) -> None:
         self.token_slots = token_slots
-        self.groups = []
+        self.groups, self.tiles = [], None
         if token_slots is None or not bool((token_slots >= 0).any()):
             self.token_slots = None  # base model only: the terms skip themselves
+            return
+        if self.triton:
+            from shard.kernels.lora_tiles import default_block_m, slot_tiles
+
+            block_m = default_block_m(len(token_slots))
+            self.tiles = slot_tiles(token_slots.int(), len(self.scaling_host), block_m)
             return
         for slot in torch.unique(token_slots[token_slots >= 0]).tolist():
             self.groups.append((slot, (token_slots == slot).nonzero().squeeze(1)))
@@ -57,12 +66,10 @@ class LoraTerm(nn.Module):
         out_slices: tuple[int, ...],
         dtype: torch.dtype,
         device: torch.device,
-        triton: bool = False,
     ) -> None:
         super().__init__()
         self.step = step
         self.out_slices = out_slices
-        self.triton = triton
         n_sub = len(out_slices)
         a_shape = (num_slots, n_sub, max_rank, in_features)
         b_shape = (num_slots, sum(out_slices), max_rank)
@@ -87,12 +94,14 @@ class LoraTerm(nn.Module):
         """Adds the step's LoRA terms to y [T, N] in place; x [T, K]."""
         if self.step.token_slots is None:
             return
-        if self.triton:
-            from shard.kernels.lora import lora_expand, lora_shrink
+        step = self.step
+        if step.triton:
+            from shard.kernels.lora_expand import lora_expand
+            from shard.kernels.lora_shrink import lora_shrink
 
-            slots, scaling = self.step.token_slots, self.step.scaling
-            h = lora_shrink(x, self.lora_a, slots)
-            lora_expand(h, self.lora_b, slots, scaling, self.out_slices, y)
+            slots = step.token_slots.int()
+            h = lora_shrink(x, self.lora_a, slots, tiles=step.tiles)
+            lora_expand(h, self.lora_b, slots, step.scaling, self.out_slices, y, tiles=step.tiles)
             return
         for slot, rows in self.step.groups:
             xs = x.index_select(0, rows)

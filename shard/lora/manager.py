@@ -59,8 +59,9 @@ class LoraManager:
         self.step = LoraStep(
             scaling=torch.zeros(settings.max_loras, device=model.device),
             scaling_host=[0.0] * settings.max_loras,
+            triton=triton,
         )
-        self.layers = _attach(model, self.step, settings, model.dtype, model.device, triton)
+        self.layers = _attach(model, self.step, settings, model.dtype, model.device)
         self.module_shapes = {m: s for layer, _ in self.layers for m, s in _shapes(layer).items()}
         self.cache: OrderedDict[str, LoraAdapter] = OrderedDict()
         self.stats = CacheStats()
@@ -163,7 +164,6 @@ def _attach(
     settings: LoraSettings,
     dtype: torch.dtype,
     device: torch.device,
-    triton: bool,
 ) -> list[tuple[nn.Module, LoraTerm]]:
     """Gives every TP linear of the model a LoRA term with `max_loras` empty slots."""
     attached = []
@@ -185,7 +185,6 @@ def _attach(
             out_slices=out_slices,
             dtype=dtype,
             device=device,
-            triton=triton,
         )
         attached.append((module, module.lora))
     return attached

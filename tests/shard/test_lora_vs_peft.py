@@ -23,12 +23,18 @@ LOGPROB_ATOL = 1e-4
 BASES = ["llama_gqa_llama3", "awq_gemm_g64_llama"]
 
 
-@pytest.fixture(scope="module", params=BASES)
+# The torch path on both bases; the Triton kernels (attention, LoRA shrink/expand) on one,
+# compiled on a GPU machine, interpreted otherwise.
+SETUPS = [(name, "torch") for name in BASES] + [("llama_gqa_llama3", "triton")]
+
+
+@pytest.fixture(scope="module", params=SETUPS, ids=["-".join(s) for s in SETUPS])
 def setup(request, tiny_model, tmp_path_factory):
-    if request.param in SERVED:
-        served, base = fixture(request.param), fixture(request.param) / "reference"
+    name, attention = request.param
+    if name in SERVED:
+        served, base = fixture(name), fixture(name) / "reference"
     else:
-        served = base = tiny_model(request.param)
+        served = base = tiny_model(name)
     root = tmp_path_factory.mktemp("adapters")
     adapters = {
         name: make_adapter(base, root / name, seed=i, **cfg)
@@ -41,8 +47,10 @@ def setup(request, tiny_model, tmp_path_factory):
         lora_adapters=tuple((n, str(p)) for n, p in adapters.items()),
         max_loras=len(adapters),
         max_lora_rank=16,
+        attention=attention,
     )
     service = build_service(settings)
+    assert service.lora.step.triton == (attention == "triton")
     run(service.Warmup(pb.WarmupRequest(max_batch_total_tokens=4096), FakeContext()))
     return base, adapters, service
 
