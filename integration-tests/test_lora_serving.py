@@ -1,0 +1,132 @@
+"""Multi-LoRA through the launcher and HTTP: PEFT adapters (made by `peft`) served mixed with
+base-model requests in the same batches, against transformers + PeftModel running each adapter
+alone (float32): greedy ids equal, logprobs within tolerance. 1 and 2 shards (gloo on CPU),
+chunked prefill on (a small prompt budget, so prompts span steps mixed with decoding), through
+huggingface_hub's TGI client (`adapter_id`) and the openai client (`model` = the adapter).
+A second server has fewer slots and host cache entries than adapters in use, so slots are
+reused and adapters are read from disk again, and still matches.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
+from pathlib import Path
+
+import openai
+import pytest
+import requests
+import torch
+from huggingface_hub import InferenceClient
+from server_process import LauncherProcess
+
+from launcher.tiny_models import build_model
+from tests.shard.lora_fixtures import ADAPTERS, make_adapter
+
+pytestmark = pytest.mark.slow
+NEW_TOKENS = 8
+LOGPROB_TOLERANCE = 1e-3
+PROMPTS = ["Hello", "The quick brown fox jumps over the lazy dog.", "日本語 🚀", "Switchyard"]
+CPU_ONLY = {"CUDA_VISIBLE_DEVICES": ""} if torch.cuda.device_count() < 2 else {}
+LIMITS = ("--dtype", "float32", "--max-batch-prefill-tokens", "24", "--max-input-tokens", "64",
+          "--max-total-tokens", "96", "--max-batch-total-tokens", "2048",
+          "--max-lora-rank", "16")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
+    root = tmp_path_factory.mktemp("lora")
+    base = build_model(root / "base", "LlamaForCausalLM", num_key_value_heads=2)
+    adapters = {
+        name: make_adapter(base, root / name, seed=i, **cfg)
+        for i, (name, cfg) in enumerate(ADAPTERS.items())
+    }
+    return base, adapters
+
+
+@cache
+def reference(base: Path, adapter: Path | None, prompt: str) -> tuple[list[int], list[float]]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.shard.lora_fixtures import peft_reference
+
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    if adapter is None:
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    else:
+        model = peft_reference(base, adapter)
+    ids = tokenizer(prompt).input_ids
+    out, logprobs = [], []
+    with torch.no_grad():
+        for _ in range(NEW_TOKENS):
+            logits = model(torch.tensor([ids + out])).logits[0, -1]
+            token = int(logits.argmax())
+            logprobs.append(float(torch.log_softmax(logits, -1)[token]))
+            out.append(token)
+    return out, logprobs
+
+
+def tgi(url: str, prompt: str, adapter: str) -> tuple[list[int], list[float]]:
+    client = InferenceClient(base_url=url)
+    out = client.text_generation(
+        prompt, max_new_tokens=NEW_TOKENS, details=True, adapter_id=adapter or None
+    )
+    return [t.id for t in out.details.tokens], [t.logprob for t in out.details.tokens]
+
+
+def openai_ids(url: str, prompt: str, model: str) -> list[float]:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+    out = client.completions.create(
+        model=model, prompt=prompt, max_tokens=NEW_TOKENS, temperature=0, logprobs=1,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    return out.choices[0].logprobs.token_logprobs
+
+
+def serve_mixed(base: Path, adapters: dict[str, Path], *args: str, env=None) -> dict:
+    flags = ",".join(f"{n}={p}" for n, p in adapters.items())
+    jobs = [(p, a) for p in PROMPTS for a in ["", *adapters]]
+    with LauncherProcess(base, *LIMITS, "--lora-adapters", flags, *args, env=env) as server:
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            got = dict(zip(jobs, pool.map(lambda j: tgi(server.url, *j), jobs), strict=True))
+            served_name = requests.get(f"{server.url}/v1/models", timeout=10).json()["data"]
+            names = {m["id"] for m in served_name}
+            assert set(adapters) <= names and len(names) == len(adapters) + 1
+            base_name = next(m["id"] for m in served_name if m["id"] not in adapters)
+            chat = {
+                (PROMPTS[1], a): openai_ids(server.url, PROMPTS[1], a or base_name)
+                for a in ["", *adapters]
+            }
+        missing = requests.post(
+            f"{server.url}/generate",
+            json={"inputs": "x", "parameters": {"adapter_id": "nope", "max_new_tokens": 2}},
+            timeout=10,
+        )
+    assert missing.status_code == 422 and "nope" in missing.json()["error"]
+    return {"tgi": got, "openai": chat}
+
+
+def check(base: Path, adapters: dict[str, Path], served: dict, what: str) -> None:
+    for (prompt, adapter), (ids, logprobs) in served["tgi"].items():
+        want_ids, want_lps = reference(base, adapters.get(adapter), prompt)
+        assert ids == want_ids, f"{what}: {adapter or 'base'} on {prompt!r}"
+        assert logprobs == pytest.approx(want_lps, abs=LOGPROB_TOLERANCE), what
+    for (prompt, adapter), logprobs in served["openai"].items():
+        want = reference(base, adapters.get(adapter), prompt)[1]
+        assert logprobs == pytest.approx(want, abs=LOGPROB_TOLERANCE), f"{what} openai {adapter}"
+
+
+def test_adapters_mixed_with_base_on_one_and_two_shards_equal_peft(models):
+    base, adapters = models
+    with ThreadPoolExecutor(2) as pool:
+        one = pool.submit(serve_mixed, base, adapters, "--num-shard", "1")
+        two = pool.submit(serve_mixed, base, adapters, "--num-shard", "2", env=CPU_ONLY)
+        one, two = one.result(), two.result()
+    check(base, adapters, one, "1 shard")
+    check(base, adapters, two, "2 shards")
+
+
+def test_fewer_slots_and_cache_entries_than_adapters_still_equal_peft(models):
+    base, adapters = models
+    served = serve_mixed(base, adapters, "--max-loras", "2", "--max-cpu-loras", "2")
+    check(base, adapters, served, "--max-loras 2 --max-cpu-loras 2")
