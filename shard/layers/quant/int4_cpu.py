@@ -117,13 +117,20 @@ class CpuInt4(DequantizingInt4):
         zeros = qw.zeros.float().repeat_interleave(repeat, dim=0)
         scale_zero = torch.stack([scales, (8 - zeros) * scales], dim=-1)
         self.register_buffer("scale_zero", scale_zero.to(torch.bfloat16).contiguous())
-        codes = qw.codes().T.contiguous()  # [N, K]
-        self.register_buffer(
-            "packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.int(), 1)
-        )
-        self.own_layout = codes.shape[0] % _CPU_BLOCK_N == 0 and torch.equal(
-            _unpack_cpu_layout(self.packed, self.in_features), codes
-        )
+        # Packed DEQUANT_CHUNK output rows at a time (the layout is local to blocks of 64 rows,
+        # so the pieces are the whole tensor's rows): the kernel's packer wants int32 codes,
+        # 8x the packed bytes, and unpacking goes through int32 too. Whole-tensor temporaries
+        # (~270 MB for a 2048x16384 gate_up) made the 1.1B Llama's load peak at 1.9 GB for
+        # 0.77 GB of weights, and glibc kept ~600 MB of those freed blocks afterwards.
+        n, k = self.out_features, self.in_features
+        self.register_buffer("packed", torch.empty(n, k // 2, dtype=torch.uint8))
+        self.own_layout = n % _CPU_BLOCK_N == 0
+        for start in range(0, n, DEQUANT_CHUNK):
+            stop = min(start + DEQUANT_CHUNK, n)
+            codes = unpack_rows(qw.qweight[:, start:stop]).T.contiguous()  # [c, K]
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.int(), 1)
+            self.packed[start:stop] = packed
+            self.own_layout = self.own_layout and torch.equal(_unpack_cpu_layout(packed, k), codes)
         if self.own_layout:
             self.qweight = None  # the kernel's copy serves the dense path too
 
