@@ -97,13 +97,24 @@ def serve_mixed(base: Path, adapters: dict[str, Path], *args: str, env=None) -> 
                 (PROMPTS[1], a): openai_ids(server.url, PROMPTS[1], a or base_name)
                 for a in ["", *adapters]
             }
+        metrics = requests.get(f"{server.url}/metrics", timeout=10).text
         missing = requests.post(
             f"{server.url}/generate",
             json={"inputs": "x", "parameters": {"adapter_id": "nope", "max_new_tokens": 2}},
             timeout=10,
         )
     assert missing.status_code == 422 and "nope" in missing.json()["error"]
-    return {"tgi": got, "openai": chat}
+    return {"tgi": got, "openai": chat, "metrics": _lora_metrics(metrics)}
+
+
+def _lora_metrics(text: str) -> dict[str, float]:
+    """The shard-side LoRA numbers (and per-adapter request counts) from /metrics."""
+    found = {}
+    for line in text.splitlines():
+        if line.startswith(("switchyard_lora_", "switchyard_adapter_requests_total")):
+            name, value = line.rsplit(" ", 1)
+            found[name] = float(value)
+    return found
 
 
 def check(base: Path, adapters: dict[str, Path], served: dict, what: str) -> None:
@@ -130,3 +141,11 @@ def test_fewer_slots_and_cache_entries_than_adapters_still_equal_peft(models):
     base, adapters = models
     served = serve_mixed(base, adapters, "--max-loras", "2", "--max-cpu-loras", "2")
     check(base, adapters, served, "--max-loras 2 --max-cpu-loras 2")
+    metrics = served["metrics"]
+    assert metrics["switchyard_lora_slots_in_use"] == 2
+    # Four adapters through a cache of two: some are read from disk again after startup.
+    assert metrics["switchyard_lora_host_cache_misses_total"] > len(adapters)
+    assert metrics["switchyard_lora_host_cache_evictions_total"] > 2
+    for name in adapters:  # TGI requests (one per prompt) and one openai request each
+        want = len(PROMPTS) + 1
+        assert metrics[f'switchyard_adapter_requests_total{{adapter="{name}"}}'] == want

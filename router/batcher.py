@@ -243,6 +243,8 @@ class Batcher:
         self.metrics.step_done(
             "prefill", response.forward_ns, response.decode_ns, response.total_ns
         )
+        if response.HasField("lora"):
+            self.metrics.shard_lora(response.lora)
         self._record_prompt_progress(chunks, entries)
         self._handle(response.generations)
         result = response.batch if response.HasField("batch") else None
@@ -261,6 +263,8 @@ class Batcher:
                 await self._clear(b.id)
             return None
         self.metrics.step_done("decode", response.forward_ns, response.decode_ns, response.total_ns)
+        if response.HasField("lora"):
+            self.metrics.shard_lora(response.lora)
         self._record_prompt_progress(chunks, [])
         self._handle(response.generations)
         cached = response.batch if response.HasField("batch") else None

@@ -13,10 +13,11 @@ from collections.abc import Callable, Iterator
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from router.adapters import BASE_LABEL
+from switchyard_pb import generate_pb2 as pb
 
 # `*_created` series double the output and no dashboard reads them.
 prometheus_client.disable_created_metrics()
@@ -57,11 +58,37 @@ class _Gauges(Collector):
             yield GaugeMetricFamily(name, GAUGE_HELP.get(name, name), value=value)
 
 
+class _ShardLora(Collector):
+    """The shards' own LoRA numbers as rank 0 last reported them with a step: cumulative
+    counters kept by the shard (so they are exported as it counts them, not re-counted here)
+    and the slots in use."""
+
+    def __init__(self) -> None:
+        self.stats: pb.LoraStats | None = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        if self.stats is None:
+            return
+        yield GaugeMetricFamily(
+            "switchyard_lora_slots_in_use",
+            "Device adapter slots holding an adapter on the shards",
+            value=self.stats.slots_in_use,
+        )
+        for field, doc in (
+            ("host_cache_hits", "LoRA adapters found in the shards' host cache"),
+            ("host_cache_misses", "LoRA adapters read from disk by the shards"),
+            ("host_cache_evictions", "LoRA adapters evicted from the shards' host cache"),
+        ):
+            name = f"switchyard_lora_{field}"
+            yield CounterMetricFamily(name, doc, value=getattr(self.stats, field))
+
+
 class Metrics:
     """Everything the router counts; the methods are the events it counts them at."""
 
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry(auto_describe=False)
+        self._shard_lora = _ShardLora()  # registered with the first report from a shard
         self.requests = Counter("tgi_request_count", "Generation requests received", registry=r)
         self.successes = Counter("tgi_request_success", "Requests that finished", registry=r)
         self.failures = Counter(
@@ -146,6 +173,11 @@ class Metrics:
         for label in (BASE_LABEL, *names):
             self.adapter_requests.labels(adapter=label)
             self.adapter_tokens.labels(adapter=label)
+
+    def shard_lora(self, stats: pb.LoraStats) -> None:
+        if self._shard_lora.stats is None:
+            self.registry.register(self._shard_lora)
+        self._shard_lora.stats = stats
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

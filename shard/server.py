@@ -137,9 +137,21 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
                 forward_ns=timings.forward_ns,
                 decode_ns=timings.decode_ns,
                 total_ns=time.perf_counter_ns() - start,
+                lora=self._lora_stats(),
             )
 
         return await self._abort_on_error(context, prefill)
+
+    def _lora_stats(self) -> generate_pb2.LoraStats | None:
+        if self.lora is None:
+            return None
+        stats = self.lora.stats
+        return generate_pb2.LoraStats(
+            slots_in_use=self.lora.slots_in_use(),
+            host_cache_hits=stats.hits,
+            host_cache_misses=stats.misses,
+            host_cache_evictions=stats.evictions,
+        )
 
     def _assign_adapters(self, batch: Batch, adapter_ids: list[str]) -> None:
         """Never serves a request for an adapter with the base model: an adapter we do not
@@ -167,6 +179,7 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
                 forward_ns=timings.forward_ns,
                 decode_ns=timings.decode_ns,
                 total_ns=time.perf_counter_ns() - start,
+                lora=self._lora_stats(),
             )
 
         return await self._abort_on_error(context, decode)

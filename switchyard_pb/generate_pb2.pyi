@@ -187,19 +187,33 @@ class PrefillRequest(_message.Message):
     prefill_chunks: _containers.ScalarMap[int, int]
     def __init__(self, batch: _Optional[_Union[Batch, _Mapping]] = ..., cached_batches: _Optional[_Iterable[_Union[CachedBatch, _Mapping]]] = ..., prefill_chunks: _Optional[_Mapping[int, int]] = ...) -> None: ...
 
+class LoraStats(_message.Message):
+    __slots__ = ("slots_in_use", "host_cache_hits", "host_cache_misses", "host_cache_evictions")
+    SLOTS_IN_USE_FIELD_NUMBER: _ClassVar[int]
+    HOST_CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
+    HOST_CACHE_MISSES_FIELD_NUMBER: _ClassVar[int]
+    HOST_CACHE_EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    slots_in_use: int
+    host_cache_hits: int
+    host_cache_misses: int
+    host_cache_evictions: int
+    def __init__(self, slots_in_use: _Optional[int] = ..., host_cache_hits: _Optional[int] = ..., host_cache_misses: _Optional[int] = ..., host_cache_evictions: _Optional[int] = ...) -> None: ...
+
 class PrefillResponse(_message.Message):
-    __slots__ = ("generations", "batch", "forward_ns", "decode_ns", "total_ns")
+    __slots__ = ("generations", "batch", "forward_ns", "decode_ns", "total_ns", "lora")
     GENERATIONS_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
     FORWARD_NS_FIELD_NUMBER: _ClassVar[int]
     DECODE_NS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_NS_FIELD_NUMBER: _ClassVar[int]
+    LORA_FIELD_NUMBER: _ClassVar[int]
     generations: _containers.RepeatedCompositeFieldContainer[Generation]
     batch: CachedBatch
     forward_ns: int
     decode_ns: int
     total_ns: int
-    def __init__(self, generations: _Optional[_Iterable[_Union[Generation, _Mapping]]] = ..., batch: _Optional[_Union[CachedBatch, _Mapping]] = ..., forward_ns: _Optional[int] = ..., decode_ns: _Optional[int] = ..., total_ns: _Optional[int] = ...) -> None: ...
+    lora: LoraStats
+    def __init__(self, generations: _Optional[_Iterable[_Union[Generation, _Mapping]]] = ..., batch: _Optional[_Union[CachedBatch, _Mapping]] = ..., forward_ns: _Optional[int] = ..., decode_ns: _Optional[int] = ..., total_ns: _Optional[int] = ..., lora: _Optional[_Union[LoraStats, _Mapping]] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
     __slots__ = ("batches", "prefill_chunks")
@@ -217,20 +231,22 @@ class DecodeRequest(_message.Message):
     def __init__(self, batches: _Optional[_Iterable[_Union[CachedBatch, _Mapping]]] = ..., prefill_chunks: _Optional[_Mapping[int, int]] = ...) -> None: ...
 
 class DecodeResponse(_message.Message):
-    __slots__ = ("generations", "batch", "concat_ns", "forward_ns", "decode_ns", "total_ns")
+    __slots__ = ("generations", "batch", "concat_ns", "forward_ns", "decode_ns", "total_ns", "lora")
     GENERATIONS_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
     CONCAT_NS_FIELD_NUMBER: _ClassVar[int]
     FORWARD_NS_FIELD_NUMBER: _ClassVar[int]
     DECODE_NS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_NS_FIELD_NUMBER: _ClassVar[int]
+    LORA_FIELD_NUMBER: _ClassVar[int]
     generations: _containers.RepeatedCompositeFieldContainer[Generation]
     batch: CachedBatch
     concat_ns: int
     forward_ns: int
     decode_ns: int
     total_ns: int
-    def __init__(self, generations: _Optional[_Iterable[_Union[Generation, _Mapping]]] = ..., batch: _Optional[_Union[CachedBatch, _Mapping]] = ..., concat_ns: _Optional[int] = ..., forward_ns: _Optional[int] = ..., decode_ns: _Optional[int] = ..., total_ns: _Optional[int] = ...) -> None: ...
+    lora: LoraStats
+    def __init__(self, generations: _Optional[_Iterable[_Union[Generation, _Mapping]]] = ..., batch: _Optional[_Union[CachedBatch, _Mapping]] = ..., concat_ns: _Optional[int] = ..., forward_ns: _Optional[int] = ..., decode_ns: _Optional[int] = ..., total_ns: _Optional[int] = ..., lora: _Optional[_Union[LoraStats, _Mapping]] = ...) -> None: ...
 
 class WarmupRequest(_message.Message):
     __slots__ = ("batch", "max_input_tokens", "max_total_tokens", "max_prefill_tokens", "max_batch_total_tokens")
