@@ -38,12 +38,20 @@ def dequantize(
 ) -> torch.Tensor:
     """codes [c, K] (any int type), zeros/scales [G, c] -> fp32 [c, K] weight."""
     c, k = codes.shape
-    zeros, scales = zeros.T.float(), scales.T.float()  # [c, G]
+    scales = scales.T.float()  # [c, G]
+    # code * s - z * s in one fused pass (addcmul): exact in fp32 like (code - z) * s, since
+    # both products are exact (a 4-bit integer times a 16-bit scale) and so is their difference.
+    offsets = zeros.T.float() * scales
     if g_idx is not None:
-        return (codes.float() - zeros[:, g_idx]) * scales[:, g_idx]
-    groups = zeros.shape[1]
-    padded = F.pad(codes.float(), (0, groups * group_size - k)).view(c, groups, group_size)
-    return ((padded - zeros[..., None]) * scales[..., None]).view(c, -1)[:, :k]
+        return torch.addcmul(-offsets[:, g_idx], codes.float(), scales[:, g_idx])
+    groups = scales.shape[1]
+    if groups * group_size != k:
+        codes = F.pad(codes, (0, groups * group_size - k))
+    grouped = codes.view(c, groups, group_size).float()
+    w = torch.empty_like(grouped)  # contiguous whatever the broadcast operands' strides
+    torch.addcmul(-offsets[..., None], grouped, scales[..., None], out=w)
+    w = w.view(c, -1)
+    return w if w.shape[1] == k else w[:, :k]
 
 
 class DequantizingInt4(LinearWeight):
