@@ -22,8 +22,8 @@ from server_process import LauncherProcess, free_port, launcher_command
 
 pytestmark = pytest.mark.slow
 
-# The goal; the launcher's own budget is ~1.1 s (0.1 s to notice, 1 s for the others to
-# stop before SIGKILL), the rest is margin for a loaded machine.
+# The goal; the launcher's own budget is ~0.8 s (0.1 s to notice, 0.5 s for the others to
+# stop before SIGKILL, reaping and exiting), the rest is margin for a loaded machine.
 EXIT_AFTER_DEATH_S = 2.0
 FLAGS = ("--dtype", "float32", "--max-batch-total-tokens", "2048")
 
