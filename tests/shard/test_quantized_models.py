@@ -109,3 +109,16 @@ def test_each_rank_of_two_holds_exactly_its_slice(name):
         assert torch.equal(_dense(r["qkv"]), qkv.float()), f"rank {rank} qkv"
         gate_up = torch.cat([gate.chunk(2)[rank], up.chunk(2)[rank]])
         assert torch.equal(_dense(r["gate_up"]), gate_up.float()), f"rank {rank} gate_up"
+
+
+def _weight_bytes(layers) -> int:
+    return sum(b.numel() * b.element_size() for layer in layers.values() for b in layer.buffers())
+
+
+@pytest.mark.parametrize("name", ["awq_gemm_g64_llama", "ct_w4a16_group64_sym_llama"])
+def test_a_rank_of_two_holds_half_of_the_packed_weights(name):
+    whole = _weight_bytes(_layers(weights_at(fixture(name)), 0))
+    for rank in range(2):
+        half = _weight_bytes(_layers(weights_at(fixture(name), rank, 2), 0))
+        # KV heads split, groups split: exactly half, give or take nothing.
+        assert half * 2 == whole, (rank, half, whole)
