@@ -31,6 +31,12 @@ def parse_args(argv: list[str]) -> ShardSettings:
     serve.add_argument(
         "--lora-adapters", default="", help="NAME=DIR[,NAME=DIR...]: PEFT adapters to serve"
     )
+    serve.add_argument(
+        "--enable-lora",
+        action="store_true",
+        help="build the LoRA slots even without --lora-adapters, so that adapters can be loaded "
+        "at runtime (LoadAdapter); implied by --lora-adapters",
+    )
     serve.add_argument("--max-loras", type=int, default=4, help="adapter slots on the device")
     serve.add_argument("--max-cpu-loras", type=int, default=None, help="host LRU cache size")
     serve.add_argument("--max-lora-rank", type=int, default=64)
@@ -62,6 +68,7 @@ def parse_args(argv: list[str]) -> ShardSettings:
         cuda_memory_fraction=args.cuda_memory_fraction,
         cpu_kv_cache_gb=args.cpu_kv_cache_gb,
         lora_adapters=tuple(adapters),
+        enable_lora=args.enable_lora or bool(adapters),
         max_loras=args.max_loras,
         max_cpu_loras=args.max_cpu_loras,
         max_lora_rank=args.max_lora_rank,

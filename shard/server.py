@@ -13,6 +13,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import torch
@@ -163,6 +164,30 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             raise ValueError(f"LoRA adapter(s) {named} requested, but none are loaded")
         live = [b.lora_slots for b in self.cache.values()]
         batch.lora_slots = self.lora.assign(adapter_ids, live).to(batch.lora_slots.device)
+
+    async def LoadAdapter(self, request, context):
+        def load():
+            self._lora_manager().add(request.name, Path(request.path))
+            return generate_pb2.LoadAdapterResponse()
+
+        # On the torch thread, between steps: the host cache and the slots are its state.
+        return await self._abort_on_error(context, load)
+
+    async def UnloadAdapter(self, request, context):
+        def unload():
+            live = [b.lora_slots for b in self.cache.values()]
+            self._lora_manager().remove(request.name, live)
+            return generate_pb2.UnloadAdapterResponse()
+
+        return await self._abort_on_error(context, unload)
+
+    def _lora_manager(self) -> LoraManager:
+        if self.lora is None:
+            raise ValueError(
+                "this shard has no LoRA support: start it with --enable-lora (the launcher "
+                "does with --enable-lora-runtime-loading) or --lora-adapters"
+            )
+        return self.lora
 
     async def Decode(self, request, context):
         def decode():

@@ -22,6 +22,8 @@ class ShardSettings:
     cpu_kv_cache_gb: float | None = None
     # Multi-LoRA: adapter name -> PEFT directory; slots, host cache and rank limits.
     lora_adapters: tuple[tuple[str, str], ...] = ()
+    # LoRA state (slots in every layer) even without startup adapters, for runtime loading.
+    enable_lora: bool = False
     max_loras: int = 4
     max_cpu_loras: int | None = None
     max_lora_rank: int = 64

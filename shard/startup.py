@@ -82,7 +82,7 @@ def _build_service(
     )  # fmt: skip
     model = load_model(model_dir, dtype=dtype, device=device, dist=dist, attention=attention)
     lora = None
-    if settings.lora_adapters:
+    if settings.enable_lora or settings.lora_adapters:
         lora_settings = LoraSettings(
             adapters={name: Path(path) for name, path in settings.lora_adapters},
             max_loras=settings.max_loras,
@@ -90,7 +90,8 @@ def _build_service(
             max_rank=settings.max_lora_rank,
         )
         lora = LoraManager(model, lora_settings, triton=attention == "triton")
-        log.info("LoRA adapters: %s (%d slots)", ", ".join(lora.names), settings.max_loras)
+        names = ", ".join(lora.names) or "none yet"
+        log.info("LoRA adapters: %s (%d slots)", names, settings.max_loras)
     runner = ModelRunner(model, dist, device, settings.block_size, lora.step if lora else None)
     identity = ShardIdentity(
         model_id=settings.model_id,

@@ -269,3 +269,25 @@ class WarmupResponse(_message.Message):
     max_supported_total_tokens: int
     num_blocks: int
     def __init__(self, max_supported_total_tokens: _Optional[int] = ..., num_blocks: _Optional[int] = ...) -> None: ...
+
+class LoadAdapterRequest(_message.Message):
+    __slots__ = ("name", "path")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    path: str
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ...) -> None: ...
+
+class LoadAdapterResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class UnloadAdapterRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class UnloadAdapterResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

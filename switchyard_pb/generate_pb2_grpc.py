@@ -74,6 +74,16 @@ class TextGenerationServiceStub:
                 request_serializer=switchyard__pb_dot_generate__pb2.HealthRequest.SerializeToString,
                 response_deserializer=switchyard__pb_dot_generate__pb2.HealthResponse.FromString,
                 _registered_method=True)
+        self.LoadAdapter = channel.unary_unary(
+                '/switchyard.v1.TextGenerationService/LoadAdapter',
+                request_serializer=switchyard__pb_dot_generate__pb2.LoadAdapterRequest.SerializeToString,
+                response_deserializer=switchyard__pb_dot_generate__pb2.LoadAdapterResponse.FromString,
+                _registered_method=True)
+        self.UnloadAdapter = channel.unary_unary(
+                '/switchyard.v1.TextGenerationService/UnloadAdapter',
+                request_serializer=switchyard__pb_dot_generate__pb2.UnloadAdapterRequest.SerializeToString,
+                response_deserializer=switchyard__pb_dot_generate__pb2.UnloadAdapterResponse.FromString,
+                _registered_method=True)
 
 
 class TextGenerationServiceServicer:
@@ -138,6 +148,23 @@ class TextGenerationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadAdapter(self, request, context):
+        """Read, validate and keep a PEFT LoRA adapter under a new name (runtime loading). A refused
+        adapter is an INVALID_ARGUMENT error whose details name it and say why.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadAdapter(self, request, context):
+        """Forget an adapter: its name, host cache entry and device slot. The router sends it only
+        once no request for the adapter is live; a shard refuses (INVALID_ARGUMENT) an unknown name
+        or one a cached batch still uses.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TextGenerationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -180,6 +207,16 @@ def add_TextGenerationServiceServicer_to_server(servicer, server):
                     servicer.Health,
                     request_deserializer=switchyard__pb_dot_generate__pb2.HealthRequest.FromString,
                     response_serializer=switchyard__pb_dot_generate__pb2.HealthResponse.SerializeToString,
+            ),
+            'LoadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadAdapter,
+                    request_deserializer=switchyard__pb_dot_generate__pb2.LoadAdapterRequest.FromString,
+                    response_serializer=switchyard__pb_dot_generate__pb2.LoadAdapterResponse.SerializeToString,
+            ),
+            'UnloadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadAdapter,
+                    request_deserializer=switchyard__pb_dot_generate__pb2.UnloadAdapterRequest.FromString,
+                    response_serializer=switchyard__pb_dot_generate__pb2.UnloadAdapterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -398,6 +435,60 @@ class TextGenerationService:
             '/switchyard.v1.TextGenerationService/Health',
             switchyard__pb_dot_generate__pb2.HealthRequest.SerializeToString,
             switchyard__pb_dot_generate__pb2.HealthResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchyard.v1.TextGenerationService/LoadAdapter',
+            switchyard__pb_dot_generate__pb2.LoadAdapterRequest.SerializeToString,
+            switchyard__pb_dot_generate__pb2.LoadAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchyard.v1.TextGenerationService/UnloadAdapter',
+            switchyard__pb_dot_generate__pb2.UnloadAdapterRequest.SerializeToString,
+            switchyard__pb_dot_generate__pb2.UnloadAdapterResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -128,7 +128,13 @@ def _read_tensors(name: str, path: Path) -> dict[str, torch.Tensor]:
     if safetensors.exists():
         from safetensors.torch import load_file
 
-        return load_file(safetensors)
+        try:
+            return load_file(safetensors)
+        except Exception as exc:  # noqa: BLE001 - a truncated or foreign file; the shard serves on
+            raise AdapterError(
+                f"adapter {name!r}: {safetensors} is not a readable safetensors file "
+                f"({type(exc).__name__}: {exc})"
+            ) from None
     pickled = path / "adapter_model.bin"
     if pickled.exists():
         try:  # only plain tensors: never unpickle arbitrary objects

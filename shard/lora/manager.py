@@ -6,6 +6,11 @@ distinct adapters, so `assign` always finds a slot: a slot is free when no cache
 refers to it (derived from the batches themselves, so there is no refcount to keep in step
 with FilterBatch and ClearCache). A free slot keeps its adapter until it is needed for another
 one, least recently used first, so an adapter that comes back soon costs no copy.
+
+Runtime loading (docs/lora.md): `add` reads and validates an adapter before it becomes known,
+`remove` forgets it everywhere. The router sends a removal only once none of the adapter's
+requests is live; `remove` still refuses one a cached batch uses, since reusing that slot for
+another adapter would silently change those requests' weights.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from torch import nn
 
 from shard.layers.linear import ColumnParallelLinear, RowParallelLinear
 from shard.layers.lora import LoraStep, LoraTerm
-from shard.lora.adapter import LoraAdapter, read_adapter
+from shard.lora.adapter import AdapterError, LoraAdapter, read_adapter
 
 log = logging.getLogger(__name__)
 
@@ -63,15 +68,54 @@ class LoraManager:
         )
         self.layers = _attach(model, self.step, settings, model.dtype, model.device)
         self.module_shapes = {m: s for layer, _ in self.layers for m, s in _shapes(layer).items()}
+        # The adapters known now: the startup ones, then those added and removed at runtime.
+        self.paths: dict[str, Path] = {n: Path(p) for n, p in settings.adapters.items()}
         self.cache: OrderedDict[str, LoraAdapter] = OrderedDict()
         self.stats = CacheStats()
         self.slots = _Slots(names=[None] * settings.max_loras, last_used=[0] * settings.max_loras)
-        for name in settings.adapters:  # every adapter is validated before the shard serves
+        for name in self.paths:  # every adapter is validated before the shard serves
             self._adapter(name)
 
     @property
     def names(self) -> list[str]:
-        return list(self.settings.adapters)
+        return list(self.paths)
+
+    # -- runtime loading -----------------------------------------------------------------
+
+    def add(self, name: str, path: Path) -> None:
+        """Reads and validates the adapter, then keeps it under `name` (AdapterError if not)."""
+        if not name:
+            raise AdapterError("an adapter needs a non-empty name")
+        if name in self.paths:
+            raise AdapterError(f"adapter {name!r} is already loaded")
+        self.paths[name] = Path(path)
+        try:
+            self._adapter(name)  # a refused adapter leaves no trace
+        except BaseException:
+            del self.paths[name]
+            raise
+        log.info("LoRA adapter %s loaded from %s", name, path)
+
+    def remove(self, name: str, live_slots: Iterable[torch.Tensor] = ()) -> None:
+        """Forgets the adapter: its name, host cache entry and device slot. `live_slots`: the
+        lora_slots of every cached batch, none of which may still use it."""
+        if name not in self.paths:
+            known = ", ".join(self.names) or "none"
+            raise AdapterError(f"adapter {name!r} is not loaded; loaded: {known}")
+        slots = self.slots
+        if name in slots.names:
+            slot = slots.names.index(name)
+            if any(bool((t == slot).any()) for t in live_slots):
+                raise AdapterError(
+                    f"adapter {name!r} is still used by a cached batch; it can be unloaded "
+                    "only once its requests are finished"
+                )
+            # Empty slots are taken first; the stale weights are overwritten when it is.
+            slots.names[slot] = None
+            slots.last_used[slot] = 0
+        del self.paths[name]
+        self.cache.pop(name, None)
+        log.info("LoRA adapter %s unloaded", name)
 
     # -- host cache ----------------------------------------------------------------------
 
@@ -83,7 +127,7 @@ class LoraManager:
         self.stats.misses += 1
         adapter = read_adapter(
             name,
-            Path(self.settings.adapters[name]),
+            self.paths[name],
             max_rank=self.settings.max_rank,
             module_shapes=self.module_shapes,
         )
@@ -101,7 +145,7 @@ class LoraManager:
     ) -> torch.Tensor:
         """[B] int32 slots for the requests of a new batch ("" -> -1), loading adapters into
         slots no live batch row uses. `live_slots`: the lora_slots of every cached batch."""
-        unknown = sorted({a for a in adapter_ids if a and a not in self.settings.adapters})
+        unknown = sorted({a for a in adapter_ids if a and a not in self.paths})
         if unknown:
             known = ", ".join(self.names) or "none"
             raise ValueError(f"unknown LoRA adapter(s) {unknown}; loaded: {known}")
