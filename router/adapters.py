@@ -68,21 +68,52 @@ def check_names(names: Sequence[str], model_name: str) -> None:
 
 
 class AdapterRegistry:
-    """The adapters this server was started with; resolves what requests name."""
+    """The adapters requests may name: those given at startup, plus those loaded at runtime,
+    minus those unloaded (router/lora_runtime.py)."""
 
-    def __init__(self, adapters: Sequence[LoraAdapter], model_name: str) -> None:
-        self.adapters = tuple(adapters)
+    def __init__(
+        self, adapters: Sequence[LoraAdapter], model_name: str, *, runtime_loading: bool = False
+    ) -> None:
         self.model_name = model_name
+        self.runtime_loading = runtime_loading
         self._by_name = {a.name: a for a in adapters}
+        # Being unloaded: still on the shards while the requests already queued finish, but a
+        # new request naming one is refused like an unknown name.
+        self._closing: set[str] = set()
+
+    @property
+    def adapters(self) -> tuple[LoraAdapter, ...]:
+        """The adapters new requests may use, in the order they were loaded."""
+        return tuple(a for name, a in self._by_name.items() if name not in self._closing)
 
     @property
     def names(self) -> list[str]:
         return [a.name for a in self.adapters]
 
+    def serving(self, name: str) -> bool:
+        return name in self._by_name and name not in self._closing
+
+    def on_shards(self, name: str) -> bool:
+        """Loaded on the shards, being unloaded included: the name is taken."""
+        return name in self._by_name
+
+    def add(self, adapter: LoraAdapter) -> None:
+        if adapter.name in self._by_name:
+            raise ValueError(f"adapter {adapter.name!r} is already registered")
+        self._by_name[adapter.name] = adapter
+
+    def close(self, name: str) -> None:
+        """From now on, new requests for `name` are refused; those queued are still served."""
+        self._closing.add(name)
+
+    def remove(self, name: str) -> None:
+        self._by_name.pop(name, None)
+        self._closing.discard(name)
+
     def adapter_id(self, adapter_id: str) -> str:
         """TGI's `parameters.adapter_id`: a known adapter, or "" (the base model); else a 422.
         Never a silent fallback to the base model: the client asked for other weights."""
-        if not adapter_id or adapter_id in self._by_name:
+        if not adapter_id or self.serving(adapter_id):
             return adapter_id
         if not self.adapters:
             raise ValidationError(
@@ -98,11 +129,15 @@ class AdapterRegistry:
 
         Without adapters any name means the base model, as before (TGI ignores `model`, and
         clients send placeholders such as "tgi"). With adapters, an unknown name is a 404
-        (vLLM's answer): a typo in an adapter's name must not run the base model instead.
+        (vLLM's answer): a typo in an adapter's name must not run the base model instead. With
+        runtime loading the set of adapters changes, so the rule is always the strict one: a
+        request for an adapter just unloaded must not get the base model either.
         """
-        if model in self._by_name:
+        if model is not None and self.serving(model):
             return model
-        if not self.adapters or model is None or model == self.model_name:
+        if model is None or model == self.model_name:
+            return BASE
+        if not self.adapters and not self.runtime_loading:
             return BASE
         raise ModelNotFoundError(model, [self.model_name, *self.names])
 

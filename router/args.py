@@ -46,6 +46,9 @@ class RouterArgs:
     served_model_name: str | None = None
     lora_adapters: tuple[LoraAdapter, ...] = ()
     max_loras: int = DEFAULT_MAX_LORAS
+    # POST /v1/load_lora_adapter and /v1/unload_lora_adapter; paths only under lora_dir.
+    enable_lora_runtime_loading: bool = False
+    lora_dir: str | None = None  # a real path (symlinks resolved)
 
     @property
     def model_name(self) -> str:
@@ -140,6 +143,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_LORAS,
         help="distinct adapters among the requests on the shards at once (their device slots)",
     )
+    p.add_argument(
+        "--enable-lora-runtime-loading",
+        action="store_true",
+        help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (needs --lora-dir; "
+        "the shards must run with --enable-lora)",
+    )
+    p.add_argument(
+        "--lora-dir",
+        default=None,
+        metavar="DIR",
+        help="the only directory runtime-loaded adapters may come from (its subdirectories)",
+    )
     return p
 
 
@@ -152,6 +167,13 @@ def parse_args(argv: list[str] | None = None) -> RouterArgs:
         values["lora_adapters"] = parse_adapters(values["lora_adapters"] or (), model_name)
     except AdapterSpecError as err:
         parser.error(f"argument --lora-adapters: {err}")
+    if values["lora_dir"] is not None:
+        if not os.path.isdir(values["lora_dir"]):
+            parser.error(f"argument --lora-dir: {values['lora_dir']} is not a directory")
+        values["lora_dir"] = os.path.realpath(values["lora_dir"])
+    if values["enable_lora_runtime_loading"] and values["lora_dir"] is None:
+        # Without it any file of the host could be handed to the shards to read.
+        parser.error("--enable-lora-runtime-loading needs --lora-dir DIR (where adapters may be)")
     if values["max_batch_total_tokens"] == 0:
         values["max_batch_total_tokens"] = None
     if values["api_key"] is None:

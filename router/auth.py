@@ -1,8 +1,9 @@
 """--api-key: generation routes require `Authorization: Bearer <key>` (401 otherwise).
 
-As in TGI, only the routes that spend compute are guarded; /health, /info, /metrics and /v1/models
-stay open for probes and scrapers. Unlike TGI (a case-insensitive string compare), the key is
-compared with hmac.compare_digest so the time taken does not reveal how much of a guess matched.
+As in TGI, only the routes that spend compute (and those that change the adapters served) are
+guarded; /health, /info, /metrics and /v1/models stay open for probes and scrapers. Unlike TGI
+(a case-insensitive string compare), the key is compared with hmac.compare_digest so the time
+taken does not reveal how much of a guess matched.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 
 PROTECTED_PATHS = frozenset(
-    {"/", "/generate", "/generate_stream", "/tokenize", "/v1/completions", "/v1/chat/completions"}
-)
+    {"/", "/generate", "/generate_stream", "/tokenize", "/v1/completions", "/v1/chat/completions",
+     # Runtime LoRA management: whoever may change what the server runs must hold the key.
+     "/v1/load_lora_adapter", "/v1/unload_lora_adapter"}
+)  # fmt: skip
 
 
 def authorized(header: str | None, expected: bytes) -> bool:

@@ -81,32 +81,42 @@ class Batcher:
         self._batch_ids = itertools.count(1)
         # TGI's `waiting_tokens`: decode steps since requests last joined, counted from 1.
         self._waiting_steps = 1
+        # Held for each step, never while waiting for work: whoever holds it between steps sees
+        # the shards' cached batches hold exactly `entries` (a runtime adapter unload needs that).
+        self.between_steps = asyncio.Lock()
 
     # -- loop ---------------------------------------------------------------------------------
 
     async def run_forever(self) -> None:
         try:
             while True:
-                try:
-                    await self.step()
-                except asyncio.CancelledError:
-                    raise
-                except Exception as err:  # a bug must cost its batch, never the server
-                    log.exception(
-                        "scheduler step failed; failing request(s) %s",
-                        self._request_ids(self.entries),
-                    )
-                    try:
-                        await self._reset(internal_failure(err))
-                    except Exception:
-                        log.exception("scheduler reset failed")
-                        self.entries.clear()
-                        self.adapters.clear()
-                        self.running = None
+                if self.running is None:
+                    await self.queue.wait()
+                async with self.between_steps:
+                    await self._guarded_step()
         finally:
             self._abort_all()
 
+    async def _guarded_step(self) -> None:
+        try:
+            await self.step()
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # a bug must cost its batch, never the server
+            log.exception(
+                "scheduler step failed; failing request(s) %s", self._request_ids(self.entries)
+            )
+            try:
+                await self._reset(internal_failure(err))
+            except Exception:
+                log.exception("scheduler reset failed")
+                self.entries.clear()
+                self.adapters.clear()
+                self.running = None
+
     async def step(self) -> None:
+        """One step; with nothing running it starts requests only if some are queued (the loop
+        waits for them first, outside `between_steps`)."""
         self.metrics.cancellations.inc(len(self.queue.drop_gone()))
         if self.running is not None:
             self.running = await self._prune(self.running)
@@ -126,9 +136,6 @@ class Batcher:
 
     async def _chunked_step(self) -> None:
         running = self.running
-        if running is None:
-            await self.queue.wait()
-            self.metrics.cancellations.inc(len(self.queue.drop_gone()))
         members = [self.entries[rid] for rid in running.request_ids] if running else []
         cfg = self.config
         budget = cfg.max_batch_prefill_tokens
@@ -148,8 +155,6 @@ class Batcher:
             self._fail_unfittable_head()
 
     async def _start_batch(self) -> None:
-        await self.queue.wait()
-        self.metrics.cancellations.inc(len(self.queue.drop_gone()))
         entries = self._admit(self.config.max_batch_prefill_tokens, 0)
         if not entries:
             self._fail_unfittable_head()

@@ -104,6 +104,30 @@ class ShardClient:
                 raise ShardError(method, rank, result) from result
         return results
 
+    async def _outcomes(
+        self, method: str, request, ranks: Sequence[int] | None = None
+    ) -> dict[int, ShardError | None]:
+        """Each shard's outcome (None: it succeeded), nothing raised: for the runtime adapter
+        calls, whose partial success the caller undoes (router/lora_runtime.py)."""
+        ranks = range(self.world_size) if ranks is None else ranks
+        calls = [getattr(self._stubs[r], method)(request) for r in ranks]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        outcomes: dict[int, ShardError | None] = {}
+        for rank, result in zip(ranks, results, strict=True):
+            if isinstance(result, asyncio.CancelledError):
+                raise result
+            failed = isinstance(result, BaseException)
+            outcomes[rank] = ShardError(method, rank, result) if failed else None
+        return outcomes
+
+    async def load_adapter(self, name: str, path: str) -> dict[int, ShardError | None]:
+        return await self._outcomes("LoadAdapter", pb.LoadAdapterRequest(name=name, path=path))
+
+    async def unload_adapter(
+        self, name: str, ranks: Sequence[int] | None = None
+    ) -> dict[int, ShardError | None]:
+        return await self._outcomes("UnloadAdapter", pb.UnloadAdapterRequest(name=name), ranks)
+
     async def info(self) -> pb.InfoResponse:
         return await self._all("Info", pb.InfoRequest())
 

@@ -48,6 +48,39 @@ class ModelNotFoundError(RouterError):
         self.model = model
 
 
+class AdapterRequestError(RouterError):
+    """A refused /v1/load_lora_adapter or /v1/unload_lora_adapter request (400, as vLLM): a bad
+    name or path, a name in use, or an adapter the shards refused (their reason verbatim)."""
+
+    status = 400
+    error_type = "invalid_lora_adapter"
+
+
+class AdapterNotFoundError(RouterError):
+    """/v1/unload_lora_adapter names no loaded adapter (404, vLLM's NotFoundError)."""
+
+    status = 404
+    error_type = "adapter_not_found"
+
+    def __init__(self, name: str, loaded: list[str]) -> None:
+        super().__init__(
+            f"The LoRA adapter {name!r} cannot be found. Loaded: {', '.join(loaded) or 'none'}"
+        )
+
+
+class RuntimeLoadingOffError(RouterError):
+    """The runtime adapter routes without --enable-lora-runtime-loading (404: vLLM does not
+    register them without VLLM_ALLOW_RUNTIME_LORA_UPDATING; ours also say how to turn them on)."""
+
+    status = 404
+    error_type = "not_found"
+
+    def __init__(self, path: str) -> None:
+        super().__init__(
+            f"{path} is off: start the server with --enable-lora-runtime-loading and --lora-dir"
+        )
+
+
 class OverloadedError(RouterError):
     """Too many requests in flight (429); the client may retry later."""
 

@@ -23,6 +23,7 @@ from router.detokenizer import IncrementalDetokenizer
 from router.entry import Entry
 from router.errors import OverloadedError
 from router.limits import RESERVED_BLOCKS, Limits
+from router.lora_runtime import LoraRuntime
 from router.metrics import Metrics
 from router.queue import Queue
 from router.request import ValidRequest
@@ -69,7 +70,9 @@ class Infer:
         self.model = model
         self.client = client
         self.tokenizer = tokenizer
-        self.adapters = AdapterRegistry(args.lora_adapters, model.model_id)
+        self.adapters = AdapterRegistry(
+            args.lora_adapters, model.model_id, runtime_loading=args.enable_lora_runtime_loading
+        )
         self.validator = Validator(
             tokenizer,
             ValidationLimits(
@@ -106,6 +109,12 @@ class Infer:
                 max_loras=args.max_loras,
             ),
             self.metrics,
+        )
+        # POST /v1/load_lora_adapter and /v1/unload_lora_adapter; None: off (404).
+        self.lora_runtime = (
+            LoraRuntime(self, args.lora_dir)
+            if args.enable_lora_runtime_loading and args.lora_dir is not None
+            else None
         )
         self.in_flight = 0
         self.started_at = int(time.time())  # OpenAI's `created` of the model
@@ -144,6 +153,10 @@ class Infer:
         request_id: str = "",
     ) -> Entry:
         """Queues a validated request; received_at is when its HTTP request arrived."""
+        # Validation awaits the tokenizer: an unload may have begun since its adapter check.
+        # Checked again here, where it enters the queue, so every request an unload must wait
+        # for is in the queue or running when the unload looks (router/lora_runtime.py).
+        self.adapters.adapter_id(request.adapter_id)
         entry = Entry(
             id=next(self._ids),
             request=request,
@@ -161,6 +174,12 @@ class Infer:
         self.metrics.queued(request.adapter_id)
         self.queue.append(entry)
         return entry
+
+    def requests_for(self, adapter_id: str) -> int:
+        """Requests for this adapter queued or on the shards, not yet released."""
+        queued = sum(1 for e in self.queue if e.request.adapter_id == adapter_id)
+        running = self.batcher.entries.values()
+        return queued + sum(1 for e in running if e.request.adapter_id == adapter_id)
 
     def gauges(self) -> dict[str, float]:
         """Read at each /metrics scrape (see router.metrics)."""

@@ -174,6 +174,15 @@ class Metrics:
             self.adapter_requests.labels(adapter=label)
             self.adapter_tokens.labels(adapter=label)
 
+    def untrack_adapter(self, name: str) -> None:
+        """An unloaded adapter's series go (its requests are all finished): the label's values
+        stay those of the adapters loaded now."""
+        for counter in (self.adapter_requests, self.adapter_tokens):
+            try:
+                counter.remove(name)
+            except KeyError:
+                pass
+
     def shard_lora(self, stats: pb.LoraStats) -> None:
         if self._shard_lora.stats is None:
             self.registry.register(self._shard_lora)

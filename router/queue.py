@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Iterator
 
 from router.adapters import AdmissionGate
 from router.block_allocator import BlockAllocator
@@ -23,6 +24,9 @@ class Queue:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def __iter__(self) -> Iterator[Entry]:
+        return iter(self._entries)
 
     def append(self, entry: Entry) -> None:
         self._entries.append(entry)

@@ -20,6 +20,7 @@ from router.errors import (
 )
 from router.handlers.common import INFER, error_response
 from router.handlers.generate import generate
+from router.handlers.lora_admin import load_lora_adapter, unload_lora_adapter
 from router.handlers.misc import compat_generate, health, info, metrics, models, tokenize
 from router.handlers.openai_chat import chat_completions
 from router.handlers.openai_completions import completions
@@ -85,6 +86,8 @@ def create_app(infer: Infer) -> web.Application:
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/load_lora_adapter", load_lora_adapter)
+    app.router.add_post("/v1/unload_lora_adapter", unload_lora_adapter)
     app.router.add_get("/info", info)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)

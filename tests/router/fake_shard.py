@@ -51,6 +51,11 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
     decode_delay: float = 0.0
     # The shards' LoRA slots: more distinct adapters in one step is a router violation.
     max_loras: int | None = None
+    # Runtime adapters: with track_adapters, a Prefill naming an adapter not loaded through
+    # LoadAdapter is a violation; refuse_load makes LoadAdapter refuse with this reason.
+    track_adapters: bool = False
+    refuse_load: str | None = None
+    load_delay: float = 0.0
     # Observations.
     calls: list[str] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
@@ -63,6 +68,7 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
     step_generated: list[list[int]] = field(default_factory=list)  # ids given a token, per step
     prompt_chunks: list[dict[int, int]] = field(default_factory=list)  # chunks computed, per step
     step_adapters: list[frozenset[str]] = field(default_factory=list)  # non-empty ids, per step
+    loaded: dict[str, str] = field(default_factory=dict)  # runtime adapters: name -> path
 
     def _check(self, ok: bool, message: str) -> None:
         if not ok:
@@ -218,6 +224,10 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
             await context.abort(grpc.StatusCode.INTERNAL, "injected prefill failure")
         reqs = []
         self.prefilled.extend(batch.requests)
+        if self.track_adapters:
+            for r in batch.requests:
+                ok = not r.adapter_id or r.adapter_id in self.loaded
+                self._check(ok, f"req {r.id}: adapter {r.adapter_id!r} is not loaded")
         for r in batch.requests:
             for b in r.blocks:
                 self._check(
@@ -281,6 +291,30 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
         for i in ids:
             self._release(self.batches.pop(i, []))
         return pb.ClearCacheResponse()
+
+    async def LoadAdapter(self, request, context):
+        self.calls.append("LoadAdapter")
+        if self.load_delay:
+            await asyncio.sleep(self.load_delay)
+        if request.name in self.loaded:
+            self._check(False, f"LoadAdapter of {request.name!r}, already loaded")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "already loaded")
+        if self.refuse_load is not None:
+            reason = f"adapter {request.name!r}: {self.refuse_load}"
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
+        self.loaded[request.name] = request.path
+        return pb.LoadAdapterResponse()
+
+    async def UnloadAdapter(self, request, context):
+        self.calls.append("UnloadAdapter")
+        if request.name not in self.loaded:
+            self._check(False, f"UnloadAdapter of {request.name!r}, not loaded")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "not loaded")
+        cached = [r for reqs in self.batches.values() for r in reqs]
+        users = [r.id for r in cached if r.adapter_id == request.name]
+        self._check(not users, f"UnloadAdapter of {request.name!r} used by cached {users}")
+        del self.loaded[request.name]
+        return pb.UnloadAdapterResponse()
 
 
 async def start_fake_shards(
