@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -74,6 +75,10 @@ class LauncherConfig:
     max_loras: int
     max_cpu_loras: int  # default: max(max_loras, number of adapters)
     max_lora_rank: int
+    # Runtime loading (POST /v1/load_lora_adapter): shards with LoRA slots even without
+    # adapters, and a router that loads only from lora_dir (an absolute path).
+    enable_lora_runtime_loading: bool
+    lora_dir: str | None
 
     def shard_socket(self, rank: int) -> str:
         return f"{self.shard_uds_path}-{rank}"
@@ -217,6 +222,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_LORA_RANK,
         help="largest adapter rank the shards accept",
     )
+    lora.add_argument(
+        "--enable-lora-runtime-loading",
+        action="store_true",
+        help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (guarded by "
+        "--api-key); needs --lora-dir",
+    )
+    lora.add_argument(
+        "--lora-dir",
+        default=None,
+        metavar="DIR",
+        help="with --enable-lora-runtime-loading: adapters may be loaded only from directories "
+        "under DIR",
+    )
     return p
 
 
@@ -237,6 +255,8 @@ def parse_args(argv: Sequence[str] | None, env: LauncherEnv) -> LauncherConfig:
         parser.error(f"{source}: {err}")
     if ns.max_cpu_loras is None:
         ns.max_cpu_loras = max(ns.max_loras, len(ns.lora_adapters))
+    if ns.lora_dir is not None:
+        ns.lora_dir = os.path.abspath(os.path.expanduser(ns.lora_dir))
     return LauncherConfig(**vars(ns))
 
 
@@ -261,6 +281,11 @@ def _check_consistency(parser: argparse.ArgumentParser, ns: argparse.Namespace) 
         parser.error(
             f"--max-cpu-loras ({ns.max_cpu_loras}) must be >= --max-loras ({ns.max_loras})"
         )
+    if ns.enable_lora_runtime_loading and ns.lora_dir is None:
+        # The route would otherwise let a key holder make the shards read any file of the host.
+        parser.error("--enable-lora-runtime-loading needs --lora-dir DIR (where adapters may be)")
+    if ns.lora_dir is not None and not os.path.isdir(os.path.expanduser(ns.lora_dir)):
+        parser.error(f"--lora-dir: {ns.lora_dir} is not a directory")
     if ns.max_total_tokens is not None and ns.max_batch_total_tokens is not None:
         if ns.max_batch_total_tokens < ns.max_total_tokens:
             parser.error(

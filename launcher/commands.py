@@ -47,10 +47,13 @@ def served_model_name(cfg: LauncherConfig) -> str:
 
 
 def _lora_flags(cfg: LauncherConfig, adapters: tuple[LoraAdapter, ...]) -> list[str]:
-    """The shards' LoRA flags; none without adapters (the shards then build no LoRA state)."""
-    if not adapters:
+    """The shards' LoRA flags; none without adapters or runtime loading (the shards then build
+    no LoRA state). With runtime loading they build their slots even with no adapter yet."""
+    if not adapters and not cfg.enable_lora_runtime_loading:
         return []
-    argv = ["--lora-adapters", flag_value(adapters)]
+    argv = ["--lora-adapters", flag_value(adapters)] if adapters else []
+    if cfg.enable_lora_runtime_loading:
+        argv.append("--enable-lora")
     for name in ("max_loras", "max_cpu_loras", "max_lora_rank"):
         argv += [_flag(name), str(getattr(cfg, name))]
     return argv
@@ -120,8 +123,13 @@ def router_spec(
     for origin in cfg.cors_allow_origin or ():
         argv += ["--cors-allow-origin", origin]
     if adapters:
-        # Names and paths for validation and /v1/models; --max-loras for admission.
-        argv += ["--lora-adapters", flag_value(adapters), "--max-loras", str(cfg.max_loras)]
+        # Names and paths for validation and /v1/models.
+        argv += ["--lora-adapters", flag_value(adapters)]
+    if adapters or cfg.enable_lora_runtime_loading:
+        argv += ["--max-loras", str(cfg.max_loras)]  # for admission
+    if cfg.enable_lora_runtime_loading:
+        assert cfg.lora_dir is not None  # launcher/args.py refuses the flag without it
+        argv += ["--enable-lora-runtime-loading", "--lora-dir", cfg.lora_dir]
     # The key stays out of argv: `ps` and the launcher's "started router" log line show argv.
     env = {API_KEY_ENV: cfg.api_key} if cfg.api_key else {}
     return ChildSpec(name="router", argv=tuple(argv), env=env)
