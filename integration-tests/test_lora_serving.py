@@ -10,7 +10,6 @@ reused and adapters are read from disk again, and still matches.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from functools import cache
 from pathlib import Path
 
 import openai
@@ -18,6 +17,7 @@ import pytest
 import requests
 import torch
 from huggingface_hub import InferenceClient
+from lora_reference import peft_greedy
 from server_process import LauncherProcess
 
 from launcher.tiny_models import build_model
@@ -44,26 +44,8 @@ def models(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
     return base, adapters
 
 
-@cache
 def reference(base: Path, adapter: Path | None, prompt: str) -> tuple[list[int], list[float]]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from tests.shard.lora_fixtures import peft_reference
-
-    tokenizer = AutoTokenizer.from_pretrained(base)
-    if adapter is None:
-        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
-    else:
-        model = peft_reference(base, adapter)
-    ids = tokenizer(prompt).input_ids
-    out, logprobs = [], []
-    with torch.no_grad():
-        for _ in range(NEW_TOKENS):
-            logits = model(torch.tensor([ids + out])).logits[0, -1]
-            token = int(logits.argmax())
-            logprobs.append(float(torch.log_softmax(logits, -1)[token]))
-            out.append(token)
-    return out, logprobs
+    return peft_greedy(base, adapter, prompt, NEW_TOKENS)
 
 
 def tgi(url: str, prompt: str, adapter: str) -> tuple[list[int], list[float]]:
