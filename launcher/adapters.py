@@ -3,8 +3,8 @@
 Parsing happens with the other flags (a malformed list exits 2 naming the flag); resolution,
 before anything is spawned: a local directory must hold `adapter_config.json`, anything else is
 a hub id downloaded like a model (launcher/resolve.py). The shards get local directories only.
-The router keeps its own copy of the name rules (router/adapters.py): the launcher does not
-import the router.
+The list format and the name rules are shared with the router and the shards
+(shard/lora/names.py).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.env import LauncherEnv
+from shard.lora.names import check_adapter_names, split_adapter_list
 
 log = logging.getLogger("launcher")
 
@@ -22,10 +23,6 @@ FLAG = "--lora-adapters"
 ADAPTER_CONFIG = "adapter_config.json"
 # A PEFT adapter: its config and its weights (pickled .bin left out, as for models).
 HUB_ALLOW_PATTERNS = [ADAPTER_CONFIG, "*.safetensors"]
-# The router labels the base model's metrics with it (router/adapters.py BASE_LABEL).
-RESERVED_NAME = "base"
-# Names and paths travel as `NAME=DIR,NAME=DIR` on the children's command lines.
-FORBIDDEN_NAME_CHARS = frozenset(",= \t\n")
 
 
 @dataclass(frozen=True)
@@ -47,29 +44,9 @@ class AdapterError(RuntimeError):
 def parse_specs(values: Iterable[str]) -> tuple[AdapterSpec, ...]:
     """`NAME=PATH[,NAME=PATH...]`, repeatable. A bare `PATH` is served under its own text as
     name (TGI's LORA_ADAPTERS=org/adapter). Raises ValueError naming the entry."""
-    specs: list[AdapterSpec] = []
-    for value in values:
-        for item in (part.strip() for part in value.split(",")):
-            if not item:
-                continue
-            name, sep, source = item.partition("=")
-            if not sep:
-                name, source = item, item
-            name, source = name.strip(), source.strip()
-            if not name or not source:
-                raise ValueError(f"{item!r} is not NAME=PATH")
-            specs.append(AdapterSpec(name, source))
-    seen: set[str] = set()
-    for spec in specs:
-        bad = sorted(FORBIDDEN_NAME_CHARS.intersection(spec.name))
-        if bad:
-            raise ValueError(f"adapter name {spec.name!r} contains {bad}")
-        if spec.name == RESERVED_NAME:
-            raise ValueError(f"adapter name {spec.name!r} is reserved for the base model")
-        if spec.name in seen:
-            raise ValueError(f"adapter name {spec.name!r} is given twice")
-        seen.add(spec.name)
-    return tuple(specs)
+    pairs = split_adapter_list(values, allow_bare=True, what="PATH")
+    check_adapter_names([name for name, _ in pairs])
+    return tuple(AdapterSpec(name, source) for name, source in pairs)
 
 
 def check_served_name(specs: Sequence[AdapterSpec], served_name: str) -> None:

@@ -15,13 +15,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from router.errors import ModelNotFoundError, ValidationError
+from shard.lora.names import AdapterListError, check_adapter_names, split_adapter_list
 
 BASE = ""  # adapter_id of a base-model request, on the wire and in the router
-# The base model's value of the metrics' `adapter` label ("" would read as "no label" in
-# Prometheus); reserved, so no adapter can take it.
-BASE_LABEL = "base"
-# Names travel in `NAME=DIR,NAME=DIR` lists and in metric labels.
-FORBIDDEN_NAME_CHARS = frozenset(",= \t\n")
+# The list format and the name rules are shared with the launcher and the shards.
+AdapterSpecError = AdapterListError
 
 
 @dataclass(frozen=True)
@@ -30,41 +28,15 @@ class LoraAdapter:
     path: str  # the directory the shards loaded it from (the launcher resolved hub ids)
 
 
-class AdapterSpecError(ValueError):
-    """A malformed `--lora-adapters` value; the message says which entry and why."""
-
-
 def parse_adapters(values: Iterable[str], model_name: str) -> tuple[LoraAdapter, ...]:
     """`NAME=DIR[,NAME=DIR...]`, given once or several times (the launcher's forwarding form)."""
-    adapters: list[LoraAdapter] = []
-    for value in values:
-        for item in (part.strip() for part in value.split(",")):
-            if not item:
-                continue
-            name, sep, path = item.partition("=")
-            name, path = name.strip(), path.strip()
-            if not sep or not name or not path:
-                raise AdapterSpecError(f"{item!r} is not NAME=DIR")
-            adapters.append(LoraAdapter(name, path))
+    adapters = tuple(LoraAdapter(name, path) for name, path in split_adapter_list(values))
     check_names([a.name for a in adapters], model_name)
-    return tuple(adapters)
+    return adapters
 
 
 def check_names(names: Sequence[str], model_name: str) -> None:
-    """Names must say unambiguously which weights a request gets."""
-    seen: set[str] = set()
-    for name in names:
-        bad = sorted(FORBIDDEN_NAME_CHARS.intersection(name))
-        if not name or bad:
-            raise AdapterSpecError(f"adapter name {name!r} must be non-empty, without {bad}")
-        if name == BASE_LABEL:
-            raise AdapterSpecError(f"adapter name {name!r} is reserved for the base model")
-        if name == model_name:
-            # OpenAI's `model` could then mean either the base model or the adapter.
-            raise AdapterSpecError(f"adapter name {name!r} is the served model name")
-        if name in seen:
-            raise AdapterSpecError(f"adapter name {name!r} is given twice")
-        seen.add(name)
+    check_adapter_names(names, model_name)
 
 
 class AdapterRegistry:

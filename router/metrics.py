@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from router.adapters import BASE_LABEL
+from shard.lora.names import BASE_LABEL
 from switchyard_pb import generate_pb2 as pb
 
 # `*_created` series double the output and no dashboard reads them.

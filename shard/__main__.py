@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from shard.layers.quant.config import METHODS as QUANTIZE_METHODS
+from shard.lora.names import AdapterListError, check_adapter_names, split_adapter_list
 from shard.settings import ShardSettings
 
 
@@ -49,12 +50,11 @@ def parse_args(argv: list[str]) -> ShardSettings:
         parser.error(f"--cpu-kv-cache-gb must be positive, got {args.cpu_kv_cache_gb}")
     if not Path(args.model_id).is_dir():
         parser.error(f"--model-id {args.model_id} is not a directory")
-    adapters = []
-    for item in filter(None, args.lora_adapters.split(",")):
-        name, sep, path = item.partition("=")
-        if not (sep and name and path):
-            parser.error(f"--lora-adapters: {item!r} is not NAME=DIR")
-        adapters.append((name, path))
+    try:
+        adapters = split_adapter_list([args.lora_adapters])
+        check_adapter_names([name for name, _ in adapters])
+    except AdapterListError as err:
+        parser.error(f"--lora-adapters: {err}")
     for flag in ("max_loras", "max_lora_rank"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1")
