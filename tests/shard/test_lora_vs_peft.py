@@ -40,19 +40,25 @@ def setup(request, tiny_model, tmp_path_factory):
         name: make_adapter(base, root / name, seed=i, **cfg)
         for i, (name, cfg) in enumerate(ADAPTERS.items())
     }
-    settings = ShardSettings(
-        model_id=str(served),
-        uds_path="/unused",
-        dtype="float32",
-        lora_adapters=tuple((n, str(p)) for n, p in adapters.items()),
-        max_loras=len(adapters),
-        max_lora_rank=16,
-        attention=attention,
-    )
-    service = build_service(settings)
+    service = lora_service(served, adapters, max_loras=len(adapters), attention=attention)
     assert service.lora.step.triton == (attention == "triton")
-    run(service.Warmup(pb.WarmupRequest(max_batch_total_tokens=4096), FakeContext()))
     return base, adapters, service
+
+
+def lora_service(model_dir, adapters: dict, **settings):
+    """A float32 servicer with `adapters` (name -> PEFT dir), warmed up."""
+    service = build_service(
+        ShardSettings(
+            model_id=str(model_dir),
+            uds_path="/unused",
+            dtype="float32",
+            lora_adapters=tuple((n, str(p)) for n, p in adapters.items()),
+            max_lora_rank=16,
+            **settings,
+        )
+    )
+    run(service.Warmup(pb.WarmupRequest(max_batch_total_tokens=4096), FakeContext()))
+    return service
 
 
 def _reference(base, adapter_dir, prompt: list[int]) -> tuple[list[int], list[float]]:
@@ -142,17 +148,7 @@ def test_eviction_from_host_cache_and_slots_reloads_and_still_matches(tiny_model
         name: make_adapter(base, tmp_path / name, seed=10 + i, **cfg)
         for i, (name, cfg) in enumerate(ADAPTERS.items())
     }
-    settings = ShardSettings(
-        model_id=str(base),
-        uds_path="/unused",
-        dtype="float32",
-        lora_adapters=tuple((n, str(p)) for n, p in adapters.items()),
-        max_loras=2,
-        max_cpu_loras=2,
-        max_lora_rank=16,
-    )
-    service = build_service(settings)
-    run(service.Warmup(pb.WarmupRequest(max_batch_total_tokens=4096), FakeContext()))
+    service = lora_service(base, adapters, max_loras=2, max_cpu_loras=2)
     names = list(ADAPTERS)
     rounds = [names[:2], names[2:], [names[0], names[3]], [names[1], names[2]]]
     prompt = [3 + t % 300 for t in prompts(1, seed=4)[0]]
