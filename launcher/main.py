@@ -15,6 +15,7 @@ from launcher.adapters import AdapterError, check_served_name, resolve_adapters
 from launcher.args import LauncherConfig, parse_args
 from launcher.checks import ShardCountError, check_num_shard
 from launcher.commands import Programs, build_plan, served_model_name
+from launcher.default_model import DEFAULT_MODEL_NAME
 from launcher.env import LauncherEnv
 from launcher.ports import PortUnavailableError, check_ports
 from launcher.quant_checks import QuantizationCheckError, check_quantization
@@ -108,7 +109,7 @@ def _launch(
     except (ModelResolutionError, AdapterError) as exc:
         log.error("%s", exc)
         return 1
-    except OSError as exc:  # e.g. an unwritable cache while building the demo model
+    except OSError as exc:  # e.g. an unwritable cache while converting the default model
         log.error("could not prepare the model: %s", exc)
         return 1
     except KeyboardInterrupt:
@@ -119,7 +120,8 @@ def _launch(
     except (ShardCountError, QuantizationCheckError) as exc:
         log.error("%s", exc)
         return 1
-    log.info("model %s -> %s; %d shard(s)", cfg.model_id or "(demo)", model_dir, cfg.num_shard)
+    model = cfg.model_id or f"(default: {DEFAULT_MODEL_NAME})"
+    log.info("model %s -> %s; %d shard(s)", model, model_dir, cfg.num_shard)
     if programs is None:
         default = Programs()
         programs = Programs(

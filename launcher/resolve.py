@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from launcher.demo_model import ensure_demo_model
+from launcher.default_model import DefaultModelError, ensure_default_model
 from launcher.env import LauncherEnv
+from launcher.gguf_model import GgufError, gguf_model_dir
 
 log = logging.getLogger("launcher")
 
@@ -24,13 +25,22 @@ HUB_ALLOW_PATTERNS = [
 
 
 class ModelResolutionError(RuntimeError):
-    """The model id is neither a local directory nor downloadable right now."""
+    """The model id is neither a servable local model nor downloadable right now."""
 
 
 def resolve_model(model_id: str | None, env: LauncherEnv) -> Path:
     if model_id is None:
-        return ensure_demo_model(env.cache_root)
+        try:
+            return ensure_default_model(env.cache_root)
+        except DefaultModelError as exc:
+            raise ModelResolutionError(str(exc)) from exc
     local = Path(model_id).expanduser()
+    try:
+        gguf_dir = gguf_model_dir(local, env.cache_root)
+    except GgufError as exc:
+        raise ModelResolutionError(f"--model-id {model_id}: {exc}") from exc
+    if gguf_dir is not None:
+        return gguf_dir
     if local.is_dir():
         return local.resolve()
     if local.exists() or model_id.startswith(("/", "./", "../", "~")) or model_id.count("/") > 1:

@@ -1,6 +1,6 @@
 """Builds small Llama-family checkpoints locally: random weights and a byte-level BPE tokenizer.
 
-There is no model hub here, so the demo model and every test model come from this one builder.
+There is no model hub here, so every test model comes from this one builder.
 The tokenizer is byte-level, so any text (multi-byte UTF-8 included) round-trips.
 """
 

@@ -18,12 +18,16 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
 
 from shard.distributed import Distributed
 from shard.layers.quant.config import QuantizationConfig
+
+if TYPE_CHECKING:
+    from shard.gguf.source import GgufSource
 
 # Elements read through one mapping (16 MiB of float32): bounds the checkpoint pages a rank has
 # mapped at any moment, whatever the tensor's size.
@@ -89,7 +93,7 @@ class _TorchSource:
         yield self._tensors[name][index]
 
 
-def _open_source(model_dir: Path) -> _SafetensorsSource | _TorchSource:
+def _open_source(model_dir: Path) -> _SafetensorsSource | _TorchSource | GgufSource:
     index = model_dir / "model.safetensors.index.json"
     if index.exists():
         weight_map = json.loads(index.read_text())["weight_map"]
@@ -100,6 +104,11 @@ def _open_source(model_dir: Path) -> _SafetensorsSource | _TorchSource:
     files = [single] if single.exists() else sorted(model_dir.glob("*.safetensors"))
     if files:
         return _SafetensorsSource(files, None)
+    ggufs = sorted(model_dir.glob("*.gguf"))
+    if len(ggufs) == 1:  # the launcher's directory for a GGUF model (shard/gguf/convert.py)
+        from shard.gguf.source import GgufSource
+
+        return GgufSource(ggufs[0])
     index = model_dir / "pytorch_model.bin.index.json"
     if index.exists():
         names = set(json.loads(index.read_text())["weight_map"].values())
@@ -111,7 +120,7 @@ def _open_source(model_dir: Path) -> _SafetensorsSource | _TorchSource:
     ]
     if files:
         return _TorchSource(files)
-    raise WeightsError(f"no .safetensors, .bin or .pth weights in {model_dir}")
+    raise WeightsError(f"no .safetensors, .gguf, .bin or .pth weights in {model_dir}")
 
 
 class Weights:

@@ -1,12 +1,10 @@
-"""Model resolution: local directories, hub ids (offline and failing), and the demo model."""
+"""Model resolution: local directories and hub ids (offline and failing); GGUF files and the
+default model: test_launcher_gguf_models.py."""
 
-import json
 from pathlib import Path
 
 import pytest
 
-import launcher.tiny_models
-from launcher import demo_model
 from launcher.env import LauncherEnv
 from launcher.main import main
 from launcher.resolve import HUB_ALLOW_PATTERNS, ModelResolutionError, resolve_model
@@ -63,39 +61,3 @@ def test_launcher_exits_1_with_the_resolution_error(tmp_path, monkeypatch, capsy
     assert main(["--model-id", "switchyard-tests/not-cached", "--num-shard", "1"]) == 1
     assert "switchyard-tests/not-cached" in capsys.readouterr().err
 
-
-def test_demo_model_is_built_once_then_reused(tmp_path, monkeypatch):
-    cache = tmp_path / "cache"
-    path = resolve_model(None, env(tmp_path))
-    assert path == cache / demo_model.DEMO_NAME
-    config = json.loads((path / "config.json").read_text())
-    assert config["architectures"] == ["LlamaForCausalLM"]
-    for key in (
-        "vocab_size",
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "max_position_embeddings",
-    ):
-        assert config[key] == demo_model.DEMO_SHAPE[key]
-    assert (path / "model.safetensors").is_file() and (path / "tokenizer.json").is_file()
-    assert [p.name for p in cache.iterdir()] == [demo_model.DEMO_NAME], "temp dir left behind"
-
-    def must_not_build(*args, **kwargs):
-        raise AssertionError("the cached demo model was rebuilt")
-
-    monkeypatch.setattr(launcher.tiny_models, "build_model", must_not_build)
-    assert resolve_model(None, env(tmp_path)) == path
-
-
-def test_failed_demo_build_leaves_no_partial_model(tmp_path, monkeypatch):
-    def broken_build(path, **kwargs):
-        (Path(path) / "config.json").write_text("{}")
-        raise OSError("disk full")
-
-    monkeypatch.setattr(launcher.tiny_models, "build_model", broken_build)
-    with pytest.raises(OSError, match="disk full"):
-        resolve_model(None, env(tmp_path))
-    assert list((tmp_path / "cache").iterdir()) == []

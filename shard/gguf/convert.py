@@ -1,0 +1,57 @@
+"""A GGUF file -> a directory the shards and the router read like any HF checkpoint.
+
+The config, generation config and tokenizer (its chat template included) come from the file's
+metadata through transformers' own GGUF readers, so they are what transformers would build from
+the same file. The weights either stay in the GGUF, linked into the directory and dequantized by
+each shard at load (`write_model_dir`), or are dequantized once into safetensors
+(`write_checkpoint`, which the default model uses so that every later start reads plain bf16).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from shard.gguf.checks import GgufInfo
+
+LINK_NAME = "model.gguf"
+
+
+def write_metadata(info: GgufInfo, out_dir: Path, dtype: str) -> None:
+    """config.json, generation_config.json and the tokenizer files, from the GGUF's metadata."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    where, name = str(info.path.parent), info.path.name
+    config = AutoConfig.from_pretrained(where, gguf_file=name)
+    # transformers leaves these unset for GGUF; our registry picks the class by architectures[0]
+    # and `--dtype auto` reads the dtype.
+    config.architectures = [info.hf_architecture]
+    config.dtype = dtype
+    config.save_pretrained(out_dir)
+    # The EOS that ends generation (SmolLM2: <|im_end|>), as transformers derives it.
+    GenerationConfig.from_model_config(config).save_pretrained(out_dir)
+    AutoTokenizer.from_pretrained(where, gguf_file=name).save_pretrained(out_dir)
+
+
+def write_model_dir(info: GgufInfo, out_dir: Path) -> None:
+    """Metadata plus a link to the GGUF itself: the shards dequantize it at load."""
+    write_metadata(info, out_dir, info.float_dtype)
+    os.symlink(info.path.resolve(), out_dir / LINK_NAME)
+
+
+def write_checkpoint(info: GgufInfo, out_dir: Path, dtype: str) -> None:
+    """Metadata plus model.safetensors in `dtype`, every tensor dequantized once, with a
+    progress bar (a 135M model takes seconds; a 7B one minutes)."""
+    import torch
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+
+    from shard.gguf.source import GgufSource
+
+    write_metadata(info, out_dir, dtype)
+    source = GgufSource(info.path)
+    tensors = {}
+    for name in tqdm(list(source.keys()), desc=f"dequantizing {info.path.name}", unit="tensor"):
+        with source.view(name, ()) as values:
+            tensors[name] = values.to(getattr(torch, dtype)).contiguous()
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})

@@ -1,0 +1,109 @@
+"""Writes small GGUF files from the tiny random HF checkpoints, with the `gguf` package itself
+(as llama.cpp's converter does: rope rows of Q/K interleaved, norms kept in F32, the tokenizer
+and chat template in the metadata), so tests can serve a GGUF and compare with transformers
+loading the same file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+_BLOCK = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+_GLOBAL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+
+
+def _gguf_name(hf: str) -> str:
+    module, suffix = hf.rsplit(".", 1)
+    if module.startswith("model.layers."):
+        _, _, layer, rest = module.split(".", 3)
+        return f"blk.{layer}.{_BLOCK[rest]}.{suffix}"
+    return f"{_GLOBAL[module]}.{suffix}"
+
+
+def _interleave_rope(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's `permute` (convert_hf_to_gguf.py, LlamaModel)."""
+    return (
+        w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    )
+
+
+def write_gguf(
+    model_dir: Path, out: Path, qtype: str = "F32", *, architecture: str = "llama"
+) -> Path:
+    """`model_dir` (a tiny Llama from launcher.tiny_models) as the GGUF file `out`, its 2-D
+    weights stored as `qtype` (F32, F16, Q8_0, Q4_0, ... whatever gguf can quantize)."""
+    import gguf
+
+    config = json.loads((model_dir / "config.json").read_text())
+    tok = json.loads((model_dir / "tokenizer.json").read_text())
+    tok_config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    w = gguf.GGUFWriter(str(out), architecture)
+    w.add_name("tiny-test-model")
+    w.add_context_length(config["max_position_embeddings"])
+    w.add_embedding_length(config["hidden_size"])
+    w.add_block_count(config["num_hidden_layers"])
+    w.add_feed_forward_length(config["intermediate_size"])
+    w.add_head_count(config["num_attention_heads"])
+    w.add_head_count_kv(config["num_key_value_heads"])
+    w.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    rope = config.get("rope_parameters") or {}
+    w.add_rope_freq_base(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
+    w.add_rope_dimension_count(config["hidden_size"] // config["num_attention_heads"])
+    w.add_vocab_size(config["vocab_size"])
+
+    vocab = tok["model"]["vocab"]
+    special = {t["id"] for t in tok["added_tokens"] if t.get("special")}
+    tokens = [""] * config["vocab_size"]
+    types = [gguf.TokenType.UNUSED] * config["vocab_size"]
+    for text, i in vocab.items():
+        tokens[i] = text
+        types[i] = gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL
+    for i, text in enumerate(tokens):  # the embedding pads the vocabulary past the tokenizer
+        tokens[i] = text or f"<pad_{i}>"
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(config["bos_token_id"])
+    w.add_eos_token_id(config["eos_token_id"])
+    w.add_add_bos_token(False)
+    w.add_chat_template(tok_config.get("chat_template") or _chat_template(model_dir))
+
+    quant = gguf.GGMLQuantizationType[qtype]
+    heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
+    state = load_file(str(model_dir / "model.safetensors"))
+    for hf, tensor in state.items():
+        name = _gguf_name(hf)
+        data = tensor.to(torch.float32).numpy()
+        kind = name.split(".")[-2]
+        if architecture == "llama" and kind in heads:
+            data = _interleave_rope(data, heads[kind])
+        if data.ndim == 1:  # norms and biases stay F32, as llama.cpp keeps them
+            w.add_tensor(name, data)
+        else:
+            w.add_tensor(name, gguf.quants.quantize(data, quant), raw_dtype=quant)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+def _chat_template(model_dir: Path) -> str:
+    return (model_dir / "chat_template.jinja").read_text()
