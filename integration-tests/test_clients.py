@@ -159,17 +159,22 @@ def test_validation_auth_and_payload_limit_end_to_end(served, oai):
         assert r.status_code == 422 and r.json()["error_type"] == "validation"
         assert field in r.json()["error"]
     with pytest.raises(openai.UnprocessableEntityError) as err:
-        oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], n=2)
+        oai.chat.completions.create(
+            model="tiny-llama", messages=[{"role": "user", "content": "x"}], n=2
+        )
     # TGI's error body (as TGI's own OpenAI layer sends it): the client exposes it as `body`.
     assert "`n` must be 1" in err.value.body
     wrong_key = openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
-        wrong_key.completions.create(model="m", prompt="x")
+        wrong_key.completions.create(model="tiny-llama", prompt="x")
     big = json.dumps({"inputs": "x" * 2_000_100}).encode()
     json_type = {**AUTH, "Content-Type": "application/json"}
     r = requests.post(f"{server.url}/generate", data=big, headers=json_type, timeout=30)
     assert r.status_code == 413 and r.json()["error_type"] == "payload_too_large"
     assert [m.id for m in oai.models.list()] == ["tiny-llama"]
+    with pytest.raises(openai.NotFoundError) as err:  # a model this server does not serve
+        oai.completions.create(model="gpt-4o", prompt="x")
+    assert err.value.status_code == 404 and "`gpt-4o` does not exist" in err.value.body
     r = requests.post(f"{server.url}/generate", json={"inputs": "Hi"}, headers=AUTH, timeout=60)
     assert r.status_code == 200 and "x-inference-time" in r.headers
 

@@ -99,40 +99,55 @@ class AdapterRegistry:
     def model(self, model: str | None) -> str:
         """OpenAI's `model`: an adapter's name selects it, the served name the base model.
 
-        Without adapters any name means the base model, as before (TGI ignores `model`, and
-        clients send placeholders such as "tgi"). With adapters, an unknown name is a 404
-        (vLLM's answer): a typo in an adapter's name must not run the base model instead. With
-        runtime loading the set of adapters changes, so the rule is always the strict one: a
-        request for an adapter just unloaded must not get the base model either.
+        Anything else is a 404 `model_not_found`, as OpenAI and vLLM answer, adapters or not: a
+        typo in an adapter's name must not run the base model instead, and a client that names
+        a model this server does not serve must learn so rather than get another model's
+        answer. (The served name is `--served-model-name`, which the launcher sets to the
+        `--model-id` it was given when no other name is chosen.)
         """
         if model is not None and self.serving(model):
             return model
         if model is None or model == self.model_name:
             return BASE
-        if not self.adapters and not self.runtime_loading:
-            return BASE
         raise ModelNotFoundError(model, [self.model_name, *self.names])
 
 
 class AdmissionGate:
-    """One admission round's view of the adapters: those live, plus those it has let in."""
+    """One admission round's view of the adapters: those live, plus those it has let in.
 
-    def __init__(self, live: Iterable[str], max_loras: int) -> None:
-        self._adapters = set(live)
-        self._max = max_loras
+    The queue asks it about each waiting request in arrival order. When a request's adapter
+    finds every slot taken, that request is skipped, not a wall: the base model's requests and
+    those of live adapters go on being admitted behind it (vLLM's scheduler skips such requests
+    too), so one request for a cold adapter does not stall the whole server. What keeps it from
+    starving is the drain: one live adapter, the one with the fewest requests on the shards,
+    admits no request that arrived after the skipped one, so its slot frees up once its
+    requests end (each is bounded by its max_new_tokens), and the oldest skipped request,
+    first in the queue, takes it. Slots are thus handed out first come, first served.
+    """
+
+    def __init__(self, live: LiveAdapters) -> None:
+        self._live = live
+        self._adapters = set(live.live())
+        self._max = live.max_loras
+        self._skipped = False  # a request of this round found no slot
 
     def admit(self, adapter_id: str) -> bool:
         """Whether a request for this adapter may join; a True counts it for the rest of the round.
 
-        The base model uses no slot; an adapter already live shares its slot; a new one needs a
-        free slot.
+        The base model uses no slot; an adapter already live shares its slot (unless it is
+        draining for a request that came before this one); a new one needs a free slot.
         """
-        if adapter_id == BASE or adapter_id in self._adapters:
+        if adapter_id == BASE:
             return True
-        if len(self._adapters) >= self._max:
-            return False
-        self._adapters.add(adapter_id)
-        return True
+        if adapter_id in self._adapters:
+            return not (self._skipped and adapter_id == self._live.draining)
+        if len(self._adapters) < self._max:
+            self._adapters.add(adapter_id)
+            return True
+        self._skipped = True
+        if self._live.draining is None:
+            self._live.draining = self._live.fewest_requests()
+        return False
 
 
 class LiveAdapters:
@@ -143,6 +158,8 @@ class LiveAdapters:
             raise ValueError(f"max_loras must be >= 1, got {max_loras}")
         self.max_loras = max_loras
         self._requests: Counter[str] = Counter()
+        # The live adapter giving its slot up to a request that found none (AdmissionGate).
+        self.draining: str | None = None
 
     @property
     def distinct(self) -> int:
@@ -152,8 +169,12 @@ class LiveAdapters:
     def live(self) -> frozenset[str]:
         return frozenset(self._requests)
 
+    def fewest_requests(self) -> str | None:
+        """The live adapter likely to leave its slot first; the earliest live one on a tie."""
+        return min(self._requests, key=self._requests.__getitem__, default=None)
+
     def gate(self) -> AdmissionGate:
-        return AdmissionGate(self._requests, self.max_loras)
+        return AdmissionGate(self)
 
     def acquire(self, adapter_id: str) -> None:
         if adapter_id != BASE:
@@ -165,6 +186,9 @@ class LiveAdapters:
         self._requests[adapter_id] -= 1
         if self._requests[adapter_id] <= 0:
             del self._requests[adapter_id]
+            if self.draining == adapter_id:
+                self.draining = None
 
     def clear(self) -> None:
         self._requests.clear()
+        self.draining = None

@@ -63,7 +63,11 @@ def test_registry_resolves_names_and_refuses_unknown_ones():
     assert err.value.status == 404 and err.value.to_json("r")["error_type"] == "model_not_found"
     assert str(err.value) == "The model `sq1` does not exist. Available models: tiny, sql, chat"
     empty = AdapterRegistry((), "tiny")
-    assert empty.model("anything") == ""  # one model served: `model` is not checked
+    assert empty.model("tiny") == "" and empty.model(None) == ""
+    with pytest.raises(
+        ModelNotFoundError, match="`anything` does not exist. Available models: tiny$"
+    ):
+        empty.model("anything")  # no adapters: still only the served model's name
     with pytest.raises(ValidationError, match="no LoRA adapters are loaded"):
         empty.adapter_id("sql")
 
@@ -85,7 +89,29 @@ def test_live_counts_per_request_and_the_gate():
     assert gate.admit("c")  # the slot a left
     assert not gate.admit("d")  # c took it within this round
     assert live.live() == {"b"}  # a gate only counts; admission is acquire()
+    assert live.draining == "b"  # d found no slot: b, the only live adapter, drains for it
     live.clear()
-    assert live.distinct == 0
+    assert live.distinct == 0 and live.draining is None
     with pytest.raises(ValueError, match="max_loras"):
         LiveAdapters(0)
+
+
+def test_the_drain_frees_a_slot_for_the_first_skipped_request():
+    live = LiveAdapters(max_loras=2)
+    for adapter in ("a", "b", "b"):
+        live.acquire(adapter)
+    gate = live.gate()
+    assert gate.admit("a")  # before anything was skipped, a admits as usual
+    assert not gate.admit("c")  # no slot: skipped, and a (one request, b has two) drains
+    assert live.draining == "a"
+    assert gate.admit("") and gate.admit("b")  # no new slot needed: not held up
+    assert not gate.admit("a")  # came after c: would keep a's slot from c
+    assert not gate.admit("d")
+    gate = live.gate()  # next round, a still live: c is skipped again, the drain goes on
+    assert not gate.admit("c") and not gate.admit("a") and live.draining == "a"
+    live.release("a")
+    assert live.draining is None and live.live() == {"b"}
+    gate = live.gate()
+    assert gate.admit("c")  # first in the queue: first to the freed slot
+    assert not gate.admit("d") and not gate.admit("a")
+    assert live.draining == "b"  # the only live adapter now drains for d

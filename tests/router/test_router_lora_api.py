@@ -93,8 +93,11 @@ async def test_without_adapters_every_route_keeps_its_old_answers(model_dir):
         r = await env.client.post("/generate", json=gen(adapter_id="sql"))
         message = await _error(r, 422, "validation")
         assert "`adapter_id` 'sql': no LoRA adapters are loaded on this server" in message
-        # Any `model` means the one model served (TGI's clients send placeholders like "tgi").
+        # `model` must name the served model, adapters or not (OpenAI's and vLLM's 404).
         r = await env.client.post("/v1/completions", json={"model": "tgi", "prompt": "H"})
+        message = await _error(r, 404, "model_not_found")
+        assert message == "The model `tgi` does not exist. Available models: tiny"
+        r = await env.client.post("/v1/completions", json={"model": "tiny", "prompt": "H"})
         assert r.status == 200 and env.shards[0].prefilled[-1].adapter_id == ""
         info = await (await env.client.get("/info")).json()
         assert info["lora_adapters"] == [] and info["max_loras"] == 4

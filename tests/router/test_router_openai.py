@@ -29,7 +29,7 @@ def sse_chunks(text: str) -> tuple[list[dict], list[str]]:
 @async_test
 async def test_chat_completion_and_sampling_mapping(model_dir):
     async with router_env(model_dir) as env:
-        body = {"model": "any", "messages": HI, "max_tokens": 5, "temperature": 0}
+        body = {"model": str(model_dir), "messages": HI, "max_tokens": 5, "temperature": 0}
         r = await env.client.post("/v1/chat/completions", json=body)
         assert r.status == 200, await r.text()
         out = await r.json()
@@ -117,7 +117,7 @@ async def test_chat_stream_usage_and_logprobs(model_dir):
 @async_test
 async def test_completions_trim_the_stop_sequence_streamed_or_not(model_dir):
     async with router_env(model_dir) as env:
-        body = {"model": "m", "prompt": "H", "max_tokens": 9, "stop": ["LM", "zz"]}
+        body = {"model": str(model_dir), "prompt": "H", "max_tokens": 9, "stop": ["LM", "zz"]}
         r = await env.client.post("/v1/completions", json=body)
         out = await r.json()
         assert out["object"] == "text_completion" and out["id"].startswith("cmpl-")

@@ -8,6 +8,7 @@ import json
 from tests.router.harness import async_test, router_env, scrape
 
 LIMITS = dict(
+    served_model_name="m",  # what the OpenAI bodies below name
     max_input_tokens=30,
     max_total_tokens=64,
     max_stop_sequences=2,
