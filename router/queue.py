@@ -1,8 +1,9 @@
 """The waiting queue: FIFO admission under token budgets and KV block availability.
 
-Admission is strictly first-come first-served: when the head does not fit, nothing behind it
-jumps ahead (a large request would otherwise starve). The same holds when the head's LoRA adapter
-has no free device slot (router/adapters.py). Entries get their KV reservation here, at
+Admission is first-come first-served: when the head does not fit the token budgets or the KV
+cache, nothing behind it jumps ahead (a large request would otherwise starve). A request whose
+LoRA adapter finds no free device slot is skipped instead, and waits for the slot a draining
+adapter frees (router/adapters.py: AdmissionGate). Entries get their KV reservation here, at
 admission, for their whole life (prompt + max_new_tokens).
 """
 
@@ -68,7 +69,8 @@ class Queue:
         chunking: bool = False,
         adapters: AdmissionGate | None = None,
     ) -> list[Entry]:
-        """Takes the longest FIFO prefix that fits; empty when fewer than min_size fit.
+        """Takes the longest FIFO prefix that fits, less the requests whose adapter finds no
+        slot; empty when fewer than min_size fit.
 
         token_budget bounds prompt + max_new_tokens over the new entries (what the running
         batch leaves of max_batch_total_tokens); prefill_token_budget bounds their prompts
@@ -91,10 +93,7 @@ class Queue:
             if total_tokens + req.total_tokens > token_budget:
                 break
             if adapters is not None and not adapters.admit(req.adapter_id):
-                # No slot for the head's adapter until a live adapter's last request ends.
-                # Admitting requests behind it (the base model's, or live adapters') would keep
-                # those adapters live and could starve it forever: it waits, and so do they.
-                break
+                continue  # no slot for its adapter yet: the gate drains one for it
             allocation = allocator.allocate(req.total_tokens)
             if allocation is None:
                 break
@@ -109,6 +108,6 @@ class Queue:
                 allocator.free(entry.allocation.blocks)
                 entry.allocation = None
             return []
-        for _ in batch:
-            self._entries.popleft()
+        admitted = {id(entry) for entry in batch}
+        self._entries = deque(e for e in self._entries if id(e) not in admitted)
         return batch

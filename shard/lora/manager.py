@@ -65,6 +65,7 @@ class LoraManager:
             scaling=torch.zeros(settings.max_loras, device=model.device),
             scaling_host=[0.0] * settings.max_loras,
             triton=triton,
+            dtype=model.dtype,
         )
         self.layers = _attach(model, self.step, settings, model.dtype, model.device)
         self.module_shapes = {m: s for layer, _ in self.layers for m, s in _shapes(layer).items()}

@@ -1,6 +1,7 @@
 """The --max-loras admission rule against fake shards that flag any step holding more distinct
-adapters than their slots: requests for another adapter wait for a slot, first come first served
-across adapters (the base model's requests included), and adapters already live share theirs."""
+adapters than their slots: a request for another adapter waits for a slot, which one live
+adapter frees for it by draining (first come first served across adapters); the base model's
+requests and those of the other live adapters are not held up meanwhile."""
 
 import asyncio
 
@@ -34,7 +35,7 @@ async def _generate(env, body) -> int:
 
 @pytest.mark.parametrize("chunking", [True, False])
 @async_test
-async def test_a_third_adapter_waits_for_a_slot_and_nothing_overtakes_it(model_dir, chunking):
+async def test_a_third_adapter_gets_the_slot_a_draining_adapter_frees(model_dir, chunking):
     async with lora_env(model_dir, 2, prefill_chunking=chunking) as env:
         shard, batcher = env.shards[0], env.infer.batcher
         # Two adapters fill both slots: A ends well before B.
@@ -45,30 +46,30 @@ async def test_a_third_adapter_waits_for_a_slot_and_nothing_overtakes_it(model_d
         assert batcher.adapters.live() == {"a", "b"}
 
         c = asyncio.create_task(_generate(env, gen("C", "c", 3)))
-        await wait_until(lambda: len(env.infer.queue) == 1)
-        # A base-model request needs no slot, but it came after C: it must not overtake it.
+        await wait_until(lambda: batcher.adapters.draining == "a")  # a was live first
+        # Behind C: the base model and live adapter b go ahead (they need no new slot); a
+        # request for a waits, since a is draining for C, which came first.
         d = asyncio.create_task(_generate(env, gen("D", "", 3)))
-        await wait_until(lambda: len(env.infer.queue) == 2)
-        steps = len(shard.step_adapters)
-        await wait_until(lambda: len(shard.step_adapters) >= steps + 3)
-        # Steps went by (A has ~75 tokens to go): both still wait.
+        e = asyncio.create_task(_generate(env, gen("E", "b", 3)))
+        f = asyncio.create_task(_generate(env, gen("F", "a", 3)))
+        assert await d == 200 and await e == 200
         assert batcher.adapters.live() == {"a", "b"}
-        assert len(env.infer.queue) == 2
-        assert [r.adapter_id for r in shard.prefilled] == ["a", "b"]
+        assert [r.adapter_id for r in shard.prefilled] == ["a", "b", "", "b"]
+        assert len(env.infer.queue) == 2  # C and F
 
-        assert await c == 200 and await d == 200
+        assert await c == 200 and await f == 200
         await a.read()
         await b.read()
 
         assert env.violations() == []  # the fake shards saw at most 2 adapters in every step
         assert max(len(s) for s in shard.step_adapters) == 2
-        # C started only once A's last request had left the shards, while B was still running.
+        # C started only once A's last request had left the shards, while B was still running,
+        # and F (for a again, after C) only after that.
         first_c = next(i for i, s in enumerate(shard.step_adapters) if "c" in s)
-        assert all("a" not in s for s in shard.step_adapters[first_c:])
+        assert all("a" not in s for s in shard.step_adapters[first_c : first_c + 1])
         assert {"b", "c"} in shard.step_adapters[first_c:]  # C ran beside B
-        # FCFS: D was sent to the shards after C (or beside it, behind it in the same batch).
-        assert [r.adapter_id for r in shard.prefilled] == ["a", "b", "c", ""]
-        assert batcher.adapters.distinct == 0
+        assert [r.adapter_id for r in shard.prefilled] == ["a", "b", "", "b", "c", "a"]
+        assert batcher.adapters.distinct == 0 and batcher.adapters.draining is None
         await wait_until(lambda: env.infer.allocator.used_blocks == 0)
 
 

@@ -1,0 +1,139 @@
+"""The CPU torch paths of the LoRA term (shard/layers/lora.py) against a float64 reference
+computed one token and one sub-module at a time: the dense path (small steps: every slot at once,
+masked), the grouped path (large steps: slot by slot) and its one-slot shortcut, with slots of
+different ranks, tokens without an adapter, and slots refilled between steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shard.layers import lora as lora_mod
+from shard.layers.lora import LoraStep, LoraTerm
+
+K, OUT_SLICES, MAX_RANK, SLOTS = 40, (24, 8, 8), 16, 4
+
+
+def term(seed: int = 0) -> tuple[LoraTerm, list[tuple[torch.Tensor, torch.Tensor] | None]]:
+    """A fused three-way term whose slot s holds rank 4 + 3 s; slot 2 leaves sub-module 1 alone."""
+    step = LoraStep(scaling=torch.zeros(SLOTS), scaling_host=[0.0] * SLOTS)
+    t = LoraTerm(
+        step,
+        num_slots=SLOTS,
+        max_rank=MAX_RANK,
+        in_features=K,
+        out_slices=OUT_SLICES,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+    )
+    gen = torch.Generator().manual_seed(seed)
+    for s in range(SLOTS):
+        rank = 4 + 3 * s
+        parts = [
+            None
+            if (s == 2 and j == 1)
+            else (torch.randn(rank, K, generator=gen), torch.randn(n, rank, generator=gen))
+            for j, n in enumerate(OUT_SLICES)
+        ]
+        t.fill(s, parts)
+        step.set_scaling(s, 0.5 + s)
+    return t, parts
+
+
+def reference(t: LoraTerm, x: torch.Tensor, slots: list[int], y: torch.Tensor) -> torch.Tensor:
+    out = y.double().clone()
+    for i, s in enumerate(slots):
+        if s < 0:
+            continue
+        start = 0
+        for j, size in enumerate(OUT_SLICES):
+            a = t.lora_a[s, j].double()
+            b = t.lora_b[s, start : start + size].double()
+            out[i, start : start + size] += t.step.scaling_host[s] * (b @ (a @ x[i].double()))
+            start += size
+    return out
+
+
+def run(t: LoraTerm, slots: list[int], seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(len(slots), K, generator=gen)
+    y0 = torch.randn(len(slots), sum(OUT_SLICES), generator=gen)
+    t.step.set_tokens(torch.tensor(slots, dtype=torch.int32))
+    y = y0.clone()
+    t(x, y)
+    return y, reference(t, x, slots, y0)
+
+
+@pytest.fixture(params=["dense", "grouped"])
+def path(request, monkeypatch):
+    # The dense path takes steps of up to DENSE_MAX_CELLS tokens x slots; 0 forces grouped.
+    if request.param == "grouped":
+        monkeypatch.setattr(lora_mod, "DENSE_MAX_CELLS", 0)
+    return request.param
+
+
+MIXED = [-1, 0, 3, 1, 1, -1, 2, 0, 3, 3, 2]
+
+
+def test_mixed_slots_and_tokens_without_adapter(path):
+    t, _ = term()
+    y, ref = run(t, MIXED)
+    assert (t.step.mask is not None) == (path == "dense")
+    torch.testing.assert_close(y.double(), ref, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("slots", [[0] * 5, [3, -1, 3], [1, 2, 2, -1]], ids=str)
+def test_one_slot_or_a_run_of_slots(path, slots):
+    t, _ = term()
+    y, ref = run(t, slots)
+    torch.testing.assert_close(y.double(), ref, atol=1e-4, rtol=1e-5)
+
+
+def test_no_adapter_leaves_y_alone(path):
+    t, _ = term()
+    y, ref = run(t, [-1, -1, -1])
+    assert torch.equal(y.double(), ref)
+
+
+def test_refilling_a_slot_between_steps_uses_the_new_weights(path):
+    t, _ = term()
+    run(t, MIXED)  # builds the dense path's packed copies
+    gen = torch.Generator().manual_seed(7)
+    rank = MAX_RANK  # larger than any before: the packed rank grows
+    t.fill(
+        1,
+        [
+            (torch.randn(rank, K, generator=gen), torch.randn(n, rank, generator=gen))
+            for n in OUT_SLICES
+        ],
+    )
+    t.step.set_scaling(1, 3.0)
+    y, ref = run(t, MIXED, seed=2)
+    torch.testing.assert_close(y.double(), ref, atol=1e-4, rtol=1e-5)
+
+
+def test_dense_shape_for_small_steps_or_one_slot():
+    t, _ = term()
+    cells = lora_mod.DENSE_MAX_CELLS
+    t.step.set_tokens(torch.tensor([1, 2] * (cells // 4), dtype=torch.int32))  # 2 slots
+    assert t.step.mask is not None and t.step.dense_slots == (1, 2) and not t.step.groups
+    t.step.set_tokens(torch.tensor([1, 2] * (cells // 4 + 1), dtype=torch.int32))
+    assert t.step.mask is None and [slot for slot, _ in t.step.groups] == [1, 2]
+    t.step.set_tokens(torch.full((cells + 1,), 3, dtype=torch.int32))  # one slot: exact anyway
+    assert t.step.mask is not None and t.step.dense_slots == (3, 3)
+
+
+def test_a_layer_no_adapter_touches_is_left_alone(path):
+    step = LoraStep(scaling=torch.ones(SLOTS), scaling_host=[1.0] * SLOTS)
+    t = LoraTerm(
+        step,
+        num_slots=SLOTS,
+        max_rank=MAX_RANK,
+        in_features=K,
+        out_slices=OUT_SLICES,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+    )
+    t.fill(0, [None] * len(OUT_SLICES))  # an adapter that targets other modules
+    y, ref = run(t, [0, 1, -1])
+    assert torch.equal(y.double(), ref)
