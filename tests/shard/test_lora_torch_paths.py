@@ -14,11 +14,10 @@ from shard.layers.lora import LoraStep, LoraTerm
 K, OUT_SLICES, MAX_RANK, SLOTS = 40, (24, 8, 8), 16, 4
 
 
-def term(seed: int = 0) -> tuple[LoraTerm, list[tuple[torch.Tensor, torch.Tensor] | None]]:
-    """A fused three-way term whose slot s holds rank 4 + 3 s; slot 2 leaves sub-module 1 alone."""
-    step = LoraStep(scaling=torch.zeros(SLOTS), scaling_host=[0.0] * SLOTS)
-    t = LoraTerm(
-        step,
+def empty_term() -> LoraTerm:
+    """A fused three-way term (q/k/v-like) with its slots all zero."""
+    return LoraTerm(
+        LoraStep(scaling=torch.zeros(SLOTS), scaling_host=[0.0] * SLOTS),
         num_slots=SLOTS,
         max_rank=MAX_RANK,
         in_features=K,
@@ -26,6 +25,12 @@ def term(seed: int = 0) -> tuple[LoraTerm, list[tuple[torch.Tensor, torch.Tensor
         dtype=torch.float32,
         device=torch.device("cpu"),
     )
+
+
+def term(seed: int = 0) -> tuple[LoraTerm, list[tuple[torch.Tensor, torch.Tensor] | None]]:
+    """A fused three-way term whose slot s holds rank 4 + 3 s; slot 2 leaves sub-module 1 alone."""
+    t = empty_term()
+    step = t.step
     gen = torch.Generator().manual_seed(seed)
     for s in range(SLOTS):
         rank = 4 + 3 * s
@@ -124,16 +129,8 @@ def test_dense_shape_for_small_steps_or_one_slot():
 
 
 def test_a_layer_no_adapter_touches_is_left_alone(path):
-    step = LoraStep(scaling=torch.ones(SLOTS), scaling_host=[1.0] * SLOTS)
-    t = LoraTerm(
-        step,
-        num_slots=SLOTS,
-        max_rank=MAX_RANK,
-        in_features=K,
-        out_slices=OUT_SLICES,
-        dtype=torch.float32,
-        device=torch.device("cpu"),
-    )
+    t = empty_term()
+    t.step.set_scaling(0, 1.0)
     t.fill(0, [None] * len(OUT_SLICES))  # an adapter that targets other modules
     y, ref = run(t, [0, 1, -1])
     assert torch.equal(y.double(), ref)
