@@ -65,6 +65,7 @@ class LauncherConfig:
     max_waiting_tokens: int | None
     max_batch_size: int | None
     prefill_chunking: bool | None
+    prefix_caching: bool | None
     payload_limit: int | None
     max_top_n_tokens: int | None
     api_key: str | None  # handed to the router in its environment, never on its command line
@@ -190,6 +191,12 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="spread long prompts over steps mixed with decoding (router default: on)",
+    )
+    r.add_argument(
+        "--prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="reuse the KV blocks of prompt prefixes already computed (router default: on)",
     )
     r.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY`")
     r.add_argument(

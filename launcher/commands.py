@@ -120,6 +120,8 @@ def router_spec(
             argv += [_flag(name), str(value)]
     if cfg.prefill_chunking is not None:
         argv.append("--prefill-chunking" if cfg.prefill_chunking else "--no-prefill-chunking")
+    if cfg.prefix_caching is not None:
+        argv.append("--prefix-caching" if cfg.prefix_caching else "--no-prefix-caching")
     for origin in cfg.cors_allow_origin or ():
         argv += ["--cors-allow-origin", origin]
     if adapters:

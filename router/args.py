@@ -39,6 +39,8 @@ class RouterArgs:
     max_batch_size: int | None = None
     prefill_chunking: bool = True
     prefill_chunk_tokens: int | None = None
+    # Automatic prefix caching (router/prefix_cache.py).
+    prefix_caching: bool = True
     max_top_n_tokens: int = 5
     payload_limit: int = DEFAULT_PAYLOAD_LIMIT
     api_key: str | None = None
@@ -112,6 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="with chunking, prompt tokens a step may add while requests are decoding "
         "(default: 64 on CPU, --max-batch-prefill-tokens on GPU)",
+    )
+    p.add_argument(
+        "--prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep the KV blocks of computed prompts and reuse them for later requests that "
+        "start with the same tokens (default: on)",
     )
     p.add_argument("--max-top-n-tokens", type=_non_negative_int, default=5)
     p.add_argument(

@@ -198,6 +198,7 @@ class Batcher:
             if max_size <= 0:
                 return []
         reserved = sum(e.request.total_tokens for e in self.entries.values())
+        reserved -= self.allocator.shared_tokens  # a shared prefix block counts once
         return self.queue.next_batch(
             self.allocator,
             prefill_token_budget=prefill_budget,
@@ -251,6 +252,7 @@ class Batcher:
         if response.HasField("lora"):
             self.metrics.shard_lora(response.lora)
         self._record_prompt_progress(chunks, entries)
+        self._cache_computed(ids)
         self._handle(response.generations)
         result = response.batch if response.HasField("batch") else None
         return await self._settle(result, ids)
@@ -271,6 +273,7 @@ class Batcher:
         if response.HasField("lora"):
             self.metrics.shard_lora(response.lora)
         self._record_prompt_progress(chunks, [])
+        self._cache_computed(ids)
         self._handle(response.generations)
         cached = response.batch if response.HasField("batch") else None
         return await self._settle(cached, ids)
@@ -285,6 +288,14 @@ class Batcher:
             entry = self.entries.get(rid)
             if entry is not None:
                 entry.prompt_done += n
+
+    def _cache_computed(self, ids: Sequence[int]) -> None:
+        """Offers the blocks this step filled to the prefix cache, before any request of it
+        finishes and gives its blocks back."""
+        for rid in ids:
+            entry = self.entries.get(rid)
+            if entry is not None and entry.allocation is not None:
+                self.allocator.commit(entry.allocation, entry.computed_len, entry.known_tokens)
 
     async def _prune(self, batch: pb.CachedBatch) -> pb.CachedBatch | None:
         """Drops requests whose client went away before spending a step on them."""

@@ -94,6 +94,19 @@ class Entry:
             return True
 
     @property
+    def computed_len(self) -> int:
+        """Positions whose K/V the shards hold after a step that ran this request, read before
+        the step's result is applied: the prompt done so far, or once it decodes, the prompt and
+        every generated token (the one fed this step included; the one it samples next has no
+        K/V yet)."""
+        if not self.generated_ids:
+            return self.prompt_done
+        return self.request.input_length + len(self.generated_ids)
+
+    def known_tokens(self) -> list[int]:
+        return [*self.request.input_ids, *self.generated_ids]
+
+    @property
     def prompt_left(self) -> int:
         return self.request.input_length - self.prompt_done
 
@@ -117,4 +130,5 @@ class Entry:
             adapter_id=req.adapter_id,
             blocks=self.allocation.blocks,
             slots=self.allocation.slots,
+            prefix_len=self.allocation.cached_tokens,
         )

@@ -25,6 +25,7 @@ from router.errors import OverloadedError
 from router.limits import RESERVED_BLOCKS, Limits
 from router.lora_runtime import LoraRuntime
 from router.metrics import Metrics
+from router.prefix_cache import PrefixCache
 from router.queue import Queue
 from router.request import ValidRequest
 from router.stopping import StoppingCriteria
@@ -92,7 +93,12 @@ class Infer:
         self.metrics = Metrics()
         self.metrics.watch(self.gauges)
         self.metrics.track_adapters(self.adapters.names)
-        self.allocator = BlockAllocator(limits.num_blocks, limits.block_size, RESERVED_BLOCKS)
+        self.allocator = BlockAllocator(
+            limits.num_blocks,
+            limits.block_size,
+            RESERVED_BLOCKS,
+            PrefixCache(limits.block_size) if args.prefix_caching else None,
+        )
         self.batcher = Batcher(
             client,
             self.queue,

@@ -118,6 +118,7 @@ class LoraRuntime:
                 outcomes = await self.infer.client.unload_adapter(name)
             # Gone from the router whatever the shards said: no request can use it any more.
             registry.remove(name)
+            self.infer.allocator.forget_adapter(name)  # its cached K/V die with its weights
             self.infer.metrics.untrack_adapter(name)
             failed = {rank: err for rank, err in outcomes.items() if err is not None}
             if failed:

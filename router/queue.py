@@ -4,7 +4,8 @@ Admission is first-come first-served: when the head does not fit the token budge
 cache, nothing behind it jumps ahead (a large request would otherwise starve). A request whose
 LoRA adapter finds no free device slot is skipped instead, and waits for the slot a draining
 adapter frees (router/adapters.py: AdmissionGate). Entries get their KV reservation here, at
-admission, for their whole life (prompt + max_new_tokens).
+admission, for their whole life (prompt + max_new_tokens), starting with the cached blocks of
+their prompt's prefix when the prefix cache holds some (router/prefix_cache.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from router.adapters import AdmissionGate
 from router.block_allocator import BlockAllocator
 from router.entry import Entry
+from router.prefix_cache import reusable_prompt
 
 
 class Queue:
@@ -85,28 +87,35 @@ class Queue:
             if max_size is not None and len(batch) >= max_size:
                 break
             req = entry.request
+            # Cached prefix blocks are neither computed nor, when running requests hold them
+            # already, counted again against the batch token budget.
+            match = allocator.match(reusable_prompt(req), req.adapter_id)
+            to_compute = req.input_length - len(match.blocks) * allocator.block_size
+            cost = req.total_tokens - allocator.shared_by(match)
             if chunking:
                 if prefill_tokens >= prefill_token_budget:
                     break
-            elif prefill_tokens + req.input_length > prefill_token_budget:
+            elif prefill_tokens + to_compute > prefill_token_budget:
                 break
-            if total_tokens + req.total_tokens > token_budget:
+            if total_tokens + cost > token_budget:
                 break
             if adapters is not None and not adapters.admit(req.adapter_id):
                 continue  # no slot for its adapter yet: the gate drains one for it
-            allocation = allocator.allocate(req.total_tokens)
+            allocation = allocator.allocate(req.total_tokens, match)
             if allocation is None:
                 break
             entry.allocation = allocation
+            entry.prompt_done = allocation.cached_tokens
             batch.append(entry)
-            prefill_tokens += req.input_length
-            total_tokens += req.total_tokens
+            prefill_tokens += to_compute
+            total_tokens += cost
         if not batch or (min_size is not None and len(batch) < min_size):
             # Not worth interrupting the running batch for: give the reservations back.
             for entry in batch:
                 assert entry.allocation is not None
                 allocator.free(entry.allocation.blocks)
                 entry.allocation = None
+                entry.prompt_done = 0
             return []
         admitted = {id(entry) for entry in batch}
         self._entries = deque(e for e in self._entries if id(e) not in admitted)

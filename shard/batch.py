@@ -58,6 +58,17 @@ def sampling_params_from_proto(p: generate_pb2.NextTokenChooserParameters) -> Sa
     )
 
 
+def _check_prefix(r: generate_pb2.Request) -> None:
+    """A cached prefix the shard could not honour would silently skip computing tokens."""
+    if r.prefix_len >= max(len(r.input_ids), 1):
+        raise ValueError(
+            f"request {r.id}: prefix_len {r.prefix_len} must be less than the prompt length "
+            f"{len(r.input_ids)} (the last prompt token is always computed)"
+        )
+    if r.prefix_len and r.prefill_logprobs:
+        raise ValueError(f"request {r.id}: prompt logprobs need the whole prompt computed")
+
+
 @dataclass
 class Batch:
     id: int
@@ -82,6 +93,7 @@ class Batch:
                 raise ValueError(
                     f"request {r.id}: {len(r.slots)} KV slots for {len(r.input_ids)} prompt tokens"
                 )
+            _check_prefix(r)
             requests.append(
                 RequestInfo(
                     id=r.id,
@@ -103,7 +115,10 @@ class Batch:
             slots=_pad_rows([list(r.slots) for r in pb.requests], torch.int64, device),
             history=history,
             history_lens=torch.tensor([len(r.input_ids) for r in pb.requests], device=device),
-            cache_lens=torch.zeros(len(pb.requests), dtype=torch.int64, device=device),
+            # A cached prefix (router/prefix_cache.py) is already in the request's blocks.
+            cache_lens=torch.tensor(
+                [r.prefix_len for r in pb.requests], dtype=torch.int64, device=device
+            ),
             sampling=SamplingTensors.from_params(
                 [sampling_params_from_proto(r.parameters) for r in pb.requests], device
             ),

@@ -34,6 +34,7 @@ async def info(request: web.Request) -> web.Response:
         "max_batch_prefill_tokens": limits.max_batch_prefill_tokens,
         "prefill_chunking": args.prefill_chunking,
         "prefill_chunk_tokens": limits.prefill_chunk_tokens,
+        "prefix_caching": args.prefix_caching,
         "max_batch_total_tokens": limits.batch_total_tokens,
         "max_supported_total_tokens": limits.max_supported_total_tokens,
         "waiting_served_ratio": args.waiting_served_ratio,

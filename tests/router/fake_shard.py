@@ -1,8 +1,13 @@
 """A deterministic in-process shard speaking the real wire protocol, for router tests.
 
 Next token = (last token + 1) % vocab_size. Every RPC is checked against the protocol rules the
-router must follow (block/slot consistency, no block owned twice, no step past max_new_tokens,
-batch bookkeeping); violations are recorded in `violations` for the tests to assert on.
+router must follow (block/slot consistency, no step past max_new_tokens, batch bookkeeping);
+violations are recorded in `violations` for the tests to assert on.
+
+The KV cache is modelled: each written slot remembers the adapter and the token ids up to its
+position, which is what the real K/V depend on. A request's cached prefix (prefix_len) must find
+exactly its own tokens there, a block may be held by several requests only inside their cached
+prefixes (shared read-only), and nobody writes into a block another live request holds.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ class FakeRequest:
     prefill_logprobs: bool = False
     adapter_id: str = ""
     generated: int = 0
-    computed: int = 0  # prompt tokens computed so far (chunked prefill)
+    computed: int = 0  # prompt tokens computed so far (chunked prefill), the cached prefix too
 
     @property
     def prompt_left(self) -> int:
@@ -60,7 +65,8 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
     calls: list[str] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
     batches: dict[int, list[FakeRequest]] = field(default_factory=dict)
-    owner: dict[int, int] = field(default_factory=dict)  # block -> request id
+    owner: dict[int, set[int]] = field(default_factory=dict)  # block -> ids of live holders
+    kv: dict[int, tuple[str, tuple[int, ...]]] = field(default_factory=dict)  # slot -> content
     max_batch_size_seen: int = 0
     prefilled: list[pb.Request] = field(default_factory=list)  # every request, as received
     decode_sizes: list[int] = field(default_factory=list)  # requests in each Decode
@@ -89,6 +95,9 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
         low = 0 if warmup else 1  # block 0 is reserved by the router
         self._check(all(low <= b < self.num_blocks for b in r.blocks), f"req {r.id}: block range")
         self._check(r.parameters.seed != 0 or warmup, f"req {r.id}: seed not set")
+        self._check(r.prefix_len < len(r.input_ids), f"req {r.id}: prefix_len {r.prefix_len}")
+        self._check(r.prefix_len % bs == 0, f"req {r.id}: prefix ends inside a block")
+        self._check(not (r.prefix_len and r.prefill_logprobs), f"req {r.id}: cached + logprobs")
 
     def _check_batch(self, batch: pb.Batch, warmup: bool = False) -> None:
         self._check(batch.size == len(batch.requests), "batch.size")
@@ -141,6 +150,7 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
         for req in reqs:
             if req.prompt_left > 0:
                 n = min(chunks.get(req.id, req.prompt_left), req.prompt_left)
+                self._write(req, range(req.computed, req.computed + n))
                 req.computed += n
                 tokens += n
                 computed[req.id] = n
@@ -148,11 +158,34 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
                     gens.append(self._generation(req, req.prefill_logprobs))
             else:
                 tokens += 1
+                self._write(req, [len(req.ids) - 1])
                 gens.append(self._generation(req))
         self.step_tokens.append(tokens)
         self.step_generated.append([g.request_id for g in gens])
         self.prompt_chunks.append(computed)
         return gens
+
+    def _content(self, req: FakeRequest, p: int) -> tuple[str, tuple[int, ...]]:
+        return req.adapter_id, tuple(req.ids[: p + 1])
+
+    def _write(self, req: FakeRequest, positions) -> None:
+        for p in positions:
+            block = req.blocks[p // self.block_size]
+            others = self.owner.get(block, set()) - {req.id}
+            self._check(not others, f"req {req.id} writes block {block} shared with {others}")
+            self.kv[req.slots[p]] = self._content(req, p)
+
+    def _hold(self, r: pb.Request, req: FakeRequest) -> None:
+        """Takes the request's blocks; only its cached prefix may be held by others too, and
+        that prefix must hold exactly its own tokens' K/V."""
+        for i, b in enumerate(r.blocks):
+            holders = self.owner.setdefault(b, set())
+            if (i + 1) * self.block_size > r.prefix_len:
+                self._check(not holders, f"block {b} owned by {sorted(holders)} and {r.id}")
+            holders.add(r.id)
+        for p in range(r.prefix_len):
+            ok = self.kv.get(req.slots[p]) == self._content(req, p)
+            self._check(ok, f"req {r.id}: cached position {p} does not hold its K/V")
 
     def _cached(self, batch_id: int) -> pb.CachedBatch:
         reqs = self.batches[batch_id]
@@ -166,8 +199,10 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
     def _release(self, reqs: list[FakeRequest]) -> None:
         for r in reqs:
             for b in r.blocks:
-                if self.owner.get(b) == r.id:
-                    del self.owner[b]
+                holders = self.owner.get(b, set())
+                holders.discard(r.id)
+                if not holders:
+                    self.owner.pop(b, None)
 
     # -- RPCs ---------------------------------------------------------------------------------
 
@@ -229,23 +264,19 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
                 ok = not r.adapter_id or r.adapter_id in self.loaded
                 self._check(ok, f"req {r.id}: adapter {r.adapter_id!r} is not loaded")
         for r in batch.requests:
-            for b in r.blocks:
-                self._check(
-                    b not in self.owner, f"block {b} owned by {self.owner.get(b)} and {r.id}"
-                )
-                self.owner[b] = r.id
-            reqs.append(
-                FakeRequest(
-                    r.id,
-                    list(r.input_ids),
-                    r.stopping_parameters.max_new_tokens,
-                    list(r.blocks),
-                    list(r.slots),
-                    r.top_n_tokens,
-                    r.prefill_logprobs,
-                    r.adapter_id,
-                )
+            req = FakeRequest(
+                r.id,
+                list(r.input_ids),
+                r.stopping_parameters.max_new_tokens,
+                list(r.blocks),
+                list(r.slots),
+                r.top_n_tokens,
+                r.prefill_logprobs,
+                r.adapter_id,
+                computed=r.prefix_len,
             )
+            self._hold(r, req)
+            reqs.append(req)
         merged = self._take(list(request.cached_batches)) + reqs
         batch_id = request.cached_batches[0].id if request.cached_batches else batch.id
         self.batches[batch_id] = merged
