@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from shard.attention import AttentionMetadata, MixedMetadata, StepMetadata
 from shard.batch import Batch
-from shard.layers.attention import AttentionMetadata, MixedMetadata, StepMetadata
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from shard.layers.attention import StepMetadata
+from shard.attention import StepMetadata
 
 
 class CausalLM(nn.Module):

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shard.layers.attention import AttentionBackend, StepMetadata, attend, get_attention_backend
+from shard.attention import AttentionBackend, StepMetadata, attend, get_attention_backend
 from shard.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from shard.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from shard.layers.norm import RMSNorm

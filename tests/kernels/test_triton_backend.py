@@ -7,8 +7,8 @@ import pytest
 import torch
 from kernel_cases import DEVICE, REFERENCE, TOLERANCES, PagedBatch, as_float, fill_cache, randn
 
-from shard.layers.attention import MixedMetadata, attend, get_attention_backend
-from shard.layers.attention_triton import TritonAttentionBackend
+from shard.attention import MixedMetadata, attend, get_attention_backend
+from shard.attention.triton_backend import TritonAttentionBackend
 
 
 def test_prefill_then_decode_through_the_interface():

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from shard.layers.attention import AttentionMetadata
+from shard.attention import AttentionMetadata
 
 
 @dataclass

@@ -6,7 +6,7 @@ import pytest
 import torch
 from paged_helpers import PagedLayout
 
-from shard.layers.attention import get_attention_backend
+from shard.attention import get_attention_backend
 
 D = 8
 BLOCK = 16

@@ -1,106 +1,12 @@
-"""Attention over a paged KV cache, behind one backend interface.
-
-The KV cache of a layer is [2, num_blocks, block_size, Hkv, D]; flattening the block and offset
-dims gives one row per slot (`slot = block * block_size + offset`), which is how new tokens are
-written and how a block table turns positions into rows.
-"""
+"""The reference attention backend in plain torch (the CPU path): correct everywhere, fast
+nowhere in particular."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
-
-@dataclass
-class AttentionMetadata:
-    is_prefill: bool
-    slot_mapping: torch.Tensor  # [T] int64, cache slot of each new token (T = tokens this step)
-    block_tables: torch.Tensor  # [B, max_blocks] int32, rows padded with 0
-    context_lens: torch.Tensor  # [B] int32, tokens of each sequence in the cache after this step
-    cu_seqlens_q: torch.Tensor | None = None  # prefill: [B+1] int32, packed query offsets
-    max_seqlen_q: int = 0  # prefill: longest query
-    max_seqlen_k: int = 0  # prefill: longest context (== max_seqlen_q without cached prefix)
-
-
-@dataclass
-class MixedMetadata:
-    """One forward pass over prompt chunks and single-token rows together (chunked prefill).
-
-    The packed tokens hold the prefill part first (`num_prefill_tokens` of them, varlen, each
-    sequence's cached prefix read from the cache) and then one token per decode-part sequence,
-    so each part goes through the kernel made for it. Either part may be absent.
-    """
-
-    slot_mapping: torch.Tensor  # [T] int64, every new token of the step
-    prefill: AttentionMetadata | None
-    decode: AttentionMetadata | None
-    num_prefill_tokens: int
-
-
-# What a model's forward pass takes: a pure prefill or decode step, or a mixed one.
-StepMetadata = AttentionMetadata | MixedMetadata
-
-
-def attend(
-    backend: AttentionBackend,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    kv_cache: torch.Tensor,
-    meta: StepMetadata,
-    scale: float,
-    window: int | None = None,
-) -> torch.Tensor:
-    """Stores the step's new K/V, then attends each token over its sequence's context, or over
-    the last `window` positions of it (itself included) for a sliding-window layer."""
-    backend.store_kv(k, v, kv_cache, meta.slot_mapping)
-    if isinstance(meta, AttentionMetadata):
-        if meta.is_prefill:
-            return backend.prefill(q, k, v, kv_cache, meta, scale, window)
-        return backend.decode(q, kv_cache, meta, scale, window)
-    n = meta.num_prefill_tokens
-    parts = []
-    if meta.prefill is not None:
-        parts.append(backend.prefill(q[:n], k[:n], v[:n], kv_cache, meta.prefill, scale, window))
-    if meta.decode is not None:
-        parts.append(backend.decode(q[n:], kv_cache, meta.decode, scale, window))
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-
-class AttentionBackend(Protocol):
-    """`window`: None for full causal attention; W for sliding-window attention, where the query
-    at position p sees the keys at positions p - W + 1 .. p (Mistral; Qwen2's sliding layers)."""
-
-    def store_kv(
-        self,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        kv_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-    ) -> None: ...
-
-    def prefill(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        kv_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        scale: float,
-        window: int | None = None,
-    ) -> torch.Tensor: ...
-
-    def decode(
-        self,
-        q: torch.Tensor,
-        kv_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        scale: float,
-        window: int | None = None,
-    ) -> torch.Tensor: ...
+from shard.attention.metadata import AttentionMetadata
 
 
 def _slot_rows(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,11 +35,11 @@ def _decode_gather_index(
     A row covers its last `width` positions: the whole context (width = longest context), or
     with a sliding window only the window (width = min(longest context, window)), so a long
     context costs no more than its window. The same for every layer with the same window, so
-    it is computed once per step and kept on the metadata object (which lives for one step).
+    it is computed once per step and kept in the metadata's `derived` (which lives for one step).
     """
-    cache = meta.__dict__.setdefault("_torch_decode_index", {})
-    if window in cache:
-        return cache[window]
+    key = ("torch_decode_index", window)
+    if key in meta.derived:
+        return meta.derived[key]  # type: ignore[return-value]
     context_lens = meta.context_lens.long()
     max_ctx = int(context_lens.max())
     width = max_ctx if window is None else min(max_ctx, window)
@@ -141,8 +47,9 @@ def _decode_gather_index(
     positions = first[:, None] + torch.arange(width, device=context_lens.device)
     valid = positions < context_lens[:, None]
     # Padded positions read the row's position 0, whatever it holds; their scores are masked.
-    cache[window] = (_slots(meta.block_tables, positions.masked_fill(~valid, 0), block_size), valid)
-    return cache[window]
+    index = (_slots(meta.block_tables, positions.masked_fill(~valid, 0), block_size), valid)
+    meta.derived[key] = index
+    return index
 
 
 class TorchAttentionBackend:
@@ -245,20 +152,3 @@ class TorchAttentionBackend:
         scores.masked_fill_(~valid[:, None, None, :], float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         return torch.matmul(probs, v).reshape(batch, num_heads, head_dim).to(q.dtype)
-
-
-_BACKENDS = {"torch": TorchAttentionBackend}
-
-
-def get_attention_backend(name: str) -> AttentionBackend:
-    if name == "triton":
-        # Imported on demand: triton is only a dependency where this backend is used, and
-        # TRITON_INTERPRET must be set before triton is first imported.
-        try:
-            from shard.layers.attention_triton import TritonAttentionBackend
-        except ImportError as e:
-            raise ValueError(f"attention backend 'triton' needs the triton package: {e}") from e
-        return TritonAttentionBackend()
-    if name not in _BACKENDS:
-        raise ValueError(f"unknown attention backend {name!r}; available: {sorted(_BACKENDS)}")
-    return _BACKENDS[name]()

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import torch
 
+from shard.attention.metadata import AttentionMetadata
 from shard.kernels import interpreting
 from shard.kernels.decode import paged_decode
 from shard.kernels.kv_write import kv_write
 from shard.kernels.prefill import varlen_prefill
-from shard.layers.attention import AttentionMetadata
 
 
 class TritonAttentionBackend:

@@ -1,0 +1,87 @@
+"""The attention backend interface, the one entry point models call (`attend`), and the
+registry of backends by the name `--attention` takes."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from shard.attention.metadata import AttentionMetadata, StepMetadata
+from shard.attention.torch_backend import TorchAttentionBackend
+
+
+def attend(
+    backend: AttentionBackend,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: StepMetadata,
+    scale: float,
+    window: int | None = None,
+) -> torch.Tensor:
+    """Stores the step's new K/V, then attends each token over its sequence's context, or over
+    the last `window` positions of it (itself included) for a sliding-window layer."""
+    backend.store_kv(k, v, kv_cache, meta.slot_mapping)
+    if isinstance(meta, AttentionMetadata):
+        if meta.is_prefill:
+            return backend.prefill(q, k, v, kv_cache, meta, scale, window)
+        return backend.decode(q, kv_cache, meta, scale, window)
+    n = meta.num_prefill_tokens
+    parts = []
+    if meta.prefill is not None:
+        parts.append(backend.prefill(q[:n], k[:n], v[:n], kv_cache, meta.prefill, scale, window))
+    if meta.decode is not None:
+        parts.append(backend.decode(q[n:], kv_cache, meta.decode, scale, window))
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+class AttentionBackend(Protocol):
+    """`window`: None for full causal attention; W for sliding-window attention, where the query
+    at position p sees the keys at positions p - W + 1 .. p (Mistral; Qwen2's sliding layers)."""
+
+    def store_kv(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None: ...
+
+    def prefill(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        window: int | None = None,
+    ) -> torch.Tensor: ...
+
+    def decode(
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        window: int | None = None,
+    ) -> torch.Tensor: ...
+
+
+def get_attention_backend(name: str) -> AttentionBackend:
+    if name == "torch":
+        return TorchAttentionBackend()
+    if name == "triton":
+        # Imported on demand: triton is only a dependency where this backend is used, and
+        # TRITON_INTERPRET must be set before triton is first imported.
+        try:
+            from shard.attention.triton_backend import TritonAttentionBackend
+        except ImportError as e:
+            raise ValueError(f"attention backend 'triton' needs the triton package: {e}") from e
+        return TritonAttentionBackend()
+    raise ValueError(f"unknown attention backend {name!r}; available: {sorted(BACKENDS)}")
+
+
+BACKENDS = ("torch", "triton")

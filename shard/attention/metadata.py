@@ -1,0 +1,47 @@
+"""What one forward pass tells attention about its tokens: where each new token's K/V goes in
+the paged cache, each sequence's block table and context length, and for prefill the packed
+query offsets. Built by the runner (shard/step_inputs.py) once per step, read by every layer.
+
+The KV cache of a layer is [2, num_blocks, block_size, Hkv, D]; flattening the block and offset
+dims gives one row per slot (`slot = block * block_size + offset`), which is how new tokens are
+written and how a block table turns positions into rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    is_prefill: bool
+    slot_mapping: torch.Tensor  # [T] int64, cache slot of each new token (T = tokens this step)
+    block_tables: torch.Tensor  # [B, max_blocks] int32, rows padded with 0
+    context_lens: torch.Tensor  # [B] int32, tokens of each sequence in the cache after this step
+    cu_seqlens_q: torch.Tensor | None = None  # prefill: [B+1] int32, packed query offsets
+    max_seqlen_q: int = 0  # prefill: longest query
+    max_seqlen_k: int = 0  # prefill: longest context (== max_seqlen_q without cached prefix)
+    # What a backend derives from the metadata once per step and every layer reuses (the torch
+    # decode path's gather index, by window). The metadata lives for one step, so does this.
+    derived: dict[object, object] = field(default_factory=dict, repr=False, compare=False)
+
+
+@dataclass
+class MixedMetadata:
+    """One forward pass over prompt chunks and single-token rows together (chunked prefill).
+
+    The packed tokens hold the prefill part first (`num_prefill_tokens` of them, varlen, each
+    sequence's cached prefix read from the cache) and then one token per decode-part sequence,
+    so each part goes through the kernel made for it. Either part may be absent.
+    """
+
+    slot_mapping: torch.Tensor  # [T] int64, every new token of the step
+    prefill: AttentionMetadata | None
+    decode: AttentionMetadata | None
+    num_prefill_tokens: int
+
+
+# What a model's forward pass takes: a pure prefill or decode step, or a mixed one.
+StepMetadata = AttentionMetadata | MixedMetadata
