@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 import grpc
 
 from router.shard_agreement import check_agreement
+from shard.sockets import shard_url
 from switchyard_pb import generate_pb2 as pb
 from switchyard_pb import generate_pb2_grpc as pb_grpc
 
@@ -37,10 +38,6 @@ class ShardError(Exception):
         self.cause = cause
         # What the client is told; the cause (e.g. gloo's RuntimeError text) goes to the log.
         self.summary = f"{method} failed on shard {rank}"
-
-
-def shard_url(uds_path: str, rank: int) -> str:
-    return f"unix://{uds_path}-{rank}"
 
 
 def _as_target(url: str) -> str:

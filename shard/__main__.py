@@ -10,7 +10,9 @@ from pathlib import Path
 
 from shard.layers.quant.config import METHODS as QUANTIZE_METHODS
 from shard.lora.names import AdapterListError, check_adapter_names, split_adapter_list
+from shard.rank_env import DistributedEnv
 from shard.settings import ShardSettings
+from shard.sockets import shard_socket
 
 
 def parse_args(argv: list[str]) -> ShardSettings:
@@ -77,7 +79,7 @@ def parse_args(argv: list[str]) -> ShardSettings:
 
 def main(argv: list[str] | None = None) -> int:
     settings = parse_args(sys.argv[1:] if argv is None else argv)
-    rank = int(os.environ.get("RANK", "0"))
+    rank = DistributedEnv.from_env().rank
     logging.basicConfig(
         level=os.environ.get("LOG_LEVEL", "INFO"),
         format=f"%(asctime)s %(levelname)s shard{rank} %(name)s: %(message)s",
@@ -86,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     from shard.startup import build_service
 
     service = build_service(settings)
-    socket_path = Path(f"{settings.uds_path}-{rank}")
+    socket_path = Path(shard_socket(settings.uds_path, rank))
 
     async def run() -> None:
         loop = asyncio.get_running_loop()

@@ -6,36 +6,15 @@ Every collective is a no-op at world size 1, so a single shard never touches tor
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as tdist
 
+from shard.rank_env import DistributedEnv
+
 # gloo cannot reduce these dtypes on every torch build; we reduce them in float32 instead.
 _GLOO_UPCAST = (torch.bfloat16, torch.float16)
-
-
-@dataclass(frozen=True)
-class DistributedEnv:
-    """The launcher's contract: RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-    master_addr: str = "127.0.0.1"
-    master_port: int = 29500
-
-    @classmethod
-    def from_env(cls) -> DistributedEnv:
-        env = os.environ
-        return cls(
-            rank=int(env.get("RANK", "0")),
-            world_size=int(env.get("WORLD_SIZE", "1")),
-            local_rank=int(env.get("LOCAL_RANK", "0")),
-            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-            master_port=int(env.get("MASTER_PORT", "29500")),
-        )
 
 
 @dataclass(frozen=True)

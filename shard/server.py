@@ -22,6 +22,7 @@ from shard.batch import Batch
 from shard.kv_cache import KvCacheSettings, plan_num_blocks
 from shard.lora.manager import LoraManager
 from shard.runner import ModelRunner, StepTimings
+from shard.sockets import shard_url
 from switchyard_pb import generate_pb2, generate_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -33,10 +34,6 @@ class ShardIdentity:
     dtype: str
     uds_path: str
     attention: str
-
-
-def shard_url(uds_path: str, rank: int) -> str:
-    return f"unix://{uds_path}-{rank}"
 
 
 class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):

@@ -1,6 +1,5 @@
 """The shard's configuration, parsed once from its command line and environment."""
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -27,20 +26,3 @@ class ShardSettings:
     max_loras: int = 4
     max_cpu_loras: int | None = None
     max_lora_rank: int = 64
-
-
-@dataclass(frozen=True)
-class RankEnv:
-    """The torch.distributed environment the launcher sets for each shard."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-
-    @classmethod
-    def from_environ(cls) -> "RankEnv":
-        return cls(
-            rank=int(os.environ.get("RANK", "0")),
-            world_size=int(os.environ.get("WORLD_SIZE", "1")),
-            local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-        )

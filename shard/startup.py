@@ -13,14 +13,15 @@ from shard.kv_cache import KvCacheSettings
 from shard.lora.manager import LoraManager, LoraSettings
 from shard.models import load_model
 from shard.models.config import read_quantization
+from shard.rank_env import DistributedEnv
 from shard.runner import ModelRunner
 from shard.server import ShardIdentity, TextGenerationService
-from shard.settings import DTYPES, RankEnv, ShardSettings
+from shard.settings import DTYPES, ShardSettings
 
 log = logging.getLogger(__name__)
 
 
-def pick_device(env: RankEnv) -> torch.device:
+def pick_device(env: DistributedEnv) -> torch.device:
     if torch.cuda.is_available():
         torch.cuda.set_device(env.local_rank)
         return torch.device("cuda", env.local_rank)
@@ -64,7 +65,7 @@ def build_service(
 def _build_service(
     settings: ShardSettings, torch_thread: ThreadPoolExecutor
 ) -> TextGenerationService:
-    env = RankEnv.from_environ()
+    env = DistributedEnv.from_env()
     device = pick_device(env)
     if device.type == "cpu" and env.world_size > 1:
         # CPU shards share the machine's cores; one OpenMP pool each the size of the machine
