@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from shard.layers.sampling import SamplingParams, SamplingTensors
+from shard.sampling import SamplingParams, SamplingTensors
 from switchyard_pb import generate_pb2
 
 

@@ -16,7 +16,7 @@ import torch
 from shard.batch import Batch
 from shard.distributed import Distributed
 from shard.layers.lora import LoraStep
-from shard.layers.sampling import SampleOutput, sample
+from shard.sampling import SampleOutput, sample
 from shard.step_inputs import StepInputs, build_step_inputs, step_lengths
 from switchyard_pb import generate_pb2
 

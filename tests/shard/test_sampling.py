@@ -1,4 +1,4 @@
-"""shard.layers.sampling: penalties, warpers vs transformers, seeded draws, logprobs, batching."""
+"""shard.sampling: penalties, warpers vs transformers, seeded draws, logprobs, batching."""
 
 from __future__ import annotations
 
@@ -12,8 +12,15 @@ from transformers.generation.logits_process import (
     TypicalLogitsWarper,
 )
 
-from shard.layers import random_hash, sampling, truncation
-from shard.layers.sampling import SampleOutput, SamplingParams, SamplingTensors, sample
+from shard.sampling import (
+    SampleOutput,
+    SamplingParams,
+    SamplingTensors,
+    random_hash,
+    sample,
+    truncation,
+)
+from shard.sampling import sampler as sampling
 
 
 def _logits(batch: int, vocab: int, *, scale: float = 3.0, seed: int = 0) -> torch.Tensor:

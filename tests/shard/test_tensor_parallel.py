@@ -18,8 +18,8 @@ from safetensors.torch import save_file
 from shard.distributed import Distributed, init_distributed
 from shard.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from shard.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-from shard.layers.sampling import SamplingParams, SamplingTensors, sample
 from shard.models import load_model
+from shard.sampling import SamplingParams, SamplingTensors, sample
 from shard.weights import Weights
 
 WORLD = 2

@@ -10,7 +10,7 @@ On CPU at B=64, V=150k a full sort or a random number per vocabulary entry costs
 than everything else, so neither is on the common path:
 - rows that truncate (top-k/top-p/typical-p) work on their K largest logits only
   (`torch.topk`); K grows only for rows whose kept set may reach past them
-  (`shard.layers.truncation`);
+  (`shard.sampling.truncation`);
 - Gumbel noise is drawn for each row's HEAD_SIZE most likely tokens, and for the rest
   only when a per-row draw lands in the remaining probability mass (`_draw`).
 """
@@ -24,8 +24,8 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
-from shard.layers import random_hash
-from shard.layers.truncation import Warpers, candidate_groups
+from shard.sampling import random_hash
+from shard.sampling.truncation import Warpers, candidate_groups
 
 NEG_INF = float("-inf")
 
