@@ -20,6 +20,12 @@ from dataclasses import dataclass
 from router.prefix_cache import PrefixCache, PrefixMatch, PrefixRun
 
 
+def slots_of(blocks: Sequence[int], n_tokens: int, block_size: int) -> tuple[int, ...]:
+    """The cache slot of each of the first n_tokens positions through a block table:
+    slot = blocks[p // block_size] * block_size + p % block_size (the shards' row index)."""
+    return tuple(blocks[p // block_size] * block_size + p % block_size for p in range(n_tokens))
+
+
 @dataclass(frozen=True)
 class Allocation:
     blocks: tuple[int, ...]
@@ -109,10 +115,9 @@ class BlockAllocator:
             self._hold(block)
             new.append(block)
         blocks = (*shared, *new)
-        bs = self.block_size
-        slots = tuple(blocks[p // bs] * bs + p % bs for p in range(n_tokens))
+        slots = slots_of(blocks, n_tokens, self.block_size)
         run = match.run if match is not None and self.cache is not None else None
-        return Allocation(blocks, slots, cached_tokens=len(shared) * bs, run=run)
+        return Allocation(blocks, slots, cached_tokens=len(shared) * self.block_size, run=run)
 
     def commit(
         self, allocation: Allocation, computed: int, tokens: Callable[[], Sequence[int]]

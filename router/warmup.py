@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 
 from router.args import RouterArgs
+from router.block_allocator import slots_of
 from router.client import ShardClient
 from router.limits import RESERVED_BLOCKS, Limits, apply_capacity, resolve_limits
 from router.validation import MAX_TOP_N_TOKENS
@@ -54,7 +55,7 @@ def build_warmup_batch(
                 prefill_logprobs=True,
                 top_n_tokens=top_n_tokens,
                 blocks=blocks,
-                slots=[blocks[p // bs] * bs + p % bs for p in range(positions)],
+                slots=slots_of(blocks, positions, bs),
             )
         )
     return pb.Batch(
