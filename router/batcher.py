@@ -225,6 +225,7 @@ class Batcher:
             self.adapters.acquire(entry.request.adapter_id)
             entry.started_at = now
             self.metrics.admitted(now - entry.queued_at)
+            self.metrics.prompt_cache(entry.cached_tokens, entry.request.input_length)
         self.metrics.prefill_batch(len(entries), concat_reason)
         requests = [e.to_proto() for e in entries]
         batch = pb.Batch(

@@ -77,6 +77,8 @@ class Entry:
     generated_ids: list[int] = field(default_factory=list)
     # Prompt tokens the shards have computed (chunked prefill spreads a prompt over steps).
     prompt_done: int = 0
+    # Prompt tokens read from the prefix cache at admission (reported in headers and usage).
+    cached_tokens: int = 0
     cancelled: bool = False
     done: bool = False
 

@@ -91,7 +91,7 @@ class Infer:
         self.eos_token_ids = frozenset(eos)
         self.queue = Queue()
         self.metrics = Metrics()
-        self.metrics.watch(self.gauges)
+        self.metrics.watch(self.gauges, self.counters)
         self.metrics.track_adapters(self.adapters.names)
         self.allocator = BlockAllocator(
             limits.num_blocks,
@@ -190,6 +190,7 @@ class Infer:
     def gauges(self) -> dict[str, float]:
         """Read at each /metrics scrape (see router.metrics)."""
         running = self.batcher.entries.values()
+        cache = self.allocator.cache
         return {
             "tgi_queue_size": len(self.queue),
             "tgi_batch_current_size": len(running),
@@ -200,7 +201,12 @@ class Infer:
             "switchyard_kv_blocks_free": self.allocator.free_blocks,
             "switchyard_lora_adapters_live": self.batcher.adapters.distinct,
             "switchyard_lora_max_loras": self.args.max_loras,
+            "switchyard_prefix_cache_blocks": cache.cached_blocks if cache else 0,
         }
+
+    def counters(self) -> dict[str, float]:
+        cache = self.allocator.cache
+        return {"switchyard_prefix_cache_evictions": cache.evictions if cache else 0}
 
     async def healthy(self) -> bool:
         try:

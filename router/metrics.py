@@ -40,6 +40,10 @@ GAUGE_HELP = {
     "switchyard_kv_blocks_free": "KV cache blocks free",
     "switchyard_lora_adapters_live": "Distinct LoRA adapters with requests on the shards",
     "switchyard_lora_max_loras": "Distinct LoRA adapters the shards hold at once (--max-loras)",
+    "switchyard_prefix_cache_blocks": "KV blocks holding a cached prompt prefix (in use or not)",
+}
+COUNTER_HELP = {
+    "switchyard_prefix_cache_evictions": "Cached prefix blocks evicted to make room",
 }
 
 
@@ -56,6 +60,17 @@ class _Gauges(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         for name, value in self._read().items():
             yield GaugeMetricFamily(name, GAUGE_HELP.get(name, name), value=value)
+
+
+class _Counters(Collector):
+    """Counters the router's state keeps itself (cumulative), read at scrape time."""
+
+    def __init__(self, read: Callable[[], dict[str, float]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        for name, value in self._read().items():
+            yield CounterMetricFamily(name, COUNTER_HELP.get(name, name), value=value)
 
 
 class _ShardLora(Collector):
@@ -98,6 +113,16 @@ class Metrics:
             "switchyard_request_cancelled", "Requests whose client went away", registry=r
         )
         self.input_tokens = Counter("switchyard_prompt_tokens", "Prompt tokens", registry=r)
+        self.cached_prompt_tokens = Counter(
+            "switchyard_prompt_tokens_cached",
+            "Prompt tokens read from the prefix cache at admission",
+            registry=r,
+        )
+        self.computed_prompt_tokens = Counter(
+            "switchyard_prompt_tokens_computed",
+            "Prompt tokens the shards computed (those not read from the prefix cache)",
+            registry=r,
+        )
         self.generated_tokens = Counter(
             "switchyard_generated_tokens", "Generated tokens", registry=r
         )
@@ -163,9 +188,15 @@ class Metrics:
             "tgi_batch_inference_duration", "Whole step on the shard", STEP_BUCKETS, method
         )
 
-    def watch(self, read_gauges: Callable[[], dict[str, float]]) -> None:
-        """Registers the router state's gauges, read at each scrape."""
+    def watch(
+        self,
+        read_gauges: Callable[[], dict[str, float]],
+        read_counters: Callable[[], dict[str, float]] | None = None,
+    ) -> None:
+        """Registers the router state's gauges and cumulative counters, read at each scrape."""
         self.registry.register(_Gauges(read_gauges))
+        if read_counters is not None:
+            self.registry.register(_Counters(read_counters))
 
     def track_adapters(self, names: list[str]) -> None:
         """Every adapter's series exists from the start, at 0, so rates work from the first
@@ -213,6 +244,10 @@ class Metrics:
 
     def admitted(self, queue_s: float) -> None:
         self.queue.observe(queue_s)
+
+    def prompt_cache(self, cached: int, prompt: int) -> None:
+        self.cached_prompt_tokens.inc(cached)
+        self.computed_prompt_tokens.inc(prompt - cached)
 
     def queued(self, adapter_id: str) -> None:
         self.adapter_requests.labels(adapter=adapter_label(adapter_id)).inc()

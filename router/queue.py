@@ -105,7 +105,7 @@ class Queue:
             if allocation is None:
                 break
             entry.allocation = allocation
-            entry.prompt_done = allocation.cached_tokens
+            entry.prompt_done = entry.cached_tokens = allocation.cached_tokens
             batch.append(entry)
             prefill_tokens += to_compute
             total_tokens += cost
@@ -115,7 +115,7 @@ class Queue:
                 assert entry.allocation is not None
                 allocator.free(entry.allocation.blocks)
                 entry.allocation = None
-                entry.prompt_done = 0
+                entry.prompt_done = entry.cached_tokens = 0
             return []
         admitted = {id(entry) for entry in batch}
         self._entries = deque(e for e in self._entries if id(e) not in admitted)

@@ -88,5 +88,7 @@ def timing_headers(infer: Infer, entry: Entry, finished: Finished) -> dict[str, 
         "x-inference-time": ms(inference),
         "x-time-per-token": ms(inference / max(finished.generated_tokens, 1)),
         "x-prompt-tokens": str(entry.request.input_length),
+        # Of those, read from the prefix cache instead of computed (router/prefix_cache.py).
+        "x-prompt-cached-tokens": str(entry.cached_tokens),
         "x-generated-tokens": str(finished.generated_tokens),
     }

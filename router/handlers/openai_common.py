@@ -175,10 +175,16 @@ def response_body(
     }
 
 
-def usage(entry: Entry) -> dict[str, int]:
+def usage(entry: Entry) -> dict[str, Any]:
     prompt, completion = entry.request.input_length, len(entry.generated_ids)
     total = prompt + completion
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": total}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": total,
+        # OpenAI's field: prompt tokens served from the prefix cache.
+        "prompt_tokens_details": {"cached_tokens": entry.cached_tokens},
+    }
 
 
 def logprob(value: float | None) -> float:

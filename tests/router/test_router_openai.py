@@ -43,6 +43,7 @@ async def test_chat_completion_and_sampling_mapping(model_dir):
             "prompt_tokens": len(prompt_ids),
             "completion_tokens": 5,
             "total_tokens": len(prompt_ids) + 5,
+            "prompt_tokens_details": {"cached_tokens": 0},  # the first request: nothing cached
         }
         assert r.headers["x-prompt-tokens"] == str(len(prompt_ids))
         assert r.headers["x-generated-tokens"] == "5" and "x-queue-time" in r.headers
