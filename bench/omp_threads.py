@@ -31,7 +31,7 @@ MODES = ("same-thread", "to-thread", "one-worker")
 
 def build(model_dir: Path, batch: int, seq_len: int, steps: int):
     """A runner with one prefilled batch, ready for `steps` decodes."""
-    from shard.batch import Batch
+    from shard import wire
     from shard.settings import ShardSettings
     from shard.startup import build_service
 
@@ -40,7 +40,7 @@ def build(model_dir: Path, batch: int, seq_len: int, steps: int):
     block = runner.block_size
     runner.allocate_kv_cache(cache_tokens_needed(batch, seq_len, steps + 2, block) // block)
     pb_batch = make_batch(1, batch, seq_len, steps + 1, block, runner.model.vocab_size)
-    state = Batch.from_proto(pb_batch, runner.device)
+    state = wire.new_batch(pb_batch, runner.device)[0]
     runner.step(state)
     return runner, state
 

@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from shard.batch import Batch
+    from shard import wire
     from shard.settings import ShardSettings
     from shard.startup import build_service
 
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
         cache_tokens_needed(args.batch, args.seq_len, 2 * args.steps + 2, block) // block
     )
     pb_batch = make_batch(1, args.batch, args.seq_len, 2 * args.steps + 1, block, vocab)
-    batch = Batch.from_proto(pb_batch, runner.device)
+    batch = wire.new_batch(pb_batch, runner.device)[0]
     runner.step(batch)
     for _ in range(args.steps):  # warm: first calls allocate and pick kernels
         runner.step(batch)

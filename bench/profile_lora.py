@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from shard.batch import Batch
+    from shard import wire
     from shard.layers.lora import LoraTerm
     from shard.settings import ShardSettings
     from shard.startup import build_service
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def run(n_slots: int, prof: bool = False) -> tuple[float, float]:
         """Median decode step and LoRA-term time per step (seconds)."""
-        batch = Batch.from_proto(pb_batch, runner.device)
+        batch = wire.new_batch(pb_batch, runner.device)[0]
         ids = [names[i % n_slots] if n_slots else "" for i in range(args.batch)]
         batch.lora_slots = lora.assign(ids, []).to(batch.lora_slots.device)
         runner.step(batch)  # prefill

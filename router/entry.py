@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from router.block_allocator import Allocation
 from router.detokenizer import IncrementalDetokenizer
@@ -123,7 +123,7 @@ class Entry:
         return pb.Request(
             id=self.id,
             input_ids=req.input_ids,
-            parameters=req.sampling.to_proto(),
+            parameters=pb.NextTokenChooserParameters(**asdict(req.sampling)),
             stopping_parameters=pb.StoppingCriteriaParameters(
                 max_new_tokens=req.max_new_tokens, ignore_eos_token=req.ignore_eos
             ),

@@ -4,33 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from switchyard_pb import generate_pb2 as pb
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    typical_p: float = 1.0
-    # Already true when any warper is set (TGI samples whenever temperature != 1, top_k, top_p
-    # or typical_p is given), so the shard only ever reads this flag.
-    do_sample: bool = False
-    seed: int = 0
-    repetition_penalty: float = 1.0
-    frequency_penalty: float = 0.0
-
-    def to_proto(self) -> pb.NextTokenChooserParameters:
-        return pb.NextTokenChooserParameters(
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            typical_p=self.typical_p,
-            do_sample=self.do_sample,
-            seed=self.seed,
-            repetition_penalty=self.repetition_penalty,
-            frequency_penalty=self.frequency_penalty,
-        )
+from shard.sampling.params import SamplingParams  # the one declaration, shared with the shard
 
 
 @dataclass(frozen=True)

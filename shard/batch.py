@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from shard.sampling import SamplingParams, SamplingTensors
-from switchyard_pb import generate_pb2
+from shard.requests import NewRequest
+from shard.sampling.sampler import SamplingTensors
 
 
 @dataclass(frozen=True)
@@ -45,20 +45,7 @@ def _pad_cat(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(padded, dim=0)
 
 
-def sampling_params_from_proto(p: generate_pb2.NextTokenChooserParameters) -> SamplingParams:
-    return SamplingParams(
-        temperature=p.temperature or 1.0,
-        top_k=p.top_k,
-        top_p=p.top_p or 1.0,
-        typical_p=p.typical_p or 1.0,
-        do_sample=p.do_sample,
-        seed=p.seed,
-        repetition_penalty=p.repetition_penalty or 1.0,
-        frequency_penalty=p.frequency_penalty,
-    )
-
-
-def _check_prefix(r: generate_pb2.Request) -> None:
+def _check_prefix(r: NewRequest) -> None:
     """A cached prefix the shard could not honour would silently skip computing tokens."""
     if r.prefix_len >= max(len(r.input_ids), 1):
         raise ValueError(
@@ -86,9 +73,11 @@ class Batch:
     prompt_logprobs: dict[int, list[float]] = field(default_factory=dict)
 
     @classmethod
-    def from_proto(cls, pb: generate_pb2.Batch, device: torch.device) -> "Batch":
+    def start(cls, batch_id: int, new: list[NewRequest], device: torch.device) -> "Batch":
+        """The state of a new batch of requests, none of them computed yet (but for a cached
+        prefix)."""
         requests = []
-        for r in pb.requests:
+        for r in new:
             if len(r.slots) < len(r.input_ids):
                 raise ValueError(
                     f"request {r.id}: {len(r.slots)} KV slots for {len(r.input_ids)} prompt tokens"
@@ -105,24 +94,20 @@ class Batch:
                 )
             )
         # History holds one more id than there are slots: the last sampled token never needs KV.
-        history = _pad_rows([list(r.input_ids) for r in pb.requests], torch.int64, device)
-        width = max(len(r.slots) for r in pb.requests) + 1
+        history = _pad_rows([list(r.input_ids) for r in new], torch.int64, device)
+        width = max(len(r.slots) for r in new) + 1
         history = torch.nn.functional.pad(history, (0, width - history.shape[1]))
         return cls(
-            id=pb.id,
+            id=batch_id,
             requests=requests,
-            block_tables=_pad_rows([list(r.blocks) for r in pb.requests], torch.int32, device),
-            slots=_pad_rows([list(r.slots) for r in pb.requests], torch.int64, device),
+            block_tables=_pad_rows([list(r.blocks) for r in new], torch.int32, device),
+            slots=_pad_rows([list(r.slots) for r in new], torch.int64, device),
             history=history,
-            history_lens=torch.tensor([len(r.input_ids) for r in pb.requests], device=device),
+            history_lens=torch.tensor([len(r.input_ids) for r in new], device=device),
             # A cached prefix (router/prefix_cache.py) is already in the request's blocks.
-            cache_lens=torch.tensor(
-                [r.prefix_len for r in pb.requests], dtype=torch.int64, device=device
-            ),
-            sampling=SamplingTensors.from_params(
-                [sampling_params_from_proto(r.parameters) for r in pb.requests], device
-            ),
-            lora_slots=torch.full((len(pb.requests),), -1, dtype=torch.int32, device=device),
+            cache_lens=torch.tensor([r.prefix_len for r in new], dtype=torch.int64, device=device),
+            sampling=SamplingTensors.from_params([r.sampling for r in new], device),
+            lora_slots=torch.full((len(new),), -1, dtype=torch.int32, device=device),
         )
 
     def __len__(self) -> int:
@@ -135,14 +120,6 @@ class Batch:
     @property
     def max_tokens(self) -> int:
         return sum(r.capacity for r in self.requests)
-
-    def to_cached_proto(self) -> generate_pb2.CachedBatch:
-        return generate_pb2.CachedBatch(
-            id=self.id,
-            request_ids=[r.id for r in self.requests],
-            size=len(self.requests),
-            max_tokens=self.max_tokens,
-        )
 
     def append_tokens(self, next_ids: torch.Tensor, rows: torch.Tensor | None = None) -> None:
         """Records the token sampled for each of `rows` (default: all) at its next position."""

@@ -2,7 +2,8 @@
 
 Prefill, decode and chunked-prefill steps are one code path: shard/step_inputs.py decides which
 tokens each row runs and packs them. The per-token hot path has no Python loop over requests;
-the loops that remain copy results into protobuf messages.
+the loop that remains hands each sampled row's results out as plain `Generation`s (the
+servicer, shard/server.py, alone turns them into protobuf).
 """
 
 import logging
@@ -16,9 +17,9 @@ import torch
 from shard.batch import Batch
 from shard.distributed import Distributed
 from shard.layers.lora import LoraStep
-from shard.sampling import SampleOutput, sample
+from shard.requests import Generation, Tokens
+from shard.sampling.sampler import SampleOutput, sample
 from shard.step_inputs import StepInputs, build_step_inputs, step_lengths
-from switchyard_pb import generate_pb2
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ class ModelRunner:
     @torch.inference_mode()
     def step(
         self, batch: Batch, chunks: Mapping[int, int] | None = None
-    ) -> tuple[list[generate_pb2.Generation], StepTimings]:
+    ) -> tuple[list[Generation], StepTimings]:
         """Runs one step: a token for every decoding row, the next prompt chunk (`chunks`, by
         request id; default the whole rest) for rows in their prompt; samples the rows whose
         known tokens are then all in the cache."""
@@ -71,7 +72,7 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[inputs.sample_index])
         batch.cache_lens += q_lens
         forward_done = time.perf_counter_ns()
-        generations: list[generate_pb2.Generation] = []
+        generations: list[Generation] = []
         if len(inputs.sample_rows):
             everyone = len(inputs.sample_rows) == len(batch)
             rows = None if everyone else inputs.sample_rows
@@ -144,9 +145,7 @@ class ModelRunner:
                 )
         return out
 
-    def _generations(
-        self, batch: Batch, out: SampleOutput, rows: list[int]
-    ) -> list[generate_pb2.Generation]:
+    def _generations(self, batch: Batch, out: SampleOutput, rows: list[int]) -> list[Generation]:
         ids = out.next_ids.tolist()
         logprobs = out.logprobs.tolist()
         top_ids = out.top_ids.tolist() if out.top_ids.numel() else None
@@ -154,23 +153,18 @@ class ModelRunner:
         generations = []
         for i, row in enumerate(rows):
             request = batch.requests[row]
-            gen = generate_pb2.Generation(
-                request_id=request.id,
-                tokens=generate_pb2.Tokens(ids=[ids[i]], logprobs=[logprobs[i]]),
-            )
+            top = prefill = None
             if request.top_n_tokens and top_ids is not None:
                 n = request.top_n_tokens
-                gen.top_tokens.append(
-                    generate_pb2.Tokens(ids=top_ids[i][:n], logprobs=top_lps[i][:n])
-                )
+                top = Tokens(ids=top_ids[i][:n], logprobs=top_lps[i][:n])
             if request.prefill_logprobs and int(batch.history_lens[row]) == request.input_len + 1:
                 # The request's first token: its prompt's logprobs go with it. The first prompt
                 # token has no prediction.
-                gen.prefill_tokens.CopyFrom(
-                    generate_pb2.Tokens(
-                        ids=batch.history[row, : request.input_len].tolist(),
-                        logprobs=[math.nan] + batch.prompt_logprobs.pop(request.id, []),
-                    )
+                prefill = Tokens(
+                    ids=batch.history[row, : request.input_len].tolist(),
+                    logprobs=[math.nan] + batch.prompt_logprobs.pop(request.id, []),
                 )
-            generations.append(gen)
+            generations.append(
+                Generation(request.id, Tokens([ids[i]], [logprobs[i]]), top, prefill)
+            )
         return generations

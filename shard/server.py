@@ -18,6 +18,7 @@ from pathlib import Path
 import grpc
 import torch
 
+from shard import wire
 from shard.batch import Batch
 from shard.kv_cache import KvCacheSettings, plan_num_blocks
 from shard.lora.manager import LoraManager
@@ -104,7 +105,7 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
         def filter_batch():
             kept = self._cached(request.batch_id).filter(list(request.request_ids))
             self.cache[kept.id] = kept
-            return generate_pb2.FilterBatchResponse(batch=kept.to_cached_proto())
+            return generate_pb2.FilterBatchResponse(batch=wire.cached_batch(kept))
 
         return await self._abort_on_error(context, filter_batch)
 
@@ -118,20 +119,20 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
     def _step(self, batch: Batch, chunks) -> tuple[list[generate_pb2.Generation], StepTimings]:
         generations, timings = self.runner.step(batch, dict(chunks))
         self.cache[batch.id] = batch
-        return generations, timings
+        return [wire.generation(g) for g in generations], timings
 
     async def Prefill(self, request, context):
         def prefill():
             start = time.perf_counter_ns()
-            new = Batch.from_proto(request.batch, self.runner.device)
+            new, requests = wire.new_batch(request.batch, self.runner.device)
             if new.id in self.cache and not request.cached_batches:
                 raise ValueError(f"batch {new.id} is already cached on this shard")
-            self._assign_adapters(new, [r.adapter_id for r in request.batch.requests])
+            self._assign_adapters(new, [r.adapter_id for r in requests])
             batch = Batch.concat([*self._take(list(request.cached_batches)), new])
             generations, timings = self._step(batch, request.prefill_chunks)
             return generate_pb2.PrefillResponse(
                 generations=generations,
-                batch=batch.to_cached_proto(),
+                batch=wire.cached_batch(batch),
                 forward_ns=timings.forward_ns,
                 decode_ns=timings.decode_ns,
                 total_ns=time.perf_counter_ns() - start,
@@ -196,7 +197,7 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             generations, timings = self._step(batch, request.prefill_chunks)
             return generate_pb2.DecodeResponse(
                 generations=generations,
-                batch=batch.to_cached_proto(),
+                batch=wire.cached_batch(batch),
                 concat_ns=concat_done - start,
                 forward_ns=timings.forward_ns,
                 decode_ns=timings.decode_ns,
@@ -216,7 +217,7 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             if runner.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(runner.device)
             if request.batch.requests:
-                runner.step(Batch.from_proto(request.batch, runner.device))
+                runner.step(wire.new_batch(request.batch, runner.device)[0])
             runner.kv_caches = None
             gc.collect()
             if runner.device.type == "cuda":

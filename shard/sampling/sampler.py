@@ -17,7 +17,6 @@ than everything else, so neither is on the common path:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 
@@ -25,6 +24,7 @@ import torch
 from torch import Tensor
 
 from shard.sampling import random_hash
+from shard.sampling.params import SamplingParams
 from shard.sampling.truncation import Warpers, candidate_groups
 
 NEG_INF = float("-inf")
@@ -32,41 +32,6 @@ NEG_INF = float("-inf")
 # Tokens that get their own Gumbel draw every step; other tokens are drawn only with the
 # probability mass outside them (usually a few percent).
 HEAD_SIZE = 128
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """One request's parameters; mirrors NextTokenChooserParameters.
-
-    Neutral values: temperature 1.0, top_k 0, top_p 1.0, typical_p 1.0, repetition_penalty
-    1.0, frequency_penalty 0.0. Greedy requests ignore the warper parameters, so those are
-    validated only with do_sample (an unset proto field reads 0).
-    """
-
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    typical_p: float = 1.0
-    do_sample: bool = False
-    seed: int = 0
-    repetition_penalty: float = 1.0
-    frequency_penalty: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-        if not math.isfinite(self.frequency_penalty):
-            raise ValueError(f"frequency_penalty must be finite, got {self.frequency_penalty}")
-        if not self.do_sample:
-            return
-        if not (self.temperature > 0 and math.isfinite(self.temperature)):
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0 < self.typical_p <= 1:
-            raise ValueError(f"typical_p must be in (0, 1], got {self.typical_p}")
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ from shard.distributed import Distributed, init_distributed
 from shard.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from shard.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from shard.models import load_model
-from shard.sampling import SamplingParams, SamplingTensors, sample
+from shard.sampling.params import SamplingParams
+from shard.sampling.sampler import SamplingTensors, sample
 from shard.weights import Weights
 
 WORLD = 2
