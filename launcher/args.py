@@ -11,6 +11,7 @@ from launcher.adapters import AdapterSpec, parse_specs
 from launcher.devices import default_num_shard
 from launcher.env import LauncherEnv
 from shard.layers.quant.config import METHODS as QUANTIZE_METHODS
+from shard.sockets import shard_socket
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 ATTENTION_BACKENDS = ("torch", "triton")
@@ -82,7 +83,7 @@ class LauncherConfig:
     lora_dir: str | None
 
     def shard_socket(self, rank: int) -> str:
-        return f"{self.shard_uds_path}-{rank}"
+        return shard_socket(self.shard_uds_path, rank)
 
 
 def _bounded(

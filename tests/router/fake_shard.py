@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from shard.sockets import shard_url
 from switchyard_pb import generate_pb2 as pb
 from switchyard_pb import generate_pb2_grpc as pb_grpc
 
@@ -351,7 +352,7 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
 async def start_fake_shards(
     uds_path: str, world_size: int = 2, **kwargs
 ) -> tuple[list[FakeShard], list[grpc.aio.Server]]:
-    urls = [f"unix://{uds_path}-{r}" for r in range(world_size)]
+    urls = [shard_url(uds_path, r) for r in range(world_size)]
     shards, servers = [], []
     for rank, url in enumerate(urls):
         shard = FakeShard(rank=rank, urls=urls, **kwargs)
