@@ -37,6 +37,7 @@ from router.errors import (
 from router.metrics import Metrics
 from router.queue import Queue
 from router.results import Results
+from router.step_trace import StepTrace
 from router.tokenizer import Tokenizer
 from switchyard_pb import generate_pb2 as pb
 
@@ -73,6 +74,7 @@ class Batcher:
         self.tokenizer = tokenizer
         self.config = config
         self.metrics = metrics or Metrics()
+        self.trace = StepTrace()  # the step timeline GET /debug/steps serves
         self.results = Results(tokenizer, self.metrics)
         self.entries: dict[int, Entry] = {}  # admitted requests, by id
         self.adapters = LiveAdapters(config.max_loras)  # the adapters of `entries`
@@ -238,9 +240,11 @@ class Batcher:
         cached_batches = [cached] if cached is not None else []
         ids = [rid for b in cached_batches for rid in b.request_ids] + [e.id for e in entries]
         self.metrics.step_started("prefill")
+        self._trace_begin("prefill", ids, chunks, len(entries))
         try:
             response = await self.client.prefill(batch, cached_batches, chunks or {})
         except Exception as err:
+            self.trace.failed()
             # Every request of the step fails, like a failed Decode: the shards' copy of the
             # cached batch can no longer be trusted.
             self._fail_internal(f"prefill of batch {batch.id}", ids, err)
@@ -250,34 +254,59 @@ class Batcher:
         self.metrics.step_done(
             "prefill", response.forward_ns, response.decode_ns, response.total_ns
         )
+        self.trace.answered(response.forward_ns, response.decode_ns, response.total_ns)
         if response.HasField("lora"):
             self.metrics.shard_lora(response.lora)
         self._record_prompt_progress(chunks, entries)
         self._cache_computed(ids)
         self._handle(response.generations)
         result = response.batch if response.HasField("batch") else None
-        return await self._settle(result, ids)
+        settled = await self._settle(result, ids)
+        self.trace.handled()
+        return settled
 
     async def _decode(
         self, batches: list[pb.CachedBatch], chunks: dict[int, int] | None = None
     ) -> pb.CachedBatch | None:
         ids = [rid for b in batches for rid in b.request_ids]
         self.metrics.step_started("decode")
+        self._trace_begin("decode", ids, chunks, 0)
         try:
             response = await self.client.decode(batches, chunks or {})
         except Exception as err:
+            self.trace.failed()
             self._fail_internal(f"decode of batches {[b.id for b in batches]}", ids, err)
             for b in batches:
                 await self._clear(b.id)
             return None
         self.metrics.step_done("decode", response.forward_ns, response.decode_ns, response.total_ns)
+        self.trace.answered(response.forward_ns, response.decode_ns, response.total_ns)
         if response.HasField("lora"):
             self.metrics.shard_lora(response.lora)
         self._record_prompt_progress(chunks, [])
         self._cache_computed(ids)
         self._handle(response.generations)
         cached = response.batch if response.HasField("batch") else None
-        return await self._settle(cached, ids)
+        settled = await self._settle(cached, ids)
+        self.trace.handled()
+        return settled
+
+    def _trace_begin(
+        self, kind: str, ids: Sequence[int], chunks: dict[int, int] | None, new: int
+    ) -> None:
+        """A step's shape for the timeline: rows still in their prompt compute their chunk
+        (default: the rest of it), the others decode one token."""
+        prefill_tokens = decode_rows = 0
+        for rid in ids:
+            entry = self.entries.get(rid)
+            if entry is None:
+                continue
+            left = entry.prompt_left
+            if left > 0:
+                prefill_tokens += min(left, (chunks or {}).get(rid, left))
+            else:
+                decode_rows += 1
+        self.trace.begin(kind, prefill_tokens, decode_rows, new)
 
     def _record_prompt_progress(self, chunks: dict[int, int] | None, started: list[Entry]) -> None:
         """What the shards computed of each prompt: the chunks, else the started prompts whole."""

@@ -19,6 +19,7 @@ from router.errors import (
     RouterError,
 )
 from router.handlers.common import INFER, error_response
+from router.handlers.debug import debug_steps
 from router.handlers.generate import generate
 from router.handlers.lora_admin import load_lora_adapter, unload_lora_adapter
 from router.handlers.misc import compat_generate, health, info, metrics, models, tokenize
@@ -91,6 +92,7 @@ def create_app(infer: Infer) -> web.Application:
     app.router.add_get("/info", info)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/debug/steps", debug_steps)
 
     async def start_scheduler(app: web.Application) -> None:
         app[INFER].start()
