@@ -53,24 +53,21 @@ def adapter_label(adapter_id: str) -> str:
     return adapter_id or BASE_LABEL
 
 
-class _Gauges(Collector):
-    def __init__(self, read: Callable[[], dict[str, float]]) -> None:
-        self._read = read
+class _StateReader(Collector):
+    """Values read from the router's state at scrape time: gauges, or counters it keeps
+    cumulatively itself (CounterMetricFamily)."""
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def __init__(
+        self,
+        read: Callable[[], dict[str, float]],
+        family: type[GaugeMetricFamily] | type[CounterMetricFamily],
+        help_texts: dict[str, str],
+    ) -> None:
+        self._read, self._family, self._help = read, family, help_texts
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         for name, value in self._read().items():
-            yield GaugeMetricFamily(name, GAUGE_HELP.get(name, name), value=value)
-
-
-class _Counters(Collector):
-    """Counters the router's state keeps itself (cumulative), read at scrape time."""
-
-    def __init__(self, read: Callable[[], dict[str, float]]) -> None:
-        self._read = read
-
-    def collect(self) -> Iterator[CounterMetricFamily]:
-        for name, value in self._read().items():
-            yield CounterMetricFamily(name, COUNTER_HELP.get(name, name), value=value)
+            yield self._family(name, self._help.get(name, name), value=value)
 
 
 class _ShardLora(Collector):
@@ -194,9 +191,9 @@ class Metrics:
         read_counters: Callable[[], dict[str, float]] | None = None,
     ) -> None:
         """Registers the router state's gauges and cumulative counters, read at each scrape."""
-        self.registry.register(_Gauges(read_gauges))
+        self.registry.register(_StateReader(read_gauges, GaugeMetricFamily, GAUGE_HELP))
         if read_counters is not None:
-            self.registry.register(_Counters(read_counters))
+            self.registry.register(_StateReader(read_counters, CounterMetricFamily, COUNTER_HELP))
 
     def track_adapters(self, names: list[str]) -> None:
         """Every adapter's series exists from the start, at 0, so rates work from the first

@@ -27,6 +27,13 @@ def start_service(model_dir):
     return build_service(settings)
 
 
+def start_warm_service(model_dir, kv_tokens: int = 8192):
+    """A servicer whose KV cache is allocated (Warmup for kv_tokens), ready for Prefill."""
+    service = start_service(model_dir)
+    run(service.Warmup(generate_pb2.WarmupRequest(max_batch_total_tokens=kv_tokens), FakeContext()))
+    return service
+
+
 def greedy_reference(model, prompt: list[int], n: int) -> list[int]:
     with torch.no_grad():
         out = model.generate(

@@ -15,15 +15,13 @@ from tests.shard.servicer_helpers import (
     greedy_reference,
     prompts,
     run,
-    start_service,
+    start_warm_service,
 )
 
 
 @pytest.fixture(scope="module")
 def service(servicer_model_dir):
-    service = start_service(servicer_model_dir)
-    run(service.Warmup(pb.WarmupRequest(max_batch_total_tokens=8192), FakeContext()))
-    return service
+    return start_warm_service(servicer_model_dir)
 
 
 @pytest.fixture

@@ -12,15 +12,13 @@ from tests.shard.servicer_helpers import (
     FakeContext,
     greedy_reference,
     run,
-    start_service,
+    start_warm_service,
 )
 
 
 @pytest.fixture(scope="module")
 def service(servicer_model_dir):
-    service = start_service(servicer_model_dir)
-    run(service.Warmup(pb.WarmupRequest(max_batch_total_tokens=8192), FakeContext()))
-    return service
+    return start_warm_service(servicer_model_dir)
 
 
 def _generate(service, request: pb.Request, batch_id: int) -> list[pb.Generation]:
