@@ -7,10 +7,12 @@
 For each server in turn (never two at once: they share the CPU), it starts the server (or
 attaches to a running one), warms it up, then runs every level: a concurrency level keeps N
 requests in flight; a rate level sends Poisson arrivals. Every request has a prompt of exactly
---input-len tokens and asks for --output-len tokens with EOS ignored (where the server cannot
-ignore it, what came back is counted). Results: a table per server and level, ratios against the
-baseline, JSON and a PNG plot under --out. Default model: the SmolLM2-135M-shaped random model
-from bench/build_smollm_shape.py.
+--input-len tokens and asks for up to --output-len tokens; a request that ends at EOS is
+measured as it ended (its tokens as the server counts them, its end when the stream ends), unless
+--ignore-eos makes every request generate --output-len tokens. Results: a table per server and
+level, ratios against the baseline, JSON and a PNG plot under --out. Default model: the real
+SmolLM2-135M-Instruct (the launcher's default model); --random-weights runs the random-weight
+model of the same shape (bench/build_smollm_shape.py) on which earlier figures were measured.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import serve_metrics
+from bench.models import add_model_args, resolve_model
 from bench.serve_client import (
     Endpoint,
     Job,
@@ -51,8 +54,11 @@ class Level:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_model_args(p)
     p.add_argument(
-        "--model-dir", type=Path, default=None, help="default: build/reuse the SmolLM2 shape"
+        "--ignore-eos",
+        action="store_true",
+        help="every request generates --output-len tokens (default: requests end at EOS)",
     )
     p.add_argument("--servers", default="switchyard,transformers", help="comma list to start")
     p.add_argument(
@@ -252,14 +258,12 @@ def _no_nan(obj: Any) -> Any:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.model_dir is None:
-        from bench.build_smollm_shape import build, default_dir
-
-        args.model_dir = build(default_dir())
-    model_dir = args.model_dir.resolve()
+    model_dir, model_label = resolve_model(args)
+    print(f"model: {model_label} ({model_dir})", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     workload = Workload(args, model_dir)
-    results: dict[str, Any] = {"meta": environment(args, model_dir), "servers": {}}
+    meta = {**environment(args, model_dir), "model": model_label, "ignore_eos": args.ignore_eos}
+    results: dict[str, Any] = {"meta": meta, "servers": {}}
 
     for spec in args.attach:
         name, _, url = spec.partition("=")
@@ -269,7 +273,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     for name in [s for s in args.servers.split(",") if s]:
         extra_args = shlex.split(getattr(args, f"{name}_args", ""))
-        server = FACTORIES[name](model_dir, extra_args)
+        server = FACTORIES[name](model_dir, extra_args, ignore_eos=args.ignore_eos)
         server.start(args.out / "logs")
         try:
             print(

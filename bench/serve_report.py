@@ -140,7 +140,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ax.legend()
     meta = results.get("meta", {})
     fig.suptitle(
-        f"{meta.get('model_name', '')}: prompt {meta.get('input_len')} / output "
+        f"{meta.get('model', meta.get('model_name', ''))}: prompt {meta.get('input_len')} / output "
         f"{meta.get('output_len')} tokens, {meta.get('cpu', '')}"
     )
     fig.tight_layout()
@@ -149,7 +149,12 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
 
 def report(results: dict[str, Any], baseline: str | None, markdown: bool = False) -> str:
-    parts = [server_table(results, markdown)]
+    meta = results.get("meta", {})
+    # Results written before the benchmarks ran real weights name no model: they ran the
+    # random-weight SmolLM2-shaped one, with EOS ignored.
+    model = meta.get("model", f"{meta.get('model_name', '?')} (random weights)")
+    eos = "EOS ignored" if meta.get("ignore_eos", True) else "requests end at EOS"
+    parts = [f"model: {model}; {eos}", server_table(results, markdown)]
     names = list(results["servers"])
     if baseline in names:
         for name in names:

@@ -102,7 +102,7 @@ class ManagedServer:
             pass
 
 
-def switchyard(model_dir: Path, extra_args: list[str]) -> ManagedServer:
+def switchyard(model_dir: Path, extra_args: list[str], *, ignore_eos: bool = True) -> ManagedServer:
     port = free_port()
     # Private socket path and rendezvous port: other Switchyards may be running on this machine.
     sockets = Path(tempfile.gettempdir()) / f"sy-bench-{secrets.token_hex(4)}-shard"
@@ -122,7 +122,7 @@ def switchyard(model_dir: Path, extra_args: list[str]) -> ManagedServer:
         port=port,
         model=str(model_dir),
         # Greedy, like the transformers side; ignore_eos gives every request max_tokens tokens.
-        extra_body={"ignore_eos": True, "temperature": 0.0},
+        extra_body={"ignore_eos": ignore_eos, "temperature": 0.0},
     )
 
 
@@ -144,7 +144,9 @@ def transformers_kv_blocks(model_dir: Path, page_size: int = 256) -> int:
     return max(1, int(budget // (page_size * bytes_per_token)))
 
 
-def transformers_serve(model_dir: Path, extra_args: list[str]) -> ManagedServer:
+def transformers_serve(
+    model_dir: Path, extra_args: list[str], *, ignore_eos: bool = True
+) -> ManagedServer:
     port = free_port()
     if not any(a.startswith(("--cb-num-blocks", "--cb-max-memory-percent")) for a in extra_args):
         extra_args = ["--cb-num-blocks", str(transformers_kv_blocks(model_dir)), *extra_args]
@@ -162,8 +164,10 @@ def transformers_serve(model_dir: Path, extra_args: list[str]) -> ManagedServer:
     ]  # fmt: skip
     # transformers serve rejects unknown fields such as ignore_eos (422). Its continuous
     # batching takes eos_token_id per request from the generation config, and -1 disables it;
-    # do_sample false = greedy. A body `generation_config` replaces the model's, so both are set.
-    generation_config = {"eos_token_id": -1, "do_sample": False}
+    # do_sample false = greedy. A body `generation_config` replaces the model's, so both are set
+    # (the model's own EOS when requests are to end there).
+    eos = -1 if ignore_eos else _model_eos(model_dir)
+    generation_config = {"eos_token_id": eos, "do_sample": False}
     return ManagedServer(
         name="transformers",
         argv=argv,
@@ -172,6 +176,15 @@ def transformers_serve(model_dir: Path, extra_args: list[str]) -> ManagedServer:
         extra_body={"generation_config": json.dumps(generation_config)},
         env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
     )
+
+
+def _model_eos(model_dir: Path) -> int | list[int]:
+    """The EOS that ends generation, as transformers reads it: generation_config.json first."""
+    for name in ("generation_config.json", "config.json"):
+        path = model_dir / name
+        if path.exists() and (eos := json.loads(path.read_text()).get("eos_token_id")) is not None:
+            return eos
+    raise ValueError(f"{model_dir} names no eos_token_id")
 
 
 FACTORIES = {"switchyard": switchyard, "transformers": transformers_serve}

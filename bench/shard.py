@@ -10,6 +10,9 @@ router calls it) and by the shard itself (total_ns / forward_ns / decode_ns in t
 the gap is the cost of the RPC: serialization, the unix socket, the servicer's thread hop.
 Serve-level router overhead = client ITL (bench/serve.py) - these shard step times.
 
+Default model: the real SmolLM2-135M-Instruct (the launcher's default model); --random-weights
+runs the random-weight model of the same shape (bench/build_smollm_shape.py).
+
 Attach only to a shard no router uses: Warmup here resizes its KV cache and drops its batches.
 """
 
@@ -30,6 +33,7 @@ from typing import Any
 
 import grpc
 
+from bench.models import add_model_args, resolve_model
 from bench.servers import free_port
 from bench.shard_batches import cache_tokens_needed, make_batch
 from switchyard_pb import generate_pb2 as pb
@@ -40,7 +44,7 @@ CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_mess
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model-dir", type=Path, default=None, help="default: the SmolLM2 shape")
+    add_model_args(p)
     p.add_argument("--attach", default=None, metavar="UDS_PATH", help="use a running shard")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16, 32])
@@ -231,12 +235,11 @@ async def bench(args: argparse.Namespace, proc: ShardProcess | None) -> dict[str
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     proc = None
+    model_label = "attached shard"
     if not args.attach:
-        if args.model_dir is None:
-            from bench.build_smollm_shape import build, default_dir
-
-            args.model_dir = build(default_dir())
-        proc = ShardProcess(args.model_dir.resolve(), args.dtype, args.out / "logs" / "shard.log")
+        model_dir, model_label = resolve_model(args)
+        print(f"model: {model_label} ({model_dir})", flush=True)
+        proc = ShardProcess(model_dir, args.dtype, args.out / "logs" / "shard.log")
     try:
         result = asyncio.run(bench(args, proc))
     finally:
@@ -245,6 +248,7 @@ def main(argv: list[str] | None = None) -> None:
     result["meta"] = {
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "load_average": os.getloadavg(),
+        "model": model_label,
         "decode_steps": args.decode_steps,
         "repeats": args.repeats,
     }

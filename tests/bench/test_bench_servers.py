@@ -43,3 +43,27 @@ def test_switchyard_uses_private_sockets_and_ignores_eos(model_dir):
     assert path != b.argv[b.argv.index("--shard-uds-path") + 1]
     assert a.argv[-2:] == ["--max-batch-prefill-tokens", "4096"]
     assert a.extra_body["ignore_eos"] is True and a.extra_body["temperature"] == 0.0
+
+
+def test_with_eos_honoured_both_servers_stop_at_the_models_eos(model_dir):
+    (model_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
+    assert switchyard(model_dir, [], ignore_eos=False).extra_body["ignore_eos"] is False
+    body = transformers_serve(model_dir, [], ignore_eos=False).extra_body
+    assert json.loads(body["generation_config"]) == {"eos_token_id": 2, "do_sample": False}
+    body = transformers_serve(model_dir, []).extra_body  # the default: EOS disabled
+    assert json.loads(body["generation_config"])["eos_token_id"] == -1
+
+
+def test_benchmarks_default_to_the_real_smollm2(tmp_path, monkeypatch):
+    import argparse
+
+    import launcher.default_model
+    from bench.models import REAL, add_model_args, resolve_model
+
+    p = argparse.ArgumentParser()
+    add_model_args(p)
+    monkeypatch.setattr(launcher.default_model, "ensure_default_model", lambda root: tmp_path)
+    assert resolve_model(p.parse_args([])) == (tmp_path, REAL)
+    assert resolve_model(p.parse_args(["--model-dir", str(tmp_path)]))[0] == tmp_path
+    with pytest.raises(SystemExit, match="exclude each other"):
+        resolve_model(p.parse_args(["--model-dir", "x", "--random-weights"]))
