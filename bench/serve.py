@@ -22,6 +22,7 @@ import asyncio
 import json
 import math
 import platform
+import random
 import shlex
 import time
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ from bench.serve_client import (
     send,
 )
 from bench.serve_prompts import PromptFactory
-from bench.serve_report import plot, report
+from bench.serve_report import level_label, plot, report
 from bench.serve_stats import RequestResult, summarize
 from bench.servers import FACTORIES, ManagedServer
 
@@ -50,6 +51,16 @@ from bench.servers import FACTORIES, ManagedServer
 class Level:
     mode: str  # "concurrency" | "rate"
     value: float
+    # "fixed": every prompt --input-len tokens, every output up to --output-len; "random":
+    # vLLM benchmark_serving's random dataset, each request's lengths drawn uniformly within
+    # --random-range-ratio of those means.
+    dataset: str = "fixed"
+
+
+# A server whose TTFT p50 at some level passes this many times its own TTFT for one request
+# alone is starved or misconfigured (a KV cache too small for the level, a queue that never
+# drains): its figures would measure the configuration, not the server.
+STARVED_TTFT_FACTOR = 10
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -60,7 +71,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="every request generates --output-len tokens (default: requests end at EOS)",
     )
-    p.add_argument("--servers", default="switchyard,transformers", help="comma list to start")
+    p.add_argument(
+        "--servers",
+        default="switchyard,transformers",
+        help="comma list to start; transformers runs at its own defaults, "
+        "transformers-equal-kv with the KV memory of a Switchyard CPU shard",
+    )
     p.add_argument(
         "--attach",
         action="append",
@@ -79,6 +95,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--transformers-args", default="", help="extra `transformers serve` flags")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
+    p.add_argument(
+        "--datasets",
+        nargs="+",
+        choices=["fixed", "random"],
+        default=["fixed", "random"],
+        help="fixed lengths, and/or vLLM-style random lengths around them",
+    )
+    p.add_argument(
+        "--random-range-ratio",
+        type=float,
+        default=0.5,
+        help="random dataset: lengths uniform in [L (1 - r), L (1 + r)] (vLLM's flag)",
+    )
     p.add_argument("--concurrency", type=int, nargs="*", default=[1, 8, 16, 32])
     p.add_argument(
         "--request-rate", type=float, nargs="*", default=[], help="Poisson levels, req/s"
@@ -103,8 +132,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def levels_of(args: argparse.Namespace) -> list[Level]:
-    return [Level("concurrency", c) for c in args.concurrency] + [
-        Level("rate", r) for r in args.request_rate
+    return [
+        level
+        for dataset in args.datasets
+        for level in [Level("concurrency", c, dataset) for c in args.concurrency]
+        + [Level("rate", r, dataset) for r in args.request_rate]
     ]
 
 
@@ -122,13 +154,27 @@ class Workload:
         self.args = args
         self.factory = PromptFactory(model_dir, seed=args.seed)
 
-    def jobs(self, level_index: int, n: int) -> list[Job]:
-        texts = self.factory.many(self.args.input_len, n, offset=10_000 * (level_index + 1))
-        return [Job(t, self.args.input_len, self.args.output_len) for t in texts]
+    def jobs(self, level_index: int, n: int, dataset: str = "fixed") -> list[Job]:
+        args, offset = self.args, 10_000 * (level_index + 1)
+        if dataset == "fixed":
+            texts = self.factory.many(args.input_len, n, offset=offset)
+            return [Job(t, args.input_len, args.output_len) for t in texts]
+        rng = random.Random(f"{args.seed}:{level_index}")
+        lengths = [
+            (around(rng, args.input_len, args.random_range_ratio),
+             around(rng, args.output_len, args.random_range_ratio))
+            for _ in range(n)
+        ]  # fmt: skip
+        return [Job(self.factory.make(i, offset + k), i, o) for k, (i, o) in enumerate(lengths)]
 
     def warmup_jobs(self, n: int) -> list[Job]:
         texts = self.factory.many(self.args.input_len, n, offset=0)
         return [Job(t, self.args.input_len, self.args.warmup_output_len) for t in texts]
+
+
+def around(rng: random.Random, mean: int, ratio: float) -> int:
+    """A length uniform in [mean (1 - ratio), mean (1 + ratio)], at least 1 (vLLM's rule)."""
+    return max(1, rng.randint(int(mean * (1 - ratio)), int(mean * (1 + ratio))))
 
 
 async def warm_up(ep: Endpoint, workload: Workload, widest: int) -> None:
@@ -165,7 +211,7 @@ async def measure(
     out = []
     async with new_session(1) as session:
         for i, level in enumerate(levels):
-            jobs = workload.jobs(i, prompts_for(args, level))
+            jobs = workload.jobs(i, prompts_for(args, level), level.dataset)
             before = await serve_metrics.scrape(session, ep.base_url)
             results = await run_level(ep, args, level, jobs)
             after = await serve_metrics.scrape(session, ep.base_url)
@@ -173,6 +219,7 @@ async def measure(
             entry: dict[str, Any] = {
                 "mode": level.mode,
                 "value": level.value,
+                "dataset": level.dataset,
                 "summary": summary.to_dict(),
             }
             if before is not None and after is not None:
@@ -182,7 +229,8 @@ async def measure(
             out.append(entry)
             s = summary
             print(
-                f"  {level.mode}={level.value:g}: {s.completed} ok, {s.failed} failed, "
+                f"  {level.mode}={level.value:g} {level.dataset}: {s.completed} ok, "
+                f"{s.failed} failed, "
                 f"{s.output_throughput:.1f} out tok/s, TTFT p50 {s.ttft_s.p50 * 1e3:.0f} ms, "
                 f"ITL p99 {s.itl_s.p99 * 1e3:.1f} ms, {s.duration_s:.1f} s",
                 flush=True,
@@ -206,10 +254,50 @@ async def bench_server(
     ep = Endpoint(url, api, model, extra_body if api == "openai" else {})
     print(f"[{name}] {url} api={api}", flush=True)
     levels = await measure(ep, args, workload)
-    info: dict[str, Any] = {"url": url, "api": api, "extra_body": ep.extra_body, "levels": levels}
+    single = await single_request_ttft(ep, workload)
+    print(f"  one request alone: TTFT {single * 1e3:.0f} ms (median of {SINGLE_PROBES})")
+    info: dict[str, Any] = {
+        "url": url,
+        "api": api,
+        "extra_body": ep.extra_body,
+        "levels": levels,
+        "single_request_ttft_s": single,
+    }
     if server is not None:
         info["command"] = shlex.join(server.argv)
     return info
+
+
+SINGLE_PROBES = 3
+
+
+async def single_request_ttft(ep: Endpoint, workload: Workload) -> float:
+    """The server's TTFT with nothing else in flight: the yardstick of the starvation check."""
+    ttfts = []
+    async with new_session(1) as session:
+        for job in workload.jobs(-1, SINGLE_PROBES):
+            result = await send(session, ep, job)
+            if not result.ok or result.ttft is None:
+                raise RuntimeError(f"single-request probe failed: {result.error or 'no token'}")
+            ttfts.append(result.ttft)
+    return sorted(ttfts)[len(ttfts) // 2]
+
+
+def starved_levels(results: dict[str, Any]) -> list[str]:
+    """Every (server, level) whose TTFT p50 passes STARVED_TTFT_FACTOR x its single-request TTFT."""
+    out = []
+    for name, server in results["servers"].items():
+        single = server.get("single_request_ttft_s")
+        if not single:
+            continue
+        for level in server["levels"]:
+            p50 = level["summary"]["ttft_s"]["p50"]
+            if p50 is not None and p50 > STARVED_TTFT_FACTOR * single:
+                out.append(
+                    f"{name} {level_label(level)}: TTFT p50 {p50:.2f} s > "
+                    f"{STARVED_TTFT_FACTOR} x its single-request TTFT {single:.3f} s"
+                )
+    return out
 
 
 def environment(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
@@ -272,7 +360,8 @@ def main(argv: list[str] | None = None) -> None:
             bench_server(None, name, url.rstrip("/"), str(model_dir), extra, args, workload)
         )
     for name in [s for s in args.servers.split(",") if s]:
-        extra_args = shlex.split(getattr(args, f"{name}_args", ""))
+        # transformers-equal-kv takes the --transformers-args too
+        extra_args = shlex.split(getattr(args, f"{name.split('-')[0]}_args", ""))
         server = FACTORIES[name](model_dir, extra_args, ignore_eos=args.ignore_eos)
         server.start(args.out / "logs")
         try:
@@ -295,6 +384,13 @@ def main(argv: list[str] | None = None) -> None:
     png = args.out / f"serve-{stamp}.png"
     plot(_no_nan(results), png)
     print(f"\nresults: {json_path}\nplot:    {png}")
+    starved = starved_levels(_no_nan(results))
+    if starved:
+        # Loud, and after the results are on disk: they show what went wrong.
+        raise SystemExit(
+            "SANITY CHECK FAILED: a server looks starved or misconfigured; its figures are not a "
+            "fair measurement:\n  " + "\n  ".join(starved)
+        )
 
 
 if __name__ == "__main__":

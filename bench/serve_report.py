@@ -40,9 +40,11 @@ RATIOS = [
 
 
 def level_label(level: dict[str, Any]) -> str:
+    # Results from before the random dataset have no "dataset": they are fixed-length.
+    random_lengths = " random" if level.get("dataset", "fixed") == "random" else ""
     if level["mode"] == "concurrency":
-        return f"c={level['value']}"
-    return f"rate={level['value']}/s"
+        return f"c={level['value']}{random_lengths}"
+    return f"rate={level['value']}/s{random_lengths}"
 
 
 def value(summary: dict[str, Any], column: str) -> float:
@@ -125,10 +127,17 @@ def plot(results: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
     for ax, (column, title) in zip(axes.flat, panels, strict=True):
         for name, server in results["servers"].items():
-            levels = [lv for lv in server["levels"] if lv["mode"] == "concurrency"]
-            if levels:
-                xs = [lv["value"] for lv in levels]
-                ax.plot(xs, [value(lv["summary"], column) for lv in levels], "o-", label=name)
+            for dataset, style in (("fixed", "o-"), ("random", "s--")):
+                levels = [
+                    lv
+                    for lv in server["levels"]
+                    if lv["mode"] == "concurrency" and lv.get("dataset", "fixed") == dataset
+                ]
+                if levels:
+                    xs = [lv["value"] for lv in levels]
+                    ys = [value(lv["summary"], column) for lv in levels]
+                    label = name if dataset == "fixed" else f"{name} (random lengths)"
+                    ax.plot(xs, ys, style, label=label)
         ax.set_title(title)
         ax.set_xlabel("concurrency")
         ax.set_xscale("log", base=2)

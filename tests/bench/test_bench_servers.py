@@ -7,7 +7,7 @@ import json
 import pytest
 
 import shard.kv_cache
-from bench.servers import switchyard, transformers_kv_blocks, transformers_serve
+from bench.servers import FACTORIES, switchyard, transformers_kv_blocks, transformers_serve
 
 SMOLLM = {
     "hidden_size": 576,
@@ -24,16 +24,24 @@ def model_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_transformers_gets_the_kv_memory_of_a_switchyard_cpu_shard(model_dir):
+def test_transformers_runs_at_its_own_defaults(model_dir):
+    server = transformers_serve(model_dir, [])
+    assert server.name == "transformers"
+    assert not any(a.startswith("--cb-") for a in server.argv)  # its own KV sizing
+    assert {"--continuous-batching", "bfloat16", "cpu", str(model_dir)} <= set(server.argv)
+
+
+def test_the_equal_kv_configuration_gets_the_kv_memory_of_a_switchyard_cpu_shard(model_dir):
     bytes_per_token = 2 * 30 * 3 * 64 * 2  # K and V, 30 layers, 3 KV heads of 64, bf16
     assert transformers_kv_blocks(model_dir) == (1 << 30) // (256 * bytes_per_token)  # 1 GiB cap
-    argv = transformers_serve(model_dir, []).argv
+    server = FACTORIES["transformers-equal-kv"](model_dir, [])
+    assert server.name == "transformers-equal-kv"
+    argv = server.argv
     assert argv[argv.index("--cb-num-blocks") + 1] == str(transformers_kv_blocks(model_dir))
-    assert {"--continuous-batching", "bfloat16", "cpu", str(model_dir)} <= set(argv)
 
 
-def test_user_kv_flags_replace_the_default(model_dir):
-    argv = transformers_serve(model_dir, ["--cb-max-memory-percent", "0.6"]).argv
+def test_user_kv_flags_replace_the_equal_kv_size(model_dir):
+    argv = transformers_serve(model_dir, ["--cb-max-memory-percent", "0.6"], equal_kv=True).argv
     assert "--cb-num-blocks" not in argv and "--cb-max-memory-percent" in argv
 
 
