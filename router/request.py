@@ -1,10 +1,48 @@
-"""A validated generation request: plain data, everything resolved (defaults, seed, sampling)."""
+"""A generation request as every API hands it over (`GenerationRequest`: typed, checked field by
+field, not yet against the server's limits), and as the validator resolves it (`ValidRequest`:
+tokenized, defaults and seed resolved, ready to queue)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from shard.sampling.params import SamplingParams  # the one declaration, shared with the shard
+
+
+@dataclass(frozen=True)
+class FieldNames:
+    """How the caller spelled the fields that the server's limits name in their errors."""
+
+    inputs: str = "inputs"
+    max_new_tokens: str = "max_new_tokens"
+    top_n_tokens: str = "top_n_tokens"
+    # TGI's `adapter_id` (unknown: 422) or OpenAI's `model` (unknown: 404, as OpenAI answers).
+    adapter: str = "adapter_id"
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    inputs: str
+    names: FieldNames = FieldNames()
+    add_special_tokens: bool = True
+    max_new_tokens: int | None = None  # None: up to the context limit
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    typical_p: float | None = None
+    do_sample: bool = False
+    seed: int | None = None  # None: a random one, reported back
+    repetition_penalty: float | None = None
+    frequency_penalty: float | None = None
+    stop: tuple[str, ...] = ()
+    truncate: int | None = None
+    details: bool = False
+    decoder_input_details: bool = False
+    return_full_text: bool = False
+    top_n_tokens: int | None = None
+    best_of: int | None = None
+    adapter: str | None = None  # as named through `names.adapter`
+    ignore_eos: bool = False
 
 
 @dataclass(frozen=True)

@@ -6,20 +6,21 @@ import asyncio
 import dataclasses
 import random
 import time
-from typing import Any
 
 from aiohttp import web
 
+from router.api.tgi import parse_generate
 from router.entry import Entry
 from router.handlers.common import infer_of, read_json, submit, timing_headers, wait_finished
 from router.infer import Infer
-from router.request import ValidRequest
+from router.request import GenerationRequest, ValidRequest
 from router.responses import generate_json
 
 
 async def generate(request: web.Request) -> web.Response:
     received = time.monotonic()
-    return await generate_payload(request, await read_json(request), received=received)
+    body = parse_generate(await read_json(request), stream=False)
+    return await generate_request(request, body, received=received)
 
 
 def _logprob_sum(entry: Entry) -> float:
@@ -38,9 +39,9 @@ def _variants(valid: ValidRequest) -> list[ValidRequest]:
     ]
 
 
-async def generate_payload(
+async def generate_request(
     request: web.Request,
-    payload: dict[str, Any],
+    body: GenerationRequest,
     *,
     as_list: bool = False,
     received: float | None = None,
@@ -48,7 +49,7 @@ async def generate_payload(
     """as_list: POST / answers a one-element list, like TGI's api-inference compatible route."""
     received = time.monotonic() if received is None else received
     infer: Infer = infer_of(request)
-    valid = await infer.validator.validate(payload, stream=False)
+    valid = await infer.validator.validate(body)
     with infer.permit(valid.best_of):
         entries = [submit(request, v, received) for v in _variants(valid)]
         try:

@@ -8,12 +8,13 @@ from typing import Any
 from aiohttp import web
 
 import router
-from router.errors import UnhealthyError, ValidationError
+from router.api.parsing import parse
+from router.api.tgi import GenerateRequest, TokenizeRequest, to_request
+from router.errors import UnhealthyError
 from router.handlers.common import error_response, infer_of, read_json
-from router.handlers.generate import generate_payload
-from router.handlers.stream import stream_payload
+from router.handlers.generate import generate_request
+from router.handlers.stream import stream_request
 from router.metrics import CONTENT_TYPE
-from router.validation import reject_unknown
 
 
 async def info(request: web.Request) -> web.Response:
@@ -91,16 +92,9 @@ async def models(request: web.Request) -> web.Response:
 async def tokenize(request: web.Request) -> web.Response:
     """TGI's /tokenize: the tokens of `inputs` with their character offsets."""
     infer = infer_of(request)
-    payload = await read_json(request)
-    # TGI's /tokenize takes a generate request; its parameters do not change the tokens.
-    reject_unknown(payload, ("inputs", "parameters", "add_special_tokens"))
-    inputs = payload.get("inputs")
-    if not isinstance(inputs, str):
-        raise ValidationError("`inputs` must be a string")
-    add_special_tokens = payload.get("add_special_tokens", True)
-    if not isinstance(add_special_tokens, bool):
-        raise ValidationError("`add_special_tokens` must be a boolean")
-    encoding = await infer.tokenizer.encode(inputs, add_special_tokens=add_special_tokens)
+    body = parse(TokenizeRequest, await read_json(request))
+    inputs = body.inputs
+    encoding = await infer.tokenizer.encode(inputs, add_special_tokens=body.add_special_tokens)
     return web.json_response(
         [
             {"id": tid, "text": inputs[start:stop], "start": start, "stop": stop}
@@ -112,10 +106,8 @@ async def tokenize(request: web.Request) -> web.Response:
 async def compat_generate(request: web.Request) -> web.StreamResponse:
     """POST /: `stream` picks /generate_stream or /generate (answered as a one-element list)."""
     received = time.monotonic()
-    payload = await read_json(request)
-    stream = payload.get("stream", False)
-    if not isinstance(stream, bool):
-        raise ValidationError("`stream` must be a boolean")
-    if stream:
-        return await stream_payload(request, payload, received)
-    return await generate_payload(request, payload, as_list=True, received=received)
+    body = parse(GenerateRequest, await read_json(request))
+    if body.stream:
+        return await stream_request(request, to_request(body, stream=True), received)
+    generation = to_request(body, stream=False)
+    return await generate_request(request, generation, as_list=True, received=received)

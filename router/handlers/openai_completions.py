@@ -7,8 +7,10 @@ from typing import Any
 
 from aiohttp import web
 
+from router.api.openai import CompletionRequest
+from router.api.parsing import parse
 from router.entry import Entry, Finished, Token, TokenEvent
-from router.errors import RouterError, ValidationError
+from router.errors import RouterError
 from router.handlers.common import (
     infer_of,
     read_json,
@@ -19,49 +21,17 @@ from router.handlers.common import (
 from router.handlers.openai_common import (
     FINGERPRINT,
     FINISH_REASON,
-    SHARED_FIELDS,
     StopTrimmer,
-    check_fields,
     logprob,
-    max_tokens_param,
     model_name,
     new_id,
-    parse_shared,
-    reject_unless,
     response_body,
     trim_stop,
     usage,
-    validate,
     visible,
 )
 from router.handlers.sse import serve_sse
 from router.infer import Infer
-from router.validation import Fields
-
-COMPLETION_FIELDS = SHARED_FIELDS | {"prompt", "best_of", "echo", "suffix"}
-# OpenAI's default for this route (TGI would generate up to the context limit).
-DEFAULT_MAX_TOKENS = 16
-
-
-def _prompt(payload: dict[str, Any]) -> str:
-    prompt = payload.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        return prompt[0]
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-        raise ValidationError(f"`prompt` must hold one prompt per request. Given: {len(prompt)}")
-    if not isinstance(prompt, str):
-        raise ValidationError("`prompt` must be a string (token id prompts are not supported)")
-    return prompt
-
-
-def _logprobs_param(payload: dict[str, Any], params: dict[str, Any]) -> int | None:
-    """OpenAI's `logprobs` here is how many alternatives to list per token (0 = none)."""
-    n = Fields(payload).integer("logprobs")
-    if n is not None and n < 0:
-        raise ValidationError(f"`logprobs` must be >= 0. Given: {n}")
-    if n:
-        params["top_n_tokens"] = n
-    return n
 
 
 def logprobs_json(infer: Infer, tokens: list[tuple[Token, tuple[Token, ...], str]], offset: int):
@@ -81,22 +51,12 @@ def logprobs_json(infer: Infer, tokens: list[tuple[Token, tuple[Token, ...], str
 async def completions(request: web.Request) -> web.StreamResponse:
     received = time.monotonic()
     infer = infer_of(request)
-    payload = await read_json(request)
-    check_fields(payload, COMPLETION_FIELDS)
-    shared = parse_shared(payload, infer.adapters)
-    reject_unless(payload, "best_of", payload.get("best_of") == 1, "; only 1")
-    reject_unless(payload, "echo", payload.get("echo") is False)
-    reject_unless(payload, "suffix", payload.get("suffix") == "")
-    max_name = max_tokens_param(payload, ("max_tokens",), shared.generate)
-    shared.generate.setdefault("max_new_tokens", DEFAULT_MAX_TOKENS)
-    logprobs = _logprobs_param(payload, shared.generate)
-    prompt = _prompt(payload)
-    renames = {"inputs": "prompt", "max_new_tokens": max_name, "top_n_tokens": "logprobs"}
-    valid = await validate(infer, prompt, shared, renames)
+    body = parse(CompletionRequest, await read_json(request))
+    valid = await infer.validator.validate(body.to_request())
     with infer.permit():
         entry = submit(request, valid, received)
-        if shared.stream:
-            stream = CompletionStream(infer, entry, logprobs is not None, shared.include_usage)
+        if body.stream:
+            stream = CompletionStream(infer, entry, body.logprobs is not None, body.include_usage)
             headers = {"x-compute-type": infer.model.device_type or "unknown"}
             return await serve_sse(request, entry, headers, stream)
         try:
@@ -105,7 +65,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
             if not entry.done:
                 entry.cancel()
     lp = None
-    if logprobs is not None:
+    if body.logprobs is not None:
         triples = [
             (t, top, visible(t)) for t, top in zip(entry.tokens, entry.top_tokens, strict=True)
         ]

@@ -7,16 +7,19 @@ from typing import Any
 
 from aiohttp import web
 
+from router.api.tgi import parse_generate
 from router.entry import Entry, TokenEvent
 from router.errors import RouterError
 from router.handlers.common import infer_of, read_json, submit
 from router.handlers.sse import serve_sse
+from router.request import GenerationRequest
 from router.responses import stream_json
 
 
 async def generate_stream(request: web.Request) -> web.StreamResponse:
     received = time.monotonic()
-    return await stream_payload(request, await read_json(request), received)
+    body = parse_generate(await read_json(request), stream=True)
+    return await stream_request(request, body, received)
 
 
 class TgiStream:
@@ -37,12 +40,12 @@ class TgiStream:
         return []
 
 
-async def stream_payload(
-    request: web.Request, payload: dict[str, Any], received: float | None = None
+async def stream_request(
+    request: web.Request, body: GenerationRequest, received: float | None = None
 ) -> web.StreamResponse:
     infer = infer_of(request)
     received = time.monotonic() if received is None else received
-    valid = await infer.validator.validate(payload, stream=True)
+    valid = await infer.validator.validate(body)
     with infer.permit():
         entry = submit(request, valid, received)
         # As TGI: only what is known before the first token; timings come in /metrics.

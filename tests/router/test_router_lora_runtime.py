@@ -10,6 +10,7 @@ import os
 
 import pytest
 
+from router.api.tgi import parse_generate
 from router.args import parse_args
 from router.errors import ValidationError
 from tests.router.harness import async_test, router_env, scrape, wait_until
@@ -314,7 +315,7 @@ async def test_a_request_validated_before_an_unload_began_is_refused_when_queued
     """The window an unload may open: validation awaits the tokenizer, then queues."""
     async with runtime_env(model_dir, lora_dir) as env:
         assert (await load(env, "sql", "sql")).status == 200
-        valid = await env.infer.validator.validate(gen("sql"))
+        valid = await env.infer.validator.validate(parse_generate(gen("sql"), stream=False))
         env.infer.adapters.close("sql")
         with pytest.raises(ValidationError, match="`adapter_id` 'sql': no LoRA adapters"):
             env.infer.submit(valid)

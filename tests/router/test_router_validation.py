@@ -4,6 +4,7 @@ import asyncio
 
 import pytest
 
+from router.api.tgi import parse_generate
 from router.errors import ValidationError
 from router.tokenizer import Tokenizer
 from router.validation import ValidationLimits, Validator, parse_json_body
@@ -19,7 +20,7 @@ def validator(tokenizer) -> Validator:
 
 
 def validate(validator, payload, stream=False):
-    return asyncio.run(validator.validate(payload, stream=stream))
+    return asyncio.run(validator.validate(parse_generate(payload, stream=stream)))
 
 
 def req(**params):

@@ -1,0 +1,117 @@
+"""OpenAI's /v1/chat/completions body: messages, tools (refused), logprobs, template variables."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema
+
+from router.api.fields import MaxNewTokens
+from router.api.openai import OpenAIRequest
+from router.api.says import Says, field_error, unsupported
+from router.errors import ValidationError
+from router.request import FieldNames, GenerationRequest
+
+# OpenAI's roles; any other is refused as OpenAI does, not handed to a template that might drop
+# the message or render the unknown name as text.
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+# apply_chat_template's own parameters and what the server decides itself: a request cannot
+# set them through chat_template_kwargs.
+RESERVED_TEMPLATE_VARIABLES = frozenset({
+    "messages", "conversation", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+    "processor_kwargs",
+})  # fmt: skip
+
+
+def _text(content: Any) -> str:
+    """A message's text: a string, or a list of text parts (joined); null for a tool call."""
+    if content is None:  # an assistant turn that only called tools
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise field_error(" must be a string or a list of parts")
+    texts = []
+    for part in content:
+        if not isinstance(part, dict) or part.get("type") != "text":
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise field_error(f": only text parts are supported. Given: {kind}")
+        if not isinstance(part.get("text"), str):
+            raise field_error(": a text part needs `text`")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+TEXT_PART = {
+    "type": "object",
+    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+    "required": ["type", "text"],
+}
+Content = Annotated[
+    str,
+    PlainValidator(_text),
+    WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "items": TEXT_PART},
+                              {"type": "null"}]}),
+]  # fmt: skip
+
+
+class ChatMessage(BaseModel):
+    # Other members (`name`, `tool_call_id`...) do not reach the template.
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    role: Annotated[
+        Literal[ROLES],
+        Says(f"must be one of {', '.join(ROLES)}. Given: {{given!r}}"),
+    ]
+    content: Content = ""
+    tool_calls: Annotated[Any, unsupported(lambda v: not v)] = None
+
+
+def _no_reserved(variables: dict[str, Any]) -> dict[str, Any]:
+    reserved = sorted(RESERVED_TEMPLATE_VARIABLES.intersection(variables))
+    if reserved:
+        raise field_error(f" may not set {', '.join(f'`{k}`' for k in reserved)}")
+    return variables
+
+
+def _text_format(value: Any) -> bool:
+    return value is None or isinstance(value, dict) and value.get("type") == "text"
+
+
+def _unless(harmless):
+    return Annotated[Any, unsupported(harmless), Field(description="Not supported")]
+
+
+class ChatRequest(OpenAIRequest):
+    messages: Annotated[list[ChatMessage], Field(min_length=1), Says("must be a non-empty list")]
+    max_completion_tokens: MaxNewTokens | None = None
+    logprobs: bool = False
+    top_logprobs: (
+        Annotated[int, Field(description="Alternatives per token; <= --max-top-n-tokens")] | None
+    ) = None
+    # vLLM's: extra variables for the chat template, such as Qwen3's `enable_thinking`.
+    chat_template_kwargs: Annotated[dict[str, Any], AfterValidator(_no_reserved)] | None = None
+    tools: _unless(lambda v: not v) = None
+    functions: _unless(lambda v: not v) = None
+    tool_choice: _unless(lambda v: v in (None, "none", "auto")) = None
+    function_call: _unless(lambda v: v in (None, "none", "auto")) = None
+    response_format: _unless(_text_format) = None
+    modalities: _unless(lambda v: v in (None, ["text"])) = None
+
+    def to_request(self, prompt: str) -> GenerationRequest:
+        """`prompt`: the messages through the model's chat template."""
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValidationError("`top_logprobs` requires `logprobs` to be true")
+        given = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+        return GenerationRequest(
+            inputs=prompt,
+            names=FieldNames("messages", given, "top_logprobs", adapter="model"),
+            # The template writes the special tokens it wants (BOS...): none are added (as TGI).
+            add_special_tokens=False,
+            max_new_tokens=self.max_completion_tokens or self.max_tokens,
+            top_n_tokens=self.top_logprobs or None,
+            **self.shared(),
+        )

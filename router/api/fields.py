@@ -1,0 +1,71 @@
+"""Fields more than one API declares: each once, with its limits and what its errors say.
+
+Limits that depend on the server's flags (stop sequences, top-n tokens, prompt and total
+lengths, best_of) are checked by router/validation.py; their descriptions say which flag.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import ConfigDict, Field
+
+from router.api.says import Says
+
+U64_MAX = 2**64 - 1
+# Every step scans a window as long as the longest stop sequence: bound it so one request cannot
+# make every step of the batch slow (TGI has no such bound; no real stop sequence comes close).
+MAX_STOP_SEQUENCE_CHARS = 1024
+
+# Bodies are JSON: no type coercion ("5" is not 5, 1 is not true), and a misspelled field is an
+# error (unlike TGI, which ignores unknown fields): a typo such as `max_new_token` must not
+# silently fall back to the default length.
+BODY = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+
+POSITIVE = Says("must be strictly positive")
+
+Temperature = Annotated[
+    float, Field(gt=0.0, description="Softmax temperature; > 0"), POSITIVE
+]  # fmt: skip
+RepetitionPenalty = Annotated[
+    float, Field(gt=0.0, description="HF's repetition penalty; 1.0 is off"), POSITIVE
+]
+FrequencyPenalty = Annotated[
+    float,
+    Field(ge=-2.0, le=2.0, description="OpenAI's frequency penalty: penalty x count"),
+    Says("must be >= -2.0 and <= 2.0"),
+]
+TopK = Annotated[int, Field(gt=0, description="Keep the k most likely tokens"), POSITIVE]
+# 1.0 is the "disabled" value on the wire, not a value to ask for (TGI's rule).
+UnitOpen = Says("must be > 0.0 and < 1.0")
+TopP = Annotated[float, Field(gt=0.0, lt=1.0, description="Nucleus sampling mass"), UnitOpen]
+TypicalP = Annotated[float, Field(gt=0.0, lt=1.0, description="Typical sampling mass"), UnitOpen]
+MaxNewTokens = Annotated[
+    int,
+    Field(gt=0, description="Tokens to generate at most; prompt + this <= --max-total-tokens"),
+    POSITIVE,
+]
+Seed = Annotated[
+    int,
+    Field(ge=0, le=U64_MAX, description="Random seed (64 bits); random when unset"),
+    Says(
+        rules={
+            "greater_than_equal": "must be an integer >= 0, got {value}",
+            "less_than_equal": "must fit in 64 bits, got {value}",
+        }
+    ),
+]
+StopSequence = Annotated[str, Field(min_length=1, max_length=MAX_STOP_SEQUENCE_CHARS)]
+STOP_SAYS = Says(
+    kind="a list of strings",
+    rules={
+        "string_too_short": "sequences must not be empty strings",
+        "string_too_long": f"sequences must be at most {MAX_STOP_SEQUENCE_CHARS} characters long. "
+        "Given: {length}",
+    },
+)
+Stop = Annotated[
+    list[StopSequence],
+    Field(description="Stop when one is generated; at most --max-stop-sequences"),
+    STOP_SAYS,
+]

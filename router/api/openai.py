@@ -1,0 +1,178 @@
+"""OpenAI's request bodies: the fields /v1/completions and /v1/chat/completions share, the
+completions body, and their mapping onto the shared GenerationRequest (chat: router/api/chat.py).
+
+Unlike TGI, which ignores unknown fields, an unknown field is a 422 (the OpenAI API refuses them
+too): a typo must not silently change what is generated. Features the shards cannot honour
+(n > 1, logit_bias, presence_penalty, tools...) are a 422 saying so, never silently dropped,
+unless their value changes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, Field, PlainValidator, WithJsonSchema
+
+from router.api.fields import (
+    BODY,
+    STOP_SAYS,
+    FrequencyPenalty,
+    MaxNewTokens,
+    RepetitionPenalty,
+    Seed,
+    StopSequence,
+    TopK,
+)
+from router.api.says import Says, field_error, unsupported
+from router.errors import ValidationError
+from router.request import FieldNames, GenerationRequest
+
+# OpenAI's default for /v1/completions (TGI would generate up to the context limit).
+DEFAULT_MAX_TOKENS = 16
+
+
+def _one_choice(n: int) -> int:
+    if n != 1:
+        raise field_error(f" must be 1 (one choice per request). Given: {n}")
+    return n
+
+
+def _as_list(stop: str | list[str]) -> list[str]:
+    return [stop] if isinstance(stop, str) else stop
+
+
+Ignored = Annotated[Any, Field(description="Accepted and ignored")]
+
+
+class StreamOptions(BaseModel):
+    model_config = BODY
+
+    include_usage: bool = False
+    include_obfuscation: Ignored = None
+
+
+class OpenAIRequest(BaseModel):
+    """What both routes accept. `ignore_eos`, `top_k`, `repetition_penalty` and `min_p` are
+    vLLM's extensions."""
+
+    model_config = BODY
+
+    model: Annotated[str, Field(description="The served model or a LoRA adapter")] | None = None
+    frequency_penalty: FrequencyPenalty | None = None
+    presence_penalty: (
+        Annotated[float, unsupported(lambda v: v == 0.0, "; use `frequency_penalty`")] | None
+    ) = None
+    logit_bias: Annotated[dict[str, Any], unsupported(lambda v: v == {})] | None = None
+    n: Annotated[int, AfterValidator(_one_choice)] | None = None
+    seed: Seed | None = None
+    stop: (
+        Annotated[
+            StopSequence | list[StopSequence],
+            Field(description="Stop when one is generated; at most --max-stop-sequences"),
+            AfterValidator(_as_list),
+            Says(kind="a string or a list of strings", rules=STOP_SAYS.rules),
+        ]
+        | None
+    ) = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    # OpenAI's range; 0 means greedy (exact argmax), whatever else is set.
+    temperature: (
+        Annotated[float, Field(ge=0.0, le=2.0), Says("must be >= 0.0 and <= 2.0. Given: {value}")]
+        | None
+    ) = None
+    # 1.0 is OpenAI's "off" (TGI refuses it).
+    top_p: (
+        Annotated[float, Field(gt=0.0, le=1.0), Says("must be > 0.0 and <= 1.0. Given: {value}")]
+        | None
+    ) = None
+    max_tokens: MaxNewTokens | None = None
+    ignore_eos: bool = False
+    top_k: TopK | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    # Sent as 0 by clients following e.g. Qwen3's recommended settings: that is "off".
+    min_p: Annotated[float, unsupported(lambda v: v == 0.0, "; only 0 (off)")] | None = None
+    user: Ignored = None
+    metadata: Ignored = None
+    store: Ignored = None
+    service_tier: Ignored = None
+    safety_identifier: Ignored = None
+    prompt_cache_key: Ignored = None
+    prompt_cache_retention: Ignored = None
+    parallel_tool_calls: Ignored = None
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def shared(self) -> dict[str, Any]:
+        """The GenerationRequest fields both routes map the same way."""
+        if self.stream_options is not None and not self.stream:
+            raise ValidationError("`stream_options` is only allowed when `stream` is true")
+        out: dict[str, Any] = {
+            "adapter": self.model,
+            "frequency_penalty": self.frequency_penalty,
+            "repetition_penalty": self.repetition_penalty,
+            "seed": self.seed,
+            "stop": tuple(self.stop or ()),
+            "ignore_eos": self.ignore_eos,
+        }
+        # OpenAI samples by default; temperature 0 is greedy, and the warpers do not apply.
+        if self.temperature is None or self.temperature > 0.0:
+            out["do_sample"] = True
+            out["temperature"] = self.temperature
+            out["top_p"] = self.top_p if self.top_p is not None and self.top_p < 1.0 else None
+            out["top_k"] = self.top_k
+        return out
+
+
+def _one_prompt(prompt: Any) -> str:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        return prompt[0]
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        raise field_error(f" must hold one prompt per request. Given: {len(prompt)}")
+    if not isinstance(prompt, str):
+        raise field_error(" must be a string (token id prompts are not supported)")
+    if not prompt:
+        raise field_error(" cannot be empty")
+    return prompt
+
+
+Prompt = Annotated[
+    str,
+    PlainValidator(_one_prompt),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "minLength": 1},
+                {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1,
+                 "maxItems": 1},
+            ],
+            "description": "One prompt (token id prompts are not supported)",
+        }
+    ),
+]  # fmt: skip
+
+
+class CompletionRequest(OpenAIRequest):
+    prompt: Prompt
+    logprobs: (
+        Annotated[
+            int,
+            Field(ge=0, description="Alternatives listed per token; <= --max-top-n-tokens"),
+            Says("must be >= 0. Given: {value}"),
+        ]
+        | None
+    ) = None
+    best_of: Annotated[int, unsupported(lambda v: v == 1, "; only 1")] | None = None
+    echo: Annotated[bool, unsupported(lambda v: v is False)] | None = None
+    suffix: Annotated[str, unsupported(lambda v: v == "")] | None = None
+
+    def to_request(self) -> GenerationRequest:
+        return GenerationRequest(
+            inputs=self.prompt,
+            names=FieldNames("prompt", "max_tokens", "logprobs", adapter="model"),
+            max_new_tokens=self.max_tokens or DEFAULT_MAX_TOKENS,
+            top_n_tokens=self.logprobs or None,
+            **self.shared(),
+        )
