@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from router.api.openapi import document
 from router.auth import api_key_middleware
 from router.cors import Cors
 from router.errors import (
@@ -19,15 +20,10 @@ from router.errors import (
     RouterError,
 )
 from router.handlers.common import INFER, error_response
-from router.handlers.debug import debug_steps
-from router.handlers.generate import generate
-from router.handlers.lora_admin import load_lora_adapter, unload_lora_adapter
-from router.handlers.misc import compat_generate, health, info, metrics, models, tokenize
-from router.handlers.openai_chat import chat_completions
-from router.handlers.openai_completions import completions
-from router.handlers.stream import generate_stream
+from router.handlers.misc import OPENAPI
 from router.infer import Infer
 from router.request_ids import add_request_id_header, request_id
+from router.routes import ROUTES
 
 log = logging.getLogger(__name__)
 
@@ -80,19 +76,9 @@ def create_app(infer: Infer) -> web.Application:
     if cors is not None:
         app.on_response_prepare.append(cors.add_headers)
     app[INFER] = infer
-    app.router.add_post("/", compat_generate)
-    app.router.add_post("/generate", generate)
-    app.router.add_post("/generate_stream", generate_stream)
-    app.router.add_post("/tokenize", tokenize)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_get("/v1/models", models)
-    app.router.add_post("/v1/load_lora_adapter", load_lora_adapter)
-    app.router.add_post("/v1/unload_lora_adapter", unload_lora_adapter)
-    app.router.add_get("/info", info)
-    app.router.add_get("/health", health)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/debug/steps", debug_steps)
+    for route in ROUTES:
+        app.router.add_route(route.method, route.path, route.handler)
+    app[OPENAPI] = document(ROUTES)
 
     async def start_scheduler(app: web.Application) -> None:
         app[INFER].start()

@@ -8,7 +8,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidato
 
 from router.api.fields import MaxNewTokens
 from router.api.openai import OpenAIRequest
-from router.api.says import Says, field_error, unsupported
+from router.api.says import Says, Unsupported, field_error
 from router.errors import ValidationError
 from router.request import FieldNames, GenerationRequest
 
@@ -58,6 +58,11 @@ Content = Annotated[
 ]  # fmt: skip
 
 
+# Tools and other output formats: accepted only with the values that ask for none of them.
+NoTools = Annotated[Any, Unsupported([], None)]
+ChoiceNone = Annotated[Any, Unsupported("none", "auto", None)]
+
+
 class ChatMessage(BaseModel):
     # Other members (`name`, `tool_call_id`...) do not reach the template.
     model_config = ConfigDict(strict=True, extra="ignore")
@@ -67,7 +72,7 @@ class ChatMessage(BaseModel):
         Says(f"must be one of {', '.join(ROLES)}. Given: {{given!r}}"),
     ]
     content: Content = ""
-    tool_calls: Annotated[Any, unsupported(lambda v: not v)] = None
+    tool_calls: NoTools = None
 
 
 def _no_reserved(variables: dict[str, Any]) -> dict[str, Any]:
@@ -75,14 +80,6 @@ def _no_reserved(variables: dict[str, Any]) -> dict[str, Any]:
     if reserved:
         raise field_error(f" may not set {', '.join(f'`{k}`' for k in reserved)}")
     return variables
-
-
-def _text_format(value: Any) -> bool:
-    return value is None or isinstance(value, dict) and value.get("type") == "text"
-
-
-def _unless(harmless):
-    return Annotated[Any, unsupported(harmless), Field(description="Not supported")]
 
 
 class ChatRequest(OpenAIRequest):
@@ -94,12 +91,12 @@ class ChatRequest(OpenAIRequest):
     ) = None
     # vLLM's: extra variables for the chat template, such as Qwen3's `enable_thinking`.
     chat_template_kwargs: Annotated[dict[str, Any], AfterValidator(_no_reserved)] | None = None
-    tools: _unless(lambda v: not v) = None
-    functions: _unless(lambda v: not v) = None
-    tool_choice: _unless(lambda v: v in (None, "none", "auto")) = None
-    function_call: _unless(lambda v: v in (None, "none", "auto")) = None
-    response_format: _unless(_text_format) = None
-    modalities: _unless(lambda v: v in (None, ["text"])) = None
+    tools: NoTools = None
+    functions: NoTools = None
+    tool_choice: ChoiceNone = None
+    function_call: ChoiceNone = None
+    response_format: Annotated[Any, Unsupported({"type": "text"}, None)] = None
+    modalities: Annotated[Any, Unsupported(["text"], None)] = None
 
     def to_request(self, prompt: str) -> GenerationRequest:
         """`prompt`: the messages through the model's chat template."""

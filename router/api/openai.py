@@ -23,18 +23,12 @@ from router.api.fields import (
     StopSequence,
     TopK,
 )
-from router.api.says import Says, field_error, unsupported
+from router.api.says import Says, Unsupported, field_error
 from router.errors import ValidationError
 from router.request import FieldNames, GenerationRequest
 
 # OpenAI's default for /v1/completions (TGI would generate up to the context limit).
 DEFAULT_MAX_TOKENS = 16
-
-
-def _one_choice(n: int) -> int:
-    if n != 1:
-        raise field_error(f" must be 1 (one choice per request). Given: {n}")
-    return n
 
 
 def _as_list(stop: str | list[str]) -> list[str]:
@@ -59,11 +53,16 @@ class OpenAIRequest(BaseModel):
 
     model: Annotated[str, Field(description="The served model or a LoRA adapter")] | None = None
     frequency_penalty: FrequencyPenalty | None = None
-    presence_penalty: (
-        Annotated[float, unsupported(lambda v: v == 0.0, "; use `frequency_penalty`")] | None
+    presence_penalty: Annotated[float, Unsupported(0.0, why="; use `frequency_penalty`")] | None = (
+        None
+    )
+    logit_bias: Annotated[dict[str, Any], Unsupported({})] | None = None
+    n: (
+        Annotated[
+            int, Field(ge=1, le=1), Says("must be 1 (one choice per request). Given: {value}")
+        ]
+        | None
     ) = None
-    logit_bias: Annotated[dict[str, Any], unsupported(lambda v: v == {})] | None = None
-    n: Annotated[int, AfterValidator(_one_choice)] | None = None
     seed: Seed | None = None
     stop: (
         Annotated[
@@ -91,7 +90,7 @@ class OpenAIRequest(BaseModel):
     top_k: TopK | None = None
     repetition_penalty: RepetitionPenalty | None = None
     # Sent as 0 by clients following e.g. Qwen3's recommended settings: that is "off".
-    min_p: Annotated[float, unsupported(lambda v: v == 0.0, "; only 0 (off)")] | None = None
+    min_p: Annotated[float, Unsupported(0.0, why="; only 0 (off)")] | None = None
     user: Ignored = None
     metadata: Ignored = None
     store: Ignored = None
@@ -128,7 +127,7 @@ class OpenAIRequest(BaseModel):
 
 def _one_prompt(prompt: Any) -> str:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        return prompt[0]
+        prompt = prompt[0]
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         raise field_error(f" must hold one prompt per request. Given: {len(prompt)}")
     if not isinstance(prompt, str):
@@ -164,9 +163,9 @@ class CompletionRequest(OpenAIRequest):
         ]
         | None
     ) = None
-    best_of: Annotated[int, unsupported(lambda v: v == 1, "; only 1")] | None = None
-    echo: Annotated[bool, unsupported(lambda v: v is False)] | None = None
-    suffix: Annotated[str, unsupported(lambda v: v == "")] | None = None
+    best_of: Annotated[int, Unsupported(1, why="; only 1")] | None = None
+    echo: Annotated[bool, Unsupported(False)] | None = None
+    suffix: Annotated[str, Unsupported("")] | None = None
 
     def to_request(self) -> GenerationRequest:
         return GenerationRequest(

@@ -7,12 +7,12 @@ no message is ever rewritten for another API.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import AfterValidator
-from pydantic_core import PydanticCustomError
+from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
+from pydantic_core import PydanticCustomError, core_schema
 
 # pydantic's error type for the errors our own validators raise: their text follows the name.
 FIELD_ERROR = "switchyard"
@@ -38,13 +38,25 @@ def field_error(text: str) -> PydanticCustomError:
     return PydanticCustomError(FIELD_ERROR, "{text}", {"text": text})
 
 
-def unsupported(harmless: Callable[[Any], bool], why: str = "") -> AfterValidator:
-    """A feature the server does not implement: refused unless its value changes nothing
-    (OpenAI clients often send the neutral value of every field they know)."""
+class Unsupported:
+    """Annotated metadata for a feature the server does not implement: refused unless its value
+    is one that changes nothing (OpenAI clients often send the neutral value of every field
+    they know). The schema lists those values, so the document refuses what the parser does."""
 
-    def check(value: Any) -> Any:
-        if not harmless(value):
-            raise field_error(f" is not supported{why}")
+    def __init__(self, *allowed: Any, why: str = "") -> None:
+        self.allowed, self.why = allowed, why
+
+    def check(self, value: Any) -> Any:
+        # Types compared too: in Python False == 0 and 1 == True.
+        if not any(type(value) is type(a) and value == a for a in self.allowed):
+            raise field_error(f" is not supported{self.why}")
         return value
 
-    return AfterValidator(check)
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> Any:
+        return core_schema.no_info_after_validator_function(self.check, handler(source))
+
+    def __get_pydantic_json_schema__(self, schema: Any, handler: GetJsonSchemaHandler) -> Any:
+        out = dict(handler(schema))
+        out["enum"] = list(self.allowed)
+        out["description"] = f"Not supported: only {', '.join(map(repr, self.allowed))}"
+        return out

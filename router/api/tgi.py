@@ -20,7 +20,7 @@ from router.api.fields import (
     TypicalP,
 )
 from router.api.parsing import parse
-from router.api.says import Says, unsupported
+from router.api.says import Says, Unsupported
 from router.errors import ValidationError
 from router.request import GenerationRequest
 
@@ -56,7 +56,7 @@ class GenerateParameters(BaseModel):
         ]
         | None
     ) = None
-    watermark: Annotated[bool, unsupported(lambda v: v is False)] | None = None
+    watermark: Annotated[bool, Unsupported(False)] | None = None
     details: bool | None = None
     decoder_input_details: bool | None = None
     seed: Seed | None = None

@@ -12,6 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
+from router.api.lora import LoadLoraAdapter, UnloadLoraAdapter
 from router.errors import AdapterRequestError, RuntimeLoadingOffError
 from router.handlers.common import infer_of, read_json
 from router.lora_runtime import LoraRuntime
@@ -34,14 +35,14 @@ async def _body(request: web.Request, fields: Collection[str]) -> dict[str, Any]
 
 async def load_lora_adapter(request: web.Request) -> web.Response:
     runtime = _runtime(request)
-    payload = await _body(request, ("lora_name", "lora_path"))
+    payload = await _body(request, LoadLoraAdapter.model_fields)
     adapter = await runtime.load(payload.get("lora_name"), payload.get("lora_path"))
     return web.Response(text=f"Success: LoRA adapter '{adapter.name}' added successfully.")
 
 
 async def unload_lora_adapter(request: web.Request) -> web.Response:
     runtime = _runtime(request)
-    payload = await _body(request, ("lora_name",))
+    payload = await _body(request, UnloadLoraAdapter.model_fields)
     name = payload.get("lora_name")
     await runtime.unload(name)
     return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")

@@ -1,4 +1,5 @@
-"""GET /info, /health, /metrics, /v1/models, POST /tokenize and TGI's compat route POST /."""
+"""GET /info, /health, /metrics, /v1/models, /openapi.json, POST /tokenize and TGI's compat
+route POST /."""
 
 from __future__ import annotations
 
@@ -55,6 +56,14 @@ async def info(request: web.Request) -> web.Response:
         "docker_label": None,
     }
     return web.json_response(body)
+
+
+OPENAPI: web.AppKey[dict[str, Any]] = web.AppKey("openapi", dict)
+
+
+async def openapi_json(request: web.Request) -> web.Response:
+    """The OpenAPI document, built once from the route table when the app is created."""
+    return web.json_response(request.app[OPENAPI])
 
 
 async def health(request: web.Request) -> web.Response:
