@@ -1,11 +1,8 @@
 """The scheduler loop: continuous batching over one running batch (TGI's v3 loop, simplified).
 
-With prefill chunking (the default), every step is one forward pass under the token budget of
-router/chunking.py: the running batch's decode tokens and prompt chunks, and the first chunks
-of newly admitted requests, which the Prefill RPC starts together with the running batch.
-Without it (TGI's v2 behaviour), waiting requests are prefilled whole as a separate batch
-between decode steps, under TGI's waiting_served_ratio / max_waiting_tokens rules, and that
-batch joins the running one at the next Decode.
+What each step runs is the scheduling policy's decision (router/policies.py: chunked prefill by
+default, TGI v2's whole prompts with --no-prefill-chunking); this module holds what every policy
+shares: admission with KV blocks, the Prefill and Decode RPCs, results, release and failure.
 
 After every step the router applies its own stopping decisions and drops finished or abandoned
 requests with FilterBatch (ClearCache when none remain), giving their KV blocks back. A failing
@@ -18,14 +15,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from router.adapters import LiveAdapters
 from router.block_allocator import BlockAllocator
-from router.chunking import chunk_new, share_budget
 from router.client import ShardClient
 from router.entry import Entry
 from router.errors import (
@@ -35,6 +30,7 @@ from router.errors import (
     internal_failure,
 )
 from router.metrics import Metrics
+from router.policies import ChunkedPolicy, SchedulingPolicy, WholePromptPolicy
 from router.queue import Queue
 from router.results import Results
 from router.step_trace import StepTrace
@@ -81,8 +77,10 @@ class Batcher:
         self.running: pb.CachedBatch | None = None
         # From 1: the warmup batch was 0, and 0 reads as "unset" in proto3 dumps.
         self._batch_ids = itertools.count(1)
-        # TGI's `waiting_tokens`: decode steps since requests last joined, counted from 1.
-        self._waiting_steps = 1
+        # What each step runs (router/policies.py).
+        self.policy: SchedulingPolicy = (
+            ChunkedPolicy() if config.prefill_chunking else WholePromptPolicy()
+        )
         # Held for each step, never while waiting for work: whoever holds it between steps sees
         # the shards' cached batches hold exactly `entries` (a runtime adapter unload needs that).
         self.between_steps = asyncio.Lock()
@@ -122,70 +120,15 @@ class Batcher:
         self.metrics.cancellations.inc(len(self.queue.drop_gone()))
         if self.running is not None:
             self.running = await self._prune(self.running)
-        if self.config.prefill_chunking:
-            await self._chunked_step()
-            return
-        if self.running is None:
-            await self._start_batch()
-            return
-        batches = [self.running]
-        if len(self.queue):
-            new = await self._prefill_waiting(len(self.running.request_ids))
-            if new is not None:
-                batches.append(new)
-        self.running = await self._decode(batches)
-        self._waiting_steps += 1
+        await self.policy.step(self)
 
-    async def _chunked_step(self) -> None:
-        running = self.running
-        members = [self.entries[rid] for rid in running.request_ids] if running else []
-        cfg = self.config
-        budget = cfg.max_batch_prefill_tokens
-        if cfg.prefill_chunk_tokens is not None and any(e.prompt_left == 0 for e in members):
-            budget = cfg.prefill_chunk_tokens
-        chunks, budget = share_budget(budget, members)
-        new = []
-        if budget > 0 and len(self.queue):
-            new = self._admit(budget, len(members), chunking=True)
-            chunks.update(chunk_new(budget, new))
-        if new:
-            reason = "chunked" if running is not None else None
-            self.running = await self._prefill(new, reason, cached=running, chunks=chunks)
-        elif running is not None:
-            self.running = await self._decode([running], chunks)
-        else:
-            self._fail_unfittable_head()
-
-    async def _start_batch(self) -> None:
-        entries = self._admit(self.config.max_batch_prefill_tokens, 0)
-        if not entries:
-            self._fail_unfittable_head()
-            return
-        self.running = await self._prefill(entries)
-        self._waiting_steps = 1
-
-    def _fail_unfittable_head(self) -> None:
+    def fail_unfittable_head(self) -> None:
         if len(self.queue) and not self.entries:
             # Startup checks make this impossible; failing beats spinning forever.
             head = self.queue.pop_head()
             head.fail(GenerationError("request does not fit in an empty KV cache"))
 
-    async def _prefill_waiting(self, running_size: int) -> pb.CachedBatch | None:
-        """TGI's rule for pausing the running batch to prefill waiting requests."""
-        cfg = self.config
-        if self._waiting_steps >= cfg.max_waiting_tokens:
-            min_size = None  # waited long enough: take whatever fits
-        else:
-            # Interrupting decode for a prefill is only worth it for enough new requests.
-            min_size = math.floor(running_size * cfg.waiting_served_ratio)
-        entries = self._admit(cfg.max_batch_prefill_tokens, running_size, min_size=min_size)
-        if not entries:
-            return None
-        self._waiting_steps = 1
-        reason = "backpressure" if min_size is not None else "wait_exceeded"
-        return await self._prefill(entries, concat_reason=reason)
-
-    def _admit(
+    def admit(
         self,
         prefill_budget: int,
         running_size: int,
@@ -213,7 +156,7 @@ class Batcher:
 
     # -- RPCs ---------------------------------------------------------------------------------
 
-    async def _prefill(
+    async def prefill(
         self,
         entries: list[Entry],
         concat_reason: str | None = None,
@@ -265,7 +208,7 @@ class Batcher:
         self.trace.handled()
         return settled
 
-    async def _decode(
+    async def decode(
         self, batches: list[pb.CachedBatch], chunks: dict[int, int] | None = None
     ) -> pb.CachedBatch | None:
         ids = [rid for b in batches for rid in b.request_ids]
