@@ -8,7 +8,7 @@ import sys
 
 from router.args import RouterArgs, parse_args
 from router.client import ShardClient, ShardError
-from router.infer import Infer, ModelInfo
+from router.infer import Infer, model_info
 from router.limits import ConfigError
 from router.server import create_app, serve
 from router.tokenizer import Tokenizer
@@ -27,7 +27,7 @@ async def build_infer(args: RouterArgs) -> Infer:
     except BaseException:
         await client.close()
         raise
-    return Infer(args, limits, ModelInfo.from_proto(info, args.model_name), client, tokenizer)
+    return Infer(args, limits, model_info(info, args.model_name), client, tokenizer)
 
 
 async def amain(args: RouterArgs) -> None:

@@ -1,34 +1,28 @@
-"""The router's core object: what the HTTP handlers talk to.
+"""The router's composition root: builds its parts (validator, queue, block allocator, batcher,
+metrics, LoRA runtime) from the flags and the shards' answers, and owns the scheduler task.
 
-It owns the validator, the queue, the block allocator and the scheduler task, and hands out
-concurrency permits (429 past max_concurrent_requests, as TGI's semaphore does).
+The generation handlers do not talk to it but to `generations` (router/generations.py:
+validate, permit, submit); the introspection routes (/info, /metrics, /v1/models, /health,
+/debug/steps) read it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 
 from router.adapters import AdapterRegistry
 from router.args import RouterArgs
 from router.batcher import Batcher, SchedulerConfig
 from router.block_allocator import BlockAllocator
 from router.client import ShardClient
-from router.detokenizer import IncrementalDetokenizer
-from router.entry import Entry
-from router.errors import OverloadedError
+from router.generations import ConcurrencyLimit, Generations, ModelInfo
 from router.limits import RESERVED_BLOCKS, Limits
 from router.lora_runtime import LoraRuntime
 from router.metrics import Metrics
 from router.prefix_cache import PrefixCache
 from router.queue import Queue
-from router.request import ValidRequest
-from router.stopping import StoppingCriteria
 from router.tokenizer import Tokenizer
 from router.validation import ValidationLimits, Validator
 from switchyard_pb import generate_pb2 as pb
@@ -36,25 +30,14 @@ from switchyard_pb import generate_pb2 as pb
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class ModelInfo:
-    """What /info reports about the model, from the shards' Info answer."""
-
-    model_id: str
-    dtype: str
-    device_type: str
-    world_size: int
-    eos_token_ids: tuple[int, ...]
-
-    @classmethod
-    def from_proto(cls, info: pb.InfoResponse, model_name: str) -> ModelInfo:
-        return cls(
-            model_id=model_name,
-            dtype=info.dtype,
-            device_type=info.device_type,
-            world_size=info.world_size,
-            eos_token_ids=tuple(info.eos_token_ids),
-        )
+def model_info(info: pb.InfoResponse, model_name: str) -> ModelInfo:
+    return ModelInfo(
+        model_id=model_name,
+        dtype=info.dtype,
+        device_type=info.device_type,
+        world_size=info.world_size,
+        eos_token_ids=tuple(info.eos_token_ids),
+    )
 
 
 class Infer:
@@ -74,7 +57,7 @@ class Infer:
         self.adapters = AdapterRegistry(
             args.lora_adapters, model.model_id, runtime_loading=args.enable_lora_runtime_loading
         )
-        self.validator = Validator(
+        validator = Validator(
             tokenizer,
             ValidationLimits(
                 max_input_tokens=limits.max_input_tokens,
@@ -85,12 +68,12 @@ class Infer:
             ),
             self.adapters,
         )
-        eos = set(model.eos_token_ids)
-        if not eos and tokenizer.eos_token_id is not None:
-            eos.add(tokenizer.eos_token_id)
-        self.eos_token_ids = frozenset(eos)
         self.queue = Queue()
         self.metrics = Metrics()
+        self.limit = ConcurrencyLimit(args.max_concurrent_requests)
+        self.generations = Generations(
+            model, tokenizer, validator, self.limit, self.queue, self.adapters, self.metrics
+        )
         self.metrics.watch(self.gauges, self.counters)
         self.metrics.track_adapters(self.adapters.names)
         self.allocator = BlockAllocator(
@@ -122,9 +105,7 @@ class Infer:
             if args.enable_lora_runtime_loading and args.lora_dir is not None
             else None
         )
-        self.in_flight = 0
         self.started_at = int(time.time())  # OpenAI's `created` of the model
-        self._ids = itertools.count(1)
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -140,46 +121,9 @@ class Infer:
                 pass
             self._task = None
 
-    @contextmanager
-    def permit(self, count: int = 1) -> Iterator[None]:
-        """Holds `count` request slots for the life of a request, or raises 429."""
-        if self.in_flight + count > self.args.max_concurrent_requests:
-            raise OverloadedError()
-        self.in_flight += count
-        try:
-            yield
-        finally:
-            self.in_flight -= count
-
-    def submit(
-        self,
-        request: ValidRequest,
-        alive: Callable[[], bool] | None = None,
-        received_at: float | None = None,
-        request_id: str = "",
-    ) -> Entry:
-        """Queues a validated request; received_at is when its HTTP request arrived."""
-        # Validation awaits the tokenizer: an unload may have begun since its adapter check.
-        # Checked again here, where it enters the queue, so every request an unload must wait
-        # for is in the queue or running when the unload looks (router/lora_runtime.py).
-        self.adapters.adapter_id(request.adapter_id)
-        entry = Entry(
-            id=next(self._ids),
-            request=request,
-            request_id=request_id,
-            detokenizer=IncrementalDetokenizer(self.tokenizer, request.input_ids),
-            stopping=StoppingCriteria(
-                request.max_new_tokens, self.eos_token_ids, request.ignore_eos, request.stop
-            ),
-        )
-        if alive is not None:
-            entry.alive = alive
-        if received_at is not None:
-            entry.received_at = received_at
-        self.metrics.input_tokens.inc(request.input_length)
-        self.metrics.queued(request.adapter_id)
-        self.queue.append(entry)
-        return entry
+    @property
+    def validator(self) -> Validator:
+        return self.generations.validator
 
     def requests_for(self, adapter_id: str) -> int:
         """Requests for this adapter queued or on the shards, not yet released."""
@@ -195,7 +139,7 @@ class Infer:
             "tgi_queue_size": len(self.queue),
             "tgi_batch_current_size": len(running),
             "tgi_batch_current_max_tokens": sum(e.request.total_tokens for e in running),
-            "switchyard_requests_in_flight": self.in_flight,
+            "switchyard_requests_in_flight": self.limit.in_flight,
             "switchyard_kv_blocks_total": self.allocator.capacity_blocks,
             "switchyard_kv_blocks_used": self.allocator.used_blocks,
             "switchyard_kv_blocks_free": self.allocator.free_blocks,

@@ -19,7 +19,7 @@ from router.errors import (
     InternalError,
     RouterError,
 )
-from router.handlers.common import INFER, error_response
+from router.handlers.common import GENERATIONS, INFER, error_response
 from router.handlers.misc import OPENAPI
 from router.infer import Infer
 from router.request_ids import add_request_id_header, request_id
@@ -76,6 +76,7 @@ def create_app(infer: Infer) -> web.Application:
     if cors is not None:
         app.on_response_prepare.append(cors.add_headers)
     app[INFER] = infer
+    app[GENERATIONS] = infer.generations
     for route in ROUTES:
         app.router.add_route(route.method, route.path, route.handler)
     app[OPENAPI] = document(ROUTES)

@@ -10,16 +10,24 @@ from aiohttp import web
 
 from router.entry import Entry, ErrorEvent, Finished
 from router.errors import PayloadTooLargeError, RouterError, UnsupportedMediaTypeError
+from router.generations import Generations
 from router.infer import Infer
 from router.request import ValidRequest
 from router.request_ids import request_id
 from router.validation import parse_json_body
 
 INFER: web.AppKey[Infer] = web.AppKey("infer", Infer)
+GENERATIONS: web.AppKey[Generations] = web.AppKey("generations", Generations)
 
 
 def infer_of(request: web.Request) -> Infer:
+    """The whole router, for the introspection routes (/info, /metrics, /v1/models...)."""
     return request.app[INFER]
+
+
+def generations_of(request: web.Request) -> Generations:
+    """All the generation routes may use: validate, permit, submit (router/generations.py)."""
+    return request.app[GENERATIONS]
 
 
 def error_response(
@@ -57,7 +65,8 @@ def client_alive(request: web.Request) -> Callable[[], bool]:
 
 def submit(request: web.Request, valid: ValidRequest, received: float | None) -> Entry:
     """Queues a validated request on behalf of this HTTP request (its id, its liveness)."""
-    return infer_of(request).submit(valid, client_alive(request), received, request_id(request))
+    gens = generations_of(request)
+    return gens.submit(valid, client_alive(request), received, request_id(request))
 
 
 async def wait_finished(entry: Entry) -> Finished:
@@ -69,7 +78,7 @@ async def wait_finished(entry: Entry) -> Finished:
             return event.end
 
 
-def timing_headers(infer: Infer, entry: Entry, finished: Finished) -> dict[str, str]:
+def timing_headers(gens: Generations, entry: Entry, finished: Finished) -> dict[str, str]:
     """TGI's response headers for a finished request (times in ms, x-compute-time in s)."""
     now = time.monotonic()
     began = entry.started_at if entry.started_at is not None else now
@@ -79,7 +88,7 @@ def timing_headers(infer: Infer, entry: Entry, finished: Finished) -> dict[str, 
         return str(int(seconds * 1000))
 
     return {
-        "x-compute-type": infer.model.device_type or "unknown",
+        "x-compute-type": gens.model.device_type or "unknown",
         "x-compute-time": f"{now - entry.received_at:.6f}",
         "x-compute-characters": str(len(entry.request.inputs)),
         "x-total-time": ms(now - entry.received_at),

@@ -11,8 +11,14 @@ from aiohttp import web
 
 from router.api.tgi import parse_generate
 from router.entry import Entry
-from router.handlers.common import infer_of, read_json, submit, timing_headers, wait_finished
-from router.infer import Infer
+from router.generations import Generations
+from router.handlers.common import (
+    generations_of,
+    read_json,
+    submit,
+    timing_headers,
+    wait_finished,
+)
 from router.request import GenerationRequest, ValidRequest
 from router.responses import generate_json
 
@@ -48,9 +54,9 @@ async def generate_request(
 ) -> web.Response:
     """as_list: POST / answers a one-element list, like TGI's api-inference compatible route."""
     received = time.monotonic() if received is None else received
-    infer: Infer = infer_of(request)
-    valid = await infer.validator.validate(body)
-    with infer.permit(valid.best_of):
+    gens: Generations = generations_of(request)
+    valid = await gens.validate(body)
+    with gens.permit(valid.best_of):
         entries = [submit(request, v, received) for v in _variants(valid)]
         try:
             results = await asyncio.gather(*(wait_finished(e) for e in entries))
@@ -64,5 +70,5 @@ async def generate_request(
     best_entry, best = ranked[0]
     body = generate_json(best_entry, best, ranked[1:] if valid.best_of > 1 else None)
     return web.json_response(
-        [body] if as_list else body, headers=timing_headers(infer, best_entry, best)
+        [body] if as_list else body, headers=timing_headers(gens, best_entry, best)
     )

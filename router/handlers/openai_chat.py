@@ -12,8 +12,9 @@ from router.api.chat import ChatRequest
 from router.api.parsing import parse
 from router.entry import Entry, Finished, Token, TokenEvent
 from router.errors import RouterError, ValidationError
+from router.generations import Generations
 from router.handlers.common import (
-    infer_of,
+    generations_of,
     read_json,
     submit,
     timing_headers,
@@ -32,36 +33,33 @@ from router.handlers.openai_common import (
     visible,
 )
 from router.handlers.sse import serve_sse
-from router.infer import Infer
 
 
-def token_logprob(infer: Infer, token: Token, top: tuple[Token, ...]) -> dict[str, Any]:
+def token_logprob(gens: Generations, token: Token, top: tuple[Token, ...]) -> dict[str, Any]:
     def one(t: Token, text: str) -> dict[str, Any]:
         return {"token": text, "logprob": logprob(t.logprob), "bytes": list(text.encode())}
 
-    chosen = one(token, infer.tokenizer.piece(token.id))
+    chosen = one(token, gens.tokenizer.piece(token.id))
     return {**chosen, "top_logprobs": [one(t, t.text) for t in top]}
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     received = time.monotonic()
-    infer = infer_of(request)
+    gens = generations_of(request)
     body = parse(ChatRequest, await read_json(request))
-    if not infer.tokenizer.has_chat_template:
+    if not gens.tokenizer.has_chat_template:
         raise ValidationError("the model's tokenizer has no chat template; use /v1/completions")
     messages = [{"role": m.role, "content": m.content} for m in body.messages]
     try:
-        prompt = await infer.tokenizer.apply_chat_template(
-            messages, body.chat_template_kwargs or {}
-        )
+        prompt = await gens.tokenizer.apply_chat_template(messages, body.chat_template_kwargs or {})
     except (jinja2.TemplateError, ValueError, TypeError, KeyError) as err:
         raise ValidationError(f"`messages` rejected by the model's chat template: {err}") from None
-    valid = await infer.validator.validate(body.to_request(prompt))
-    with infer.permit():
+    valid = await gens.validate(body.to_request(prompt))
+    with gens.permit():
         entry = submit(request, valid, received)
         if body.stream:
-            stream = ChatStream(infer, entry, body.logprobs, body.include_usage)
-            headers = {"x-compute-type": infer.model.device_type or "unknown"}
+            stream = ChatStream(gens, entry, body.logprobs, body.include_usage)
+            headers = {"x-compute-type": gens.model.device_type or "unknown"}
             return await serve_sse(request, entry, headers, stream)
         try:
             finished = await wait_finished(entry)
@@ -77,11 +75,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     }
     if body.logprobs:
         steps = zip(entry.tokens, entry.top_tokens, strict=True)
-        choice["logprobs"] = {"content": [token_logprob(infer, t, top) for t, top in steps]}
+        choice["logprobs"] = {"content": [token_logprob(gens, t, top) for t, top in steps]}
     body = response_body(
-        infer, entry, object_type="chat.completion", id_prefix="chatcmpl", choice=choice
+        gens, entry, object_type="chat.completion", id_prefix="chatcmpl", choice=choice
     )
-    return web.json_response(body, headers=timing_headers(infer, entry, finished))
+    return web.json_response(body, headers=timing_headers(gens, entry, finished))
 
 
 class ChatStream:
@@ -89,8 +87,10 @@ class ChatStream:
 
     prefix = b"data: "
 
-    def __init__(self, infer: Infer, entry: Entry, logprobs: bool, include_usage: bool) -> None:
-        self.infer, self.entry = infer, entry
+    def __init__(
+        self, gens: Generations, entry: Entry, logprobs: bool, include_usage: bool
+    ) -> None:
+        self.gens, self.entry = gens, entry
         self.logprobs, self.include_usage = logprobs, include_usage
         self.id, self.created = new_id("chatcmpl"), int(time.time())
         self.trimmer = StopTrimmer(entry.request.stop)
@@ -102,7 +102,7 @@ class ChatStream:
             "id": self.id,
             "object": "chat.completion.chunk",
             "created": self.created,
-            "model": model_name(self.infer, self.entry),
+            "model": model_name(self.gens, self.entry),
             "system_fingerprint": FINGERPRINT,
             "choices": [
                 {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
@@ -123,7 +123,7 @@ class ChatStream:
             text += self.trimmer.flush()
         lp = None
         if self.logprobs:
-            lp = {"content": [token_logprob(self.infer, event.token, event.top_tokens)]}
+            lp = {"content": [token_logprob(self.gens, event.token, event.top_tokens)]}
         if text or lp:
             out.append(self.chunk({"content": text}, lp))
         return out

@@ -11,7 +11,7 @@ from typing import Any
 
 import router
 from router.entry import Entry, Token
-from router.infer import Infer
+from router.generations import Generations
 from router.stopping import FinishReason
 
 FINISH_REASON = {
@@ -24,9 +24,9 @@ FINGERPRINT = f"switchyard-{router.__version__}"
 UNKNOWN_LOGPROB = -9999.0
 
 
-def model_name(infer: Infer, entry: Entry) -> str:
+def model_name(gens: Generations, entry: Entry) -> str:
     """What answers report as `model`: the adapter asked for, else the served model."""
-    return entry.request.adapter_id or infer.model.model_id
+    return entry.request.adapter_id or gens.model.model_id
 
 
 def new_id(prefix: str) -> str:
@@ -34,14 +34,14 @@ def new_id(prefix: str) -> str:
 
 
 def response_body(
-    infer: Infer, entry: Entry, *, object_type: str, id_prefix: str, choice: dict[str, Any]
+    gens: Generations, entry: Entry, *, object_type: str, id_prefix: str, choice: dict[str, Any]
 ) -> dict[str, Any]:
     """The envelope every non-streamed OpenAI answer shares around its one choice."""
     return {
         "id": new_id(id_prefix),
         "object": object_type,
         "created": int(time.time()),
-        "model": model_name(infer, entry),
+        "model": model_name(gens, entry),
         "system_fingerprint": FINGERPRINT,
         "choices": [choice],
         "usage": usage(entry),

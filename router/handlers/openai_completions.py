@@ -11,8 +11,9 @@ from router.api.openai import CompletionRequest
 from router.api.parsing import parse
 from router.entry import Entry, Finished, Token, TokenEvent
 from router.errors import RouterError
+from router.generations import Generations
 from router.handlers.common import (
-    infer_of,
+    generations_of,
     read_json,
     submit,
     timing_headers,
@@ -31,17 +32,18 @@ from router.handlers.openai_common import (
     visible,
 )
 from router.handlers.sse import serve_sse
-from router.infer import Infer
 
 
-def logprobs_json(infer: Infer, tokens: list[tuple[Token, tuple[Token, ...], str]], offset: int):
+def logprobs_json(
+    gens: Generations, tokens: list[tuple[Token, tuple[Token, ...], str]], offset: int
+):
     """The legacy logprobs object for (token, alternatives, visible text) triples."""
     offsets = []
     for _token, _top, text in tokens:
         offsets.append(offset)
         offset += len(text)
     return {
-        "tokens": [infer.tokenizer.piece(t.id) for t, _top, _text in tokens],
+        "tokens": [gens.tokenizer.piece(t.id) for t, _top, _text in tokens],
         "token_logprobs": [logprob(t.logprob) for t, _top, _text in tokens],
         "top_logprobs": [{a.text: logprob(a.logprob) for a in top} for _t, top, _text in tokens],
         "text_offset": offsets,
@@ -50,14 +52,14 @@ def logprobs_json(infer: Infer, tokens: list[tuple[Token, tuple[Token, ...], str
 
 async def completions(request: web.Request) -> web.StreamResponse:
     received = time.monotonic()
-    infer = infer_of(request)
+    gens = generations_of(request)
     body = parse(CompletionRequest, await read_json(request))
-    valid = await infer.validator.validate(body.to_request())
-    with infer.permit():
+    valid = await gens.validate(body.to_request())
+    with gens.permit():
         entry = submit(request, valid, received)
         if body.stream:
-            stream = CompletionStream(infer, entry, body.logprobs is not None, body.include_usage)
-            headers = {"x-compute-type": infer.model.device_type or "unknown"}
+            stream = CompletionStream(gens, entry, body.logprobs is not None, body.include_usage)
+            headers = {"x-compute-type": gens.model.device_type or "unknown"}
             return await serve_sse(request, entry, headers, stream)
         try:
             finished = await wait_finished(entry)
@@ -69,7 +71,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         triples = [
             (t, top, visible(t)) for t, top in zip(entry.tokens, entry.top_tokens, strict=True)
         ]
-        lp = logprobs_json(infer, triples, 0)
+        lp = logprobs_json(gens, triples, 0)
     choice = {
         "index": 0,
         "text": trim_stop(finished.generated_text, valid.stop),
@@ -77,9 +79,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
         "finish_reason": FINISH_REASON[finished.finish_reason],
     }
     body = response_body(
-        infer, entry, object_type="text_completion", id_prefix="cmpl", choice=choice
+        gens, entry, object_type="text_completion", id_prefix="cmpl", choice=choice
     )
-    return web.json_response(body, headers=timing_headers(infer, entry, finished))
+    return web.json_response(body, headers=timing_headers(gens, entry, finished))
 
 
 class CompletionStream:
@@ -87,8 +89,10 @@ class CompletionStream:
 
     prefix = b"data: "
 
-    def __init__(self, infer: Infer, entry: Entry, logprobs: bool, include_usage: bool) -> None:
-        self.infer, self.entry = infer, entry
+    def __init__(
+        self, gens: Generations, entry: Entry, logprobs: bool, include_usage: bool
+    ) -> None:
+        self.gens, self.entry = gens, entry
         self.logprobs, self.include_usage = logprobs, include_usage
         self.id, self.created = new_id("cmpl"), int(time.time())
         self.trimmer = StopTrimmer(entry.request.stop)
@@ -100,7 +104,7 @@ class CompletionStream:
             "id": self.id,
             "object": "text_completion",
             "created": self.created,
-            "model": model_name(self.infer, self.entry),
+            "model": model_name(self.gens, self.entry),
             "system_fingerprint": FINGERPRINT,
             "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}],
         }
@@ -115,7 +119,7 @@ class CompletionStream:
             text += self.trimmer.flush()
         lp = None
         if self.logprobs:
-            lp = logprobs_json(self.infer, [(event.token, event.top_tokens, text)], self.offset)
+            lp = logprobs_json(self.gens, [(event.token, event.top_tokens, text)], self.offset)
         self.offset += len(text)
         return [self.chunk(text, lp)] if text or lp else []
 

@@ -10,7 +10,7 @@ from aiohttp import web
 from router.api.tgi import parse_generate
 from router.entry import Entry, TokenEvent
 from router.errors import RouterError
-from router.handlers.common import infer_of, read_json, submit
+from router.handlers.common import generations_of, read_json, submit
 from router.handlers.sse import serve_sse
 from router.request import GenerationRequest
 from router.responses import stream_json
@@ -43,14 +43,14 @@ class TgiStream:
 async def stream_request(
     request: web.Request, body: GenerationRequest, received: float | None = None
 ) -> web.StreamResponse:
-    infer = infer_of(request)
+    gens = generations_of(request)
     received = time.monotonic() if received is None else received
-    valid = await infer.validator.validate(body)
-    with infer.permit():
+    valid = await gens.validate(body)
+    with gens.permit():
         entry = submit(request, valid, received)
         # As TGI: only what is known before the first token; timings come in /metrics.
         headers = {
-            "x-compute-type": infer.model.device_type or "unknown",
+            "x-compute-type": gens.model.device_type or "unknown",
             "x-compute-characters": str(len(valid.inputs)),
         }
         return await serve_sse(request, entry, headers, TgiStream(entry))

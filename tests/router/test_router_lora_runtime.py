@@ -318,7 +318,7 @@ async def test_a_request_validated_before_an_unload_began_is_refused_when_queued
         valid = await env.infer.validator.validate(parse_generate(gen("sql"), stream=False))
         env.infer.adapters.close("sql")
         with pytest.raises(ValidationError, match="`adapter_id` 'sql': no LoRA adapters"):
-            env.infer.submit(valid)
+            env.infer.generations.submit(valid)
         assert len(env.infer.queue) == 0
 
 
