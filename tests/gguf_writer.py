@@ -22,6 +22,8 @@ _BLOCK = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
 }
 _GLOBAL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 
@@ -62,7 +64,10 @@ def write_gguf(
     w.add_layer_norm_rms_eps(config["rms_norm_eps"])
     rope = config.get("rope_parameters") or {}
     w.add_rope_freq_base(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
-    w.add_rope_dimension_count(config["hidden_size"] // config["num_attention_heads"])
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    w.add_rope_dimension_count(head_dim)
+    w.add_key_length(head_dim)  # llama.cpp writes these; Qwen3's head_dim is not hidden / heads
+    w.add_value_length(head_dim)
     w.add_vocab_size(config["vocab_size"])
 
     vocab = tok["model"]["vocab"]

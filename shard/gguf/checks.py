@@ -26,6 +26,7 @@ class GgufInfo:
     architecture: str  # general.architecture, e.g. "llama"
     hf_architecture: str  # e.g. "LlamaForCausalLM"
     tensor_types: frozenset[str]  # GGML types of the tensors, e.g. {"F32", "Q4_1"}
+    head_dim: int | None = None  # {arch}.attention.key_length, when the file gives it
 
     @property
     def float_dtype(self) -> str:
@@ -76,7 +77,9 @@ def inspect_gguf(path: Path) -> GgufInfo:
             "installed gguf library"
         )
     names = frozenset(t.name for t in types)
-    return GgufInfo(path, architecture, ARCHITECTURES[architecture], names)
+    key_length = reader.get_field(f"{architecture}.attention.key_length")
+    head_dim = int(key_length.contents()) if key_length is not None else None
+    return GgufInfo(path, architecture, ARCHITECTURES[architecture], names, head_dim)
 
 
 def _can_dequantize(qtype) -> bool:  # noqa: ANN001 (gguf's enum; gguf is imported lazily)

@@ -27,6 +27,10 @@ def write_metadata(info: GgufInfo, out_dir: Path, dtype: str) -> None:
     # and `--dtype auto` reads the dtype.
     config.architectures = [info.hf_architecture]
     config.dtype = dtype
+    if info.head_dim is not None:
+        # transformers maps key_length to head_dim for some architectures only (not Qwen3,
+        # whose config default of 128 then hides it); the file is the truth.
+        config.head_dim = info.head_dim
     config.save_pretrained(out_dir)
     # The EOS that ends generation (SmolLM2: <|im_end|>), as transformers derives it.
     GenerationConfig.from_model_config(config).save_pretrained(out_dir)

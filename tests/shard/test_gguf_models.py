@@ -14,6 +14,7 @@ from paged_helpers import run_paged
 from test_llama_vs_transformers import prompts, ref_logits
 from test_tensor_parallel import free_port
 
+from launcher.tiny_models import build_model
 from shard.distributed import Distributed, init_distributed
 from shard.gguf.checks import GgufError, find_gguf, inspect_gguf
 from shard.gguf.convert import write_model_dir
@@ -27,20 +28,33 @@ STEPS = 4
 ATOL = 1e-4
 
 
+# GGUF architecture -> the tiny HF model it is written from (Qwen2: biases, tied embeddings;
+# Qwen3: per-head q/k norms, and head_dim 128, the only one transformers reads from a Qwen3
+# GGUF).
+SOURCES = {
+    "llama": None,  # the servicer's Llama (GQA)
+    "qwen2": ("Qwen2ForCausalLM", dict(num_key_value_heads=2, tie_word_embeddings=True)),
+    "qwen3": ("Qwen3ForCausalLM", dict(num_key_value_heads=2, head_dim=128)),
+}
+
+
 @pytest.fixture(scope="module")
 def gguf_dir(servicer_model_dir, tmp_path_factory):
-    """qtype -> (the GGUF file, the directory the launcher would serve it from)."""
-    built: dict[str, tuple[Path, Path]] = {}
+    """(qtype, arch) -> (the GGUF file, the directory the launcher would serve it from)."""
+    built: dict[tuple[str, str], tuple[Path, Path]] = {}
 
-    def get(qtype: str) -> tuple[Path, Path]:
-        if qtype not in built:
-            root = tmp_path_factory.mktemp(f"gguf-{qtype}")
-            path = write_gguf(servicer_model_dir, root / f"tiny-{qtype}.gguf", qtype)
+    def get(qtype: str, arch: str = "llama") -> tuple[Path, Path]:
+        if (qtype, arch) not in built:
+            root = tmp_path_factory.mktemp(f"gguf-{arch}-{qtype}")
+            source = servicer_model_dir
+            if SOURCES[arch] is not None:
+                source = build_model(root / "hf", SOURCES[arch][0], **SOURCES[arch][1])
+            path = write_gguf(source, root / f"tiny-{qtype}.gguf", qtype, architecture=arch)
             served = root / "served"
             served.mkdir()
             write_model_dir(inspect_gguf(path), served)
-            built[qtype] = path, served
-        return built[qtype]
+            built[qtype, arch] = path, served
+        return built[qtype, arch]
 
     return get
 
@@ -53,9 +67,12 @@ def _transformers(path: Path):
     ).eval()
 
 
-@pytest.mark.parametrize("qtype", ["F32", "F16", "Q4_1"])
-def test_gguf_logits_and_greedy_tokens_equal_transformers(gguf_dir, qtype):
-    path, served = gguf_dir(qtype)
+@pytest.mark.parametrize(
+    "qtype, arch", [("F32", "llama"), ("F16", "llama"), ("Q4_1", "llama"), ("F32", "qwen2"),
+                    ("Q8_0", "qwen3")],
+)  # fmt: skip
+def test_gguf_logits_and_greedy_tokens_equal_transformers(gguf_dir, qtype, arch):
+    path, served = gguf_dir(qtype, arch)
     ours = load_model(served, dtype=torch.float32, device=CPU, dist=Distributed())
     ref = _transformers(path)
     batch = prompts(ours.vocab_size)
