@@ -14,11 +14,10 @@ Which token uses which slot is per step: the runner sets it once on the shared `
 (built from the batch), and every term reads it there, so model files pass nothing new.
 
 The torch path (CPU) works on packed copies of the slots, in which every slot's weights are one
-contiguous block, so a run of consecutive slots is a plain view. Its matmuls are tiny (a decode
-step's few rows, rank 16), so on CPU they cost per call more than per FLOP. A small step
-computes every slot from the lowest to the highest one it uses for all its tokens at once (the
-"dense" shape: one shrink GEMM, a mask that keeps each token's own slot with its scaling, one
-expand GEMM per sub-module, whatever the number of adapters); a step using one slot is exact
+contiguous block. Its matmuls are tiny (a decode step's few rows, rank 16), so on CPU they cost
+per call more than per FLOP. A small step computes every slot it uses for all its tokens at once
+(the "dense" shape: one shrink GEMM, a mask that keeps each token's own slot with its scaling,
+one expand GEMM per sub-module, whatever the number of adapters); a step using one slot is exact
 that way at any size. A large step over several slots would multiply its FLOPs by their count,
 so it goes slot by slot over each slot's tokens (the "grouped" shape).
 """
@@ -46,9 +45,9 @@ class LoraStep:
     triton: bool = False  # the Triton shrink/expand kernels (CUDA, or interpreted in tests)
     dtype: torch.dtype = torch.float32  # the LoRA weights' (the model's): the dense mask's too
     token_slots: torch.Tensor | None = None  # [T] int32, -1: no adapter
-    # The torch path, dense shape: the slots lo..hi (`dense_slots`) and mask [T, hi - lo + 1]
-    # holding scaling[s] where token t uses slot s, else 0.
-    dense_slots: tuple[int, int] | None = None
+    # The torch path, dense shape: the slots the step uses (`dense_slots`, ascending) and mask
+    # [T, len(dense_slots)] holding scaling[s] where token t uses the j-th of them, else 0.
+    dense_slots: tuple[int, ...] | None = None
     mask: torch.Tensor | None = None
     # The torch path, grouped shape: (slot, indices of its tokens), one entry per slot used.
     groups: list[tuple[int, torch.Tensor]] = field(default_factory=list)
@@ -73,11 +72,15 @@ class LoraStep:
             return
         rows = (token_slots >= 0).nonzero().squeeze(1)
         slots = token_slots[rows].long()
-        lo, hi = int(slots.min()), int(slots.max())
-        if lo == hi or len(token_slots) * (hi - lo + 1) <= DENSE_MAX_CELLS:
-            mask = torch.zeros(len(token_slots), hi - lo + 1, device=token_slots.device)
-            mask[rows, slots - lo] = self.scaling.to(token_slots.device)[slots]
-            self.dense_slots, self.mask = (lo, hi), mask.to(self.dtype)
+        used = torch.unique(slots)  # ascending
+        if len(used) == 1 or len(token_slots) * len(used) <= DENSE_MAX_CELLS:
+            column = torch.full(
+                (len(self.scaling_host),), -1, dtype=torch.long, device=slots.device
+            )
+            column[used] = torch.arange(len(used), device=slots.device)
+            mask = torch.zeros(len(token_slots), len(used), device=token_slots.device)
+            mask[rows, column[slots]] = self.scaling.to(token_slots.device)[slots]
+            self.dense_slots, self.mask = tuple(used.tolist()), mask.to(self.dtype)
             return
         for slot in torch.unique(slots).tolist():
             self.groups.append((slot, (token_slots == slot).nonzero().squeeze(1)))
@@ -146,49 +149,43 @@ class LoraTerm(nn.Module):
         if packed.rank == 0:  # no adapter touches this layer
             return
         if step.mask is not None:
-            lo, hi = step.dense_slots
-            self._add(packed, x, y, lo, hi, step.mask)
+            self._add(packed.select(step.dense_slots), x, y, step.mask)
             return
         for slot, rows in step.groups:
             xs = x.index_select(0, rows)
             delta = y.new_zeros(len(rows), y.shape[1])
             scale = x.new_full((len(rows), 1), self.step.scaling_host[slot])
-            self._add(packed, xs, delta, slot, slot, scale)
+            self._add(packed.select((slot,)), xs, delta, scale)
             y.index_add_(0, rows, delta)
 
-    def _add(
-        self,
-        packed: _Packed,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        lo: int,
-        hi: int,
-        mask: torch.Tensor,
-    ) -> None:
-        """y += the LoRA terms of slots lo..hi for every row of x, each weighted by its column
-        of mask [T, hi - lo + 1] (a row's scaling on its own slot, zero elsewhere)."""
+    def _add(self, packed: _Packed, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> None:
+        """y += the LoRA terms of every slot in `packed` for every row of x, each weighted by its
+        column of mask [T, slots] (a row's scaling on its own slot, zero elsewhere)."""
         n_sub, rank = len(self.out_slices), packed.rank
-        h = F.linear(x, packed.a[lo * n_sub * rank : (hi + 1) * n_sub * rank])  # shrink
-        h4 = h.view(len(x), hi - lo + 1, n_sub, rank)
+        h = F.linear(x, packed.a)  # shrink: [T, slots * n_sub * r]
+        h4 = h.view(len(x), -1, n_sub, rank)
         h4.mul_(mask.view(len(x), -1, 1, 1))
         offset = 0
         for j, size in enumerate(self.out_slices):  # expand, one GEMM per sub-module
             hj = h if n_sub == 1 else h4[:, :, j].reshape(len(x), -1)
-            bt = packed.bt[j][lo * rank : (hi + 1) * rank]
-            y[:, offset : offset + size].addmm_(hj, bt)
+            y[:, offset : offset + size].addmm_(hj, packed.bt[j])
             offset += size
 
 
 @dataclass
 class _Packed:
     """A LoRA term's slots for the torch path, cut to the largest rank in use r, each slot one
-    contiguous block so that a run of slots is a view:
+    contiguous block:
         a      [S * n_sub * r, K]   slot s, sub-module j: rows (s * n_sub + j) * r ...
-        bt[j]  [S * r, n_j]         sub-module j's B^T, slot s: rows s * r ..."""
+        bt[j]  [S * r, n_j]         sub-module j's B^T, slot s: rows s * r ...
+    `select` gives the same for a subset of the slots: a view when they are consecutive, else a
+    compact copy, kept while the step keeps using that subset (a slot's fill drops them all)."""
 
     a: torch.Tensor
     bt: list[torch.Tensor]
     rank: int
+    n_sub: int
+    subsets: dict[tuple[int, ...], _Packed] = field(default_factory=dict, repr=False)
 
     @staticmethod
     def build(
@@ -201,4 +198,27 @@ class _Packed:
             b[:, :, :rank].transpose(1, 2).reshape(num_slots * rank, b.shape[1]).contiguous()
             for b in lora_b.split(list(out_slices), dim=1)
         ]
-        return _Packed(a, bt, rank)
+        return _Packed(a, bt, rank, n_sub)
+
+    def select(self, slots: tuple[int, ...]) -> _Packed:
+        lo, hi, r, n = slots[0], slots[-1], self.rank, self.n_sub
+        if hi - lo + 1 == len(slots):  # consecutive: views
+            return _Packed(
+                self.a[lo * n * r : (hi + 1) * n * r],
+                [b[lo * r : (hi + 1) * r] for b in self.bt],
+                r,
+                n,
+            )
+        if slots not in self.subsets:
+            if len(self.subsets) >= 4:  # the step's subset changes rarely: keep a few
+                self.subsets.clear()
+            block = torch.arange(r, device=self.a.device)
+            b_rows = (torch.tensor(slots, device=self.a.device)[:, None] * r + block).flatten()
+            a_rows = torch.cat([torch.arange(s * n * r, (s + 1) * n * r) for s in slots])
+            self.subsets[slots] = _Packed(
+                self.a.index_select(0, a_rows.to(self.a.device)),
+                [b.index_select(0, b_rows) for b in self.bt],
+                r,
+                n,
+            )
+        return self.subsets[slots]

@@ -87,8 +87,10 @@ def test_mixed_slots_and_tokens_without_adapter(path):
     torch.testing.assert_close(y.double(), ref, atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize("slots", [[0] * 5, [3, -1, 3], [1, 2, 2, -1]], ids=str)
-def test_one_slot_or_a_run_of_slots(path, slots):
+@pytest.mark.parametrize(
+    "slots", [[0] * 5, [3, -1, 3], [1, 2, 2, -1], [3, 0, -1, 3, 0], [2, 0, 0]], ids=str
+)
+def test_one_slot_a_run_of_slots_or_scattered_ones(path, slots):
     t, _ = term()
     y, ref = run(t, slots)
     torch.testing.assert_close(y.double(), ref, atol=1e-4, rtol=1e-5)
@@ -100,9 +102,12 @@ def test_no_adapter_leaves_y_alone(path):
     assert torch.equal(y.double(), ref)
 
 
-def test_refilling_a_slot_between_steps_uses_the_new_weights(path):
+@pytest.mark.parametrize("slots", [MIXED, [3, 1, -1, 1, 3]], ids=["all", "scattered"])
+def test_refilling_a_slot_between_steps_uses_the_new_weights(path, slots):
     t, _ = term()
-    run(t, MIXED)  # builds the dense path's packed copies
+    run(t, slots)  # builds the packed copies (and, scattered, a compact subset of them)
+    if path == "dense" and slots != MIXED:
+        assert (1, 3) in t._packed.subsets
     gen = torch.Generator().manual_seed(7)
     rank = MAX_RANK  # larger than any before: the packed rank grows
     t.fill(
@@ -113,7 +118,7 @@ def test_refilling_a_slot_between_steps_uses_the_new_weights(path):
         ],
     )
     t.step.set_scaling(1, 3.0)
-    y, ref = run(t, MIXED, seed=2)
+    y, ref = run(t, slots, seed=2)
     torch.testing.assert_close(y.double(), ref, atol=1e-4, rtol=1e-5)
 
 
@@ -125,7 +130,7 @@ def test_dense_shape_for_small_steps_or_one_slot():
     t.step.set_tokens(torch.tensor([1, 2] * (cells // 4 + 1), dtype=torch.int32))
     assert t.step.mask is None and [slot for slot, _ in t.step.groups] == [1, 2]
     t.step.set_tokens(torch.full((cells + 1,), 3, dtype=torch.int32))  # one slot: exact anyway
-    assert t.step.mask is not None and t.step.dense_slots == (3, 3)
+    assert t.step.mask is not None and t.step.dense_slots == (3,)
 
 
 def test_a_layer_no_adapter_touches_is_left_alone(path):
