@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 # Tokens x slots up to which a step over several slots takes the dense shape: it computes every
-# slot of the range for every token (T * U * rank per layer), which beats a handful of calls per
+# slot it uses for every token (T * U * rank per layer), which beats a handful of calls per
 # slot only while that is small (measured on a 2-core EPYC: 16-row decode steps over 4-16 slots).
 DENSE_MAX_CELLS = 1024
 
