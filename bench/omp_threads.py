@@ -23,25 +23,16 @@ import threading
 import time
 from pathlib import Path
 
+from bench.inprocess import build_shard, prefilled_batch
 from bench.servers import free_port
-from bench.shard_batches import cache_tokens_needed, make_batch
 
 MODES = ("same-thread", "to-thread", "one-worker")
 
 
 def build(model_dir: Path, batch: int, seq_len: int, steps: int):
     """A runner with one prefilled batch, ready for `steps` decodes."""
-    from shard import wire
-    from shard.settings import ShardSettings
-    from shard.startup import build_service
-
-    settings = ShardSettings(model_id=str(model_dir), uds_path="/dev/null", dtype="bfloat16")
-    runner = build_service(settings).runner
-    block = runner.block_size
-    runner.allocate_kv_cache(cache_tokens_needed(batch, seq_len, steps + 2, block) // block)
-    pb_batch = make_batch(1, batch, seq_len, steps + 1, block, runner.model.vocab_size)
-    state = wire.new_batch(pb_batch, runner.device)[0]
-    runner.step(state)
+    runner = build_shard(model_dir, "bfloat16").runner
+    state = prefilled_batch(runner, batch, seq_len, steps + 1)
     return runner, state
 
 

@@ -17,8 +17,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from bench.inprocess import build_shard, model_dir_or_default, prefilled_batch
 from bench.servers import free_port
-from bench.shard_batches import cache_tokens_needed, make_batch
 
 # Operator name fragments -> bucket; first match wins. Names are aten ops (CPU).
 BUCKETS = [
@@ -57,26 +57,9 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from shard import wire
-    from shard.settings import ShardSettings
-    from shard.startup import build_service
-
-    if args.model_dir is None:
-        from bench.build_smollm_shape import build, default_dir
-
-        args.model_dir = build(default_dir())
-    service = build_service(
-        ShardSettings(model_id=str(args.model_dir), uds_path="/dev/null", dtype=args.dtype)
-    )
-    runner = service.runner
-    block = runner.block_size
-    vocab = runner.model.vocab_size
-    runner.allocate_kv_cache(
-        cache_tokens_needed(args.batch, args.seq_len, 2 * args.steps + 2, block) // block
-    )
-    pb_batch = make_batch(1, args.batch, args.seq_len, 2 * args.steps + 1, block, vocab)
-    batch = wire.new_batch(pb_batch, runner.device)[0]
-    runner.step(batch)
+    args.model_dir = model_dir_or_default(args.model_dir)
+    runner = build_shard(args.model_dir, args.dtype).runner
+    batch = prefilled_batch(runner, args.batch, args.seq_len, 2 * args.steps + 1)
     for _ in range(args.steps):  # warm: first calls allocate and pick kernels
         runner.step(batch)
     wall = []

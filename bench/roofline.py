@@ -23,8 +23,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from bench.inprocess import build_shard, model_dir_or_default, prefilled_batch
 from bench.servers import free_port
-from bench.shard_batches import cache_tokens_needed, make_batch
 
 
 def best_seconds(fn, repeats: int, inner: int = 1) -> float:  # type: ignore[no-untyped-def]
@@ -67,19 +67,11 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    from shard import wire
     from shard.layers.quant.base import LinearWeight
-    from shard.settings import ShardSettings
-    from shard.startup import build_service
 
-    if args.model_dir is None:
-        from bench.build_smollm_shape import build, default_dir
-
-        args.model_dir = build(default_dir())
-    service = build_service(
-        ShardSettings(model_id=str(args.model_dir), uds_path="/dev/null", dtype=args.dtype)
-    )
-    runner, model = service.runner, service.runner.model
+    args.model_dir = model_dir_or_default(args.model_dir)
+    runner = build_shard(args.model_dir, args.dtype).runner
+    model = runner.model
     dtype = next(model.parameters()).dtype
     threads = torch.get_num_threads()
 
@@ -110,13 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     roofline_s = max(compute_s, memory_s)
 
     # The shard's own decode step.
-    block = runner.block_size
-    runner.allocate_kv_cache(
-        cache_tokens_needed(args.batch, args.seq_len, 2 * args.steps + 2, block) // block
-    )
-    pb_batch = make_batch(1, args.batch, args.seq_len, 2 * args.steps + 1, block, vocab)
-    batch = wire.new_batch(pb_batch, runner.device)[0]
-    runner.step(batch)  # prefill
+    batch = prefilled_batch(runner, args.batch, args.seq_len, 2 * args.steps + 1)
     runner.step(batch)  # warm
     steps = []
     for _ in range(args.steps):
