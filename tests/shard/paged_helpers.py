@@ -102,3 +102,25 @@ def run_paged(
     for t, nid in zip(tokens, next_ids.tolist(), strict=True):
         t.append(nid)
     return all_logits, tokens
+
+
+@torch.inference_mode()
+def assert_equals_reference(
+    ref, batch: list[torch.Tensor], logits: list[torch.Tensor], tokens: list[list[int]], atol: float
+) -> None:
+    """`run_paged`'s prefill logits (every prompt position) and greedy ids against a
+    transformers model `ref` run on each prompt alone."""
+    start = 0
+    for prompt in batch:
+        want = ref(prompt[None]).logits[0].float()
+        torch.testing.assert_close(logits[0][start : start + len(prompt)], want, atol=atol, rtol=0)
+        start += len(prompt)
+    for prompt, seq in zip(batch, tokens, strict=True):
+        out = ref.generate(
+            prompt[None],
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=len(logits),  # the prefill's token, then one per decode step
+            do_sample=False,
+            pad_token_id=0,
+        )
+        assert seq[len(prompt) :] == out[0, len(prompt) :].tolist()

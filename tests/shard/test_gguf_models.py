@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-from paged_helpers import run_paged
-from test_llama_vs_transformers import prompts, ref_logits
+from paged_helpers import assert_equals_reference, run_paged
+from test_llama_vs_transformers import prompts
 from test_tensor_parallel import free_port
 
 from launcher.tiny_models import build_model
@@ -77,22 +77,7 @@ def test_gguf_logits_and_greedy_tokens_equal_transformers(gguf_dir, qtype, arch)
     ref = _transformers(path)
     batch = prompts(ours.vocab_size)
     logits, tokens = run_paged(ours, batch, STEPS, seed=5)
-    start = 0
-    for prompt in batch:
-        expected = ref_logits(ref, prompt.tolist())
-        got = logits[0][start : start + len(prompt)]
-        torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
-        start += len(prompt)
-    for prompt, seq in zip(batch, tokens, strict=True):
-        with torch.inference_mode():
-            out = ref.generate(
-                prompt[None],
-                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                max_new_tokens=STEPS + 1,
-                do_sample=False,
-                pad_token_id=0,
-            )
-        assert seq[len(prompt) :] == out[0, len(prompt) :].tolist()
+    assert_equals_reference(ref, batch, logits, tokens, ATOL)
 
 
 def test_gguf_metadata_gives_config_tokenizer_and_dtype(gguf_dir, servicer_model_dir):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from paged_helpers import run_paged
+from paged_helpers import assert_equals_reference, run_paged
 from quant_fixtures import CPU, SERVED, fixture, quant_config, reference_weights, weights_at
 from transformers import AutoModelForCausalLM
 
@@ -32,22 +32,7 @@ def test_logits_and_greedy_ids_match_transformers_on_the_library_dequantized_mod
     ref = AutoModelForCausalLM.from_pretrained(fixture(name) / "reference", dtype=torch.float32)
     batch = prompts(ours.vocab_size)
     logits, tokens = run_paged(ours, batch, STEPS, seed=3)
-    with torch.inference_mode():
-        start = 0
-        for prompt in batch:
-            want = ref(prompt[None]).logits[0]
-            got = logits[0][start : start + len(prompt)]
-            torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
-            start += len(prompt)
-        for prompt, seq in zip(batch, tokens, strict=True):
-            out = ref.generate(
-                prompt[None],
-                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                max_new_tokens=STEPS + 1,
-                do_sample=False,
-                pad_token_id=0,
-            )
-            assert seq[len(prompt) :] == out[0, len(prompt) :].tolist()
+    assert_equals_reference(ref, batch, logits, tokens, ATOL)
 
 
 def _layers(weights, layer: int):
