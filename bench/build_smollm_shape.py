@@ -15,10 +15,10 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from launcher.cache_build import build_once
 
 # Bump whenever the shape or the tokenizer recipe changes, so a stale cached build is never used.
 NAME = "bench-smollm2-135m-shape-v1"
@@ -40,7 +40,7 @@ SHAPE: dict[str, Any] = {
 
 
 def default_dir() -> Path:
-    # Same cache root as the launcher's demo model (SWITCHYARD_CACHE, else ~/.cache/switchyard).
+    # Same cache root as the launcher's default model (SWITCHYARD_CACHE, else ~/.cache/switchyard).
     root = os.environ.get("SWITCHYARD_CACHE")
     base = Path(root).expanduser() if root else Path.home() / ".cache" / "switchyard"
     return base / NAME
@@ -69,24 +69,18 @@ def build_full_vocab_tokenizer(vocab_size: int, seed: int = 0):
 
 
 def build(target: Path) -> Path:
-    """Builds the model into `target` (once; an existing build is reused)."""
-    if (target / "config.json").is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Built beside the target and renamed into place: an interrupted build is never reused.
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
-        from launcher.tiny_models import build_model
+    """Builds the model into `target` (once, atomically; an existing build is reused)."""
+    return build_once(target, _build_into)
 
-        build_model(tmp, **SHAPE)
-        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-            (tmp / name).unlink(missing_ok=True)
-        tokenizer = build_full_vocab_tokenizer(SHAPE["vocab_size"], SHAPE["seed"])
-        tokenizer.save_pretrained(tmp)
-        os.rename(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+
+def _build_into(tmp: Path) -> None:
+    from launcher.tiny_models import build_model
+
+    build_model(tmp, **SHAPE)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (tmp / name).unlink(missing_ok=True)
+    tokenizer = build_full_vocab_tokenizer(SHAPE["vocab_size"], SHAPE["seed"])
+    tokenizer.save_pretrained(tmp)
 
 
 def main(argv: list[str] | None = None) -> None:
