@@ -1,9 +1,16 @@
 """A shard built in process, as `python -m shard serve` builds it (world size 1, no gRPC), and a
 batch ready to decode on it: what the in-process benchmarks (roofline, profile_decode,
-omp_threads) time."""
+profile_lora) time.
+
+Everything runs on the calling thread, model loading included. The server loads and steps on one
+dedicated thread because torch keeps an OpenMP pool per calling thread; loading on one thread
+and stepping on another leaves two pools competing for the cores, which made every small GEMM
+several times slower (a [16, 16] x [16, 576] bf16 matmul: ~15-20 us on one pool, ~65 us with
+two) and once misled a LoRA measurement."""
 
 from __future__ import annotations
 
+from concurrent.futures import Executor, Future
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +26,22 @@ def model_dir_or_default(model_dir: Path | None) -> Path:
     return build(default_dir())
 
 
+class _Inline(Executor):
+    """An executor that runs what it is given on the calling thread."""
+
+    def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def, override]
+        future: Future = Future()
+        future.set_result(fn(*args, **kwargs))
+        return future
+
+
 def build_shard(model_dir: Path, dtype: str, **settings: Any):  # -> TextGenerationService
     from shard.settings import ShardSettings
     from shard.startup import build_service
 
     return build_service(
-        ShardSettings(model_id=str(model_dir), uds_path="/dev/null", dtype=dtype, **settings)
+        ShardSettings(model_id=str(model_dir), uds_path="/dev/null", dtype=dtype, **settings),
+        torch_thread=_Inline(),  # type: ignore[arg-type]
     )
 
 

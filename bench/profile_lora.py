@@ -18,6 +18,7 @@ import statistics
 import time
 from pathlib import Path
 
+from bench.inprocess import build_shard, model_dir_or_default
 from bench.lora_adapters import build_adapters, default_root
 from bench.servers import free_port
 from bench.shard_batches import cache_tokens_needed, make_batch
@@ -63,26 +64,18 @@ def main(argv: list[str] | None = None) -> None:
 
     from shard import wire
     from shard.layers.lora import LoraTerm
-    from shard.settings import ShardSettings
-    from shard.startup import build_service
 
-    if args.model_dir is None:
-        from bench.build_smollm_shape import build, default_dir
-
-        args.model_dir = build(default_dir())
+    args.model_dir = model_dir_or_default(args.model_dir)
     adapters = build_adapters(
         args.model_dir, default_root(args.model_dir, args.rank), max(args.adapters, 16), args.rank
     )
     names = list(adapters)[: args.adapters]
-    service = build_service(
-        ShardSettings(
-            model_id=str(args.model_dir),
-            uds_path="/dev/null",
-            dtype=args.dtype,
-            lora_adapters=tuple((n, str(adapters[n])) for n in names),
-            max_loras=args.adapters,
-            max_lora_rank=args.max_lora_rank,
-        )
+    service = build_shard(
+        args.model_dir,
+        args.dtype,
+        lora_adapters=tuple((n, str(adapters[n])) for n in names),
+        max_loras=args.adapters,
+        max_lora_rank=args.max_lora_rank,
     )
     runner, lora = service.runner, service.lora
     assert lora is not None
