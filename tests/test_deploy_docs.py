@@ -56,7 +56,10 @@ def test_readme_builds_the_image_deploy_runs():
 
 @pytest.mark.parametrize(("image", "flags"), docker_runs())
 def test_readme_docker_runs_pass_flags_the_launcher_accepts(image, flags):
-    build_parser().parse_args(flags)  # argparse exits (status 2) on any flag it does not know
+    args = build_parser().parse_args(flags)  # argparse exits (status 2) on a flag it does not know
+    # ... and each flag the README passes lands where the launcher reads it.
+    given = [f.split("=")[0].lstrip("-").replace("-", "_") for f in flags if f.startswith("--")]
+    assert all(getattr(args, name) not in (None, False) for name in given), given
 
 
 def test_readme_says_where_the_launcher_is_installed():
