@@ -39,7 +39,7 @@ from bench.build_quantized import GROUP_SIZE, default_root, model_dirs
 from bench.load_memory import read_status
 from bench.quant_decode_report import markdown, summarize
 from bench.shard import ShardProcess, connect, run_case
-from bench.shard_batches import cache_tokens_needed, make_batch
+from bench.shard_batches import cache_tokens_needed, warmup_request
 from switchyard_pb import generate_pb2 as pb
 
 KINDS = ("bf16", "awq")
@@ -110,16 +110,7 @@ async def start_shard(kind: str, model_dir: Path, need_tokens: int, log: Path) -
         shard = Shard(kind, proc, stub, await stub.Info(pb.InfoRequest()), time.monotonic() - t0)
         shard.snapshot("loaded")
         info = shard.info
-        warm = make_batch(1, 1, 16, 1, info.block_size, info.vocab_size)
-        await stub.Warmup(
-            pb.WarmupRequest(
-                batch=warm,
-                max_input_tokens=16,
-                max_total_tokens=17,
-                max_prefill_tokens=16,
-                max_batch_total_tokens=need_tokens,
-            )
-        )
+        await stub.Warmup(warmup_request(info.block_size, info.vocab_size, need_tokens))
         shard.snapshot("warm")
     except BaseException:
         proc.stop()

@@ -35,7 +35,7 @@ import grpc
 
 from bench.models import add_model_args, resolve_model
 from bench.servers import free_port
-from bench.shard_batches import cache_tokens_needed, make_batch
+from bench.shard_batches import cache_tokens_needed, make_batch, warmup_request
 from switchyard_pb import generate_pb2 as pb
 from switchyard_pb import generate_pb2_grpc as pb_grpc
 
@@ -201,17 +201,7 @@ async def bench(args: argparse.Namespace, proc: ShardProcess | None) -> dict[str
         for b in args.batch_sizes
         for s in args.seq_lens
     )
-    # The warm-up batch doubles as the first run of every kernel (one small prefill).
-    warm = make_batch(1, 1, 16, 1, info.block_size, info.vocab_size)
-    await stub.Warmup(
-        pb.WarmupRequest(
-            batch=warm,
-            max_input_tokens=16,
-            max_total_tokens=17,
-            max_prefill_tokens=16,
-            max_batch_total_tokens=need,
-        )
-    )
+    await stub.Warmup(warmup_request(info.block_size, info.vocab_size, need))
     rows = []
     for s in args.seq_lens:
         for b in args.batch_sizes:

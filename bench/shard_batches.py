@@ -62,3 +62,15 @@ def make_batch(
         max_tokens=batch * (seq_len + new_tokens),
         max_blocks=per,
     )
+
+
+def warmup_request(block_size: int, vocab_size: int, kv_tokens: int) -> pb.WarmupRequest:
+    """A Warmup that sizes the shard's KV cache to `kv_tokens` exactly; its one 16-token
+    request doubles as the first run of every kernel (one small prefill)."""
+    return pb.WarmupRequest(
+        batch=make_batch(1, 1, 16, 1, block_size, vocab_size),
+        max_input_tokens=16,
+        max_total_tokens=17,
+        max_prefill_tokens=16,
+        max_batch_total_tokens=kv_tokens,
+    )

@@ -36,7 +36,6 @@ class StepTrace:
         self.records: deque[StepRecord] = deque(maxlen=capacity)
         self._count = 0
         self._open: StepRecord | None = None
-        self._sent = 0.0
         self._last_end: float | None = None
 
     def begin(self, kind: str, prefill_tokens: int, decode_rows: int, new_requests: int) -> None:
@@ -47,13 +46,12 @@ class StepTrace:
             self._count, kind, now, prefill_tokens, decode_rows, new_requests, idle
         )
         self._count += 1
-        self._sent = now
 
     def answered(self, forward_ns: int, decode_ns: int, total_ns: int) -> None:
         if self._open is None:
             return
         record = self._open
-        record.rpc_s = time.monotonic() - self._sent
+        record.rpc_s = time.monotonic() - record.start
         record.shard_s, record.forward_s, record.sample_s = (
             total_ns / 1e9, forward_ns / 1e9, decode_ns / 1e9
         )  # fmt: skip

@@ -9,6 +9,7 @@ A row is decoding when all but its last known token have KV in the cache
 computes over several steps.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -30,7 +31,9 @@ class RequestInfo:
     capacity: int
 
 
-def _pad_rows(rows: list[list[int]], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def _pad_rows(
+    rows: Sequence[Sequence[int]], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
     width = max((len(r) for r in rows), default=0)
     out = torch.zeros((len(rows), max(width, 1)), dtype=dtype)
     for i, row in enumerate(rows):
@@ -94,14 +97,14 @@ class Batch:
                 )
             )
         # History holds one more id than there are slots: the last sampled token never needs KV.
-        history = _pad_rows([list(r.input_ids) for r in new], torch.int64, device)
+        history = _pad_rows([r.input_ids for r in new], torch.int64, device)
         width = max(len(r.slots) for r in new) + 1
         history = torch.nn.functional.pad(history, (0, width - history.shape[1]))
         return cls(
             id=batch_id,
             requests=requests,
-            block_tables=_pad_rows([list(r.blocks) for r in new], torch.int32, device),
-            slots=_pad_rows([list(r.slots) for r in new], torch.int64, device),
+            block_tables=_pad_rows([r.blocks for r in new], torch.int32, device),
+            slots=_pad_rows([r.slots for r in new], torch.int64, device),
             history=history,
             history_lens=torch.tensor([len(r.input_ids) for r in new], device=device),
             # A cached prefix (router/prefix_cache.py) is already in the request's blocks.

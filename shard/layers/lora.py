@@ -178,8 +178,9 @@ class _Packed:
     contiguous block:
         a      [S * n_sub * r, K]   slot s, sub-module j: rows (s * n_sub + j) * r ...
         bt[j]  [S * r, n_j]         sub-module j's B^T, slot s: rows s * r ...
-    `select` gives the same for a subset of the slots: a view when they are consecutive, else a
-    compact copy, kept while the step keeps using that subset (a slot's fill drops them all)."""
+    `select` gives the same for a subset of the slots (views when they are consecutive, else a
+    compact copy), built once and kept while steps keep using that subset (a slot's fill drops
+    them all with the packed copy)."""
 
     a: torch.Tensor
     bt: list[torch.Tensor]
@@ -201,6 +202,13 @@ class _Packed:
         return _Packed(a, bt, rank, n_sub)
 
     def select(self, slots: tuple[int, ...]) -> _Packed:
+        if slots not in self.subsets:  # once per subset, not once per layer call
+            if len(self.subsets) >= 4:  # the step's subset changes rarely: keep a few
+                self.subsets.clear()
+            self.subsets[slots] = self._cut(slots)
+        return self.subsets[slots]
+
+    def _cut(self, slots: tuple[int, ...]) -> _Packed:
         lo, hi, r, n = slots[0], slots[-1], self.rank, self.n_sub
         if hi - lo + 1 == len(slots):  # consecutive: views
             return _Packed(
@@ -209,16 +217,12 @@ class _Packed:
                 r,
                 n,
             )
-        if slots not in self.subsets:
-            if len(self.subsets) >= 4:  # the step's subset changes rarely: keep a few
-                self.subsets.clear()
-            block = torch.arange(r, device=self.a.device)
-            b_rows = (torch.tensor(slots, device=self.a.device)[:, None] * r + block).flatten()
-            a_rows = torch.cat([torch.arange(s * n * r, (s + 1) * n * r) for s in slots])
-            self.subsets[slots] = _Packed(
-                self.a.index_select(0, a_rows.to(self.a.device)),
-                [b.index_select(0, b_rows) for b in self.bt],
-                r,
-                n,
-            )
-        return self.subsets[slots]
+        block = torch.arange(r, device=self.a.device)
+        b_rows = (torch.tensor(slots, device=self.a.device)[:, None] * r + block).flatten()
+        a_rows = torch.cat([torch.arange(s * n * r, (s + 1) * n * r) for s in slots])
+        return _Packed(
+            self.a.index_select(0, a_rows.to(self.a.device)),
+            [b.index_select(0, b_rows) for b in self.bt],
+            r,
+            n,
+        )

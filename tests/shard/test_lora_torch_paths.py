@@ -27,7 +27,7 @@ def empty_term() -> LoraTerm:
     )
 
 
-def term(seed: int = 0) -> tuple[LoraTerm, list[tuple[torch.Tensor, torch.Tensor] | None]]:
+def term(seed: int = 0) -> LoraTerm:
     """A fused three-way term whose slot s holds rank 4 + 3 s; slot 2 leaves sub-module 1 alone."""
     t = empty_term()
     step = t.step
@@ -42,7 +42,7 @@ def term(seed: int = 0) -> tuple[LoraTerm, list[tuple[torch.Tensor, torch.Tensor
         ]
         t.fill(s, parts)
         step.set_scaling(s, 0.5 + s)
-    return t, parts
+    return t
 
 
 def reference(t: LoraTerm, x: torch.Tensor, slots: list[int], y: torch.Tensor) -> torch.Tensor:
@@ -81,7 +81,7 @@ MIXED = [-1, 0, 3, 1, 1, -1, 2, 0, 3, 3, 2]
 
 
 def test_mixed_slots_and_tokens_without_adapter(path):
-    t, _ = term()
+    t = term()
     y, ref = run(t, MIXED)
     assert (t.step.mask is not None) == (path == "dense")
     torch.testing.assert_close(y.double(), ref, atol=1e-4, rtol=1e-5)
@@ -91,20 +91,20 @@ def test_mixed_slots_and_tokens_without_adapter(path):
     "slots", [[0] * 5, [3, -1, 3], [1, 2, 2, -1], [3, 0, -1, 3, 0], [2, 0, 0]], ids=str
 )
 def test_one_slot_a_run_of_slots_or_scattered_ones(path, slots):
-    t, _ = term()
+    t = term()
     y, ref = run(t, slots)
     torch.testing.assert_close(y.double(), ref, atol=1e-4, rtol=1e-5)
 
 
 def test_no_adapter_leaves_y_alone(path):
-    t, _ = term()
+    t = term()
     y, ref = run(t, [-1, -1, -1])
     assert torch.equal(y.double(), ref)
 
 
 @pytest.mark.parametrize("slots", [MIXED, [3, 1, -1, 1, 3]], ids=["all", "scattered"])
 def test_refilling_a_slot_between_steps_uses_the_new_weights(path, slots):
-    t, _ = term()
+    t = term()
     run(t, slots)  # builds the packed copies (and, scattered, a compact subset of them)
     if path == "dense" and slots != MIXED:
         assert (1, 3) in t._packed.subsets
@@ -123,7 +123,7 @@ def test_refilling_a_slot_between_steps_uses_the_new_weights(path, slots):
 
 
 def test_dense_shape_for_small_steps_or_one_slot():
-    t, _ = term()
+    t = term()
     cells = lora_mod.DENSE_MAX_CELLS
     t.step.set_tokens(torch.tensor([1, 2] * (cells // 4), dtype=torch.int32))  # 2 slots
     assert t.step.mask is not None and t.step.dense_slots == (1, 2) and not t.step.groups
