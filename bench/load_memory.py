@@ -73,8 +73,11 @@ def worker(model_dir: str, warmup_dir: str) -> None:
     model = load_model(Path(model_dir), dtype=torch.float32, device=dist.device, dist=dist)
     seconds = time.perf_counter() - start
     peak = read_status()
-    # Tied parameters are one tensor: count each once.
-    unique = {p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}
+    # Tied parameters are one tensor: count each once (packed ones have no data_ptr: their own).
+    unique = {
+        (id(p) if p.is_mkldnn else p.data_ptr()): p.numel() * p.element_size()
+        for p in model.parameters()
+    }
     report = {
         "rank": dist.rank,
         "world_size": dist.world_size,

@@ -22,7 +22,7 @@ from bench.servers import free_port
 
 # Operator name fragments -> bucket; first match wins. Names are aten ops (CPU).
 BUCKETS = [
-    ("matmul (linear/mm)", "mm addmm linear matmul bmm"),
+    ("matmul (linear/mm)", "mm addmm linear matmul bmm mkldnn::_linear_pointwise"),
     ("attention (sdpa)", "scaled_dot_product softmax baddbmm"),
     ("sampling (topk/sort/argmax)", "topk sort argmax max log_softmax cumsum"),
     # The torch backend's decode gathers every row's K/V through the block table and masks it.
@@ -88,12 +88,12 @@ def main(argv: list[str] | None = None) -> None:
     # dispatch and profiler bookkeeping between ops.
     print(f"{'outside ops (python/dispatch)':32} {(wall_us - op_us) / 1e3 / args.steps:8.2f} "
           f"{100 * (wall_us - op_us) / wall_us:5.1f}%")  # fmt: skip
-    # Which weights the matmul time goes to: mm/addmm by input shapes ([rows, in] x [in, out]).
+    # Which weights the matmul time goes to, by input shapes (packed weights show as [out, in]).
     print("\nmatmuls by shape (ms/step):")
     mms = [
         e
         for e in prof.key_averages(group_by_input_shape=True)
-        if e.key in ("aten::mm", "aten::addmm")
+        if e.key in ("aten::mm", "aten::addmm", "mkldnn::_linear_pointwise")
     ]
     for e in sorted(mms, key=lambda e: -e.self_cpu_time_total)[:8]:
         per_step = e.self_cpu_time_total / 1e3 / args.steps

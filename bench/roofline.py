@@ -45,10 +45,13 @@ def read_bandwidth(torch, gib: float, repeats: int) -> float:  # type: ignore[no
 
 
 def gemm_rate(torch, m: int, k: int, n: int, dtype, repeats: int) -> float:  # type: ignore[no-untyped-def]
-    """FLOP/s of F.linear at [m, k] x [k, n] (weights [n, k], as the model holds them)."""
+    """FLOP/s of the shard's own matmul at [m, k] x [k, n], its weight [n, k] in the layout the
+    shard gives it (packed where it packs), the same weight every call: cache-hot, the best case."""
+    from shard.layers.matmul import linear, prepare_weight
+
     x = torch.randn(m, k).to(dtype)
-    w = torch.randn(n, k).to(dtype)
-    seconds = best_seconds(lambda: torch.nn.functional.linear(x, w), repeats, inner=10)
+    w = prepare_weight(torch.randn(n, k).to(dtype))
+    seconds = best_seconds(lambda: linear(x, w), repeats, inner=10)
     return 2 * m * k * n / seconds
 
 
@@ -67,6 +70,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
+    from shard.layers.embedding import VocabParallelEmbedding
     from shard.layers.quant.base import LinearWeight
 
     args.model_dir = model_dir_or_default(args.model_dir)
@@ -75,8 +79,12 @@ def main(argv: list[str] | None = None) -> None:
     dtype = next(model.parameters()).dtype
     threads = torch.get_num_threads()
 
-    # What one step reads and computes.
-    weight_bytes = sum(t.numel() * t.element_size() for t in model.parameters())
+    # What one step reads and computes: every weight but the embedding table, of which a step
+    # reads one row per token (a tied LM head multiplies with its own copy, counted).
+    table = {id(m.weight) for m in model.modules() if isinstance(m, VocabParallelEmbedding)}
+    weight_bytes = sum(
+        t.numel() * t.element_size() for t in model.parameters() if id(t) not in table
+    )
     # Every linear's [in, out] (LoRA terms aside), and the LM head's GEMM, tied or not.
     linears = Counter(
         (m.in_features, m.out_features) for m in model.modules() if isinstance(m, LinearWeight)

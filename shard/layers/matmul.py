@@ -6,6 +6,13 @@ GFLOP/s on an AVX2 machine). There, for more than a few rows, the weight is wide
 slice at a time for the duration of the call and the result rounded back. It computes the same
 thing as a half-precision GEMM, which also multiplies exact products and accumulates in fp32;
 only the summation order differs. Weights stay in their dtype, so memory is unchanged.
+
+Where the CPU does have native GEMM for the dtype (fp32 everywhere; bf16 with AVX512-BF16 or
+AMX), weights are packed once at load into oneDNN's blocked layout (`prepare_weight`). Unpacked,
+oneDNN re-lays a bf16 weight out on every call, which costs more than the product itself when
+the weight comes from DRAM, as every weight of a decode step does (bench/cpu_matmul.py, "packed"
+column: 1.4-1.6x at 1-16 rows in bf16, 2.4x in fp32). Packing reorders; it computes the same
+sums (bf16 results are bit-identical here).
 """
 
 from functools import cache
@@ -19,6 +26,9 @@ WIDEN_MIN_ROWS = 4
 # Output features widened at once: the fp32 slice stays cache-sized, which matters for the LM
 # head (a 49152x576 weight widened whole is several times slower to convert).
 WIDEN_CHUNK = 1024
+# Rows oneDNN is told to expect when it picks the packed layout; the layout serves any row
+# count (measured: hints 16 and 64 time alike from 1 to 256 rows, 1 is slower past 16 rows).
+PACK_ROWS_HINT = 16
 
 _NATIVE_FLAGS = {
     torch.bfloat16: ("avx512_bf16", "amx_bf16"),
@@ -43,7 +53,32 @@ def _widen_on_cpu(dtype: torch.dtype) -> bool:
     return native is not None and not any(flag in _cpu_flags() for flag in native)
 
 
+def prepare_weight(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` [out, in] in the layout `linear` multiplies fastest: oneDNN-packed on a CPU
+    with native GEMM for its dtype, else unchanged. A packed tensor is opaque (`dense` reads
+    it back); it is a new tensor, so a weight shared with an embedding stays unpacked there."""
+    if (
+        weight.device.type != "cpu"
+        or weight.dim() != 2
+        or weight.dtype not in (torch.float32, torch.bfloat16, torch.float16)
+        or not torch.backends.mkldnn.is_available()
+        or _widen_on_cpu(weight.dtype)
+    ):
+        return weight
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_ROWS_HINT)
+    except RuntimeError:  # oneDNN refuses the dtype on this CPU (fp16 needs AVX512-FP16)
+        return weight
+
+
+def dense(weight: torch.Tensor) -> torch.Tensor:
+    """The plain [out, in] tensor behind a weight `prepare_weight` returned."""
+    return weight.to_dense() if weight.is_mkldnn else weight
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    if weight.is_mkldnn:
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     rows = x.numel() // x.shape[-1] if x.numel() else 0
     if weight.device.type != "cpu" or rows < WIDEN_MIN_ROWS or not _widen_on_cpu(weight.dtype):
         return F.linear(x, weight, bias)

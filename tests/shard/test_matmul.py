@@ -46,3 +46,33 @@ def test_native_half_and_fp32_go_straight_to_torch(monkeypatch):
     assert not matmul._widen_on_cpu(torch.bfloat16)
     assert matmul._widen_on_cpu(torch.float16)
     assert not matmul._widen_on_cpu(torch.float32)
+
+
+def _packs(dtype: torch.dtype) -> bool:
+    return matmul.prepare_weight(torch.zeros(4, 4, dtype=dtype)).is_mkldnn
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [0, 1, 5, 16, 300])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_weights_compute_what_plain_weights_compute(dtype, rows, bias):
+    if not _packs(dtype):
+        pytest.skip(f"this CPU has no native {dtype} GEMM for oneDNN to pack for")
+    torch.manual_seed(rows)
+    w = (torch.randn(1100, 96) * 0.1).to(dtype)
+    b = torch.randn(1100).to(dtype) if bias else None
+    x = torch.randn(3, rows, 96).to(dtype)  # leading dims kept
+    packed = matmul.prepare_weight(w)
+    assert packed.is_mkldnn and packed.shape == w.shape
+    assert torch.equal(matmul.dense(packed), w)
+    got = matmul.linear(x, packed, b)
+    assert got.dtype == dtype and got.shape == (3, rows, 1100)
+    # Same products and fp32 accumulation, possibly summed in another order.
+    tol = {torch.float32: 1e-5, torch.bfloat16: 1e-2}[dtype]
+    torch.testing.assert_close(got, F.linear(x, w, b), atol=tol, rtol=tol)
+
+
+def test_nothing_is_packed_where_the_cpu_widens_half_precision(no_native_half):
+    w = torch.randn(8, 8).bfloat16()
+    assert matmul.prepare_weight(w) is w
+    assert matmul.dense(w) is w

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from shard.layers.matmul import linear
+from shard.layers.matmul import linear, prepare_weight
 from shard.layers.quant.base import LinearWeight, Piece
 from shard.weights import Weights
 
@@ -15,8 +15,8 @@ from shard.weights import Weights
 class DenseWeight(LinearWeight):
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
-        self.weight = nn.Parameter(weight, requires_grad=False)
         self.out_features, self.in_features = weight.shape
+        self.weight = nn.Parameter(prepare_weight(weight), requires_grad=False)
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return linear(x, self.weight, bias)
