@@ -30,7 +30,8 @@ def _slots(block_tables: torch.Tensor, positions: torch.Tensor, block_size: int)
 def _decode_gather_index(
     meta: AttentionMetadata, block_size: int, window: int | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cache slot of every position each sequence's query sees, [B, width], and which are real.
+    """Cache slot of every position each sequence's query sees, [B, width], and the additive
+    score mask [B, 1, 1, width] (0 where the position is real, -inf where it is padding).
 
     A row covers its last `width` positions: the whole context (width = longest context), or
     with a sliding window only the window (width = min(longest context, window)), so a long
@@ -45,9 +46,14 @@ def _decode_gather_index(
     width = max_ctx if window is None else min(max_ctx, window)
     first = (context_lens - width).clamp_(min=0)
     positions = first[:, None] + torch.arange(width, device=context_lens.device)
-    valid = positions < context_lens[:, None]
-    # Padded positions read the row's position 0, whatever it holds; their scores are masked.
-    index = (_slots(meta.block_tables, positions.masked_fill(~valid, 0), block_size), valid)
+    last = context_lens[:, None] - 1
+    # A padded position reads the row's own newest slot, written by this very step: its value
+    # is finite whenever the row's own output is, so a zero weight on it adds exactly zero and
+    # no other sequence's (or never-written) slot can leak a NaN into this row.
+    slots = _slots(meta.block_tables, torch.minimum(positions, last), block_size)
+    bias = torch.zeros(positions.shape, dtype=torch.float32, device=positions.device)
+    bias.masked_fill_(positions > last, float("-inf"))
+    index = (slots, bias[:, None, None, :])
     meta.derived[key] = index
     return index
 
@@ -127,14 +133,16 @@ class TorchAttentionBackend:
         """One query per sequence against its context (or its window), all sequences in one
         batched pass: every row gathers the same number of slots and masks the ones it lacks.
 
-        Plain matmuls rather than SDPA: with one query row, SDPA's per-call overhead on CPU
-        costs more than the arithmetic. Query heads are grouped by the KV head they share, so
-        K/V are never repeated; scores and softmax are in fp32. K/V are gathered with
-        index_select (several times faster than advanced indexing on CPU) and converted to fp32
-        straight into a heads-first layout, so both matmuls read them without another copy.
+        Plain matmuls rather than SDPA: with one query row, SDPA's CPU kernel costs several
+        times more than the arithmetic (~1 ms a layer at batch 16, bench/profile_decode.py).
+        Query heads are grouped by the KV head they share, so K/V are never repeated; scores and
+        softmax are in fp32. K/V are gathered with index_select (several times faster than
+        advanced indexing on CPU) and converted to fp32 straight into a heads-first layout, so
+        both matmuls read them without another copy. The scale goes on the query (9 values a
+        row) rather than on the scores, and padding is masked by adding the step's -inf bias.
         """
         keys, values = _slot_rows(kv_cache)
-        slots, valid = _decode_gather_index(meta, kv_cache.shape[2], window)
+        slots, bias = _decode_gather_index(meta, kv_cache.shape[2], window)
         batch, num_heads, head_dim = q.shape
         num_kv_heads = keys.shape[1]
         flat = slots.reshape(-1)
@@ -143,12 +151,10 @@ class TorchAttentionBackend:
             gathered = rows.index_select(0, flat).view(batch, -1, num_kv_heads, head_dim)
             return gathered.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format)
 
-        grouped = q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim).float()
-        k = heads_first(keys)
-        # Masked scores drop padded keys even when they hold NaN; padded values must be zeroed,
-        # as a zero weight times NaN is still NaN.
-        v = heads_first(values).masked_fill_(~valid[:, None, :, None], 0)
-        scores = torch.matmul(grouped, k.transpose(-1, -2)).mul_(scale)  # [B, Hkv, G, width]
-        scores.masked_fill_(~valid[:, None, None, :], float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        return torch.matmul(probs, v).reshape(batch, num_heads, head_dim).to(q.dtype)
+        # Not in place: for an fp32 query, .float() is the caller's own tensor.
+        grouped = q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+        grouped = grouped.float() * scale
+        scores = torch.matmul(grouped, heads_first(keys).transpose(-1, -2)).add_(bias)
+        probs = torch.softmax(scores, dim=-1)  # [B, Hkv, G, width]
+        out = torch.matmul(probs, heads_first(values))
+        return out.reshape(batch, num_heads, head_dim).to(q.dtype)

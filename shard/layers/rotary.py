@@ -143,13 +143,27 @@ class RotaryEmbedding(nn.Module):
         cos, sin = freqs.cos() * config.attention_factor, freqs.sin() * config.attention_factor
         self.register_buffer("cos", cos.to(device), persistent=False)  # [P, D/2] float32
         self.register_buffer("sin", sin.to(device), persistent=False)
+        # One module serves every layer, and every layer of a step passes the same positions
+        # tensor: its gathered cos/sin are kept for the next layer (keyed by identity, which
+        # holding the tensor keeps unique) instead of being gathered again 30-odd times.
+        self._step: tuple[torch.Tensor, torch.dtype, torch.Tensor, torch.Tensor] | None = None
+
+    def _cos_sin(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        step = self._step
+        if step is not None and step[0] is positions and step[1] == dtype:
+            return step[2], step[3]
+        cos = self.cos[positions].to(dtype).unsqueeze(1)
+        sin = self.sin[positions].to(dtype).unsqueeze(1)
+        self._step = (positions, dtype, cos, sin)
+        return cos, sin
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [T] int64; q [T, H, D], k [T, Hkv, D] -> rotated q, k (same dtype)."""
-        cos = self.cos[positions].to(q.dtype).unsqueeze(1)
-        sin = self.sin[positions].to(q.dtype).unsqueeze(1)
+        cos, sin = self._cos_sin(positions, q.dtype)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 

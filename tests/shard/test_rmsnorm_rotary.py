@@ -15,12 +15,16 @@ from shard.layers.norm import RMSNorm
 from shard.layers.rotary import RopeConfig, RotaryEmbedding
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rmsnorm_matches_llama(dtype):
-    torch.manual_seed(0)
-    weight = torch.randn(32).to(dtype)
-    x = (torch.randn(7, 32) * 3).to(dtype)
-    ref = LlamaRMSNorm(32, eps=1e-5).to(dtype)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    ("rows", "hidden", "magnitude"),
+    [(7, 32, 3.0), (16, 576, 40.0), (3, 1000, 1e-3), (1, 4096, 1.0)],
+)
+def test_rmsnorm_matches_llama(dtype, rows, hidden, magnitude):
+    torch.manual_seed(hidden)
+    weight = torch.randn(hidden).to(dtype)
+    x = (torch.randn(rows, hidden) * magnitude).to(dtype)
+    ref = LlamaRMSNorm(hidden, eps=1e-5).to(dtype)
     ref.weight.data.copy_(weight)
     assert torch.equal(RMSNorm(weight, 1e-5)(x), ref(x))
 
