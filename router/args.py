@@ -112,8 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--prefill-chunk-tokens",
         type=_positive_int,
         default=None,
-        help="with chunking, prompt tokens a step may add while requests are decoding "
-        "(default: 64 on CPU, --max-batch-prefill-tokens on GPU)",
+        help="with chunking, prompt tokens a step may add while requests are decoding, grown "
+        "up to 4x when many prompt tokens wait (default: 64 on CPU, --max-batch-prefill-tokens "
+        "on GPU)",
     )
     p.add_argument(
         "--prefix-caching",

@@ -48,7 +48,8 @@ class SchedulerConfig:
     max_waiting_tokens: int = 20
     max_batch_size: int | None = None  # None: only the token budgets bound a batch
     # Spread prompts over steps mixed with decoding: prefill_chunk_tokens per step while any
-    # request decodes, max_batch_prefill_tokens when none does (nobody is stalled then).
+    # request decodes (more when a wave of prompts waits, router/chunking.py), and
+    # max_batch_prefill_tokens when none does (nobody is stalled then).
     prefill_chunking: bool = True
     prefill_chunk_tokens: int | None = None  # None: max_batch_prefill_tokens
     max_loras: int = 4  # distinct LoRA adapters live on the shards at once (router/adapters.py)

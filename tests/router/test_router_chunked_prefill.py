@@ -85,3 +85,55 @@ async def test_a_budget_smaller_than_the_batch_still_moves_every_prompt(model_di
             assert 0 < sum(chunks.values()) <= 2 or not chunks
         assert env.violations() == []
         await wait_until(lambda: env.infer.allocator.used_blocks == 0)
+
+
+def test_the_decoding_budget_grows_with_a_wave_of_prompts_and_no_further():
+    from router.chunking import DRAIN_STEPS, MAX_GROWTH, decode_step_budget
+
+    chunk = 64
+    assert decode_step_budget(chunk, 4096, 0) == chunk
+    assert decode_step_budget(chunk, 4096, 128) == chunk  # one arrival: one chunk a step
+    assert decode_step_budget(chunk, 4096, 100 * DRAIN_STEPS) == 100
+    assert decode_step_budget(chunk, 4096, 10**6) == MAX_GROWTH * chunk
+    assert decode_step_budget(chunk, 150, 10**6) == 150  # never past max_batch_prefill_tokens
+
+
+WAVE = [f"wave number {i}: the quick brown fox jumps over the lazy dog" for i in range(8)]
+
+
+@async_test
+async def test_a_wave_of_prompts_gets_larger_chunks_while_requests_decode(model_dir, tokenizer):
+    from router.chunking import MAX_GROWTH
+
+    chunk = 4
+    async with router_env(
+        model_dir,
+        shard={"decode_delay": 0.002},
+        max_batch_prefill_tokens=256,
+        prefill_chunk_tokens=chunk,
+    ) as env:
+        running = await env.client.post("/generate_stream", json=gen("H", max_new_tokens=80))
+        await running.content.readline()
+        results = await asyncio.gather(*(_result(env, gen(p, max_new_tokens=2)) for p in WAVE))
+        assert all(r["generated_text"] is not None for r in results)
+        await running.text()
+        shard = env.shards[0]
+        first_id = shard.prefilled[0].id
+        # Steps in which the first request decoded: their prompt tokens are the decoding budget.
+        with_decode = [
+            sum(chunks.values())
+            for chunks, ids in zip(shard.prompt_chunks, shard.step_generated, strict=True)
+            if first_id in ids
+        ]
+        pending = sum(len(tokenizer.encode(p)) for p in WAVE)
+        assert pending > 8 * MAX_GROWTH * chunk  # enough to grow the budget to its cap
+        assert max(with_decode) == MAX_GROWTH * chunk
+        assert env.violations() == []
+        # Alone, a prompt arriving while a request decodes gets the plain chunk per step.
+        running = await env.client.post("/generate_stream", json=gen("H", max_new_tokens=40))
+        await running.content.readline()
+        start = len(shard.prompt_chunks)
+        await _result(env, gen(WAVE[0], max_new_tokens=2))
+        await running.text()
+        later = [sum(c.values()) for c in shard.prompt_chunks[start:]]
+        assert max(later) == chunk
