@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from shard.layers.matmul import linear, prepare_weight
@@ -36,6 +37,8 @@ from shard.layers.matmul import linear, prepare_weight
 # slot it uses for every token (T * U * rank per layer), which beats a handful of calls per
 # slot only while that is small (measured on a 2-core EPYC: 16-row decode steps over 4-16 slots).
 DENSE_MAX_CELLS = 1024
+# Steps a slot set serves on plain weights before its packed copies are made (see _Packed).
+PACK_AFTER_USES = 16
 
 
 @dataclass
@@ -119,7 +122,6 @@ class LoraTerm(nn.Module):
         slice, or None for a sub-module the adapter leaves alone (zeros: no term)."""
         self.lora_a[slot].zero_()
         self.lora_b[slot].zero_()
-        self._packed = None
         self.ranks[slot] = max((part[0].shape[0] for part in parts if part is not None), default=0)
         offset = 0
         for j, (size, part) in enumerate(zip(self.out_slices, parts, strict=True)):
@@ -129,6 +131,13 @@ class LoraTerm(nn.Module):
                 self.lora_a[slot, j, :rank].copy_(a)
                 self.lora_b[slot, offset : offset + size, :rank].copy_(b)
             offset += size
+        packed = self._packed
+        if packed is not None and self.ranks[slot] <= packed.rank:
+            # Adapters come and go one slot at a time: rewrite that slot's rows in place
+            # rather than rebuild every slot (a rebuild of all ~200 terms costs ~30 ms).
+            packed.refill(slot, self.lora_a, self.lora_b, self.out_slices)
+        else:
+            self._packed = None  # rebuilt on first use, cut to the new largest rank
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """Adds the step's LoRA terms to y [T, N] in place; x [T, K]."""
@@ -164,9 +173,15 @@ class LoraTerm(nn.Module):
         """y += the LoRA terms of every slot in `packed` for every row of x, each weighted by its
         column of mask [T, slots] (a row's scaling on its own slot, zero elsewhere): one shrink
         GEMM, one scale, one expand GEMM into the whole of y, however many sub-modules."""
-        h = linear(x, packed.a_mm)  # shrink: [T, slots * n_sub * r]
+        packed.uses += 1
+        if packed.uses <= PACK_AFTER_USES:  # a subset that may not last: plain GEMMs
+            h = F.linear(x, packed.a)  # shrink: [T, slots * n_sub * r]
+            h.view(len(x), mask.shape[1], -1).mul_(mask.view(len(x), -1, 1))
+            y.addmm_(h, packed.b)  # expand
+            return
+        h = linear(x, packed.a_mm)
         h.view(len(x), mask.shape[1], -1).mul_(mask.view(len(x), -1, 1))
-        y.add_(linear(h, packed.b_mm))  # expand
+        y.add_(linear(h, packed.b_mm))
 
 
 @dataclass
@@ -182,14 +197,17 @@ class _Packed:
     `select` gives the same for a subset of the slots (views when they are consecutive, else a
     compact copy), built once and kept while steps keep using that subset (a slot's fill drops
     them all with the packed copy). `a_mm` and `b_mm` are the two in the layout the CPU GEMM
-    reads fastest (shard/layers/matmul.py), made on first use: ~30% less time per term than
-    F.linear and addmm on the plain ones (measured at decode shapes, 1-16 slots)."""
+    reads fastest (shard/layers/matmul.py): 20-35% less time per term than F.linear and addmm
+    on the plain ones (measured at decode shapes, 1-12 slots), but packing a term's pair costs
+    as much as ~15 such calls, so a subset is packed only once it has served PACK_AFTER_USES
+    steps: with many adapters the subset a step uses changes every few steps."""
 
     a: torch.Tensor
     b: torch.Tensor
     rank: int
     n_sub: int
     subsets: dict[tuple[int, ...], _Packed] = field(default_factory=dict, repr=False)
+    uses: int = 0  # steps this slot set has served (per term)
 
     @cached_property
     def a_mm(self) -> torch.Tensor:
@@ -214,6 +232,27 @@ class _Packed:
             )
             offset += size
         return _Packed(a, b.view(num_slots * n_sub * rank, lora_b.shape[1]), rank, n_sub)
+
+    def refill(
+        self,
+        slot: int,
+        lora_a: torch.Tensor,
+        lora_b: torch.Tensor,
+        out_slices: tuple[int, ...],
+    ) -> None:
+        """Slot `slot`'s rows again from the term's buffers (its rank fits this copy's)."""
+        n, r = self.n_sub, self.rank
+        rows = slice(slot * n * r, (slot + 1) * n * r)
+        self.a[rows] = lora_a[slot, :, :r].reshape(n * r, -1)
+        b = self.b[rows].view(n, r, -1)
+        b.zero_()
+        offset = 0
+        for j, size in enumerate(out_slices):
+            b[j, :, offset : offset + size] = lora_b[slot, offset : offset + size, :r].t()
+            offset += size
+        # Steps only ever multiply subsets (`select`), which may be copies or packed copies
+        # that never see the rows change: drop them all.
+        self.subsets.clear()
 
     def select(self, slots: tuple[int, ...]) -> _Packed:
         if slots not in self.subsets:  # once per subset, not once per layer call

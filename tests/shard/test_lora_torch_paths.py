@@ -69,11 +69,15 @@ def run(t: LoraTerm, slots: list[int], seed: int = 1) -> tuple[torch.Tensor, tor
     return y, reference(t, x, slots, y0)
 
 
-@pytest.fixture(params=["dense", "grouped"])
+@pytest.fixture(params=["dense", "grouped", "dense-packed", "grouped-packed"])
 def path(request, monkeypatch):
     # The dense path takes steps of up to DENSE_MAX_CELLS tokens x slots; 0 forces grouped.
-    if request.param == "grouped":
+    if request.param.startswith("grouped"):
         monkeypatch.setattr(lora_mod, "DENSE_MAX_CELLS", 0)
+    # A slot set runs on plain weights for its first PACK_AFTER_USES steps, then on copies
+    # packed for the CPU GEMM; 0 packs at once.
+    if request.param.endswith("packed"):
+        monkeypatch.setattr(lora_mod, "PACK_AFTER_USES", 0)
     return request.param
 
 
@@ -83,8 +87,10 @@ MIXED = [-1, 0, 3, 1, 1, -1, 2, 0, 3, 3, 2]
 def test_mixed_slots_and_tokens_without_adapter(path):
     t = term()
     y, ref = run(t, MIXED)
-    assert (t.step.mask is not None) == (path == "dense")
+    assert (t.step.mask is not None) == path.startswith("dense")
     torch.testing.assert_close(y.double(), ref, atol=1e-4, rtol=1e-5)
+    packed_copies = [s for s in t._packed.subsets.values() if "a_mm" in vars(s)]
+    assert bool(packed_copies) == path.endswith("packed")  # which GEMM branch ran
 
 
 @pytest.mark.parametrize(
@@ -103,13 +109,16 @@ def test_no_adapter_leaves_y_alone(path):
 
 
 @pytest.mark.parametrize("slots", [MIXED, [3, 1, -1, 1, 3]], ids=["all", "scattered"])
-def test_refilling_a_slot_between_steps_uses_the_new_weights(path, slots):
+# 16: larger than any rank before, the packed copy is rebuilt; 2: it is rewritten in place.
+@pytest.mark.parametrize("rank", [MAX_RANK, 2], ids=["rank-grows", "rank-fits"])
+def test_refilling_a_slot_between_steps_uses_the_new_weights(path, slots, rank):
     t = term()
     run(t, slots)  # builds the packed copies (and, scattered, a compact subset of them)
-    if path == "dense" and slots != MIXED:
+    run(t, slots)  # twice: packed copies of the subset too on the packed paths
+    before = t._packed
+    if path.startswith("dense") and slots != MIXED:
         assert (1, 3) in t._packed.subsets
     gen = torch.Generator().manual_seed(7)
-    rank = MAX_RANK  # larger than any before: the packed rank grows
     t.fill(
         1,
         [
@@ -117,6 +126,7 @@ def test_refilling_a_slot_between_steps_uses_the_new_weights(path, slots):
             for n in OUT_SLICES
         ],
     )
+    assert (t._packed is before) == (rank < MAX_RANK)
     t.step.set_scaling(1, 3.0)
     y, ref = run(t, slots, seed=2)
     torch.testing.assert_close(y.double(), ref, atol=1e-4, rtol=1e-5)
