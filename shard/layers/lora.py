@@ -134,8 +134,10 @@ class LoraTerm(nn.Module):
         packed = self._packed
         if packed is not None and self.ranks[slot] <= packed.rank:
             # Adapters come and go one slot at a time: rewrite that slot's rows in place
-            # rather than rebuild every slot (a rebuild of all ~200 terms costs ~30 ms).
-            packed.refill(slot, self.lora_a, self.lora_b, self.out_slices)
+            # rather than rebuild every slot (a rebuild of all ~200 terms costs ~30 ms). The
+            # copy was made by a step, under inference mode, and may only be written there.
+            with torch.inference_mode():
+                packed.refill(slot, self.lora_a, self.lora_b, self.out_slices)
         else:
             self._packed = None  # rebuilt on first use, cut to the new largest rank
 

@@ -65,7 +65,8 @@ def run(t: LoraTerm, slots: list[int], seed: int = 1) -> tuple[torch.Tensor, tor
     y0 = torch.randn(len(slots), sum(OUT_SLICES), generator=gen)
     t.step.set_tokens(torch.tensor(slots, dtype=torch.int32))
     y = y0.clone()
-    t(x, y)
+    with torch.inference_mode():  # as the runner steps; fills happen outside it, between steps
+        t(x, y)
     return y, reference(t, x, slots, y0)
 
 
