@@ -25,7 +25,10 @@ from router.entry import Entry
 # part (every weight read once, the decode rows) plus a part per prompt token, so fewer, larger
 # chunks cut the wait of the wave's last request, which is what TTFT p99 measures; the cap keeps
 # those steps' inter-token latency within a few decode steps. A lone arrival still gets one chunk.
-DRAIN_STEPS = 8
+# DRAIN_STEPS 4 was measured against 1, 3 and 8 (and 2 with an 8x cap; docs/benchmarks.md):
+# fewer cut TTFT p99 further but pushed ITL p99 at c=16 past transformers'; 8 left TTFT p99 at
+# 0.57x of transformers'.
+DRAIN_STEPS = 4
 MAX_GROWTH = 4
 
 

@@ -103,7 +103,7 @@ WAVE = [f"wave number {i}: the quick brown fox jumps over the lazy dog" for i in
 
 @async_test
 async def test_a_wave_of_prompts_gets_larger_chunks_while_requests_decode(model_dir, tokenizer):
-    from router.chunking import MAX_GROWTH
+    from router.chunking import DRAIN_STEPS, MAX_GROWTH
 
     chunk = 4
     async with router_env(
@@ -126,7 +126,7 @@ async def test_a_wave_of_prompts_gets_larger_chunks_while_requests_decode(model_
             if first_id in ids
         ]
         pending = sum(len(tokenizer.encode(p)) for p in WAVE)
-        assert pending > 8 * MAX_GROWTH * chunk  # enough to grow the budget to its cap
+        assert pending > DRAIN_STEPS * MAX_GROWTH * chunk  # enough to grow the budget to its cap
         assert max(with_decode) == MAX_GROWTH * chunk
         assert env.violations() == []
         # Alone, a prompt arriving while a request decodes gets the plain chunk per step.
