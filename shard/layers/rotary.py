@@ -145,24 +145,21 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", sin.to(device), persistent=False)
         # One module serves every layer, and every layer of a step passes the same positions
         # tensor: its gathered cos/sin are kept for the next layer (keyed by identity, which
-        # holding the tensor keeps unique, and by its version, which any in-place write to a
-        # reused buffer bumps) instead of being gathered again 30-odd times.
-        self._step: tuple[torch.Tensor, int, torch.dtype, torch.Tensor, torch.Tensor] | None = None
+        # holding the tensor keeps unique) instead of being gathered again 30-odd times. Each
+        # step builds a new positions tensor; a caller that reuses one buffer across steps
+        # (CUDA graphs, later) must clear `_step` per step: steps run under inference mode,
+        # whose tensors carry no version counter to notice an in-place write.
+        self._step: tuple[torch.Tensor, torch.dtype, torch.Tensor, torch.Tensor] | None = None
 
     def _cos_sin(
         self, positions: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
         step = self._step
-        if (
-            step is not None
-            and step[0] is positions
-            and step[1] == positions._version
-            and step[2] == dtype
-        ):
-            return step[3], step[4]
+        if step is not None and step[0] is positions and step[1] == dtype:
+            return step[2], step[3]
         cos = self.cos[positions].to(dtype).unsqueeze(1)
         sin = self.sin[positions].to(dtype).unsqueeze(1)
-        self._step = (positions, positions._version, dtype, cos, sin)
+        self._step = (positions, dtype, cos, sin)
         return cos, sin
 
     def forward(

