@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.results_file import write_results
 from bench.serve import environment
 from bench.serve_client import Endpoint, Job, new_session, run_concurrency, send
 from bench.serve_prompts import PromptFactory
@@ -147,9 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     results["transformers"] = run_server(peer, w, ["shared"], logs)
     results["transformers"]["argv"] = peer.argv
     results["ratios"] = ratios(results)
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"prefix-cache-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(results, indent=2, default=str))
+    path = write_results(args.out, "prefix-cache", results)
     print(json.dumps(results["ratios"], indent=2))
     print(f"results: {path}")
 

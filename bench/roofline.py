@@ -16,7 +16,6 @@ machine: every figure is a rate.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -24,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench.inprocess import build_shard, model_dir_or_default, prefilled_batch
+from bench.results_file import write_results
 from bench.servers import free_port
 
 
@@ -147,9 +147,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{memory_s * 1e3:.1f} ms; compute floor {compute_s * 1e3:.1f} ms")  # fmt: skip
     print(f"roofline {roofline_s * 1e3:.1f} ms; measured step {step_s * 1e3:.1f} ms "
           f"= {step_s / roofline_s:.2f}x the roofline")  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"roofline-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(result, indent=2))
+    path = write_results(args.out, "roofline", result)
     print(f"results: {path}")
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import secrets
 import statistics
@@ -34,6 +33,7 @@ from typing import Any
 import grpc
 
 from bench.models import add_model_args, resolve_model
+from bench.results_file import write_results
 from bench.servers import free_port
 from bench.shard_batches import cache_tokens_needed, make_batch, warmup_request
 from switchyard_pb import generate_pb2 as pb
@@ -251,9 +251,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{r['decode_rpc_ms']:.2f} ms (+{r['decode_rpc_overhead_ms']:.2f} ms, "
             f"{100 * r['decode_rpc_overhead_ms'] / r['decode_total_ms']:.1f}%)"
         )
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"shard-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(result, indent=2))
+    path = write_results(args.out, "shard", result)
     print(f"results: {path}")
 
 

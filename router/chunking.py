@@ -38,8 +38,17 @@ def decode_step_budget(chunk: int, max_prefill: int, pending_prompt_tokens: int)
     return min(max_prefill, chunk * MAX_GROWTH, max(chunk, wanted))
 
 
-def pending_prompt_tokens(running: Iterable[Entry], waiting: Iterable[Entry], enough: int) -> int:
-    """Prompt tokens not computed yet, counted until `enough` (a long queue is not walked)."""
+def decoding_budget(
+    chunk: int, max_prefill: int, running: Iterable[Entry], waiting: Iterable[Entry]
+) -> int:
+    """`decode_step_budget` for the running batch and the queue as they stand."""
+    return decode_step_budget(chunk, max_prefill, _pending(running, waiting, chunk))
+
+
+def _pending(running: Iterable[Entry], waiting: Iterable[Entry], chunk: int) -> int:
+    """Prompt tokens not computed yet, counted only as far as can change the budget (a long
+    queue is not walked)."""
+    enough = chunk * MAX_GROWTH * DRAIN_STEPS
     pending = 0
     for entry in running:
         pending += entry.prompt_left

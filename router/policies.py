@@ -18,14 +18,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Protocol
 
-from router.chunking import (
-    DRAIN_STEPS,
-    MAX_GROWTH,
-    chunk_new,
-    decode_step_budget,
-    pending_prompt_tokens,
-    share_budget,
-)
+from router.chunking import chunk_new, decoding_budget, share_budget
 
 if TYPE_CHECKING:
     from router.batcher import Batcher
@@ -44,11 +37,7 @@ class ChunkedPolicy:
         budget = cfg.max_batch_prefill_tokens
         # Nobody is stalled by a large prefill when nothing decodes.
         if cfg.prefill_chunk_tokens is not None and any(e.prompt_left == 0 for e in members):
-            chunk = cfg.prefill_chunk_tokens
-            pending = pending_prompt_tokens(
-                members, batcher.queue, chunk * MAX_GROWTH * DRAIN_STEPS
-            )
-            budget = decode_step_budget(chunk, budget, pending)
+            budget = decoding_budget(cfg.prefill_chunk_tokens, budget, members, batcher.queue)
         chunks, budget = share_budget(budget, members)
         new = []
         if budget > 0 and len(batcher.queue):

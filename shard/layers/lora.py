@@ -176,14 +176,13 @@ class LoraTerm(nn.Module):
         column of mask [T, slots] (a row's scaling on its own slot, zero elsewhere): one shrink
         GEMM, one scale, one expand GEMM into the whole of y, however many sub-modules."""
         packed.uses += 1
-        if packed.uses <= PACK_AFTER_USES:  # a subset that may not last: plain GEMMs
-            h = F.linear(x, packed.a)  # shrink: [T, slots * n_sub * r]
-            h.view(len(x), mask.shape[1], -1).mul_(mask.view(len(x), -1, 1))
-            y.addmm_(h, packed.b)  # expand
-            return
-        h = linear(x, packed.a_mm)
+        plain = packed.uses <= PACK_AFTER_USES  # a subset that may not last: plain GEMMs
+        h = F.linear(x, packed.a) if plain else linear(x, packed.a_mm)  # [T, slots * n_sub * r]
         h.view(len(x), mask.shape[1], -1).mul_(mask.view(len(x), -1, 1))
-        y.add_(linear(h, packed.b_mm))
+        if plain:
+            y.addmm_(h, packed.b)  # expand
+        else:
+            y.add_(linear(h, packed.b_mm))
 
 
 @dataclass
@@ -223,17 +222,9 @@ class _Packed:
     def build(
         lora_a: torch.Tensor, lora_b: torch.Tensor, out_slices: tuple[int, ...], ranks: list[int]
     ) -> _Packed:
-        num_slots, n_sub, _, in_features = lora_a.shape
         rank = max(ranks, default=0)
-        a = lora_a[:, :, :rank].reshape(num_slots * n_sub * rank, in_features).contiguous()
-        b = lora_b.new_zeros(num_slots, n_sub, rank, lora_b.shape[1])
-        offset = 0
-        for j, size in enumerate(out_slices):  # [S, n_j, r] -> [S, r, n_j]
-            b[:, j, :, offset : offset + size] = lora_b[:, offset : offset + size, :rank].transpose(
-                1, 2
-            )
-            offset += size
-        return _Packed(a, b.view(num_slots * n_sub * rank, lora_b.shape[1]), rank, n_sub)
+        a, b = _slot_rows(lora_a, lora_b, out_slices, rank)
+        return _Packed(a, b, rank, lora_a.shape[1])
 
     def refill(
         self,
@@ -243,15 +234,9 @@ class _Packed:
         out_slices: tuple[int, ...],
     ) -> None:
         """Slot `slot`'s rows again from the term's buffers (its rank fits this copy's)."""
-        n, r = self.n_sub, self.rank
-        rows = slice(slot * n * r, (slot + 1) * n * r)
-        self.a[rows] = lora_a[slot, :, :r].reshape(n * r, -1)
-        b = self.b[rows].view(n, r, -1)
-        b.zero_()
-        offset = 0
-        for j, size in enumerate(out_slices):
-            b[j, :, offset : offset + size] = lora_b[slot, offset : offset + size, :r].t()
-            offset += size
+        rows = slice(slot * self.n_sub * self.rank, (slot + 1) * self.n_sub * self.rank)
+        one = slice(slot, slot + 1)
+        self.a[rows], self.b[rows] = _slot_rows(lora_a[one], lora_b[one], out_slices, self.rank)
         # Steps only ever multiply subsets (`select`), which may be copies or packed copies
         # that never see the rows change: drop them all.
         self.subsets.clear()
@@ -277,3 +262,20 @@ class _Packed:
         return _Packed(
             self.a.index_select(0, index), self.b.index_select(0, index), self.rank, self.n_sub
         )
+
+
+def _slot_rows(
+    lora_a: torch.Tensor, lora_b: torch.Tensor, out_slices: tuple[int, ...], rank: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `_Packed` rows (a, b) of the slots in lora_a [S, n_sub, R, K] / lora_b [S, N, R],
+    cut to `rank`: each sub-module's B^T in its own output columns, zeros elsewhere."""
+    num_slots, n_sub, _, in_features = lora_a.shape
+    a = lora_a[:, :, :rank].reshape(num_slots * n_sub * rank, in_features).contiguous()
+    b = lora_b.new_zeros(num_slots, n_sub, rank, lora_b.shape[1])
+    offset = 0
+    for j, size in enumerate(out_slices):  # [S, n_j, r] -> [S, r, n_j]
+        b[:, j, :, offset : offset + size] = lora_b[:, offset : offset + size, :rank].transpose(
+            1, 2
+        )
+        offset += size
+    return a, b.view(num_slots * n_sub * rank, lora_b.shape[1])
