@@ -102,8 +102,8 @@ class TorchAttentionBackend:
                     torch.arange(first, prefix, device=q.device),
                     block_size,
                 )[0]
-                k_i = torch.cat([keys[slots].to(k.dtype), k_i])
-                v_i = torch.cat([values[slots].to(v.dtype), v_i])
+                k_i = torch.cat([keys.index_select(0, slots).to(k.dtype), k_i])
+                v_i = torch.cat([values.index_select(0, slots).to(v.dtype), v_i])
             # Query j sits at position prefix + j and sees keys up to there (and, with a
             # window, only those within `window` positions of it).
             q_pos = torch.arange(prefix, prefix + q_len, device=q.device)[:, None]
@@ -111,15 +111,18 @@ class TorchAttentionBackend:
             mask = k_pos <= q_pos
             if window is not None:
                 mask &= k_pos > q_pos - window
+            # A leading batch dim of 1: with 4-D inputs torch's CPU SDPA takes its fused
+            # flash kernel; 3-D ones fall back to the unfused math path, 2-3x slower for a
+            # 256-token chunk (bench/sdpa_layouts.py).
             o = F.scaled_dot_product_attention(
-                q[start:stop].transpose(0, 1),
-                k_i.transpose(0, 1),
-                v_i.transpose(0, 1),
+                q[start:stop].transpose(0, 1)[None],
+                k_i.transpose(0, 1)[None],
+                v_i.transpose(0, 1)[None],
                 attn_mask=mask,
                 scale=scale,
                 enable_gqa=True,
             )
-            out[start:stop] = o.transpose(0, 1)
+            out[start:stop] = o[0].transpose(0, 1)
         return out
 
     def decode(

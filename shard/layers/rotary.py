@@ -141,8 +141,11 @@ class RotaryEmbedding(nn.Module):
         positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
         freqs = positions[:, None] * config.inv_freq()[None, :]
         cos, sin = freqs.cos() * config.attention_factor, freqs.sin() * config.attention_factor
-        self.register_buffer("cos", cos.to(device), persistent=False)  # [P, D/2] float32
-        self.register_buffer("sin", sin.to(device), persistent=False)
+        # Tabulated over the whole head (cos for both halves; sin negated for the first half),
+        # so rotating is x * cos + swap_halves(x) * sin: the products and sums transformers'
+        # rotate_half form rounds, in the same order, in five ops rather than eight.
+        self.register_buffer("cos", torch.cat((cos, cos), -1).to(device), persistent=False)
+        self.register_buffer("sin", torch.cat((-sin, sin), -1).to(device), persistent=False)
         # One module serves every layer, and every layer of a step passes the same positions
         # tensor: its gathered cos/sin are kept for the next layer (keyed by identity, which
         # holding the tensor keeps unique) instead of being gathered again 30-odd times. Each
@@ -167,9 +170,35 @@ class RotaryEmbedding(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [T] int64; q [T, H, D], k [T, Hkv, D] -> rotated q, k (same dtype)."""
         cos, sin = self._cos_sin(positions, q.dtype)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        joint = _joint_heads(q, k)
+        if joint is None:
+            return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        # q and k are neighbouring heads of one fused qkv row: one pass over both.
+        rotated = _rotate(joint, cos, sin)
+        num_heads = q.shape[1]
+        return rotated[:, :num_heads], rotated[:, num_heads:]
+
+
+def _joint_heads(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
+    """q and k as one [T, H + Hkv, D] view when k's heads follow q's in the same rows (as the
+    fused qkv projection lays them out), else None."""
+    if (
+        q.dim() != 3
+        or q.shape[0] != k.shape[0]
+        or q.shape[2] != k.shape[2]
+        or q.stride() != k.stride()
+        or q.stride(2) != 1
+        or q.stride(1) != q.shape[2]
+        or q.dtype != k.dtype
+        or q.untyped_storage().data_ptr() != k.untyped_storage().data_ptr()
+        or k.storage_offset() != q.storage_offset() + q.shape[1] * q.shape[2]
+    ):
+        return None
+    return q.as_strided((q.shape[0], q.shape[1] + k.shape[1], q.shape[2]), q.stride())
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    """Neox rotation of x [T, heads, D] by the whole-head tables: x * cos + (x2, x1) * sin,
+    which is (x1 cos - x2 sin, x2 cos + x1 sin) with sin's first half negated."""
+    half = x.shape[-1] // 2
+    return x * cos + x.roll(half, dims=-1) * sin

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from transformers import LlamaConfig
@@ -11,6 +13,7 @@ from transformers.models.llama.modeling_llama import (
     apply_rotary_pos_emb,
 )
 
+from shard.layers.linear import QKVParallelLinear
 from shard.layers.norm import RMSNorm
 from shard.layers.rotary import RopeConfig, RotaryEmbedding
 
@@ -94,6 +97,29 @@ def test_rotary_matches_llama(kind):
     q_ours, k_ours = ours(positions, q, k)
     torch.testing.assert_close(q_ours, q_ref[0].transpose(0, 1), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(k_ours, k_ref[0].transpose(0, 1), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_of_fused_qkv_views_matches_llama_bit_for_bit(dtype):
+    # The fused qkv projection's q and k are neighbouring views of one row, which the module
+    # rotates in one pass: the result must be exactly transformers' (same products, same sums,
+    # same rounding) and exactly what rotating separate copies gives.
+    config = LlamaConfig(hidden_size=9 * 64, num_attention_heads=9, num_key_value_heads=3)
+    ours = RotaryEmbedding(RopeConfig.from_config_dict(config.to_dict(), 64), torch.device("cpu"))
+    layout = SimpleNamespace(head_dim=64, num_heads=9, num_kv_heads=3)
+    torch.manual_seed(1)
+    positions = torch.tensor([0, 3, 17, 100, 511])
+    fused = (torch.randn(5, (9 + 2 * 3) * 64) * 4).to(dtype)
+    q, k, _ = QKVParallelLinear.split(layout, fused)  # type: ignore[arg-type]
+    with torch.inference_mode():
+        q_ours, k_ours = ours(positions, q, k)
+        q_sep, k_sep = ours(positions, q.contiguous(), k.contiguous())
+    cos, sin = LlamaRotaryEmbedding(config)(q, positions[None])
+    q_ref, k_ref = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
+    assert torch.equal(q_ours, q_ref[0].transpose(0, 1))
+    assert torch.equal(k_ours, k_ref[0].transpose(0, 1))
+    assert torch.equal(q_ours, q_sep) and torch.equal(k_ours, k_sep)
+    assert torch.equal(fused[:, : 9 * 64].view(5, 9, 64), q)  # the input is left as it was
 
 
 def test_rotary_kept_cos_sin_follow_the_positions():
