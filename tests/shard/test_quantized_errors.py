@@ -62,7 +62,8 @@ def test_group_size_that_disagrees_with_the_tensors_is_named(tmp_path):
 
 def test_scales_with_a_wrong_shape_are_named(tmp_path):
     def cut(state):
-        state[f"{LAYER}.mlp.gate_proj.scales"] = state[f"{LAYER}.mlp.gate_proj.scales"][:, :-8].contiguous()
+        name = f"{LAYER}.mlp.gate_proj.scales"
+        state[name] = state[name][:, :-8].contiguous()
 
     with pytest.raises(WeightsError, match=r"gate_proj\.scales has shape \[2, 248\]"):
         load(copy(AWQ, tmp_path, tensors=cut))
