@@ -14,8 +14,10 @@ import torch
 from torch import Tensor
 
 MASK32 = 0xFFFF_FFFF
-# Counter used for per-row draws that belong to no token; token ids never reach 2**32 - 1.
+# Counters for per-row draws that belong to no token (token ids never reach 2**32 - 2): which
+# part of the distribution a row draws from, and where in the tail's cumulative distribution.
 ROW_COUNTER = MASK32
+TAIL_COUNTER = MASK32 - 1
 
 _TWO32 = 1 << 32
 _GOLDEN = 0x9E37_79B9  # 2**32 / phi: spreads consecutive token ids over the word

@@ -295,9 +295,15 @@ DISTRIBUTION_CASES = [
 
 @pytest.mark.parametrize("vary", ["seed", "step"])
 @pytest.mark.parametrize("case", range(len(DISTRIBUTION_CASES)))
-@pytest.mark.parametrize("head_size", [128, 3], ids=["head", "tail"])
-def test_draws_follow_the_warped_softmax(case, vary, head_size, monkeypatch):
+@pytest.mark.parametrize(
+    ("head_size", "tail_block"),
+    [(128, 256), (3, 256), (3, 5)],
+    ids=["head", "tail", "tail-in-blocks"],
+)
+def test_draws_follow_the_warped_softmax(case, vary, head_size, tail_block, monkeypatch):
     monkeypatch.setattr(sampling, "HEAD_SIZE", head_size)  # 3: the tail path runs most draws
+    # 5: the tail's inversion goes through 4 blocks, the last one padded.
+    monkeypatch.setattr(sampling, "TAIL_BLOCK", tail_block)
     p = DISTRIBUTION_CASES[case]
     draws, vocab = 20_000, 16
     order = torch.randperm(vocab, generator=torch.Generator().manual_seed(case))
