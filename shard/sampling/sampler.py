@@ -403,7 +403,7 @@ def _draw(values: Tensor, lse: Tensor, keys: Tensor, ids: Tensor | None = None) 
         return picked
     target = _row_uniform(keys[tail_rows], random_hash.TAIL_COUNTER)
     cols = _invert_tail(values, tail_rows, head_cols[tail_rows], lse[tail_rows], target)
-    # None when the tail held removed tokens only (rounding made its mass look positive):
+    # -1 where the tail held removed tokens only (rounding made its mass look positive):
     # those rows keep the head's pick.
     picked[tail_rows] = torch.where(cols >= 0, cols, picked[tail_rows])
     return picked
