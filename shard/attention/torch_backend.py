@@ -30,8 +30,8 @@ def _slots(block_tables: torch.Tensor, positions: torch.Tensor, block_size: int)
 def _decode_gather_index(
     meta: AttentionMetadata, block_size: int, window: int | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cache slot of every position each sequence's query sees, [B, width], and the additive
-    score mask [B, 1, 1, width] (0 where the position is real, -inf where it is padding).
+    """Cache slot of every position each sequence's query sees, flattened from [B, width], and
+    the score mask [B, 1, 1, width] (True where the position is real, False where it is padding).
 
     A row covers its last `width` positions: the whole context (width = longest context), or
     with a sliding window only the window (width = min(longest context, window)), so a long
@@ -51,9 +51,7 @@ def _decode_gather_index(
     # is finite whenever the row's own output is, so a zero weight on it adds exactly zero and
     # no other sequence's (or never-written) slot can leak a NaN into this row.
     slots = _slots(meta.block_tables, torch.minimum(positions, last), block_size)
-    bias = torch.zeros(positions.shape, dtype=torch.float32, device=positions.device)
-    bias.masked_fill_(positions > last, float("-inf"))
-    index = (slots, bias[:, None, None, :])
+    index = (slots.reshape(-1), (positions <= last)[:, None, None, :])
     meta.derived[key] = index
     return index
 
@@ -136,28 +134,29 @@ class TorchAttentionBackend:
         """One query per sequence against its context (or its window), all sequences in one
         batched pass: every row gathers the same number of slots and masks the ones it lacks.
 
-        Plain matmuls rather than SDPA: with one query row, SDPA's CPU kernel costs several
-        times more than the arithmetic (~1 ms a layer at batch 16, bench/profile_decode.py).
-        Query heads are grouped by the KV head they share, so K/V are never repeated; scores and
-        softmax are in fp32. K/V are gathered with index_select (several times faster than
-        advanced indexing on CPU) and converted to fp32 straight into a heads-first layout, so
-        both matmuls read them without another copy. The scale goes on the query (9 values a
-        row) rather than on the scores, and padding is masked by adding the step's -inf bias.
+        K/V are gathered with index_select (several times faster than advanced indexing on CPU)
+        and handed to SDPA as heads-first strided views of the gathered rows, 4-D, so torch's
+        CPU flash kernel takes them as they are: it accumulates scores and softmax in fp32
+        without a widened copy of K/V, and shares each KV head among its query heads
+        (enable_gqa) without repeating it. Against the former plain-matmul path on fp32 copies
+        this halves the layer's attention time at batch 16 (bench/decode_attention.py); 3-D
+        inputs would take SDPA's unfused math path, which is slower than either.
         """
         keys, values = _slot_rows(kv_cache)
-        slots, bias = _decode_gather_index(meta, kv_cache.shape[2], window)
+        flat, mask = _decode_gather_index(meta, kv_cache.shape[2], window)
         batch, num_heads, head_dim = q.shape
         num_kv_heads = keys.shape[1]
-        flat = slots.reshape(-1)
 
-        def heads_first(rows: torch.Tensor) -> torch.Tensor:  # -> [B, Hkv, width, D] fp32
+        def heads_first(rows: torch.Tensor) -> torch.Tensor:  # -> [B, Hkv, width, D], a view
             gathered = rows.index_select(0, flat).view(batch, -1, num_kv_heads, head_dim)
-            return gathered.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format)
+            return gathered.transpose(1, 2).to(q.dtype)
 
-        # Not in place: for an fp32 query, .float() is the caller's own tensor.
-        grouped = q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
-        grouped = grouped.float() * scale
-        scores = torch.matmul(grouped, heads_first(keys).transpose(-1, -2)).add_(bias)
-        probs = torch.softmax(scores, dim=-1)  # [B, Hkv, G, width]
-        out = torch.matmul(probs, heads_first(values))
-        return out.reshape(batch, num_heads, head_dim).to(q.dtype)
+        out = F.scaled_dot_product_attention(
+            q[:, :, None],
+            heads_first(keys),
+            heads_first(values),
+            attn_mask=mask,
+            scale=scale,
+            enable_gqa=num_heads != num_kv_heads,
+        )
+        return out[:, :, 0]

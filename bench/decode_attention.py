@@ -1,0 +1,140 @@
+"""The torch backend's decode attention against the path it replaced, side by side: one query
+per sequence over a paged KV cache, at the SmolLM2 head layout (9 query heads sharing 3 KV
+heads, head_dim 64), block size 16, each sequence's blocks scattered through the cache.
+
+    .venv/bin/python -m bench.decode_attention [--dtype bfloat16] [--repeats 50]
+
+"matmul" is the former path: gathered K/V widened to fp32 heads-first copies, two batched
+matmuls and a softmax between. "sdpa" is `TorchAttentionBackend.decode`: the gathered rows go to
+SDPA as strided 4-D views (its CPU flash kernel). Each row prints the median time of a layer's
+call, the ratio, and both paths' largest error against a float64 computation of the same
+attention (both round to the model dtype once at the end; bf16's own rounding of the output is
+printed beside them as the scale to read them on). Sequences of one batch have different lengths
+(the longest sets the padded width), as in serving.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+CASES = [(1, 128), (16, 144), (16, 512), (32, 144), (32, 1024), (4, 2048)]  # (batch, context)
+BLOCK_SIZE = 16
+
+
+def matmul_decode(torch, q, kv_cache, meta, scale):  # type: ignore[no-untyped-def]
+    """The former decode path (before SDPA), kept here as the baseline it is measured against."""
+    from shard.attention.torch_backend import _decode_gather_index, _slot_rows
+
+    keys, values = _slot_rows(kv_cache)
+    flat, mask = _decode_gather_index(meta, kv_cache.shape[2], None)
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = keys.shape[1]
+    bias = torch.zeros(mask.shape, dtype=torch.float32).masked_fill_(~mask, float("-inf"))
+
+    def heads_first(rows):  # type: ignore[no-untyped-def]
+        gathered = rows.index_select(0, flat).view(batch, -1, num_kv_heads, head_dim)
+        return gathered.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format)
+
+    grouped = q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim).float() * scale
+    scores = torch.matmul(grouped, heads_first(keys).transpose(-1, -2)).add_(bias)
+    out = torch.matmul(torch.softmax(scores, dim=-1), heads_first(values))
+    return out.reshape(batch, num_heads, head_dim).to(q.dtype)
+
+
+def exact_decode(torch, q, kv_cache, meta, scale):  # type: ignore[no-untyped-def]
+    """The same attention in float64, sequence by sequence, from the block tables."""
+    outs = []
+    keys, values = (kv_cache[i].flatten(0, 1).double() for i in (0, 1))
+    group = q.shape[1] // keys.shape[1]
+    for row, length in enumerate(meta.context_lens.tolist()):
+        positions = torch.arange(length)
+        slots = meta.block_tables[row].long()[positions // BLOCK_SIZE] * BLOCK_SIZE
+        slots += positions % BLOCK_SIZE
+        k = keys[slots].repeat_interleave(group, dim=1)  # [L, H, D]
+        v = values[slots].repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,lhd->hl", q[row].double() * scale, k)
+        outs.append(torch.einsum("hl,lhd->hd", scores.softmax(-1), v))
+    return torch.stack(outs)
+
+
+def build_case(torch, batch: int, context: int, args):  # type: ignore[no-untyped-def]
+    from shard.attention.metadata import AttentionMetadata
+
+    dtype = getattr(torch, args.dtype)
+    # Lengths spread below the longest, as a served batch's are.
+    lengths = [max(1, context - (i * 7) % (context // 2 + 1)) for i in range(batch)]
+    lengths[0] = context
+    blocks_per_row = -(-context // BLOCK_SIZE)
+    num_blocks = batch * blocks_per_row + 8
+    generator = torch.Generator().manual_seed(batch * 1000 + context)
+    order = torch.randperm(num_blocks, generator=generator)[: batch * blocks_per_row]
+    block_tables = order.view(batch, blocks_per_row).int()
+    shape = (2, num_blocks, BLOCK_SIZE, args.kv_heads, args.head_dim)
+    kv_cache = torch.randn(shape, generator=generator).to(dtype)
+    q = torch.randn(batch, args.heads, args.head_dim, generator=generator).to(dtype)
+    meta = AttentionMetadata(
+        is_prefill=False,
+        slot_mapping=torch.zeros(batch, dtype=torch.long),  # unused by decode itself
+        block_tables=block_tables,
+        context_lens=torch.tensor(lengths, dtype=torch.int32),
+    )
+    return q, kv_cache, meta
+
+
+def median_ms(fn, repeats: int) -> float:  # type: ignore[no-untyped-def]
+    fn()  # warm
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, float]]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--heads", type=int, default=9)
+    p.add_argument("--kv-heads", type=int, default=3)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=50)
+    args = p.parse_args(argv)
+
+    import torch
+
+    from shard.attention.torch_backend import TorchAttentionBackend
+
+    backend = TorchAttentionBackend()
+    scale = args.head_dim**-0.5
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.dtype}")
+    header = ("batch", "context", "matmul ms", "sdpa ms", "ratio")
+    header += ("matmul err", "sdpa err", "rounding")
+    print(" ".join(f"{h:>10}" for h in header))
+    rows = []
+    for batch, context in CASES:
+        q, kv_cache, meta = build_case(torch, batch, context, args)
+        with torch.inference_mode():
+            exact = exact_decode(torch, q, kv_cache, meta, scale)
+
+            def old(q=q, kv_cache=kv_cache, meta=meta):  # type: ignore[no-untyped-def]
+                return matmul_decode(torch, q, kv_cache, meta, scale)
+
+            def new(q=q, kv_cache=kv_cache, meta=meta):  # type: ignore[no-untyped-def]
+                return backend.decode(q, kv_cache, meta, scale)
+
+            old_ms, new_ms = median_ms(old, args.repeats), median_ms(new, args.repeats)
+            old_err = float((old().double() - exact).abs().max())
+            new_err = float((new().double() - exact).abs().max())
+            rounding = float((exact.to(q.dtype).double() - exact).abs().max())
+        row = dict(batch=batch, context=context, matmul_ms=old_ms, sdpa_ms=new_ms,
+                   matmul_err=old_err, sdpa_err=new_err, rounding=rounding)  # fmt: skip
+        rows.append(row)
+        print(f"{batch:>10} {context:>10} {old_ms:>10.3f} {new_ms:>10.3f} {old_ms / new_ms:>9.2f}x "
+              f"{old_err:>10.2g} {new_err:>10.2g} {rounding:>10.2g}")  # fmt: skip
+    return rows
+
+
+if __name__ == "__main__":
+    main()
