@@ -28,10 +28,9 @@ def matmul_decode(torch, q, kv_cache, meta, scale):  # type: ignore[no-untyped-d
     from shard.attention.torch_backend import _decode_gather_index, _slot_rows
 
     keys, values = _slot_rows(kv_cache)
-    flat, mask = _decode_gather_index(meta, kv_cache.shape[2], None)
+    flat, bias = _decode_gather_index(meta, kv_cache.shape[2], None, torch.float32)
     batch, num_heads, head_dim = q.shape
     num_kv_heads = keys.shape[1]
-    bias = torch.zeros(mask.shape, dtype=torch.float32).masked_fill_(~mask, float("-inf"))
 
     def heads_first(rows):  # type: ignore[no-untyped-def]
         gathered = rows.index_select(0, flat).view(batch, -1, num_kv_heads, head_dim)

@@ -28,17 +28,19 @@ def _slots(block_tables: torch.Tensor, positions: torch.Tensor, block_size: int)
 
 
 def _decode_gather_index(
-    meta: AttentionMetadata, block_size: int, window: int | None
+    meta: AttentionMetadata, block_size: int, window: int | None, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Cache slot of every position each sequence's query sees, flattened from [B, width], and
-    the score mask [B, 1, 1, width] (True where the position is real, False where it is padding).
+    the additive score mask [B, 1, 1, width] in `dtype` (0 where the position is real, -inf
+    where it is padding): SDPA adds a mask of the query's dtype as it is, where a boolean one
+    costs two more ops in every layer to convert.
 
     A row covers its last `width` positions: the whole context (width = longest context), or
     with a sliding window only the window (width = min(longest context, window)), so a long
     context costs no more than its window. The same for every layer with the same window, so
     it is computed once per step and kept in the metadata's `derived` (which lives for one step).
     """
-    key = ("torch_decode_index", window)
+    key = ("torch_decode_index", window, dtype)
     if key in meta.derived:
         return meta.derived[key]  # type: ignore[return-value]
     context_lens = meta.context_lens.long()
@@ -51,7 +53,9 @@ def _decode_gather_index(
     # is finite whenever the row's own output is, so a zero weight on it adds exactly zero and
     # no other sequence's (or never-written) slot can leak a NaN into this row.
     slots = _slots(meta.block_tables, torch.minimum(positions, last), block_size)
-    index = (slots.reshape(-1), (positions <= last)[:, None, None, :])
+    bias = torch.zeros(positions.shape, dtype=dtype, device=positions.device)
+    bias.masked_fill_(positions > last, float("-inf"))
+    index = (slots.reshape(-1), bias[:, None, None, :])
     meta.derived[key] = index
     return index
 
@@ -143,7 +147,7 @@ class TorchAttentionBackend:
         inputs would take SDPA's unfused math path, which is slower than either.
         """
         keys, values = _slot_rows(kv_cache)
-        flat, mask = _decode_gather_index(meta, kv_cache.shape[2], window)
+        flat, mask = _decode_gather_index(meta, kv_cache.shape[2], window, q.dtype)
         batch, num_heads, head_dim = q.shape
         num_kv_heads = keys.shape[1]
 
