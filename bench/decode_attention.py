@@ -16,8 +16,8 @@ printed beside them as the scale to read them on). Sequences of one batch have d
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+
+from bench.sdpa_layouts import median_ms
 
 CASES = [(1, 128), (16, 144), (16, 512), (32, 144), (32, 1024), (4, 2048)]  # (batch, context)
 BLOCK_SIZE = 16
@@ -80,16 +80,6 @@ def build_case(torch, batch: int, context: int, args):  # type: ignore[no-untype
         context_lens=torch.tensor(lengths, dtype=torch.int32),
     )
     return q, kv_cache, meta
-
-
-def median_ms(fn, repeats: int) -> float:  # type: ignore[no-untyped-def]
-    fn()  # warm
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, float]]:
