@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 
-from bench.sdpa_layouts import median_ms
+from bench.sdpa_layouts import add_layout_args, median_ms
 
 CASES = [(1, 128), (16, 144), (16, 512), (32, 144), (32, 1024), (4, 2048)]  # (batch, context)
 BLOCK_SIZE = 16
@@ -84,11 +84,7 @@ def build_case(torch, batch: int, context: int, args):  # type: ignore[no-untype
 
 def main(argv: list[str] | None = None) -> list[dict[str, float]]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--heads", type=int, default=9)
-    p.add_argument("--kv-heads", type=int, default=3)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=50)
+    add_layout_args(p, repeats=50)
     args = p.parse_args(argv)
 
     import torch

@@ -39,13 +39,18 @@ def median_ms(fn, repeats: int) -> float:  # type: ignore[no-untyped-def]
     return 1e3 * statistics.median(times)
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_layout_args(p: argparse.ArgumentParser, repeats: int) -> None:
+    """The attention benchmarks' shared flags: dtype, the SmolLM2 head layout, repeats."""
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--heads", type=int, default=9)
     p.add_argument("--kv-heads", type=int, default=3)
     p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--repeats", type=int, default=repeats)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_layout_args(p, repeats=20)
     args = p.parse_args(argv)
 
     import torch
