@@ -3,6 +3,8 @@ nowhere in particular."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -60,6 +62,55 @@ def _decode_gather_index(
     return index
 
 
+@dataclass(frozen=True)
+class _PrefillSequence:
+    """One packed sequence of a prefill step, as every layer with the same window sees it."""
+
+    start: int  # its query tokens in the packed step
+    stop: int
+    prefix_slots: torch.Tensor | None  # cache rows of the cached prefix it reads, if any
+    mask: torch.Tensor | None  # [q_len, keys] bool; None: plain causal over its own tokens
+
+
+def _prefill_plan(
+    meta: AttentionMetadata, block_size: int, window: int | None
+) -> list[_PrefillSequence]:
+    """Each sequence's query range, prefix rows and mask, computed once per step and window
+    (the metadata's `derived`) rather than once per layer: building them costs ~10 small ops
+    a sequence. A sequence that reads no cached prefix and whose window (if any) spans its
+    whole chunk is plain causal attention: SDPA's is_causal takes no mask and skips the
+    blocks above the diagonal instead of computing and discarding them."""
+    key = ("torch_prefill_plan", window)
+    if key in meta.derived:
+        return meta.derived[key]  # type: ignore[return-value]
+    assert meta.cu_seqlens_q is not None, "prefill needs cu_seqlens_q"
+    device = meta.block_tables.device
+    bounds = meta.cu_seqlens_q.tolist()
+    plan = []
+    for i, (start, stop, context) in enumerate(
+        zip(bounds[:-1], bounds[1:], meta.context_lens.tolist(), strict=False)
+    ):
+        q_len, prefix = stop - start, context - (stop - start)
+        first = 0 if window is None else max(0, prefix - window + 1)
+        if prefix == first and (window is None or window >= q_len):
+            plan.append(_PrefillSequence(start, stop, None, None))
+            continue
+        slots = None
+        if prefix > first:
+            positions = torch.arange(first, prefix, device=device)
+            slots = _slots(meta.block_tables[i : i + 1], positions, block_size)[0]
+        # Query j sits at position prefix + j and sees keys up to there (and, with a
+        # window, only those within `window` positions of it).
+        q_pos = torch.arange(prefix, prefix + q_len, device=device)[:, None]
+        k_pos = torch.arange(first, prefix + q_len, device=device)[None, :]
+        mask = k_pos <= q_pos
+        if window is not None:
+            mask &= k_pos > q_pos - window
+        plan.append(_PrefillSequence(start, stop, slots, mask))
+    meta.derived[key] = plan
+    return plan
+
+
 class TorchAttentionBackend:
     """Reference backend in plain torch: correct everywhere, fast nowhere in particular."""
 
@@ -88,43 +139,26 @@ class TorchAttentionBackend:
         """Causal attention per packed sequence; a cached prefix (context_lens > query length)
         is read from the cache and comes before the new tokens. With a window, only the part
         of the prefix the first query can see is read."""
-        assert meta.cu_seqlens_q is not None, "prefill needs cu_seqlens_q"
         keys, values = _slot_rows(kv_cache)
-        block_size = kv_cache.shape[2]
-        bounds = meta.cu_seqlens_q.tolist()
-        context_lens = meta.context_lens.tolist()
         out = torch.empty_like(q)
-        for i, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
-            q_len, prefix = stop - start, context_lens[i] - (stop - start)
-            first = 0 if window is None else max(0, prefix - window + 1)
-            k_i, v_i = k[start:stop], v[start:stop]
-            if prefix > first:
-                slots = _slots(
-                    meta.block_tables[i : i + 1],
-                    torch.arange(first, prefix, device=q.device),
-                    block_size,
-                )[0]
-                k_i = torch.cat([keys.index_select(0, slots).to(k.dtype), k_i])
-                v_i = torch.cat([values.index_select(0, slots).to(v.dtype), v_i])
-            # Query j sits at position prefix + j and sees keys up to there (and, with a
-            # window, only those within `window` positions of it).
-            q_pos = torch.arange(prefix, prefix + q_len, device=q.device)[:, None]
-            k_pos = torch.arange(first, prefix + q_len, device=q.device)[None, :]
-            mask = k_pos <= q_pos
-            if window is not None:
-                mask &= k_pos > q_pos - window
+        for seq in _prefill_plan(meta, kv_cache.shape[2], window):
+            k_i, v_i = k[seq.start : seq.stop], v[seq.start : seq.stop]
+            if seq.prefix_slots is not None:
+                k_i = torch.cat([keys.index_select(0, seq.prefix_slots).to(k.dtype), k_i])
+                v_i = torch.cat([values.index_select(0, seq.prefix_slots).to(v.dtype), v_i])
             # A leading batch dim of 1: with 4-D inputs torch's CPU SDPA takes its fused
             # flash kernel; 3-D ones fall back to the unfused math path, 2-3x slower for a
             # 256-token chunk (bench/sdpa_layouts.py).
             o = F.scaled_dot_product_attention(
-                q[start:stop].transpose(0, 1)[None],
+                q[seq.start : seq.stop].transpose(0, 1)[None],
                 k_i.transpose(0, 1)[None],
                 v_i.transpose(0, 1)[None],
-                attn_mask=mask,
+                attn_mask=seq.mask,
+                is_causal=seq.mask is None,
                 scale=scale,
                 enable_gqa=True,
             )
-            out[start:stop] = o[0].transpose(0, 1)
+            out[seq.start : seq.stop] = o[0].transpose(0, 1)
         return out
 
     def decode(
