@@ -82,6 +82,8 @@ def shard_spec(
         value = getattr(cfg, name)
         if value is not None:
             argv += [_flag(name), str(value)]
+    if cfg.compile:
+        argv.append("--compile")
     argv += _lora_flags(cfg, adapters)
     env = {
         "RANK": str(rank),

@@ -43,6 +43,11 @@ def parse_args(argv: list[str]) -> ShardSettings:
     serve.add_argument("--max-loras", type=int, default=4, help="adapter slots on the device")
     serve.add_argument("--max-cpu-loras", type=int, default=None, help="host LRU cache size")
     serve.add_argument("--max-lora-rank", type=int, default=64)
+    serve.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the forward pass at warmup (CPU, one shard, dense weights, no LoRA)",
+    )
     args = parser.parse_args(argv)
     if args.block_size < 1:
         parser.error(f"--block-size must be at least 1, got {args.block_size}")
@@ -74,6 +79,7 @@ def parse_args(argv: list[str]) -> ShardSettings:
         max_loras=args.max_loras,
         max_cpu_loras=args.max_cpu_loras,
         max_lora_rank=args.max_lora_rank,
+        compile=args.compile,
     )
 
 

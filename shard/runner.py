@@ -38,8 +38,11 @@ class ModelRunner:
         device: torch.device,
         block_size: int,
         lora: LoraStep | None = None,
+        forward=None,  # the model's forward pass another way (--compile); default the model
     ) -> None:
         self.model = model
+        self.forward = forward or model
+        self.compiled = forward is not None
         self.dist = dist
         self.device = device
         self.block_size = block_size
@@ -67,7 +70,7 @@ class ModelRunner:
         inputs = build_step_inputs(batch, q_lens)
         if self.lora is not None:
             self.lora.set_tokens(batch.lora_slots[inputs.token_rows])
-        hidden = self.model(inputs.input_ids, inputs.positions, self._caches(), inputs.meta)
+        hidden = self.forward(inputs.input_ids, inputs.positions, self._caches(), inputs.meta)
         self._gather_prompt_logprobs(batch, inputs, hidden)
         logits = self.model.compute_logits(hidden[inputs.sample_index])
         batch.cache_lens += q_lens

@@ -218,6 +218,12 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
                 torch.cuda.reset_peak_memory_stats(runner.device)
             if request.batch.requests:
                 runner.step(wire.new_batch(request.batch, runner.device)[0])
+                if runner.compiled:
+                    # torch.compile specialises a size of 1: a one-token step has a graph of
+                    # its own, compiled now rather than in the first lone request's step.
+                    first = request.batch.requests[0]
+                    one = generate_pb2.Batch(id=request.batch.id, requests=[first], size=1)
+                    runner.step(wire.new_batch(one, runner.device)[0], {first.id: 1})
             runner.kv_caches = None
             gc.collect()
             if runner.device.type == "cuda":

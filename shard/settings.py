@@ -26,3 +26,5 @@ class ShardSettings:
     max_loras: int = 4
     max_cpu_loras: int | None = None
     max_lora_rank: int = 64
+    # torch.compile the forward pass (shard/compiled.py): CPU, one shard, dense weights, no LoRA.
+    compile: bool = False

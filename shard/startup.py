@@ -8,8 +8,12 @@ from pathlib import Path
 
 import torch
 
+from shard.attention import get_attention_backend
+from shard.compiled import CompiledForward, check_supported
 from shard.distributed import init_distributed
 from shard.kv_cache import KvCacheSettings
+from shard.layers.quant.base import LinearWeight
+from shard.layers.quant.unquantized import DenseWeight
 from shard.lora.manager import LoraManager, LoraSettings
 from shard.models import load_model
 from shard.models.config import read_quantization
@@ -93,7 +97,12 @@ def _build_service(
         lora = LoraManager(model, lora_settings, triton=attention == "triton")
         names = ", ".join(lora.names) or "none yet"
         log.info("LoRA adapters: %s (%d slots)", names, settings.max_loras)
-    runner = ModelRunner(model, dist, device, settings.block_size, lora.step if lora else None)
+    forward = None
+    if settings.compile:
+        forward = compiled_forward(model, attention, device, env.world_size, lora is not None)
+    runner = ModelRunner(
+        model, dist, device, settings.block_size, lora.step if lora else None, forward
+    )
     identity = ShardIdentity(
         model_id=settings.model_id,
         dtype=str(dtype).removeprefix("torch."),
@@ -106,3 +115,17 @@ def _build_service(
         cpu_kv_cache_gb=settings.cpu_kv_cache_gb,
     )
     return TextGenerationService(runner, identity, kv_settings, torch_thread, lora)
+
+
+def compiled_forward(
+    model: torch.nn.Module, attention: str, device: torch.device, world_size: int, lora: bool
+) -> CompiledForward:
+    """--compile's forward pass, or ValueError naming the flag when this shard cannot have it."""
+    quantized = any(
+        isinstance(m, LinearWeight) and not isinstance(m, DenseWeight) for m in model.modules()
+    )
+    check_supported(
+        world_size=world_size, device=device, attention=attention, lora=lora, quantized=quantized
+    )
+    log.info("--compile: the forward pass is compiled with torch.compile (inductor) at warmup")
+    return CompiledForward(model, get_attention_backend(attention))

@@ -23,6 +23,10 @@ def attend(
 ) -> torch.Tensor:
     """Stores the step's new K/V, then attends each token over its sequence's context, or over
     the last `window` positions of it (itself included) for a sliding-window layer."""
+    if torch.compiler.is_compiling():  # --compile: one opaque op reading the step's metadata
+        from shard.compiled import attend_in_graph
+
+        return attend_in_graph(q, k, v, kv_cache, scale, window)
     backend.store_kv(k, v, kv_cache, meta.slot_mapping)
     if isinstance(meta, AttentionMetadata):
         if meta.is_prefill:

@@ -160,15 +160,25 @@ class RotaryEmbedding(nn.Module):
         step = self._step
         if step is not None and step[0] is positions and step[1] == dtype:
             return step[2], step[3]
-        cos = self.cos[positions].to(dtype).unsqueeze(1)
-        sin = self.sin[positions].to(dtype).unsqueeze(1)
+        cos, sin = self._gather(positions, dtype)
         self._step = (positions, dtype, cos, sin)
         return cos, sin
+
+    def _gather(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self.cos[positions], self.sin[positions]
+        return cos.to(dtype).unsqueeze(1), sin.to(dtype).unsqueeze(1)
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [T] int64; q [T, H, D], k [T, Hkv, D] -> rotated q, k (same dtype)."""
+        if torch.compiler.is_compiling():
+            # Inductor fuses the gather and both rotations into one loop; the eager shortcuts
+            # below (a per-step cache keyed by identity, a storage check) cannot be traced.
+            cos, sin = self._gather(positions, q.dtype)
+            return _rotate(q, cos, sin), _rotate(k, cos, sin)
         cos, sin = self._cos_sin(positions, q.dtype)
         joint = _joint_heads(q, k)
         if joint is None:

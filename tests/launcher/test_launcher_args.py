@@ -36,6 +36,8 @@ CPU_ENV = LauncherEnv.from_environ({"CUDA_VISIBLE_DEVICES": ""})
             "--max-batch-prefill-tokens",
         ),
         (["--no-such-flag"], "--no-such-flag"),
+        (["--compile", "--num-shard", "2"], "--compile"),
+        (["--compile", "--lora-adapters", "a=/adapters/a"], "--compile"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(argv, flag, capsys):
@@ -157,3 +159,11 @@ def test_router_flags_of_the_production_router_are_forwarded():
     assert parse_args([], CPU_ENV).api_key is None
     plain = parse_args(["--shard-uds-path", "/tmp/s"], CPU_ENV)
     assert build_plan(plain, Path("/m"), Programs()).router.env == {}
+
+
+def test_compile_reaches_the_shard_command_line():
+    cfg = parse_args(["--compile", "--shard-uds-path", "/tmp/s"], CPU_ENV)
+    shard = build_plan(cfg, Path("/models/m"), Programs(shard=("S",), router=("R",))).shards[0]
+    assert "--compile" in shard.argv
+    plain = parse_args(["--shard-uds-path", "/tmp/s"], CPU_ENV)
+    assert "--compile" not in build_plan(plain, Path("/m"), Programs()).shards[0].argv

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from shard.layers.matmul import linear, prepare_weight
+from shard.layers.matmul import dense, linear, prepare_weight
 from shard.layers.quant.base import LinearWeight, Piece
 from shard.weights import Weights
 
@@ -18,7 +19,14 @@ class DenseWeight(LinearWeight):
         self.out_features, self.in_features = weight.shape
         self.weight = nn.Parameter(prepare_weight(weight), requires_grad=False)
 
+    def unpack(self) -> None:
+        """The plain weight again, for torch.compile (shard/compiled.py), which packs it itself
+        and cannot trace oneDNN's opaque packed tensors."""
+        self.weight = nn.Parameter(dense(self.weight.data), requires_grad=False)
+
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return F.linear(x, self.weight, bias)
         return linear(x, self.weight, bias)
 
 
