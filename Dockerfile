@@ -14,14 +14,11 @@ ENV PYTHONUNBUFFERED=1 \
     HF_HOME=/data/huggingface \
     SWITCHYARD_CACHE=/data/switchyard
 
-# Triton compiles a small C helper at runtime on GPUs, so CUDA images need a C compiler.
-# Unpinned: the base image's Debian release fixes their versions.
+# A compiler at runtime: Triton builds a small C helper on GPUs, and `--compile` (inductor)
+# builds C++ kernels on CPUs. Unpinned: the base image's Debian release fixes their versions.
 # hadolint ignore=DL3008
-RUN case "${TORCH_INDEX_URL}" in \
-      */cpu) ;; \
-      *) apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
-         && rm -rf /var/lib/apt/lists/* ;; \
-    esac
+RUN apt-get update && apt-get install -y --no-install-recommends g++ libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 
 # torch first and alone: its layer is the big one and changes least often.
 RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}"

@@ -25,6 +25,7 @@ attention backend, the CPU. Anything else is refused at startup with a message n
 
 from __future__ import annotations
 
+import shutil
 import threading
 from collections.abc import Callable
 
@@ -90,6 +91,8 @@ def check_supported(
         reasons.append("LoRA adapters are not supported with it")
     if quantized:
         reasons.append("quantized checkpoints are not supported with it")
+    if device.type == "cpu" and not any(shutil.which(cxx) for cxx in ("g++", "c++", "clang++")):
+        reasons.append("inductor builds C++ kernels and no C++ compiler is on PATH")
     if reasons:
         raise ValueError("--compile: " + "; ".join(reasons))
 

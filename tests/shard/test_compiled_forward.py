@@ -75,3 +75,9 @@ def test_what_compile_cannot_serve_is_refused_by_name(change, reason):
     check_supported(**args)  # the supported case passes
     with pytest.raises(ValueError, match=f"--compile: .*{reason}"):
         check_supported(**{**args, **change})
+
+
+def test_compile_without_a_cpp_compiler_is_refused_by_name(monkeypatch):
+    monkeypatch.setattr("shard.compiled.shutil.which", lambda name: None)
+    with pytest.raises(ValueError, match="--compile: .*no C\\+\\+ compiler"):
+        check_supported(world_size=1, device=CPU, attention="torch", lora=False, quantized=False)
