@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--trace", type=Path, default=None, help="also write a Chrome trace here")
+    p.add_argument("--compile", action="store_true", help="the shard's --compile path")
     args = p.parse_args(argv)
     os.environ.setdefault("MASTER_PORT", str(free_port()))
 
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     args.model_dir = model_dir_or_default(args.model_dir)
-    runner = build_shard(args.model_dir, args.dtype).runner
+    runner = build_shard(args.model_dir, args.dtype, compile=args.compile).runner
     batch = prefilled_batch(runner, args.batch, args.seq_len, 2 * args.steps + 1)
     for _ in range(args.steps):  # warm: first calls allocate and pick kernels
         runner.step(batch)

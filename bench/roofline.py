@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--bandwidth-gib", type=float, default=1.0)
     p.add_argument("--out", type=Path, default=Path("bench/results/roofline"))
+    p.add_argument("--compile", action="store_true", help="the shard's --compile path")
     args = p.parse_args(argv)
     os.environ.setdefault("MASTER_PORT", str(free_port()))
 
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     from shard.layers.quant.base import LinearWeight
 
     args.model_dir = model_dir_or_default(args.model_dir)
-    runner = build_shard(args.model_dir, args.dtype).runner
+    runner = build_shard(args.model_dir, args.dtype, compile=args.compile).runner
     model = runner.model
     dtype = next(model.parameters()).dtype
     threads = torch.get_num_threads()
@@ -137,6 +138,7 @@ def main(argv: list[str] | None = None) -> None:
         "measured_over_roofline": step_s / roofline_s,
         "command_line": "python -m bench.roofline " + " ".join(argv or []),
         "torch": torch.__version__,
+        "compile": args.compile,
     }
     print(f"threads {threads}, {dtype}, batch {args.batch}, context {context}")
     print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s; GEMM peak {peak / 1e9:.0f} GFLOP/s")
