@@ -122,8 +122,7 @@ def ratios(r: dict[str, dict]) -> dict[str, float]:
         "a_out_tok_s_on_over_transformers": on["shared"]["output_tok_s"]
         / hf["shared"]["output_tok_s"],
         "b_total_time_off_over_on": off["chat"]["total_s"] / on["chat"]["total_s"],
-        "c_out_tok_s_on_over_off": on["distinct"]["output_tok_s"]
-        / off["distinct"]["output_tok_s"],
+        "c_out_tok_s_on_over_off": on["distinct"]["output_tok_s"] / off["distinct"]["output_tok_s"],
     }
 
 

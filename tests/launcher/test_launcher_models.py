@@ -60,4 +60,3 @@ def test_launcher_exits_1_with_the_resolution_error(tmp_path, monkeypatch, capsy
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
     assert main(["--model-id", "switchyard-tests/not-cached", "--num-shard", "1"]) == 1
     assert "switchyard-tests/not-cached" in capsys.readouterr().err
-

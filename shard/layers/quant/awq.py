@@ -1,10 +1,10 @@
 """AutoAWQ "GEMM" checkpoints.
 
-    qweight int32 [in, out / 8]        8 codes per int32 along the output features, in AWQ's
-                                       interleaved order: nibble i holds column AWQ_ORDER[i]
-    qzeros  int32 [in / group, out / 8] the same packing
-    scales  fp16  [in / group, out]
-    weight[k, n] = (code[k, n] - zero[k // group, n]) * scale[k // group, n]
+qweight int32 [in, out / 8]        8 codes per int32 along the output features, in AWQ's
+                                   interleaved order: nibble i holds column AWQ_ORDER[i]
+qzeros  int32 [in / group, out / 8] the same packing
+scales  fp16  [in / group, out]
+weight[k, n] = (code[k, n] - zero[k // group, n]) * scale[k // group, n]
 """
 
 from __future__ import annotations

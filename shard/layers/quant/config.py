@@ -157,7 +157,7 @@ def _compressed_tensors(raw: dict[str, Any]) -> QuantizationConfig:
             f"quantization_config.config_groups has {len(groups)} groups; exactly one "
             "(one scheme for every quantized linear) is supported"
         )
-    (name, scheme), = groups.items()
+    ((name, scheme),) = groups.items()
     where = f"quantization_config.config_groups.{name}"
     if scheme.get("input_activations") or scheme.get("output_activations"):
         raise QuantizationConfigError(

@@ -40,9 +40,7 @@ class FeatureRange:
         return FeatureRange(self.start // factor, self.stop // factor, -(-self.total // factor))
 
 
-def read_part(
-    weights: Weights, name: str, rows: FeatureRange, cols: FeatureRange
-) -> torch.Tensor:
+def read_part(weights: Weights, name: str, rows: FeatureRange, cols: FeatureRange) -> torch.Tensor:
     """`name[rows, cols]` in its stored dtype; the tensor must be [rows.total, cols.total]."""
     shape = weights.shape(name)
     if shape != [rows.total, cols.total]:
