@@ -20,7 +20,9 @@ class QuantizationCheckError(ValueError):
     pass
 
 
-def check_quantization(quantize: str | None, num_shard: int, model_dir: Path) -> None:
+def check_quantization(
+    quantize: str | None, num_shard: int, model_dir: Path, compiled: bool = False
+) -> None:
     """Raises QuantizationCheckError naming the flag, the checkpoint's value and the fix."""
     config = _read_config(model_dir)
     raw = config.get("quantization_config") or config.get("compression_config")
@@ -36,6 +38,11 @@ def check_quantization(quantize: str | None, num_shard: int, model_dir: Path) ->
         )
     if quant is None:
         return
+    if compiled:  # --compile
+        raise QuantizationCheckError(
+            f"--compile does not support quantized checkpoints ({model_dir} is {quant.method}); "
+            "leave --compile out to serve it"
+        )
     if quantize is not None and quantize != quant.method:
         raise QuantizationCheckError(
             f"--quantize {quantize} disagrees with the checkpoint, which is {quant.method} "

@@ -63,6 +63,7 @@ def test_flag_reaches_the_shards_command_line():
     [
         (["--quantize", "gptq"], "--quantize gptq disagrees with the checkpoint, which is awq"),
         (["--num-shard", "2", "--model-id", str(G128)], "--num-shard values that work: 1"),
+        (["--compile"], "--compile does not support quantized checkpoints"),
     ],
 )
 def test_launcher_exits_1_before_spawning(monkeypatch, capsys, argv, message):
