@@ -19,7 +19,9 @@ per call more than per FLOP. A small step computes every slot it uses for all it
 (the "dense" shape: one shrink GEMM, a mask that keeps each token's own slot with its scaling,
 one expand GEMM per sub-module, whatever the number of adapters); a step using one slot is exact
 that way at any size. A large step over several slots would multiply its FLOPs by their count,
-so it goes slot by slot over each slot's tokens (the "grouped" shape).
+so it goes slot by slot over each slot's tokens (the "grouped" shape). A half-precision model's
+small terms (a decode step's) multiply fp32 copies of the slots with MKL, cheaper per call than
+oneDNN's half-precision GEMMs at that size, and round once into the output.
 """
 
 from __future__ import annotations
@@ -39,6 +41,14 @@ from shard.layers.matmul import linear, prepare_weight
 DENSE_MAX_CELLS = 1024
 # Steps a slot set serves on plain weights before its packed copies are made (see _Packed).
 PACK_AFTER_USES = 16
+# A half-precision term of at most this many FLOPs (shrink and expand, 2 T R (K + N)) runs as
+# two fp32 MKL GEMMs on fp32 copies of the slots: ~8 us a call hot against ~17-20 us for
+# oneDNN's bf16 ones, whose fixed cost dominates at a decode step's size. In a 16-row decode
+# step of the SmolLM2 shape (rank 16, 2-vCPU Xeon with AMX; bench/profile_lora.py) this cut the
+# LoRA terms from 11.3 to 8.6 ms with one adapter, and left them as they were with 4 or 16
+# (which a 10 MFLOP limit made slower: the fp32 copies are twice the bytes to read). fp32 is
+# also the more exact: the term is rounded once, into the output.
+FP32_MAX_FLOPS = 4_000_000
 
 
 @dataclass
@@ -54,6 +64,7 @@ class LoraStep:
     # [T, len(dense_slots)] holding scaling[s] where token t uses the j-th of them, else 0.
     dense_slots: tuple[int, ...] | None = None
     mask: torch.Tensor | None = None
+    mask32: torch.Tensor | None = None  # the same in fp32, for the fp32 GEMMs
     # The torch path, grouped shape: (slot, indices of its tokens), one entry per slot used.
     groups: list[tuple[int, torch.Tensor]] = field(default_factory=list)
     # The Triton path: the step's tokens grouped by slot into tiles, built once for all layers.
@@ -65,7 +76,8 @@ class LoraStep:
 
     def set_tokens(self, token_slots: torch.Tensor | None) -> None:
         self.token_slots = token_slots
-        self.groups, self.tiles, self.mask, self.dense_slots = [], None, None, None
+        self.groups, self.tiles, self.dense_slots = [], None, None
+        self.mask = self.mask32 = None
         if token_slots is None or not bool((token_slots >= 0).any()):
             self.token_slots = None  # base model only: the terms skip themselves
             return
@@ -86,6 +98,7 @@ class LoraStep:
             mask = torch.zeros(len(token_slots), len(used), device=token_slots.device)
             mask[rows, column[slots]] = self.scaling.to(token_slots.device)[slots]
             self.dense_slots, self.mask = tuple(used.tolist()), mask.to(self.dtype)
+            self.mask32 = mask
             return
         for slot in torch.unique(slots).tolist():
             self.groups.append((slot, (token_slots == slot).nonzero().squeeze(1)))
@@ -162,19 +175,33 @@ class LoraTerm(nn.Module):
         if packed.rank == 0:  # no adapter touches this layer
             return
         if step.mask is not None:
-            self._add(packed.select(step.dense_slots), x, y, step.mask)
+            self._add(packed.select(step.dense_slots), x, y, step.mask, step.mask32)
             return
         for slot, rows in step.groups:
             xs = x.index_select(0, rows)
             delta = y.new_zeros(len(rows), y.shape[1])
-            scale = x.new_full((len(rows), 1), self.step.scaling_host[slot])
-            self._add(packed.select((slot,)), xs, delta, scale)
+            scale32 = torch.full((len(rows), 1), self.step.scaling_host[slot], device=x.device)
+            self._add(packed.select((slot,)), xs, delta, scale32.to(x.dtype), scale32)
             y.index_add_(0, rows, delta)
 
-    def _add(self, packed: _Packed, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> None:
+    def _add(
+        self,
+        packed: _Packed,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        mask: torch.Tensor,
+        mask32: torch.Tensor,
+    ) -> None:
         """y += the LoRA terms of every slot in `packed` for every row of x, each weighted by its
-        column of mask [T, slots] (a row's scaling on its own slot, zero elsewhere): one shrink
-        GEMM, one scale, one expand GEMM into the whole of y, however many sub-modules."""
+        column of mask [T, slots] (a row's scaling on its own slot, zero elsewhere; mask32 the
+        same in fp32): one shrink GEMM, one scale, one expand GEMM into the whole of y, however
+        many sub-modules; in fp32 for a small half-precision term (FP32_MAX_FLOPS)."""
+        rows, flops = len(x), 2 * len(x) * packed.a.shape[0] * (x.shape[1] + y.shape[1])
+        if x.dtype != torch.float32 and flops <= FP32_MAX_FLOPS:
+            h = torch.mm(x.float(), packed.a32_t)  # [T, slots * n_sub * r]
+            h.view(rows, mask32.shape[1], -1).mul_(mask32.view(rows, -1, 1))
+            y.add_(torch.mm(h, packed.b32))  # rounded once, into y's dtype
+            return
         packed.uses += 1
         plain = packed.uses <= PACK_AFTER_USES  # a subset that may not last: plain GEMMs
         h = F.linear(x, packed.a) if plain else linear(x, packed.a_mm)  # [T, slots * n_sub * r]
@@ -209,6 +236,14 @@ class _Packed:
     n_sub: int
     subsets: dict[tuple[int, ...], _Packed] = field(default_factory=dict, repr=False)
     uses: int = 0  # steps this slot set has served (per term)
+
+    @cached_property
+    def a32_t(self) -> torch.Tensor:  # [K, S * n_sub * r] fp32: the shrink as torch.mm reads it
+        return self.a.float().t().contiguous()
+
+    @cached_property
+    def b32(self) -> torch.Tensor:
+        return self.b.float()
 
     @cached_property
     def a_mm(self) -> torch.Tensor:

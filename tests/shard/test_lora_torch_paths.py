@@ -14,22 +14,22 @@ from shard.layers.lora import LoraStep, LoraTerm
 K, OUT_SLICES, MAX_RANK, SLOTS = 40, (24, 8, 8), 16, 4
 
 
-def empty_term() -> LoraTerm:
+def empty_term(dtype: torch.dtype = torch.float32) -> LoraTerm:
     """A fused three-way term (q/k/v-like) with its slots all zero."""
     return LoraTerm(
-        LoraStep(scaling=torch.zeros(SLOTS), scaling_host=[0.0] * SLOTS),
+        LoraStep(scaling=torch.zeros(SLOTS), scaling_host=[0.0] * SLOTS, dtype=dtype),
         num_slots=SLOTS,
         max_rank=MAX_RANK,
         in_features=K,
         out_slices=OUT_SLICES,
-        dtype=torch.float32,
+        dtype=dtype,
         device=torch.device("cpu"),
     )
 
 
-def term(seed: int = 0) -> LoraTerm:
+def term(seed: int = 0, dtype: torch.dtype = torch.float32) -> LoraTerm:
     """A fused three-way term whose slot s holds rank 4 + 3 s; slot 2 leaves sub-module 1 alone."""
-    t = empty_term()
+    t = empty_term(dtype)
     step = t.step
     gen = torch.Generator().manual_seed(seed)
     for s in range(SLOTS):
@@ -61,8 +61,8 @@ def reference(t: LoraTerm, x: torch.Tensor, slots: list[int], y: torch.Tensor) -
 
 def run(t: LoraTerm, slots: list[int], seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(len(slots), K, generator=gen)
-    y0 = torch.randn(len(slots), sum(OUT_SLICES), generator=gen)
+    x = torch.randn(len(slots), K, generator=gen).to(t.lora_a.dtype)
+    y0 = torch.randn(len(slots), sum(OUT_SLICES), generator=gen).to(t.lora_a.dtype)
     t.step.set_tokens(torch.tensor(slots, dtype=torch.int32))
     y = y0.clone()
     with torch.inference_mode():  # as the runner steps; fills happen outside it, between steps
@@ -150,3 +150,33 @@ def test_a_layer_no_adapter_touches_is_left_alone(path):
     t.fill(0, [None] * len(OUT_SLICES))  # an adapter that targets other modules
     y, ref = run(t, [0, 1, -1])
     assert torch.equal(y.double(), ref)
+
+
+def _half_ulp_bf16(v: torch.Tensor) -> torch.Tensor:
+    """Half the spacing of bfloat16 numbers (8 significant bits) around each value of v."""
+    exponent = torch.floor(torch.log2(v.abs().clamp(min=2.0**-126)))
+    return 2.0 ** (exponent - 8)
+
+
+@pytest.mark.parametrize("slots", [MIXED, [2, 2, -1]], ids=["several-slots", "one-slot"])
+def test_small_half_precision_terms_are_computed_in_fp32_and_rounded_once(monkeypatch, slots):
+    """A bf16 step of the dense shape within FP32_MAX_FLOPS: the exact sum rounded once to bf16,
+    up to fp32's own error; the bf16 GEMMs (FP32_MAX_FLOPS 0) round the shrink's output and miss
+    that bound. (The grouped shape, for large steps, adds each slot's part through a bf16 delta:
+    two roundings, as before.)"""
+    y, ref = run(term(dtype=torch.bfloat16), slots)
+    bound = _half_ulp_bf16(ref) + 1e-5 * ref.abs() + 1e-6
+    assert bool(((y.double() - ref).abs() <= bound).all())
+
+    monkeypatch.setattr(lora_mod, "FP32_MAX_FLOPS", 0)
+    y_bf16, ref_bf16 = run(term(dtype=torch.bfloat16), slots)
+    torch.testing.assert_close(y_bf16.double(), ref_bf16, rtol=2**-6, atol=0.5)  # bf16 GEMMs
+    assert not bool(((y_bf16.double() - ref_bf16).abs() <= bound).all())
+
+
+def test_grouped_half_precision_steps_stay_within_bf16_error(monkeypatch):
+    monkeypatch.setattr(lora_mod, "DENSE_MAX_CELLS", 0)
+    for limit in (lora_mod.FP32_MAX_FLOPS, 0):  # fp32 GEMMs, then bf16 ones
+        monkeypatch.setattr(lora_mod, "FP32_MAX_FLOPS", limit)
+        y, ref = run(term(dtype=torch.bfloat16), MIXED)
+        torch.testing.assert_close(y.double(), ref, rtol=2**-6, atol=0.5)
