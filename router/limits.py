@@ -19,8 +19,10 @@ DEFAULT_MAX_INPUT_TOKENS = 1024
 # TGI leaves a little room above one full prompt for the default prefill budget.
 PREFILL_HEADROOM = 50
 # Prompt tokens a step may add while other requests decode (chunked prefill), on a CPU: a token
-# costs ~2 ms there (docs/benchmarks.md), and the chunk is the stall every decoding request sees.
-# On a GPU the default is the whole --max-batch-prefill-tokens.
+# costs 0.2-2 ms there by CPU and path (SmolLM2 shape; docs/benchmarks.md), and the chunk is the
+# stall every decoding request sees. Measured best for eager steps; with the shards' --compile
+# (tokens ~0.19 ms on the AMX Xeon) 256 traded better there. On a GPU the default is the whole
+# --max-batch-prefill-tokens.
 DEFAULT_CPU_PREFILL_CHUNK_TOKENS = 64
 # Block 0 is never handed to a request: shards may pad slot mappings with slot 0.
 RESERVED_BLOCKS = 1
