@@ -13,8 +13,9 @@ How the forward pass becomes one graph with no model file changing:
   The graph's inputs are only the token ids, positions and KV caches, so prefill, decode and
   mixed steps of any size share one graph. `shard.attention.backend.attend` switches to the op
   while compiling.
-- Dense linears hand inductor plain weights (`DenseWeight.unpack`) and call F.linear while
-  compiling; rotary skips its eager-only shortcuts (shard/layers/rotary.py).
+- Dense linears hand inductor plain weights (`DenseWeight.unpack`), which `matmul.linear`
+  multiplies with F.linear while compiling; rotary skips its eager-only shortcuts
+  (shard/layers/rotary.py).
 - Shapes are dynamic in the token count. torch specialises a size of 1, so one-token steps get
   a second graph: `warm_up` compiles both before the shard reports ready.
 

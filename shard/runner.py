@@ -42,12 +42,16 @@ class ModelRunner:
     ) -> None:
         self.model = model
         self.forward = forward or model
-        self.compiled = forward is not None
         self.dist = dist
         self.device = device
         self.block_size = block_size
         self.kv_caches: list[torch.Tensor] | None = None
         self.lora = lora  # the per-step LoRA context every LoRA term reads, when adapters exist
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the forward pass is another than the model's own (--compile)."""
+        return self.forward is not self.model
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         self.kv_caches = None  # free the old cache before allocating the new one

@@ -88,7 +88,7 @@ def _prefill_plan(
     bounds = meta.cu_seqlens_q.tolist()
     plan = []
     for i, (start, stop, context) in enumerate(
-        zip(bounds[:-1], bounds[1:], meta.context_lens.tolist(), strict=False)
+        zip(bounds[:-1], bounds[1:], meta.context_lens.tolist(), strict=True)
     ):
         q_len, prefix = stop - start, context - (stop - start)
         first = 0 if window is None else max(0, prefix - window + 1)

@@ -205,7 +205,7 @@ class LoraTerm(nn.Module):
         packed.uses += 1
         plain = packed.uses <= PACK_AFTER_USES  # a subset that may not last: plain GEMMs
         h = F.linear(x, packed.a) if plain else linear(x, packed.a_mm)  # [T, slots * n_sub * r]
-        h.view(len(x), mask.shape[1], -1).mul_(mask.view(len(x), -1, 1))
+        h.view(rows, mask.shape[1], -1).mul_(mask.view(rows, -1, 1))
         if plain:
             y.addmm_(h, packed.b)  # expand
         else:

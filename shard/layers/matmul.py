@@ -77,6 +77,10 @@ def dense(weight: torch.Tensor) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    if torch.compiler.is_compiling():
+        # torch.compile (shard/compiled.py) packs plain weights itself; the CPU checks below
+        # cannot be traced (a cached /proc read).
+        return F.linear(x, weight, bias)
     if weight.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     rows = x.numel() // x.shape[-1] if x.numel() else 0
