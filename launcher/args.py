@@ -170,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--compile",
         action="store_true",
         help="torch.compile the forward pass (inductor) at warmup, a minute or two on a small "
-        "CPU: faster steps afterwards. CPU only, one shard, dense weights, no LoRA",
+        "CPU: faster steps afterwards. CPU only, one shard, dense weights",
     )
     s.add_argument(
         "--shard-uds-path",
@@ -271,8 +271,6 @@ def parse_args(argv: Sequence[str] | None, env: LauncherEnv) -> LauncherConfig:
         parser.error(f"{source}: {err}")
     if ns.compile and ns.num_shard > 1:
         parser.error(f"--compile runs one shard only (--num-shard {ns.num_shard})")
-    if ns.compile and (ns.lora_adapters or ns.enable_lora_runtime_loading):
-        parser.error(f"--compile does not support LoRA adapters ({source} / runtime loading)")
     if ns.max_cpu_loras is None:
         ns.max_cpu_loras = max(ns.max_loras, len(ns.lora_adapters))
     if ns.lora_dir is not None:

@@ -13,21 +13,27 @@ How the forward pass becomes one graph with no model file changing:
   The graph's inputs are only the token ids, positions and KV caches, so prefill, decode and
   mixed steps of any size share one graph. `shard.attention.backend.attend` switches to the op
   while compiling.
+- A linear's LoRA term (shard/layers/lora.py) is another opaque op, `switchyard::lora`, that
+  calls the term itself: the adapters' slots, filled and refilled at runtime, and the step's
+  token -> slot mapping stay outside the graph (a frozen graph would keep the slots it first
+  saw), so adapters come and go without a recompilation.
 - Dense linears hand inductor plain weights (`DenseWeight.unpack`), which `matmul.linear`
   multiplies with F.linear while compiling; rotary skips its eager-only shortcuts
   (shard/layers/rotary.py).
 - Shapes are dynamic in the token count. torch specialises a size of 1, so one-token steps get
   a second graph: `warm_up` compiles both before the shard reports ready.
 
-Scope: one shard (no collective in the graph), dense weights, no LoRA terms, the torch
-attention backend, the CPU. Anything else is refused at startup with a message naming the flag
+Scope: one shard (no collective in the graph), dense weights, the torch attention backend,
+the CPU. Anything else is refused at startup with a message naming the flag
 (`check_supported`); a feature we cannot honour is an error, not a silent eager fallback.
 """
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import threading
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -91,8 +97,42 @@ def attend_in_graph(
     return _attend_op(q, k, v, kv_cache, scale, window or 0)
 
 
+_LIBRARY.define("lora(Tensor x, Tensor(a!) y, int term) -> ()")
+# The LoRA terms the op can name, by the id each got at construction: the graph holds ints,
+# not the terms, and a shard that is gone leaves no term alive here.
+_LORA_TERMS: weakref.WeakValueDictionary[int, Callable] = weakref.WeakValueDictionary()
+_LORA_IDS = itertools.count()
+
+
+def register_lora_term(term: Callable) -> int:
+    """An id under which `lora_in_graph` reaches `term` (called as term(x, y))."""
+    term_id = next(_LORA_IDS)
+    _LORA_TERMS[term_id] = term
+    return term_id
+
+
+def _lora_impl(x: torch.Tensor, y: torch.Tensor, term: int) -> None:
+    _LORA_TERMS[term](x, y)  # eager here: the term's own torch path, on this step's slots
+
+
+_LIBRARY.impl("lora", _lora_impl, "CPU")
+
+
+@torch.library.register_fake("switchyard::lora")
+def _(x, y, term):  # type: ignore[no-untyped-def]
+    return None
+
+
+_lora_op = torch.ops.switchyard.lora.default
+
+
+def lora_in_graph(x: torch.Tensor, y: torch.Tensor, term: int) -> None:
+    """What a LoRA term becomes inside the compiled graph: y += the term, in place."""
+    _lora_op(x, y, term)
+
+
 def check_supported(
-    *, world_size: int, device: torch.device, attention: str, lora: bool, quantized: bool
+    *, world_size: int, device: torch.device, attention: str, quantized: bool
 ) -> None:
     """Raises ValueError naming --compile and the reason when this shard cannot compile."""
     reasons = []
@@ -102,8 +142,6 @@ def check_supported(
         reasons.append(f"it runs one shard only (--num-shard {world_size})")
     if attention != "torch":
         reasons.append(f"it needs the torch attention backend (--attention {attention})")
-    if lora:
-        reasons.append("LoRA adapters are not supported with it")
     if quantized:
         reasons.append("quantized checkpoints are not supported with it")
     if device.type == "cpu" and not any(shutil.which(cxx) for cxx in ("g++", "c++", "clang++")):

@@ -99,7 +99,7 @@ def _build_service(
         log.info("LoRA adapters: %s (%d slots)", names, settings.max_loras)
     forward = None
     if settings.compile:
-        forward = compiled_forward(model, attention, device, env.world_size, lora is not None)
+        forward = compiled_forward(model, attention, device, env.world_size)
     runner = ModelRunner(
         model, dist, device, settings.block_size, lora.step if lora else None, forward
     )
@@ -118,14 +118,12 @@ def _build_service(
 
 
 def compiled_forward(
-    model: torch.nn.Module, attention: str, device: torch.device, world_size: int, lora: bool
+    model: torch.nn.Module, attention: str, device: torch.device, world_size: int
 ) -> CompiledForward:
     """--compile's forward pass, or ValueError naming the flag when this shard cannot have it."""
     quantized = any(
         isinstance(m, LinearWeight) and not isinstance(m, DenseWeight) for m in model.modules()
     )
-    check_supported(
-        world_size=world_size, device=device, attention=attention, lora=lora, quantized=quantized
-    )
+    check_supported(world_size=world_size, device=device, attention=attention, quantized=quantized)
     log.info("--compile: the forward pass is compiled with torch.compile (inductor) at warmup")
     return CompiledForward(model, get_attention_backend(attention))

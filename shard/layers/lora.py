@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shard.compiled import lora_in_graph, register_lora_term
 from shard.layers.matmul import linear, prepare_weight
 
 # Tokens x slots up to which a step over several slots takes the dense shape: it computes every
@@ -129,6 +130,9 @@ class LoraTerm(nn.Module):
         # multiplies only the first `rank` columns: 4x less work for rank 16 under the default 64.
         self.ranks = [0] * num_slots
         self._packed: _Packed | None = None  # the dense path's copies (CPU), built on first use
+        # --compile calls this term through an opaque op that names it by this id
+        # (shard/compiled.py): the slots and the step's mapping stay outside the graph.
+        self.term_id = register_lora_term(self)
 
     def fill(self, slot: int, parts: list[tuple[torch.Tensor, torch.Tensor] | None]) -> None:
         """Slot `slot` of every sub-module: (A [r, K], B [n_j, r]) already cut to this rank's
@@ -156,6 +160,9 @@ class LoraTerm(nn.Module):
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """Adds the step's LoRA terms to y [T, N] in place; x [T, K]."""
+        if torch.compiler.is_compiling():  # first: nothing below may become a graph guard
+            lora_in_graph(x, y, self.term_id)
+            return
         if self.step.token_slots is None:
             return
         step = self.step

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.adapters import LoraAdapter
 from launcher.args import parse_args
 from launcher.commands import Programs, build_plan
 from launcher.devices import visible_gpu_count
@@ -37,7 +38,6 @@ CPU_ENV = LauncherEnv.from_environ({"CUDA_VISIBLE_DEVICES": ""})
         ),
         (["--no-such-flag"], "--no-such-flag"),
         (["--compile", "--num-shard", "2"], "--compile"),
-        (["--compile", "--lora-adapters", "a=/adapters/a"], "--compile"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(argv, flag, capsys):
@@ -167,3 +167,8 @@ def test_compile_reaches_the_shard_command_line():
     assert "--compile" in shard.argv
     plain = parse_args(["--shard-uds-path", "/tmp/s"], CPU_ENV)
     assert "--compile" not in build_plan(plain, Path("/m"), Programs()).shards[0].argv
+    # LoRA terms run beside the compiled graph (shard/compiled.py), so adapters go with it.
+    argv = ["--compile", "--lora-adapters", "a=/adapters/a", "--shard-uds-path", "/tmp/s"]
+    adapters = (LoraAdapter("a", Path("/adapters/a")),)
+    shard = build_plan(parse_args(argv, CPU_ENV), Path("/m"), Programs(), adapters).shards[0]
+    assert "--compile" in shard.argv and "--lora-adapters" in shard.argv

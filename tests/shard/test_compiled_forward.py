@@ -66,12 +66,11 @@ def test_no_step_compiles_a_new_graph_after_warmup(service):
         ({"world_size": 2}, "one shard only"),
         ({"device": torch.device("cuda")}, "CPU only"),
         ({"attention": "triton"}, "torch attention backend"),
-        ({"lora": True}, "LoRA adapters"),
         ({"quantized": True}, "quantized checkpoints"),
     ],
 )
 def test_what_compile_cannot_serve_is_refused_by_name(change, reason):
-    args = {"world_size": 1, "device": CPU, "attention": "torch", "lora": False, "quantized": False}
+    args = {"world_size": 1, "device": CPU, "attention": "torch", "quantized": False}
     check_supported(**args)  # the supported case passes
     with pytest.raises(ValueError, match=f"--compile: .*{reason}"):
         check_supported(**{**args, **change})
@@ -80,4 +79,4 @@ def test_what_compile_cannot_serve_is_refused_by_name(change, reason):
 def test_compile_without_a_cpp_compiler_is_refused_by_name(monkeypatch):
     monkeypatch.setattr("shard.compiled.shutil.which", lambda name: None)
     with pytest.raises(ValueError, match="--compile: .*no C\\+\\+ compiler"):
-        check_supported(world_size=1, device=CPU, attention="torch", lora=False, quantized=False)
+        check_supported(world_size=1, device=CPU, attention="torch", quantized=False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch._dynamo
 from lora_fixtures import ADAPTERS, make_adapter, peft_reference
 from quant_fixtures import SERVED, fixture
 
@@ -24,13 +25,19 @@ BASES = ["llama_gqa_llama3", "awq_gemm_g64_llama"]
 
 
 # The torch path on both bases; the Triton kernels (attention, LoRA shrink/expand) on one,
-# compiled on a GPU machine, interpreted otherwise.
-SETUPS = [(name, "torch") for name in BASES] + [("llama_gqa_llama3", "triton")]
+# compiled on a GPU machine, interpreted otherwise; and --compile (shard/compiled.py: the
+# terms run beside the graph) on the float base.
+SETUPS = [(name, "torch") for name in BASES] + [
+    ("llama_gqa_llama3", "triton"),
+    ("llama_gqa_llama3", "torch-compile"),
+]
 
 
 @pytest.fixture(scope="module", params=SETUPS, ids=["-".join(s) for s in SETUPS])
 def setup(request, tiny_model, tmp_path_factory):
     name, attention = request.param
+    compile_ = attention == "torch-compile"
+    attention = attention.removesuffix("-compile")
     if name in SERVED:
         served, base = fixture(name), fixture(name) / "reference"
     else:
@@ -40,8 +47,11 @@ def setup(request, tiny_model, tmp_path_factory):
         name: make_adapter(base, root / name, seed=i, **cfg)
         for i, (name, cfg) in enumerate(ADAPTERS.items())
     }
-    service = lora_service(served, adapters, max_loras=len(adapters), attention=attention)
+    service = lora_service(
+        served, adapters, max_loras=len(adapters), attention=attention, compile=compile_
+    )
     assert service.lora.step.triton == (attention == "triton")
+    assert service.runner.compiled == compile_
     return base, adapters, service
 
 
@@ -140,18 +150,25 @@ def test_unknown_adapter_fails_the_batch_naming_it(setup):
                             FakeContext()))  # fmt: skip
 
 
-def test_eviction_from_host_cache_and_slots_reloads_and_still_matches(tiny_model, tmp_path):
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_eviction_from_host_cache_and_slots_reloads_and_still_matches(
+    tiny_model, tmp_path, compiled
+):
     """--max-loras 2, --max-cpu-loras 2, four adapters in turn: slots are reused and evicted
-    adapters are read from disk again, and every request still equals peft."""
+    adapters are read from disk again, and every request still equals peft; with --compile
+    too, where a graph compiled before any adapter was in a slot must see every refill."""
     base = tiny_model("llama_gqa_llama3")
     adapters = {
         name: make_adapter(base, tmp_path / name, seed=10 + i, **cfg)
         for i, (name, cfg) in enumerate(ADAPTERS.items())
     }
-    service = lora_service(base, adapters, max_loras=2, max_cpu_loras=2)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    service = lora_service(base, adapters, max_loras=2, max_cpu_loras=2, compile=compiled)
     names = list(ADAPTERS)
     rounds = [names[:2], names[2:], [names[0], names[3]], [names[1], names[2]]]
     prompt = [3 + t % 300 for t in prompts(1, seed=4)[0]]
+    graphs = []  # compiled so far, after each round
     for pair in rounds:
         pool = BlockPool(250, seed=3)
         requests = [
@@ -161,9 +178,12 @@ def test_eviction_from_host_cache_and_slots_reloads_and_still_matches(tiny_model
         for i, name in enumerate(pair):
             want_ids, _ = _reference(base, adapters[name], prompt)
             assert [t for t, _ in got[i][:NEW_TOKENS]] == want_ids, (pair, name)
+        graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
     stats = service.lora.stats
     # Startup reads all four (keeping the last two); then each round reads its adapters from
     # disk, except kup_r8 in round 3, which is still in a device slot from round 2.
     assert stats.misses == 4 + 2 + 2 + 1 + 2
     assert stats.evictions == stats.misses - 2 and stats.hits == 0
     assert service.lora.slots_in_use() == 2
+    if compiled:  # the slots' refills in later rounds compiled nothing new
+        assert graphs[0] >= 1 and graphs == [graphs[0]] * len(rounds)
