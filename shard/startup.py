@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from shard.attention import get_attention_backend
+from shard.attention.cpu_kernels import paged_decode_kernel
 from shard.compiled import CompiledForward, check_supported
 from shard.distributed import init_distributed
 from shard.kv_cache import KvCacheSettings
@@ -86,6 +87,8 @@ def _build_service(
         model_dir, dtype, device, attention, env.rank, env.world_size,
     )  # fmt: skip
     model = load_model(model_dir, dtype=dtype, device=device, dist=dist, attention=attention)
+    if device.type == "cpu" and attention == "torch":
+        paged_decode_kernel()  # built (once per machine) or found before the shard is ready
     lora = None
     if settings.enable_lora or settings.lora_adapters:
         lora_settings = LoraSettings(

@@ -1,5 +1,6 @@
 """The reference attention backend in plain torch (the CPU path): correct everywhere, fast
-nowhere in particular."""
+nowhere in particular; on the CPU its decode runs a native kernel where one could be built
+(cpu_kernels.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from shard.attention.cpu_kernels import paged_decode_kernel
 from shard.attention.metadata import AttentionMetadata
 
 
@@ -169,7 +171,8 @@ class TorchAttentionBackend:
         scale: float,
         window: int | None = None,
     ) -> torch.Tensor:
-        """One query per sequence against its context (or its window), all sequences in one
+        """One query per sequence against its context (or its window). On the CPU, the native
+        paged kernel (cpu_kernels.py) where it could be built; otherwise all sequences in one
         batched pass: every row gathers the same number of slots and masks the ones it lacks.
 
         K/V are gathered with index_select (several times faster than advanced indexing on CPU)
@@ -180,6 +183,17 @@ class TorchAttentionBackend:
         this halves the layer's attention time at batch 16 (bench/decode_attention.py); 3-D
         inputs would take SDPA's unfused math path, which is slower than either.
         """
+        kernel = paged_decode_kernel() if q.device.type == "cpu" else None
+        if kernel is not None and kv_cache.dtype == q.dtype:
+            return kernel(
+                q.contiguous(),
+                kv_cache[0],
+                kv_cache[1],
+                meta.block_tables,
+                meta.context_lens,
+                scale,
+                window or 0,
+            )
         keys, values = _slot_rows(kv_cache)
         flat, mask = _decode_gather_index(meta, kv_cache.shape[2], window, q.dtype)
         batch, num_heads, head_dim = q.shape

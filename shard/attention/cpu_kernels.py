@@ -1,0 +1,80 @@
+"""Native CPU kernels of the torch attention backend, built on first use with torch's C++
+extension builder: today one, paged decode attention (cpu_paged_decode.cpp).
+
+Why native: a CPU decode step's attention in torch is a gather of every row's K/V into a padded
+copy, then SDPA over the copy; the gather alone moves the cache's bytes twice, and the index and
+mask plumbing is a few dozen small torch calls a layer. The kernel reads the cache in place
+through the block table, once (bench/decode_attention.py times both side by side).
+
+The build needs a C++ compiler and ninja, takes ~20 s once per machine and torch version, and is
+cached by torch (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions). Where it cannot be
+built, or with SWITCHYARD_CPU_KERNELS=0, the backend keeps its torch path, which computes the same
+attention (both accumulate in fp32), and the shard's log says which one runs and why.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("cpu_paged_decode.cpp")
+SWITCH_ENV = "SWITCHYARD_CPU_KERNELS"  # "0": the torch path only
+# What the AVX-512 path uses (F: arithmetic, scalef, roundscale; BW/VL: the 16-bit loads).
+_AVX512_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"]
+
+
+def unavailable_reason() -> str | None:
+    """Why the kernels cannot be built here, or None when they can be."""
+    if os.environ.get(SWITCH_ENV, "1") == "0":
+        return f"{SWITCH_ENV}=0"
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        return f"no C++ compiler ({compiler}) on PATH"
+    from torch.utils.cpp_extension import verify_ninja_availability
+
+    try:
+        verify_ninja_availability()
+    except RuntimeError:
+        return "ninja is not installed"
+    return None
+
+
+@functools.cache
+def paged_decode_kernel() -> Callable[..., torch.Tensor] | None:
+    """paged_decode(q [B, H, D], k_cache, v_cache [blocks, block_size, Hkv, D], block_tables
+    [B, max_blocks] int32, context_lens [B] int32, scale, window (0: none)) -> [B, H, D], all in
+    one dtype (fp32, bf16, fp16); None where it cannot be built (logged once)."""
+    reason = unavailable_reason()
+    if reason is not None:
+        log.info("CPU decode attention: the torch path (%s)", reason)
+        return None
+    capability = torch.backends.cpu.get_cpu_capability()  # what torch's own kernels run here
+    flags = ["-O3", "-fopenmp"]  # OpenMP: at::parallel_for spreads rows over torch's threads
+    if capability.startswith("AVX512"):
+        flags += _AVX512_FLAGS
+    source = SOURCE.read_text()
+    # The ISA in the name: a cache directory shared by machines of different CPUs never hands
+    # one an AVX-512 build it cannot run.
+    digest = hashlib.sha256((source + " ".join(flags)).encode()).hexdigest()[:12]
+    name = f"switchyard_cpu_decode_{capability.lower()}_{digest}"
+    try:
+        from torch.utils.cpp_extension import load_inline
+
+        module = load_inline(
+            name, cpp_sources=[source], functions=["paged_decode"], extra_cflags=flags
+        )
+    except Exception as err:  # a broken toolchain costs speed, never the shard
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        log.warning("CPU decode attention: the torch path (the kernel did not build: %s)", first)
+        return None
+    log.info("CPU decode attention: native paged kernel (%s)", capability)
+    return module.paged_decode

@@ -1,0 +1,247 @@
+// Paged decode attention on the CPU (shard/attention/cpu_kernels.py builds it): one query row
+// per sequence against its cached K/V, read in place through the block table, with scores,
+// softmax and sums in fp32. The torch path (torch_backend.py) first gathers every row's K/V
+// into a padded copy for SDPA: three passes over the cache's bytes where this makes one, and
+// ~1,000 small torch calls a step fewer. Positions past a row's context (or before its window)
+// are never read, so no other sequence's stale slot can reach its sums.
+//
+// AVX-512 where the build targets it (cpu_kernels.py asks for it when torch's own CPU kernels
+// run AVX-512 here), with a plain scalar path for any other CPU, head size or group size.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+inline float widen(float x) { return x; }
+inline float widen(c10::BFloat16 x) {
+  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+inline float widen(c10::Half x) { return static_cast<float>(x); }
+
+#if defined(__AVX512F__)
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const c10::BFloat16* p) {
+  __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+inline __m512 load16(const c10::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+constexpr int64_t kMaxGroup = 16;  // query heads per KV head held in registers
+
+// e^x for x <= 0 (scores less their maximum): 2^(x log2 e) split into 2^n * 2^f, |f| <= 1/2,
+// 2^f by its degree-6 Taylor polynomial (relative error ~1e-7, fp32's own), n applied by scalef.
+inline __m512 exp16(__m512 x) {
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(0.69314718055994531f));
+  __m512 p = _mm512_set1_ps(1.f / 720);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 120));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 24));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 6));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+#endif
+
+// s[i] = e^(s[i] - max s) over n scores; returns their sum.
+inline float softmax_numerators(float* s, int64_t n) {
+#if defined(__AVX512F__)
+  __m512 m16 = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) m16 = _mm512_max_ps(m16, _mm512_loadu_ps(s + i));
+  float m = _mm512_reduce_max_ps(m16);
+  for (; i < n; ++i) m = std::max(m, s[i]);
+  const __m512 mv = _mm512_set1_ps(m);
+  __m512 sum16 = _mm512_setzero_ps();
+  for (i = 0; i + 16 <= n; i += 16) {
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + i), mv));
+    _mm512_storeu_ps(s + i, e);
+    sum16 = _mm512_add_ps(sum16, e);
+  }
+  if (i < n) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + i), mv));
+    _mm512_mask_storeu_ps(s + i, tail, e);
+    sum16 = _mm512_add_ps(sum16, _mm512_maskz_mov_ps(tail, e));
+  }
+  return _mm512_reduce_add_ps(sum16);
+#else
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, s[i]);
+  float sum = 0.f;
+  for (int64_t i = 0; i < n; ++i) {
+    s[i] = std::exp(s[i] - m);
+    sum += s[i];
+  }
+  return sum;
+#endif
+}
+
+// Scores of `group` scaled query rows qf [group, dim] against one key row.
+template <typename T>
+inline void dot_rows(const float* qf, const T* k, int64_t group, int64_t dim, float* out,
+                     int64_t out_stride) {
+#if defined(__AVX512F__)
+  if (dim % 16 == 0 && group <= kMaxGroup) {
+    __m512 acc[kMaxGroup];
+    for (int64_t g = 0; g < group; ++g) acc[g] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < dim; d += 16) {
+      const __m512 kv = load16(k + d);
+      for (int64_t g = 0; g < group; ++g)
+        acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(qf + g * dim + d), kv, acc[g]);
+    }
+    for (int64_t g = 0; g < group; ++g) out[g * out_stride] = _mm512_reduce_add_ps(acc[g]);
+    return;
+  }
+#endif
+  for (int64_t g = 0; g < group; ++g) {
+    float s = 0.f;
+    for (int64_t d = 0; d < dim; ++d) s += qf[g * dim + d] * widen(k[d]);
+    out[g * out_stride] = s;
+  }
+}
+
+// acc[g] += w[g * w_stride] * v for every query row g of the group.
+template <typename T>
+inline void axpy_rows(const float* w, int64_t w_stride, const T* v, int64_t group, int64_t dim,
+                      float* acc) {
+#if defined(__AVX512F__)
+  if (dim % 16 == 0) {
+    for (int64_t d = 0; d < dim; d += 16) {
+      const __m512 vv = load16(v + d);
+      for (int64_t g = 0; g < group; ++g) {
+        float* a = acc + g * dim + d;
+        _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_set1_ps(w[g * w_stride]), vv, _mm512_loadu_ps(a)));
+      }
+    }
+    return;
+  }
+#endif
+  for (int64_t g = 0; g < group; ++g)
+    for (int64_t d = 0; d < dim; ++d) acc[g * dim + d] += w[g * w_stride] * widen(v[d]);
+}
+
+template <typename T>
+void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+            const at::Tensor& block_tables, const at::Tensor& context_lens, at::Tensor& out,
+            double scale, int64_t window) {
+  const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
+  const int64_t block_size = k_cache.size(1), kv_heads = k_cache.size(2);
+  const int64_t group = heads / kv_heads, max_blocks = block_tables.size(1);
+  const T* qp = q.data_ptr<T>();
+  const T* kp = k_cache.data_ptr<T>();
+  const T* vp = v_cache.data_ptr<T>();
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  const int32_t* lens = context_lens.data_ptr<int32_t>();
+  T* op = out.data_ptr<T>();
+  const int64_t row_stride = kv_heads * dim;  // one position of a block: every KV head
+  // A task is a sequence with all its KV heads, so that it reads each cached position's row
+  // whole and in order; with fewer sequences than threads, a sequence's single KV head.
+  const int64_t split = batch >= at::get_num_threads() ? 1 : kv_heads;
+  const int64_t per_task = kv_heads / split;
+  at::parallel_for(0, batch * split, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(per_task * group * dim), acc(per_task * group * dim), scores;
+    std::vector<float> inv(per_task * group);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / split, h0 = (task % split) * per_task;
+      const int64_t ctx = lens[b];
+      const int64_t first = window > 0 ? std::max<int64_t>(0, ctx - window) : 0;
+      const int64_t n = ctx - first;
+      const int64_t rows = per_task * group;  // query heads of this task, [h][g]
+      const int32_t* table = tables + b * max_blocks;
+      const T* qrow = qp + (b * heads + h0 * group) * dim;
+      for (int64_t j = 0; j < rows * dim; ++j) qf[j] = widen(qrow[j]) * float(scale);
+      scores.resize(rows * n);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t pos = first + i;
+        const int64_t slot = int64_t(table[pos / block_size]) * block_size + pos % block_size;
+        const T* krow = kp + slot * row_stride + h0 * dim;
+        for (int64_t h = 0; h < per_task; ++h)
+          dot_rows(qf.data() + h * group * dim, krow + h * dim, group, dim,
+                   scores.data() + h * group * n + i, n);
+      }
+      for (int64_t r = 0; r < rows; ++r) inv[r] = 1.f / softmax_numerators(scores.data() + r * n, n);
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t pos = first + i;
+        const int64_t slot = int64_t(table[pos / block_size]) * block_size + pos % block_size;
+        const T* vrow = vp + slot * row_stride + h0 * dim;
+        for (int64_t h = 0; h < per_task; ++h)
+          axpy_rows(scores.data() + h * group * n + i, n, vrow + h * dim, group, dim,
+                    acc.data() + h * group * dim);
+      }
+      T* orow = op + (b * heads + h0 * group) * dim;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t d = 0; d < dim; ++d) orow[r * dim + d] = static_cast<T>(acc[r * dim + d] * inv[r]);
+    }
+  });
+}
+
+}  // namespace
+
+at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                        const at::Tensor& block_tables, const at::Tensor& context_lens,
+                        double scale, int64_t window) {
+  TORCH_CHECK(q.dim() == 3 && q.is_contiguous(), "q: [batch, heads, dim], contiguous");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous(),
+              "caches: [blocks, block_size, kv_heads, dim], contiguous");
+  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
+              "q and the caches must share a dtype");
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt,
+              "block tables and context lengths: int32");
+  TORCH_CHECK(q.size(1) % k_cache.size(2) == 0, "heads must be a multiple of kv heads");
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes() && k_cache.size(3) == q.size(2),
+              "the caches' head size must be q's");
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == q.size(0) &&
+                  context_lens.numel() == q.size(0),
+              "one block table row and one context length per query row");
+  auto tables = block_tables.contiguous();
+  auto lens = context_lens.contiguous();
+  // Every position read must lie in a block of the cache: a bad table never reads out of it.
+  const int64_t block_size = k_cache.size(1), num_blocks = k_cache.size(0);
+  const int64_t width = tables.size(1);
+  for (int64_t b = 0; b < q.size(0); ++b) {
+    const int64_t ctx = lens.data_ptr<int32_t>()[b];
+    TORCH_CHECK(ctx >= 1 && ctx <= width * block_size, "row ", b, ": context length ", ctx,
+                " outside 1..", width * block_size, " (its block table's reach)");
+    for (int64_t j = 0; j < (ctx + block_size - 1) / block_size; ++j) {
+      const int64_t block = tables.data_ptr<int32_t>()[b * width + j];
+      TORCH_CHECK(block >= 0 && block < num_blocks, "row ", b, ": block ", block,
+                  " is not in the cache (", num_blocks, " blocks)");
+    }
+  }
+  auto out = at::empty_like(q);
+  switch (q.scalar_type()) {
+    case at::kFloat:
+      decode<float>(q, k_cache, v_cache, tables, lens, out, scale, window);
+      break;
+    case at::kBFloat16:
+      decode<c10::BFloat16>(q, k_cache, v_cache, tables, lens, out, scale, window);
+      break;
+    case at::kHalf:
+      decode<c10::Half>(q, k_cache, v_cache, tables, lens, out, scale, window);
+      break;
+    default:
+      TORCH_CHECK(false, "paged_decode: float32, bfloat16 or float16, not ", q.scalar_type());
+  }
+  return out;
+}

@@ -1,0 +1,124 @@
+"""The native CPU paged decode kernel (shard/attention/cpu_paged_decode.cpp) against float64
+attention and against the torch backend's own SDPA path: every dtype, head sizes on and off its
+AVX-512 path, MHA / GQA / MQA and a group too large for its registers, windows, one-row batches
+(split by KV head) and a cache whose unwritten slots are NaN."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from paged_helpers import PagedLayout
+
+from shard.attention import torch_backend
+from shard.attention.cpu_kernels import paged_decode_kernel, unavailable_reason
+from shard.attention.torch_backend import TorchAttentionBackend
+
+BLOCK = 16
+# Tolerance against float64, by dtype: fp32's accumulation error, else the output's rounding.
+TOL = {torch.float32: 2e-5, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
+
+REASON = unavailable_reason()
+needs_kernel = pytest.mark.skipif(
+    REASON is not None, reason=f"the kernel cannot be built here: {REASON}"
+)
+
+
+def test_the_kernel_builds_wherever_its_toolchain_is_present():
+    if REASON is not None:
+        assert paged_decode_kernel() is None  # and the backend keeps its torch path
+    else:
+        assert paged_decode_kernel() is not None
+
+
+def _case(batch, heads, kv_heads, dim, dtype, contexts, seed=0):
+    """A NaN-poisoned paged cache holding each row's context, the metadata of one decode step,
+    the queries, and each row's K/V in float64 for the reference."""
+    gen = torch.Generator().manual_seed(seed)
+    layout = PagedLayout(BLOCK, num_blocks=64, seed=seed)
+    seqs = [layout.add(n + 3) for n in contexts]
+    cache = torch.full((2, 64, BLOCK, kv_heads, dim), float("nan"), dtype=dtype)
+    keys, values = [], []
+    for s, n in zip(seqs, contexts, strict=True):
+        k = torch.randn(n, kv_heads, dim, generator=gen).to(dtype)
+        v = torch.randn(n, kv_heads, dim, generator=gen).to(dtype)
+        for p in range(n):
+            slot = layout.slot(s, p)
+            cache[0].view(-1, kv_heads, dim)[slot] = k[p]
+            cache[1].view(-1, kv_heads, dim)[slot] = v[p]
+        keys.append(k.double())
+        values.append(v.double())
+    _, meta = layout.decode(seqs, [n - 1 for n in contexts])
+    q = (torch.randn(batch, heads, dim, generator=gen) * 2).to(dtype)
+    return cache, meta, q, keys, values
+
+
+def _reference(q, keys, values, scale, window):
+    out = []
+    for i, (k, v) in enumerate(zip(keys, values, strict=True)):
+        if window is not None:
+            k, v = k[-window:], v[-window:]
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        probs = (torch.einsum("hd,khd->hk", q[i].double(), k) * scale).softmax(-1)
+        out.append(torch.einsum("hk,khd->hd", probs, v))
+    return torch.stack(out)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim"),
+    [(9, 3, 64), (4, 4, 128), (8, 1, 80), (6, 2, 72), (20, 1, 32)],
+    ids=["gqa-64", "mha-128", "mqa-80", "gqa-72-scalar", "group20-32"],
+)
+@pytest.mark.parametrize("window", [None, 5, 40])
+@pytest.mark.parametrize("contexts", [[1, 17, 33, 70, 16, 2, 48], [37]], ids=["7rows", "1row"])
+def test_kernel_equals_float64_attention(dtype, heads, kv_heads, dim, window, contexts):
+    cache, meta, q, keys, values = _case(len(contexts), heads, kv_heads, dim, dtype, contexts)
+    scale = dim**-0.5
+    kernel = paged_decode_kernel()
+    out = kernel(q, cache[0], cache[1], meta.block_tables, meta.context_lens, scale, window or 0)
+    assert out.dtype == dtype and out.shape == q.shape
+    want = _reference(q, keys, values, scale, window)
+    tol = TOL[dtype]
+    torch.testing.assert_close(out.double(), want, atol=tol, rtol=tol)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_backend_decode_runs_the_kernel_and_is_no_less_exact_than_its_torch_path(
+    dtype, monkeypatch
+):
+    contexts = [3, 40, 129, 16, 77]
+    cache, meta, q, keys, values = _case(5, 12, 4, 64, dtype, contexts, seed=4)
+    backend, scale = TorchAttentionBackend(), 0.125
+    q_strided = torch.cat([q, q], dim=2)[:, :, :64]  # the backend hands the kernel a copy
+    native = backend.decode(q_strided, cache, meta, scale)
+    kernel = paged_decode_kernel()
+    direct = kernel(q, cache[0], cache[1], meta.block_tables, meta.context_lens, scale, 0)
+    assert torch.equal(native, direct)
+    monkeypatch.setattr(torch_backend, "paged_decode_kernel", lambda: None)
+    sdpa = backend.decode(q_strided, cache, meta, scale)
+    want = _reference(q, keys, values, scale, None)
+    native_err = (native.double() - want).abs().max()
+    sdpa_err = (sdpa.double() - want).abs().max()
+    assert native_err <= sdpa_err + torch.finfo(dtype).eps, (native_err, sdpa_err)
+
+
+@needs_kernel
+def test_kernel_refuses_what_it_cannot_read():
+    cache, meta, q, _, _ = _case(2, 4, 2, 16, torch.float32, [3, 5])
+    kernel = paged_decode_kernel()
+    with pytest.raises(RuntimeError, match="share a dtype"):
+        kernel(q.bfloat16(), cache[0], cache[1], meta.block_tables, meta.context_lens, 1.0, 0)
+    with pytest.raises(RuntimeError, match="int32"):
+        kernel(q, cache[0], cache[1], meta.block_tables.long(), meta.context_lens, 1.0, 0)
+    with pytest.raises(RuntimeError, match="multiple of kv heads"):
+        kernel(
+            q[:, :3].contiguous(), cache[0], cache[1], meta.block_tables, meta.context_lens, 1.0, 0
+        )
+    too_long = meta.context_lens + 64
+    with pytest.raises(RuntimeError, match="block table's reach"):
+        kernel(q, cache[0], cache[1], meta.block_tables, too_long, 1.0, 0)
+    with pytest.raises(RuntimeError, match="not in the cache"):
+        kernel(q, cache[0], cache[1], meta.block_tables + 1000, meta.context_lens, 1.0, 0)
