@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Protocol
 
-from router.chunking import chunk_new, decoding_budget, share_budget
+from router.chunking import WaveBudget, chunk_new, decoding_budget, share_budget
 
 if TYPE_CHECKING:
     from router.batcher import Batcher
@@ -30,6 +30,9 @@ class SchedulingPolicy(Protocol):
 
 
 class ChunkedPolicy:
+    def __init__(self) -> None:
+        self.wave = WaveBudget()  # a wave of prompts' budget, held until it is drained
+
     async def step(self, batcher: Batcher) -> None:
         running = batcher.running
         members = [batcher.entries[rid] for rid in running.request_ids] if running else []
@@ -37,7 +40,11 @@ class ChunkedPolicy:
         budget = cfg.max_batch_prefill_tokens
         # Nobody is stalled by a large prefill when nothing decodes.
         if cfg.prefill_chunk_tokens is not None and any(e.prompt_left == 0 for e in members):
-            budget = decoding_budget(cfg.prefill_chunk_tokens, budget, members, batcher.queue)
+            budget = decoding_budget(
+                cfg.prefill_chunk_tokens, budget, members, batcher.queue, self.wave
+            )
+        else:
+            self.wave.reset()
         chunks, budget = share_budget(budget, members)
         new = []
         if budget > 0 and len(batcher.queue):

@@ -3,6 +3,7 @@ than max_batch_prefill_tokens, long prompts are split over steps while the runni
 getting a token every step, and results equal unchunked ones."""
 
 import asyncio
+from types import SimpleNamespace
 
 from tests.router.harness import async_test, parse_sse, router_env, wait_until
 
@@ -101,9 +102,93 @@ def test_the_decoding_budget_grows_with_a_wave_of_prompts_and_no_further():
 WAVE = [f"wave number {i}: the quick brown fox jumps over the lazy dog" for i in range(8)]
 
 
+def test_a_waves_grown_budget_holds_until_the_wave_is_drained():
+    from router.chunking import DRAIN_STEPS, WaveBudget
+
+    wave, chunk = WaveBudget(), 64
+    left, steps = 15 * 64, []  # 15 prompts of 64 tokens beside decoding requests
+    while left:
+        steps.append(wave.step(chunk, 4096, left))
+        left -= min(left, steps[-1])
+    assert steps == [240] * DRAIN_STEPS  # recomputed each step: 240, 180, 135, ... 64
+    assert wave.step(chunk, 4096, 0) == chunk
+    assert wave.step(chunk, 4096, 128) == chunk  # the next lone arrival: one chunk again
+
+
+def test_a_step_takes_every_waiting_prompt_when_they_outnumber_the_decoders():
+    from router.chunking import MAX_GROWTH, decoding_budget
+
+    def entry(prompt_left, input_length=100):
+        request = SimpleNamespace(input_length=input_length)
+        return SimpleNamespace(prompt_left=prompt_left, request=request)
+
+    chunk, max_prefill = 64, 4096
+    decoders = [entry(0) for _ in range(3)]
+    # 3 decoding, 3 waiting: chunked (grown to drain the 300 tokens in a few steps).
+    assert decoding_budget(chunk, max_prefill, decoders, [entry(100)] * 3) == 75
+    # 3 decoding, 4 waiting (2 admitted mid-prompt, 2 queued): everything at once.
+    running = decoders + [entry(40), entry(90)]
+    assert decoding_budget(chunk, max_prefill, running, [entry(100)] * 2) == max_prefill
+    # Many decoders, one long arrival: the chunked cap holds.
+    many = [entry(0) for _ in range(16)]
+    assert decoding_budget(chunk, max_prefill, many, [entry(5000, 5000)]) == MAX_GROWTH * chunk
+
+
+async def _wave_budgets(model_dir, decoders: int, wave: list[str], chunk: int):
+    """Prompt tokens of each step in which the first long-running request decoded, with
+    `decoders` long requests decoding when `wave` arrives."""
+    async with router_env(
+        model_dir,
+        shard={"decode_delay": 0.002},
+        max_batch_prefill_tokens=256,
+        prefill_chunk_tokens=chunk,
+    ) as env:
+        running = [
+            await env.client.post("/generate_stream", json=gen(f"H{i}", max_new_tokens=80))
+            for i in range(decoders)
+        ]
+        for r in running:
+            await r.content.readline()
+        results = await asyncio.gather(*(_result(env, gen(p, max_new_tokens=2)) for p in wave))
+        assert all(r["generated_text"] is not None for r in results)
+        for r in running:
+            await r.text()
+        assert env.violations() == []
+        shard = env.shards[0]
+        first_id = shard.prefilled[0].id
+        return [
+            sum(chunks.values())
+            for chunks, ids in zip(shard.prompt_chunks, shard.step_generated, strict=True)
+            if first_id in ids
+        ]
+
+
 @async_test
-async def test_a_wave_of_prompts_gets_larger_chunks_while_requests_decode(model_dir, tokenizer):
+async def test_a_wave_of_prompts_gets_larger_chunks_while_more_requests_decode(
+    model_dir, tokenizer
+):
     from router.chunking import DRAIN_STEPS, MAX_GROWTH
+
+    chunk, wave = 4, WAVE[:5]
+    pending = sum(len(tokenizer.encode(p)) for p in wave)
+    assert pending > DRAIN_STEPS * MAX_GROWTH * chunk  # enough to grow the budget to its cap
+    budgets = await _wave_budgets(model_dir, 6, wave, chunk)  # 6 decoders > 5 arrivals
+    assert max(budgets) == MAX_GROWTH * chunk
+
+
+@async_test
+async def test_a_wave_that_outnumbers_the_decoders_is_prefilled_at_once(model_dir, tokenizer):
+    from router.chunking import MAX_GROWTH
+
+    chunk = 4
+    budgets = await _wave_budgets(model_dir, 1, WAVE, chunk)  # 8 arrivals > 1 decoder
+    assert max(budgets) > MAX_GROWTH * chunk
+    assert max(budgets) <= 256  # max_batch_prefill_tokens
+
+
+@async_test
+async def test_a_lone_prompt_beside_a_decoding_request_gets_the_plain_chunk(model_dir, tokenizer):
+    from router.chunking import DRAIN_STEPS
 
     chunk = 4
     async with router_env(
@@ -112,28 +197,16 @@ async def test_a_wave_of_prompts_gets_larger_chunks_while_requests_decode(model_
         max_batch_prefill_tokens=256,
         prefill_chunk_tokens=chunk,
     ) as env:
-        running = await env.client.post("/generate_stream", json=gen("H", max_new_tokens=80))
-        await running.content.readline()
-        results = await asyncio.gather(*(_result(env, gen(p, max_new_tokens=2)) for p in WAVE))
-        assert all(r["generated_text"] is not None for r in results)
-        await running.text()
-        shard = env.shards[0]
-        first_id = shard.prefilled[0].id
-        # Steps in which the first request decoded: their prompt tokens are the decoding budget.
-        with_decode = [
-            sum(chunks.values())
-            for chunks, ids in zip(shard.prompt_chunks, shard.step_generated, strict=True)
-            if first_id in ids
-        ]
-        pending = sum(len(tokenizer.encode(p)) for p in WAVE)
-        assert pending > DRAIN_STEPS * MAX_GROWTH * chunk  # enough to grow the budget to its cap
-        assert max(with_decode) == MAX_GROWTH * chunk
-        assert env.violations() == []
-        # Alone, a prompt arriving while a request decodes gets the plain chunk per step.
         running = await env.client.post("/generate_stream", json=gen("H", max_new_tokens=40))
-        await running.content.readline()
+        shard = env.shards[0]
+        for _ in range(2):  # two tokens streamed: its prompt is done, it decodes
+            while not (await running.content.readline()).startswith(b"data:"):
+                pass
         start = len(shard.prompt_chunks)
-        await _result(env, gen(WAVE[0], max_new_tokens=2))
+        prompt = "the quick brown fox jumps"  # more than a chunk, too short to grow the budget
+        assert chunk < len(tokenizer.encode(prompt)) <= DRAIN_STEPS * chunk
+        await _result(env, gen(prompt, max_new_tokens=2))
         await running.text()
         later = [sum(c.values()) for c in shard.prompt_chunks[start:]]
         assert max(later) == chunk
+        assert env.violations() == []
