@@ -12,10 +12,12 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     HF_HOME=/data/huggingface \
-    SWITCHYARD_CACHE=/data/switchyard
+    SWITCHYARD_CACHE=/data/switchyard \
+    TORCH_EXTENSIONS_DIR=/data/torch_extensions
 
-# A compiler at runtime: Triton builds a small C helper on GPUs, and `--compile` (inductor)
-# builds C++ kernels on CPUs. Unpinned: the base image's Debian release fixes their versions.
+# A compiler at runtime: Triton builds a small C helper on GPUs; on CPUs the shard builds its
+# decode attention kernel once (shard/attention/cpu_kernels.py, kept under
+# TORCH_EXTENSIONS_DIR on the volume) and `--compile` (inductor) builds C++ kernels. Unpinned: the base image's Debian release fixes their versions.
 # hadolint ignore=DL3008
 RUN apt-get update && apt-get install -y --no-install-recommends g++ libc6-dev \
     && rm -rf /var/lib/apt/lists/*
