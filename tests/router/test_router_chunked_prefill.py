@@ -134,15 +134,21 @@ def test_a_step_takes_every_waiting_prompt_when_they_outnumber_the_decoders():
     assert decoding_budget(chunk, max_prefill, many, [entry(5000, 5000)]) == MAX_GROWTH * chunk
 
 
-async def _wave_budgets(model_dir, decoders: int, wave: list[str], chunk: int):
-    """Prompt tokens of each step in which the first long-running request decoded, with
-    `decoders` long requests decoding when `wave` arrives."""
-    async with router_env(
+def _chunked_env(model_dir, chunk: int):
+    """A router over a fake shard whose steps take a little time, with a 256-token prefill
+    budget and `chunk`-token chunks while requests decode."""
+    return router_env(
         model_dir,
         shard={"decode_delay": 0.002},
         max_batch_prefill_tokens=256,
         prefill_chunk_tokens=chunk,
-    ) as env:
+    )
+
+
+async def _wave_budgets(model_dir, decoders: int, wave: list[str], chunk: int):
+    """Prompt tokens of each step in which the first long-running request decoded, with
+    `decoders` long requests decoding when `wave` arrives."""
+    async with _chunked_env(model_dir, chunk) as env:
         running = [
             await env.client.post("/generate_stream", json=gen(f"H{i}", max_new_tokens=80))
             for i in range(decoders)
@@ -191,12 +197,7 @@ async def test_a_lone_prompt_beside_a_decoding_request_gets_the_plain_chunk(mode
     from router.chunking import DRAIN_STEPS
 
     chunk = 4
-    async with router_env(
-        model_dir,
-        shard={"decode_delay": 0.002},
-        max_batch_prefill_tokens=256,
-        prefill_chunk_tokens=chunk,
-    ) as env:
+    async with _chunked_env(model_dir, chunk) as env:
         running = await env.client.post("/generate_stream", json=gen("H", max_new_tokens=40))
         shard = env.shards[0]
         for _ in range(2):  # two tokens streamed: its prompt is done, it decodes
