@@ -62,9 +62,11 @@ def paged_decode_kernel() -> Callable[..., torch.Tensor] | None:
     if capability.startswith("AVX512"):
         flags += _AVX512_FLAGS
     source = SOURCE.read_text()
-    # The ISA in the name: a cache directory shared by machines of different CPUs never hands
-    # one an AVX-512 build it cannot run.
-    digest = hashlib.sha256((source + " ".join(flags)).encode()).hexdigest()[:12]
+    # The ISA in the name, torch's version in the digest: a cache directory shared by machines
+    # of different CPUs, or kept across a torch upgrade, never hands a shard a build it cannot
+    # run (torch's own rebuild check hashes only the sources and flags).
+    key = " ".join([source, *flags, torch.__version__])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     name = f"switchyard_cpu_decode_{capability.lower()}_{digest}"
     try:
         from torch.utils.cpp_extension import load_inline
