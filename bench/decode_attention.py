@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
     from shard.attention.cpu_kernels import paged_decode_kernel
 
     backend = torch_backend.TorchAttentionBackend()
+    torch_path = torch_backend.TorchAttentionBackend(native=False)
     kernel = paged_decode_kernel()
     scale = args.head_dim**-0.5
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.dtype}")
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
         q, kv_cache, meta = build_case(torch, batch, context, args)
         paths = {
             "matmul": lambda q=q, c=kv_cache, m=meta: matmul_decode(torch, q, c, m, scale),
-            "sdpa": lambda q=q, c=kv_cache, m=meta: _torch_path(backend, q, c, m, scale),
+            "sdpa": lambda q=q, c=kv_cache, m=meta: torch_path.decode(q, c, m, scale),
         }
         if kernel is not None:
             paths["native"] = lambda q=q, c=kv_cache, m=meta: backend.decode(q, c, m, scale)
@@ -127,18 +128,6 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
               f"{row['sdpa_err']:>10.2g} {row.get('native_err', nan):>10.2g} "
               f"{row['rounding']:>10.2g}")  # fmt: skip
     return rows
-
-
-def _torch_path(backend, q, kv_cache, meta, scale):  # type: ignore[no-untyped-def]
-    """The backend's decode with its native kernel set aside."""
-    from shard.attention import torch_backend
-
-    kernel = torch_backend.paged_decode_kernel
-    torch_backend.paged_decode_kernel = lambda: None
-    try:
-        return backend.decode(q, kv_cache, meta, scale)
-    finally:
-        torch_backend.paged_decode_kernel = kernel
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ class WaveBudget:
             self.reset()  # drained: the next arrival starts from one chunk
             return chunk
         self.budget = max(self.budget, decode_step_budget(chunk, max_prefill, pending))
-        return min(self.budget, max_prefill)
+        return self.budget
 
 
 def decoding_budget(
@@ -70,17 +70,14 @@ def decoding_budget(
     max_prefill: int,
     running: Sequence[Entry],
     waiting: Collection[Entry],
-    wave: WaveBudget | None = None,
+    wave: WaveBudget,
 ) -> int:
     """Prompt tokens this step may add, for the running batch and the queue as they stand
     (`wave`: the policy's, which holds a wave's budget from step to step)."""
     decoding = sum(1 for entry in running if entry.prompt_left == 0)
     if len(running) - decoding + len(waiting) > decoding:
         return max_prefill
-    pending = _pending(running, waiting, chunk)
-    if wave is None:
-        return decode_step_budget(chunk, max_prefill, pending)
-    return wave.step(chunk, max_prefill, pending)
+    return wave.step(chunk, max_prefill, _pending(running, waiting, chunk))
 
 
 def _pending(running: Iterable[Entry], waiting: Iterable[Entry], chunk: int) -> int:

@@ -168,13 +168,14 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
       const int64_t n = ctx - first;
       const int64_t rows = per_task * group;  // query heads of this task, [h][g]
       const int32_t* table = tables + b * max_blocks;
+      const auto slot_of = [&](int64_t pos) {  // the cache row of position pos
+        return int64_t(table[pos / block_size]) * block_size + pos % block_size;
+      };
       const T* qrow = qp + (b * heads + h0 * group) * dim;
       for (int64_t j = 0; j < rows * dim; ++j) qf[j] = widen(qrow[j]) * float(scale);
       scores.resize(rows * n);
       for (int64_t i = 0; i < n; ++i) {
-        const int64_t pos = first + i;
-        const int64_t slot = int64_t(table[pos / block_size]) * block_size + pos % block_size;
-        const T* krow = kp + slot * row_stride + h0 * dim;
+        const T* krow = kp + slot_of(first + i) * row_stride + h0 * dim;
         for (int64_t h = 0; h < per_task; ++h)
           dot_rows(qf.data() + h * group * dim, krow + h * dim, group, dim,
                    scores.data() + h * group * n + i, n);
@@ -182,9 +183,7 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
       for (int64_t r = 0; r < rows; ++r) inv[r] = 1.f / softmax_numerators(scores.data() + r * n, n);
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t i = 0; i < n; ++i) {
-        const int64_t pos = first + i;
-        const int64_t slot = int64_t(table[pos / block_size]) * block_size + pos % block_size;
-        const T* vrow = vp + slot * row_stride + h0 * dim;
+        const T* vrow = vp + slot_of(first + i) * row_stride + h0 * dim;
         for (int64_t h = 0; h < per_task; ++h)
           axpy_rows(scores.data() + h * group * n + i, n, vrow + h * dim, group, dim,
                     acc.data() + h * group * dim);

@@ -114,7 +114,13 @@ def _prefill_plan(
 
 
 class TorchAttentionBackend:
-    """Reference backend in plain torch: correct everywhere, fast nowhere in particular."""
+    """Reference backend in plain torch: correct everywhere, fast nowhere in particular.
+
+    `native`: CPU decode runs the native kernel where it could be built (the default); False
+    keeps the torch path, which the benchmark and the tests time and check beside it."""
+
+    def __init__(self, native: bool = True) -> None:
+        self.native = native
 
     def store_kv(
         self,
@@ -183,7 +189,7 @@ class TorchAttentionBackend:
         this halves the layer's attention time at batch 16 (bench/decode_attention.py); 3-D
         inputs would take SDPA's unfused math path, which is slower than either.
         """
-        kernel = paged_decode_kernel() if q.device.type == "cpu" else None
+        kernel = paged_decode_kernel() if self.native and q.device.type == "cpu" else None
         if kernel is not None and kv_cache.dtype == q.dtype:
             return kernel(
                 q.contiguous(),

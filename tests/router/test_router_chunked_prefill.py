@@ -116,7 +116,7 @@ def test_a_waves_grown_budget_holds_until_the_wave_is_drained():
 
 
 def test_a_step_takes_every_waiting_prompt_when_they_outnumber_the_decoders():
-    from router.chunking import MAX_GROWTH, decoding_budget
+    from router.chunking import MAX_GROWTH, WaveBudget, decoding_budget
 
     def entry(prompt_left, input_length=100):
         request = SimpleNamespace(input_length=input_length)
@@ -125,13 +125,18 @@ def test_a_step_takes_every_waiting_prompt_when_they_outnumber_the_decoders():
     chunk, max_prefill = 64, 4096
     decoders = [entry(0) for _ in range(3)]
     # 3 decoding, 3 waiting: chunked (grown to drain the 300 tokens in a few steps).
-    assert decoding_budget(chunk, max_prefill, decoders, [entry(100)] * 3) == 75
+    assert decoding_budget(chunk, max_prefill, decoders, [entry(100)] * 3, WaveBudget()) == 75
     # 3 decoding, 4 waiting (2 admitted mid-prompt, 2 queued): everything at once.
     running = decoders + [entry(40), entry(90)]
-    assert decoding_budget(chunk, max_prefill, running, [entry(100)] * 2) == max_prefill
+    assert (
+        decoding_budget(chunk, max_prefill, running, [entry(100)] * 2, WaveBudget()) == max_prefill
+    )
     # Many decoders, one long arrival: the chunked cap holds.
     many = [entry(0) for _ in range(16)]
-    assert decoding_budget(chunk, max_prefill, many, [entry(5000, 5000)]) == MAX_GROWTH * chunk
+    assert (
+        decoding_budget(chunk, max_prefill, many, [entry(5000, 5000)], WaveBudget())
+        == MAX_GROWTH * chunk
+    )
 
 
 def _chunked_env(model_dir, chunk: int):

@@ -27,17 +27,16 @@ BASES = ["llama_gqa_llama3", "awq_gemm_g64_llama"]
 # The torch path on both bases; the Triton kernels (attention, LoRA shrink/expand) on one,
 # compiled on a GPU machine, interpreted otherwise; and --compile (shard/compiled.py: the
 # terms run beside the graph) on the float base.
-SETUPS = [(name, "torch") for name in BASES] + [
-    ("llama_gqa_llama3", "triton"),
-    ("llama_gqa_llama3", "torch-compile"),
+SETUPS = [(name, "torch", False) for name in BASES] + [
+    ("llama_gqa_llama3", "triton", False),
+    ("llama_gqa_llama3", "torch", True),
 ]
+SETUP_IDS = [f"{name}-{attention}{'-compile' * compile_}" for name, attention, compile_ in SETUPS]
 
 
-@pytest.fixture(scope="module", params=SETUPS, ids=["-".join(s) for s in SETUPS])
+@pytest.fixture(scope="module", params=SETUPS, ids=SETUP_IDS)
 def setup(request, tiny_model, tmp_path_factory):
-    name, attention = request.param
-    compile_ = attention == "torch-compile"
-    attention = attention.removesuffix("-compile")
+    name, attention, compile_ = request.param
     if name in SERVED:
         served, base = fixture(name), fixture(name) / "reference"
     else:
