@@ -49,10 +49,13 @@ def prefilled_batch(runner, batch: int, seq_len: int, decode_steps: int):  # -> 
     """`batch` requests of `seq_len` prompt tokens, prefilled, with KV room for `decode_steps`
     more steps (the runner's KV cache is sized for exactly that)."""
     from shard import wire
+    from shard.server import run_warmup_steps
 
     block = runner.block_size
     runner.allocate_kv_cache(cache_tokens_needed(batch, seq_len, decode_steps + 1, block) // block)
     pb_batch = make_batch(1, batch, seq_len, decode_steps, block, runner.model.vocab_size)
+    if runner.compiled:  # the graphs a served shard has compiled at its warmup
+        run_warmup_steps(runner, pb_batch)
     state = wire.new_batch(pb_batch, runner.device)[0]
     runner.step(state)
     return state

@@ -20,8 +20,15 @@ How the forward pass becomes one graph with no model file changing:
 - Dense linears hand inductor plain weights (`DenseWeight.unpack`), which `matmul.linear`
   multiplies with F.linear while compiling; rotary skips its eager-only shortcuts
   (shard/layers/rotary.py).
-- Shapes are dynamic in the token count. torch specialises a size of 1, so one-token steps get
-  a second graph: `warm_up` compiles both before the shard reports ready.
+- Shapes are dynamic in the token count. torch specialises a size of 1, so one-token steps
+  are padded to two rows (the ops skip the pad row) rather than compiled apart.
+- GEMMs are autotuned (inductor's `max_autotune`): for each product inductor times oneDNN
+  against its own C++ GEMM template (AMX/AVX-512 micro-kernels on the frozen, pre-packed
+  weights) and keeps the faster. The template wins at decode sizes (the 30 layers' GEMMs of a
+  16-row step 13.2 -> 9.8 ms here, one row 12.2 -> ~8 ms) and oneDNN at a long prefill's, and
+  the choice is made at the size a graph is first compiled for, so steps of up to
+  `SMALL_STEP_TOKENS` tokens and larger ones run two graphs, each compiled at a size of its
+  class. The shard's Warmup compiles both before it reports ready (`warm_up`).
 
 Scope: one shard (no collective in the graph), dense weights, the torch attention backend,
 the CPU. Anything else is refused at startup with a message naming the flag
@@ -38,6 +45,7 @@ from collections.abc import Callable
 
 import torch
 import torch._inductor.config
+import torch.fx.experimental._config
 
 from shard.attention import AttentionBackend, StepMetadata
 
@@ -71,7 +79,19 @@ def _attend_impl(
 
     if _STEP.backend is None or _STEP.meta is None:
         raise RuntimeError("switchyard::attend called outside a compiled forward pass")
-    return attend(_STEP.backend, q, k, v, kv_cache, _STEP.meta, scale, window or None)
+    backend, meta, n = _STEP.backend, _STEP.meta, _step_tokens()
+    if q.shape[0] == n:
+        return attend(backend, q, k, v, kv_cache, meta, scale, window or None)
+    out = torch.zeros_like(q)  # a padded one-token step: the pad row attends to nothing
+    out[:n] = attend(backend, q[:n], k[:n], v[:n], kv_cache, meta, scale, window or None)
+    return out
+
+
+def _step_tokens() -> int:
+    """The step's real token count: the graph's inputs may carry a pad row after them
+    (CompiledForward pads one-token steps to two)."""
+    assert _STEP.meta is not None
+    return _STEP.meta.slot_mapping.shape[0]
 
 
 _LIBRARY.impl("attend", _attend_impl, "CPU")
@@ -112,7 +132,8 @@ def register_lora_term(term: Callable) -> int:
 
 
 def _lora_impl(x: torch.Tensor, y: torch.Tensor, term: int) -> None:
-    _LORA_TERMS[term](x, y)  # eager here: the term's own torch path, on this step's slots
+    n = _step_tokens()  # eager here: the term's own torch path, on this step's slots
+    _LORA_TERMS[term](x[:n], y[:n])  # y[:n] is a view: the term adds into y itself
 
 
 _LIBRARY.impl("lora", _lora_impl, "CPU")
@@ -150,6 +171,43 @@ def check_supported(
         raise ValueError("--compile: " + "; ".join(reasons))
 
 
+# Steps of at most this many tokens (decode, chunked mixed steps) run the graph compiled at a
+# decode size; the template chosen there stayed at least as fast as oneDNN up to 512 rows and
+# lost to it at 2,048 (measured, this CPU).
+SMALL_STEP_TOKENS = 512
+# A decode step's typical row count: the size the small-step graph is first compiled at.
+DECODE_SIZED_WARMUP_TOKENS = 16
+
+
+# Two functions, not one: dynamo keeps its graphs per code object, so each size class needs
+# its own for its first compilation to happen at a size of that class.
+def _small_step(forward: Callable, *args: object) -> torch.Tensor:
+    return forward(*args)
+
+
+def _large_step(forward: Callable, *args: object) -> torch.Tensor:
+    return forward(*args)
+
+
+def _configure_inductor() -> None:
+    """Process-wide: torch.compile's `options` did not reach the lazy compilation of the
+    first call (measured), and a shard compiles nothing else."""
+    config = torch._inductor.config
+    # freezing: weights are constants of the graph, which lets inductor pack them for oneDNN
+    # (its weight-prepack pass) and its GEMM template, instead of multiplying unpacked bf16
+    # weights (a 16-row decode step 13% slower).
+    config.freezing = True
+    config.max_autotune = True
+    config.max_autotune_gemm_backends = "CPP,ATEN"
+    # The timing tables go to stderr for every GEMM: not a shard log's business.
+    config.autotune_num_choices_displayed = 0
+    config.max_autotune_report_choices_stats = False
+    # No "duck sizing": a step whose token count happens to equal a KV cache dimension (the
+    # block size, 16 by default, is also the decode-sized warm-up step's) would otherwise
+    # compile a graph that assumes the two equal, and the next step would compile another.
+    torch.fx.experimental._config.use_duck_shape = False
+
+
 class CompiledForward:
     """Callable like the model: (input_ids, positions, kv_caches, meta) -> hidden states."""
 
@@ -160,12 +218,29 @@ class CompiledForward:
             if isinstance(module, DenseWeight):
                 module.unpack()
         self.backend = backend
-        # freezing: weights are constants of the graph, which lets inductor pack them for
-        # oneDNN (its weight-prepack pass) instead of multiplying unpacked bf16 weights (a
-        # 16-row decode step 13% slower). Set process-wide: torch.compile's `options` did not
-        # reach the lazy compilation of the first call (measured), and a shard compiles only this.
-        torch._inductor.config.freezing = True
-        self._forward: Callable = torch.compile(model.forward, dynamic=True)
+        _configure_inductor()
+        self._model_forward = model.forward
+        self._small: Callable = torch.compile(_small_step, dynamic=True)
+        self._large: Callable = torch.compile(_large_step, dynamic=True)
+        # None until warm_up has compiled the large-step graph: every step runs the small one.
+        self._small_step_tokens: int | None = None
+
+    def warm_up(
+        self, worst_case: Callable[[], None], first_tokens: Callable[[int], None], worst_tokens: int
+    ) -> None:
+        """Compiles every graph a step can reach before the shard serves, so that no request
+        waits on a compilation: `first_tokens(n)` runs an n-token step, `worst_case()` the
+        router's worst-case prefill of `worst_tokens` tokens.
+
+        The small-step graph is compiled first, at a decode step's size, since inductor
+        autotunes its GEMMs at that size. When the worst case fits in the small class, steps
+        of any size run the small graph (a mixed step's decode rows can take it past the
+        class), and the large one is never compiled."""
+        self._small_step_tokens = None
+        first_tokens(DECODE_SIZED_WARMUP_TOKENS)
+        if worst_tokens > SMALL_STEP_TOKENS:
+            self._small_step_tokens = SMALL_STEP_TOKENS
+        worst_case()
 
     def __call__(
         self,
@@ -174,10 +249,18 @@ class CompiledForward:
         kv_caches: list[torch.Tensor],
         meta: StepMetadata,
     ) -> torch.Tensor:
+        tokens = input_ids.shape[0]
+        if tokens == 1:
+            # torch specialises a size of 1, so a one-token step (a lone request decoding)
+            # would compile a graph of its own (~45 s more startup for its autotuning); padded
+            # to two rows it runs the small-step graph, the ops skipping the pad row.
+            input_ids, positions = input_ids.repeat(2), positions.repeat(2)
         _STEP.backend, _STEP.meta = self.backend, meta
         try:
             # meta stays out of the graph (the op reads it from _STEP), so its Python
             # contents never become guards that would recompile per step kind.
-            return self._forward(input_ids, positions, kv_caches, None)
+            limit = self._small_step_tokens
+            step = self._small if limit is None or tokens <= limit else self._large
+            return step(self._model_forward, input_ids, positions, kv_caches, None)[:tokens]
         finally:
             _STEP.meta = None

@@ -217,13 +217,7 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             if runner.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(runner.device)
             if request.batch.requests:
-                runner.step(wire.new_batch(request.batch, runner.device)[0])
-                if runner.compiled:
-                    # torch.compile specialises a size of 1: a one-token step has a graph of
-                    # its own, compiled now rather than in the first lone request's step.
-                    first = request.batch.requests[0]
-                    one = generate_pb2.Batch(id=request.batch.id, requests=[first], size=1)
-                    runner.step(wire.new_batch(one, runner.device)[0], {first.id: 1})
+                run_warmup_steps(runner, request.batch)
             runner.kv_caches = None
             gc.collect()
             if runner.device.type == "cuda":
@@ -241,6 +235,25 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             )
 
         return await self._abort_on_error(context, warmup)
+
+
+def run_warmup_steps(runner: ModelRunner, batch: generate_pb2.Batch) -> None:
+    """Runs the worst-case `batch` as one prefill step; with --compile, first the steps that
+    compile every graph a step can reach (CompiledForward.warm_up)."""
+
+    def worst_case() -> None:
+        runner.step(wire.new_batch(batch, runner.device)[0])
+
+    if not runner.compiled:
+        worst_case()
+        return
+    first = batch.requests[0]
+    one = generate_pb2.Batch(id=batch.id, requests=[first], size=1)
+
+    def first_tokens(n: int) -> None:  # n tokens of the first prompt (fewer when it is shorter)
+        runner.step(wire.new_batch(one, runner.device)[0], {first.id: n})
+
+    runner.forward.warm_up(worst_case, first_tokens, sum(len(r.input_ids) for r in batch.requests))
 
 
 async def serve(service: TextGenerationService, rank: int) -> None:
