@@ -1,5 +1,6 @@
 """Native CPU kernels of the torch attention backend, built on first use with torch's C++
-extension builder: today one, paged decode attention (cpu_paged_decode.cpp).
+extension builder (cpu_paged_decode.cpp): paged decode attention, and the write of a step's
+new K/V rows into their cache slots.
 
 Why native: a CPU decode step's attention in torch is a gather of every row's K/V into a padded
 copy, then SDPA over the copy; the gather alone moves the cache's bytes twice, and the index and
@@ -48,11 +49,24 @@ def unavailable_reason() -> str | None:
     return None
 
 
-@functools.cache
 def paged_decode_kernel() -> Callable[..., torch.Tensor] | None:
     """paged_decode(q [B, H, D], k_cache, v_cache [blocks, block_size, Hkv, D], block_tables
     [B, max_blocks] int32, context_lens [B] int32, scale, window (0: none)) -> [B, H, D], all in
     one dtype (fp32, bf16, fp16); None where it cannot be built (logged once)."""
+    module = _module()
+    return None if module is None else module.paged_decode
+
+
+def store_kv_kernel() -> Callable[..., None] | None:
+    """store_kv(key, value [T, Hkv, D], kv_cache [2, blocks, block_size, Hkv, D], slot_mapping
+    [T]): each token's K and V rows into its slot, all in the cache's dtype; None where the
+    kernels cannot be built."""
+    module = _module()
+    return None if module is None else module.store_kv
+
+
+@functools.cache
+def _module():  # -> the built extension, or None (logged once)
     reason = unavailable_reason()
     if reason is not None:
         log.info("CPU decode attention: the torch path (%s)", reason)
@@ -72,11 +86,11 @@ def paged_decode_kernel() -> Callable[..., torch.Tensor] | None:
         from torch.utils.cpp_extension import load_inline
 
         module = load_inline(
-            name, cpp_sources=[source], functions=["paged_decode"], extra_cflags=flags
+            name, cpp_sources=[source], functions=["paged_decode", "store_kv"], extra_cflags=flags
         )
     except Exception as err:  # a broken toolchain costs speed, never the shard
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         log.warning("CPU decode attention: the torch path (the kernel did not build: %s)", first)
         return None
     log.info("CPU decode attention: native paged kernel (%s)", capability)
-    return module.paged_decode
+    return module

@@ -140,6 +140,105 @@ inline void axpy_rows(const float* w, int64_t w_stride, const T* v, int64_t grou
     for (int64_t d = 0; d < dim; ++d) acc[g * dim + d] += w[g * w_stride] * widen(v[d]);
 }
 
+#if defined(__AVX512F__)
+// The AVX-512 path for head sizes of 64 and 128 (NC = 4 or 8 chunks of 16 floats): G query
+// heads of one KV head at a time, their query rows (scores) and output sums (PV) held in
+// registers across every position rather than reloaded from memory per position (a 16-row
+// layer at context 144, hot: 125 -> 41 us, bench/decode_attention.py's case).
+
+// Cache rows (K and V, every KV head of the task at a position) are fetched this many
+// positions ahead by the first query heads' score pass: blocks lie anywhere in the cache, so
+// the hardware prefetcher only finds a block's run of rows once it is being read (in step,
+// from memory, a 16-row layer at context 144 took 210 -> 115 us with it, bench-like, ad hoc).
+constexpr int64_t kPrefetchAhead = 8;
+
+template <typename T>
+inline void prefetch_row(const T* row, int64_t bytes) {
+  const char* p = reinterpret_cast<const char*>(row);
+  for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
+}
+
+template <int NC, int G, typename T>
+inline void qk_registers(const float* q, const T* kbase, const int64_t* offs, int64_t n,
+                         float* s, const T* prefetch_k, const T* prefetch_v,
+                         int64_t prefetch_bytes) {
+  __m512 qv[G][NC];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < NC; ++c) qv[g][c] = _mm512_loadu_ps(q + (g * NC + c) * 16);
+  for (int64_t i = 0; i < n; ++i) {
+    if (prefetch_bytes && i + kPrefetchAhead < n) {
+      prefetch_row(prefetch_k + offs[i + kPrefetchAhead], prefetch_bytes);
+      prefetch_row(prefetch_v + offs[i + kPrefetchAhead], prefetch_bytes);
+    }
+    const T* k = kbase + offs[i];
+    __m512 kc[NC];
+    for (int c = 0; c < NC; ++c) kc[c] = load16(k + 16 * c);
+    for (int g = 0; g < G; ++g) {
+      __m512 a = _mm512_mul_ps(qv[g][0], kc[0]);
+      for (int c = 1; c < NC; ++c) a = _mm512_fmadd_ps(qv[g][c], kc[c], a);
+      s[g * n + i] = _mm512_reduce_add_ps(a);
+    }
+  }
+}
+
+template <int NC, int G, typename T>
+inline void pv_registers(const float* w, const T* vbase, const int64_t* offs, int64_t n,
+                         float* out) {
+  __m512 acc[G][NC];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < NC; ++c) acc[g][c] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; ++i) {
+    const T* v = vbase + offs[i];
+    __m512 vc[NC];
+    for (int c = 0; c < NC; ++c) vc[c] = load16(v + 16 * c);
+    for (int g = 0; g < G; ++g) {
+      const __m512 wg = _mm512_set1_ps(w[g * n + i]);
+      for (int c = 0; c < NC; ++c) acc[g][c] = _mm512_fmadd_ps(wg, vc[c], acc[g][c]);
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < NC; ++c) _mm512_storeu_ps(out + (g * NC + c) * 16, acc[g][c]);
+}
+
+// One KV head's `group` query heads: scores s [group, n] (then softmax numerators, their
+// sums' inverses in inv), and unnormalised output sums out [group, NC * 16]. Query heads go
+// G at a time, as many as registers hold with their KV row (G * NC + NC of 32).
+// kp/vp: the caches from the task's first KV head; `prefetch_bytes` of each position's K and
+// V rows from there are prefetched (by the task's first head; 0 for the others, whose rows
+// are then in cache).
+template <int NC, typename T>
+void head_registers(const float* q, const T* kp, const T* vp, int64_t head, const int64_t* offs,
+                    int64_t n, int64_t group, float* s, float* out, float* inv,
+                    int64_t prefetch_bytes) {
+  constexpr int kStep = NC == 4 ? 4 : 2;
+  constexpr int64_t dim = NC * 16;
+  const T* kbase = kp + head * dim;
+  const T* vbase = vp + head * dim;
+  for (int64_t g0 = 0; g0 < group; g0 += kStep) {
+    const int64_t pf = g0 == 0 ? prefetch_bytes : 0;
+    const float* qg = q + g0 * dim;
+    float* sg = s + g0 * n;
+    switch (std::min<int64_t>(kStep, group - g0)) {
+      case 1: qk_registers<NC, 1>(qg, kbase, offs, n, sg, kp, vp, pf); break;
+      case 2: qk_registers<NC, 2>(qg, kbase, offs, n, sg, kp, vp, pf); break;
+      case 3: qk_registers<NC, 3>(qg, kbase, offs, n, sg, kp, vp, pf); break;
+      default: qk_registers<NC, kStep>(qg, kbase, offs, n, sg, kp, vp, pf); break;
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) inv[g] = 1.f / softmax_numerators(s + g * n, n);
+  for (int64_t g0 = 0; g0 < group; g0 += kStep) {
+    const float* sg = s + g0 * n;
+    float* og = out + g0 * dim;
+    switch (std::min<int64_t>(kStep, group - g0)) {
+      case 1: pv_registers<NC, 1>(sg, vbase, offs, n, og); break;
+      case 2: pv_registers<NC, 2>(sg, vbase, offs, n, og); break;
+      case 3: pv_registers<NC, 3>(sg, vbase, offs, n, og); break;
+      default: pv_registers<NC, kStep>(sg, vbase, offs, n, og); break;
+    }
+  }
+}
+#endif
+
 template <typename T>
 void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
             const at::Tensor& block_tables, const at::Tensor& context_lens, at::Tensor& out,
@@ -161,6 +260,7 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
   at::parallel_for(0, batch * split, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(per_task * group * dim), acc(per_task * group * dim), scores;
     std::vector<float> inv(per_task * group);
+    std::vector<int64_t> offs;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / split, h0 = (task % split) * per_task;
       const int64_t ctx = lens[b];
@@ -168,14 +268,39 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
       const int64_t n = ctx - first;
       const int64_t rows = per_task * group;  // query heads of this task, [h][g]
       const int32_t* table = tables + b * max_blocks;
-      const auto slot_of = [&](int64_t pos) {  // the cache row of position pos
-        return int64_t(table[pos / block_size]) * block_size + pos % block_size;
-      };
+      // Where each position's row (every KV head) lies in the caches, found once
+      // per sequence a block at a time: no division per read, and K and V share it.
+      offs.resize(n);
+      for (int64_t i = 0, pos = first; i < n;) {
+        const int64_t within = pos % block_size;
+        const int64_t row = int64_t(table[pos / block_size]) * block_size + within;
+        const int64_t take = std::min(block_size - within, n - i);
+        for (int64_t t = 0; t < take; ++t) offs[i + t] = (row + t) * row_stride;
+        i += take;
+        pos += take;
+      }
       const T* qrow = qp + (b * heads + h0 * group) * dim;
       for (int64_t j = 0; j < rows * dim; ++j) qf[j] = widen(qrow[j]) * float(scale);
       scores.resize(rows * n);
+#if defined(__AVX512F__)
+      if ((dim == 64 || dim == 128) && n > 0) {
+        for (int64_t h = 0; h < per_task; ++h) {
+          const int64_t at = h * group;
+          auto run = dim == 64 ? head_registers<4, T> : head_registers<8, T>;
+          // The first head's pass prefetches the rows whole (the task's heads: all, or one).
+          const int64_t prefetch_bytes = h == 0 ? per_task * dim * int64_t(sizeof(T)) : 0;
+          run(qf.data() + at * dim, kp + h0 * dim, vp + h0 * dim, h, offs.data(), n, group,
+              scores.data() + at * n, acc.data() + at * dim, inv.data() + at, prefetch_bytes);
+        }
+        T* orow = op + (b * heads + h0 * group) * dim;
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t d = 0; d < dim; ++d)
+            orow[r * dim + d] = static_cast<T>(acc[r * dim + d] * inv[r]);
+        continue;
+      }
+#endif
       for (int64_t i = 0; i < n; ++i) {
-        const T* krow = kp + slot_of(first + i) * row_stride + h0 * dim;
+        const T* krow = kp + offs[i] + h0 * dim;
         for (int64_t h = 0; h < per_task; ++h)
           dot_rows(qf.data() + h * group * dim, krow + h * dim, group, dim,
                    scores.data() + h * group * n + i, n);
@@ -183,7 +308,7 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
       for (int64_t r = 0; r < rows; ++r) inv[r] = 1.f / softmax_numerators(scores.data() + r * n, n);
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t i = 0; i < n; ++i) {
-        const T* vrow = vp + slot_of(first + i) * row_stride + h0 * dim;
+        const T* vrow = vp + offs[i] + h0 * dim;
         for (int64_t h = 0; h < per_task; ++h)
           axpy_rows(scores.data() + h * group * n + i, n, vrow + h * dim, group, dim,
                     acc.data() + h * group * dim);
@@ -243,4 +368,43 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
       TORCH_CHECK(false, "paged_decode: float32, bfloat16 or float16, not ", q.scalar_type());
   }
   return out;
+}
+
+// Writes each new token's K and V rows into its cache slot (slot = block * block_size +
+// offset), the step's first use of the cache: torch's index_copy_ pair and int64 cast cost
+// ~50 us a layer at a 16-row decode step on a 2-core CPU, a plain row copy a few.
+void store_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& kv_cache,
+              const at::Tensor& slot_mapping) {
+  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous(),
+              "kv_cache: [2, blocks, block_size, kv_heads, dim], contiguous");
+  const int64_t row = kv_cache.size(3) * kv_cache.size(4);  // elements of one token's K or V
+  const int64_t slots = kv_cache.size(1) * kv_cache.size(2);
+  TORCH_CHECK(key.dim() == 3 && key.sizes() == value.sizes() &&
+                  key.size(1) * key.size(2) == row && key.size(2) == kv_cache.size(4),
+              "key and value: [tokens, kv_heads, dim] of the cache's heads and head size");
+  TORCH_CHECK(key.scalar_type() == kv_cache.scalar_type() &&
+                  value.scalar_type() == kv_cache.scalar_type(),
+              "key, value and the cache must share a dtype");
+  TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) == key.size(0),
+              "one slot per token");
+  // Tokens may be strided (K and V are views into the fused QKV product); a token's row not.
+  const auto rows_of = [&](const at::Tensor& t) {
+    return t.stride(2) == 1 && t.stride(1) == t.size(2) ? t : t.contiguous();
+  };
+  const at::Tensor k = rows_of(key), v = rows_of(value);
+  const at::Tensor slot = slot_mapping.to(at::kLong).contiguous();
+  const int64_t* sp = slot.data_ptr<int64_t>();
+  for (int64_t t = 0; t < k.size(0); ++t)
+    TORCH_CHECK(sp[t] >= 0 && sp[t] < slots, "token ", t, ": slot ", sp[t],
+                " is not in the cache (", slots, " slots)");
+  const int64_t bytes = row * kv_cache.element_size();
+  char* kc = static_cast<char*>(kv_cache.data_ptr());
+  char* vc = kc + slots * bytes;
+  const char* kp = static_cast<const char*>(k.data_ptr());
+  const char* vp = static_cast<const char*>(v.data_ptr());
+  const int64_t ks = k.stride(0) * k.element_size(), vs = v.stride(0) * v.element_size();
+  for (int64_t t = 0; t < k.size(0); ++t) {
+    std::memcpy(kc + sp[t] * bytes, kp + t * ks, bytes);
+    std::memcpy(vc + sp[t] * bytes, vp + t * vs, bytes);
+  }
 }

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from shard.attention.cpu_kernels import paged_decode_kernel
+from shard.attention.cpu_kernels import paged_decode_kernel, store_kv_kernel
 from shard.attention.metadata import AttentionMetadata
 
 
@@ -116,8 +116,9 @@ def _prefill_plan(
 class TorchAttentionBackend:
     """Reference backend in plain torch: correct everywhere, fast nowhere in particular.
 
-    `native`: CPU decode runs the native kernel where it could be built (the default); False
-    keeps the torch path, which the benchmark and the tests time and check beside it."""
+    `native`: on the CPU, decode attention and the K/V write run the native kernels where they
+    could be built (the default); False keeps the torch path, which the benchmark and the tests
+    time and check beside it."""
 
     def __init__(self, native: bool = True) -> None:
         self.native = native
@@ -129,6 +130,10 @@ class TorchAttentionBackend:
         kv_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
     ) -> None:
+        kernel = store_kv_kernel() if self.native and key.device.type == "cpu" else None
+        if kernel is not None and key.dtype == value.dtype == kv_cache.dtype:
+            kernel(key, value, kv_cache, slot_mapping)
+            return
         keys, values = _slot_rows(kv_cache)
         slots = slot_mapping.long()  # index_copy_ wants int64; callers may hand us int32
         keys.index_copy_(0, slots, key.to(keys.dtype))

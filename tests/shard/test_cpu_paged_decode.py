@@ -1,7 +1,8 @@
 """The native CPU paged decode kernel (shard/attention/cpu_paged_decode.cpp) against float64
 attention and against the torch backend's own SDPA path: every dtype, head sizes on and off its
 AVX-512 path, MHA / GQA / MQA and a group too large for its registers, windows, one-row batches
-(split by KV head) and a cache whose unwritten slots are NaN."""
+(split by KV head) and a cache whose unwritten slots are NaN; and its K/V write (store_kv)
+against the torch path's."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 from paged_helpers import PagedLayout
 
-from shard.attention.cpu_kernels import paged_decode_kernel, unavailable_reason
+from shard.attention.cpu_kernels import paged_decode_kernel, store_kv_kernel, unavailable_reason
 from shard.attention.torch_backend import TorchAttentionBackend
 
 BLOCK = 16
@@ -118,3 +119,41 @@ def test_kernel_refuses_what_it_cannot_read():
         kernel(q, cache[0], cache[1], meta.block_tables, too_long, 1.0, 0)
     with pytest.raises(RuntimeError, match="not in the cache"):
         kernel(q, cache[0], cache[1], meta.block_tables + 1000, meta.context_lens, 1.0, 0)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("slot_dtype", [torch.int64, torch.int32])
+def test_store_kv_writes_what_the_torch_path_writes(dtype, slot_dtype):
+    gen = torch.Generator().manual_seed(7)
+    blocks, block_size, kv_heads, dim, tokens = 9, 16, 3, 64, 21
+    cache = torch.randn(2, blocks, block_size, kv_heads, dim, generator=gen).to(dtype)
+    # K and V as the model hands them: strided views of one fused projection, per token.
+    fused = torch.randn(tokens, 4 * kv_heads * dim, generator=gen).to(dtype)
+    key = fused[:, : kv_heads * dim].view(tokens, kv_heads, dim)
+    value = fused[:, 2 * kv_heads * dim : 3 * kv_heads * dim].view(tokens, kv_heads, dim)
+    slots = torch.randperm(blocks * block_size, generator=gen)[:tokens].to(slot_dtype)
+    want = cache.clone()
+    TorchAttentionBackend(native=False).store_kv(key, value, want, slots)
+    got = cache.clone()
+    TorchAttentionBackend().store_kv(key, value, got, slots)
+    assert torch.equal(got, want)
+    assert not torch.equal(got, cache)  # it did write
+
+
+@needs_kernel
+def test_store_kv_refuses_what_it_cannot_write():
+    store = store_kv_kernel()
+    cache = torch.zeros(2, 4, 16, 2, 8)
+    key = value = torch.ones(3, 2, 8)
+    with pytest.raises(RuntimeError, match="not in the cache"):
+        store(key, value, cache, torch.tensor([0, 64, 1]))
+    with pytest.raises(RuntimeError, match="not in the cache"):
+        store(key, value, cache, torch.tensor([0, -1, 1]))
+    with pytest.raises(RuntimeError, match="share a dtype"):
+        store(key.bfloat16(), value.bfloat16(), cache, torch.tensor([0, 1, 2]))
+    with pytest.raises(RuntimeError, match="one slot per token"):
+        store(key, value, cache, torch.tensor([0, 1]))
+    with pytest.raises(RuntimeError, match="heads and head size"):
+        store(torch.ones(3, 4, 4), torch.ones(3, 4, 4), cache, torch.tensor([0, 1, 2]))
+    assert not cache.any()  # nothing was written by a refused call
