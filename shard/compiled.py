@@ -132,8 +132,10 @@ def register_lora_term(term: Callable) -> int:
 
 
 def _lora_impl(x: torch.Tensor, y: torch.Tensor, term: int) -> None:
-    n = _step_tokens()  # eager here: the term's own torch path, on this step's slots
-    _LORA_TERMS[term](x[:n], y[:n])  # y[:n] is a view: the term adds into y itself
+    n = _step_tokens()
+    if x.shape[0] != n:  # a padded one-token step; y[:n] is a view, so the term adds into y
+        x, y = x[:n], y[:n]
+    _LORA_TERMS[term](x, y)  # eager here: the term's own torch path, on this step's slots
 
 
 _LIBRARY.impl("lora", _lora_impl, "CPU")

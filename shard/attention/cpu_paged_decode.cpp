@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__)
@@ -200,6 +201,18 @@ inline void pv_registers(const float* w, const T* vbase, const int64_t* offs, in
     for (int c = 0; c < NC; ++c) _mm512_storeu_ps(out + (g * NC + c) * 16, acc[g][c]);
 }
 
+// Calls f(std::integral_constant<int, G>) with G = min(left, kMax) (kMax <= 4): the register
+// kernels' query-head count is a compile-time constant.
+template <int kMax, typename F>
+inline void with_group(int64_t left, F&& f) {
+  switch (std::min<int64_t>(kMax, left)) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, (kMax < 2 ? kMax : 2)>{}); break;
+    case 3: f(std::integral_constant<int, (kMax < 3 ? kMax : 3)>{}); break;
+    default: f(std::integral_constant<int, kMax>{}); break;
+  }
+}
+
 // One KV head's `group` query heads: scores s [group, n] (then softmax numerators, their
 // sums' inverses in inv), and unnormalised output sums out [group, NC * 16]. Query heads go
 // G at a time, as many as registers hold with their KV row (G * NC + NC of 32).
@@ -216,25 +229,15 @@ void head_registers(const float* q, const T* kp, const T* vp, int64_t head, cons
   const T* vbase = vp + head * dim;
   for (int64_t g0 = 0; g0 < group; g0 += kStep) {
     const int64_t pf = g0 == 0 ? prefetch_bytes : 0;
-    const float* qg = q + g0 * dim;
-    float* sg = s + g0 * n;
-    switch (std::min<int64_t>(kStep, group - g0)) {
-      case 1: qk_registers<NC, 1>(qg, kbase, offs, n, sg, kp, vp, pf); break;
-      case 2: qk_registers<NC, 2>(qg, kbase, offs, n, sg, kp, vp, pf); break;
-      case 3: qk_registers<NC, 3>(qg, kbase, offs, n, sg, kp, vp, pf); break;
-      default: qk_registers<NC, kStep>(qg, kbase, offs, n, sg, kp, vp, pf); break;
-    }
+    with_group<kStep>(group - g0, [&](auto g) {
+      qk_registers<NC, decltype(g)::value>(q + g0 * dim, kbase, offs, n, s + g0 * n, kp, vp, pf);
+    });
   }
   for (int64_t g = 0; g < group; ++g) inv[g] = 1.f / softmax_numerators(s + g * n, n);
   for (int64_t g0 = 0; g0 < group; g0 += kStep) {
-    const float* sg = s + g0 * n;
-    float* og = out + g0 * dim;
-    switch (std::min<int64_t>(kStep, group - g0)) {
-      case 1: pv_registers<NC, 1>(sg, vbase, offs, n, og); break;
-      case 2: pv_registers<NC, 2>(sg, vbase, offs, n, og); break;
-      case 3: pv_registers<NC, 3>(sg, vbase, offs, n, og); break;
-      default: pv_registers<NC, kStep>(sg, vbase, offs, n, og); break;
-    }
+    with_group<kStep>(group - g0, [&](auto g) {
+      pv_registers<NC, decltype(g)::value>(s + g0 * n, vbase, offs, n, out + g0 * dim);
+    });
   }
 }
 #endif
@@ -282,36 +285,33 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
       const T* qrow = qp + (b * heads + h0 * group) * dim;
       for (int64_t j = 0; j < rows * dim; ++j) qf[j] = widen(qrow[j]) * float(scale);
       scores.resize(rows * n);
+      bool in_registers = false;
 #if defined(__AVX512F__)
-      if ((dim == 64 || dim == 128) && n > 0) {
-        for (int64_t h = 0; h < per_task; ++h) {
-          const int64_t at = h * group;
-          auto run = dim == 64 ? head_registers<4, T> : head_registers<8, T>;
-          // The first head's pass prefetches the rows whole (the task's heads: all, or one).
-          const int64_t prefetch_bytes = h == 0 ? per_task * dim * int64_t(sizeof(T)) : 0;
-          run(qf.data() + at * dim, kp + h0 * dim, vp + h0 * dim, h, offs.data(), n, group,
-              scores.data() + at * n, acc.data() + at * dim, inv.data() + at, prefetch_bytes);
-        }
-        T* orow = op + (b * heads + h0 * group) * dim;
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t d = 0; d < dim; ++d)
-            orow[r * dim + d] = static_cast<T>(acc[r * dim + d] * inv[r]);
-        continue;
+      in_registers = dim == 64 || dim == 128;
+      for (int64_t h = 0; in_registers && h < per_task; ++h) {
+        const int64_t at = h * group;
+        auto run = dim == 64 ? head_registers<4, T> : head_registers<8, T>;
+        // The first head's pass prefetches the rows whole (the task's heads: all, or one).
+        const int64_t prefetch_bytes = h == 0 ? per_task * dim * int64_t(sizeof(T)) : 0;
+        run(qf.data() + at * dim, kp + h0 * dim, vp + h0 * dim, h, offs.data(), n, group,
+            scores.data() + at * n, acc.data() + at * dim, inv.data() + at, prefetch_bytes);
       }
 #endif
-      for (int64_t i = 0; i < n; ++i) {
-        const T* krow = kp + offs[i] + h0 * dim;
-        for (int64_t h = 0; h < per_task; ++h)
-          dot_rows(qf.data() + h * group * dim, krow + h * dim, group, dim,
-                   scores.data() + h * group * n + i, n);
-      }
-      for (int64_t r = 0; r < rows; ++r) inv[r] = 1.f / softmax_numerators(scores.data() + r * n, n);
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t i = 0; i < n; ++i) {
-        const T* vrow = vp + offs[i] + h0 * dim;
-        for (int64_t h = 0; h < per_task; ++h)
-          axpy_rows(scores.data() + h * group * n + i, n, vrow + h * dim, group, dim,
-                    acc.data() + h * group * dim);
+      if (!in_registers) {
+        for (int64_t i = 0; i < n; ++i) {
+          const T* krow = kp + offs[i] + h0 * dim;
+          for (int64_t h = 0; h < per_task; ++h)
+            dot_rows(qf.data() + h * group * dim, krow + h * dim, group, dim,
+                     scores.data() + h * group * n + i, n);
+        }
+        for (int64_t r = 0; r < rows; ++r) inv[r] = 1.f / softmax_numerators(scores.data() + r * n, n);
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int64_t i = 0; i < n; ++i) {
+          const T* vrow = vp + offs[i] + h0 * dim;
+          for (int64_t h = 0; h < per_task; ++h)
+            axpy_rows(scores.data() + h * group * n + i, n, vrow + h * dim, group, dim,
+                      acc.data() + h * group * dim);
+        }
       }
       T* orow = op + (b * heads + h0 * group) * dim;
       for (int64_t r = 0; r < rows; ++r)
