@@ -9,7 +9,6 @@ from pathlib import Path
 import torch
 
 from shard.attention import get_attention_backend
-from shard.attention.cpu_kernels import paged_decode_kernel
 from shard.compiled import CompiledForward, check_supported
 from shard.distributed import init_distributed
 from shard.kv_cache import KvCacheSettings
@@ -18,6 +17,7 @@ from shard.layers.quant.unquantized import DenseWeight
 from shard.lora.manager import LoraManager, LoraSettings
 from shard.models import load_model
 from shard.models.config import read_quantization
+from shard.native.build import paged_decode_kernel
 from shard.rank_env import DistributedEnv
 from shard.runner import ModelRunner
 from shard.server import ShardIdentity, TextGenerationService

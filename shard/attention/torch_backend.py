@@ -1,6 +1,6 @@
 """The reference attention backend in plain torch (the CPU path): correct everywhere, fast
 nowhere in particular; on the CPU its decode runs a native kernel where one could be built
-(cpu_kernels.py)."""
+(shard/native/build.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from shard.attention.cpu_kernels import paged_decode_kernel, store_kv_kernel
 from shard.attention.metadata import AttentionMetadata
+from shard.native.build import paged_decode_kernel, store_kv_kernel
 
 
 def _slot_rows(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -183,7 +183,7 @@ class TorchAttentionBackend:
         window: int | None = None,
     ) -> torch.Tensor:
         """One query per sequence against its context (or its window). On the CPU, the native
-        paged kernel (cpu_kernels.py) where it could be built; otherwise all sequences in one
+        paged kernel (shard/native/build.py) where it could be built; otherwise all sequences in one
         batched pass: every row gathers the same number of slots and masks the ones it lacks.
 
         K/V are gathered with index_select (several times faster than advanced indexing on CPU)

@@ -13,9 +13,12 @@ product then enters the row layer's existing all-reduce, so LoRA adds no collect
 Which token uses which slot is per step: the runner sets it once on the shared `LoraStep`
 (built from the batch), and every term reads it there, so model files pass nothing new.
 
-The torch path (CPU) works on packed copies of the slots, in which every slot's weights are one
-contiguous block. Its matmuls are tiny (a decode step's few rows, rank 16), so on CPU they cost
-per call more than per FLOP. A small step computes every slot it uses for all its tokens at once
+On CPU, terms work on packed copies of the slots, in which every slot's weights are one
+contiguous block. A step of up to NATIVE_MAX_TOKENS adapter tokens runs the native kernel
+(shard/native/lora.cpp) where it was built: tokens grouped by slot, each slot's rows read once
+for all its tokens, one call per linear. Otherwise, or without the kernel, the torch path. Its
+matmuls are tiny (a decode step's few rows, rank 16), so on CPU they cost per call more than
+per FLOP. A small step computes every slot it uses for all its tokens at once
 (the "dense" shape: one shrink GEMM, a mask that keeps each token's own slot with its scaling,
 one expand GEMM per sub-module, whatever the number of adapters); a step using one slot is exact
 that way at any size. A large step over several slots would multiply its FLOPs by their count,
@@ -26,6 +29,7 @@ oneDNN's half-precision GEMMs at that size, and round once into the output.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -36,6 +40,14 @@ from torch import nn
 from shard.compiled import lora_in_graph, register_lora_term
 from shard.layers.matmul import linear, prepare_weight
 
+# Adapter tokens up to which a CPU step runs the native kernel: NATIVE_TOKENS_PER_SLOT for each
+# slot the step uses, at most NATIVE_MAX_TOKENS. It beats the torch path's fixed costs at a
+# decode step's size and its slot-by-slot GEMMs on a few slots' prompts, and loses to one
+# slot's oneDNN GEMM past ~128 tokens (a term of the SmolLM2 shape, bf16, 2-vCPU Xeon: 1 slot
+# 64 / 128 / 256 tokens 47 / 90 / 167 us against 70 / 87 / 126; 4 slots 512 tokens 319 us
+# against 696).
+NATIVE_TOKENS_PER_SLOT = 128
+NATIVE_MAX_TOKENS = 512
 # Tokens x slots up to which a step over several slots takes the dense shape: it computes every
 # slot it uses for every token (T * U * rank per layer), which beats a handful of calls per
 # slot only while that is small (measured on a 2-core EPYC: 16-row decode steps over 4-16 slots).
@@ -59,8 +71,13 @@ class LoraStep:
     scaling: torch.Tensor  # [S] fp32 on the device (the kernels read it there)
     scaling_host: list[float]  # the same, for the torch path's per-slot calls
     triton: bool = False  # the Triton shrink/expand kernels (CUDA, or interpreted in tests)
+    native: Callable[..., None] | None = None  # the native CPU kernel (shard/native/build.py)
     dtype: torch.dtype = torch.float32  # the LoRA weights' (the model's): the dense mask's too
     token_slots: torch.Tensor | None = None  # [T] int32, -1: no adapter
+    # The native kernel: the adapter tokens grouped by slot (order [U] int64) and each group's
+    # (slot, begin, end) in order (segments [G, 3] int64).
+    order: torch.Tensor | None = None
+    segments: torch.Tensor | None = None
     # The torch path, dense shape: the slots the step uses (`dense_slots`, ascending) and mask
     # [T, len(dense_slots)] holding scaling[s] where token t uses the j-th of them, else 0.
     dense_slots: tuple[int, ...] | None = None
@@ -78,7 +95,7 @@ class LoraStep:
     def set_tokens(self, token_slots: torch.Tensor | None) -> None:
         self.token_slots = token_slots
         self.groups, self.tiles, self.dense_slots = [], None, None
-        self.mask = self.mask32 = None
+        self.mask = self.mask32 = self.order = self.segments = None
         if token_slots is None or not bool((token_slots >= 0).any()):
             self.token_slots = None  # base model only: the terms skip themselves
             return
@@ -90,6 +107,14 @@ class LoraStep:
             return
         rows = (token_slots >= 0).nonzero().squeeze(1)
         slots = token_slots[rows].long()
+        if self.native is not None and len(rows) <= NATIVE_MAX_TOKENS:
+            in_order, by_slot = torch.sort(slots, stable=True)
+            used, counts = torch.unique_consecutive(in_order, return_counts=True)
+            if len(rows) <= NATIVE_TOKENS_PER_SLOT * len(used):
+                ends = counts.cumsum(0)
+                self.order = rows[by_slot].contiguous()
+                self.segments = torch.stack([used, ends - counts, ends], dim=1).contiguous()
+                return
         used = torch.unique(slots)  # ascending
         if len(used) == 1 or len(token_slots) * len(used) <= DENSE_MAX_CELLS:
             column = torch.full(
@@ -180,6 +205,12 @@ class LoraTerm(nn.Module):
                 self.lora_a, self.lora_b, self.out_slices, self.ranks
             )
         if packed.rank == 0:  # no adapter touches this layer
+            return
+        if step.segments is not None:
+            step.native(  # type: ignore[misc]
+                x, y, packed.a, packed.b, step.order, step.segments, step.scaling, packed.rank,
+                self.out_slices,
+            )  # fmt: skip
             return
         if step.mask is not None:
             self._add(packed.select(step.dense_slots), x, y, step.mask, step.mask32)

@@ -27,6 +27,7 @@ from torch import nn
 from shard.layers.linear import ColumnParallelLinear, RowParallelLinear
 from shard.layers.lora import LoraStep, LoraTerm
 from shard.lora.adapter import AdapterError, LoraAdapter, read_adapter
+from shard.native.build import lora_kernel
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,8 @@ class LoraManager:
             scaling=torch.zeros(settings.max_loras, device=model.device),
             scaling_host=[0.0] * settings.max_loras,
             triton=triton,
+            # On CPU, small steps' terms run natively where the kernels could be built.
+            native=lora_kernel() if model.device.type == "cpu" and not triton else None,
             dtype=model.dtype,
         )
         self.layers = _attach(model, self.step, settings, model.dtype, model.device)

@@ -1,4 +1,4 @@
-"""The native CPU paged decode kernel (shard/attention/cpu_paged_decode.cpp) against float64
+"""The native CPU paged decode kernel (shard/native/paged_decode.cpp) against float64
 attention and against the torch backend's own SDPA path: every dtype, head sizes on and off its
 AVX-512 path, MHA / GQA / MQA and a group too large for its registers, windows, one-row batches
 (split by KV head) and a cache whose unwritten slots are NaN; and its K/V write (store_kv)
@@ -10,8 +10,8 @@ import pytest
 import torch
 from paged_helpers import PagedLayout
 
-from shard.attention.cpu_kernels import paged_decode_kernel, store_kv_kernel, unavailable_reason
 from shard.attention.torch_backend import TorchAttentionBackend
+from shard.native.build import paged_decode_kernel, store_kv_kernel, unavailable_reason
 
 BLOCK = 16
 # Tolerance against float64, by dtype: fp32's accumulation error, else the output's rounding.

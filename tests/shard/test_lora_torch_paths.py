@@ -1,23 +1,35 @@
-"""The CPU torch paths of the LoRA term (shard/layers/lora.py) against a float64 reference
-computed one token and one sub-module at a time: the dense path (small steps: every slot at once,
-masked), the grouped path (large steps: slot by slot) and its one-slot shortcut, with slots of
-different ranks, tokens without an adapter, and slots refilled between steps."""
+"""The CPU paths of the LoRA term (shard/layers/lora.py) against a float64 reference computed one
+token and one sub-module at a time: the native kernel (small steps, where it builds), the torch
+dense path (small steps: every slot at once, masked), the grouped path (large steps: slot by
+slot) and its one-slot shortcut, with slots of different ranks, tokens without an adapter, and
+slots refilled between steps."""
 
 from __future__ import annotations
+
+import sys
 
 import pytest
 import torch
 
 from shard.layers import lora as lora_mod
 from shard.layers.lora import LoraStep, LoraTerm
+from shard.native.build import lora_kernel, unavailable_reason
 
 K, OUT_SLICES, MAX_RANK, SLOTS = 40, (24, 8, 8), 16, 4
+NATIVE_REASON = unavailable_reason()
+needs_native = pytest.mark.skipif(
+    NATIVE_REASON is not None, reason=f"the native kernels cannot be built: {NATIVE_REASON}"
+)
+# The kernel the terms' step is given (the `path` fixture sets it for the native case).
+_native = None
 
 
 def empty_term(dtype: torch.dtype = torch.float32) -> LoraTerm:
     """A fused three-way term (q/k/v-like) with its slots all zero."""
+    step = LoraStep(scaling=torch.zeros(SLOTS), scaling_host=[0.0] * SLOTS, dtype=dtype)
+    step.native = _native
     return LoraTerm(
-        LoraStep(scaling=torch.zeros(SLOTS), scaling_host=[0.0] * SLOTS, dtype=dtype),
+        step,
         num_slots=SLOTS,
         max_rank=MAX_RANK,
         in_features=K,
@@ -70,8 +82,18 @@ def run(t: LoraTerm, slots: list[int], seed: int = 1) -> tuple[torch.Tensor, tor
     return y, reference(t, x, slots, y0)
 
 
-@pytest.fixture(params=["dense", "grouped", "dense-packed", "grouped-packed"])
+@pytest.fixture(
+    params=[
+        pytest.param("native", marks=needs_native),
+        "dense",
+        "grouped",
+        "dense-packed",
+        "grouped-packed",
+    ]
+)
 def path(request, monkeypatch):
+    if request.param == "native":
+        monkeypatch.setattr(sys.modules[__name__], "_native", lora_kernel())
     # The dense path takes steps of up to DENSE_MAX_CELLS tokens x slots; 0 forces grouped.
     if request.param.startswith("grouped"):
         monkeypatch.setattr(lora_mod, "DENSE_MAX_CELLS", 0)
@@ -89,6 +111,7 @@ def test_mixed_slots_and_tokens_without_adapter(path):
     t = term()
     y, ref = run(t, MIXED)
     assert (t.step.mask is not None) == path.startswith("dense")
+    assert (t.step.segments is not None) == (path == "native")
     torch.testing.assert_close(y.double(), ref, atol=1e-4, rtol=1e-5)
     packed_copies = [s for s in t._packed.subsets.values() if "a_mm" in vars(s)]
     assert bool(packed_copies) == path.endswith("packed")  # which GEMM branch ran
@@ -172,6 +195,44 @@ def test_small_half_precision_terms_are_computed_in_fp32_and_rounded_once(monkey
     y_bf16, ref_bf16 = run(term(dtype=torch.bfloat16), slots)
     torch.testing.assert_close(y_bf16.double(), ref_bf16, rtol=2**-6, atol=0.5)  # bf16 GEMMs
     assert not bool(((y_bf16.double() - ref_bf16).abs() <= bound).all())
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("slots", [MIXED, [2, 2, -1]], ids=["several-slots", "one-slot"])
+def test_native_half_precision_terms_are_rounded_once(monkeypatch, dtype, slots):
+    """The native kernel sums in fp32 and rounds once into y, as the torch path's fp32 GEMMs."""
+    monkeypatch.setattr(sys.modules[__name__], "_native", lora_kernel())
+    t = term(dtype=dtype)
+    y, ref = run(t, slots)
+    assert t.step.segments is not None
+    # Half a unit in the last place of the type's significand (bf16: 8 bits, fp16: 11).
+    exponent = torch.floor(torch.log2(ref.abs().clamp(min=2.0**-14)))
+    half_ulp = 2.0 ** (exponent - (8 if dtype == torch.bfloat16 else 11))
+    assert bool(((y.double() - ref).abs() <= half_ulp + 1e-5 * ref.abs() + 1e-6).all())
+
+
+@needs_native
+def test_native_kernel_takes_small_steps_only(monkeypatch):
+    """Up to NATIVE_TOKENS_PER_SLOT adapter tokens a slot used, at most NATIVE_MAX_TOKENS."""
+    monkeypatch.setattr(sys.modules[__name__], "_native", lora_kernel())
+    monkeypatch.setattr(lora_mod, "NATIVE_TOKENS_PER_SLOT", 8)
+    monkeypatch.setattr(lora_mod, "NATIVE_MAX_TOKENS", 20)
+    t = term()
+    # 16 adapter tokens over 2 slots (every third token has none): native.
+    t.step.set_tokens(torch.tensor([1, -1, 2] * 8, dtype=torch.int32))
+    assert t.step.segments.tolist() == [[1, 0, 8], [2, 8, 16]] and t.step.mask is None
+    assert t.step.order.tolist() == list(range(0, 24, 3)) + list(range(2, 24, 3))
+    t.step.set_tokens(torch.full((9,), 3, dtype=torch.int32))  # 9 tokens of one slot: torch
+    assert t.step.segments is None and t.step.mask is not None
+    t.step.set_tokens(torch.tensor([0, 1, 2] * 7, dtype=torch.int32))  # 21 > 20: torch
+    assert t.step.segments is None and t.step.mask is not None
+    y, ref = run(t, [1, 2, 3] * 7)  # and the torch path's result is the same
+    assert t.step.segments is None
+    torch.testing.assert_close(y.double(), ref, atol=1e-4, rtol=1e-5)
+    y, ref = run(t, [1, 2, 3] * 6)  # 18 over 3 slots: native
+    assert t.step.segments is not None
+    torch.testing.assert_close(y.double(), ref, atol=1e-4, rtol=1e-5)
 
 
 def test_grouped_half_precision_steps_stay_within_bf16_error(monkeypatch):

@@ -1,16 +1,17 @@
-"""Native CPU kernels of the torch attention backend, built on first use with torch's C++
-extension builder (cpu_paged_decode.cpp): paged decode attention, and the write of a step's
-new K/V rows into their cache slots.
+"""The shard's native CPU kernels, one extension built on first use with torch's C++ extension
+builder from vector.h (shared loads and stores) and each kernel's source:
+- paged_decode.cpp: the torch attention backend's paged decode attention, and the write of a
+  step's new K/V rows into their cache slots. In torch, a CPU decode step's attention is a gather
+  of every row's K/V into a padded copy, then SDPA over the copy; the gather alone moves the
+  cache's bytes twice, and the index and mask plumbing is a few dozen small torch calls a layer.
+  The kernel reads the cache in place through the block table, once (bench/decode_attention.py).
+- lora.cpp: the LoRA terms of a linear at a decode step's size, all slots in one call
+  (shard/layers/lora.py; bench/profile_lora.py).
 
-Why native: a CPU decode step's attention in torch is a gather of every row's K/V into a padded
-copy, then SDPA over the copy; the gather alone moves the cache's bytes twice, and the index and
-mask plumbing is a few dozen small torch calls a layer. The kernel reads the cache in place
-through the block table, once (bench/decode_attention.py times both side by side).
-
-The build needs a C++ compiler and ninja, takes ~20 s once per machine and torch version, and is
+The build needs a C++ compiler and ninja, takes ~30 s once per machine and torch version, and is
 cached by torch (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions). Where it cannot be
-built, or with SWITCHYARD_CPU_KERNELS=0, the backend keeps its torch path, which computes the same
-attention (both accumulate in fp32), and the shard's log says which one runs and why.
+built, or with SWITCHYARD_CPU_KERNELS=0, each caller keeps its torch path, which computes the same
+(accumulating in fp32 too), and the shard's log says which one runs and why.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_paged_decode.cpp")
+# Compiled as one translation unit, in this order (the shared part first).
+SOURCES = [Path(__file__).with_name(n) for n in ("vector.h", "paged_decode.cpp", "lora.cpp")]
+FUNCTIONS = ["paged_decode", "store_kv", "lora_apply"]
 SWITCH_ENV = "SWITCHYARD_CPU_KERNELS"  # "0": the torch path only
 # What the AVX-512 path uses (F: arithmetic, scalef, roundscale; BW/VL: the 16-bit loads).
 _AVX512_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"]
@@ -65,32 +68,54 @@ def store_kv_kernel() -> Callable[..., None] | None:
     return None if module is None else module.store_kv
 
 
+def lora_kernel() -> Callable[..., None] | None:
+    """lora_apply(x [T, K], y [T, N], a, b, order, segments, scaling, rank, out_slices): adds
+    each token's LoRA term into y in place (the contract is lora.cpp's); None where the kernels
+    cannot be built."""
+    module = _module()
+    return None if module is None else module.lora_apply
+
+
+def _cpu_flags() -> set[str]:
+    """The CPU's feature flags as Linux lists them (empty elsewhere: no optional ISA then)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
 @functools.cache
 def _module():  # -> the built extension, or None (logged once)
     reason = unavailable_reason()
     if reason is not None:
-        log.info("CPU decode attention: the torch path (%s)", reason)
+        log.info("native CPU kernels: none, torch paths (%s)", reason)
         return None
     capability = torch.backends.cpu.get_cpu_capability()  # what torch's own kernels run here
     flags = ["-O3", "-fopenmp"]  # OpenMP: at::parallel_for spreads rows over torch's threads
+    isa = capability.lower()
     if capability.startswith("AVX512"):
         flags += _AVX512_FLAGS
-    source = SOURCE.read_text()
+        if "avx512_bf16" in _cpu_flags():  # the LoRA kernel's bf16 dot products
+            flags.append("-mavx512bf16")
+            isa += "_bf16"
+    source = "\n".join(path.read_text() for path in SOURCES)
     # The ISA in the name, torch's version in the digest: a cache directory shared by machines
     # of different CPUs, or kept across a torch upgrade, never hands a shard a build it cannot
     # run (torch's own rebuild check hashes only the sources and flags).
     key = " ".join([source, *flags, torch.__version__])
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-    name = f"switchyard_cpu_decode_{capability.lower()}_{digest}"
+    name = f"switchyard_cpu_kernels_{isa}_{digest}"
     try:
         from torch.utils.cpp_extension import load_inline
 
-        module = load_inline(
-            name, cpp_sources=[source], functions=["paged_decode", "store_kv"], extra_cflags=flags
-        )
+        module = load_inline(name, cpp_sources=[source], functions=FUNCTIONS, extra_cflags=flags)
     except Exception as err:  # a broken toolchain costs speed, never the shard
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        log.warning("CPU decode attention: the torch path (the kernel did not build: %s)", first)
+        log.warning("native CPU kernels: none, torch paths (the build failed: %s)", first)
         return None
-    log.info("CPU decode attention: native paged kernel (%s)", capability)
+    log.info("native CPU kernels: paged decode attention, K/V write, LoRA (%s)", capability)
     return module

@@ -1,49 +1,15 @@
-// Paged decode attention on the CPU (shard/attention/cpu_kernels.py builds it): one query row
+// Paged decode attention on the CPU (shard/native/build.py builds it): one query row
 // per sequence against its cached K/V, read in place through the block table, with scores,
 // softmax and sums in fp32. The torch path (torch_backend.py) first gathers every row's K/V
 // into a padded copy for SDPA: three passes over the cache's bytes where this makes one, and
 // ~1,000 small torch calls a step fewer. Positions past a row's context (or before its window)
 // are never read, so no other sequence's stale slot can reach its sums.
 //
-// AVX-512 where the build targets it (cpu_kernels.py asks for it when torch's own CPU kernels
+// AVX-512 where the build targets it (build.py asks for it when torch's own CPU kernels
 // run AVX-512 here), with a plain scalar path for any other CPU, head size or group size.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
-
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <limits>
-#include <type_traits>
-#include <vector>
-
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
 namespace {
 
-inline float widen(float x) { return x; }
-inline float widen(c10::BFloat16 x) {
-  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-inline float widen(c10::Half x) { return static_cast<float>(x); }
-
 #if defined(__AVX512F__)
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const c10::BFloat16* p) {
-  __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-inline __m512 load16(const c10::Half* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
 constexpr int64_t kMaxGroup = 16;  // query heads per KV head held in registers
 
 // e^x for x <= 0 (scores less their maximum): 2^(x log2 e) split into 2^n * 2^f, |f| <= 1/2,
@@ -79,7 +45,7 @@ inline float softmax_numerators(float* s, int64_t n) {
     sum16 = _mm512_add_ps(sum16, e);
   }
   if (i < n) {
-    const __mmask16 tail = static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __mmask16 tail = first_lanes(n - i);
     const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + i), mv));
     _mm512_mask_storeu_ps(s + i, tail, e);
     sum16 = _mm512_add_ps(sum16, _mm512_maskz_mov_ps(tail, e));

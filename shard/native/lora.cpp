@@ -1,0 +1,340 @@
+// The LoRA terms of one linear for a CPU step (shard/layers/lora.py's native path):
+//     y[t] += scaling[s] * B_s (A_s x[t])   for every token t with an adapter, s its slot,
+// in one call per linear, over the slots' packed weights (lora.py's _Packed: for slot s and
+// sub-module j, rank rows (s * n_sub + j) * rank + i of `a` [.., K] hold A_j, and the same rows
+// of `b` [.., N] hold B_j^T in sub-module j's output columns).
+//
+// Why native: at a decode step's size (a few tokens a slot, rank 16) a term is tiny, and in
+// torch it is five or six calls (casts, two GEMMs, the mask, the add) whose fixed costs are
+// most of its time; with several slots the dense shape also multiplies every token by every
+// slot. Here the tokens are grouped by slot (the step's `order` and `segments`, built once for
+// all layers), each slot's A and B rows are read once for all its tokens, sums stay in fp32
+// registers, and y is rounded once, as torch's fp32 path rounds it.
+namespace {
+
+constexpr int kTokenBlock = 4;       // tokens a register tile covers
+constexpr int64_t kShrinkRows = 4;   // A rows a shrink tile covers
+constexpr int64_t kTaskRows = 8;     // A rows a shrink task covers (a slot's rows split finely:
+                                     // one slot's 3 x 16 q/k/v rows still feed both threads)
+constexpr int64_t kExpandCols = 64;  // output columns an expand tile (and task) covers
+constexpr int64_t kPrefetchRows = 12;  // how far ahead the shrink fetches A's rows
+constexpr int64_t kPrefetchTasks = 2;  // how far ahead the expand fetches B's columns
+
+// Asks for n values from p on into the cache (a hint: it never faults, even past the end).
+template <typename T>
+inline void prefetch(const T* p, int64_t n) {
+#if defined(__AVX512F__)
+  const char* bytes = reinterpret_cast<const char*>(p);
+  for (int64_t b = 0; b < n * int64_t(sizeof(T)); b += 64) _mm_prefetch(bytes + b, _MM_HINT_T0);
+#endif
+}
+
+struct Segment {
+  int64_t slot, begin, end;  // the slot's tokens: order[begin:end]
+};
+
+// h[t][r] = scale * <x[t], a[r]> for TB tokens (fp32 rows xs) and kShrinkRows rows of A (the
+// last `rows` of them real; the others repeat a real row and are not stored).
+template <typename T, int TB>
+inline void shrink_tile(const float* const* xs, const T* const* a, int64_t k_len, float scale,
+                        float* const* h, int64_t rows) {
+#if defined(__AVX512F__)
+  __m512 acc[TB][kShrinkRows];
+  for (int t = 0; t < TB; ++t)
+    for (int64_t r = 0; r < kShrinkRows; ++r) acc[t][r] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= k_len; k += 16) {
+    __m512 av[kShrinkRows];
+    for (int64_t r = 0; r < kShrinkRows; ++r) av[r] = load16(a[r] + k);
+    for (int t = 0; t < TB; ++t) {
+      const __m512 xv = _mm512_loadu_ps(xs[t] + k);
+      for (int64_t r = 0; r < kShrinkRows; ++r) acc[t][r] = _mm512_fmadd_ps(xv, av[r], acc[t][r]);
+    }
+  }
+  if (k < k_len) {
+    const __mmask16 m = first_lanes(k_len - k);
+    __m512 av[kShrinkRows];
+    for (int64_t r = 0; r < kShrinkRows; ++r) av[r] = load16(a[r] + k, m);
+    for (int t = 0; t < TB; ++t) {
+      const __m512 xv = _mm512_maskz_loadu_ps(m, xs[t] + k);
+      for (int64_t r = 0; r < kShrinkRows; ++r) acc[t][r] = _mm512_fmadd_ps(xv, av[r], acc[t][r]);
+    }
+  }
+  for (int t = 0; t < TB; ++t)
+    for (int64_t r = 0; r < rows; ++r) h[t][r] = scale * _mm512_reduce_add_ps(acc[t][r]);
+#else
+  for (int t = 0; t < TB; ++t)
+    for (int64_t r = 0; r < rows; ++r) {
+      float s = 0.f;
+      for (int64_t k = 0; k < k_len; ++k) s += xs[t][k] * widen(a[r][k]);
+      h[t][r] = scale * s;
+    }
+#endif
+}
+
+#if defined(__AVX512BF16__)
+// shrink_tile for bf16 rows where the CPU has AVX512-BF16: vdpbf16ps multiplies pairs of bf16
+// values into fp32 sums, 32 products an instruction against the fp32 path's 16, and reads x and
+// A as they are (no widening). Products of two bf16 values are exact in fp32, as there.
+template <int TB>
+inline void shrink_tile_bf16(const c10::BFloat16* const* xs, const c10::BFloat16* const* a,
+                             int64_t k_len, float scale, float* const* h, int64_t rows) {
+  __m512 acc[TB][kShrinkRows];
+  for (int t = 0; t < TB; ++t)
+    for (int64_t r = 0; r < kShrinkRows; ++r) acc[t][r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < k_len; k += 32) {
+    const int64_t left = std::min<int64_t>(32, k_len - k);
+    const __mmask32 m = left == 32 ? ~__mmask32(0) : (__mmask32(1) << left) - 1;
+    __m512bh av[kShrinkRows];
+    for (int64_t r = 0; r < kShrinkRows; ++r)
+      av[r] = (__m512bh)_mm512_maskz_loadu_epi16(m, a[r] + k);
+    for (int t = 0; t < TB; ++t) {
+      const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, xs[t] + k);
+      for (int64_t r = 0; r < kShrinkRows; ++r) acc[t][r] = _mm512_dpbf16_ps(acc[t][r], xv, av[r]);
+    }
+  }
+  for (int t = 0; t < TB; ++t)
+    for (int64_t r = 0; r < rows; ++r) h[t][r] = scale * _mm512_reduce_add_ps(acc[t][r]);
+}
+#endif
+
+// y[t][c] += sum_i h[t][i] * b[i * b_stride + c] for TB tokens over `cols` (<= kExpandCols)
+// columns, rounded once into y's type.
+template <typename T, int TB>
+inline void expand_tile(const float* const* h, int64_t rank, const T* b, int64_t b_stride,
+                        int64_t cols, T* const* y) {
+#if defined(__AVX512F__)
+  constexpr int kVectors = kExpandCols / 16;
+  __mmask16 m[kVectors];
+  for (int c = 0; c < kVectors; ++c)
+    m[c] = first_lanes(std::clamp<int64_t>(cols - 16 * c, 0, 16));
+  __m512 acc[TB][kVectors];
+  for (int t = 0; t < TB; ++t)
+    for (int c = 0; c < kVectors; ++c) acc[t][c] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < rank; ++i) {
+    const T* row = b + i * b_stride;
+    __m512 bv[kVectors];
+    for (int c = 0; c < kVectors; ++c) bv[c] = load16(row + 16 * c, m[c]);
+    for (int t = 0; t < TB; ++t) {
+      const __m512 hv = _mm512_set1_ps(h[t][i]);
+      for (int c = 0; c < kVectors; ++c) acc[t][c] = _mm512_fmadd_ps(hv, bv[c], acc[t][c]);
+    }
+  }
+  for (int t = 0; t < TB; ++t)
+    for (int c = 0; c < kVectors; ++c) {
+      T* out = y[t] + 16 * c;
+      store16(out, _mm512_add_ps(load16(out, m[c]), acc[t][c]), m[c]);
+    }
+#else
+  for (int t = 0; t < TB; ++t)
+    for (int64_t c = 0; c < cols; ++c) {
+      float s = 0.f;
+      for (int64_t i = 0; i < rank; ++i) s += h[t][i] * widen(b[i * b_stride + c]);
+      y[t][c] = static_cast<T>(widen(y[t][c]) + s);
+    }
+#endif
+}
+
+// The tiles for tb (1..kTokenBlock) tokens, tb a compile-time constant inside.
+template <typename T>
+inline void shrink_tokens(int64_t tb, const float* const* xs, const T* const* a, int64_t k_len,
+                          float scale, float* const* h, int64_t rows) {
+  switch (tb) {
+    case 1: shrink_tile<T, 1>(xs, a, k_len, scale, h, rows); break;
+    case 2: shrink_tile<T, 2>(xs, a, k_len, scale, h, rows); break;
+    case 3: shrink_tile<T, 3>(xs, a, k_len, scale, h, rows); break;
+    default: shrink_tile<T, 4>(xs, a, k_len, scale, h, rows); break;
+  }
+}
+
+#if defined(__AVX512BF16__)
+inline void shrink_tokens_bf16(int64_t tb, const c10::BFloat16* const* xs,
+                               const c10::BFloat16* const* a, int64_t k_len, float scale,
+                               float* const* h, int64_t rows) {
+  switch (tb) {
+    case 1: shrink_tile_bf16<1>(xs, a, k_len, scale, h, rows); break;
+    case 2: shrink_tile_bf16<2>(xs, a, k_len, scale, h, rows); break;
+    case 3: shrink_tile_bf16<3>(xs, a, k_len, scale, h, rows); break;
+    default: shrink_tile_bf16<4>(xs, a, k_len, scale, h, rows); break;
+  }
+}
+#endif
+
+template <typename T>
+inline void expand_tokens(int64_t tb, const float* const* h, int64_t rank, const T* b,
+                          int64_t b_stride, int64_t cols, T* const* y) {
+  switch (tb) {
+    case 1: expand_tile<T, 1>(h, rank, b, b_stride, cols, y); break;
+    case 2: expand_tile<T, 2>(h, rank, b, b_stride, cols, y); break;
+    case 3: expand_tile<T, 3>(h, rank, b, b_stride, cols, y); break;
+    default: expand_tile<T, 4>(h, rank, b, b_stride, cols, y); break;
+  }
+}
+
+template <typename T>
+void apply(const at::Tensor& x, at::Tensor& y, const at::Tensor& a, const at::Tensor& b,
+           const int64_t* order, const std::vector<Segment>& segments, const float* scaling,
+           int64_t rank, const std::vector<int64_t>& out_slices) {
+  const int64_t k_len = x.size(1), n_sub = int64_t(out_slices.size());
+  const int64_t slot_rows = n_sub * rank, tokens = segments.empty() ? 0 : segments.back().end;
+  const T* xp = x.data_ptr<T>();
+  const T* ap = a.data_ptr<T>();
+  const T* bp = b.data_ptr<T>();
+  T* yp = y.data_ptr<T>();
+  const int64_t x_stride = x.stride(0), y_stride = y.stride(0), b_stride = b.size(1);
+
+#if defined(__AVX512BF16__)
+  constexpr bool kDots = std::is_same_v<T, c10::BFloat16>;  // shrink_tile_bf16 reads x as it is
+#else
+  constexpr bool kDots = false;
+#endif
+  // Otherwise the step's adapter tokens in slot order, widened once (every A row block reads
+  // them).
+  std::vector<float> xf(kDots ? 0 : tokens * k_len), h(tokens * slot_rows);
+  for (int64_t u = 0; !kDots && u < tokens; ++u) {
+    const T* row = xp + order[u] * x_stride;
+    for (int64_t k = 0; k < k_len; ++k) xf[u * k_len + k] = widen(row[k]);
+  }
+
+  // Shrink: tasks of kTaskRows rows of one slot, for all that slot's tokens.
+  struct ShrinkTask { int64_t seg, row; };
+  std::vector<ShrinkTask> shrink;
+  for (int64_t g = 0; g < int64_t(segments.size()); ++g)
+    for (int64_t r = 0; r < slot_rows; r += kTaskRows) shrink.push_back({g, r});
+  at::parallel_for(0, int64_t(shrink.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const Segment& seg = segments[shrink[i].seg];
+      const int64_t row_end = std::min(shrink[i].row + kTaskRows, slot_rows);
+      const float scale = scaling[seg.slot];
+      for (int64_t r = shrink[i].row; r < row_end; r += kShrinkRows) {
+        const int64_t rows = std::min(kShrinkRows, row_end - r);
+        const T* a_rows[kShrinkRows];
+        for (int64_t j = 0; j < kShrinkRows; ++j)
+          a_rows[j] = ap + (seg.slot * slot_rows + r + std::min(j, rows - 1)) * k_len;
+        // Rows kPrefetchRows on in memory (this task's, or the next task's) are fetched while
+        // these are multiplied: a slot's rows come from memory, not cache, and a block's
+        // multiply at a decode step's few tokens is shorter than a trip to memory.
+        if (r == shrink[i].row && i == begin) prefetch(a_rows[0], kPrefetchRows * k_len);
+        prefetch(a_rows[0] + kPrefetchRows * k_len, kShrinkRows * k_len);
+        for (int64_t u = seg.begin; u < seg.end; u += kTokenBlock) {
+          const int64_t tb = std::min<int64_t>(kTokenBlock, seg.end - u);
+          float* hs[kTokenBlock];
+          for (int64_t t = 0; t < tb; ++t) hs[t] = h.data() + (u + t) * slot_rows + r;
+#if defined(__AVX512BF16__)
+          if constexpr (kDots) {
+            const T* xs[kTokenBlock];
+            for (int64_t t = 0; t < tb; ++t) xs[t] = xp + order[u + t] * x_stride;
+            shrink_tokens_bf16(tb, xs, a_rows, k_len, scale, hs, rows);
+            continue;
+          }
+#endif
+          const float* xs[kTokenBlock];
+          for (int64_t t = 0; t < tb; ++t) xs[t] = xf.data() + (u + t) * k_len;
+          shrink_tokens<T>(tb, xs, a_rows, k_len, scale, hs, rows);
+        }
+      }
+    }
+  });
+
+  // Expand: tasks of kExpandCols columns of one sub-module, for all of one slot's tokens.
+  struct ExpandTask { int64_t seg, sub, col, cols; };
+  std::vector<ExpandTask> expand;
+  for (int64_t g = 0; g < int64_t(segments.size()); ++g)
+    for (int64_t j = 0, offset = 0; j < n_sub; offset += out_slices[j], ++j)
+      for (int64_t c = 0; c < out_slices[j]; c += kExpandCols)
+        expand.push_back({g, j, offset + c, std::min(kExpandCols, out_slices[j] - c)});
+  at::parallel_for(0, int64_t(expand.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const ExpandTask& task = expand[i];
+      const Segment& seg = segments[task.seg];
+      const T* b_rows = bp + ((seg.slot * n_sub + task.sub) * rank) * b_stride + task.col;
+      for (int64_t i = 0; i < rank; ++i)  // the columns kPrefetchTasks on, likewise
+        prefetch(b_rows + i * b_stride + kPrefetchTasks * kExpandCols, kExpandCols);
+      for (int64_t u = seg.begin; u < seg.end; u += kTokenBlock) {
+        const int64_t tb = std::min<int64_t>(kTokenBlock, seg.end - u);
+        const float* hs[kTokenBlock];
+        T* ys[kTokenBlock];
+        for (int64_t t = 0; t < tb; ++t) {
+          hs[t] = h.data() + (u + t) * slot_rows + task.sub * rank;
+          ys[t] = yp + order[u + t] * y_stride + task.col;
+        }
+        expand_tokens<T>(tb, hs, rank, b_rows, b_stride, task.cols, ys);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+// y [T, N] += each adapter token's LoRA term. x [T, K]; a [S * n_sub * rank, K] and
+// b [S * n_sub * rank, N] the packed slots (sum(out_slices) == N); order [U] int64: token
+// indices grouped by slot; segments [G, 3] int64: (slot, begin, end) of each group in order,
+// consecutive from 0 to U; scaling [>= S] fp32. x, y, a and b share one dtype (fp32, bf16,
+// fp16); a token appears at most once; tokens not in order are left alone.
+void lora_apply(const at::Tensor& x, at::Tensor& y, const at::Tensor& a, const at::Tensor& b,
+                const at::Tensor& order, const at::Tensor& segments, const at::Tensor& scaling,
+                int64_t rank, std::vector<int64_t> out_slices) {
+  TORCH_CHECK(x.dim() == 2 && y.dim() == 2 && x.size(0) == y.size(0), "x [T, K] and y [T, N]");
+  TORCH_CHECK(x.stride(1) == 1 && y.stride(1) == 1, "x's and y's rows must be contiguous");
+  TORCH_CHECK(x.scalar_type() == y.scalar_type() && a.scalar_type() == x.scalar_type() &&
+                  b.scalar_type() == x.scalar_type(),
+              "x, y, a and b must share a dtype");
+  TORCH_CHECK(rank >= 1 && !out_slices.empty(), "rank >= 1 and at least one sub-module");
+  int64_t n_out = 0;
+  for (int64_t n : out_slices) {
+    TORCH_CHECK(n >= 1, "every sub-module needs an output feature");
+    n_out += n;
+  }
+  const int64_t n_sub = int64_t(out_slices.size()), slot_rows = n_sub * rank;
+  TORCH_CHECK(n_out == y.size(1), "out_slices must cover y's columns");
+  TORCH_CHECK(a.dim() == 2 && a.is_contiguous() && a.size(1) == x.size(1),
+              "a: [rows, K], contiguous, K x's width");
+  TORCH_CHECK(a.size(0) % slot_rows == 0, "a: n_sub * rank rows per slot");
+  TORCH_CHECK(b.dim() == 2 && b.is_contiguous() && b.size(0) == a.size(0) && b.size(1) == n_out,
+              "b: [slots * n_sub * rank, N] (a's rows, y's columns), contiguous");
+  const int64_t slots = a.size(0) / slot_rows;
+  TORCH_CHECK(order.dim() == 1 && order.scalar_type() == at::kLong && order.is_contiguous(),
+              "order: 1-D int64");
+  TORCH_CHECK(segments.dim() == 2 && segments.size(1) == 3 &&
+                  segments.scalar_type() == at::kLong && segments.is_contiguous(),
+              "segments: [G, 3] int64");
+  TORCH_CHECK(scaling.dim() == 1 && scaling.scalar_type() == at::kFloat &&
+                  scaling.is_contiguous() && scaling.size(0) >= slots,
+              "scaling: fp32, one per slot");
+  // Every index is checked before anything is read or written: a bad plan never reaches
+  // memory outside the tensors, and no token's row is written by two tasks at once.
+  const int64_t* op = order.data_ptr<int64_t>();
+  std::vector<char> seen(x.size(0), 0);
+  for (int64_t u = 0; u < order.size(0); ++u) {
+    TORCH_CHECK(op[u] >= 0 && op[u] < x.size(0), "order[", u, "] = ", op[u], " is not a token");
+    TORCH_CHECK(!seen[op[u]], "token ", op[u], " appears twice in order");
+    seen[op[u]] = 1;
+  }
+  std::vector<Segment> plan;
+  const int64_t* sp = segments.data_ptr<int64_t>();
+  for (int64_t g = 0, expect = 0; g < segments.size(0); ++g) {
+    const Segment seg{sp[3 * g], sp[3 * g + 1], sp[3 * g + 2]};
+    TORCH_CHECK(seg.slot >= 0 && seg.slot < slots, "segment ", g, ": slot ", seg.slot,
+                " is not one of the ", slots, " slots");
+    TORCH_CHECK(seg.begin == expect && seg.end > seg.begin && seg.end <= order.size(0),
+                "segment ", g, ": [", seg.begin, ", ", seg.end, ") does not continue at ", expect);
+    expect = seg.end;
+    plan.push_back(seg);
+  }
+  TORCH_CHECK(plan.empty() ? order.size(0) == 0 : plan.back().end == order.size(0),
+              "segments must cover order");
+  const float* scale = scaling.data_ptr<float>();
+  switch (x.scalar_type()) {
+    case at::kFloat:
+      apply<float>(x, y, a, b, op, plan, scale, rank, out_slices);
+      break;
+    case at::kBFloat16:
+      apply<c10::BFloat16>(x, y, a, b, op, plan, scale, rank, out_slices);
+      break;
+    case at::kHalf:
+      apply<c10::Half>(x, y, a, b, op, plan, scale, rank, out_slices);
+      break;
+    default:
+      TORCH_CHECK(false, "lora_apply: float32, bfloat16 or float16, not ", x.scalar_type());
+  }
+}
