@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 SOURCES = [Path(__file__).with_name(n) for n in ("vector.h", "paged_decode.cpp", "lora.cpp")]
 FUNCTIONS = ["paged_decode", "store_kv", "lora_apply"]
 SWITCH_ENV = "SWITCHYARD_CPU_KERNELS"  # "0": the torch path only
+# "0": build without the CPU's bf16 dot products even where it has them (how the tests reach the
+# widening path that CPUs without them run).
+BF16_DOTS_ENV = "SWITCHYARD_CPU_BF16_DOTS"
 # What the AVX-512 path uses (F: arithmetic, scalef, roundscale; BW/VL: the 16-bit loads).
 _AVX512_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"]
 
@@ -76,6 +79,11 @@ def lora_kernel() -> Callable[..., None] | None:
     return None if module is None else module.lora_apply
 
 
+def has_bf16_dots() -> bool:
+    """Whether the build uses the CPU's bf16 dot products (AVX512-BF16)."""
+    return "avx512_bf16" in _cpu_flags() and os.environ.get(BF16_DOTS_ENV, "1") != "0"
+
+
 def _cpu_flags() -> set[str]:
     """The CPU's feature flags as Linux lists them (empty elsewhere: no optional ISA then)."""
     try:
@@ -99,7 +107,7 @@ def _module():  # -> the built extension, or None (logged once)
     isa = capability.lower()
     if capability.startswith("AVX512"):
         flags += _AVX512_FLAGS
-        if "avx512_bf16" in _cpu_flags():  # the LoRA kernel's bf16 dot products
+        if has_bf16_dots():  # the LoRA kernel's shrink
             flags.append("-mavx512bf16")
             isa += "_bf16"
     source = "\n".join(path.read_text() for path in SOURCES)
