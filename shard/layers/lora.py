@@ -207,10 +207,14 @@ class LoraTerm(nn.Module):
         if packed.rank == 0:  # no adapter touches this layer
             return
         if step.segments is not None:
+            # The kernel reads and writes rows whose values are contiguous (any row stride).
+            out = y if y.stride(-1) == 1 else y.contiguous()
             step.native(  # type: ignore[misc]
-                x, y, packed.a, packed.b, step.order, step.segments, step.scaling, packed.rank,
-                self.out_slices,
+                x if x.stride(-1) == 1 else x.contiguous(), out, packed.a, packed.b,
+                step.order, step.segments, step.scaling, packed.rank, self.out_slices,
             )  # fmt: skip
+            if out is not y:
+                y.copy_(out)
             return
         if step.mask is not None:
             self._add(packed.select(step.dense_slots), x, y, step.mask, step.mask32)

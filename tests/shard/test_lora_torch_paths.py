@@ -213,6 +213,22 @@ def test_native_half_precision_terms_are_rounded_once(monkeypatch, dtype, slots)
 
 
 @needs_native
+def test_native_path_takes_column_strided_inputs_and_outputs(monkeypatch):
+    """x and y as transposed views (values not contiguous in a row): the same result."""
+    monkeypatch.setattr(sys.modules[__name__], "_native", lora_kernel())
+    t = term()
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(K, len(MIXED), generator=gen).t()
+    y0 = torch.randn(sum(OUT_SLICES), len(MIXED), generator=gen).t()
+    t.step.set_tokens(torch.tensor(MIXED, dtype=torch.int32))
+    y = y0.clone().t().contiguous().t()  # y's own column-strided storage, written in place
+    with torch.inference_mode():
+        t(x, y)
+    assert t.step.segments is not None and y.stride(-1) != 1
+    torch.testing.assert_close(y.double(), reference(t, x, MIXED, y0), atol=1e-4, rtol=1e-5)
+
+
+@needs_native
 def test_native_kernel_takes_small_steps_only(monkeypatch):
     """Up to NATIVE_TOKENS_PER_SLOT adapter tokens a slot used, at most NATIVE_MAX_TOKENS."""
     monkeypatch.setattr(sys.modules[__name__], "_native", lora_kernel())
