@@ -34,7 +34,7 @@ struct Segment {
 };
 
 // h[t][r] = scale * <x[t], a[r]> for TB tokens (fp32 rows xs) and kShrinkRows rows of A (the
-// last `rows` of them real; the others repeat a real row and are not stored).
+// first `rows` of them real; the others repeat the last real one and are not stored).
 template <typename T, int TB>
 inline void shrink_tile(const float* const* xs, const T* const* a, int64_t k_len, float scale,
                         float* const* h, int64_t rows) {
@@ -248,8 +248,8 @@ void apply(const at::Tensor& x, at::Tensor& y, const at::Tensor& a, const at::Te
       const ExpandTask& task = expand[i];
       const Segment& seg = segments[task.seg];
       const T* b_rows = bp + ((seg.slot * n_sub + task.sub) * rank) * b_stride + task.col;
-      for (int64_t i = 0; i < rank; ++i)  // the columns kPrefetchTasks on, likewise
-        prefetch(b_rows + i * b_stride + kPrefetchTasks * kExpandCols, kExpandCols);
+      for (int64_t row = 0; row < rank; ++row)  // the columns kPrefetchTasks on, likewise
+        prefetch(b_rows + row * b_stride + kPrefetchTasks * kExpandCols, kExpandCols);
       for (int64_t u = seg.begin; u < seg.end; u += kTokenBlock) {
         const int64_t tb = std::min<int64_t>(kTokenBlock, seg.end - u);
         const float* hs[kTokenBlock];
