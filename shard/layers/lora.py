@@ -14,17 +14,18 @@ Which token uses which slot is per step: the runner sets it once on the shared `
 (built from the batch), and every term reads it there, so model files pass nothing new.
 
 On CPU, terms work on packed copies of the slots, in which every slot's weights are one
-contiguous block. A step of up to NATIVE_MAX_TOKENS adapter tokens runs the native kernel
-(shard/native/lora.cpp) where it was built: tokens grouped by slot, each slot's rows read once
-for all its tokens, one call per linear. Otherwise, or without the kernel, the torch path. Its
-matmuls are tiny (a decode step's few rows, rank 16), so on CPU they cost per call more than
-per FLOP. A small step computes every slot it uses for all its tokens at once
-(the "dense" shape: one shrink GEMM, a mask that keeps each token's own slot with its scaling,
-one expand GEMM per sub-module, whatever the number of adapters); a step using one slot is exact
-that way at any size. A large step over several slots would multiply its FLOPs by their count,
-so it goes slot by slot over each slot's tokens (the "grouped" shape). A half-precision model's
-small terms (a decode step's) multiply fp32 copies of the slots with MKL, cheaper per call than
-oneDNN's half-precision GEMMs at that size, and round once into the output.
+contiguous block. A step of up to NATIVE_TOKENS_PER_SLOT adapter tokens a slot it uses (at most
+NATIVE_MAX_TOKENS) runs the native kernel (shard/native/lora.cpp) where it was built: tokens
+grouped by slot, each slot's rows read once for all its tokens, one call per linear. Otherwise,
+or without the kernel, the torch path. Its matmuls are tiny (a decode step's few rows, rank 16),
+so on CPU they cost per call more than per FLOP. A small step computes every slot it uses for
+all its tokens at once (the "dense" shape: one shrink GEMM, a mask that keeps each token's own
+slot with its scaling, one expand GEMM per sub-module, whatever the number of adapters); a step
+using one slot is exact that way at any size. A large step over several slots would multiply its
+FLOPs by their count, so it goes slot by slot over each slot's tokens (the "grouped" shape). A
+half-precision model's small terms (a decode step's) multiply fp32 copies of the slots with MKL,
+cheaper per call than oneDNN's half-precision GEMMs at that size, and round once into the
+output.
 """
 
 from __future__ import annotations
