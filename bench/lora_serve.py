@@ -30,7 +30,7 @@ from typing import Any
 from bench import serve_metrics
 from bench.lora_adapters import build_adapters, default_root, describe
 from bench.lora_serve_report import report
-from bench.lora_spread import SpreadConfig, configs, run_concurrency, spread
+from bench.lora_spread import PLACEMENTS, SpreadConfig, configs, run_concurrency, spread
 from bench.serve import Workload, _no_nan, environment
 from bench.serve_client import Endpoint, new_session, send
 from bench.serve_stats import summarize
@@ -57,6 +57,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=2, help="every configuration runs this often")
     p.add_argument("--warmup-output-len", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--placement",
+        choices=PLACEMENTS,
+        default="round-robin",
+        help="how requests pick their adapter; the issue's goals are judged on round-robin",
+    )
     p.add_argument("--switchyard-args", default="", help="extra launcher flags (one string)")
     p.add_argument("--startup-timeout", type=float, default=600)
     p.add_argument("--out", type=Path, default=Path("bench/results/lora"))
@@ -111,7 +117,8 @@ async def measure(
             jobs = workload.jobs(r, args.num_prompts)
             for config in round_order(plan, r):
                 before = await serve_metrics.scrape(session, ep.base_url)
-                results = await run_concurrency(spread(ep, config, jobs), args.concurrency)
+                requests = spread(ep, config, jobs, args.placement, seed=args.seed + r)
+                results = await run_concurrency(requests, args.concurrency)
                 after = await serve_metrics.scrape(session, ep.base_url)
                 s = summarize(results)
                 run: dict[str, Any] = {
@@ -175,7 +182,9 @@ def main(argv: list[str] | None = None) -> None:
         "command_line": shlex.join(["python", "-m", "bench.lora_serve", *(argv or [])]),
         "server_command": shlex.join(server.argv),
         "adapter": describe(next(iter(adapters.values()))),
-        "goals": {str(k): v for k, v in GOALS.items()},
+        "placement": args.placement,
+        # Judged on round-robin placement only: the random one shares adapters in flight.
+        "goals": {str(k): v for k, v in GOALS.items()} if args.placement == "round-robin" else {},
         "fairness": "all configurations ran against one server process (same start, warm-up "
         "and memory), interleaved over rounds; only the requests' adapters differ",
     }

@@ -109,7 +109,8 @@ def report(results: dict[str, Any], markdown: bool = False) -> str:
             run_table(results, markdown),
             "",
             "Per configuration, against the base model on the same server "
-            "(ratio = tok/s / base tok/s):",
+            "(ratio = tok/s / base tok/s; adapters placed "
+            f"{results.get('meta', {}).get('placement', 'round-robin')}):",
             ratio_table(ratios(results), markdown),
         ]
     )

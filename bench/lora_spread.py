@@ -3,12 +3,15 @@
 A configuration spreads a level's requests round-robin over its adapters (request i -> adapter
 i mod n), or sends them all to the base model. Round-robin keeps every adapter equally loaded,
 so at concurrency 16 over 16 adapters about one request per adapter is in flight: the case where
-the router's --max-loras admission rule, not the model, limits the batch.
+the router's --max-loras admission rule, not the model, limits the batch. The "random" placement
+draws each request's adapter uniformly and independently (seeded), as vLLM's benchmark_serving
+does with --lora-modules: requests in flight then share adapters more often.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -46,9 +49,23 @@ def endpoint_for(base: Endpoint, adapter: str | None) -> Endpoint:
     return replace(base, extra_body={**base.extra_body, "adapter_id": adapter})
 
 
-def spread(base: Endpoint, config: SpreadConfig, jobs: Sequence[Job]) -> list[tuple[Endpoint, Job]]:
+PLACEMENTS = ("round-robin", "random")
+
+
+def spread(
+    base: Endpoint,
+    config: SpreadConfig,
+    jobs: Sequence[Job],
+    placement: str = "round-robin",
+    seed: int = 0,
+) -> list[tuple[Endpoint, Job]]:
     if not config.adapters:
         return [(base, job) for job in jobs]
+    if placement == "random":
+        rng = random.Random(seed)
+        return [(endpoint_for(base, rng.choice(config.adapters)), job) for job in jobs]
+    if placement != "round-robin":
+        raise ValueError(f"placement {placement!r}: one of {', '.join(PLACEMENTS)}")
     n = config.count
     return [(endpoint_for(base, config.adapters[i % n]), job) for i, job in enumerate(jobs)]
 

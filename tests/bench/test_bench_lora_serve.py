@@ -78,6 +78,14 @@ def test_configurations_and_round_robin_spreading():
     jobs = [Job(f"p{i}", 8, 4) for i in range(10)]
     four = spread(ep, plan[2], jobs)
     assert [e.model for e, _ in four] == [names[i % 4] for i in range(10)]
+    # vLLM's benchmark_serving placement: an independent seeded draw per request.
+    many = [Job(f"p{i}", 8, 4) for i in range(200)]
+    drawn = [e.model for e, _ in spread(ep, plan[2], many, "random", seed=5)]
+    assert drawn == [e.model for e, _ in spread(ep, plan[2], many, "random", seed=5)]
+    assert drawn != [e.model for e, _ in spread(ep, plan[2], many, "random", seed=6)]
+    assert set(drawn) == set(names[:4]) and drawn != [names[i % 4] for i in range(200)]
+    with pytest.raises(ValueError, match="placement 'sorted'"):
+        spread(ep, plan[2], jobs, "sorted")
     assert [j for _, j in four] == jobs and all(e.extra_body == ep.extra_body for e, _ in four)
     assert {e.model for e, _ in spread(ep, plan[0], jobs)} == {"/models/base"}
     tgi = spread(Endpoint("http://x", "tgi", "m", {}), plan[1], jobs[:1])
