@@ -12,7 +12,7 @@
 // registers, and y is rounded once, as torch's fp32 path rounds it.
 namespace {
 
-constexpr int kTokenBlock = 4;       // tokens a register tile covers
+constexpr int kTokenBlock = 4;       // tokens a register tile covers (with_group's limit)
 constexpr int64_t kShrinkRows = 4;   // A rows a shrink tile covers
 constexpr int64_t kTaskRows = 8;     // A rows a shrink task covers (a slot's rows split finely:
                                      // one slot's 3 x 16 q/k/v rows still feed both threads)
@@ -135,42 +135,6 @@ inline void expand_tile(const float* const* h, int64_t rank, const T* b, int64_t
 #endif
 }
 
-// The tiles for tb (1..kTokenBlock) tokens, tb a compile-time constant inside.
-template <typename T>
-inline void shrink_tokens(int64_t tb, const float* const* xs, const T* const* a, int64_t k_len,
-                          float scale, float* const* h, int64_t rows) {
-  switch (tb) {
-    case 1: shrink_tile<T, 1>(xs, a, k_len, scale, h, rows); break;
-    case 2: shrink_tile<T, 2>(xs, a, k_len, scale, h, rows); break;
-    case 3: shrink_tile<T, 3>(xs, a, k_len, scale, h, rows); break;
-    default: shrink_tile<T, 4>(xs, a, k_len, scale, h, rows); break;
-  }
-}
-
-#if defined(__AVX512BF16__)
-inline void shrink_tokens_bf16(int64_t tb, const c10::BFloat16* const* xs,
-                               const c10::BFloat16* const* a, int64_t k_len, float scale,
-                               float* const* h, int64_t rows) {
-  switch (tb) {
-    case 1: shrink_tile_bf16<1>(xs, a, k_len, scale, h, rows); break;
-    case 2: shrink_tile_bf16<2>(xs, a, k_len, scale, h, rows); break;
-    case 3: shrink_tile_bf16<3>(xs, a, k_len, scale, h, rows); break;
-    default: shrink_tile_bf16<4>(xs, a, k_len, scale, h, rows); break;
-  }
-}
-#endif
-
-template <typename T>
-inline void expand_tokens(int64_t tb, const float* const* h, int64_t rank, const T* b,
-                          int64_t b_stride, int64_t cols, T* const* y) {
-  switch (tb) {
-    case 1: expand_tile<T, 1>(h, rank, b, b_stride, cols, y); break;
-    case 2: expand_tile<T, 2>(h, rank, b, b_stride, cols, y); break;
-    case 3: expand_tile<T, 3>(h, rank, b, b_stride, cols, y); break;
-    default: expand_tile<T, 4>(h, rank, b, b_stride, cols, y); break;
-  }
-}
-
 template <typename T>
 void apply(const at::Tensor& x, at::Tensor& y, const at::Tensor& a, const at::Tensor& b,
            const int64_t* order, const std::vector<Segment>& segments, const float* scaling,
@@ -224,13 +188,17 @@ void apply(const at::Tensor& x, at::Tensor& y, const at::Tensor& a, const at::Te
           if constexpr (kDots) {
             const T* xs[kTokenBlock];
             for (int64_t t = 0; t < tb; ++t) xs[t] = xp + order[u + t] * x_stride;
-            shrink_tokens_bf16(tb, xs, a_rows, k_len, scale, hs, rows);
+            with_group<kTokenBlock>(tb, [&](auto n) {
+              shrink_tile_bf16<decltype(n)::value>(xs, a_rows, k_len, scale, hs, rows);
+            });
             continue;
           }
 #endif
           const float* xs[kTokenBlock];
           for (int64_t t = 0; t < tb; ++t) xs[t] = xf.data() + (u + t) * k_len;
-          shrink_tokens<T>(tb, xs, a_rows, k_len, scale, hs, rows);
+          with_group<kTokenBlock>(tb, [&](auto n) {
+            shrink_tile<T, decltype(n)::value>(xs, a_rows, k_len, scale, hs, rows);
+          });
         }
       }
     }
@@ -258,7 +226,9 @@ void apply(const at::Tensor& x, at::Tensor& y, const at::Tensor& a, const at::Te
           hs[t] = h.data() + (u + t) * slot_rows + task.sub * rank;
           ys[t] = yp + order[u + t] * y_stride + task.col;
         }
-        expand_tokens<T>(tb, hs, rank, b_rows, b_stride, task.cols, ys);
+        with_group<kTokenBlock>(tb, [&](auto n) {
+          expand_tile<T, decltype(n)::value>(hs, rank, b_rows, b_stride, task.cols, ys);
+        });
       }
     }
   });

@@ -167,18 +167,6 @@ inline void pv_registers(const float* w, const T* vbase, const int64_t* offs, in
     for (int c = 0; c < NC; ++c) _mm512_storeu_ps(out + (g * NC + c) * 16, acc[g][c]);
 }
 
-// Calls f(std::integral_constant<int, G>) with G = min(left, kMax) (kMax <= 4): the register
-// kernels' query-head count is a compile-time constant.
-template <int kMax, typename F>
-inline void with_group(int64_t left, F&& f) {
-  switch (std::min<int64_t>(kMax, left)) {
-    case 1: f(std::integral_constant<int, 1>{}); break;
-    case 2: f(std::integral_constant<int, (kMax < 2 ? kMax : 2)>{}); break;
-    case 3: f(std::integral_constant<int, (kMax < 3 ? kMax : 3)>{}); break;
-    default: f(std::integral_constant<int, kMax>{}); break;
-  }
-}
-
 // One KV head's `group` query heads: scores s [group, n] (then softmax numerators, their
 // sums' inverses in inv), and unnormalised output sums out [group, NC * 16]. Query heads go
 // G at a time, as many as registers hold with their KV row (G * NC + NC of 32).

@@ -29,6 +29,18 @@ inline float widen(c10::BFloat16 x) {
 }
 inline float widen(c10::Half x) { return static_cast<float>(x); }
 
+// Calls f(std::integral_constant<int, G>) with G = min(left, kMax) (kMax <= 4): a register
+// tile's row count (query heads, tokens) as a compile-time constant.
+template <int kMax, typename F>
+inline void with_group(int64_t left, F&& f) {
+  switch (std::min<int64_t>(kMax, left)) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, (kMax < 2 ? kMax : 2)>{}); break;
+    case 3: f(std::integral_constant<int, (kMax < 3 ? kMax : 3)>{}); break;
+    default: f(std::integral_constant<int, kMax>{}); break;
+  }
+}
+
 #if defined(__AVX512F__)
 inline __mmask16 first_lanes(int64_t n) {  // the low n of 16 lanes (n <= 16)
   return static_cast<__mmask16>((1u << n) - 1);

@@ -82,6 +82,11 @@ def run(t: LoraTerm, slots: list[int], seed: int = 1) -> tuple[torch.Tensor, tor
     return y, reference(t, x, slots, y0)
 
 
+def use_native(monkeypatch) -> None:
+    """Terms made from here on get the native kernel on their step."""
+    monkeypatch.setattr(sys.modules[__name__], "_native", lora_kernel())
+
+
 @pytest.fixture(
     params=[
         pytest.param("native", marks=needs_native),
@@ -93,7 +98,7 @@ def run(t: LoraTerm, slots: list[int], seed: int = 1) -> tuple[torch.Tensor, tor
 )
 def path(request, monkeypatch):
     if request.param == "native":
-        monkeypatch.setattr(sys.modules[__name__], "_native", lora_kernel())
+        use_native(monkeypatch)
     # The dense path takes steps of up to DENSE_MAX_CELLS tokens x slots; 0 forces grouped.
     if request.param.startswith("grouped"):
         monkeypatch.setattr(lora_mod, "DENSE_MAX_CELLS", 0)
@@ -202,7 +207,7 @@ def test_small_half_precision_terms_are_computed_in_fp32_and_rounded_once(monkey
 @pytest.mark.parametrize("slots", [MIXED, [2, 2, -1]], ids=["several-slots", "one-slot"])
 def test_native_half_precision_terms_are_rounded_once(monkeypatch, dtype, slots):
     """The native kernel sums in fp32 and rounds once into y, as the torch path's fp32 GEMMs."""
-    monkeypatch.setattr(sys.modules[__name__], "_native", lora_kernel())
+    use_native(monkeypatch)
     t = term(dtype=dtype)
     y, ref = run(t, slots)
     assert t.step.segments is not None
@@ -215,7 +220,7 @@ def test_native_half_precision_terms_are_rounded_once(monkeypatch, dtype, slots)
 @needs_native
 def test_native_path_takes_column_strided_inputs_and_outputs(monkeypatch):
     """x and y as transposed views (values not contiguous in a row): the same result."""
-    monkeypatch.setattr(sys.modules[__name__], "_native", lora_kernel())
+    use_native(monkeypatch)
     t = term()
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(K, len(MIXED), generator=gen).t()
@@ -231,7 +236,7 @@ def test_native_path_takes_column_strided_inputs_and_outputs(monkeypatch):
 @needs_native
 def test_native_kernel_takes_small_steps_only(monkeypatch):
     """Up to NATIVE_TOKENS_PER_SLOT adapter tokens a slot used, at most NATIVE_MAX_TOKENS."""
-    monkeypatch.setattr(sys.modules[__name__], "_native", lora_kernel())
+    use_native(monkeypatch)
     monkeypatch.setattr(lora_mod, "NATIVE_TOKENS_PER_SLOT", 8)
     monkeypatch.setattr(lora_mod, "NATIVE_MAX_TOKENS", 20)
     t = term()
