@@ -1,7 +1,9 @@
 """Rotary position embedding (neox style, as Llama: rotate the two halves of each head).
 
 cos/sin are tabulated once in float32 for every position up to max_position_embeddings and
-gathered by the positions tensor, so a step costs an index rather than a cos/sin per token.
+gathered by the positions tensor, so a step costs an index rather than a cos/sin per token. On the
+CPU in eager mode, the rotation is one native pass (shard/native/elementwise.cpp), bit for bit the
+torch form's.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from shard.native.build import rotary_kernel
+from shard.native.eager import eager_cpu_kernel
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -179,6 +184,9 @@ class RotaryEmbedding(nn.Module):
             # below (a per-step cache keyed by identity, a storage check) cannot be traced.
             cos, sin = self._gather(positions, q.dtype)
             return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        native = self._native(positions, q, k)
+        if native is not None:
+            return native
         cos, sin = self._cos_sin(positions, q.dtype)
         joint = _joint_heads(q, k)
         if joint is None:
@@ -187,6 +195,35 @@ class RotaryEmbedding(nn.Module):
         rotated = _rotate(joint, cos, sin)
         num_heads = q.shape[1]
         return rotated[:, :num_heads], rotated[:, num_heads:]
+
+    def _native(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Rotated q and k from the native kernel, or None where it does not apply."""
+        kernel = eager_cpu_kernel(rotary_kernel, q)
+        if (
+            kernel is None
+            or positions.dtype != torch.int64
+            or q.dtype != k.dtype
+            or q.shape[-1] > MAX_NATIVE_HEAD_DIM
+        ):
+            return None
+        joint = _joint_heads(q, k)
+        if joint is not None:
+            rotated = kernel(joint, self.cos, self.sin, positions.contiguous())
+            return rotated[:, : q.shape[1]], rotated[:, q.shape[1] :]
+        if not (_heads_contiguous(q) and _heads_contiguous(k)):
+            return None
+        positions = positions.contiguous()
+        return kernel(q, self.cos, self.sin, positions), kernel(k, self.cos, self.sin, positions)
+
+
+MAX_NATIVE_HEAD_DIM = 512  # elementwise.cpp's kMaxHeadDim
+
+
+def _heads_contiguous(x: torch.Tensor) -> bool:
+    """x [T, H, D] with each row's heads contiguous (any row stride): the native kernel's layout."""
+    return x.dim() == 3 and x.stride(2) == 1 and (x.shape[1] <= 1 or x.stride(1) == x.shape[2])
 
 
 def _joint_heads(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:

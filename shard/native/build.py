@@ -7,6 +7,9 @@ builder from vector.h (shared loads and stores) and each kernel's source:
   The kernel reads the cache in place through the block table, once (bench/decode_attention.py).
 - lora.cpp: the LoRA terms of a linear at a decode step's size, all slots in one call
   (shard/layers/lora.py; bench/profile_lora.py).
+- elementwise.cpp: RMSNorm, SiLU-and-mul and the rotary embedding, one pass each, for the eager
+  path (shard/layers/norm.py, activation.py, rotary.py): in torch they are a dozen ops a layer,
+  with fp32 temporaries.
 
 The build needs a C++ compiler and ninja, takes ~30 s once per machine and torch version, and is
 cached by torch (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions). Where it cannot be
@@ -23,14 +26,18 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 log = logging.getLogger(__name__)
 
 # Compiled as one translation unit, in this order (the shared part first).
-SOURCES = [Path(__file__).with_name(n) for n in ("vector.h", "paged_decode.cpp", "lora.cpp")]
-FUNCTIONS = ["paged_decode", "store_kv", "lora_apply"]
+SOURCES = [
+    Path(__file__).with_name(n)
+    for n in ("vector.h", "paged_decode.cpp", "lora.cpp", "elementwise.cpp")
+]
+FUNCTIONS = ["paged_decode", "store_kv", "lora_apply", "rms_norm", "silu_mul", "rotary"]
 SWITCH_ENV = "SWITCHYARD_CPU_KERNELS"  # "0": the torch path only
 # "0": build without the CPU's bf16 dot products even where it has them (how the tests reach the
 # widening path that CPUs without them run).
@@ -59,24 +66,44 @@ def paged_decode_kernel() -> Callable[..., torch.Tensor] | None:
     """paged_decode(q [B, H, D], k_cache, v_cache [blocks, block_size, Hkv, D], block_tables
     [B, max_blocks] int32, context_lens [B] int32, scale, window (0: none)) -> [B, H, D], all in
     one dtype (fp32, bf16, fp16); None where it cannot be built (logged once)."""
-    module = _module()
-    return None if module is None else module.paged_decode
+    return _function("paged_decode")
 
 
 def store_kv_kernel() -> Callable[..., None] | None:
     """store_kv(key, value [T, Hkv, D], kv_cache [2, blocks, block_size, Hkv, D], slot_mapping
     [T]): each token's K and V rows into its slot, all in the cache's dtype; None where the
     kernels cannot be built."""
-    module = _module()
-    return None if module is None else module.store_kv
+    return _function("store_kv")
 
 
 def lora_kernel() -> Callable[..., None] | None:
     """lora_apply(x [T, K], y [T, N], a, b, order, segments, scaling, rank, out_slices): adds
     each token's LoRA term into y in place (the contract is lora.cpp's); None where the kernels
     cannot be built."""
+    return _function("lora_apply")
+
+
+def rms_norm_kernel() -> Callable[..., torch.Tensor] | None:
+    """rms_norm(x [R, n] or [A, B, n] with contiguous rows, weight [n], eps) -> a new [.., n],
+    one dtype; None where the kernels cannot be built."""
+    return _function("rms_norm")
+
+
+def silu_mul_kernel() -> Callable[..., torch.Tensor] | None:
+    """silu_mul(gate, up [R, n] with contiguous rows) -> silu(gate) * up, a new [R, n]; None where
+    the kernels cannot be built."""
+    return _function("silu_mul")
+
+
+def rotary_kernel() -> Callable[..., torch.Tensor] | None:
+    """rotary(x [T, H, D] with each row's heads contiguous, cos and sin [P, D] float32, positions
+    [T] int64) -> the rotated x, a new [T, H, D]; None where the kernels cannot be built."""
+    return _function("rotary")
+
+
+def _function(name: str) -> Callable[..., Any] | None:
     module = _module()
-    return None if module is None else module.lora_apply
+    return None if module is None else getattr(module, name)
 
 
 def has_bf16_dots() -> bool:
@@ -103,7 +130,10 @@ def _module():  # -> the built extension, or None (logged once)
         log.info("native CPU kernels: none, torch paths (%s)", reason)
         return None
     capability = torch.backends.cpu.get_cpu_capability()  # what torch's own kernels run here
-    flags = ["-O3", "-fopenmp"]  # OpenMP: at::parallel_for spreads rows over torch's threads
+    # OpenMP: at::parallel_for spreads rows over torch's threads. No contraction of a product and a
+    # sum into one FMA unless a kernel asks for it: where torch rounds a product before adding
+    # it (rotary in fp32), the kernels must too.
+    flags = ["-O3", "-fopenmp", "-ffp-contract=off"]
     isa = capability.lower()
     if capability.startswith("AVX512"):
         flags += _AVX512_FLAGS
@@ -125,5 +155,9 @@ def _module():  # -> the built extension, or None (logged once)
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         log.warning("native CPU kernels: none, torch paths (the build failed: %s)", first)
         return None
-    log.info("native CPU kernels: paged decode attention, K/V write, LoRA (%s)", capability)
+    log.info(
+        "native CPU kernels: paged decode attention, K/V write, LoRA, RMSNorm, SiLU-and-mul, "
+        "rotary (%s)",
+        capability,
+    )
     return module

@@ -12,21 +12,6 @@ namespace {
 #if defined(__AVX512F__)
 constexpr int64_t kMaxGroup = 16;  // query heads per KV head held in registers
 
-// e^x for x <= 0 (scores less their maximum): 2^(x log2 e) split into 2^n * 2^f, |f| <= 1/2,
-// 2^f by its degree-6 Taylor polynomial (relative error ~1e-7, fp32's own), n applied by scalef.
-inline __m512 exp16(__m512 x) {
-  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
-  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(0.69314718055994531f));
-  __m512 p = _mm512_set1_ps(1.f / 720);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 120));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 24));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 6));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
-}
 #endif
 
 // s[i] = e^(s[i] - max s) over n scores; returns their sum.

@@ -41,6 +41,25 @@ inline void with_group(int64_t left, F&& f) {
   }
 }
 
+// Calls f(T{}) with T the C++ type of `type` (float, c10::BFloat16, c10::Half); any other dtype
+// is an error naming the kernel (`what`).
+template <typename F>
+inline void with_dtype(at::ScalarType type, const char* what, F&& f) {
+  switch (type) {
+    case at::kFloat: f(float{}); break;
+    case at::kBFloat16: f(c10::BFloat16{}); break;
+    case at::kHalf: f(c10::Half{}); break;
+    default: TORCH_CHECK(false, what, ": float32, bfloat16 or float16, not ", type);
+  }
+}
+
+// v rounded to T's precision (to nearest even, as a cast to T rounds) and widened back: where
+// torch rounds an intermediate to the tensor's dtype, so do the kernels.
+template <typename T>
+inline float round_to(float v) { return widen(static_cast<T>(v)); }
+template <>
+inline float round_to<float>(float v) { return v; }
+
 #if defined(__AVX512F__)
 inline __mmask16 first_lanes(int64_t n) {  // the low n of 16 lanes (n <= 16)
   return static_cast<__mmask16>((1u << n) - 1);
@@ -83,6 +102,37 @@ inline void store16(c10::BFloat16* p, __m512 v, __mmask16 m) {
 }
 inline void store16(c10::Half* p, __m512 v, __mmask16 m) {
   _mm256_mask_storeu_epi16(p, m, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+}
+
+// e^x for 16 lanes: 2^k e^r with k = round(x / ln 2) and |r| <= ln(2) / 2 (ln 2 split in two
+// parts so that r keeps its bits), e^r by its Taylor polynomial to degree 7 (truncation under
+// 0.1 ulp of fp32 there). x is clamped to where fp32's e^x is neither infinite nor zero; scalef
+// then gives +inf above and denormals or 0 below, as libm does. The decode kernel's softmax and
+// SiLU use it.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.8f)), _mm512_set1_ps(-104.0f));
+  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.f / 5040);
+  for (const float c : {1.f / 720, 1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f})
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  return _mm512_scalef_ps(p, k);
+}
+
+// round_to for 16 lanes.
+template <typename T>
+inline __m512 round_to(__m512 v);
+template <>
+inline __m512 round_to<float>(__m512 v) { return v; }
+template <>
+inline __m512 round_to<c10::BFloat16>(__m512 v) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16_bits(v)), 16));
+}
+template <>
+inline __m512 round_to<c10::Half>(__m512 v) {
+  return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
 }
 #endif
 

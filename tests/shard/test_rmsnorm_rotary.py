@@ -1,4 +1,6 @@
-"""RMSNorm and rotary embedding against transformers' Llama implementations."""
+"""RMSNorm and rotary embedding against transformers' Llama implementations, on their torch paths
+and (rotary, bit for bit too) on the native CPU kernel's; the native RMSNorm's own check against
+float64 is in test_native_elementwise.py."""
 
 from __future__ import annotations
 
@@ -13,9 +15,21 @@ from transformers.models.llama.modeling_llama import (
     apply_rotary_pos_emb,
 )
 
+import shard.layers.norm
+import shard.layers.rotary
 from shard.layers.linear import QKVParallelLinear
 from shard.layers.norm import RMSNorm
 from shard.layers.rotary import RopeConfig, RotaryEmbedding
+
+
+@pytest.fixture(params=["torch", "native"])
+def rotary_path(request, monkeypatch):
+    """Which path RotaryEmbedding takes on the CPU: its torch form, or the native kernel."""
+    if request.param == "torch":
+        monkeypatch.setattr(shard.layers.rotary, "rotary_kernel", lambda: None)
+    elif shard.layers.rotary.rotary_kernel() is None:
+        pytest.skip("the native CPU kernels cannot be built here")
+    return request.param
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -23,7 +37,8 @@ from shard.layers.rotary import RopeConfig, RotaryEmbedding
     ("rows", "hidden", "magnitude"),
     [(7, 32, 3.0), (16, 576, 40.0), (3, 1000, 1e-3), (1, 4096, 1.0)],
 )
-def test_rmsnorm_matches_llama(dtype, rows, hidden, magnitude):
+def test_rmsnorm_torch_path_matches_llama(dtype, rows, hidden, magnitude, monkeypatch):
+    monkeypatch.setattr(shard.layers.norm, "rms_norm_kernel", lambda: None)
     torch.manual_seed(hidden)
     weight = torch.randn(hidden).to(dtype)
     x = (torch.randn(rows, hidden) * magnitude).to(dtype)
@@ -77,7 +92,7 @@ ROPES = {
 
 
 @pytest.mark.parametrize("kind", list(ROPES))
-def test_rotary_matches_llama(kind):
+def test_rotary_matches_llama(kind, rotary_path):
     config = LlamaConfig(
         hidden_size=256,
         num_attention_heads=4,
@@ -99,8 +114,8 @@ def test_rotary_matches_llama(kind):
     torch.testing.assert_close(k_ours, k_ref[0].transpose(0, 1), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rotary_of_fused_qkv_views_matches_llama_bit_for_bit(dtype):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rotary_of_fused_qkv_views_matches_llama_bit_for_bit(dtype, rotary_path):
     # The fused qkv projection's q and k are neighbouring views of one row, which the module
     # rotates in one pass: the result must be exactly transformers' (same products, same sums,
     # same rounding) and exactly what rotating separate copies gives.
@@ -122,7 +137,7 @@ def test_rotary_of_fused_qkv_views_matches_llama_bit_for_bit(dtype):
     assert torch.equal(fused[:, : 9 * 64].view(5, 9, 64), q)  # the input is left as it was
 
 
-def test_rotary_kept_cos_sin_follow_the_positions():
+def test_rotary_kept_cos_sin_follow_the_positions(rotary_path):
     # cos/sin are kept between the layers of a step; the next step's positions tensor must
     # not get the previous step's, under inference mode as the runner steps.
     rope = RotaryEmbedding(RopeConfig(head_dim=8, max_position_embeddings=64), torch.device("cpu"))

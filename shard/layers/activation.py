@@ -1,0 +1,25 @@
+"""SwiGLU's gated activation, silu(gate) * up (Llama's MLP): on the CPU in eager mode one native
+pass (shard/native/elementwise.cpp) instead of two ops and a temporary."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from shard.native.build import silu_mul_kernel
+from shard.native.eager import eager_cpu_kernel
+
+
+def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """gate, up [T, I] (e.g. the two halves of the gate_up product) -> silu(gate) * up."""
+    kernel = eager_cpu_kernel(silu_mul_kernel, gate)
+    if (
+        kernel is not None
+        and gate.dim() == 2
+        and gate.shape == up.shape
+        and gate.dtype == up.dtype
+        and gate.stride(1) == 1
+        and up.stride(1) == 1
+    ):
+        return kernel(gate, up)
+    return F.silu(gate) * up
