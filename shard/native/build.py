@@ -10,6 +10,8 @@ builder from vector.h (shared loads and stores) and each kernel's source:
 - elementwise.cpp: RMSNorm, SiLU-and-mul and the rotary embedding, one pass each, for the eager
   path (shard/layers/norm.py, activation.py, rotary.py): in torch they are a dozen ops a layer,
   with fp32 temporaries.
+- argmax.cpp: the sampler's greedy choice, torch.argmax over each row of scores (torch's CPU
+  argmax is several times slower over a vocabulary).
 
 The build needs a C++ compiler and ninja, takes ~30 s once per machine and torch version, and is
 cached by torch (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions). Where it cannot be
@@ -35,9 +37,17 @@ log = logging.getLogger(__name__)
 # Compiled as one translation unit, in this order (the shared part first).
 SOURCES = [
     Path(__file__).with_name(n)
-    for n in ("vector.h", "paged_decode.cpp", "lora.cpp", "elementwise.cpp")
+    for n in ("vector.h", "paged_decode.cpp", "lora.cpp", "elementwise.cpp", "argmax.cpp")
 ]
-FUNCTIONS = ["paged_decode", "store_kv", "lora_apply", "rms_norm", "silu_mul", "rotary"]
+FUNCTIONS = [
+    "paged_decode",
+    "store_kv",
+    "lora_apply",
+    "rms_norm",
+    "silu_mul",
+    "rotary",
+    "argmax_rows",
+]
 SWITCH_ENV = "SWITCHYARD_CPU_KERNELS"  # "0": the torch path only
 # "0": build without the CPU's bf16 dot products even where it has them (how the tests reach the
 # widening path that CPUs without them run).
@@ -101,6 +111,12 @@ def rotary_kernel() -> Callable[..., torch.Tensor] | None:
     return _function("rotary")
 
 
+def argmax_kernel() -> Callable[..., torch.Tensor] | None:
+    """argmax_rows(scores [R, V] float32 with contiguous rows) -> [R] int64, torch.argmax's
+    choice (first maximum, NaN above all); None where the kernels cannot be built."""
+    return _function("argmax_rows")
+
+
 def _function(name: str) -> Callable[..., Any] | None:
     module = _module()
     return None if module is None else getattr(module, name)
@@ -157,7 +173,7 @@ def _module():  # -> the built extension, or None (logged once)
         return None
     log.info(
         "native CPU kernels: paged decode attention, K/V write, LoRA, RMSNorm, SiLU-and-mul, "
-        "rotary (%s)",
+        "rotary, argmax (%s)",
         capability,
     )
     return module

@@ -24,6 +24,8 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
+from shard.native.build import argmax_kernel
+from shard.native.eager import eager_cpu_kernel
 from shard.sampling import random_hash
 from shard.sampling.params import SamplingParams
 from shard.sampling.truncation import Warpers, candidate_groups
@@ -269,7 +271,7 @@ def _sample_dense(
         x = x.div_(temperature) if owned else x / temperature
 
     logprobs = torch.log_softmax(x, dim=-1)
-    next_ids = x.argmax(dim=-1)
+    next_ids = greedy_ids(x)
     if sampled.shape[0] > 0:
         # log_softmax's normalizer, recovered exactly where x is largest (x - max == 0 there).
         lse = x.gather(1, next_ids[:, None]) - logprobs.gather(1, next_ids[:, None])
@@ -280,6 +282,15 @@ def _sample_dense(
     chosen = logprobs.gather(1, next_ids[:, None]).squeeze(1)
     top_logprobs, top_ids = logprobs.topk(top_n, dim=-1)
     return SampleOutput(next_ids, chosen, top_ids, top_logprobs)
+
+
+def greedy_ids(x: Tensor) -> Tensor:
+    """x.argmax(dim=-1) of float32 scores [B, V]: on the CPU the native kernel (same choice:
+    the first maximum, NaN above all), several times faster than torch's over a vocabulary."""
+    kernel = eager_cpu_kernel(argmax_kernel, x)
+    if kernel is not None and x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1:
+        return kernel(x)
+    return x.argmax(dim=-1)
 
 
 def _sample_truncated(
