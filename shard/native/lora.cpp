@@ -294,17 +294,7 @@ void lora_apply(const at::Tensor& x, at::Tensor& y, const at::Tensor& a, const a
   TORCH_CHECK(plan.empty() ? order.size(0) == 0 : plan.back().end == order.size(0),
               "segments must cover order");
   const float* scale = scaling.data_ptr<float>();
-  switch (x.scalar_type()) {
-    case at::kFloat:
-      apply<float>(x, y, a, b, op, plan, scale, rank, out_slices);
-      break;
-    case at::kBFloat16:
-      apply<c10::BFloat16>(x, y, a, b, op, plan, scale, rank, out_slices);
-      break;
-    case at::kHalf:
-      apply<c10::Half>(x, y, a, b, op, plan, scale, rank, out_slices);
-      break;
-    default:
-      TORCH_CHECK(false, "lora_apply: float32, bfloat16 or float16, not ", x.scalar_type());
-  }
+  with_dtype(x.scalar_type(), "lora_apply", [&](auto tag) {
+    apply<decltype(tag)>(x, y, a, b, op, plan, scale, rank, out_slices);
+  });
 }

@@ -293,19 +293,9 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
     }
   }
   auto out = at::empty_like(q);
-  switch (q.scalar_type()) {
-    case at::kFloat:
-      decode<float>(q, k_cache, v_cache, tables, lens, out, scale, window);
-      break;
-    case at::kBFloat16:
-      decode<c10::BFloat16>(q, k_cache, v_cache, tables, lens, out, scale, window);
-      break;
-    case at::kHalf:
-      decode<c10::Half>(q, k_cache, v_cache, tables, lens, out, scale, window);
-      break;
-    default:
-      TORCH_CHECK(false, "paged_decode: float32, bfloat16 or float16, not ", q.scalar_type());
-  }
+  with_dtype(q.scalar_type(), "paged_decode", [&](auto tag) {
+    decode<decltype(tag)>(q, k_cache, v_cache, tables, lens, out, scale, window);
+  });
   return out;
 }
 
