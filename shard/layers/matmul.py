@@ -7,8 +7,10 @@ slice at a time for the duration of the call and the result rounded back. It com
 thing as a half-precision GEMM, which also multiplies exact products and accumulates in fp32;
 only the summation order differs. Weights stay in their dtype, so memory is unchanged.
 
-Where the CPU does have native GEMM for the dtype (fp32 everywhere; bf16 with AVX512-BF16 or
-AMX), weights are packed once at load into oneDNN's blocked layout (`prepare_weight`). Unpacked,
+Where the CPU has the AMX tile unit, bf16 weights are packed once at load for the native tile
+kernel instead (shard/layers/matmul_amx.py: a decode step's GEMMs ~1.5x faster than oneDNN's).
+Elsewhere, where the CPU does have native GEMM for the dtype (fp32 everywhere; bf16 with
+AVX512-BF16), weights are packed once at load into oneDNN's blocked layout (`prepare_weight`). Unpacked,
 oneDNN re-lays a bf16 weight out on every call, which costs more than the product itself when
 the weight comes from DRAM, as every weight of a decode step does (bench/cpu_matmul.py, "packed"
 column: 1.4-1.6x at 1-16 rows in bf16, 2.4x in fp32). Packing reorders; it computes the same
@@ -19,6 +21,8 @@ from functools import cache
 
 import torch
 import torch.nn.functional as F
+
+from shard.layers import matmul_amx
 
 # Below this many rows the widening costs more than the faster GEMM saves (measured on 2 AVX2
 # cores for weights from 576x576 to 49152x576).
@@ -54,9 +58,12 @@ def _widen_on_cpu(dtype: torch.dtype) -> bool:
 
 
 def prepare_weight(weight: torch.Tensor) -> torch.Tensor:
-    """`weight` [out, in] in the layout `linear` multiplies fastest: oneDNN-packed on a CPU
-    with native GEMM for its dtype, else unchanged. A packed tensor is opaque (`dense` reads
-    it back); it is a new tensor, so a weight shared with an embedding stays unpacked there."""
+    """`weight` [out, in] in the layout `linear` multiplies fastest: packed for the AMX kernel
+    or for oneDNN on a CPU with native GEMM for its dtype, else unchanged. `dense` reads a
+    packed weight back; it is a new tensor, so a weight shared with an embedding stays unpacked
+    there."""
+    if matmul_amx.can_pack(weight):
+        return matmul_amx.pack(weight)
     if (
         weight.device.type != "cpu"
         or weight.dim() != 2
@@ -73,7 +80,14 @@ def prepare_weight(weight: torch.Tensor) -> torch.Tensor:
 
 def dense(weight: torch.Tensor) -> torch.Tensor:
     """The plain [out, in] tensor behind a weight `prepare_weight` returned."""
+    if matmul_amx.is_packed(weight):
+        return matmul_amx.unpack(weight)
     return weight.to_dense() if weight.is_mkldnn else weight
+
+
+def is_packed(weight: torch.Tensor) -> bool:
+    """Whether `weight` is in a layout `prepare_weight` made (not a plain [out, in] tensor)."""
+    return weight.is_mkldnn or matmul_amx.is_packed(weight)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -83,6 +97,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return F.linear(x, weight, bias)
     if weight.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    if matmul_amx.is_packed(weight):
+        return matmul_amx.linear(x, weight, bias)
     rows = x.numel() // x.shape[-1] if x.numel() else 0
     if weight.device.type != "cpu" or rows < WIDEN_MIN_ROWS or not _widen_on_cpu(weight.dtype):
         return F.linear(x, weight, bias)

@@ -12,6 +12,9 @@ builder from vector.h (shared loads and stores) and each kernel's source:
   with fp32 temporaries.
 - argmax.cpp: the sampler's greedy choice, torch.argmax over each row of scores (torch's CPU
   argmax is several times slower over a vocabulary).
+- amx_gemm.cpp: bf16 linear layers on the AMX tile unit, where the CPU has one
+  (shard/layers/matmul_amx.py): at a decode step's few rows oneDNN reads the weights at well
+  under the memory's bandwidth.
 
 The build needs a C++ compiler and ninja, takes ~30 s once per machine and torch version, and is
 cached by torch (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions). Where it cannot be
@@ -37,7 +40,14 @@ log = logging.getLogger(__name__)
 # Compiled as one translation unit, in this order (the shared part first).
 SOURCES = [
     Path(__file__).with_name(n)
-    for n in ("vector.h", "paged_decode.cpp", "lora.cpp", "elementwise.cpp", "argmax.cpp")
+    for n in (
+        "vector.h",
+        "paged_decode.cpp",
+        "lora.cpp",
+        "elementwise.cpp",
+        "argmax.cpp",
+        "amx_gemm.cpp",
+    )
 ]
 FUNCTIONS = [
     "paged_decode",
@@ -47,6 +57,8 @@ FUNCTIONS = [
     "silu_mul",
     "rotary",
     "argmax_rows",
+    "amx_ready",
+    "amx_linear",
 ]
 SWITCH_ENV = "SWITCHYARD_CPU_KERNELS"  # "0": the torch path only
 # "0": build without the CPU's bf16 dot products even where it has them (how the tests reach the
@@ -54,6 +66,11 @@ SWITCH_ENV = "SWITCHYARD_CPU_KERNELS"  # "0": the torch path only
 BF16_DOTS_ENV = "SWITCHYARD_CPU_BF16_DOTS"
 # What the AVX-512 path uses (F: arithmetic, scalef, roundscale; BW/VL: the 16-bit loads).
 _AVX512_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"]
+# "0": dense bf16 linears keep oneDNN even where the AMX kernel runs (to compare the two).
+AMX_ENV = "SWITCHYARD_CPU_AMX"
+# The tile unit (amx_gemm.cpp), where the CPU has it; a compiler that does not know the flags
+# gets a build without them (the tile kernel then reports itself not ready).
+_AMX_FLAGS = ["-mamx-tile", "-mamx-bf16"]
 
 
 def unavailable_reason() -> str | None:
@@ -117,6 +134,21 @@ def argmax_kernel() -> Callable[..., torch.Tensor] | None:
     return _function("argmax_rows")
 
 
+def amx_linear_kernel() -> Callable[..., torch.Tensor] | None:
+    """amx_linear(x [M, K] bf16, packed [N/16, K/32, 16, 16, 2] bf16, bias [N] | None) -> [M, N]
+    (the layout is shard/layers/matmul_amx.py's); None where the CPU has no AMX-BF16, the OS
+    does not lend the tiles, the kernels cannot be built, or SWITCHYARD_CPU_AMX=0."""
+    if os.environ.get(AMX_ENV, "1") == "0":
+        return None
+    return _amx_linear()
+
+
+@functools.cache
+def _amx_linear() -> Callable[..., torch.Tensor] | None:
+    module = _module()
+    return module.amx_linear if module is not None and module.amx_ready() else None
+
+
 def _function(name: str) -> Callable[..., Any] | None:
     module = _module()
     return None if module is None else getattr(module, name)
@@ -156,6 +188,15 @@ def _module():  # -> the built extension, or None (logged once)
         if has_bf16_dots():  # the LoRA kernel's shrink
             flags.append("-mavx512bf16")
             isa += "_bf16"
+        if {"amx_tile", "amx_bf16"} <= _cpu_flags():
+            module = _build(isa + "_amx", [*flags, *_AMX_FLAGS], quiet=True)
+            if module is not None:
+                return module
+    return _build(isa, flags)
+
+
+def _build(isa: str, flags: list[str], quiet: bool = False):  # -> the extension, or None
+    capability = torch.backends.cpu.get_cpu_capability()
     source = "\n".join(path.read_text() for path in SOURCES)
     # The ISA in the name, torch's version in the digest: a cache directory shared by machines
     # of different CPUs, or kept across a torch upgrade, never hands a shard a build it cannot
@@ -169,11 +210,15 @@ def _module():  # -> the built extension, or None (logged once)
         module = load_inline(name, cpp_sources=[source], functions=FUNCTIONS, extra_cflags=flags)
     except Exception as err:  # a broken toolchain costs speed, never the shard
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        log.warning("native CPU kernels: none, torch paths (the build failed: %s)", first)
+        if quiet:
+            log.info("native CPU kernels: no AMX build (%s); building without it", first)
+        else:
+            log.warning("native CPU kernels: none, torch paths (the build failed: %s)", first)
         return None
     log.info(
         "native CPU kernels: paged decode attention, K/V write, LoRA, RMSNorm, SiLU-and-mul, "
-        "rotary, argmax (%s)",
+        "rotary, argmax%s (%s)",
+        ", AMX linear" if module.amx_ready() else "",
         capability,
     )
     return module

@@ -1,0 +1,65 @@
+"""bf16 linear layers on the CPU's AMX tile unit (shard/native/amx_gemm.cpp), eager mode.
+
+A decode step's GEMMs multiply a few rows by every weight once: they are bound by reading the
+weights, and oneDNN's packed bf16 GEMM reads them at ~20-33 GB/s here where the memory gives
+~45-50 (bench/amx_gemm.py). The kernel streams a weight laid out block by block as the tile
+unit reads it, ~1.3-1.7x faster than oneDNN from 1 to ~500 rows; oneDNN stays ahead for
+prefills of thousands of rows, which the CPU default chunking (64-256 tokens a step) never
+builds.
+
+The layout is a plain bf16 tensor [N/16, K/32, 16, 16, 2]: block (b, t) holds output features
+b*16.. by inputs t*32.., each of its 16 rows the 16 outputs' VNNI pairs of inputs (2r, 2r+1).
+Five dimensions mark it: every other weight a linear holds is [out, in]. Weights whose shape
+does not tile (out % 16, in % 32) keep oneDNN's layout.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from shard.native.build import amx_linear_kernel
+
+BLOCK_OUT = 16  # output features per block
+BLOCK_IN = 32  # input features per block (16 VNNI pairs)
+
+
+def can_pack(weight: torch.Tensor) -> bool:
+    """Whether `weight` [out, in] goes to the AMX kernel: bf16, shapes that tile, and a CPU
+    (and OS, and build) that runs it."""
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype == torch.bfloat16
+        and weight.dim() == 2
+        and weight.shape[0] % BLOCK_OUT == 0
+        and weight.shape[1] % BLOCK_IN == 0
+        and weight.numel() > 0
+        and amx_linear_kernel() is not None
+    )
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """[out, in] -> [out/16, in/32, 16, 16, 2]: packed[b, t, r, j, p] = weight[16b + j, 32t + 2r + p]."""
+    n, k = weight.shape
+    blocks = weight.detach().reshape(n // BLOCK_OUT, BLOCK_OUT, k // BLOCK_IN, BLOCK_IN // 2, 2)
+    return blocks.permute(0, 2, 3, 1, 4).contiguous()
+
+
+def is_packed(weight: torch.Tensor) -> bool:
+    return weight.dim() == 5 and weight.shape[2:] == (BLOCK_IN // 2, BLOCK_OUT, 2)
+
+
+def unpack(packed: torch.Tensor) -> torch.Tensor:
+    """The [out, in] weight `pack` was given."""
+    nb, kb = packed.shape[:2]
+    return packed.permute(0, 3, 1, 2, 4).reshape(nb * BLOCK_OUT, kb * BLOCK_IN)
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    kernel = amx_linear_kernel()
+    if kernel is None:  # packed on a machine that ran it; SWITCHYARD_CPU_AMX=0 since
+        return torch.nn.functional.linear(x, unpack(packed), bias)
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = kernel(rows, packed, bias)
+    return out.reshape(*x.shape[:-1], out.shape[-1])

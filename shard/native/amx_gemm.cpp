@@ -1,0 +1,178 @@
+// A bf16 linear layer on the CPU's AMX tiles (shard/layers/matmul_amx.py), for the eager path.
+//
+// Why: a decode step multiplies a few rows by every weight of the model once, so its GEMMs are
+// bound by reading the weights. oneDNN's packed bf16 GEMM streams them at ~20-33 GB/s at 1-32
+// rows here; this kernel, which does nothing but stream tiles of a weight laid out for the tile
+// unit and multiply them by the rows, reads at ~40-50 GB/s (bench/amx_gemm.py).
+//
+// The weight layout (`packed`, [N/16, K/32, 16, 16, 2]): block (b, t) is the 16 output features
+// b*16.. by the 32 inputs t*32.., as the tile unit's B operand wants it: row r holds, for each
+// of the 16 outputs j, inputs t*32 + 2r and t*32 + 2r + 1 side by side (VNNI pairs). Each block
+// is 1 KiB, contiguous, and an output block's K blocks follow one another, so a pass over
+// outputs reads the weight front to back.
+//
+// The products: output features in pairs of 16-wide blocks (threads split the pairs), rows in
+// pairs of 16-row tiles; 2 x 2 accumulator tiles, two row tiles and two weight tiles are all
+// eight tiles. Each accumulator sums its K in order in fp32, products exact (bf16 x bf16 fits
+// fp32); the bias is added in fp32 and the sum rounded once to bf16, to nearest even.
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define SWITCHYARD_AMX 1
+#endif
+
+namespace {
+
+#if defined(SWITCHYARD_AMX)
+// Linux lends the tile registers' state to a process only on request (arch_prctl
+// ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA); without it the first tile instruction faults.
+bool amx_permitted() {
+  static const bool ok = [] {
+    constexpr int kGetPerm = 0x1022, kReqPerm = 0x1023, kXtileData = 18;
+    unsigned long features = 0;
+    if (syscall(SYS_arch_prctl, kGetPerm, &features) == 0 && (features >> kXtileData & 1))
+      return true;
+    return syscall(SYS_arch_prctl, kReqPerm, kXtileData) == 0;
+  }();
+  return ok;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles 0-3: accumulators (row tile i, output block j) = tile 2i + j; 4, 5: row tiles; 6, 7:
+// weight blocks. rows0/rows1: the rows of the two row tiles (rows1 >= 1 even when unused).
+void configure_tiles(int rows0, int rows1) {
+  TileConfig cfg;
+  const int rows[8] = {rows0, rows0, rows1, rows1, rows0, rows1, 16, 16};
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = static_cast<uint8_t>(rows[t]);
+    cfg.colsb[t] = 64;  // 16 fp32 accumulators, or 32 bf16 (16 VNNI pairs)
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// The sums of x's rows [0, 16 * (1 + kTwoM)) (row stride ldx) by output blocks b and b + 1
+// (if kTwoN), over all of K, added to the bias and rounded into out.
+template <bool kTwoM, bool kTwoN>
+void tile_pass(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t kb, int rows0, int rows1,
+               const float* bias, c10::BFloat16* out, int64_t N, int64_t n0) {
+  _tile_zero(0);
+  if (kTwoN) _tile_zero(1);
+  if (kTwoM) _tile_zero(2);
+  if (kTwoM && kTwoN) _tile_zero(3);
+  const uint16_t* x1 = x + 16 * ldx;
+  const uint16_t* w1 = w + kb * 512;
+  for (int64_t t = 0; t < kb; ++t) {
+    _tile_loadd(4, x + t * 32, ldx * 2);
+    _tile_loadd(6, w + t * 512, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    if (kTwoN) {
+      _tile_loadd(7, w1 + t * 512, 64);
+      _tile_dpbf16ps(1, 4, 7);
+    }
+    if (kTwoM) {
+      _tile_loadd(5, x1 + t * 32, ldx * 2);
+      _tile_dpbf16ps(2, 5, 6);
+      if (kTwoN) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  alignas(64) float acc[16][16];
+  auto emit = [&](int rows, int64_t row0, int64_t col0) {
+    const __m512 b = bias ? _mm512_loadu_ps(bias + col0) : _mm512_setzero_ps();
+    for (int r = 0; r < rows; ++r)
+      store16(out + (row0 + r) * N + col0, _mm512_add_ps(_mm512_load_ps(acc[r]), b), 0xffff);
+  };
+  _tile_stored(0, acc, 64);
+  emit(rows0, 0, n0);
+  if (kTwoN) {
+    _tile_stored(1, acc, 64);
+    emit(rows0, 0, n0 + 16);
+  }
+  if (kTwoM) {
+    _tile_stored(2, acc, 64);
+    emit(rows1, 16, n0);
+    if (kTwoN) {
+      _tile_stored(3, acc, 64);
+      emit(rows1, 16, n0 + 16);
+    }
+  }
+}
+#endif
+
+}  // namespace
+
+// Whether amx_linear runs here: built with the tile instructions, and lent the tiles by the OS.
+bool amx_ready() {
+#if defined(SWITCHYARD_AMX)
+  return amx_permitted();
+#else
+  return false;
+#endif
+}
+
+// x [M, K] bf16 (rows contiguous, any row stride), packed [N/16, K/32, 16, 16, 2] bf16, bias
+// [N] bf16 or None -> x @ W.T + bias, [M, N] bf16.
+torch::Tensor amx_linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "amx_linear: x must be [M, K] with contiguous rows");
+  TORCH_CHECK(packed.dim() == 5 && packed.is_contiguous() && packed.size(2) == 16 &&
+                  packed.size(3) == 16 && packed.size(4) == 2,
+              "amx_linear: the weight must be packed [N/16, K/32, 16, 16, 2]");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16,
+              "amx_linear: x and the weight must be bfloat16");
+  const int64_t M = x.size(0), K = x.size(1), nb = packed.size(0), kb = packed.size(1);
+  const int64_t N = nb * 16;
+  TORCH_CHECK(K == kb * 32, "amx_linear: x has ", K, " features, the weight ", kb * 32);
+  torch::Tensor bias32;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == at::kBFloat16,
+                "amx_linear: the bias must be [", N, "] bfloat16");
+    bias32 = bias->to(at::kFloat).contiguous();
+  }
+  auto out = torch::empty({M, N}, x.options());
+  if (M == 0) return out;
+#if defined(SWITCHYARD_AMX)
+  TORCH_CHECK(amx_permitted(), "amx_linear: the OS does not lend this process the AMX tiles");
+  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  const auto* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr());
+  const float* bp = bias32.defined() ? bias32.data_ptr<float>() : nullptr;
+  auto* op = out.data_ptr<c10::BFloat16>();
+  const int64_t ldx = x.stride(0), pairs = (nb + 1) / 2;
+  at::parallel_for(0, pairs, 1, [&](int64_t p0, int64_t p1) {
+    int configured = -1;  // rows0 * 32 + rows1 of the loaded configuration
+    for (int64_t p = p0; p < p1; ++p) {
+      const bool two_n = 2 * p + 1 < nb;
+      const uint16_t* w = wp + 2 * p * kb * 512;
+      for (int64_t m0 = 0; m0 < M; m0 += 32) {
+        const int rows0 = static_cast<int>(std::min<int64_t>(16, M - m0));
+        const int rows1 = static_cast<int>(std::clamp<int64_t>(M - m0 - 16, 0, 16));
+        const int want = rows0 * 32 + std::max(rows1, 1);
+        if (want != configured) {
+          configure_tiles(rows0, std::max(rows1, 1));
+          configured = want;
+        }
+        const uint16_t* xr = xp + m0 * ldx;
+        c10::BFloat16* o = op + m0 * N;
+        const int64_t n0 = 2 * p * 16;
+        if (rows1 > 0 && two_n)
+          tile_pass<true, true>(xr, ldx, w, kb, rows0, rows1, bp, o, N, n0);
+        else if (rows1 > 0)
+          tile_pass<true, false>(xr, ldx, w, kb, rows0, rows1, bp, o, N, n0);
+        else if (two_n)
+          tile_pass<false, true>(xr, ldx, w, kb, rows0, rows1, bp, o, N, n0);
+        else
+          tile_pass<false, false>(xr, ldx, w, kb, rows0, rows1, bp, o, N, n0);
+      }
+    }
+    if (configured >= 0) _tile_release();
+  });
+  return out;
+#else
+  TORCH_CHECK(false, "amx_linear: built without the AMX tile instructions");
+#endif
+}
