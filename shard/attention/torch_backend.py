@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from shard.attention.metadata import AttentionMetadata
 from shard.native.build import paged_decode_kernel, store_kv_kernel
+from shard.native.eager import heads_contiguous
 
 
 def _slot_rows(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -197,7 +198,7 @@ class TorchAttentionBackend:
         kernel = paged_decode_kernel() if self.native and q.device.type == "cpu" else None
         if kernel is not None and kv_cache.dtype == q.dtype:
             return kernel(
-                q.contiguous(),
+                q if heads_contiguous(q) else q.contiguous(),
                 kv_cache[0],
                 kv_cache[1],
                 meta.block_tables,

@@ -3,9 +3,10 @@
 A decode step's GEMMs multiply a few rows by every weight once: they are bound by reading the
 weights, and oneDNN's packed bf16 GEMM reads them at ~20-33 GB/s here where the memory gives
 ~45-50 (bench/amx_gemm.py). The kernel streams a weight laid out block by block as the tile
-unit reads it, ~1.3-1.7x faster than oneDNN from 1 to ~500 rows; oneDNN stays ahead for
-prefills of thousands of rows, which the CPU default chunking (64-256 tokens a step) never
-builds.
+unit reads it: 1.3-1.4x faster than oneDNN from 1 to 32 rows, 1.2-1.5x up to 1,536. Past
+that oneDNN's blocking for cache wins (compute-bound, 1.4x faster at 3,072 rows, warm); steps
+of `ONEDNN_ROWS` rows or more (a long prompt without chunking: the CPU default chunks are 64-256
+tokens) hand oneDNN the plain weight, unpacked for the call.
 
 The layout is a plain bf16 tensor [N/16, K/32, 16, 16, 2]: block (b, t) holds output features
 b*16.. by inputs t*32.., each of its 16 rows the 16 outputs' VNNI pairs of inputs (2r, 2r+1).
@@ -21,6 +22,9 @@ from shard.native.build import amx_linear_kernel
 
 BLOCK_OUT = 16  # output features per block
 BLOCK_IN = 32  # input features per block (16 VNNI pairs)
+# From here oneDNN on the unpacked weight is as fast or faster (bench/amx_gemm.py: 3,072 rows
+# alike, 4,096 rows 1.36x faster; 1,536 rows the kernel 1.0x, 1,024 rows 1.4x faster).
+ONEDNN_ROWS = 3072
 
 
 def can_pack(weight: torch.Tensor) -> bool:
@@ -55,9 +59,11 @@ def unpack(packed: torch.Tensor) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    kernel = amx_linear_kernel()
-    if kernel is None:  # packed on a machine that ran it; SWITCHYARD_CPU_AMX=0 since
+    kernel = amx_linear_kernel()  # None: SWITCHYARD_CPU_AMX=0 set after the weight was packed
+    if kernel is None or x.numel() >= ONEDNN_ROWS * x.shape[-1]:
         return torch.nn.functional.linear(x, unpack(packed), bias)
+    if x.dim() == 2 and x.stride(-1) == 1:  # the usual [tokens, features]: no reshapes
+        return kernel(x, packed, bias)
     rows = x.reshape(-1, x.shape[-1])
     if rows.stride(-1) != 1:
         rows = rows.contiguous()

@@ -1,5 +1,9 @@
 """RMSNorm as Llama computes it: statistics in float32, scale applied in the model dtype. On the CPU
-in eager mode, one native pass (shard/native/elementwise.cpp) where torch takes six ops."""
+in eager mode, one native pass (shard/native/elementwise.cpp) where torch takes six ops.
+
+Given the residual stream too, the norm first adds it (`x + residual`, rounded to the dtype as
+torch's add rounds) and returns both the normed sum and the sum, as vLLM's fused_add_rms_norm:
+the decoder layer's residual adds then cost no call of their own (one native pass on the CPU)."""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shard.native.build import rms_norm_kernel
+from shard.native.build import add_rms_norm_kernel, rms_norm_kernel
 from shard.native.eager import eager_cpu_kernel
 from shard.weights import Weights
 
@@ -22,7 +26,26 @@ class RMSNorm(nn.Module):
     def load(cls, weights: Weights, prefix: str, eps: float) -> RMSNorm:
         return cls(weights.get_tensor(f"{prefix}.weight"), eps)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """norm(x); with `residual`, (norm(x + residual), x + residual)."""
+        if residual is None:
+            return self._norm(x)
+        kernel = eager_cpu_kernel(add_rms_norm_kernel, x)
+        if (
+            kernel is not None
+            and x.dim() == 2
+            and x.shape == residual.shape
+            and x.stride(-1) == 1
+            and residual.stride(-1) == 1
+            and x.dtype == residual.dtype == self.weight.dtype
+        ):
+            return kernel(x, residual, self.weight, self.eps)
+        summed = x + residual
+        return self._norm(summed), summed
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         kernel = eager_cpu_kernel(rms_norm_kernel, x)
         if (
             kernel is not None

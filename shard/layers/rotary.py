@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from shard.native.build import rotary_kernel
-from shard.native.eager import eager_cpu_kernel
+from shard.native.eager import eager_cpu_kernel, heads_contiguous
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -212,18 +212,13 @@ class RotaryEmbedding(nn.Module):
         if joint is not None:
             rotated = kernel(joint, self.cos, self.sin, positions.contiguous())
             return rotated[:, : q.shape[1]], rotated[:, q.shape[1] :]
-        if not (_heads_contiguous(q) and _heads_contiguous(k)):
+        if not (heads_contiguous(q) and heads_contiguous(k)):
             return None
         positions = positions.contiguous()
         return kernel(q, self.cos, self.sin, positions), kernel(k, self.cos, self.sin, positions)
 
 
 MAX_NATIVE_HEAD_DIM = 512  # elementwise.cpp's kMaxHeadDim
-
-
-def _heads_contiguous(x: torch.Tensor) -> bool:
-    """x [T, H, D] with each row's heads contiguous (any row stride): the native kernel's layout."""
-    return x.dim() == 3 and x.stride(2) == 1 and (x.shape[1] <= 1 or x.stride(1) == x.shape[2])
 
 
 def _joint_heads(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:

@@ -173,12 +173,22 @@ class LlamaDecoderLayer(nn.Module):
     def forward(
         self,
         hidden: torch.Tensor,
+        residual: torch.Tensor | None,
         positions: torch.Tensor,
         kv_cache: torch.Tensor,
         meta: StepMetadata,
-    ) -> torch.Tensor:
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), positions, kv_cache, meta)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the MLP's output, the residual stream it is still to be added to): each layer's two
+        residual adds happen in the norms after them (RMSNorm with `residual`), the last one in
+        the model's final norm. `residual` is None at the first layer, whose input is the
+        stream itself."""
+        if residual is None:
+            residual, x = hidden, self.input_layernorm(hidden)
+        else:
+            x, residual = self.input_layernorm(hidden, residual)
+        x = self.self_attn(x, positions, kv_cache, meta)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 class LlamaForCausalLM(CausalLM):
@@ -220,10 +230,10 @@ class LlamaForCausalLM(CausalLM):
         kv_caches: list[torch.Tensor],
         meta: StepMetadata,
     ) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
+        hidden, residual = self.embed_tokens(input_ids), None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden = layer(hidden, positions, kv_cache, meta)
-        return self.norm(hidden)
+            hidden, residual = layer(hidden, residual, positions, kv_cache, meta)
+        return self.norm(hidden) if residual is None else self.norm(hidden, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

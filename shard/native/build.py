@@ -7,7 +7,8 @@ builder from vector.h (shared loads and stores) and each kernel's source:
   The kernel reads the cache in place through the block table, once (bench/decode_attention.py).
 - lora.cpp: the LoRA terms of a linear at a decode step's size, all slots in one call
   (shard/layers/lora.py; bench/profile_lora.py).
-- elementwise.cpp: RMSNorm, SiLU-and-mul and the rotary embedding, one pass each, for the eager
+- elementwise.cpp: RMSNorm (alone or after the residual add), SiLU-and-mul and the rotary
+  embedding, one pass each, for the eager
   path (shard/layers/norm.py, activation.py, rotary.py): in torch they are a dozen ops a layer,
   with fp32 temporaries.
 - argmax.cpp: the sampler's greedy choice, torch.argmax over each row of scores (torch's CPU
@@ -54,6 +55,7 @@ FUNCTIONS = [
     "store_kv",
     "lora_apply",
     "rms_norm",
+    "add_rms_norm",
     "silu_mul",
     "rotary",
     "argmax_rows",
@@ -114,6 +116,12 @@ def rms_norm_kernel() -> Callable[..., torch.Tensor] | None:
     """rms_norm(x [R, n] or [A, B, n] with contiguous rows, weight [n], eps) -> a new [.., n],
     one dtype; None where the kernels cannot be built."""
     return _function("rms_norm")
+
+
+def add_rms_norm_kernel() -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
+    """add_rms_norm(x, residual [R, n] with contiguous rows, weight [n], eps) -> (rms_norm(s), s)
+    with s = x + residual, new tensors, one dtype; None where the kernels cannot be built."""
+    return _function("add_rms_norm")
 
 
 def silu_mul_kernel() -> Callable[..., torch.Tensor] | None:

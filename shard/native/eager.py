@@ -19,3 +19,9 @@ def eager_cpu_kernel(kernel: Callable[[], F | None], x: torch.Tensor) -> F | Non
     if torch.compiler.is_compiling() or x.device.type != "cpu" or x.dtype not in KERNEL_DTYPES:
         return None
     return kernel()
+
+
+def heads_contiguous(x: torch.Tensor) -> bool:
+    """x [T, H, D] with each row's heads contiguous (any row stride, e.g. a view into the fused
+    qkv rows): the layout the native rotary and decode kernels read."""
+    return x.dim() == 3 and x.stride(2) == 1 and (x.shape[1] <= 1 or x.stride(1) == x.shape[2])

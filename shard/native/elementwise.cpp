@@ -2,6 +2,7 @@
 // (shard/layers/norm.py, rotary.py, activation.py; under --compile inductor fuses the torch
 // forms itself and these are not called):
 //   rms_norm:  out = w * round(x * rsqrt(mean(x^2) + eps))            (Llama's RMSNorm)
+//   add_rms_norm: s = round(x + r), out = rms_norm(s)       (the residual add before a norm)
 //   silu_mul:  out = round(g / (1 + e^-g)) * u                         (SwiGLU's gate)
 //   rotary:    out = round(x * c) + round(swap_halves(x) * s)          (neox rotation)
 // where round() is a rounding to the tensors' dtype, made where torch's forms make it, and every
@@ -61,6 +62,19 @@ void rms_norm_row(const T* x, const T* w, T* out, int64_t n, float eps) {
   const float inv = 1.0f / std::sqrt(sum / float(n) + eps);
   for (int64_t i = 0; i < n; ++i)
     out[i] = static_cast<T>(widen(w[i]) * round_to<T>(widen(x[i]) * inv));
+#endif
+}
+
+// s = x + r rounded to T, as torch's add rounds it.
+template <typename T>
+void add_row(const T* x, const T* r, T* s, int64_t n) {
+#if defined(__AVX512F__)
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = first_lanes(std::min<int64_t>(16, n - i));
+    store16(s + i, _mm512_add_ps(load16(x + i, m), load16(r + i, m)), m);
+  }
+#else
+  for (int64_t i = 0; i < n; ++i) s[i] = static_cast<T>(widen(x[i]) + widen(r[i]));
 #endif
 }
 
@@ -135,6 +149,39 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
     });
   });
   return out;
+}
+
+// x, residual [R, n] (rows contiguous), weight [n], one dtype -> (rms_norm(s), s) with
+// s = x + residual: a decoder layer's residual add and the norm after it in one pass over the
+// rows (the sum is still in L1 when the norm reads it), and one call where torch takes two.
+std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(torch::Tensor x, torch::Tensor residual,
+                                                      torch::Tensor weight, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.sizes() == residual.sizes(), "add_rms_norm: x and residual [R, n]");
+  TORCH_CHECK(x.stride(1) == 1 && residual.stride(1) == 1, "add_rms_norm: rows must be contiguous");
+  TORCH_CHECK(residual.scalar_type() == x.scalar_type(), "add_rms_norm: x and residual differ in dtype");
+  const int64_t n = x.size(1);
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == n && weight.is_contiguous(),
+              "add_rms_norm: weight must be [", n, "] and contiguous");
+  TORCH_CHECK(weight.scalar_type() == x.scalar_type(), "add_rms_norm: weight and x differ in dtype");
+  TORCH_CHECK(eps >= 0, "add_rms_norm: eps must be >= 0");
+  auto out = torch::empty(x.sizes(), x.options());
+  auto sum = torch::empty(x.sizes(), x.options());
+  with_dtype(x.scalar_type(), "add_rms_norm", [&](auto tag) {
+    using T = decltype(tag);
+    const T* xp = x.data_ptr<T>();
+    const T* rp = residual.data_ptr<T>();
+    const T* wp = weight.data_ptr<T>();
+    T* op = out.data_ptr<T>();
+    T* sp = sum.data_ptr<T>();
+    const int64_t xs = x.stride(0), rs = residual.stride(0);
+    at::parallel_for(0, x.size(0), grain_rows(n), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        add_row(xp + r * xs, rp + r * rs, sp + r * n, n);
+        rms_norm_row(sp + r * n, wp, op + r * n, n, float(eps));
+      }
+    });
+  });
+  return {out, sum};
 }
 
 // gate, up [R, n] (rows contiguous, e.g. the two halves of a gate_up product), one dtype ->

@@ -221,7 +221,7 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
         i += take;
         pos += take;
       }
-      const T* qrow = qp + (b * heads + h0 * group) * dim;
+      const T* qrow = qp + b * q.stride(0) + h0 * group * dim;
       for (int64_t j = 0; j < rows * dim; ++j) qf[j] = widen(qrow[j]) * float(scale);
       scores.resize(rows * n);
       bool in_registers = false;
@@ -264,7 +264,9 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
 at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                         const at::Tensor& block_tables, const at::Tensor& context_lens,
                         double scale, int64_t window) {
-  TORCH_CHECK(q.dim() == 3 && q.is_contiguous(), "q: [batch, heads, dim], contiguous");
+  // q may be a view into the fused qkv rows (rotary's output): each row's heads contiguous.
+  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && (q.size(1) == 1 || q.stride(1) == q.size(2)),
+              "q: [batch, heads, dim], each row's heads contiguous");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous(),
               "caches: [blocks, block_size, kv_heads, dim], contiguous");
   TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
@@ -292,7 +294,7 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
                   " is not in the cache (", num_blocks, " blocks)");
     }
   }
-  auto out = at::empty_like(q);
+  auto out = at::empty(q.sizes(), q.options());
   with_dtype(q.scalar_type(), "paged_decode", [&](auto tag) {
     decode<decltype(tag)>(q, k_cache, v_cache, tables, lens, out, scale, window);
   });

@@ -122,6 +122,23 @@ def test_kernel_refuses_what_it_cannot_read():
 
 
 @needs_kernel
+@pytest.mark.parametrize("batch", [1, 3])  # one row: split by KV head
+@pytest.mark.parametrize("dim", [16, 64])  # off and on the register path
+def test_q_may_be_a_view_into_the_fused_qkv_rows(batch, dim):
+    cache, meta, q, _, _ = _case(batch, 4, 2, dim, torch.bfloat16, [5, 40, 17][:batch])
+    kernel = paged_decode_kernel()
+    fused = torch.randn(batch, 8, dim).bfloat16()  # [q heads | k heads | v heads] per row
+    fused[:, :4] = q
+    view = fused[:, :4]
+    assert view.stride(0) == 8 * dim  # rows as far apart as the fused rows
+    args = (cache[0], cache[1], meta.block_tables, meta.context_lens, 0.3, 0)
+    got = kernel(view, *args)
+    assert got.is_contiguous() and torch.equal(got, kernel(q, *args))
+    with pytest.raises(RuntimeError, match="heads contiguous"):
+        kernel(q.transpose(1, 2).contiguous().transpose(1, 2), *args)
+
+
+@needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("slot_dtype", [torch.int64, torch.int32])
 def test_store_kv_writes_what_the_torch_path_writes(dtype, slot_dtype):

@@ -143,3 +143,21 @@ def test_a_bf16_model_multiplies_on_the_tiles_and_tracks_transformers(tiny_model
         for row, (prompt, seq) in enumerate(zip(batch, tokens, strict=True)):
             want = ref_logits(ref, seq[: len(prompt) + step])[-1]
             torch.testing.assert_close(logits[step][row], want, atol=3e-2, rtol=0)
+
+
+@needs_amx
+def test_long_prefills_go_to_onednn_on_the_plain_weight(monkeypatch):
+    # Past ONEDNN_ROWS rows the kernel is not called; the result is the same product.
+    monkeypatch.setattr(matmul_amx, "ONEDNN_ROWS", 40)
+    calls = []
+    kernel = amx_linear_kernel()
+    monkeypatch.setattr(matmul_amx, "amx_linear_kernel", lambda: lambda *a: calls.append(1) or kernel(*a))
+    torch.manual_seed(1)
+    w, b = torch.randn(48, 64).bfloat16(), torch.randn(48).bfloat16()
+    packed = matmul_amx.pack(w)
+    x = torch.randn(39, 64).bfloat16()
+    assert_rounded_once(matmul_amx.linear(x, packed, b), x, w, b)
+    assert calls == [1]
+    x = torch.randn(40, 64).bfloat16()
+    assert_rounded_once(matmul_amx.linear(x, packed, b), x, w, b)
+    assert calls == [1]

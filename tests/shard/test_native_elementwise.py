@@ -20,6 +20,7 @@ from shard.layers.activation import silu_and_mul
 from shard.layers.norm import RMSNorm
 from shard.layers.rotary import RopeConfig, RotaryEmbedding, _rotate
 from shard.native.build import (
+    add_rms_norm_kernel,
     rms_norm_kernel,
     rotary_kernel,
     silu_mul_kernel,
@@ -69,6 +70,22 @@ def test_rms_norm_kernel_within_fp32_of_float64(dtype, rows, hidden, magnitude):
     assert got.dtype == dtype and got.shape == x.shape
     # The sum of squares: 32 fp32 partial sums of up to n / 32 terms each, then 1 / sqrt.
     _between(got, *_rms_norm_bounds(x, weight, 1e-5, ulps=8))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("rows", "hidden"), [(1, 16), (16, 576), (5, 17), (130, 40)])
+def test_add_rms_norm_is_the_add_then_the_norm(dtype, rows, hidden):
+    # The sum is torch's add bit for bit (one rounding to the dtype), and the normed output is
+    # the norm kernel's of that sum, bit for bit: fusing the two changes no value.
+    torch.manual_seed(rows + hidden)
+    weight = torch.randn(hidden).to(dtype)
+    wide = (torch.randn(rows, hidden + 7) * 3).to(dtype)
+    x = wide[:, 3 : 3 + hidden]  # rows apart by more than their width
+    residual = (torch.randn(rows, hidden) * 30).to(dtype)
+    normed, summed = add_rms_norm_kernel()(x, residual, weight, 1e-6)
+    assert torch.equal(summed, x + residual)
+    assert torch.equal(normed, rms_norm_kernel()(summed, weight, 1e-6))
+    _between(normed, *_rms_norm_bounds(x + residual, weight, 1e-6, ulps=8))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -141,6 +158,10 @@ def test_kernels_refuse_what_they_cannot_compute():
         rms_norm_kernel()(torch.randn(2, 8).double(), torch.randn(8).double(), 1e-5)
     with pytest.raises(RuntimeError, match="gate and up"):
         silu_mul_kernel()(torch.randn(2, 8), torch.randn(2, 9))
+    with pytest.raises(RuntimeError, match="x and residual \\[R, n\\]"):
+        add_rms_norm_kernel()(torch.randn(2, 8), torch.randn(3, 8), torch.randn(8), 1e-5)
+    with pytest.raises(RuntimeError, match="x and residual differ in dtype"):
+        add_rms_norm_kernel()(torch.randn(2, 8), torch.randn(2, 8).bfloat16(), torch.randn(8), 1e-5)
 
 
 def _counting(monkeypatch, module, name):
@@ -158,6 +179,7 @@ def _counting(monkeypatch, module, name):
 
 def test_layers_take_the_native_kernels_in_eager_cpu_steps(monkeypatch):
     norm_calls = _counting(monkeypatch, shard.layers.norm, "rms_norm_kernel")
+    add_norm_calls = _counting(monkeypatch, shard.layers.norm, "add_rms_norm_kernel")
     silu_calls = _counting(monkeypatch, shard.layers.activation, "silu_mul_kernel")
     rope_calls = _counting(monkeypatch, shard.layers.rotary, "rotary_kernel")
     x = torch.randn(4, 32).bfloat16()
@@ -167,6 +189,8 @@ def test_layers_take_the_native_kernels_in_eager_cpu_steps(monkeypatch):
     rope = RotaryEmbedding(RopeConfig(head_dim=8, max_position_embeddings=16), torch.device("cpu"))
     qkv = torch.randn(4, 6 * 8)
     rope(torch.arange(4), qkv[:, :24].view(4, 3, 8), qkv[:, 24:40].view(4, 2, 8))
+    normed, summed = RMSNorm(torch.randn(32).bfloat16(), 1e-5)(x, x * 2)
+    assert torch.equal(summed, x * 3) and len(add_norm_calls) == 1
     assert (len(norm_calls), len(silu_calls), len(rope_calls)) == (1, 1, 1)
     # q and k were neighbours in one row: rotated in one call over both, as [4, 5, 8].
     assert rope_calls[0][0].shape == (4, 5, 8)
@@ -178,6 +202,7 @@ def test_layers_take_the_native_kernels_in_eager_cpu_steps(monkeypatch):
 
 ACCESSORS = (
     (shard.layers.norm, "rms_norm_kernel"),
+    (shard.layers.norm, "add_rms_norm_kernel"),
     (shard.layers.activation, "silu_mul_kernel"),
     (shard.layers.rotary, "rotary_kernel"),
 )
@@ -196,8 +221,8 @@ def test_compiled_layers_keep_their_torch_forms(monkeypatch):
 
     def layer(x, positions):
         q, k = rope(positions, x[:, :16].view(-1, 2, 8), x[:, 16:].view(-1, 2, 8))
-        h = norm(torch.cat([q.flatten(1), k.flatten(1)], 1))
-        return silu_and_mul(h[:, :16], h[:, 16:])
+        h, residual = norm(torch.cat([q.flatten(1), k.flatten(1)], 1), x)
+        return silu_and_mul(h[:, :16], h[:, 16:]) + norm(residual)[:, :16]
 
     x, positions = torch.randn(3, 32), torch.tensor([0, 4, 9])
     torch._dynamo.reset()
