@@ -8,7 +8,9 @@ fused gate_up, down), interleaved as a forward pass meets them, over as many dis
 make `--weights-mib` (default 1 GiB: over twice this machine's 480 MiB shared L3, so no weight
 is still cached when it comes round again). Each path holds its own packed copies, made as the
 shard makes them (shard/layers/matmul.py): oneDNN's blocked layout, and the tile kernel's.
-Prints the time per 30 layers (the model's count), the weight read rate, and oneDNN / AMX.
+Prints the time per 30 layers (the model's count), the weight read rate, and oneDNN / AMX. The
+AMX column is the kernel itself at every row count; the shard hands steps of
+`matmul_amx.ONEDNN_ROWS` rows or more to oneDNN instead.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     from shard.layers import matmul_amx
     from shard.native.build import amx_linear_kernel
 
-    if amx_linear_kernel() is None:
+    kernel = amx_linear_kernel()
+    if kernel is None:
         raise SystemExit("no AMX tile kernel here (a CPU with AMX-BF16 is needed): nothing to compare")
     layer_bytes = sum(n * k * 2 for n, k in SHAPES)
     layers = max(1, args.weights_mib * 2**20 // layer_bytes)
@@ -63,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
         xs = {k: torch.randn(rows, k).bfloat16() for k in {k for _, k in SHAPES}}
         check_x = xs[SHAPES[0][1]]
         want = torch.ops.mkldnn._linear_pointwise(check_x, onednn[0], None, "none", [], "")
-        got = matmul_amx.linear(check_x, tiles[0], None)
+        got = kernel(check_x, tiles[0], None)
         # Same products and fp32 sums: at most a rounding apart, never a different matrix.
         torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)
 
@@ -73,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
 
         def run_tiles() -> None:
             for w in tiles:
-                matmul_amx.linear(xs[w.shape[1] * matmul_amx.BLOCK_IN], w, None)
+                kernel(xs[w.shape[1] * matmul_amx.BLOCK_IN], w, None)
 
         t_dnn = best_seconds(run_onednn, args.repeats)
         t_amx = best_seconds(run_tiles, args.repeats)

@@ -3,10 +3,11 @@
 A decode step's GEMMs multiply a few rows by every weight once: they are bound by reading the
 weights, and oneDNN's packed bf16 GEMM reads them at ~20-33 GB/s here where the memory gives
 ~45-50 (bench/amx_gemm.py). The kernel streams a weight laid out block by block as the tile
-unit reads it: 1.3-1.4x faster than oneDNN from 1 to 32 rows, 1.2-1.5x up to 1,536. Past
-that oneDNN's blocking for cache wins (compute-bound, 1.4x faster at 3,072 rows, warm); steps
-of `ONEDNN_ROWS` rows or more (a long prompt without chunking: the CPU default chunks are 64-256
-tokens) hand oneDNN the plain weight, unpacked for the call.
+unit reads it: 1.3-1.4x faster than oneDNN from 1 to 32 rows, 1.04-1.9x up to 1,536. Past
+that, at long prefills (compute-bound), oneDNN's cache blocking wins: steps of `ONEDNN_ROWS`
+rows or more (a long prompt without chunking; the CPU default chunks are 64-256 tokens) hand
+oneDNN the plain weight, unpacked for the call. That is ~1.2x slower than oneDNN on its own
+packed copy would be (which would double the weights' memory).
 
 The layout is a plain bf16 tensor [N/16, K/32, 16, 16, 2]: block (b, t) holds output features
 b*16.. by inputs t*32.., each of its 16 rows the 16 outputs' VNNI pairs of inputs (2r, 2r+1).
@@ -22,9 +23,10 @@ from shard.native.build import amx_linear_kernel
 
 BLOCK_OUT = 16  # output features per block
 BLOCK_IN = 32  # input features per block (16 VNNI pairs)
-# From here oneDNN on the unpacked weight is as fast or faster (bench/amx_gemm.py: 3,072 rows
-# alike, 4,096 rows 1.36x faster; 1,536 rows the kernel 1.0x, 1,024 rows 1.4x faster).
-ONEDNN_ROWS = 3072
+# From here oneDNN on the unpacked weight is faster (30 cold layers of the SmolLM2 shape, ad hoc:
+# 2,048 rows 216 against 258 ms, 4,096 rows 374 against ~485; below it the kernel is: 1,536
+# rows 189 against 196, 1,024 rows 132 against 180).
+ONEDNN_ROWS = 2048
 
 
 def can_pack(weight: torch.Tensor) -> bool:
