@@ -47,7 +47,9 @@ def main(argv: list[str] | None = None) -> None:
 
     kernel = amx_linear_kernel()
     if kernel is None:
-        raise SystemExit("no AMX tile kernel here (a CPU with AMX-BF16 is needed): nothing to compare")
+        raise SystemExit(
+            "no AMX tile kernel here (a CPU with AMX-BF16 is needed): nothing to compare"
+        )
     layer_bytes = sum(n * k * 2 for n, k in SHAPES)
     layers = max(1, args.weights_mib * 2**20 // layer_bytes)
     torch.manual_seed(0)
@@ -61,7 +63,8 @@ def main(argv: list[str] | None = None) -> None:
         f"torch {torch.__version__}, {torch.get_num_threads()} threads; {layers} layers of "
         f"{layer_bytes / 2**20:.1f} MiB ({layers * layer_bytes / 2**20:.0f} MiB per pass)"
     )
-    print(f"{'rows':>5} {'oneDNN ms':>10} {'AMX ms':>8} {'oneDNN GB/s':>12} {'AMX GB/s':>9} {'ratio':>6}")
+    header = [("rows", 5), ("oneDNN ms", 10), ("AMX ms", 8), ("oneDNN GB/s", 12), ("AMX GB/s", 9)]
+    print(" ".join(f"{name:>{width}}" for name, width in header), f"{'ratio':>6}")
     for rows in args.rows:
         xs = {k: torch.randn(rows, k).bfloat16() for k in {k for _, k in SHAPES}}
         check_x = xs[SHAPES[0][1]]
@@ -70,11 +73,11 @@ def main(argv: list[str] | None = None) -> None:
         # Same products and fp32 sums: at most a rounding apart, never a different matrix.
         torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)
 
-        def run_onednn() -> None:
+        def run_onednn(xs: dict[int, torch.Tensor] = xs) -> None:
             for w in onednn:
                 torch.ops.mkldnn._linear_pointwise(xs[w.size(1)], w, None, "none", [], "")
 
-        def run_tiles() -> None:
+        def run_tiles(xs: dict[int, torch.Tensor] = xs) -> None:
             for w in tiles:
                 kernel(xs[w.shape[1] * matmul_amx.BLOCK_IN], w, None)
 

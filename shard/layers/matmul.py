@@ -10,11 +10,11 @@ only the summation order differs. Weights stay in their dtype, so memory is unch
 Where the CPU has the AMX tile unit, bf16 weights are packed once at load for the native tile
 kernel instead (shard/layers/matmul_amx.py: a decode step's GEMMs ~1.5x faster than oneDNN's).
 Elsewhere, where the CPU does have native GEMM for the dtype (fp32 everywhere; bf16 with
-AVX512-BF16), weights are packed once at load into oneDNN's blocked layout (`prepare_weight`). Unpacked,
-oneDNN re-lays a bf16 weight out on every call, which costs more than the product itself when
-the weight comes from DRAM, as every weight of a decode step does (bench/cpu_matmul.py, "packed"
-column: 1.4-1.6x at 1-16 rows in bf16, 2.4x in fp32). Packing reorders; it computes the same
-sums (bf16 results are bit-identical here).
+AVX512-BF16), weights are packed once at load into oneDNN's blocked layout (`prepare_weight`).
+Unpacked, oneDNN re-lays a bf16 weight out on every call, which costs more than the product
+itself when the weight comes from DRAM, as every weight of a decode step does
+(bench/cpu_matmul.py, "packed" column: 1.4-1.6x at 1-16 rows in bf16, 2.4x in fp32). Packing
+reorders; it computes the same sums (bf16 results are bit-identical here).
 """
 
 from functools import cache

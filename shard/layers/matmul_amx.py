@@ -44,7 +44,8 @@ def can_pack(weight: torch.Tensor) -> bool:
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
-    """[out, in] -> [out/16, in/32, 16, 16, 2]: packed[b, t, r, j, p] = weight[16b + j, 32t + 2r + p]."""
+    """[out, in] -> [out/16, in/32, 16, 16, 2], with
+    packed[b, t, r, j, p] = weight[16b + j, 32t + 2r + p]."""
     n, k = weight.shape
     blocks = weight.detach().reshape(n // BLOCK_OUT, BLOCK_OUT, k // BLOCK_IN, BLOCK_IN // 2, 2)
     return blocks.permute(0, 2, 3, 1, 4).contiguous()

@@ -65,7 +65,7 @@ void configure_tiles(int rows0, int rows1) {
 // (if kTwoN), over all of K, added to the bias and rounded into out.
 template <bool kTwoM, bool kTwoN>
 void tile_pass(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t kb, int rows0, int rows1,
-               const float* bias, c10::BFloat16* out, int64_t N, int64_t n0) {
+               const c10::BFloat16* bias, c10::BFloat16* out, int64_t N, int64_t n0) {
   _tile_zero(0);
   if (kTwoN) _tile_zero(1);
   if (kTwoM) _tile_zero(2);
@@ -88,7 +88,7 @@ void tile_pass(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t kb, in
   }
   alignas(64) float acc[16][16];
   auto emit = [&](int rows, int64_t row0, int64_t col0) {
-    const __m512 b = bias ? _mm512_loadu_ps(bias + col0) : _mm512_setzero_ps();
+    const __m512 b = bias ? load16(bias + col0) : _mm512_setzero_ps();  // bf16 widens exactly
     for (int r = 0; r < rows; ++r)
       store16(out + (row0 + r) * N + col0, _mm512_add_ps(_mm512_load_ps(acc[r]), b), 0xffff);
   };
@@ -132,11 +132,11 @@ torch::Tensor amx_linear(torch::Tensor x, torch::Tensor packed, c10::optional<to
   const int64_t M = x.size(0), K = x.size(1), nb = packed.size(0), kb = packed.size(1);
   const int64_t N = nb * 16;
   TORCH_CHECK(K == kb * 32, "amx_linear: x has ", K, " features, the weight ", kb * 32);
-  torch::Tensor bias32;
+  torch::Tensor bias_rows;  // the bias as read: bf16, widened per 16 lanes in the epilogue
   if (bias.has_value()) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == at::kBFloat16,
                 "amx_linear: the bias must be [", N, "] bfloat16");
-    bias32 = bias->to(at::kFloat).contiguous();
+    bias_rows = bias->contiguous();  // no copy for a layer's own (contiguous) bias
   }
   auto out = torch::empty({M, N}, x.options());
   if (M == 0) return out;
@@ -144,7 +144,7 @@ torch::Tensor amx_linear(torch::Tensor x, torch::Tensor packed, c10::optional<to
   TORCH_CHECK(amx_permitted(), "amx_linear: the OS does not lend this process the AMX tiles");
   const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
   const auto* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr());
-  const float* bp = bias32.defined() ? bias32.data_ptr<float>() : nullptr;
+  const c10::BFloat16* bp = bias_rows.defined() ? bias_rows.data_ptr<c10::BFloat16>() : nullptr;
   auto* op = out.data_ptr<c10::BFloat16>();
   const int64_t ldx = x.stride(0), pairs = (nb + 1) / 2;
   // Rows in blocks whose x stays in L2 while the threads stream their share of the weight past

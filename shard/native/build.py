@@ -197,14 +197,15 @@ def _module():  # -> the built extension, or None (logged once)
             flags.append("-mavx512bf16")
             isa += "_bf16"
         if {"amx_tile", "amx_bf16"} <= _cpu_flags():
-            module = _build(isa + "_amx", [*flags, *_AMX_FLAGS], quiet=True)
+            module = _build(isa + "_amx", [*flags, *_AMX_FLAGS], capability, amx_attempt=True)
             if module is not None:
                 return module
-    return _build(isa, flags)
+    return _build(isa, flags, capability)
 
 
-def _build(isa: str, flags: list[str], quiet: bool = False):  # -> the extension, or None
-    capability = torch.backends.cpu.get_cpu_capability()
+def _build(isa: str, flags: list[str], capability: str, amx_attempt: bool = False):  # -> or None
+    """The extension built with `flags`; None (logged) where it fails. A failed AMX attempt is only
+    noted: the caller then builds without the tile kernel."""
     source = "\n".join(path.read_text() for path in SOURCES)
     # The ISA in the name, torch's version in the digest: a cache directory shared by machines
     # of different CPUs, or kept across a torch upgrade, never hands a shard a build it cannot
@@ -218,7 +219,7 @@ def _build(isa: str, flags: list[str], quiet: bool = False):  # -> the extension
         module = load_inline(name, cpp_sources=[source], functions=FUNCTIONS, extra_cflags=flags)
     except Exception as err:  # a broken toolchain costs speed, never the shard
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        if quiet:
+        if amx_attempt:
             log.info("native CPU kernels: no AMX build (%s); building without it", first)
         else:
             log.warning("native CPU kernels: none, torch paths (the build failed: %s)", first)

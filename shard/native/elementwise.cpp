@@ -124,6 +124,16 @@ void rotary_token(const T* x, int64_t heads, int64_t d, const float* c, const fl
   }
 }
 
+// The norm's weight [n] (n: x's last size), contiguous, in x's dtype; eps >= 0.
+void check_norm_weight(const char* what, const torch::Tensor& x, const torch::Tensor& weight,
+                       double eps) {
+  const int64_t n = x.size(-1);
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == n && weight.is_contiguous(), what,
+              ": weight must be [", n, "] and contiguous");
+  TORCH_CHECK(weight.scalar_type() == x.scalar_type(), what, ": weight and x differ in dtype");
+  TORCH_CHECK(eps >= 0, what, ": eps must be >= 0");
+}
+
 }  // namespace
 
 // x [R, n] or [A, B, n] (rows contiguous, any row strides), weight [n], one dtype -> [.., n].
@@ -131,10 +141,7 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
   TORCH_CHECK(x.dim() == 2 || x.dim() == 3, "rms_norm: x must be [R, n] or [A, B, n]");
   const int64_t n = x.size(-1);
   TORCH_CHECK(x.stride(-1) == 1, "rms_norm: x's rows must be contiguous");
-  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == n && weight.is_contiguous(),
-              "rms_norm: weight must be [", n, "] and contiguous");
-  TORCH_CHECK(weight.scalar_type() == x.scalar_type(), "rms_norm: weight and x differ in dtype");
-  TORCH_CHECK(eps >= 0, "rms_norm: eps must be >= 0");
+  check_norm_weight("rms_norm", x, weight, eps);
   auto out = torch::empty(x.sizes(), x.options());
   const int64_t rows = n == 0 ? 0 : x.numel() / n;
   const Rows in = rows_of(x);
@@ -160,10 +167,7 @@ std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(torch::Tensor x, torch::Te
   TORCH_CHECK(x.stride(1) == 1 && residual.stride(1) == 1, "add_rms_norm: rows must be contiguous");
   TORCH_CHECK(residual.scalar_type() == x.scalar_type(), "add_rms_norm: x and residual differ in dtype");
   const int64_t n = x.size(1);
-  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == n && weight.is_contiguous(),
-              "add_rms_norm: weight must be [", n, "] and contiguous");
-  TORCH_CHECK(weight.scalar_type() == x.scalar_type(), "add_rms_norm: weight and x differ in dtype");
-  TORCH_CHECK(eps >= 0, "add_rms_norm: eps must be >= 0");
+  check_norm_weight("add_rms_norm", x, weight, eps);
   auto out = torch::empty(x.sizes(), x.options());
   auto sum = torch::empty(x.sizes(), x.options());
   with_dtype(x.scalar_type(), "add_rms_norm", [&](auto tag) {

@@ -92,7 +92,11 @@ def test_the_kernel_refuses_what_it_cannot_multiply():
 def test_the_shard_packs_bf16_weights_that_tile_and_only_those():
     tiles = torch.randn(48, 64).bfloat16()
     assert matmul_amx.is_packed(matmul.prepare_weight(tiles))
-    for other in (torch.randn(40, 64).bfloat16(), torch.randn(48, 48).bfloat16(), torch.randn(48, 64)):
+    for other in (
+        torch.randn(40, 64).bfloat16(),
+        torch.randn(48, 48).bfloat16(),
+        torch.randn(48, 64),
+    ):
         prepared = matmul.prepare_weight(other)
         assert not matmul_amx.is_packed(prepared)
         assert torch.equal(matmul.dense(prepared), other)
@@ -151,7 +155,9 @@ def test_long_prefills_go_to_onednn_on_the_plain_weight(monkeypatch):
     monkeypatch.setattr(matmul_amx, "ONEDNN_ROWS", 40)
     calls = []
     kernel = amx_linear_kernel()
-    monkeypatch.setattr(matmul_amx, "amx_linear_kernel", lambda: lambda *a: calls.append(1) or kernel(*a))
+    monkeypatch.setattr(
+        matmul_amx, "amx_linear_kernel", lambda: lambda *a: calls.append(1) or kernel(*a)
+    )
     torch.manual_seed(1)
     w, b = torch.randn(48, 64).bfloat16(), torch.randn(48).bfloat16()
     packed = matmul_amx.pack(w)
