@@ -5,6 +5,8 @@ builder from vector.h (shared loads and stores) and each kernel's source:
   of every row's K/V into a padded copy, then SDPA over the copy; the gather alone moves the
   cache's bytes twice, and the index and mask plumbing is a few dozen small torch calls a layer.
   The kernel reads the cache in place through the block table, once (bench/decode_attention.py).
+- paged_prefill.cpp: the same backend's prefill attention for short prompts and chunks, every
+  sequence of a step in one call per layer (the torch path calls SDPA once per sequence).
 - lora.cpp: the LoRA terms of a linear at a decode step's size, all slots in one call
   (shard/layers/lora.py; bench/profile_lora.py).
 - elementwise.cpp: RMSNorm (alone or after the residual add), SiLU-and-mul and the rotary
@@ -44,6 +46,7 @@ SOURCES = [
     for n in (
         "vector.h",
         "paged_decode.cpp",
+        "paged_prefill.cpp",
         "lora.cpp",
         "elementwise.cpp",
         "argmax.cpp",
@@ -52,6 +55,7 @@ SOURCES = [
 ]
 FUNCTIONS = [
     "paged_decode",
+    "paged_prefill",
     "store_kv",
     "lora_apply",
     "rms_norm",
@@ -96,6 +100,15 @@ def paged_decode_kernel() -> Callable[..., torch.Tensor] | None:
     [B, max_blocks] int32, context_lens [B] int32, scale, window (0: none)) -> [B, H, D], all in
     one dtype (fp32, bf16, fp16); None where it cannot be built (logged once)."""
     return _function("paged_decode")
+
+
+def paged_prefill_kernel() -> Callable[..., None] | None:
+    """paged_prefill(q [T, H, D], k_cache, v_cache, block_tables [B, max_blocks] int32,
+    context_lens [B] int32, cu_seqlens_q [B + 1] int32, seqs (sequence indices), out [T, H, D],
+    scale, window (0: none)): causal attention of the listed sequences' query tokens over their
+    cached K/V, written into out's rows (the contract is paged_prefill.cpp's); None where the
+    kernels cannot be built."""
+    return _function("paged_prefill")
 
 
 def store_kv_kernel() -> Callable[..., None] | None:

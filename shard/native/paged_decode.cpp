@@ -259,41 +259,56 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
   });
 }
 
+// The layout and dtype checks paged_decode and paged_prefill share (`what` names the kernel).
+void check_paged_inputs(const char* what, const at::Tensor& q, const at::Tensor& k_cache,
+                        const at::Tensor& v_cache, const at::Tensor& block_tables,
+                        const at::Tensor& context_lens) {
+  // q may be a view into the fused qkv rows (rotary's output): each row's heads contiguous.
+  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && (q.size(1) == 1 || q.stride(1) == q.size(2)),
+              what, ": q must be [tokens, heads, dim], each row's heads contiguous");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous(),
+              what, ": caches must be [blocks, block_size, kv_heads, dim], contiguous");
+  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
+              what, ": q and the caches must share a dtype");
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt,
+              what, ": block tables and context lengths must be int32");
+  TORCH_CHECK(block_tables.dim() == 2, what, ": block tables must be [rows, max_blocks]");
+  TORCH_CHECK(q.size(1) % k_cache.size(2) == 0, what, ": heads must be a multiple of kv heads");
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes() && k_cache.size(3) == q.size(2),
+              what, ": the caches' head size must be q's");
+}
+
+// Every position a row reads must lie in a block of the cache: a bad table never reads out of
+// it. `rows`: the block table rows to check (all of them when empty).
+void check_block_reach(const char* what, const at::Tensor& tables, const at::Tensor& lens,
+                       int64_t block_size, int64_t num_blocks, const std::vector<int64_t>& rows) {
+  const int64_t width = tables.size(1), count = rows.empty() ? tables.size(0) : int64_t(rows.size());
+  const int32_t* tp = tables.data_ptr<int32_t>();
+  const int32_t* lp = lens.data_ptr<int32_t>();
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t b = rows.empty() ? i : rows[i];
+    const int64_t ctx = lp[b];
+    TORCH_CHECK(ctx >= 1 && ctx <= width * block_size, what, ": row ", b, ": context length ",
+                ctx, " outside 1..", width * block_size, " (its block table's reach)");
+    for (int64_t j = 0; j < (ctx + block_size - 1) / block_size; ++j) {
+      const int64_t block = tp[b * width + j];
+      TORCH_CHECK(block >= 0 && block < num_blocks, what, ": row ", b, ": block ", block,
+                  " is not in the cache (", num_blocks, " blocks)");
+    }
+  }
+}
+
 }  // namespace
 
 at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                         const at::Tensor& block_tables, const at::Tensor& context_lens,
                         double scale, int64_t window) {
-  // q may be a view into the fused qkv rows (rotary's output): each row's heads contiguous.
-  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && (q.size(1) == 1 || q.stride(1) == q.size(2)),
-              "q: [batch, heads, dim], each row's heads contiguous");
-  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous(),
-              "caches: [blocks, block_size, kv_heads, dim], contiguous");
-  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
-              "q and the caches must share a dtype");
-  TORCH_CHECK(block_tables.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt,
-              "block tables and context lengths: int32");
-  TORCH_CHECK(q.size(1) % k_cache.size(2) == 0, "heads must be a multiple of kv heads");
-  TORCH_CHECK(k_cache.sizes() == v_cache.sizes() && k_cache.size(3) == q.size(2),
-              "the caches' head size must be q's");
-  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == q.size(0) &&
-                  context_lens.numel() == q.size(0),
-              "one block table row and one context length per query row");
+  check_paged_inputs("paged_decode", q, k_cache, v_cache, block_tables, context_lens);
+  TORCH_CHECK(block_tables.size(0) == q.size(0) && context_lens.numel() == q.size(0),
+              "paged_decode: one block table row and one context length per query row");
   auto tables = block_tables.contiguous();
   auto lens = context_lens.contiguous();
-  // Every position read must lie in a block of the cache: a bad table never reads out of it.
-  const int64_t block_size = k_cache.size(1), num_blocks = k_cache.size(0);
-  const int64_t width = tables.size(1);
-  for (int64_t b = 0; b < q.size(0); ++b) {
-    const int64_t ctx = lens.data_ptr<int32_t>()[b];
-    TORCH_CHECK(ctx >= 1 && ctx <= width * block_size, "row ", b, ": context length ", ctx,
-                " outside 1..", width * block_size, " (its block table's reach)");
-    for (int64_t j = 0; j < (ctx + block_size - 1) / block_size; ++j) {
-      const int64_t block = tables.data_ptr<int32_t>()[b * width + j];
-      TORCH_CHECK(block >= 0 && block < num_blocks, "row ", b, ": block ", block,
-                  " is not in the cache (", num_blocks, " blocks)");
-    }
-  }
+  check_block_reach("paged_decode", tables, lens, k_cache.size(1), k_cache.size(0), {});
   auto out = at::empty(q.sizes(), q.options());
   with_dtype(q.scalar_type(), "paged_decode", [&](auto tag) {
     decode<decltype(tag)>(q, k_cache, v_cache, tables, lens, out, scale, window);

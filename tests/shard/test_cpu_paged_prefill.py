@@ -1,0 +1,192 @@
+"""The native CPU paged prefill kernel (shard/native/paged_prefill.cpp) against float64 causal
+attention and against the torch backend's SDPA path: every dtype, head sizes on and off a
+multiple of 16, MHA / GQA / MQA and groups wider than its head tile, fresh prompts and chunks
+that continue a cached prefix, windows, odd token counts (a tile of one token), a subset of the
+step's sequences (the others' rows untouched), q as a view into fused rows, a NaN-poisoned cache
+(no position outside a sequence's reach is read), and its refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from paged_helpers import PagedLayout
+
+from shard.attention import torch_backend
+from shard.attention.torch_backend import TorchAttentionBackend
+from shard.native.build import paged_prefill_kernel, unavailable_reason
+
+BLOCK = 16
+TOL = {torch.float32: 2e-5, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
+
+REASON = unavailable_reason()
+needs_kernel = pytest.mark.skipif(
+    REASON is not None, reason=f"the kernel cannot be built here: {REASON}"
+)
+
+
+def test_the_kernel_builds_wherever_its_toolchain_is_present():
+    assert (paged_prefill_kernel() is None) == (REASON is not None)
+
+
+def _case(heads, kv_heads, dim, dtype, chunks, seed=0):
+    """chunks: (cached prefix, new tokens) per sequence. A NaN-poisoned paged cache holding every
+    sequence's positions up to the end of its chunk (as store_kv leaves it before attention),
+    the step's metadata, q [T, H, D] and each sequence's K/V in float64."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks = sum(-(-(p + n) // BLOCK) for p, n in chunks) + 4
+    layout = PagedLayout(BLOCK, num_blocks=blocks, seed=seed)
+    seqs = [layout.add(p + n) for p, n in chunks]
+    cache = torch.full((2, blocks, BLOCK, kv_heads, dim), float("nan"), dtype=dtype)
+    keys, values = [], []
+    for s, (prefix, new) in zip(seqs, chunks, strict=True):
+        k = torch.randn(prefix + new, kv_heads, dim, generator=gen).to(dtype)
+        v = torch.randn(prefix + new, kv_heads, dim, generator=gen).to(dtype)
+        for p in range(prefix + new):
+            cache[0].view(-1, kv_heads, dim)[layout.slot(s, p)] = k[p]
+            cache[1].view(-1, kv_heads, dim)[layout.slot(s, p)] = v[p]
+        keys.append(k.double())
+        values.append(v.double())
+    _, meta = layout.prefill(seqs, [p for p, _ in chunks], [p + n for p, n in chunks])
+    tokens = sum(n for _, n in chunks)
+    q = (torch.randn(tokens, heads, dim, generator=gen) * 2).to(dtype)
+    return cache, meta, q, keys, values
+
+
+def _reference(q, chunks, keys, values, scale, window):
+    out, start = [], 0
+    for (prefix, new), k, v in zip(chunks, keys, values, strict=True):
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        scores = torch.einsum("thd,khd->htk", q[start : start + new].double(), k) * scale
+        q_pos = torch.arange(prefix, prefix + new)[:, None]
+        k_pos = torch.arange(prefix + new)[None, :]
+        seen = k_pos <= q_pos
+        if window is not None:
+            seen &= k_pos > q_pos - window
+        probs = scores.masked_fill(~seen, float("-inf")).softmax(-1)
+        out.append(torch.einsum("htk,khd->thd", probs, v))
+        start += new
+    return torch.cat(out)
+
+
+def _run(kernel, q, cache, meta, seqs, scale, window, out=None):
+    out = torch.full(q.shape, -7.0, dtype=q.dtype) if out is None else out
+    kernel(
+        q, cache[0], cache[1], meta.block_tables, meta.context_lens, meta.cu_seqlens_q,
+        seqs, out, scale, window or 0,
+    )  # fmt: skip
+    return out
+
+
+CHUNKS = {
+    "prompts": [(0, 1), (0, 17), (0, 64), (0, 5), (0, 33)],
+    "chunks": [(48, 16), (0, 30), (100, 1), (7, 70), (31, 2)],
+    "one": [(0, 129)],
+}
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim"),
+    [(9, 3, 64), (4, 4, 128), (8, 1, 80), (6, 2, 72), (14, 2, 32), (10, 2, 256)],
+    ids=["gqa-64", "mha-128", "mqa-80", "gqa-72", "group7-32", "gqa-256"],
+)
+@pytest.mark.parametrize("window", [None, 5, 40])
+@pytest.mark.parametrize("kind", list(CHUNKS))
+def test_kernel_equals_float64_causal_attention(dtype, heads, kv_heads, dim, window, kind):
+    chunks = CHUNKS[kind]
+    cache, meta, q, keys, values = _case(heads, kv_heads, dim, dtype, chunks)
+    scale = dim**-0.5
+    out = _run(paged_prefill_kernel(), q, cache, meta, list(range(len(chunks))), scale, window)
+    want = _reference(q, chunks, keys, values, scale, window)
+    tol = TOL[dtype]
+    torch.testing.assert_close(out.double(), want, atol=tol, rtol=tol)
+
+
+@needs_kernel
+def test_only_the_listed_sequences_rows_are_written():
+    chunks = CHUNKS["chunks"]
+    cache, meta, q, keys, values = _case(9, 3, 64, torch.float32, chunks, seed=2)
+    out = _run(paged_prefill_kernel(), q, cache, meta, [1, 3], 0.125, None)
+    want = _reference(q, chunks, keys, values, 0.125, None)
+    bounds = meta.cu_seqlens_q.tolist()
+    for i in range(len(chunks)):
+        rows = slice(bounds[i], bounds[i + 1])
+        if i in (1, 3):
+            torch.testing.assert_close(out[rows].double(), want[rows], atol=2e-5, rtol=2e-5)
+        else:
+            assert bool((out[rows] == -7.0).all()), f"sequence {i} was not listed but written"
+
+
+@needs_kernel
+def test_q_may_be_a_view_into_fused_rows():
+    chunks = CHUNKS["prompts"]
+    cache, meta, q, _, _ = _case(9, 3, 64, torch.bfloat16, chunks, seed=3)
+    fused = torch.cat([q.flatten(1), torch.randn(q.shape[0], 6 * 64).bfloat16()], dim=1)
+    view = fused[:, : 9 * 64].view(-1, 9, 64)
+    assert not view.is_contiguous()
+    kernel, seqs = paged_prefill_kernel(), list(range(len(chunks)))
+    assert torch.equal(
+        _run(kernel, view, cache, meta, seqs, 0.125, None),
+        _run(kernel, q, cache, meta, seqs, 0.125, None),
+    )
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [None, 24])
+def test_backend_prefill_splits_between_the_kernel_and_sdpa(monkeypatch, dtype, window):
+    """Small sequences go to the kernel, large ones to SDPA, in one step; the result is the
+    torch path's within the dtype's rounding, and no less exact against float64."""
+    chunks = [(0, 12), (0, 90), (40, 8), (64, 64), (0, 3)]
+    cache, meta, q, keys, values = _case(12, 4, 64, dtype, chunks, seed=5)
+    monkeypatch.setattr(torch_backend, "NATIVE_PREFILL_CELLS", 40 * 48)
+    native, rest = torch_backend._native_prefill_split(
+        meta, torch_backend._prefill_plan(meta, BLOCK, window), window
+    )
+    assert native and rest, "the case must exercise both paths"
+    n = q.shape[0]
+    k = torch.zeros(n, 4, 64, dtype=dtype)  # prefill reads the cache, not k/v, for the kernel;
+    v = torch.zeros(n, 4, 64, dtype=dtype)  # SDPA's sequences read their own tokens' rows:
+    bounds = meta.cu_seqlens_q.tolist()
+    for i, (prefix, new) in enumerate(chunks):
+        k[bounds[i] : bounds[i + 1]] = keys[i][prefix:].to(dtype)
+        v[bounds[i] : bounds[i + 1]] = values[i][prefix:].to(dtype)
+    got = TorchAttentionBackend().prefill(q, k, v, cache, meta, 0.125, window)
+    meta.derived.clear()
+    sdpa = TorchAttentionBackend(native=False).prefill(q, k, v, cache, meta, 0.125, window)
+    want = _reference(q, chunks, keys, values, 0.125, window)
+    tol = TOL[dtype]
+    torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
+    torch.testing.assert_close(got, sdpa, atol=2 * tol, rtol=2 * tol)
+    assert (got.double() - want).abs().max() <= (sdpa.double() - want).abs().max() + 1e-6
+
+
+@needs_kernel
+def test_refusals_name_the_problem():
+    chunks = [(0, 8), (8, 8)]
+    cache, meta, q, _, _ = _case(4, 2, 64, torch.float32, chunks)
+    kernel = paged_prefill_kernel()
+    out = torch.empty_like(q)
+    args = (cache[0], cache[1], meta.block_tables, meta.context_lens)
+
+    def call(q=q, args=args, cu=meta.cu_seqlens_q, seqs=(0, 1), out=out):
+        kernel(q, *args, cu, list(seqs), out, 0.125, 0)
+
+    with pytest.raises(RuntimeError, match="outside 0..1"):
+        call(seqs=(2,))
+    with pytest.raises(RuntimeError, match="must run from 0 to 16"):
+        call(cu=torch.tensor([0, 8, 15], dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="has 9 queries but a context of 8"):
+        call(cu=torch.tensor([0, 9, 16], dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="contiguous tensor of q's shape"):
+        call(out=torch.empty(16, 4, 32))
+    with pytest.raises(RuntimeError, match="share a dtype"):
+        call(q=q.double(), out=out.double())
+    bad_tables = meta.block_tables.clone()
+    bad_tables[1, 0] = 10_000
+    with pytest.raises(RuntimeError, match="not in the cache"):
+        call(args=(cache[0], cache[1], bad_tables, meta.context_lens))
+    # An empty list computes nothing and checks no table.
+    call(seqs=(), args=(cache[0], cache[1], bad_tables, meta.context_lens))
