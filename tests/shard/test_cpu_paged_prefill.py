@@ -150,7 +150,7 @@ def test_backend_prefill_splits_between_the_kernel_and_sdpa(monkeypatch, dtype, 
     k = torch.zeros(n, 4, 64, dtype=dtype)  # prefill reads the cache, not k/v, for the kernel;
     v = torch.zeros(n, 4, 64, dtype=dtype)  # SDPA's sequences read their own tokens' rows:
     bounds = meta.cu_seqlens_q.tolist()
-    for i, (prefix, new) in enumerate(chunks):
+    for i, (prefix, _) in enumerate(chunks):
         k[bounds[i] : bounds[i + 1]] = keys[i][prefix:].to(dtype)
         v[bounds[i] : bounds[i + 1]] = values[i][prefix:].to(dtype)
     got = TorchAttentionBackend().prefill(q, k, v, cache, meta, 0.125, window)
