@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from shard.distributed import Distributed
+from shard.layers.activation import silu_and_mul
 from shard.layers.lora import LoraTerm
 from shard.layers.quant.base import LinearWeight, Piece
 from shard.layers.quant.select import linear_method
@@ -112,6 +113,18 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 
     def split(self, out: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return out.chunk(self.num_blocks, dim=-1)
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """SwiGLU over a gate_up projection, silu(gate) * up, fused into the product where the
+        weight's representation can (LinearWeight.silu_mul). A step whose adapters add LoRA
+        terms to the product (or a traced one that may) computes the product first."""
+        lora = self.lora
+        if lora is not None and (
+            torch.compiler.is_compiling() or lora.step.token_slots is not None
+        ):
+            gate, up = self.split(self(x))
+            return silu_and_mul(gate, up)
+        return self.weight.silu_mul(x, self.bias)
 
 
 def head_range(

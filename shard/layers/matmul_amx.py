@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from shard.native.build import amx_linear_kernel
+from shard.layers.activation import silu_and_mul
+from shard.native.build import amx_linear_kernel, amx_linear_silu_mul_kernel
 
 BLOCK_OUT = 16  # output features per block
 BLOCK_IN = 32  # input features per block (16 VNNI pairs)
@@ -65,6 +66,25 @@ def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> 
     kernel = amx_linear_kernel()  # None: SWITCHYARD_CPU_AMX=0 set after the weight was packed
     if kernel is None or x.numel() >= ONEDNN_ROWS * x.shape[-1]:
         return torch.nn.functional.linear(x, unpack(packed), bias)
+    return _rows_call(kernel, x, packed, bias)
+
+
+def linear_silu_mul(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """silu(gate) * up of a packed fused gate_up weight (its first half of outputs the gate's):
+    the kernel applies SwiGLU as it rounds each tile of the product, which is then never
+    written whole and read back (a 944-token prefill of the SmolLM2 shape: 0.57 ms a layer of
+    SiLU-and-mul over a 5.8 MB product). The same values as silu_and_mul(linear(...)) halves."""
+    kernel = amx_linear_silu_mul_kernel()
+    if kernel is None or x.numel() >= ONEDNN_ROWS * x.shape[-1] or packed.shape[0] % 2:
+        gate, up = linear(x, packed, bias).chunk(2, dim=-1)
+        return silu_and_mul(gate, up)
+    return _rows_call(kernel, x, packed, bias)
+
+
+def _rows_call(kernel, x, packed, bias):  # type: ignore[no-untyped-def]
+    """kernel(x as [rows, features] with contiguous rows, packed, bias), shaped back as x."""
     if x.dim() == 2 and x.stride(-1) == 1:  # the usual [tokens, features]: no reshapes
         return kernel(x, packed, bias)
     rows = x.reshape(-1, x.shape[-1])

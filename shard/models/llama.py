@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 from shard.attention import AttentionBackend, StepMetadata, attend, get_attention_backend
-from shard.layers.activation import silu_and_mul
 from shard.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from shard.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from shard.layers.norm import RMSNorm
@@ -135,8 +134,7 @@ class LlamaMLP(nn.Module):
         return cls(gate_up, down)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj.split(self.gate_up_proj(x))
-        return self.down_proj(silu_and_mul(gate, up))
+        return self.down_proj(self.gate_up_proj.silu_and_mul(x))
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -63,15 +63,18 @@ void configure_tiles(int rows0, int rows1) {
 
 // The sums of x's rows [0, 16 * (1 + kTwoM)) (row stride ldx) by output blocks b and b + 1
 // (if kTwoN), over all of K, added to the bias and rounded into out.
-template <bool kTwoM, bool kTwoN>
-void tile_pass(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t kb, int rows0, int rows1,
-               const c10::BFloat16* bias, c10::BFloat16* out, int64_t N, int64_t n0) {
+// The gated epilogue (kGated): block b's sums are SwiGLU's gate g and block b + 1's its up u
+// (w1 is then the up block, wherever it lies); out gets round(round(silu(round(g))) *
+// round(u)), as silu_and_mul computes it from the rounded product (elementwise.cpp).
+template <bool kTwoM, bool kTwoN, bool kGated = false>
+void tile_pass(const uint16_t* x, int64_t ldx, const uint16_t* w, const uint16_t* w1, int64_t kb,
+               int rows0, int rows1, const c10::BFloat16* bias, const c10::BFloat16* bias1,
+               c10::BFloat16* out, int64_t N, int64_t n0) {
   _tile_zero(0);
   if (kTwoN) _tile_zero(1);
   if (kTwoM) _tile_zero(2);
   if (kTwoM && kTwoN) _tile_zero(3);
   const uint16_t* x1 = x + 16 * ldx;
-  const uint16_t* w1 = w + kb * 512;
   for (int64_t t = 0; t < kb; ++t) {
     _tile_loadd(4, x + t * 32, ldx * 2);
     _tile_loadd(6, w + t * 512, 64);
@@ -87,6 +90,30 @@ void tile_pass(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t kb, in
     }
   }
   alignas(64) float acc[16][16];
+  if constexpr (kGated) {
+    alignas(64) float up[16][16];
+    const __m512 gb = bias ? load16(bias) : _mm512_setzero_ps();
+    const __m512 ub = bias1 ? load16(bias1) : _mm512_setzero_ps();
+    const __m512 one = _mm512_set1_ps(1.f);
+    auto emit = [&](int rows, int64_t row0) {
+      for (int r = 0; r < rows; ++r) {
+        const __m512 g = round_to<c10::BFloat16>(_mm512_add_ps(_mm512_load_ps(acc[r]), gb));
+        const __m512 u = round_to<c10::BFloat16>(_mm512_add_ps(_mm512_load_ps(up[r]), ub));
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+        const __m512 silu = round_to<c10::BFloat16>(_mm512_div_ps(g, _mm512_add_ps(one, e)));
+        store16(out + (row0 + r) * N + n0, _mm512_mul_ps(silu, u), 0xffff);
+      }
+    };
+    _tile_stored(0, acc, 64);
+    _tile_stored(1, up, 64);
+    emit(rows0, 0);
+    if (kTwoM) {
+      _tile_stored(2, acc, 64);
+      _tile_stored(3, up, 64);
+      emit(rows1, 16);
+    }
+    return;
+  }
   auto emit = [&](int rows, int64_t row0, int64_t col0) {
     const __m512 b = bias ? load16(bias + col0) : _mm512_setzero_ps();  // bf16 widens exactly
     for (int r = 0; r < rows; ++r)
@@ -120,33 +147,40 @@ bool amx_ready() {
 #endif
 }
 
-// x [M, K] bf16 (rows contiguous, any row stride), packed [N/16, K/32, 16, 16, 2] bf16, bias
-// [N] bf16 or None -> x @ W.T + bias, [M, N] bf16.
-torch::Tensor amx_linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias) {
-  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "amx_linear: x must be [M, K] with contiguous rows");
+namespace {
+// amx_linear's and amx_linear_silu_mul's checks and loop (`what` names the caller): x [M, K]
+// by the packed weight's N outputs, into out [M, N] or, gated, [M, N / 2].
+torch::Tensor run_linear(const char* what, const torch::Tensor& x, const torch::Tensor& packed,
+                         const c10::optional<torch::Tensor>& bias, bool gated) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, what, ": x must be [M, K] with contiguous rows");
   TORCH_CHECK(packed.dim() == 5 && packed.is_contiguous() && packed.size(2) == 16 &&
                   packed.size(3) == 16 && packed.size(4) == 2,
-              "amx_linear: the weight must be packed [N/16, K/32, 16, 16, 2]");
+              what, ": the weight must be packed [N/16, K/32, 16, 16, 2]");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16,
-              "amx_linear: x and the weight must be bfloat16");
+              what, ": x and the weight must be bfloat16");
   const int64_t M = x.size(0), K = x.size(1), nb = packed.size(0), kb = packed.size(1);
   const int64_t N = nb * 16;
-  TORCH_CHECK(K == kb * 32, "amx_linear: x has ", K, " features, the weight ", kb * 32);
+  TORCH_CHECK(K == kb * 32, what, ": x has ", K, " features, the weight ", kb * 32);
+  TORCH_CHECK(!gated || nb % 2 == 0, what, ": the gate and up halves must be whole 16-output blocks (",
+              N, " outputs)");
   torch::Tensor bias_rows;  // the bias as read: bf16, widened per 16 lanes in the epilogue
   if (bias.has_value()) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == at::kBFloat16,
-                "amx_linear: the bias must be [", N, "] bfloat16");
+                what, ": the bias must be [", N, "] bfloat16");
     bias_rows = bias->contiguous();  // no copy for a layer's own (contiguous) bias
   }
-  auto out = torch::empty({M, N}, x.options());
+  const int64_t out_cols = gated ? N / 2 : N;
+  auto out = torch::empty({M, out_cols}, x.options());
   if (M == 0) return out;
 #if defined(SWITCHYARD_AMX)
-  TORCH_CHECK(amx_permitted(), "amx_linear: the OS does not lend this process the AMX tiles");
+  TORCH_CHECK(amx_permitted(), what, ": the OS does not lend this process the AMX tiles");
   const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
   const auto* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr());
   const c10::BFloat16* bp = bias_rows.defined() ? bias_rows.data_ptr<c10::BFloat16>() : nullptr;
   auto* op = out.data_ptr<c10::BFloat16>();
-  const int64_t ldx = x.stride(0), pairs = (nb + 1) / 2;
+  // A task's pair of 16-output blocks: (2p, 2p + 1), or gated (p, p + nb / 2): a gate block and
+  // its up block, so the epilogue has both.
+  const int64_t ldx = x.stride(0), pairs = gated ? nb / 2 : (nb + 1) / 2;
   // Rows in blocks whose x stays in L2 while the threads stream their share of the weight past
   // it; a long prefill re-reads the weight once per block instead of x once per output pair.
   const int64_t block_rows = std::max<int64_t>(32, (kBlockBytes / (K * 2)) / 32 * 32);
@@ -155,8 +189,12 @@ torch::Tensor amx_linear(torch::Tensor x, torch::Tensor packed, c10::optional<to
     at::parallel_for(0, pairs, 1, [&](int64_t p0, int64_t p1) {
       int configured = -1;  // rows0 * 32 + rows1 of the loaded configuration
       for (int64_t p = p0; p < p1; ++p) {
-        const bool two_n = 2 * p + 1 < nb;
-        const uint16_t* w = wp + 2 * p * kb * 512;
+        const int64_t b0 = gated ? p : 2 * p, b1 = gated ? p + nb / 2 : 2 * p + 1;
+        const bool two_n = b1 < nb;
+        const uint16_t* w = wp + b0 * kb * 512;
+        const uint16_t* w1 = wp + b1 * kb * 512;
+        const c10::BFloat16* bias1 = gated && bp ? bp + b1 * 16 : nullptr;
+        const c10::BFloat16* bias0 = gated && bp ? bp + b0 * 16 : bp;
         for (int64_t m0 = mb; m0 < mend; m0 += 32) {
           const int rows0 = static_cast<int>(std::min<int64_t>(16, mend - m0));
           const int rows1 = static_cast<int>(std::clamp<int64_t>(mend - m0 - 16, 0, 16));
@@ -166,16 +204,20 @@ torch::Tensor amx_linear(torch::Tensor x, torch::Tensor packed, c10::optional<to
             configured = want;
           }
           const uint16_t* xr = xp + m0 * ldx;
-          c10::BFloat16* o = op + m0 * N;
-          const int64_t n0 = 2 * p * 16;
-          if (rows1 > 0 && two_n)
-            tile_pass<true, true>(xr, ldx, w, kb, rows0, rows1, bp, o, N, n0);
+          c10::BFloat16* o = op + m0 * out_cols;
+          const int64_t n0 = b0 * 16;
+          if (gated && rows1 > 0)
+            tile_pass<true, true, true>(xr, ldx, w, w1, kb, rows0, rows1, bias0, bias1, o, out_cols, n0);
+          else if (gated)
+            tile_pass<false, true, true>(xr, ldx, w, w1, kb, rows0, rows1, bias0, bias1, o, out_cols, n0);
+          else if (rows1 > 0 && two_n)
+            tile_pass<true, true>(xr, ldx, w, w1, kb, rows0, rows1, bp, nullptr, o, N, n0);
           else if (rows1 > 0)
-            tile_pass<true, false>(xr, ldx, w, kb, rows0, rows1, bp, o, N, n0);
+            tile_pass<true, false>(xr, ldx, w, w1, kb, rows0, rows1, bp, nullptr, o, N, n0);
           else if (two_n)
-            tile_pass<false, true>(xr, ldx, w, kb, rows0, rows1, bp, o, N, n0);
+            tile_pass<false, true>(xr, ldx, w, w1, kb, rows0, rows1, bp, nullptr, o, N, n0);
           else
-            tile_pass<false, false>(xr, ldx, w, kb, rows0, rows1, bp, o, N, n0);
+            tile_pass<false, false>(xr, ldx, w, w1, kb, rows0, rows1, bp, nullptr, o, N, n0);
         }
       }
       if (configured >= 0) _tile_release();
@@ -183,6 +225,21 @@ torch::Tensor amx_linear(torch::Tensor x, torch::Tensor packed, c10::optional<to
   }
   return out;
 #else
-  TORCH_CHECK(false, "amx_linear: built without the AMX tile instructions");
+  TORCH_CHECK(false, what, ": built without the AMX tile instructions");
 #endif
+}
+}  // namespace
+
+// x [M, K] bf16 (rows contiguous, any row stride), packed [N/16, K/32, 16, 16, 2] bf16, bias
+// [N] bf16 or None -> x @ W.T + bias, [M, N] bf16.
+torch::Tensor amx_linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias) {
+  return run_linear("amx_linear", x, packed, bias, false);
+}
+
+// The same weight holding SwiGLU's gate outputs then its up outputs (a fused gate_up
+// projection, N = 2I) -> silu(gate) * up, [M, I], rounded as silu_and_mul rounds it after the
+// projection: the [M, 2I] product is never written out and read back.
+torch::Tensor amx_linear_silu_mul(torch::Tensor x, torch::Tensor packed,
+                                  c10::optional<torch::Tensor> bias) {
+  return run_linear("amx_linear_silu_mul", x, packed, bias, true);
 }

@@ -65,6 +65,7 @@ FUNCTIONS = [
     "argmax_rows",
     "amx_ready",
     "amx_linear",
+    "amx_linear_silu_mul",
 ]
 SWITCH_ENV = "SWITCHYARD_CPU_KERNELS"  # "0": the torch path only
 # "0": build without the CPU's bf16 dot products even where it has them (how the tests reach the
@@ -162,6 +163,14 @@ def amx_linear_kernel() -> Callable[..., torch.Tensor] | None:
     if os.environ.get(AMX_ENV, "1") == "0":
         return None
     return _amx_linear()
+
+
+def amx_linear_silu_mul_kernel() -> Callable[..., torch.Tensor] | None:
+    """amx_linear_silu_mul(x, packed, bias) -> silu(gate) * up [M, N/2] for a packed fused
+    gate_up weight (gate outputs, then up); None wherever amx_linear_kernel() is."""
+    if amx_linear_kernel() is None:
+        return None
+    return _function("amx_linear_silu_mul")
 
 
 @functools.cache

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from shard.layers import matmul_amx
 from shard.layers.matmul import dense, linear, prepare_weight
 from shard.layers.quant.base import LinearWeight, Piece
 from shard.weights import Weights
@@ -25,6 +26,11 @@ class DenseWeight(LinearWeight):
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return linear(x, self.weight, bias)
+
+    def silu_mul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if matmul_amx.is_packed(self.weight):  # SwiGLU in the tile kernel's epilogue
+            return matmul_amx.linear_silu_mul(x, self.weight, bias)
+        return super().silu_mul(x, bias)
 
 
 class UnquantizedMethod:
