@@ -5,9 +5,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
 import torch
 
 from shard.attention import AttentionMetadata
+from shard.native.build import unavailable_reason
+
+# The native paged attention kernels' tests: their tolerance against float64, by dtype (fp32's
+# accumulation error, else the output's rounding), and their skip where they cannot be built.
+NATIVE_TOL = {torch.float32: 2e-5, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
+NATIVE_REASON = unavailable_reason()
+needs_native_kernel = pytest.mark.skipif(
+    NATIVE_REASON is not None, reason=f"the kernel cannot be built here: {NATIVE_REASON}"
+)
 
 
 @dataclass

@@ -9,19 +9,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from paged_helpers import PagedLayout
+from paged_helpers import NATIVE_REASON, NATIVE_TOL, PagedLayout, needs_native_kernel
 
 from shard.attention import torch_backend
 from shard.attention.torch_backend import TorchAttentionBackend
-from shard.native.build import paged_prefill_kernel, unavailable_reason
+from shard.native.build import paged_prefill_kernel
 
 BLOCK = 16
-TOL = {torch.float32: 2e-5, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
-
-REASON = unavailable_reason()
-needs_kernel = pytest.mark.skipif(
-    REASON is not None, reason=f"the kernel cannot be built here: {REASON}"
-)
+TOL, REASON, needs_kernel = NATIVE_TOL, NATIVE_REASON, needs_native_kernel
 
 
 def test_the_kernel_builds_wherever_its_toolchain_is_present():
