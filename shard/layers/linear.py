@@ -118,10 +118,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         """SwiGLU over a gate_up projection, silu(gate) * up, fused into the product where the
         weight's representation can (LinearWeight.silu_mul). A step whose adapters add LoRA
         terms to the product (or a traced one that may) computes the product first."""
-        lora = self.lora
-        if lora is not None and (
-            torch.compiler.is_compiling() or lora.step.token_slots is not None
-        ):
+        if self.lora is not None and self.lora.adds_to_product():
             gate, up = self.split(self(x))
             return silu_and_mul(gate, up)
         return self.weight.silu_mul(x, self.bias)

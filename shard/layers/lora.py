@@ -184,6 +184,11 @@ class LoraTerm(nn.Module):
         else:
             self._packed = None  # rebuilt on first use, cut to the new largest rank
 
+    def adds_to_product(self) -> bool:
+        """Whether forward adds anything to this step's product: some token uses an adapter, or
+        a traced graph (which must keep the term for the steps that will)."""
+        return torch.compiler.is_compiling() or self.step.token_slots is not None
+
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """Adds the step's LoRA terms to y [T, N] in place; x [T, K]."""
         if torch.compiler.is_compiling():  # first: nothing below may become a graph guard

@@ -61,11 +61,12 @@ void configure_tiles(int rows0, int rows1) {
   _tile_loadconfig(&cfg);
 }
 
-// The sums of x's rows [0, 16 * (1 + kTwoM)) (row stride ldx) by output blocks b and b + 1
-// (if kTwoN), over all of K, added to the bias and rounded into out.
-// The gated epilogue (kGated): block b's sums are SwiGLU's gate g and block b + 1's its up u
-// (w1 is then the up block, wherever it lies); out gets round(round(silu(round(g))) *
-// round(u)), as silu_and_mul computes it from the rounded product (elementwise.cpp).
+// The sums of x's rows [0, 16 * (1 + kTwoM)) (row stride ldx) by two 16-output blocks, w and
+// (if kTwoN) w1, over all of K, each added to its 16 biases (bias, bias1; null: none) and
+// rounded into out's columns n0.. and n0 + 16...
+// The gated epilogue (kGated): w is a block of SwiGLU's gate g and w1 the matching block of its
+// up u; out's columns n0.. get round(silu(round(g)) * round(u)), as silu_and_mul computes it
+// from the rounded product (silu_times16).
 template <bool kTwoM, bool kTwoN, bool kGated = false>
 void tile_pass(const uint16_t* x, int64_t ldx, const uint16_t* w, const uint16_t* w1, int64_t kb,
                int rows0, int rows1, const c10::BFloat16* bias, const c10::BFloat16* bias1,
@@ -94,14 +95,11 @@ void tile_pass(const uint16_t* x, int64_t ldx, const uint16_t* w, const uint16_t
     alignas(64) float up[16][16];
     const __m512 gb = bias ? load16(bias) : _mm512_setzero_ps();
     const __m512 ub = bias1 ? load16(bias1) : _mm512_setzero_ps();
-    const __m512 one = _mm512_set1_ps(1.f);
     auto emit = [&](int rows, int64_t row0) {
       for (int r = 0; r < rows; ++r) {
         const __m512 g = round_to<c10::BFloat16>(_mm512_add_ps(_mm512_load_ps(acc[r]), gb));
         const __m512 u = round_to<c10::BFloat16>(_mm512_add_ps(_mm512_load_ps(up[r]), ub));
-        const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
-        const __m512 silu = round_to<c10::BFloat16>(_mm512_div_ps(g, _mm512_add_ps(one, e)));
-        store16(out + (row0 + r) * N + n0, _mm512_mul_ps(silu, u), 0xffff);
+        store16(out + (row0 + r) * N + n0, silu_times16<c10::BFloat16>(g, u), 0xffff);
       }
     };
     _tile_stored(0, acc, 64);
@@ -114,23 +112,23 @@ void tile_pass(const uint16_t* x, int64_t ldx, const uint16_t* w, const uint16_t
     }
     return;
   }
-  auto emit = [&](int rows, int64_t row0, int64_t col0) {
-    const __m512 b = bias ? load16(bias + col0) : _mm512_setzero_ps();  // bf16 widens exactly
+  auto emit = [&](int rows, int64_t row0, int64_t col0, const c10::BFloat16* b16) {
+    const __m512 b = b16 ? load16(b16) : _mm512_setzero_ps();  // bf16 widens exactly
     for (int r = 0; r < rows; ++r)
       store16(out + (row0 + r) * N + col0, _mm512_add_ps(_mm512_load_ps(acc[r]), b), 0xffff);
   };
   _tile_stored(0, acc, 64);
-  emit(rows0, 0, n0);
+  emit(rows0, 0, n0, bias);
   if (kTwoN) {
     _tile_stored(1, acc, 64);
-    emit(rows0, 0, n0 + 16);
+    emit(rows0, 0, n0 + 16, bias1);
   }
   if (kTwoM) {
     _tile_stored(2, acc, 64);
-    emit(rows1, 16, n0);
+    emit(rows1, 16, n0, bias);
     if (kTwoN) {
       _tile_stored(3, acc, 64);
-      emit(rows1, 16, n0 + 16);
+      emit(rows1, 16, n0 + 16, bias1);
     }
   }
 }
@@ -193,8 +191,8 @@ torch::Tensor run_linear(const char* what, const torch::Tensor& x, const torch::
         const bool two_n = b1 < nb;
         const uint16_t* w = wp + b0 * kb * 512;
         const uint16_t* w1 = wp + b1 * kb * 512;
-        const c10::BFloat16* bias1 = gated && bp ? bp + b1 * 16 : nullptr;
-        const c10::BFloat16* bias0 = gated && bp ? bp + b0 * 16 : bp;
+        const c10::BFloat16* bias0 = bp ? bp + b0 * 16 : nullptr;
+        const c10::BFloat16* bias1 = bp && two_n ? bp + b1 * 16 : nullptr;
         for (int64_t m0 = mb; m0 < mend; m0 += 32) {
           const int rows0 = static_cast<int>(std::min<int64_t>(16, mend - m0));
           const int rows1 = static_cast<int>(std::clamp<int64_t>(mend - m0 - 16, 0, 16));
@@ -206,18 +204,15 @@ torch::Tensor run_linear(const char* what, const torch::Tensor& x, const torch::
           const uint16_t* xr = xp + m0 * ldx;
           c10::BFloat16* o = op + m0 * out_cols;
           const int64_t n0 = b0 * 16;
-          if (gated && rows1 > 0)
-            tile_pass<true, true, true>(xr, ldx, w, w1, kb, rows0, rows1, bias0, bias1, o, out_cols, n0);
-          else if (gated)
-            tile_pass<false, true, true>(xr, ldx, w, w1, kb, rows0, rows1, bias0, bias1, o, out_cols, n0);
-          else if (rows1 > 0 && two_n)
-            tile_pass<true, true>(xr, ldx, w, w1, kb, rows0, rows1, bp, nullptr, o, N, n0);
-          else if (rows1 > 0)
-            tile_pass<true, false>(xr, ldx, w, w1, kb, rows0, rows1, bp, nullptr, o, N, n0);
-          else if (two_n)
-            tile_pass<false, true>(xr, ldx, w, w1, kb, rows0, rows1, bp, nullptr, o, N, n0);
-          else
-            tile_pass<false, false>(xr, ldx, w, w1, kb, rows0, rows1, bp, nullptr, o, N, n0);
+#define SY_PASS(TWO_M, TWO_N, GATED) \
+  tile_pass<TWO_M, TWO_N, GATED>(xr, ldx, w, w1, kb, rows0, rows1, bias0, bias1, o, out_cols, n0)
+          if (gated && rows1 > 0) SY_PASS(true, true, true);
+          else if (gated) SY_PASS(false, true, true);
+          else if (rows1 > 0 && two_n) SY_PASS(true, true, false);
+          else if (rows1 > 0) SY_PASS(true, false, false);
+          else if (two_n) SY_PASS(false, true, false);
+          else SY_PASS(false, false, false);
+#undef SY_PASS
         }
       }
       if (configured >= 0) _tile_release();

@@ -81,13 +81,9 @@ void add_row(const T* x, const T* r, T* s, int64_t n) {
 template <typename T>
 void silu_mul_row(const T* g, const T* u, T* out, int64_t n) {
 #if defined(__AVX512F__)
-  const __m512 one = _mm512_set1_ps(1.f);
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = first_lanes(std::min<int64_t>(16, n - i));
-    const __m512 gv = load16(g + i, m);
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
-    const __m512 silu = round_to<T>(_mm512_div_ps(gv, _mm512_add_ps(one, e)));
-    store16(out + i, _mm512_mul_ps(silu, load16(u + i, m)), m);
+    store16(out + i, silu_times16<T>(load16(g + i, m), load16(u + i, m)), m);
   }
 #else
   for (int64_t i = 0; i < n; ++i) {

@@ -23,21 +23,6 @@ constexpr int64_t kTileTokens = 2;   // tokens whose query rows are computed tog
 constexpr int64_t kHeadTile = 4;     // ... and of each, up to this many heads of the group
 constexpr int kMaxRows = kTileTokens * kHeadTile;
 
-// Calls f(std::integral_constant<int, R>) for R = rows (1..kMaxRows).
-template <typename F>
-inline void with_rows(int64_t rows, F&& f) {
-  switch (rows) {
-    case 1: f(std::integral_constant<int, 1>{}); break;
-    case 2: f(std::integral_constant<int, 2>{}); break;
-    case 3: f(std::integral_constant<int, 3>{}); break;
-    case 4: f(std::integral_constant<int, 4>{}); break;
-    case 5: f(std::integral_constant<int, 5>{}); break;
-    case 6: f(std::integral_constant<int, 6>{}); break;
-    case 7: f(std::integral_constant<int, 7>{}); break;
-    default: f(std::integral_constant<int, 8>{}); break;
-  }
-}
-
 #if defined(__AVX512F__)
 // Scores of R scaled query rows qf [R, dim] against KB consecutive blocks of 16 staged keys
 // (kt: [block][dim][16]), into s [R][n_pad] at the blocks' columns: every loaded K vector feeds
@@ -208,7 +193,7 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
               rows_out[r] = op + (token * heads + head0 + g) * dim;
             }
           }
-          with_rows(r, [&](auto rows) {
+          with_group<kMaxRows>(r, [&](auto rows) {
             attend_rows<decltype(rows)::value, T>(qf.data(), a, e, kt.data(), vf.data(), dim,
                                                   dim_pad, scores.data(), n_pad, rows_out);
           });

@@ -29,7 +29,7 @@ inline float widen(c10::BFloat16 x) {
 }
 inline float widen(c10::Half x) { return static_cast<float>(x); }
 
-// Calls f(std::integral_constant<int, G>) with G = min(left, kMax) (kMax <= 4): a register
+// Calls f(std::integral_constant<int, G>) with G = min(left, kMax) (kMax <= 8): a register
 // tile's row count (query heads, tokens) as a compile-time constant.
 template <int kMax, typename F>
 inline void with_group(int64_t left, F&& f) {
@@ -37,6 +37,10 @@ inline void with_group(int64_t left, F&& f) {
     case 1: f(std::integral_constant<int, 1>{}); break;
     case 2: f(std::integral_constant<int, (kMax < 2 ? kMax : 2)>{}); break;
     case 3: f(std::integral_constant<int, (kMax < 3 ? kMax : 3)>{}); break;
+    case 4: f(std::integral_constant<int, (kMax < 4 ? kMax : 4)>{}); break;
+    case 5: f(std::integral_constant<int, (kMax < 5 ? kMax : 5)>{}); break;
+    case 6: f(std::integral_constant<int, (kMax < 6 ? kMax : 6)>{}); break;
+    case 7: f(std::integral_constant<int, (kMax < 7 ? kMax : 7)>{}); break;
     default: f(std::integral_constant<int, kMax>{}); break;
   }
 }
@@ -133,6 +137,15 @@ inline __m512 round_to<c10::BFloat16>(__m512 v) {
 template <>
 inline __m512 round_to<c10::Half>(__m512 v) {
   return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+}
+
+// SwiGLU's product for 16 lanes of a gate g and an up u already in T's precision:
+// round(g / (1 + e^-g)) * u, left for the caller's store to round (silu_mul in elementwise.cpp
+// and the tile kernel's gated epilogue both compute it here, so they agree bit for bit).
+template <typename T>
+inline __m512 silu_times16(__m512 g, __m512 u) {
+  const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+  return _mm512_mul_ps(round_to<T>(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e))), u);
 }
 #endif
 

@@ -87,6 +87,9 @@ class _AddsOne(torch.nn.Module):
         super().__init__()
         self.step = type("Step", (), {"token_slots": torch.zeros(1) if active else None})()
 
+    def adds_to_product(self) -> bool:
+        return self.step.token_slots is not None
+
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> None:
         if self.step.token_slots is not None:
             y.add_(1.0)
