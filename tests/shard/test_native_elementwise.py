@@ -139,6 +139,28 @@ def test_rotary_kernel_is_the_torch_form_bit_for_bit(dtype, head_dim):
     assert torch.equal(got, _rotate(x, cos, sin))
 
 
+def test_bf16_rounding_keeps_denormals_and_canonical_nans():
+    """The kernels round to bf16 with vcvtneps2bf16 where the CPU has it, which reads denormal
+    inputs as zero and keeps NaN payloads: vectors with such lanes must still round as torch
+    does (rotary's products of bf16-denormal inputs are fp32 denormals) and a NaN stay a NaN
+    (its bits are not compared: torch's own vectorized and scalar casts give different ones)."""
+    rope = RotaryEmbedding(RopeConfig(head_dim=64, max_position_embeddings=40), torch.device("cpu"))
+    torch.manual_seed(0)
+    x = torch.randn(6, 4, 64) * 1e-38  # mostly below fp32's smallest normal, 1.2e-38
+    x[0, 0, 3] = float("nan")
+    x[1, 2, 40] = -float("nan")
+    x[2] *= 1e38  # a row of normal values beside them
+    x = x.bfloat16()
+    positions = torch.tensor([0, 1, 5, 17, 33, 39])
+    cos, sin = rope._gather(positions, torch.bfloat16)
+    got = rotary_kernel()(x, rope.cos, rope.sin, positions)
+    want = _rotate(x, cos, sin)
+    assert (want.float().abs() < 1.2e-38).sum() > 500  # the case is really denormal
+    assert torch.equal(got.isnan(), want.isnan()) and got.isnan().sum() == 4
+    numbers = ~want.isnan()
+    assert torch.equal(got[numbers].view(torch.int16), want[numbers].view(torch.int16))
+
+
 def test_kernels_refuse_what_they_cannot_compute():
     rope = RotaryEmbedding(RopeConfig(head_dim=8, max_position_embeddings=16), torch.device("cpu"))
     x = torch.randn(2, 3, 8)
