@@ -115,21 +115,22 @@ def test_a_waves_grown_budget_holds_until_the_wave_is_drained():
     assert wave.step(chunk, 4096, 128) == chunk  # the next lone arrival: one chunk again
 
 
-def test_a_step_takes_every_waiting_prompt_when_they_outnumber_the_decoders():
-    from router.chunking import MAX_GROWTH, WaveBudget, decoding_budget
+def test_a_step_takes_every_waiting_prompt_when_they_are_many_beside_the_decoders():
+    from router.chunking import MAX_GROWTH, WAITING_SHARE, WaveBudget, decoding_budget
 
     def entry(prompt_left, input_length=100):
         request = SimpleNamespace(input_length=input_length)
         return SimpleNamespace(prompt_left=prompt_left, request=request)
 
     chunk, max_prefill = 64, 4096
-    decoders = [entry(0) for _ in range(3)]
-    # 3 decoding, 3 waiting: chunked (grown to drain the 300 tokens in a few steps).
-    assert decoding_budget(chunk, max_prefill, decoders, [entry(100)] * 3, WaveBudget()) == 75
-    # 3 decoding, 4 waiting (2 admitted mid-prompt, 2 queued): everything at once.
+    assert WAITING_SHARE == 0.5
+    decoders = [entry(0) for _ in range(8)]
+    # 8 decoding, 4 waiting: chunked (grown to drain the 400 tokens in a few steps).
+    assert decoding_budget(chunk, max_prefill, decoders, [entry(100)] * 4, WaveBudget()) == 100
+    # 8 decoding, 5 waiting (2 admitted mid-prompt, 3 queued): everything at once.
     running = decoders + [entry(40), entry(90)]
     assert (
-        decoding_budget(chunk, max_prefill, running, [entry(100)] * 2, WaveBudget()) == max_prefill
+        decoding_budget(chunk, max_prefill, running, [entry(100)] * 3, WaveBudget()) == max_prefill
     )
     # Many decoders, one long arrival: the chunked cap holds.
     many = [entry(0) for _ in range(16)]
@@ -180,10 +181,10 @@ async def test_a_wave_of_prompts_gets_larger_chunks_while_more_requests_decode(
 ):
     from router.chunking import DRAIN_STEPS, MAX_GROWTH
 
-    chunk, wave = 4, WAVE[:5]
+    chunk, wave = 2, WAVE[:3]
     pending = sum(len(tokenizer.encode(p)) for p in wave)
     assert pending > DRAIN_STEPS * MAX_GROWTH * chunk  # enough to grow the budget to its cap
-    budgets = await _wave_budgets(model_dir, 6, wave, chunk)  # 6 decoders > 5 arrivals
+    budgets = await _wave_budgets(model_dir, 7, wave, chunk)  # 3 arrivals < 7 decoders / 2
     assert max(budgets) == MAX_GROWTH * chunk
 
 
@@ -192,7 +193,7 @@ async def test_a_wave_that_outnumbers_the_decoders_is_prefilled_at_once(model_di
     from router.chunking import MAX_GROWTH
 
     chunk = 4
-    budgets = await _wave_budgets(model_dir, 1, WAVE, chunk)  # 8 arrivals > 1 decoder
+    budgets = await _wave_budgets(model_dir, 3, WAVE, chunk)  # 8 arrivals > 3 decoders / 2
     assert max(budgets) > MAX_GROWTH * chunk
     assert max(budgets) <= 256  # max_batch_prefill_tokens
 
