@@ -1,14 +1,16 @@
-"""A burst's prefill step in process: the native prefill attention and the fused SwiGLU epilogue
-each against the path they replaced, side by side in one run.
+"""A burst's prefill step in process: the native prefill attention (on the AMX tile unit in bf16
+where the CPU has one) and the fused SwiGLU epilogue each against the paths they replaced, side
+by side in one run.
 
     PYTHONPATH=. .venv/bin/python -m bench.prefill_step [--batch 16] [--seq-len 59] [--rounds 6]
 
 The step is what a closed loop's first wave costs: `--batch` prompts of `--seq-len` tokens
 arriving together and prefilled in one step (the TTFT of the wave's last request). Four
 configurations, alternated round by round so that drift in the machine's speed hits them all:
-  both       the shard as it runs (native prefill attention for short prompts, SwiGLU fused
-             into the gate_up tile kernel)
-  sdpa       prefill attention by SDPA per sequence (NATIVE_PREFILL_CELLS = 0)
+  both       the shard as it runs (native prefill attention for short prompts, on the tile
+             unit where it can be; SwiGLU fused into the gate_up tile kernel)
+  vector     prefill attention by the vector kernel (paged_prefill.cpp) instead of the tile one
+  sdpa       prefill attention by SDPA per sequence (no native kernel)
   unfused    the gate_up product written out, then silu_and_mul
   neither    both of the above
 Prints each one's median step time and its ratio to `both`.
@@ -20,7 +22,7 @@ import argparse
 import statistics
 import time
 
-CONFIGS = ("both", "sdpa", "unfused", "neither")
+CONFIGS = ("both", "vector", "sdpa", "unfused", "neither")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -41,14 +43,21 @@ def main(argv: list[str] | None = None) -> None:
     from shard.layers.linear import MergedColumnParallelLinear
 
     fused = MergedColumnParallelLinear.silu_and_mul
-    cells = torch_backend.NATIVE_PREFILL_CELLS
+    cells = torch_backend.NATIVE_PREFILL_CELLS, torch_backend.AMX_PREFILL_CELLS
+    amx_attention = torch_backend.amx_paged_prefill_kernel
 
     def unfused(self, x):  # type: ignore[no-untyped-def]
         gate, up = self.split(self(x))
         return silu_and_mul(gate, up)
 
     def configure(name: str) -> None:
-        torch_backend.NATIVE_PREFILL_CELLS = 0 if name in ("sdpa", "neither") else cells
+        sdpa = name in ("sdpa", "neither")
+        torch_backend.NATIVE_PREFILL_CELLS, torch_backend.AMX_PREFILL_CELLS = (
+            (0, 0) if sdpa else cells
+        )
+        torch_backend.amx_paged_prefill_kernel = (  # type: ignore[assignment]
+            (lambda: None) if name == "vector" else amx_attention
+        )
         MergedColumnParallelLinear.silu_and_mul = (  # type: ignore[method-assign]
             unfused if name in ("unfused", "neither") else fused
         )

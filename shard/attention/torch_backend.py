@@ -10,7 +10,12 @@ import torch
 import torch.nn.functional as F
 
 from shard.attention.metadata import AttentionMetadata
-from shard.native.build import paged_decode_kernel, paged_prefill_kernel, store_kv_kernel
+from shard.native.build import (
+    amx_paged_prefill_kernel,
+    paged_decode_kernel,
+    paged_prefill_kernel,
+    store_kv_kernel,
+)
 from shard.native.eager import heads_contiguous
 
 # A prefill sequence whose queries x keys seen is at most this runs the native kernel, all such
@@ -20,6 +25,23 @@ from shard.native.eager import heads_contiguous
 # of slicing each costs in a step; one prompt of 128 / 256 tokens 0.12 / 0.43 ms against 0.13 /
 # 0.28; a 64-token chunk after 192 cached 0.21 against 0.13).
 NATIVE_PREFILL_CELLS = 128 * 160
+# The same line for the bf16 kernel on the AMX tile unit (paged_prefill_amx.cpp), which computes
+# both products as tile products and beats SDPA further (same machine and shape, 30 layers: 16
+# prompts of 128 tokens 36 ms against SDPA's 45, 4 of 512 84 against 95; one of 1,024 87
+# against 66).
+AMX_PREFILL_CELLS = 512 * 512
+
+
+def _prefill_kernel(q: torch.Tensor, kv_cache: torch.Tensor):  # -> (kernel, cells) | (None, 0)
+    """The native prefill kernel for this step's tensors and the largest sequence it takes."""
+    if q.device.type != "cpu" or kv_cache.dtype != q.dtype or not heads_contiguous(q):
+        return None, 0
+    if q.dtype == torch.bfloat16 and q.shape[-1] % 2 == 0:
+        amx = amx_paged_prefill_kernel()
+        if amx is not None:
+            return amx, AMX_PREFILL_CELLS
+    kernel = paged_prefill_kernel()
+    return (kernel, NATIVE_PREFILL_CELLS) if kernel is not None else (None, 0)
 
 
 def _slot_rows(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,17 +96,17 @@ def _decode_gather_index(
 
 
 def _native_prefill_split(
-    meta: AttentionMetadata, plan: list[_PrefillSequence], window: int | None
+    meta: AttentionMetadata, plan: list[_PrefillSequence], window: int | None, cells: int
 ) -> tuple[list[int], list[int]]:
-    """The step's prefill sequences (indices into the plan) small enough for the native kernel,
-    and the others; once per step and window."""
-    key = ("native_prefill_split", window)
+    """The step's prefill sequences (indices into the plan) whose queries x keys are at most
+    `cells`, for the native kernel, and the others; once per step, window and line."""
+    key = ("native_prefill_split", window, cells)
     if key not in meta.derived:
         native, rest = [], []
         for i, (seq, context) in enumerate(zip(plan, meta.context_lens.tolist(), strict=True)):
             q_len = seq.stop - seq.start
             keys = context if window is None else min(context, window + q_len - 1)
-            (native if q_len * keys <= NATIVE_PREFILL_CELLS else rest).append(i)
+            (native if q_len * keys <= cells else rest).append(i)
         meta.derived[key] = (native, rest)
     return meta.derived[key]  # type: ignore[return-value]
 
@@ -179,9 +201,9 @@ class TorchAttentionBackend:
         of the prefix the first query can see is read."""
         plan = _prefill_plan(meta, kv_cache.shape[2], window)
         sequences: list[int] | range = range(len(plan))
-        kernel = paged_prefill_kernel() if self.native and q.device.type == "cpu" else None
-        if kernel is not None and kv_cache.dtype == q.dtype and heads_contiguous(q):
-            native, sequences = _native_prefill_split(meta, plan, window)
+        kernel, cells = _prefill_kernel(q, kv_cache) if self.native else (None, 0)
+        if kernel is not None:
+            native, sequences = _native_prefill_split(meta, plan, window, cells)
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
             kernel(
                 q, kv_cache[0], kv_cache[1], meta.block_tables, meta.context_lens,

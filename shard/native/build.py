@@ -18,6 +18,8 @@ builder from vector.h (shared loads and stores) and each kernel's source:
 - amx_gemm.cpp: bf16 linear layers on the AMX tile unit, where the CPU has one
   (shard/layers/matmul_amx.py): at a decode step's few rows oneDNN reads the weights at well
   under the memory's bandwidth.
+- paged_prefill_amx.cpp: paged_prefill.cpp's attention in bf16 with its two products on the
+  tile unit.
 
 The build needs a C++ compiler and ninja, takes ~30 s once per machine and torch version, and is
 cached by torch (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions). Where it cannot be
@@ -51,6 +53,7 @@ SOURCES = [
         "elementwise.cpp",
         "argmax.cpp",
         "amx_gemm.cpp",
+        "paged_prefill_amx.cpp",
     )
 ]
 FUNCTIONS = [
@@ -66,6 +69,7 @@ FUNCTIONS = [
     "amx_ready",
     "amx_linear",
     "amx_linear_silu_mul",
+    "amx_paged_prefill",
 ]
 SWITCH_ENV = "SWITCHYARD_CPU_KERNELS"  # "0": the torch path only
 # "0": build without the CPU's bf16 dot products even where it has them (how the tests reach the
@@ -171,6 +175,14 @@ def amx_linear_silu_mul_kernel() -> Callable[..., torch.Tensor] | None:
     if amx_linear_kernel() is None:
         return None
     return _function("amx_linear_silu_mul")
+
+
+def amx_paged_prefill_kernel() -> Callable[..., None] | None:
+    """amx_paged_prefill: paged_prefill's contract for bf16 q and caches with an even head size,
+    on the AMX tile unit (paged_prefill_amx.cpp); None wherever amx_linear_kernel() is."""
+    if amx_linear_kernel() is None:
+        return None
+    return _function("amx_paged_prefill")
 
 
 @functools.cache

@@ -124,6 +124,33 @@ void attend_rows(const float* qf, const int64_t* a, const int64_t* e, const floa
 #endif
 }
 
+// A unit of work: one sequence's query tokens [t0, t1) (of its chunk) with one KV head's group
+// of query heads.
+struct PrefillTask {
+  int64_t seq, head, t0, t1;
+};
+
+std::vector<PrefillTask> prefill_tasks(const std::vector<int64_t>& seqs, const int32_t* starts,
+                                       int64_t kv_heads) {
+  std::vector<PrefillTask> tasks;
+  for (const int64_t b : seqs) {
+    const int64_t q_len = starts[b + 1] - starts[b];
+    for (int64_t h = 0; h < kv_heads; ++h)
+      for (int64_t t0 = 0; t0 < q_len; t0 += kQueryBlock)
+        tasks.push_back({b, h, t0, std::min(q_len, t0 + kQueryBlock)});
+  }
+  return tasks;
+}
+
+// The keys a task's queries see, [lo, hi) in positions: hi past its last query's position, lo
+// where its first query's window begins (0 without one).
+inline std::pair<int64_t, int64_t> task_keys(const PrefillTask& task, int64_t prefix,
+                                             int64_t window) {
+  const int64_t hi = prefix + task.t1;
+  const int64_t lo = window > 0 ? std::max<int64_t>(0, prefix + task.t0 + 1 - window) : 0;
+  return {lo, hi};
+}
+
 template <typename T>
 void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
              const int32_t* tables, int64_t max_blocks, const int32_t* lens, const int32_t* starts,
@@ -137,26 +164,14 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
   const T* vp = v_cache.data_ptr<T>();
   T* op = out.data_ptr<T>();
 
-  struct Task {
-    int64_t seq, head, t0, t1;
-  };
-  std::vector<Task> tasks;
-  for (const int64_t b : seqs) {
-    const int64_t q_len = starts[b + 1] - starts[b];
-    for (int64_t h = 0; h < kv_heads; ++h)
-      for (int64_t t0 = 0; t0 < q_len; t0 += kQueryBlock)
-        tasks.push_back({b, h, t0, std::min(q_len, t0 + kQueryBlock)});
-  }
-
+  const std::vector<PrefillTask> tasks = prefill_tasks(seqs, starts, kv_heads);
   at::parallel_for(0, int64_t(tasks.size()), 1, [&](int64_t begin, int64_t end) {
     std::vector<float> kt, vf, scores, qf(kMaxRows * dim);
     for (int64_t i = begin; i < end; ++i) {
-      const Task& task = tasks[i];
+      const PrefillTask& task = tasks[i];
       const int64_t b = task.seq, q_len = starts[b + 1] - starts[b];
       const int64_t prefix = lens[b] - q_len;  // cached positions before the chunk
-      // Keys the block's queries see: [lo, hi), hi past its last query's position.
-      const int64_t hi = prefix + task.t1;
-      const int64_t lo = window > 0 ? std::max<int64_t>(0, prefix + task.t0 + 1 - window) : 0;
+      const auto [lo, hi] = task_keys(task, prefix, window);
       const int64_t n = hi - lo, n_pad = (n + 15) / 16 * 16;
       // Stage the head's keys, transposed in blocks of 16 positions, and its values, in fp32
       // (zeros past n and past dim, which no result reads).
@@ -203,6 +218,41 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
   });
 }
 
+// The step's index tensors, contiguous, once checked against the caches and q.
+struct PrefillIndex {
+  at::Tensor tables, lens, starts;
+};
+
+PrefillIndex check_prefill_inputs(const char* what, const at::Tensor& q,
+                                  const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                  const at::Tensor& block_tables, const at::Tensor& context_lens,
+                                  const at::Tensor& cu_seqlens_q, const std::vector<int64_t>& seqs,
+                                  const at::Tensor& out) {
+  check_paged_inputs(what, q, k_cache, v_cache, block_tables, context_lens);
+  const int64_t batch = block_tables.size(0);
+  TORCH_CHECK(context_lens.numel() == batch && cu_seqlens_q.numel() == batch + 1 &&
+                  cu_seqlens_q.scalar_type() == at::kInt,
+              what, ": one context length per block table row, cu_seqlens_q [B + 1] int32");
+  TORCH_CHECK(out.sizes() == q.sizes() && out.is_contiguous() &&
+                  out.scalar_type() == q.scalar_type(),
+              what, ": out must be a contiguous tensor of q's shape and dtype");
+  PrefillIndex index{block_tables.contiguous(), context_lens.contiguous(),
+                     cu_seqlens_q.contiguous()};
+  const int32_t* sp = index.starts.data_ptr<int32_t>();
+  const int32_t* lp = index.lens.data_ptr<int32_t>();
+  TORCH_CHECK(sp[0] == 0 && sp[batch] == q.size(0), what, ": cu_seqlens_q must run from 0 to ",
+              q.size(0), " (q's tokens)");
+  for (const int64_t b : seqs) {
+    TORCH_CHECK(b >= 0 && b < batch, what, ": sequence ", b, " outside 0..", batch - 1);
+    const int64_t q_len = sp[b + 1] - sp[b];
+    TORCH_CHECK(q_len >= 0 && q_len <= lp[b], what, ": sequence ", b, " has ", q_len,
+                " queries but a context of ", lp[b]);
+  }
+  if (!seqs.empty())
+    check_block_reach(what, index.tables, index.lens, k_cache.size(1), k_cache.size(0), seqs);
+  return index;
+}
+
 }  // namespace
 
 // q [T, H, D] (each row's heads contiguous, any row stride: a view into the fused qkv rows), the
@@ -214,31 +264,13 @@ void paged_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
                    const at::Tensor& block_tables, const at::Tensor& context_lens,
                    const at::Tensor& cu_seqlens_q, const std::vector<int64_t>& seqs,
                    at::Tensor& out, double scale, int64_t window) {
-  check_paged_inputs("paged_prefill", q, k_cache, v_cache, block_tables, context_lens);
-  const int64_t batch = block_tables.size(0);
-  TORCH_CHECK(context_lens.numel() == batch && cu_seqlens_q.numel() == batch + 1 &&
-                  cu_seqlens_q.scalar_type() == at::kInt,
-              "paged_prefill: one context length per block table row, cu_seqlens_q [B + 1] int32");
-  TORCH_CHECK(out.sizes() == q.sizes() && out.is_contiguous() &&
-                  out.scalar_type() == q.scalar_type(),
-              "paged_prefill: out must be a contiguous tensor of q's shape and dtype");
-  auto tables = block_tables.contiguous();
-  auto lens = context_lens.contiguous();
-  auto starts = cu_seqlens_q.contiguous();
-  const int32_t* sp = starts.data_ptr<int32_t>();
-  const int32_t* lp = lens.data_ptr<int32_t>();
-  TORCH_CHECK(sp[0] == 0 && sp[batch] == q.size(0), "paged_prefill: cu_seqlens_q must run from 0 to ",
-              q.size(0), " (q's tokens)");
-  for (const int64_t b : seqs) {
-    TORCH_CHECK(b >= 0 && b < batch, "paged_prefill: sequence ", b, " outside 0..", batch - 1);
-    const int64_t q_len = sp[b + 1] - sp[b];
-    TORCH_CHECK(q_len >= 0 && q_len <= lp[b], "paged_prefill: sequence ", b, " has ", q_len,
-                " queries but a context of ", lp[b]);
-  }
+  const PrefillIndex index = check_prefill_inputs("paged_prefill", q, k_cache, v_cache,
+                                                  block_tables, context_lens, cu_seqlens_q,
+                                                  seqs, out);
   if (seqs.empty()) return;
-  check_block_reach("paged_prefill", tables, lens, k_cache.size(1), k_cache.size(0), seqs);
   with_dtype(q.scalar_type(), "paged_prefill", [&](auto tag) {
-    prefill<decltype(tag)>(q, k_cache, v_cache, tables.data_ptr<int32_t>(), tables.size(1), lp,
-                           sp, seqs, out, float(scale), window);
+    prefill<decltype(tag)>(q, k_cache, v_cache, index.tables.data_ptr<int32_t>(),
+                           index.tables.size(1), index.lens.data_ptr<int32_t>(),
+                           index.starts.data_ptr<int32_t>(), seqs, out, float(scale), window);
   });
 }

@@ -1,9 +1,10 @@
-"""The native CPU paged prefill kernel (shard/native/paged_prefill.cpp) against float64 causal
-attention and against the torch backend's SDPA path: every dtype, head sizes on and off a
-multiple of 16, MHA / GQA / MQA and groups wider than its head tile, fresh prompts and chunks
-that continue a cached prefix, windows, odd token counts (a tile of one token), a subset of the
-step's sequences (the others' rows untouched), q as a view into fused rows, a NaN-poisoned cache
-(no position outside a sequence's reach is read), and its refusals."""
+"""The native CPU paged prefill kernels (shard/native/paged_prefill.cpp, and its bf16 form on the
+AMX tile unit, paged_prefill_amx.cpp) against float64 causal attention and against the torch
+backend's SDPA path: every dtype, head sizes on and off a multiple of 16 (and of the tile unit's
+32), MHA / GQA / MQA and groups wider than a head tile, fresh prompts and chunks that continue a
+cached prefix, windows, odd token counts (a tile of one token), a subset of the step's sequences
+(the others' rows untouched), q as a view into fused rows, a NaN-poisoned cache (no position
+outside a sequence's reach is read), and their refusals."""
 
 from __future__ import annotations
 
@@ -13,10 +14,24 @@ from paged_helpers import NATIVE_REASON, NATIVE_TOL, PagedLayout, needs_native_k
 
 from shard.attention import torch_backend
 from shard.attention.torch_backend import TorchAttentionBackend
-from shard.native.build import paged_prefill_kernel
+from shard.native.build import amx_paged_prefill_kernel, paged_prefill_kernel
 
 BLOCK = 16
 TOL, REASON, needs_kernel = NATIVE_TOL, NATIVE_REASON, needs_native_kernel
+needs_amx = pytest.mark.skipif(
+    amx_paged_prefill_kernel() is None,
+    reason="no AMX-BF16 tile unit lent to this process (CPU, OS or build), or SWITCHYARD_CPU_AMX=0",
+)
+# Each kernel with the dtypes it takes.
+KERNELS = {
+    "vector": (paged_prefill_kernel, [torch.float32, torch.bfloat16, torch.float16]),
+    "amx": (amx_paged_prefill_kernel, [torch.bfloat16]),
+}
+KERNEL_CASES = [
+    pytest.param(name, dtype, marks=needs_kernel if name == "vector" else needs_amx)
+    for name, (_, dtypes) in KERNELS.items()
+    for dtype in dtypes
+]
 
 
 def test_the_kernel_builds_wherever_its_toolchain_is_present():
@@ -80,8 +95,7 @@ CHUNKS = {
 }
 
 
-@needs_kernel
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("kernel", "dtype"), KERNEL_CASES)
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "dim"),
     [(9, 3, 64), (4, 4, 128), (8, 1, 80), (6, 2, 72), (14, 2, 32), (10, 2, 256)],
@@ -89,39 +103,40 @@ CHUNKS = {
 )
 @pytest.mark.parametrize("window", [None, 5, 40])
 @pytest.mark.parametrize("kind", list(CHUNKS))
-def test_kernel_equals_float64_causal_attention(dtype, heads, kv_heads, dim, window, kind):
+def test_kernel_equals_float64_causal_attention(kernel, dtype, heads, kv_heads, dim, window, kind):
     chunks = CHUNKS[kind]
     cache, meta, q, keys, values = _case(heads, kv_heads, dim, dtype, chunks)
     scale = dim**-0.5
-    out = _run(paged_prefill_kernel(), q, cache, meta, list(range(len(chunks))), scale, window)
+    out = _run(KERNELS[kernel][0](), q, cache, meta, list(range(len(chunks))), scale, window)
     want = _reference(q, chunks, keys, values, scale, window)
     tol = TOL[dtype]
     torch.testing.assert_close(out.double(), want, atol=tol, rtol=tol)
 
 
-@needs_kernel
-def test_only_the_listed_sequences_rows_are_written():
+@pytest.mark.parametrize(("kernel", "dtype"), KERNEL_CASES[:1] + KERNEL_CASES[-1:])
+def test_only_the_listed_sequences_rows_are_written(kernel, dtype):
     chunks = CHUNKS["chunks"]
-    cache, meta, q, keys, values = _case(9, 3, 64, torch.float32, chunks, seed=2)
-    out = _run(paged_prefill_kernel(), q, cache, meta, [1, 3], 0.125, None)
+    cache, meta, q, keys, values = _case(9, 3, 64, dtype, chunks, seed=2)
+    out = _run(KERNELS[kernel][0](), q, cache, meta, [1, 3], 0.125, None)
+    tol = TOL[dtype]
     want = _reference(q, chunks, keys, values, 0.125, None)
     bounds = meta.cu_seqlens_q.tolist()
     for i in range(len(chunks)):
         rows = slice(bounds[i], bounds[i + 1])
         if i in (1, 3):
-            torch.testing.assert_close(out[rows].double(), want[rows], atol=2e-5, rtol=2e-5)
+            torch.testing.assert_close(out[rows].double(), want[rows], atol=tol, rtol=tol)
         else:
             assert bool((out[rows] == -7.0).all()), f"sequence {i} was not listed but written"
 
 
-@needs_kernel
-def test_q_may_be_a_view_into_fused_rows():
+@pytest.mark.parametrize(("kernel", "dtype"), KERNEL_CASES[1:2] + KERNEL_CASES[-1:])
+def test_q_may_be_a_view_into_fused_rows(kernel, dtype):
     chunks = CHUNKS["prompts"]
-    cache, meta, q, _, _ = _case(9, 3, 64, torch.bfloat16, chunks, seed=3)
-    fused = torch.cat([q.flatten(1), torch.randn(q.shape[0], 6 * 64).bfloat16()], dim=1)
+    cache, meta, q, _, _ = _case(9, 3, 64, dtype, chunks, seed=3)
+    fused = torch.cat([q.flatten(1), torch.randn(q.shape[0], 6 * 64).to(dtype)], dim=1)
     view = fused[:, : 9 * 64].view(-1, 9, 64)
     assert not view.is_contiguous()
-    kernel, seqs = paged_prefill_kernel(), list(range(len(chunks)))
+    kernel, seqs = KERNELS[kernel][0](), list(range(len(chunks)))
     assert torch.equal(
         _run(kernel, view, cache, meta, seqs, 0.125, None),
         _run(kernel, q, cache, meta, seqs, 0.125, None),
@@ -136,9 +151,13 @@ def test_backend_prefill_splits_between_the_kernel_and_sdpa(monkeypatch, dtype, 
     torch path's within the dtype's rounding, and no less exact against float64."""
     chunks = [(0, 12), (0, 90), (40, 8), (64, 64), (0, 3)]
     cache, meta, q, keys, values = _case(12, 4, 64, dtype, chunks, seed=5)
+    kernel, _ = torch_backend._prefill_kernel(q, cache)
+    amx = dtype == torch.bfloat16 and amx_paged_prefill_kernel() is not None
+    assert kernel is (amx_paged_prefill_kernel() if amx else paged_prefill_kernel())
     monkeypatch.setattr(torch_backend, "NATIVE_PREFILL_CELLS", 40 * 48)
+    monkeypatch.setattr(torch_backend, "AMX_PREFILL_CELLS", 40 * 48)
     native, rest = torch_backend._native_prefill_split(
-        meta, torch_backend._prefill_plan(meta, BLOCK, window), window
+        meta, torch_backend._prefill_plan(meta, BLOCK, window), window, 40 * 48
     )
     assert native and rest, "the case must exercise both paths"
     n = q.shape[0]
@@ -185,3 +204,15 @@ def test_refusals_name_the_problem():
         call(args=(cache[0], cache[1], bad_tables, meta.context_lens))
     # An empty list computes nothing and checks no table.
     call(seqs=(), args=(cache[0], cache[1], bad_tables, meta.context_lens))
+
+
+@needs_amx
+def test_the_tile_kernel_refuses_what_the_tile_unit_cannot_take():
+    kernel = amx_paged_prefill_kernel()
+    for dtype, dim, match in [(torch.float32, 64, "bf16 only"), (torch.bfloat16, 63, "even")]:
+        cache, meta, q, _, _ = _case(4, 2, dim, dtype, [(0, 8), (8, 8)])
+        with pytest.raises(RuntimeError, match=match):
+            _run(kernel, q, cache, meta, [0, 1], 0.125, None)
+    cache, meta, q, _, _ = _case(4, 2, 64, torch.bfloat16, [(0, 8), (8, 8)])
+    with pytest.raises(RuntimeError, match="amx_paged_prefill: sequence 2 outside 0..1"):
+        _run(kernel, q, cache, meta, [2], 0.125, None)
