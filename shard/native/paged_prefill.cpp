@@ -151,10 +151,21 @@ inline std::pair<int64_t, int64_t> task_keys(const PrefillTask& task, int64_t pr
   return {lo, hi};
 }
 
+// The step's index tensors, contiguous, once checked against the caches and q.
+struct PrefillIndex {
+  at::Tensor tables, lens, starts;
+  // (block tables, their row length, context lengths, query offsets) as the loops read them.
+  std::tuple<const int32_t*, int64_t, const int32_t*, const int32_t*> pointers() const {
+    return {tables.data_ptr<int32_t>(), tables.size(1), lens.data_ptr<int32_t>(),
+            starts.data_ptr<int32_t>()};
+  }
+};
+
 template <typename T>
 void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-             const int32_t* tables, int64_t max_blocks, const int32_t* lens, const int32_t* starts,
-             const std::vector<int64_t>& seqs, at::Tensor& out, float scale, int64_t window) {
+             const PrefillIndex& index, const std::vector<int64_t>& seqs, at::Tensor& out,
+             float scale, int64_t window) {
+  const auto [tables, max_blocks, lens, starts] = index.pointers();
   const int64_t heads = q.size(1), dim = q.size(2);
   const int64_t block_size = k_cache.size(1), kv_heads = k_cache.size(2);
   const int64_t group = heads / kv_heads, dim_pad = (dim + 15) / 16 * 16;
@@ -218,11 +229,6 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
   });
 }
 
-// The step's index tensors, contiguous, once checked against the caches and q.
-struct PrefillIndex {
-  at::Tensor tables, lens, starts;
-};
-
 PrefillIndex check_prefill_inputs(const char* what, const at::Tensor& q,
                                   const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const at::Tensor& block_tables, const at::Tensor& context_lens,
@@ -269,8 +275,6 @@ void paged_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
                                                   seqs, out);
   if (seqs.empty()) return;
   with_dtype(q.scalar_type(), "paged_prefill", [&](auto tag) {
-    prefill<decltype(tag)>(q, k_cache, v_cache, index.tables.data_ptr<int32_t>(),
-                           index.tables.size(1), index.lens.data_ptr<int32_t>(),
-                           index.starts.data_ptr<int32_t>(), seqs, out, float(scale), window);
+    prefill<decltype(tag)>(q, k_cache, v_cache, index, seqs, out, float(scale), window);
   });
 }

@@ -46,15 +46,29 @@ inline void load_b(const uint16_t* p) {
   else _tile_loadd(6, p, 64);
 }
 
+template <int NB>
+inline void zero_accumulators() {
+  _tile_zero(0);
+  if constexpr (NB > 1) _tile_zero(1);
+  if constexpr (NB > 2) _tile_zero(2);
+  if constexpr (NB > 3) _tile_zero(3);
+}
+
+// Accumulator tiles 0.. NB - 1 into dst's columns 0, 16, .. (row stride ld floats).
+template <int NB>
+inline void store_accumulators(float* dst, int64_t ld) {
+  _tile_stored(0, dst, ld * 4);
+  if constexpr (NB > 1) _tile_stored(1, dst + 16, ld * 4);
+  if constexpr (NB > 2) _tile_stored(2, dst + 32, ld * 4);
+  if constexpr (NB > 3) _tile_stored(3, dst + 48, ld * 4);
+}
+
 // Scores of 16 query rows (q: [16][dsteps * 32] bf16) against NB consecutive blocks of 16 staged
 // keys (kt: the first block's tiles, dsteps of 512 values a block), into s's columns 0.. 16 NB
 // (row stride lds floats).
 template <int NB>
 void score_tile(const uint16_t* q, int64_t dsteps, const uint16_t* kt, float* s, int64_t lds) {
-  _tile_zero(0);
-  if constexpr (NB > 1) _tile_zero(1);
-  if constexpr (NB > 2) _tile_zero(2);
-  if constexpr (NB > 3) _tile_zero(3);
+  zero_accumulators<NB>();
   for (int64_t d = 0; d < dsteps; ++d) {
     _tile_loadd(4, q + d * 32, dsteps * 64);
     load_b<0>(kt + d * 512);
@@ -72,10 +86,7 @@ void score_tile(const uint16_t* q, int64_t dsteps, const uint16_t* kt, float* s,
       tile_product_into<3>();
     }
   }
-  _tile_stored(0, s, lds * 4);
-  if constexpr (NB > 1) _tile_stored(1, s + 16, lds * 4);
-  if constexpr (NB > 2) _tile_stored(2, s + 32, lds * 4);
-  if constexpr (NB > 3) _tile_stored(3, s + 48, lds * 4);
+  store_accumulators<NB>(s, lds);
 }
 
 // Sums over ksteps x 32 keys of 16 rows of probabilities (p: [16][ldp] bf16) times NB blocks of
@@ -84,10 +95,7 @@ void score_tile(const uint16_t* q, int64_t dsteps, const uint16_t* kt, float* s,
 template <int NB>
 void weigh_tile(const uint16_t* p, int64_t ldp, const uint16_t* vt, int64_t ksteps,
                 int64_t dblocks, float* o) {
-  _tile_zero(0);
-  if constexpr (NB > 1) _tile_zero(1);
-  if constexpr (NB > 2) _tile_zero(2);
-  if constexpr (NB > 3) _tile_zero(3);
+  zero_accumulators<NB>();
   for (int64_t k = 0; k < ksteps; ++k) {
     _tile_loadd(4, p + k * 32, ldp * 2);
     const uint16_t* v = vt + k * dblocks * 512;
@@ -106,10 +114,7 @@ void weigh_tile(const uint16_t* p, int64_t ldp, const uint16_t* vt, int64_t kste
       tile_product_into<3>();
     }
   }
-  _tile_stored(0, o, 256);
-  if constexpr (NB > 1) _tile_stored(1, o + 16, 256);
-  if constexpr (NB > 2) _tile_stored(2, o + 32, 256);
-  if constexpr (NB > 3) _tile_stored(3, o + 48, 256);
+  store_accumulators<NB>(o, 64);
 }
 
 template <typename F>
@@ -164,9 +169,9 @@ void stage_values(const uint16_t* vp, const int32_t* table, int64_t block_size,
 }
 
 void prefill_amx(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                 const int32_t* tables, int64_t max_blocks, const int32_t* lens,
-                 const int32_t* starts, const std::vector<int64_t>& seqs, at::Tensor& out,
+                 const PrefillIndex& index, const std::vector<int64_t>& seqs, at::Tensor& out,
                  float scale, int64_t window) {
+  const auto [tables, max_blocks, lens, starts] = index.pointers();
   const int64_t heads = q.size(1), dim = q.size(2);
   const int64_t block_size = k_cache.size(1), kv_heads = k_cache.size(2);
   const int64_t group = heads / kv_heads;
@@ -275,9 +280,7 @@ void amx_paged_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at:
   if (seqs.empty()) return;
 #if defined(SWITCHYARD_AMX)
   TORCH_CHECK(amx_permitted(), "amx_paged_prefill: the OS does not lend this process the AMX tiles");
-  prefill_amx(q, k_cache, v_cache, index.tables.data_ptr<int32_t>(), index.tables.size(1),
-              index.lens.data_ptr<int32_t>(), index.starts.data_ptr<int32_t>(), seqs, out,
-              float(scale), window);
+  prefill_amx(q, k_cache, v_cache, index, seqs, out, float(scale), window);
 #else
   TORCH_CHECK(false, "amx_paged_prefill: built without the AMX tile instructions");
 #endif
