@@ -151,6 +151,17 @@ inline std::pair<int64_t, int64_t> task_keys(const PrefillTask& task, int64_t pr
   return {lo, hi};
 }
 
+// A query at position pos sees keys [a, e) relative to lo: itself and those before it in its
+// window.
+inline std::pair<int64_t, int64_t> query_keys(int64_t pos, int64_t lo, int64_t window) {
+  return {window > 0 ? std::max<int64_t>(0, pos + 1 - window - lo) : 0, pos + 1 - lo};
+}
+
+// The cache row holding a sequence's position pos (table: its block table).
+inline int64_t cache_row(const int32_t* table, int64_t pos, int64_t block_size) {
+  return int64_t(table[pos / block_size]) * block_size + pos % block_size;
+}
+
 // The step's index tensors, contiguous, once checked against the caches and q.
 struct PrefillIndex {
   at::Tensor tables, lens, starts;
@@ -191,7 +202,7 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
       const int32_t* table = tables + b * max_blocks;
       for (int64_t j = 0; j < n; ++j) {
         const int64_t pos = lo + j;
-        const int64_t row = int64_t(table[pos / block_size]) * block_size + pos % block_size;
+        const int64_t row = cache_row(table, pos, block_size);
         const T* krow = kp + row * row_stride + task.head * dim;
         const T* vrow = vp + row * row_stride + task.head * dim;
         float* kblock = kt.data() + (j / 16) * 16 * dim + j % 16;
@@ -213,9 +224,7 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
             const T* qrow = qp + token * q_stride + head0 * dim;
             for (int64_t g = 0; g < tile; ++g, ++r) {
               for (int64_t d = 0; d < dim; ++d) qf[r * dim + d] = widen(qrow[g * dim + d]) * scale;
-              // This query's keys, relative to lo: itself and those before it in its window.
-              a[r] = window > 0 ? std::max<int64_t>(0, pos + 1 - window - lo) : 0;
-              e[r] = pos + 1 - lo;
+              std::tie(a[r], e[r]) = query_keys(pos, lo, window);
               rows_out[r] = op + (token * heads + head0 + g) * dim;
             }
           }

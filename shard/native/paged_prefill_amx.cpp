@@ -117,24 +117,13 @@ void weigh_tile(const uint16_t* p, int64_t ldp, const uint16_t* vt, int64_t kste
   store_accumulators<NB>(o, 64);
 }
 
-template <typename F>
-inline void with_blocks(int64_t n, F&& f) {  // f(std::integral_constant<int, min(n, 4)>)
-  switch (std::min<int64_t>(n, 4)) {
-    case 1: f(std::integral_constant<int, 1>{}); break;
-    case 2: f(std::integral_constant<int, 2>{}); break;
-    case 3: f(std::integral_constant<int, 3>{}); break;
-    default: f(std::integral_constant<int, 4>{}); break;
-  }
-}
-
 // Keys [lo, lo + n) of one KV head as score_tile's B operand (kt: n_pad / 16 blocks of dsteps
 // tiles, zero past n and past dim).
 void stage_keys(const uint16_t* kp, const int32_t* table, int64_t block_size, int64_t row_stride,
                 int64_t lo, int64_t n, int64_t dim, int64_t dsteps, int64_t n_pad, uint32_t* kt) {
   std::fill(kt, kt + n_pad * dsteps * 16, 0u);  // 32-bit units: a key's dimension pair
   for (int64_t j = 0; j < n; ++j) {
-    const int64_t pos = lo + j;
-    const int64_t row = int64_t(table[pos / block_size]) * block_size + pos % block_size;
+    const int64_t row = cache_row(table, lo + j, block_size);
     const auto* pairs = reinterpret_cast<const uint32_t*>(kp + row * row_stride);
     uint32_t* block = kt + (j / 16) * dsteps * 256 + j % 16;
     for (int64_t i = 0; i < dim / 2; ++i) block[(i / 16) * 256 + (i % 16) * 16] = pairs[i];
@@ -150,10 +139,7 @@ void stage_values(const uint16_t* vp, const int32_t* table, int64_t block_size,
       0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
       8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
   const __m512i order = _mm512_load_si512(kInterleave);
-  auto row_of = [&](int64_t j) {
-    const int64_t pos = lo + j;
-    return vp + (int64_t(table[pos / block_size]) * block_size + pos % block_size) * row_stride;
-  };
+  auto row_of = [&](int64_t j) { return vp + cache_row(table, lo + j, block_size) * row_stride; };
   for (int64_t j = 0; j < n_pad; j += 2) {
     const uint16_t* even = j < n ? row_of(j) : nullptr;
     const uint16_t* odd = j + 1 < n ? row_of(j + 1) : nullptr;
@@ -214,15 +200,13 @@ void prefill_amx(const at::Tensor& q, const at::Tensor& k_cache, const at::Tenso
           const int64_t t = task.t0 + (r0 + r) / group, g = (r0 + r) % group;
           const int64_t pos = prefix + t, token = starts[b] + t, head = task.head * group + g;
           std::copy_n(qp + token * q_stride + head * dim, dim, qt.data() + r * dsteps * 32);
-          // This query's keys, relative to lo: itself and those before it in its window.
-          a[r] = window > 0 ? std::max<int64_t>(0, pos + 1 - window - lo) : 0;
-          e[r] = pos + 1 - lo;
+          std::tie(a[r], e[r]) = query_keys(pos, lo, window);
           dst[r] = op + (token * heads + head) * dim;
         }
         const int64_t k0 = *std::min_element(a, a + tile_rows) / 32 * 32;
         const int64_t k1 = (*std::max_element(e, e + tile_rows) + 31) / 32 * 32;
         for (int64_t kb = k0 / 16; kb < k1 / 16; kb += 4) {
-          with_blocks(k1 / 16 - kb, [&](auto nb) {
+          with_group<4>(k1 / 16 - kb, [&](auto nb) {
             const auto* keys = reinterpret_cast<const uint16_t*>(kt.data() + kb * dsteps * 256);
             score_tile<decltype(nb)::value>(qt.data(), dsteps, keys, s.data() + kb * 16, n_pad);
           });
@@ -245,7 +229,7 @@ void prefill_amx(const at::Tensor& q, const at::Tensor& k_cache, const at::Tenso
           }
         }
         for (int64_t db = 0; db < dblocks; db += 4) {
-          with_blocks(dblocks - db, [&](auto nb) {
+          with_group<4>(dblocks - db, [&](auto nb) {
             constexpr int kNb = decltype(nb)::value;
             weigh_tile<kNb>(pt.data() + k0, n_pad, vt.data() + (k0 / 32 * dblocks + db) * 512,
                             (k1 - k0) / 32, dblocks, o);
