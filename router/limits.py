@@ -16,7 +16,12 @@ from router.args import RouterArgs
 # TGI's historical defaults, capped by the model's context length.
 DEFAULT_MAX_TOTAL_TOKENS = 2048
 DEFAULT_MAX_INPUT_TOKENS = 1024
-# TGI leaves a little room above one full prompt for the default prefill budget.
+# The default prefill budget: TGI's launcher default (4096 prompt tokens a step, capped at the
+# model's context length), and never less than one full prompt plus TGI's old headroom of 50.
+# With the old default alone (max_input_tokens + 50 = 1074) a wave of 32 short prompts (p64 c=32
+# in docs/benchmarks.md) went out in two steps, the second beside the first's 17 new decoders: a
+# 210 ms inter-token gap for each of them, which was that level's ITL p99; in one step it is none.
+DEFAULT_MAX_BATCH_PREFILL_TOKENS = 4096
 PREFILL_HEADROOM = 50
 # Prompt tokens a step may add while other requests decode (chunked prefill), on a CPU: a token
 # costs 0.2-2 ms there by CPU and path (SmolLM2 shape; docs/benchmarks.md), and the chunk is the
@@ -81,7 +86,7 @@ def resolve_limits(
         )
     prefill = args.max_batch_prefill_tokens
     if prefill is None:
-        prefill = max_input + PREFILL_HEADROOM
+        prefill = max(max_input + PREFILL_HEADROOM, min(DEFAULT_MAX_BATCH_PREFILL_TOKENS, mpe))
         if args.max_batch_total_tokens is not None:
             prefill = min(prefill, args.max_batch_total_tokens)
 

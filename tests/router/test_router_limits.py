@@ -42,13 +42,18 @@ def test_bad_flag_values_exit(flag):
 def test_defaults_follow_the_model_context():
     lim = resolve_limits(args(), max_position_embeddings=4096, block_size=16)
     assert (lim.max_input_tokens, lim.max_total_tokens) == (1024, 2048)
-    assert lim.max_batch_prefill_tokens == 1074
+    assert lim.max_batch_prefill_tokens == 4096  # TGI's default prefill budget
+    lim = resolve_limits(args(), max_position_embeddings=2048, block_size=16)
+    assert lim.max_batch_prefill_tokens == 2048  # capped at the context length
     lim = resolve_limits(args(), max_position_embeddings=512, block_size=16)
     assert (lim.max_input_tokens, lim.max_total_tokens) == (511, 512)
+    assert lim.max_batch_prefill_tokens == 561  # but one full prompt always fits, with headroom
     lim = resolve_limits(args(max_total_tokens=300), 4096, 16)
     assert lim.max_input_tokens == 299
     lim = resolve_limits(args(max_input_tokens=3000), 4096, 16)
     assert lim.max_total_tokens == 3001
+    lim = resolve_limits(args(max_input_tokens=8000), 16384, 16)
+    assert lim.max_batch_prefill_tokens == 8050
 
 
 @pytest.mark.parametrize(
@@ -78,15 +83,15 @@ def test_chunking_lets_prompts_outgrow_the_prefill_budget_and_bounds_chunks_on_c
     lim = resolve_limits(args(max_input_tokens=100, max_batch_prefill_tokens=99), 4096, 16)
     assert (lim.max_input_tokens, lim.max_batch_prefill_tokens) == (100, 99)
     cpu = resolve_limits(args(), 4096, 16, "cpu")
-    assert (cpu.max_batch_prefill_tokens, cpu.prefill_chunk_tokens) == (1074, 64)
+    assert (cpu.max_batch_prefill_tokens, cpu.prefill_chunk_tokens) == (4096, 64)
     gpu = resolve_limits(args(), 4096, 16, "cuda")
-    assert (gpu.max_batch_prefill_tokens, gpu.prefill_chunk_tokens) == (1074, 1074)
+    assert (gpu.max_batch_prefill_tokens, gpu.prefill_chunk_tokens) == (4096, 4096)
     small = resolve_limits(args(max_batch_prefill_tokens=40), 4096, 16, "cpu")
     assert small.prefill_chunk_tokens == 40
     given = resolve_limits(args(prefill_chunk_tokens=300), 4096, 16, "cpu")
     assert given.prefill_chunk_tokens == 300
     with pytest.raises(ConfigError, match="--prefill-chunk-tokens"):
-        resolve_limits(args(prefill_chunk_tokens=2000), 4096, 16, "cpu")
+        resolve_limits(args(prefill_chunk_tokens=5000), 8192, 16, "cpu")
     # Fitting to a small cache keeps the chunk within the clamped prefill budget.
     fitted = apply_capacity(given, max_supported_total_tokens=16 * 200, num_blocks=200)
     assert fitted.prefill_chunk_tokens == 300
@@ -99,7 +104,7 @@ def test_capacity_from_warmup():
     fitted = apply_capacity(lim, max_supported_total_tokens=16 * 10, num_blocks=10)
     # One block is reserved, so the batch budget is what the other nine hold.
     assert fitted.batch_total_tokens == 144 and fitted.usable_blocks == 9
-    assert fitted.max_batch_prefill_tokens == 82
+    assert fitted.max_batch_prefill_tokens == 144  # the default 4096, clamped to the cache
     with pytest.raises(ConfigError, match="--max-total-tokens"):
         apply_capacity(lim, max_supported_total_tokens=48, num_blocks=3)
     with pytest.raises(ConfigError, match="--max-total-tokens"):
@@ -113,7 +118,7 @@ def test_capacity_from_warmup():
 
 def test_prefill_budget_is_clamped_to_a_small_cache():
     lim = resolve_limits(args(max_total_tokens=64, max_input_tokens=60), 4096, 16)
-    assert lim.max_batch_prefill_tokens == 110
+    assert lim.max_batch_prefill_tokens == 4096
     fitted = apply_capacity(lim, max_supported_total_tokens=80, num_blocks=6)
     assert fitted.batch_total_tokens == 80 and fitted.max_batch_prefill_tokens == 80
 
