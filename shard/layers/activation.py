@@ -23,3 +23,10 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     ):
         return kernel(gate, up)
     return F.silu(gate) * up
+
+
+def swiglu(product: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of a fused gate_up product [T, 2I], its first half of outputs the gate's
+    (each tensor-parallel rank's product is laid out so too)."""
+    gate, up = product.chunk(2, dim=-1)
+    return silu_and_mul(gate, up)

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from shard.distributed import Distributed
-from shard.layers.activation import silu_and_mul
+from shard.layers.activation import swiglu
 from shard.layers.lora import LoraTerm
 from shard.layers.quant.base import LinearWeight, Piece
 from shard.layers.quant.select import linear_method
@@ -119,8 +119,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         weight's representation can (LinearWeight.silu_mul). A step whose adapters add LoRA
         terms to the product (or a traced one that may) computes the product first."""
         if self.lora is not None and self.lora.adds_to_product():
-            gate, up = self.split(self(x))
-            return silu_and_mul(gate, up)
+            return swiglu(self(x))
         return self.weight.silu_mul(x, self.bias)
 
 

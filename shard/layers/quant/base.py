@@ -16,7 +16,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from shard.layers.activation import silu_and_mul
+from shard.layers.activation import swiglu
 from shard.weights import Weights
 
 
@@ -47,8 +47,7 @@ class LinearWeight(nn.Module):
         """silu(gate) * up where the product's first half of outputs is SwiGLU's gate and the
         second its up (a fused gate_up projection). Representations that can fuse the two
         override this; the values are the same either way."""
-        gate, up = self(x, bias).chunk(2, dim=-1)
-        return silu_and_mul(gate, up)
+        return swiglu(self(x, bias))
 
 
 class LinearMethod(Protocol):
