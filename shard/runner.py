@@ -39,9 +39,11 @@ class ModelRunner:
         block_size: int,
         lora: LoraStep | None = None,
         forward=None,  # the model's forward pass another way (--compile); default the model
+        decode_path=None,  # the decode steps' forward pass where it applies (llama_decode.py)
     ) -> None:
         self.model = model
         self.forward = forward or model
+        self.decode_path = decode_path
         self.dist = dist
         self.device = device
         self.block_size = block_size
@@ -74,7 +76,10 @@ class ModelRunner:
         inputs = build_step_inputs(batch, q_lens)
         if self.lora is not None:
             self.lora.set_tokens(batch.lora_slots[inputs.token_rows])
-        hidden = self.forward(inputs.input_ids, inputs.positions, self._caches(), inputs.meta)
+        forward = self.forward
+        if self.decode_path is not None and self.decode_path.applies(inputs.meta):
+            forward = self.decode_path
+        hidden = forward(inputs.input_ids, inputs.positions, self._caches(), inputs.meta)
         self._gather_prompt_logprobs(batch, inputs, hidden)
         logits = self.model.compute_logits(hidden[inputs.sample_index])
         batch.cache_lens += q_lens

@@ -17,6 +17,7 @@ from shard.layers.quant.unquantized import DenseWeight
 from shard.lora.manager import LoraManager, LoraSettings
 from shard.models import load_model
 from shard.models.config import read_quantization
+from shard.models.llama_decode import LlamaDecodePath
 from shard.native.build import paged_decode_kernel
 from shard.rank_env import DistributedEnv
 from shard.runner import ModelRunner
@@ -100,11 +101,13 @@ def _build_service(
         lora = LoraManager(model, lora_settings, triton=attention == "triton")
         names = ", ".join(lora.names) or "none yet"
         log.info("LoRA adapters: %s (%d slots)", names, settings.max_loras)
-    forward = None
+    forward = decode_path = None
     if settings.compile:
         forward = compiled_forward(model, attention, device, env.world_size)
+    else:
+        decode_path = LlamaDecodePath.build(model, dist, lora.step if lora else None)
     runner = ModelRunner(
-        model, dist, device, settings.block_size, lora.step if lora else None, forward
+        model, dist, device, settings.block_size, lora.step if lora else None, forward, decode_path
     )
     identity = ShardIdentity(
         model_id=settings.model_id,

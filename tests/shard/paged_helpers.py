@@ -83,9 +83,16 @@ class PagedLayout:
 
 
 def run_paged(
-    model, prompts: list[torch.Tensor], steps: int, *, block_size: int = 16, seed: int = 0
+    model,
+    prompts: list[torch.Tensor],
+    steps: int,
+    *,
+    block_size: int = 16,
+    seed: int = 0,
+    decode_forward=None,
 ) -> tuple[list[torch.Tensor], list[list[int]]]:
-    """Packed prefill of `prompts` into a shuffled paged cache, then `steps` greedy decode steps.
+    """Packed prefill of `prompts` into a shuffled paged cache, then `steps` greedy decode steps
+    (through `decode_forward`, called as the model is, when given).
 
     Returns the logits of every step (prefill: all prompt positions, packed; decode: [B, V]) and
     each sequence's tokens (prompt + generated, including the token chosen after the last step).
@@ -106,7 +113,8 @@ def run_paged(
             for t, nid in zip(tokens, next_ids.tolist(), strict=True):
                 t.append(nid)
             positions, meta = layout.decode(seqs, [len(t) - 1 for t in tokens])
-            logits = model.compute_logits(model(next_ids, positions, caches, meta))
+            hidden = (decode_forward or model)(next_ids, positions, caches, meta)
+            logits = model.compute_logits(hidden)
             all_logits.append(logits)
             next_ids = logits.argmax(-1)
     for t, nid in zip(tokens, next_ids.tolist(), strict=True):

@@ -12,13 +12,14 @@ import torch
 import torch.distributed as tdist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-from paged_helpers import run_paged
+from paged_helpers import NATIVE_REASON, run_paged
 from safetensors.torch import save_file
 
 from shard.distributed import Distributed, init_distributed
 from shard.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from shard.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from shard.models import load_model
+from shard.models.llama_decode import LlamaDecodePath
 from shard.sampling.params import SamplingParams
 from shard.sampling.sampler import SamplingTensors, sample
 from shard.weights import Weights
@@ -111,7 +112,18 @@ def worker(rank: int, port: int, layer_dir: str, model_dirs: dict[str, str], out
         results[f"{name}/collectives"] = (dict(counts), model.num_layers)
         logits, tokens = run_paged(model, PROMPTS, STEPS, seed=3)
         results[name] = (logits, tokens)
+        decode_path = LlamaDecodePath.build(model, dist, None)
+        results[f"{name}/decode_path"] = decode_path and run_paged(
+            model, PROMPTS, STEPS, seed=3, decode_forward=decode_path
+        )
         results[f"{name}/sampled"] = sample_without_broadcast(logits[-1])
+    # bf16, where the flat loop calls the AMX tile kernel itself and then the all_reduce
+    model = load_model(model_dirs[MODELS[0]], dtype=torch.bfloat16, device=CPU, dist=dist)
+    decode_path = LlamaDecodePath.build(model, dist, None)
+    results["bf16/decode_path"] = decode_path and run_paged(
+        model, PROMPTS, STEPS, decode_forward=decode_path
+    )
+    results["bf16"] = run_paged(model, PROMPTS, STEPS)
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     tdist.barrier()
     tdist.destroy_process_group()
@@ -229,6 +241,20 @@ def test_ranks_sample_the_same_tokens_on_their_own(ranks, name):
     assert len(set(per_row[0])) == 1  # greedy: the same argmax at every step
     assert len(set(per_row[2])) > 1  # sampled: the draws change with the step
     assert per_row[1] != per_row[2]  # the seed matters
+
+
+@pytest.mark.skipif(NATIVE_REASON is not None, reason=f"no native kernels: {NATIVE_REASON}")
+@pytest.mark.parametrize("name", [*MODELS, "bf16"])
+def test_decode_path_equals_module_forward_on_each_rank(ranks, name):
+    """Each rank's flat decode loop (its row layers' all_reduce included) gives the module
+    forward's logits bit for bit."""
+    for rank, res in enumerate(ranks):
+        assert res[f"{name}/decode_path"] is not None, f"rank {rank} built no decode path"
+        logits, tokens = res[f"{name}/decode_path"]
+        want_logits, want_tokens = res[name]
+        assert tokens == want_tokens
+        for got, want in zip(logits, want_logits, strict=True):
+            assert torch.equal(got, want), f"rank {rank}"
 
 
 @pytest.mark.parametrize("name", MODELS)

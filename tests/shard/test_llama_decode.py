@@ -1,0 +1,107 @@
+"""The flat decode loop (shard/models/llama_decode.py) computes what the module forward does, bit
+for bit, on every tiny model shape and dtype; the runner takes it for decode-only steps and
+the module forward for every other step; and it is not built where its kernels cannot run."""
+
+import pytest
+import torch
+from paged_helpers import NATIVE_REASON, run_paged
+
+from bench.shard_batches import cache_tokens_needed, make_batch
+from shard import wire
+from shard.distributed import Distributed
+from shard.layers.lora import LoraStep
+from shard.models import load_model
+from shard.models.llama_decode import LlamaDecodePath
+from shard.native.build import amx_linear_kernel
+from shard.settings import ShardSettings
+from shard.startup import build_service
+from tests.shard.tiny_model_cases import TINY_MODELS
+
+CPU = torch.device("cpu")
+PROMPTS = [torch.arange(5, 26), torch.arange(40, 77) * 3 % 500, torch.arange(7, 10)]
+STEPS = 12  # past a 16-token block boundary for the shortest prompt
+
+pytestmark = pytest.mark.skipif(
+    NATIVE_REASON is not None, reason=f"no native kernels: {NATIVE_REASON}"
+)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
+@pytest.mark.parametrize("name", sorted(TINY_MODELS))
+def test_decode_steps_equal_the_module_forward(tiny_model, name, dtype):
+    model = load_model(tiny_model(name), dtype=dtype, device=CPU, dist=Distributed())
+    path = LlamaDecodePath.build(model, Distributed(), None)
+    assert path is not None
+    if dtype == torch.bfloat16 and amx_linear_kernel() is not None:  # the tile kernel, direct
+        assert not isinstance(path.layers[0].qkv, torch.nn.Module)
+    want_logits, want_tokens = run_paged(model, PROMPTS, STEPS)
+    logits, tokens = run_paged(model, PROMPTS, STEPS, decode_forward=path)
+    assert tokens == want_tokens
+    for step, (got, want) in enumerate(zip(logits, want_logits, strict=True)):
+        assert torch.equal(got, want), f"step {step}"
+
+
+class Spy:
+    """The runner's decode path, counting the steps it ran."""
+
+    def __init__(self, path: LlamaDecodePath) -> None:
+        self.path, self.calls = path, 0
+
+    def applies(self, meta) -> bool:
+        return self.path.applies(meta)
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self.path(*args)
+
+
+def test_the_runner_takes_it_for_decode_steps_only(tiny_model):
+    settings = ShardSettings(
+        model_id=str(tiny_model("llama_gqa_llama3")), uds_path="/unused", dtype="bfloat16"
+    )
+    runner = build_service(settings).runner
+    spy = runner.decode_path = Spy(runner.decode_path)
+    block = runner.block_size
+    runner.allocate_kv_cache(cache_tokens_needed(3, 20, 6, block) // block)
+    batch = wire.new_batch(make_batch(1, 3, 20, 5, block, runner.model.vocab_size), CPU)[0]
+    runner.step(batch, {0: 8, 1: 20, 2: 20})  # prefill, two rows finish their prompt
+    assert spy.calls == 0
+    runner.step(batch, {0: 12})  # mixed: row 0's last chunk beside two decoding rows
+    assert spy.calls == 0
+    for _ in range(3):
+        runner.step(batch)
+    assert spy.calls == 3
+
+
+def test_steps_with_adapter_tokens_take_the_module_forward(tiny_model):
+    model = load_model(tiny_model("llama_gqa_llama3"), dtype=torch.float32, device=CPU,
+                       dist=Distributed())  # fmt: skip
+    lora = LoraStep(scaling=torch.ones(2), scaling_host=[1.0, 1.0])
+    path = LlamaDecodePath.build(model, Distributed(), lora)
+    _, meta = _decode_meta()
+    lora.set_tokens(torch.tensor([-1, -1], dtype=torch.int32))  # base-model rows only
+    assert path.applies(meta)
+    lora.set_tokens(torch.tensor([-1, 1], dtype=torch.int32))
+    assert not path.applies(meta)
+
+
+def _decode_meta():
+    from paged_helpers import PagedLayout
+
+    layout = PagedLayout(16, 8)
+    seqs = [layout.add(20), layout.add(20)]
+    return layout.decode(seqs, [5, 9])
+
+
+def test_not_built_without_the_native_kernels(tiny_model, monkeypatch):
+    model = load_model(tiny_model("llama_gqa_llama3"), dtype=torch.float32, device=CPU,
+                       dist=Distributed())  # fmt: skip
+    monkeypatch.setenv("SWITCHYARD_CPU_KERNELS", "0")
+    assert LlamaDecodePath.build(model, Distributed(), None) is None
+
+
+def test_not_built_under_compile(servicer_model_dir):
+    settings = ShardSettings(
+        model_id=str(servicer_model_dir), uds_path="/unused", dtype="float32", compile=True
+    )
+    assert build_service(settings).runner.decode_path is None
