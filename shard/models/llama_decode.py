@@ -10,8 +10,9 @@ the same order, on the same inputs, without the Python around them.
 
 It computes exactly what LlamaForCausalLM.forward computes (tests/shard/test_llama_decode.py
 compares them bit for bit): every sub-step that is not plain here (a quantized or oneDNN
-weight, Qwen3's q/k norms, a bias) calls the module that owns it. It runs decode-only steps
-whose tokens use no adapter; any other step (prefill, chunked, LoRA) runs the module forward.
+weight, Qwen3's q/k norms) calls the module that owns it. It runs decode-only steps; prefill
+and chunked steps run the module forward. A step whose tokens use adapters runs a second copy
+of the loop whose linears add their LoRA terms, as the modules do.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from shard.attention import AttentionMetadata, StepMetadata
 from shard.attention.torch_backend import TorchAttentionBackend
 from shard.distributed import Distributed
 from shard.layers import matmul_amx
+from shard.layers.activation import swiglu
 from shard.layers.linear import ColumnParallelLinear, RowParallelLinear
 from shard.layers.lora import LoraStep
 from shard.layers.quant.unquantized import DenseWeight
@@ -68,7 +70,10 @@ class LlamaDecodePath:
         self.rms_norm = native.rms_norm_kernel()
         self.store_kv = native.store_kv_kernel()
         self.paged_decode = native.paged_decode_kernel()
-        self.layers = [self._layer(layer, model) for layer in model.layers]
+        self.layers = [self._layer(layer, lora=False) for layer in model.layers]
+        self.lora_layers = self.layers
+        if lora is not None:
+            self.lora_layers = [self._layer(layer, lora=True) for layer in model.layers]
 
     @classmethod
     def build(
@@ -109,13 +114,12 @@ class LlamaDecodePath:
         return None
 
     def applies(self, meta: StepMetadata) -> bool:
-        """A decode-only step whose tokens use no adapter, of fewer rows than the tile kernel
-        hands to oneDNN (a decode step of thousands of rows is the module forward's)."""
+        """A decode-only step of fewer rows than the tile kernel hands to oneDNN (a decode step
+        of thousands of rows is the module forward's)."""
         return (
             isinstance(meta, AttentionMetadata)
             and not meta.is_prefill
             and len(meta.slot_mapping) < matmul_amx.ONEDNN_ROWS
-            and (self.lora is None or self.lora.token_slots is None)
         )
 
     def __call__(
@@ -130,9 +134,10 @@ class LlamaDecodePath:
         )  # fmt: skip
         positions = positions.to(torch.int64).contiguous()  # what the rotary kernel reads
         slots, tables, lens = meta.slot_mapping, meta.block_tables, meta.context_lens
+        adapters = self.lora is not None and self.lora.token_slots is not None
         residual = self.model.embed_tokens(input_ids)
         hidden = None
-        for layer, kv in zip(self.layers, kv_caches, strict=True):
+        for layer, kv in zip(self.lora_layers if adapters else self.layers, kv_caches, strict=True):
             if hidden is None:  # the first layer: its input is the stream itself
                 x = self.rms_norm(residual, layer.input_norm, eps)
             else:
@@ -148,15 +153,17 @@ class LlamaDecodePath:
 
     # -- building ------------------------------------------------------------------------
 
-    def _layer(self, layer: LlamaDecoderLayer, model: LlamaForCausalLM) -> _Layer:
+    @staticmethod
+    def _layer(layer: LlamaDecoderLayer, *, lora: bool) -> _Layer:
+        """The layer's loop entry; with `lora`, its linears add their LoRA terms."""
         attention, mlp = layer.self_attn, layer.mlp
         return _Layer(
             input_norm=layer.input_layernorm.weight,
             post_norm=layer.post_attention_layernorm.weight,
-            qkv=_linear(attention.qkv_proj),
-            o_proj=_linear(attention.o_proj),
-            gate_up_silu=_gate_up_silu(mlp.gate_up_proj),
-            down_proj=_linear(mlp.down_proj),
+            qkv=_linear(attention.qkv_proj, lora),
+            o_proj=_linear(attention.o_proj, lora),
+            gate_up_silu=_gate_up_silu(mlp.gate_up_proj, lora),
+            down_proj=_linear(mlp.down_proj, lora),
             rotate=_rotation(attention),
             scale=attention.scale,
             window=attention.window or 0,
@@ -171,24 +178,39 @@ def _tile_weight(linear: ColumnParallelLinear | RowParallelLinear) -> torch.Tens
     return None
 
 
-def _linear(linear: ColumnParallelLinear | RowParallelLinear) -> Linear:
+def _linear(linear: ColumnParallelLinear | RowParallelLinear, lora: bool) -> Linear:
     """x -> the layer's output (summed over ranks for a row layer): the tile kernel straight
-    on the packed weight, or the module. LoRA terms need no call: steps with adapter tokens
-    never come here."""
+    on the packed weight, then with `lora` the layer's LoRA term (before the sum, as the row
+    layer adds it); or the module, which adds its term itself."""
     packed, kernel = _tile_weight(linear), native.amx_linear_kernel()
     if packed is None or kernel is None:
         return linear
     bias = None if linear.bias is None else linear.bias.data
+    term = linear.lora if lora else None
+    reduce = None
     if isinstance(linear, RowParallelLinear) and linear.dist.world_size > 1:
-        all_reduce = linear.dist.all_reduce
-        return lambda x: all_reduce(kernel(x, packed, bias))
-    return lambda x: kernel(x, packed, bias)
+        reduce = linear.dist.all_reduce
+    if term is None and reduce is None:
+        return lambda x: kernel(x, packed, bias)
+
+    def call(x: torch.Tensor) -> torch.Tensor:
+        y = kernel(x, packed, bias)
+        if term is not None:
+            term(x, y)
+        return y if reduce is None else reduce(y)
+
+    return call
 
 
-def _gate_up_silu(linear: ColumnParallelLinear) -> Linear:
+def _gate_up_silu(linear: ColumnParallelLinear, lora: bool) -> Linear:
+    """x -> silu(gate) * up: SwiGLU in the tile kernel's epilogue, or after the product and its
+    LoRA term (with `lora`, as the module computes it), or the module."""
     packed, kernel = _tile_weight(linear), native.amx_linear_silu_mul_kernel()
     if packed is None or kernel is None or packed.shape[0] % 2:
         return linear.silu_and_mul  # type: ignore[attr-defined]
+    if lora and linear.lora is not None:
+        product = _linear(linear, lora)
+        return lambda x: swiglu(product(x))
     bias = None if linear.bias is None else linear.bias.data
     return lambda x: kernel(x, packed, bias)
 

@@ -4,17 +4,19 @@ the module forward for every other step; and it is not built where its kernels c
 
 import pytest
 import torch
+from lora_fixtures import ADAPTERS, make_adapter
 from paged_helpers import NATIVE_REASON, run_paged
 
 from bench.shard_batches import cache_tokens_needed, make_batch
 from shard import wire
 from shard.distributed import Distributed
-from shard.layers.lora import LoraStep
 from shard.models import load_model
 from shard.models.llama_decode import LlamaDecodePath
 from shard.native.build import amx_linear_kernel
 from shard.settings import ShardSettings
 from shard.startup import build_service
+from tests.shard.servicer_helpers import BlockPool, prompts
+from tests.shard.test_lora_vs_peft import NEW_TOKENS, _serve, lora_service
 from tests.shard.tiny_model_cases import TINY_MODELS
 
 CPU = torch.device("cpu")
@@ -73,24 +75,35 @@ def test_the_runner_takes_it_for_decode_steps_only(tiny_model):
     assert spy.calls == 3
 
 
-def test_steps_with_adapter_tokens_take_the_module_forward(tiny_model):
-    model = load_model(tiny_model("llama_gqa_llama3"), dtype=torch.float32, device=CPU,
-                       dist=Distributed())  # fmt: skip
-    lora = LoraStep(scaling=torch.ones(2), scaling_host=[1.0, 1.0])
-    path = LlamaDecodePath.build(model, Distributed(), lora)
-    _, meta = _decode_meta()
-    lora.set_tokens(torch.tensor([-1, -1], dtype=torch.int32))  # base-model rows only
-    assert path.applies(meta)
-    lora.set_tokens(torch.tensor([-1, 1], dtype=torch.int32))
-    assert not path.applies(meta)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_steps_mixing_adapters_and_the_base_model_equal_the_module_forward(
+    tiny_model, tmp_path, dtype
+):
+    """The loop's LoRA copy, on the servicer: adapters of several ranks and target sets and
+    base-model rows in one batch, prefill and chunked steps by the module forward, decode
+    steps by the loop; the same ids and logprobs as with the module forward alone."""
+    base = tiny_model("llama_gqa_llama3")
+    adapters = {
+        name: make_adapter(base, tmp_path / name, seed=i, **config)
+        for i, (name, config) in enumerate(ADAPTERS.items())
+    }
+    service = lora_service(base, adapters, max_loras=len(adapters), dtype=dtype)
+    names = ["", *ADAPTERS, "all_r8"]
+    texts = [[3 + t % 300 for t in p] for p in prompts(len(names), seed=3)]
 
+    def serve() -> dict:
+        pool = BlockPool(250, seed=1)
+        requests = [
+            pool.request(i, p, NEW_TOKENS + 40, adapter_id=name)
+            for i, (name, p) in enumerate(zip(names, texts, strict=True))
+        ]
+        return _serve(service, requests, {i: 7 for i in range(len(names))})
 
-def _decode_meta():
-    from paged_helpers import PagedLayout
-
-    layout = PagedLayout(16, 8)
-    seqs = [layout.add(20), layout.add(20)]
-    return layout.decode(seqs, [5, 9])
+    spy = service.runner.decode_path = Spy(service.runner.decode_path)
+    got = serve()
+    assert spy.calls > 0
+    service.runner.decode_path = None
+    assert serve() == got
 
 
 def test_not_built_without_the_native_kernels(tiny_model, monkeypatch):

@@ -54,13 +54,13 @@ def setup(request, tiny_model, tmp_path_factory):
     return base, adapters, service
 
 
-def lora_service(model_dir, adapters: dict, **settings):
-    """A float32 servicer with `adapters` (name -> PEFT dir), warmed up."""
+def lora_service(model_dir, adapters: dict, dtype: str = "float32", **settings):
+    """A servicer (float32 by default) with `adapters` (name -> PEFT dir), warmed up."""
     service = build_service(
         ShardSettings(
             model_id=str(model_dir),
             uds_path="/unused",
-            dtype="float32",
+            dtype=dtype,
             lora_adapters=tuple((n, str(p)) for n, p in adapters.items()),
             max_lora_rank=16,
             **settings,
