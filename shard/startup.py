@@ -105,7 +105,7 @@ def _build_service(
     if settings.compile:
         forward = compiled_forward(model, attention, device, env.world_size)
     else:
-        decode_path = LlamaDecodePath.build(model, dist, lora.step if lora else None)
+        decode_path = LlamaDecodePath.build(model, lora.step if lora else None)
     runner = ModelRunner(
         model, dist, device, settings.block_size, lora.step if lora else None, forward, decode_path
     )

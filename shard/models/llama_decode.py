@@ -25,7 +25,6 @@ import torch
 
 from shard.attention import AttentionMetadata, StepMetadata
 from shard.attention.torch_backend import TorchAttentionBackend
-from shard.distributed import Distributed
 from shard.layers import matmul_amx
 from shard.layers.activation import swiglu
 from shard.layers.linear import ColumnParallelLinear, RowParallelLinear
@@ -47,6 +46,8 @@ class _Layer:
 
     input_norm: torch.Tensor  # weights of the two RMSNorms
     post_norm: torch.Tensor
+    input_eps: float
+    post_eps: float
     qkv: Linear
     o_proj: Linear
     gate_up_silu: Linear  # silu(gate) * up of the fused gate_up projection
@@ -65,7 +66,6 @@ class LlamaDecodePath:
     def __init__(self, model: LlamaForCausalLM, lora: LoraStep | None) -> None:
         self.model = model
         self.lora = lora
-        self.eps = model.norm.eps
         self.add_rms_norm = native.add_rms_norm_kernel()
         self.rms_norm = native.rms_norm_kernel()
         self.store_kv = native.store_kv_kernel()
@@ -76,9 +76,7 @@ class LlamaDecodePath:
             self.lora_layers = [self._layer(layer, lora=True) for layer in model.layers]
 
     @classmethod
-    def build(
-        cls, model: torch.nn.Module, dist: Distributed, lora: LoraStep | None
-    ) -> LlamaDecodePath | None:
+    def build(cls, model: torch.nn.Module, lora: LoraStep | None) -> LlamaDecodePath | None:
         """The path for `model`, or None (and why, logged) where it cannot run."""
         reason = cls._unsupported(model)
         if reason is not None:
@@ -129,9 +127,7 @@ class LlamaDecodePath:
         kv_caches: list[torch.Tensor],
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        add_rms_norm, store_kv, paged_decode, eps = (
-            self.add_rms_norm, self.store_kv, self.paged_decode, self.eps
-        )  # fmt: skip
+        add_rms_norm, store_kv, paged_decode = self.add_rms_norm, self.store_kv, self.paged_decode
         positions = positions.to(torch.int64).contiguous()  # what the rotary kernel reads
         slots, tables, lens = meta.slot_mapping, meta.block_tables, meta.context_lens
         adapters = self.lora is not None and self.lora.token_slots is not None
@@ -139,17 +135,20 @@ class LlamaDecodePath:
         hidden = None
         for layer, kv in zip(self.lora_layers if adapters else self.layers, kv_caches, strict=True):
             if hidden is None:  # the first layer: its input is the stream itself
-                x = self.rms_norm(residual, layer.input_norm, eps)
+                x = self.rms_norm(residual, layer.input_norm, layer.input_eps)
             else:
-                x, residual = add_rms_norm(hidden, residual, layer.input_norm, eps)
+                x, residual = add_rms_norm(hidden, residual, layer.input_norm, layer.input_eps)
             q, k, v = layer.rotate(layer.qkv(x), positions)
             store_kv(k, v, kv, slots)
             out = paged_decode(q, kv[0], kv[1], tables, lens, layer.scale, layer.window)
-            x, residual = add_rms_norm(layer.o_proj(out.flatten(1)), residual, layer.post_norm, eps)
+            x, residual = add_rms_norm(
+                layer.o_proj(out.flatten(1)), residual, layer.post_norm, layer.post_eps
+            )
             hidden = layer.down_proj(layer.gate_up_silu(x))
         if hidden is None:
             return self.model.norm(residual)
-        return add_rms_norm(hidden, residual, self.model.norm.weight, eps)[0]
+        norm = self.model.norm
+        return add_rms_norm(hidden, residual, norm.weight, norm.eps)[0]
 
     # -- building ------------------------------------------------------------------------
 
@@ -160,6 +159,8 @@ class LlamaDecodePath:
         return _Layer(
             input_norm=layer.input_layernorm.weight,
             post_norm=layer.post_attention_layernorm.weight,
+            input_eps=layer.input_layernorm.eps,
+            post_eps=layer.post_attention_layernorm.eps,
             qkv=_linear(attention.qkv_proj, lora),
             o_proj=_linear(attention.o_proj, lora),
             gate_up_silu=_gate_up_silu(mlp.gate_up_proj, lora),

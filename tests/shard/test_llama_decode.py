@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(
 @pytest.mark.parametrize("name", sorted(TINY_MODELS))
 def test_decode_steps_equal_the_module_forward(tiny_model, name, dtype):
     model = load_model(tiny_model(name), dtype=dtype, device=CPU, dist=Distributed())
-    path = LlamaDecodePath.build(model, Distributed(), None)
+    path = LlamaDecodePath.build(model, None)
     assert path is not None
     if dtype == torch.bfloat16 and amx_linear_kernel() is not None:  # the tile kernel, direct
         assert not isinstance(path.layers[0].qkv, torch.nn.Module)
@@ -110,7 +110,7 @@ def test_not_built_without_the_native_kernels(tiny_model, monkeypatch):
     model = load_model(tiny_model("llama_gqa_llama3"), dtype=torch.float32, device=CPU,
                        dist=Distributed())  # fmt: skip
     monkeypatch.setenv("SWITCHYARD_CPU_KERNELS", "0")
-    assert LlamaDecodePath.build(model, Distributed(), None) is None
+    assert LlamaDecodePath.build(model, None) is None
 
 
 def test_not_built_under_compile(servicer_model_dir):

@@ -112,14 +112,14 @@ def worker(rank: int, port: int, layer_dir: str, model_dirs: dict[str, str], out
         results[f"{name}/collectives"] = (dict(counts), model.num_layers)
         logits, tokens = run_paged(model, PROMPTS, STEPS, seed=3)
         results[name] = (logits, tokens)
-        decode_path = LlamaDecodePath.build(model, dist, None)
+        decode_path = LlamaDecodePath.build(model, None)
         results[f"{name}/decode_path"] = decode_path and run_paged(
             model, PROMPTS, STEPS, seed=3, decode_forward=decode_path
         )
         results[f"{name}/sampled"] = sample_without_broadcast(logits[-1])
     # bf16, where the flat loop calls the AMX tile kernel itself and then the all_reduce
     model = load_model(model_dirs[MODELS[0]], dtype=torch.bfloat16, device=CPU, dist=dist)
-    decode_path = LlamaDecodePath.build(model, dist, None)
+    decode_path = LlamaDecodePath.build(model, None)
     results["bf16/decode_path"] = decode_path and run_paged(
         model, PROMPTS, STEPS, decode_forward=decode_path
     )
