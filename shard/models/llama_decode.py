@@ -145,9 +145,7 @@ class LlamaDecodePath:
                 layer.o_proj(out.flatten(1)), residual, layer.post_norm, layer.post_eps
             )
             hidden = layer.down_proj(layer.gate_up_silu(x))
-        if hidden is None:
-            return self.model.norm(residual)
-        norm = self.model.norm
+        norm = self.model.norm  # a model without layers gets no loop (`_unsupported`)
         return add_rms_norm(hidden, residual, norm.weight, norm.eps)[0]
 
     # -- building ------------------------------------------------------------------------
@@ -179,6 +177,10 @@ def _tile_weight(linear: ColumnParallelLinear | RowParallelLinear) -> torch.Tens
     return None
 
 
+def _bias(linear: ColumnParallelLinear | RowParallelLinear) -> torch.Tensor | None:
+    return None if linear.bias is None else linear.bias.data
+
+
 def _linear(linear: ColumnParallelLinear | RowParallelLinear, lora: bool) -> Linear:
     """x -> the layer's output (summed over ranks for a row layer): the tile kernel straight
     on the packed weight, then with `lora` the layer's LoRA term (before the sum, as the row
@@ -186,7 +188,7 @@ def _linear(linear: ColumnParallelLinear | RowParallelLinear, lora: bool) -> Lin
     packed, kernel = _tile_weight(linear), native.amx_linear_kernel()
     if packed is None or kernel is None:
         return linear
-    bias = None if linear.bias is None else linear.bias.data
+    bias = _bias(linear)
     term = linear.lora if lora else None
     reduce = None
     if isinstance(linear, RowParallelLinear) and linear.dist.world_size > 1:
@@ -212,7 +214,7 @@ def _gate_up_silu(linear: ColumnParallelLinear, lora: bool) -> Linear:
     if lora and linear.lora is not None:
         product = _linear(linear, lora)
         return lambda x: swiglu(product(x))
-    bias = None if linear.bias is None else linear.bias.data
+    bias = _bias(linear)
     return lambda x: kernel(x, packed, bias)
 
 
