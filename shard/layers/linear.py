@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 from shard.distributed import Distributed
-from shard.layers.activation import swiglu
 from shard.layers.lora import LoraTerm
 from shard.layers.quant.base import LinearWeight, Piece
 from shard.layers.quant.select import linear_method
@@ -72,10 +71,9 @@ class ColumnParallelLinear(nn.Module):
         return cls(*cls.load_pieces(weights, pieces, bias=bias))._record(weights, pieces)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.weight(x, self.bias)
         if self.lora is not None:
-            self.lora(x, y)
-        return y
+            return self.lora.linear(self.weight, x, self.bias)
+        return self.weight(x, self.bias)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -119,7 +117,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         weight's representation can (LinearWeight.silu_mul). A step whose adapters add LoRA
         terms to the product (or a traced one that may) computes the product first."""
         if self.lora is not None and self.lora.adds_to_product():
-            return swiglu(self(x))
+            return self.lora.linear(self.weight, x, self.bias, gated=True)
         return self.weight.silu_mul(x, self.bias)
 
 
@@ -244,7 +242,7 @@ class RowParallelLinear(nn.Module):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.weight(x, self.bias)
-        if self.lora is not None:  # this rank's share of the term joins the same all_reduce
-            self.lora(x, y)
-        return self.dist.all_reduce(y)
+        if self.lora is None:
+            return self.dist.all_reduce(self.weight(x, self.bias))
+        # this rank's share of the term joins the same all_reduce
+        return self.dist.all_reduce(self.lora.linear(self.weight, x, self.bias))

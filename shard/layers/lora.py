@@ -39,7 +39,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from shard.compiled import lora_in_graph, register_lora_term
+from shard.layers import lora_amx
+from shard.layers.activation import swiglu
 from shard.layers.matmul import linear, prepare_weight
+from shard.layers.quant.base import LinearWeight
+from shard.layers.quant.unquantized import DenseWeight
 
 # Adapter tokens up to which a CPU step runs the native kernel: NATIVE_TOKENS_PER_SLOT for each
 # slot the step uses, at most NATIVE_MAX_TOKENS. It beats the torch path's fixed costs at a
@@ -156,6 +160,11 @@ class LoraTerm(nn.Module):
         # multiplies only the first `rank` columns: 4x less work for rank 16 under the default 64.
         self.ranks = [0] * num_slots
         self._packed: _Packed | None = None  # the dense path's copies (CPU), built on first use
+        # The tile kernel's copies (lora_amx.py), built on first use, and its call for the
+        # weight `_tile_base` (None: that weight is not the tile kernel's).
+        self._tiles: lora_amx.LoraTiles | None = None
+        self._tile_base: torch.Tensor | None = None
+        self._tile_kernel: Callable[..., torch.Tensor] | None = None
         # --compile calls this term through an opaque op that names it by this id
         # (shard/compiled.py): the slots and the step's mapping stay outside the graph.
         self.term_id = register_lora_term(self)
@@ -183,11 +192,61 @@ class LoraTerm(nn.Module):
                 packed.refill(slot, self.lora_a, self.lora_b, self.out_slices)
         else:
             self._packed = None  # rebuilt on first use, cut to the new largest rank
+        tiles = self._tiles
+        if tiles is not None and self.ranks[slot] <= tiles.rank:
+            with torch.inference_mode():  # likewise
+                tiles.refill(slot, self.lora_a, self.lora_b)
+        else:
+            self._tiles = None
 
     def adds_to_product(self) -> bool:
         """Whether forward adds anything to this step's product: some token uses an adapter, or
         a traced graph (which must keep the term for the steps that will)."""
         return torch.compiler.is_compiling() or self.step.token_slots is not None
+
+    def linear(
+        self,
+        weight: LinearWeight,
+        x: torch.Tensor,
+        bias: torch.Tensor | None,
+        *,
+        gated: bool = False,
+    ) -> torch.Tensor:
+        """weight(x, bias) plus this step's LoRA terms (with `gated`, SwiGLU of that): in one
+        call of the tile kernel where the weight is its and the step small (lora_amx.py), else
+        the base product and then `forward`."""
+        y = self._tile_product(weight, x, bias, gated)
+        if y is not None:
+            return y
+        y = weight(x, bias)
+        self(x, y)
+        return swiglu(y) if gated else y
+
+    def _tile_product(
+        self, weight: LinearWeight, x: torch.Tensor, bias: torch.Tensor | None, gated: bool
+    ) -> torch.Tensor | None:
+        if torch.compiler.is_compiling():  # first: nothing below may become a graph guard
+            return None
+        step = self.step
+        if step.segments is None or not isinstance(weight, DenseWeight):
+            return None  # no adapter token, a large step, or not a plain weight
+        if weight.weight is not self._tile_base:  # checked once per weight, not per call
+            self._tile_base = weight.weight
+            self._tile_kernel = lora_amx.kernel_for(weight.weight, self.out_slices)
+        if self._tile_kernel is None:
+            return None
+        tiles = self._tiles
+        if tiles is None:
+            rank = max(self.ranks, default=0)
+            if rank == 0:  # no adapter touches this layer
+                return None
+            tiles = self._tiles = lora_amx.LoraTiles.build(self.lora_a, self.lora_b, rank)
+        if x.dim() != 2 or x.stride(1) != 1 or (gated and weight.weight.shape[0] % 2):
+            return None
+        return self._tile_kernel(  # type: ignore[no-any-return]
+            x, weight.weight, bias, gated, tiles.a, tiles.b, step.token_slots, step.scaling,
+            tiles.rank, self.out_slices,
+        )  # fmt: skip
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """Adds the step's LoRA terms to y [T, N] in place; x [T, K]."""

@@ -26,7 +26,6 @@ import torch
 from shard.attention import AttentionMetadata, StepMetadata
 from shard.attention.torch_backend import TorchAttentionBackend
 from shard.layers import matmul_amx
-from shard.layers.activation import swiglu
 from shard.layers.linear import ColumnParallelLinear, RowParallelLinear
 from shard.layers.lora import LoraStep
 from shard.layers.quant.unquantized import DenseWeight
@@ -183,13 +182,13 @@ def _bias(linear: ColumnParallelLinear | RowParallelLinear) -> torch.Tensor | No
 
 def _linear(linear: ColumnParallelLinear | RowParallelLinear, lora: bool) -> Linear:
     """x -> the layer's output (summed over ranks for a row layer): the tile kernel straight
-    on the packed weight, then with `lora` the layer's LoRA term (before the sum, as the row
-    layer adds it); or the module, which adds its term itself."""
+    on the packed weight, or with `lora` the layer's LoRA term's product (the base and its
+    term, before the sum, as the module computes it); or the module."""
     packed, kernel = _tile_weight(linear), native.amx_linear_kernel()
     if packed is None or kernel is None:
         return linear
     bias = _bias(linear)
-    term = linear.lora if lora else None
+    term, weight = linear.lora if lora else None, linear.weight
     reduce = None
     if isinstance(linear, RowParallelLinear) and linear.dist.world_size > 1:
         reduce = linear.dist.all_reduce
@@ -197,9 +196,7 @@ def _linear(linear: ColumnParallelLinear | RowParallelLinear, lora: bool) -> Lin
         return lambda x: kernel(x, packed, bias)
 
     def call(x: torch.Tensor) -> torch.Tensor:
-        y = kernel(x, packed, bias)
-        if term is not None:
-            term(x, y)
+        y = kernel(x, packed, bias) if term is None else term.linear(weight, x, bias)
         return y if reduce is None else reduce(y)
 
     return call
@@ -211,10 +208,9 @@ def _gate_up_silu(linear: ColumnParallelLinear, lora: bool) -> Linear:
     packed, kernel = _tile_weight(linear), native.amx_linear_silu_mul_kernel()
     if packed is None or kernel is None or packed.shape[0] % 2:
         return linear.silu_and_mul  # type: ignore[attr-defined]
-    if lora and linear.lora is not None:
-        product = _linear(linear, lora)
-        return lambda x: swiglu(product(x))
-    bias = _bias(linear)
+    bias, term, weight = _bias(linear), linear.lora, linear.weight
+    if lora and term is not None:
+        return lambda x: term.linear(weight, x, bias, gated=True)
     return lambda x: kernel(x, packed, bias)
 
 

@@ -61,16 +61,26 @@ void configure_tiles(int rows0, int rows1) {
   _tile_loadconfig(&cfg);
 }
 
+// A LoRA term as more of K (amx_lora.cpp): a pass's two output blocks also sum, over the
+// listed 32-wide column blocks of their sub-modules' rows of h (bf16, each token's scaled
+// shrink in its slot's columns, zeros elsewhere), h times their packed B blocks.
+struct ExtraK {
+  const uint16_t* h;      // h's row of the pass's first x row; row stride ldh
+  int64_t ldh;
+  const uint16_t* b0;     // the first output block's packed B (its 32-column blocks b_stride
+  const uint16_t* b1;     // apart); the second's (if kTwoN)
+  int64_t b_stride;
+  int64_t h0, h1;         // the two blocks' sub-modules' first columns in h
+  const int64_t* blocks;  // the column blocks (of 32) any of the step's slots occupies
+  int64_t n_blocks;
+};
+
 // The sums of x's rows [0, 16 * (1 + kTwoM)) (row stride ldx) by two 16-output blocks, w and
-// (if kTwoN) w1, over all of K, each added to its 16 biases (bias, bias1; null: none) and
-// rounded into out's columns n0.. and n0 + 16...
-// The gated epilogue (kGated): w is a block of SwiGLU's gate g and w1 the matching block of its
-// up u; out's columns n0.. get round(silu(round(g)) * round(u)), as silu_and_mul computes it
-// from the rounded product (silu_times16).
-template <bool kTwoM, bool kTwoN, bool kGated = false>
-void tile_pass(const uint16_t* x, int64_t ldx, const uint16_t* w, const uint16_t* w1, int64_t kb,
-               int rows0, int rows1, const c10::BFloat16* bias, const c10::BFloat16* bias1,
-               c10::BFloat16* out, int64_t N, int64_t n0) {
+// (if kTwoN) w1, over all of K (and `extra`'s, if any), left in accumulator tiles 0-3 (row tile
+// i, output block j: tile 2i + j).
+template <bool kTwoM, bool kTwoN>
+void tile_products(const uint16_t* x, int64_t ldx, const uint16_t* w, const uint16_t* w1,
+                   int64_t kb, const ExtraK* extra) {
   _tile_zero(0);
   if (kTwoN) _tile_zero(1);
   if (kTwoM) _tile_zero(2);
@@ -90,6 +100,40 @@ void tile_pass(const uint16_t* x, int64_t ldx, const uint16_t* w, const uint16_t
       if (kTwoN) _tile_dpbf16ps(3, 5, 7);
     }
   }
+  if (extra == nullptr) return;
+  const int64_t ldh = extra->ldh;
+  const uint16_t* h1 = extra->h + 16 * ldh;
+  for (int64_t i = 0; i < extra->n_blocks; ++i) {  // the two blocks may read different columns
+    const int64_t c = extra->blocks[i] * 32, bc = extra->blocks[i] * extra->b_stride;
+    _tile_loadd(4, extra->h + extra->h0 + c, ldh * 2);
+    _tile_loadd(6, extra->b0 + bc, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    if (kTwoM) {
+      _tile_loadd(5, h1 + extra->h0 + c, ldh * 2);
+      _tile_dpbf16ps(2, 5, 6);
+    }
+    if (kTwoN) {
+      _tile_loadd(4, extra->h + extra->h1 + c, ldh * 2);
+      _tile_loadd(7, extra->b1 + bc, 64);
+      _tile_dpbf16ps(1, 4, 7);
+      if (kTwoM) {
+        _tile_loadd(5, h1 + extra->h1 + c, ldh * 2);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+    }
+  }
+}
+
+// tile_products, each sum added to its 16 biases (bias, bias1; null: none) and rounded into
+// out's columns n0.. and n0 + 16...
+// The gated epilogue (kGated): w is a block of SwiGLU's gate g and w1 the matching block of its
+// up u; out's columns n0.. get round(silu(round(g)) * round(u)), as silu_and_mul computes it
+// from the rounded product (silu_times16).
+template <bool kTwoM, bool kTwoN, bool kGated = false>
+void tile_pass(const uint16_t* x, int64_t ldx, const uint16_t* w, const uint16_t* w1, int64_t kb,
+               const ExtraK* extra, int rows0, int rows1, const c10::BFloat16* bias,
+               const c10::BFloat16* bias1, c10::BFloat16* out, int64_t N, int64_t n0) {
+  tile_products<kTwoM, kTwoN>(x, ldx, w, w1, kb, extra);
   alignas(64) float acc[16][16];
   if constexpr (kGated) {
     alignas(64) float up[16][16];
@@ -146,10 +190,21 @@ bool amx_ready() {
 }
 
 namespace {
+// A LoRA term to add to run_linear's product as more of K (amx_lora.cpp builds it).
+struct LoraProducts {
+  const uint16_t* h;              // [M, ldh] bf16
+  int64_t ldh;
+  const uint16_t* b;              // packed B, [column blocks of 32, N/16, 16, 16, 2]
+  std::vector<int64_t> h_column;  // per output block: its sub-module's first column in h
+  std::vector<int64_t> blocks;    // ExtraK::blocks
+};
+
 // amx_linear's and amx_linear_silu_mul's checks and loop (`what` names the caller): x [M, K]
-// by the packed weight's N outputs, into out [M, N] or, gated, [M, N / 2].
+// by the packed weight's N outputs (plus `lora`'s term, if any), into out [M, N] or, gated,
+// [M, N / 2].
 torch::Tensor run_linear(const char* what, const torch::Tensor& x, const torch::Tensor& packed,
-                         const c10::optional<torch::Tensor>& bias, bool gated) {
+                         const c10::optional<torch::Tensor>& bias, bool gated,
+                         const LoraProducts* lora = nullptr) {
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, what, ": x must be [M, K] with contiguous rows");
   TORCH_CHECK(packed.dim() == 5 && packed.is_contiguous() && packed.size(2) == 16 &&
                   packed.size(3) == 16 && packed.size(4) == 2,
@@ -204,8 +259,19 @@ torch::Tensor run_linear(const char* what, const torch::Tensor& x, const torch::
           const uint16_t* xr = xp + m0 * ldx;
           c10::BFloat16* o = op + m0 * out_cols;
           const int64_t n0 = b0 * 16;
-#define SY_PASS(TWO_M, TWO_N, GATED) \
-  tile_pass<TWO_M, TWO_N, GATED>(xr, ldx, w, w1, kb, rows0, rows1, bias0, bias1, o, out_cols, n0)
+          ExtraK extra;
+          if (lora != nullptr) {
+            const int64_t b1_or_b0 = two_n ? b1 : b0;
+            extra = {lora->h + m0 * lora->ldh,   lora->ldh,
+                     lora->b + b0 * 512,         lora->b + b1_or_b0 * 512,
+                     nb * 512,                   lora->h_column[b0],
+                     lora->h_column[b1_or_b0],   lora->blocks.data(),
+                     int64_t(lora->blocks.size())};
+          }
+          const ExtraK* more = lora != nullptr ? &extra : nullptr;
+#define SY_PASS(TWO_M, TWO_N, GATED)                                                   \
+  tile_pass<TWO_M, TWO_N, GATED>(xr, ldx, w, w1, kb, more, rows0, rows1, bias0, bias1, o, \
+                                 out_cols, n0)
           if (gated && rows1 > 0) SY_PASS(true, true, true);
           else if (gated) SY_PASS(false, true, true);
           else if (rows1 > 0 && two_n) SY_PASS(true, true, false);

@@ -18,6 +18,8 @@ builder from vector.h (shared loads and stores) and each kernel's source:
 - amx_gemm.cpp: bf16 linear layers on the AMX tile unit, where the CPU has one
   (shard/layers/matmul_amx.py): at a decode step's few rows oneDNN reads the weights at well
   under the memory's bandwidth.
+- amx_lora.cpp: such a linear and its LoRA terms in one call (shard/layers/lora_amx.py): the
+  shrink as a small tile product, the expand as more of the base product's K.
 - paged_prefill_amx.cpp: paged_prefill.cpp's attention in bf16 with its two products on the
   tile unit.
 
@@ -53,6 +55,7 @@ SOURCES = [
         "elementwise.cpp",
         "argmax.cpp",
         "amx_gemm.cpp",
+        "amx_lora.cpp",
         "paged_prefill_amx.cpp",
     )
 ]
@@ -69,6 +72,7 @@ FUNCTIONS = [
     "amx_ready",
     "amx_linear",
     "amx_linear_silu_mul",
+    "amx_lora_linear",
     "amx_paged_prefill",
 ]
 SWITCH_ENV = "SWITCHYARD_CPU_KERNELS"  # "0": the torch path only
@@ -175,6 +179,15 @@ def amx_linear_silu_mul_kernel() -> Callable[..., torch.Tensor] | None:
     if amx_linear_kernel() is None:
         return None
     return _function("amx_linear_silu_mul")
+
+
+def amx_lora_linear_kernel() -> Callable[..., torch.Tensor] | None:
+    """amx_lora_linear(x, packed, bias, gated, a_tiles, b_tiles, token_slots, scaling, rank,
+    out_slices): a packed bf16 linear (SwiGLU'd if gated) plus each token's LoRA term, rounded
+    once (the contract is amx_lora.cpp's); None wherever amx_linear_kernel() is."""
+    if amx_linear_kernel() is None:
+        return None
+    return _function("amx_lora_linear")
 
 
 def amx_paged_prefill_kernel() -> Callable[..., None] | None:

@@ -10,6 +10,8 @@ from paged_helpers import NATIVE_REASON, run_paged
 from bench.shard_batches import cache_tokens_needed, make_batch
 from shard import wire
 from shard.distributed import Distributed
+from shard.layers import lora_amx
+from shard.layers.lora_amx import kernel_for
 from shard.models import load_model
 from shard.models.llama_decode import LlamaDecodePath
 from shard.native.build import amx_linear_kernel
@@ -77,11 +79,22 @@ def test_the_runner_takes_it_for_decode_steps_only(tiny_model):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_steps_mixing_adapters_and_the_base_model_equal_the_module_forward(
-    tiny_model, tmp_path, dtype
+    tiny_model, tmp_path, dtype, monkeypatch
 ):
     """The loop's LoRA copy, on the servicer: adapters of several ranks and target sets and
     base-model rows in one batch, prefill and chunked steps by the module forward, decode
-    steps by the loop; the same ids and logprobs as with the module forward alone."""
+    steps by the loop; the same ids and logprobs as with the module forward alone. In bf16
+    where the tile kernel runs, both take the linears' products with their LoRA terms from it
+    (shard/layers/lora_amx.py)."""
+    tile_calls = []
+
+    def counted(weight, out_slices):
+        kernel = kernel_for(weight, out_slices)
+        if kernel is None:
+            return None
+        return lambda *args: tile_calls.append(1) or kernel(*args)
+
+    monkeypatch.setattr(lora_amx, "kernel_for", counted)
     base = tiny_model("llama_gqa_llama3")
     adapters = {
         name: make_adapter(base, tmp_path / name, seed=i, **config)
@@ -102,6 +115,7 @@ def test_steps_mixing_adapters_and_the_base_model_equal_the_module_forward(
     spy = service.runner.decode_path = Spy(service.runner.decode_path)
     got = serve()
     assert spy.calls > 0
+    assert bool(tile_calls) == (dtype == "bfloat16" and amx_linear_kernel() is not None)
     service.runner.decode_path = None
     assert serve() == got
 
