@@ -16,7 +16,9 @@ Which token uses which slot is per step: the runner sets it once on the shared `
 On CPU, terms work on packed copies of the slots, in which every slot's weights are one
 contiguous block. A step of up to NATIVE_TOKENS_PER_SLOT adapter tokens a slot it uses (at most
 NATIVE_MAX_TOKENS) runs the native kernel (shard/native/lora.cpp) where it was built: tokens
-grouped by slot, each slot's rows read once for all its tokens, one call per linear. Otherwise,
+grouped by slot, each slot's rows read once for all its tokens, one call per linear; or, for a
+bf16 linear whose weight the AMX tile kernel holds, the base product and the terms in one call
+of that kernel (`LoraTerm.linear`, shard/layers/lora_amx.py). Otherwise,
 or without the kernel, the torch path. Its matmuls are tiny (a decode step's few rows, rank 16),
 so on CPU they cost per call more than per FLOP. A small step computes every slot it uses for
 all its tokens at once (the "dense" shape: one shrink GEMM, a mask that keeps each token's own

@@ -61,6 +61,18 @@ void configure_tiles(int rows0, int rows1) {
   _tile_loadconfig(&cfg);
 }
 
+// The two row tiles' rows for rows [m0, m_end) (rows1 0: one tile), the tiles configured for
+// them unless `configured` (the thread's current configuration, -1: none) already is.
+inline void configure_rows(int64_t m0, int64_t m_end, int& rows0, int& rows1, int& configured) {
+  rows0 = static_cast<int>(std::min<int64_t>(16, m_end - m0));
+  rows1 = static_cast<int>(std::clamp<int64_t>(m_end - m0 - 16, 0, 16));
+  const int want = rows0 * 32 + std::max(rows1, 1);
+  if (want != configured) {
+    configure_tiles(rows0, std::max(rows1, 1));
+    configured = want;
+  }
+}
+
 // A LoRA term as more of K (amx_lora.cpp): a pass's two output blocks also sum, over the
 // listed 32-wide column blocks of their sub-modules' rows of h (bf16, each token's scaled
 // shrink in its slot's columns, zeros elsewhere), h times their packed B blocks.
@@ -249,13 +261,8 @@ torch::Tensor run_linear(const char* what, const torch::Tensor& x, const torch::
         const c10::BFloat16* bias0 = bp ? bp + b0 * 16 : nullptr;
         const c10::BFloat16* bias1 = bp && two_n ? bp + b1 * 16 : nullptr;
         for (int64_t m0 = mb; m0 < mend; m0 += 32) {
-          const int rows0 = static_cast<int>(std::min<int64_t>(16, mend - m0));
-          const int rows1 = static_cast<int>(std::clamp<int64_t>(mend - m0 - 16, 0, 16));
-          const int want = rows0 * 32 + std::max(rows1, 1);
-          if (want != configured) {
-            configure_tiles(rows0, std::max(rows1, 1));
-            configured = want;
-          }
+          int rows0, rows1;
+          configure_rows(m0, mend, rows0, rows1, configured);
           const uint16_t* xr = xp + m0 * ldx;
           c10::BFloat16* o = op + m0 * out_cols;
           const int64_t n0 = b0 * 16;

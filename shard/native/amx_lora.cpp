@@ -137,13 +137,8 @@ torch::Tensor amx_lora_linear(torch::Tensor x, torch::Tensor packed,
       for (int64_t m0 = 0; m0 < M; m0 += 32) {
         const int64_t m_end = std::min(M, m0 + 32);
         if (std::find(ts + m0, ts + m_end, int32_t(task.slot)) == ts + m_end) continue;
-        const int rows0 = static_cast<int>(std::min<int64_t>(16, M - m0));
-        const int rows1 = static_cast<int>(std::clamp<int64_t>(M - m0 - 16, 0, 16));
-        const int want = rows0 * 32 + std::max(rows1, 1);
-        if (want != configured) {
-          configure_tiles(rows0, std::max(rows1, 1));
-          configured = want;
-        }
+        int rows0, rows1;
+        configure_rows(m0, M, rows0, rows1, configured);
         shrink_slot(xp, ldx, m0, rows0, rows1, a0, a1, kb, ts, int32_t(task.slot),
                     sc[task.slot], hp, plan.ldh, row);
       }
