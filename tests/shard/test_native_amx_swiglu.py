@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from shard.layers import matmul_amx
-from shard.layers.activation import silu_and_mul
+from shard.layers.activation import silu_and_mul, swiglu
 from shard.layers.linear import MergedColumnParallelLinear
 from shard.layers.quant.unquantized import DenseWeight
 from shard.native.build import amx_linear_silu_mul_kernel
@@ -93,6 +93,11 @@ class _AddsOne(torch.nn.Module):
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> None:
         if self.step.token_slots is not None:
             y.add_(1.0)
+
+    def linear(self, weight, x, bias, *, gated=False):  # LoraTerm.linear without the tile path
+        y = weight(x, bias)
+        self(x, y)
+        return swiglu(y) if gated else y
 
 
 @needs_amx
