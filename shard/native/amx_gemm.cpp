@@ -113,26 +113,24 @@ void tile_products(const uint16_t* x, int64_t ldx, const uint16_t* w, const uint
     }
   }
   if (extra == nullptr) return;
-  const int64_t ldh = extra->ldh;
-  const uint16_t* h1 = extra->h + 16 * ldh;
   for (int64_t i = 0; i < extra->n_blocks; ++i) {  // the two blocks may read different columns
     const int64_t c = extra->blocks[i] * 32, bc = extra->blocks[i] * extra->b_stride;
-    _tile_loadd(4, extra->h + extra->h0 + c, ldh * 2);
-    _tile_loadd(6, extra->b0 + bc, 64);
-    _tile_dpbf16ps(0, 4, 6);
-    if (kTwoM) {
-      _tile_loadd(5, h1 + extra->h0 + c, ldh * 2);
-      _tile_dpbf16ps(2, 5, 6);
-    }
+    // One output block's share: h's rows (and the 16 on, if kTwoM) by its packed B block in
+    // weight tile W, into accumulator ACC (and ACC + 2). A macro: GCC's tile intrinsics take
+    // the tile numbers as literals.
+#define SY_EXTRA_BLOCK(ACC, ACC2, W, H, B)               \
+  _tile_loadd(4, H, extra->ldh * 2);                     \
+  _tile_loadd(W, B, 64);                                 \
+  _tile_dpbf16ps(ACC, 4, W);                             \
+  if (kTwoM) {                                           \
+    _tile_loadd(5, H + 16 * extra->ldh, extra->ldh * 2); \
+    _tile_dpbf16ps(ACC2, 5, W);                          \
+  }
+    SY_EXTRA_BLOCK(0, 2, 6, extra->h + extra->h0 + c, extra->b0 + bc)
     if (kTwoN) {
-      _tile_loadd(4, extra->h + extra->h1 + c, ldh * 2);
-      _tile_loadd(7, extra->b1 + bc, 64);
-      _tile_dpbf16ps(1, 4, 7);
-      if (kTwoM) {
-        _tile_loadd(5, h1 + extra->h1 + c, ldh * 2);
-        _tile_dpbf16ps(3, 5, 7);
-      }
+      SY_EXTRA_BLOCK(1, 3, 7, extra->h + extra->h1 + c, extra->b1 + bc)
     }
+#undef SY_EXTRA_BLOCK
   }
 }
 
