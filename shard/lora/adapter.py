@@ -18,6 +18,8 @@ import torch
 
 # PEFT's names for the projections our Llama-family linears hold.
 SUPPORTED_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# Initialisations that also change the base weights (PEFT stores an adapter for the residual).
+_BASE_CHANGING_INITS = ("pissa", "olora", "corda", "loftq", "lora_ga")
 _KEY = re.compile(r"^base_model\.model\.(?P<module>.+)\.lora_(?P<ab>[AB])\.weight$")
 
 
@@ -46,14 +48,10 @@ def read_adapter(
     rank = config.get("r")
     if not isinstance(rank, int) or rank < 1:
         raise AdapterError(f"adapter {name!r}: r = {rank!r} is not a positive integer")
-    if rank > max_rank:
-        raise AdapterError(
-            f"adapter {name!r}: rank {rank} exceeds --max-lora-rank {max_rank}; restart with "
-            f"--max-lora-rank {rank} or more"
-        )
     _refuse_unsupported(name, config)
     alpha = config.get("lora_alpha", 8)
-    scaling = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+    rank_pattern = _pattern(name, config, "rank_pattern")
+    alpha_pattern = _pattern(name, config, "alpha_pattern")
     tensors = _read_tensors(name, path)
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
@@ -61,7 +59,8 @@ def read_adapter(
         if match is None:
             raise AdapterError(f"adapter {name!r}: tensor {key!r} is not a LoRA A/B weight")
         pairs.setdefault(match["module"], {})[match["ab"]] = value
-    modules = {}
+    # Per module, as PEFT builds it: its rank and alpha from the patterns, else r and lora_alpha.
+    shapes: dict[str, tuple[int, float]] = {}
     for module, ab in sorted(pairs.items()):
         if module not in module_shapes:
             leaf = module.rsplit(".", 1)[-1]
@@ -71,18 +70,71 @@ def read_adapter(
             )
         if set(ab) != {"A", "B"}:
             raise AdapterError(f"adapter {name!r}: {module} lacks lora_{'AB'[('A' in ab)]}")
+        r = _pattern_value(rank_pattern, module, rank)
         a, b = ab["A"], ab["B"]
         in_features, out_features = module_shapes[module]
-        if a.shape != (rank, in_features) or b.shape != (out_features, rank):
+        if a.dim() == b.dim() == 2 and (a.shape[1], b.shape[0]) == (in_features, out_features):
+            if a.shape[0] != r or b.shape[1] != r:
+                raise AdapterError(
+                    f"adapter {name!r}: {module} has rank {a.shape[0]} (A) and {b.shape[1]} (B), "
+                    f"but adapter_config.json gives it rank {r} (r or rank_pattern)"
+                )
+        if a.shape != (r, in_features) or b.shape != (out_features, r):
             raise AdapterError(
                 f"adapter {name!r}: {module} has A {list(a.shape)} and B {list(b.shape)}, but "
-                f"the served model needs A [{rank}, {in_features}] and B [{out_features}, {rank}] "
+                f"the served model needs A [{r}, {in_features}] and B [{out_features}, {r}] "
                 "(an adapter for another base model?)"
             )
-        modules[module] = (a.float(), b.float())
-    if not modules:
+        module_alpha = _pattern_value(alpha_pattern, module, alpha)
+        shapes[module] = (r, _scaling(module_alpha, r, config.get("use_rslora")))
+    if not shapes:
         raise AdapterError(f"adapter {name!r}: no LoRA weights in {path}")
-    return LoraAdapter(name=name, rank=rank, scaling=float(scaling), modules=modules)
+    slot_rank = max(r for r, _ in shapes.values())
+    if slot_rank > max_rank:
+        raise AdapterError(
+            f"adapter {name!r}: rank {slot_rank} exceeds --max-lora-rank {max_rank}; restart "
+            f"with --max-lora-rank {slot_rank} or more"
+        )
+    # One scaling per slot: the adapter's own; a module whose rank or alpha differs (or a
+    # rank_pattern's smaller rank) gets its ratio folded into B and zero-padded rank columns.
+    scaling = _scaling(alpha, rank, config.get("use_rslora")) or 1.0
+    modules = {}
+    for module, (r, module_scaling) in shapes.items():
+        a, b = pairs[module]["A"].float(), pairs[module]["B"].float()
+        if module_scaling != scaling:
+            b = b * (module_scaling / scaling)
+        if r < slot_rank:
+            a = torch.nn.functional.pad(a, (0, 0, 0, slot_rank - r))
+            b = torch.nn.functional.pad(b, (0, slot_rank - r))
+        modules[module] = (a, b)
+    return LoraAdapter(name=name, rank=slot_rank, scaling=float(scaling), modules=modules)
+
+
+def _scaling(alpha: float, rank: int, rslora: bool | None) -> float:
+    return alpha / math.sqrt(rank) if rslora else alpha / rank
+
+
+def _pattern(name: str, config: dict, field: str) -> dict:
+    pattern = config.get(field) or {}
+    if not isinstance(pattern, dict) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in pattern.values()
+    ):
+        raise AdapterError(f"adapter {name!r}: {field} = {pattern!r} is not a map to numbers")
+    if field == "rank_pattern" and not all(isinstance(v, int) and v > 0 for v in pattern.values()):
+        raise AdapterError(f"adapter {name!r}: rank_pattern {pattern!r} has a non-positive rank")
+    return pattern
+
+
+def _pattern_value(pattern: dict, module: str, default):
+    """PEFT's rule for rank_pattern and alpha_pattern: the first key that matches the end of
+    the module's name at a dot boundary, as a regular expression."""
+    for key, value in pattern.items():
+        try:
+            if re.match(rf"(.*\.)?({key})$", module):
+                return value
+        except re.error:
+            continue  # not a pattern PEFT could have matched either (it would have raised)
+    return default
 
 
 def _read_config(name: str, path: Path) -> dict:
@@ -105,12 +157,26 @@ def _refuse_unsupported(name: str, config: dict) -> None:
         "use_dora": "DoRA adapters are not supported",
         "fan_in_fan_out": "fan_in_fan_out (Conv1D-style) weights are not supported",
         "modules_to_save": "modules_to_save (fully trained extra modules) are not supported",
-        "rank_pattern": "per-module ranks (rank_pattern) are not supported",
-        "alpha_pattern": "per-module alphas (alpha_pattern) are not supported",
+        "lora_bias": "trained LoRA biases (lora_bias) are not supported",
+        "layer_replication": "layer replication (layer_replication) is not supported",
+        "trainable_token_indices": "trainable token embeddings are not supported",
+        "target_parameters": "LoRA on parameters (target_parameters) is not supported",
+        "alora_invocation_tokens": "activated LoRA (aLoRA) is not supported",
+        "use_qalora": "QALoRA adapters are not supported",
+        "use_bdlora": "block-diagonal LoRA (use_bdlora) is not supported",
+        "arrow_config": "Arrow routing adapters are not supported",
+        "kasa_config": "KaSA adapters are not supported",
     }
     for field, reason in reasons.items():
         if config.get(field):
             raise AdapterError(f"adapter {name!r}: {reason} ({field} = {config[field]!r})")
+    init = config.get("init_lora_weights")
+    if isinstance(init, str) and init.lower().startswith(_BASE_CHANGING_INITS):
+        raise AdapterError(
+            f"adapter {name!r}: init_lora_weights = {init!r} trains the adapter on a residual "
+            "of the base weights, which PEFT recomputes when it loads it; convert it to a plain "
+            "LoRA with save_pretrained(..., path_initial_model_for_weight_conversion=...)"
+        )
     if config.get("bias", "none") != "none":
         raise AdapterError(f"adapter {name!r}: trained biases (bias = {config['bias']!r})")
     targets = config.get("target_modules")

@@ -17,6 +17,26 @@ ADAPTERS = {
     "kup_r8": dict(r=8, lora_alpha=32, target_modules=["k_proj", "up_proj"]),
 }
 
+# Configs beyond one r and one lora_alpha, as PEFT writes them: per-module ranks and alphas
+# (keys are regexes matched at the end of a module's name) and a subset of the layers.
+PATTERNED = {
+    "patterns_r8": dict(
+        r=8,
+        lora_alpha=16,
+        target_modules=ALL,
+        rank_pattern={"q_proj": 4, "layers.1.mlp.down_proj": 16},
+        alpha_pattern={"v_proj": 40, "gate_proj|up_proj": 3},
+    ),
+    "layer1_rslora": dict(
+        r=4,
+        lora_alpha=8,
+        use_rslora=True,
+        target_modules=ALL,
+        layers_to_transform=[1],
+        rank_pattern={"o_proj": 2},
+    ),
+}
+
 
 def make_adapter(base_dir: Path, out_dir: Path, seed: int, **config) -> Path:
     """A PEFT adapter with random, non-zero A and B (PEFT starts B at zero), saved by PEFT."""

@@ -3,6 +3,8 @@ shard does not start serving with part of an adapter silently dropped."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from lora_fixtures import make_adapter
@@ -36,15 +38,63 @@ def manager(model, path, **kw) -> LoraManager:
         (dict(r=4, target_modules=["q_proj"], modules_to_save=["lm_head"]), "modules_to_save"),
         (dict(r=4, target_modules=["embed_tokens"]), r"target_modules \['embed_tokens'\]"),
         (dict(r=4, target_modules=["q_proj"], bias="lora_only"), "trained biases"),
+        (dict(r=4, target_modules=["q_proj"], lora_bias=True), "lora_bias"),
+        (dict(r=4, target_modules=["q_proj"], layer_replication=[[0, 2], [1, 2]]), "replication"),
+        (dict(r=4, target_modules=["q_proj"], alora_invocation_tokens=[5, 6]), "aLoRA"),
         (
-            dict(r=4, target_modules=["q_proj", "v_proj"], rank_pattern={"q_proj": 2}),
-            "rank_pattern",
+            dict(r=4, target_modules=["q_proj"], trainable_token_indices=[1, 2]),
+            "trainable token embeddings",
         ),
     ],
 )
 def test_what_we_cannot_apply_is_refused_by_name(base, model, tmp_path, config, reason):
     path = make_adapter(base, tmp_path / "ad", seed=0, **config)
     with pytest.raises(AdapterError, match=rf"adapter 'ad': .*{reason}"):
+        manager(model, path)
+
+
+# Variants PEFT can only build on special bases (GPTQ, several experts, tensor parallelism):
+# their adapter_config.json as PEFT writes it, on an otherwise plain adapter.
+@pytest.mark.parametrize(
+    ("field", "value", "reason"),
+    [
+        ("use_qalora", True, "QALoRA"),
+        ("use_bdlora", {"lora_a_is_blockdiagonal": ["q_proj"]}, "block-diagonal"),
+        ("arrow_config", {"top_k": 2}, "Arrow"),
+        ("kasa_config", {"tau": 1.0}, "KaSA"),
+        ("target_parameters", ["mlp.experts.gate_up_proj"], "target_parameters"),
+        ("peft_type", "ADALORA", "not LoRA"),
+        ("init_lora_weights", "pissa_niter_4", "path_initial_model_for_weight_conversion"),
+        ("init_lora_weights", "olora", "residual of the base weights"),
+    ],
+)
+def test_variants_that_change_the_forward_are_refused_by_name(
+    base, model, tmp_path, field, value, reason
+):
+    path = make_adapter(base, tmp_path / "ad", seed=0, r=4, target_modules=["q_proj"])
+    config = json.loads((path / "adapter_config.json").read_text())
+    assert field in config  # PEFT writes the field: it is the one we read
+    config[field] = value
+    (path / "adapter_config.json").write_text(json.dumps(config))
+    with pytest.raises(AdapterError, match=rf"adapter 'ad': .*{reason}"):
+        manager(model, path)
+
+
+def test_a_rank_pattern_above_the_limit_names_the_flag(base, model, tmp_path):
+    path = make_adapter(
+        base, tmp_path / "ad", seed=0, r=4, target_modules=["q_proj", "v_proj"],
+        rank_pattern={"v_proj": 16},
+    )  # fmt: skip
+    with pytest.raises(AdapterError, match="rank 16 exceeds --max-lora-rank 8"):
+        manager(model, path, max_rank=8)
+
+
+def test_weights_whose_rank_disagrees_with_the_config_are_refused(base, model, tmp_path):
+    path = make_adapter(base, tmp_path / "ad", seed=0, r=4, target_modules=["q_proj"])
+    config = json.loads((path / "adapter_config.json").read_text())
+    config["rank_pattern"] = {"q_proj": 2}
+    (path / "adapter_config.json").write_text(json.dumps(config))
+    with pytest.raises(AdapterError, match="q_proj has rank 4 .* gives it rank 2"):
         manager(model, path)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch._dynamo
-from lora_fixtures import ADAPTERS, make_adapter, peft_reference
+from lora_fixtures import ADAPTERS, PATTERNED, make_adapter, peft_reference
 from quant_fixtures import SERVED, fixture
 
 from shard.settings import ShardSettings
@@ -186,3 +186,40 @@ def test_eviction_from_host_cache_and_slots_reloads_and_still_matches(
     assert service.lora.slots_in_use() == 2
     if compiled:  # the slots' refills in later rounds compiled nothing new
         assert graphs[0] >= 1 and graphs == [graphs[0]] * len(rounds)
+
+
+def test_per_module_ranks_alphas_and_layer_subsets_equal_peft(tiny_model, tmp_path):
+    """rank_pattern and alpha_pattern (PEFT's regex keys) and layers_to_transform, mixed in one
+    batch with the base model: each module gets its own rank and scaling, as in PEFT."""
+    from safetensors.torch import load_file
+
+    base = tiny_model("llama_gqa_llama3")
+    adapters = {
+        name: make_adapter(base, tmp_path / name, seed=20 + i, **cfg)
+        for i, (name, cfg) in enumerate(PATTERNED.items())
+    }
+    ranks = {  # the checkpoints really carry per-module ranks
+        k: v.shape[0]
+        for k, v in load_file(adapters["patterns_r8"] / "adapter_model.safetensors").items()
+        if "lora_A" in k
+    }
+    assert {ranks[k] for k in ranks if "q_proj" in k} == {4}
+    assert ranks["base_model.model.model.layers.1.mlp.down_proj.lora_A.weight"] == 16
+    assert ranks["base_model.model.model.layers.0.mlp.down_proj.lora_A.weight"] == 8
+    layer1 = load_file(adapters["layer1_rslora"] / "adapter_model.safetensors")
+    assert all(".layers.1." in k for k in layer1)
+
+    service = lora_service(base, adapters, max_loras=len(adapters))
+    names = ["", *PATTERNED]
+    texts = [[3 + t % 300 for t in p] for p in prompts(len(names), seed=5)]
+    pool = BlockPool(250, seed=1)
+    requests = [
+        pool.request(i, p, NEW_TOKENS + 40, adapter_id=name)
+        for i, (name, p) in enumerate(zip(names, texts, strict=True))
+    ]
+    got = _serve(service, requests, {i: 5 for i in range(len(names))})
+    for i, (name, prompt) in enumerate(zip(names, texts, strict=True)):
+        want_ids, want_lps = _reference(base, adapters.get(name), prompt)
+        assert [t for t, _ in got[i][:NEW_TOKENS]] == want_ids, name or "base"
+        lps = torch.tensor([lp for _, lp in got[i][:NEW_TOKENS]])
+        torch.testing.assert_close(lps, torch.tensor(want_lps), atol=LOGPROB_ATOL, rtol=0)
