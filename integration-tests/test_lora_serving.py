@@ -3,12 +3,13 @@ base-model requests in the same batches, against transformers + PeftModel runnin
 alone (float32): greedy ids equal, logprobs within tolerance. 1 and 2 shards (gloo on CPU),
 chunked prefill on (a small prompt budget, so prompts span steps mixed with decoding), through
 huggingface_hub's TGI client (`adapter_id`) and the openai client (`model` = the adapter).
-A second server has fewer slots and host cache entries than adapters in use, so slots are
-reused and adapters are read from disk again, and still matches.
+A second server, on a Qwen2 base, has fewer slots and host cache entries than adapters in use, so
+slots are reused and adapters are read from disk again, and still matches.
 """
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -33,10 +34,8 @@ LIMITS = ("--dtype", "float32", "--max-batch-prefill-tokens", "24", "--max-input
           "--max-lora-rank", "16")  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
-    root = tmp_path_factory.mktemp("lora")
-    base = build_model(root / "base", "LlamaForCausalLM", num_key_value_heads=2)
+def _models(root: Path, architecture: str) -> tuple[Path, dict[str, Path]]:
+    base = build_model(root / "base", architecture, num_key_value_heads=2)
     adapters = {
         name: make_adapter(base, root / name, seed=i, **cfg)
         for i, (name, cfg) in enumerate(ADAPTERS.items())
@@ -44,16 +43,28 @@ def models(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
     return base, adapters
 
 
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
+    return _models(tmp_path_factory.mktemp("lora"), "LlamaForCausalLM")
+
+
+@pytest.fixture(scope="module")
+def qwen2_models(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
+    """Qwen2: biases on q/k/v, so the terms add to biased products."""
+    return _models(tmp_path_factory.mktemp("lora-qwen2"), "Qwen2ForCausalLM")
+
+
 def reference(base: Path, adapter: Path | None, prompt: str) -> tuple[list[int], list[float]]:
     return peft_greedy(base, adapter, prompt, NEW_TOKENS)
 
 
-def tgi(url: str, prompt: str, adapter: str) -> tuple[list[int], list[float]]:
+def tgi(url: str, prompt: str, adapter: str) -> tuple[list[int], list[float], str]:
     client = InferenceClient(base_url=url)
     out = client.text_generation(
         prompt, max_new_tokens=NEW_TOKENS, details=True, adapter_id=adapter or None
     )
-    return [t.id for t in out.details.tokens], [t.logprob for t in out.details.tokens]
+    tokens = out.details.tokens
+    return [t.id for t in tokens], [t.logprob for t in tokens], out.details.finish_reason
 
 
 def openai_ids(url: str, prompt: str, model: str) -> list[float]:
@@ -100,8 +111,13 @@ def _lora_metrics(text: str) -> dict[str, float]:
 
 
 def check(base: Path, adapters: dict[str, Path], served: dict, what: str) -> None:
-    for (prompt, adapter), (ids, logprobs) in served["tgi"].items():
+    eos = json.loads((base / "generation_config.json").read_text())["eos_token_id"]
+    for (prompt, adapter), (ids, logprobs, finish) in served["tgi"].items():
         want_ids, want_lps = reference(base, adapters.get(adapter), prompt)
+        if eos in want_ids:  # TGI's /generate stops at EOS, as transformers' generate does
+            end = want_ids.index(eos) + 1
+            want_ids, want_lps = want_ids[:end], want_lps[:end]
+        assert finish == ("eos_token" if want_ids[-1] == eos else "length"), what
         assert ids == want_ids, f"{what}: {adapter or 'base'} on {prompt!r}"
         assert logprobs == pytest.approx(want_lps, abs=LOGPROB_TOLERANCE), what
     for (prompt, adapter), logprobs in served["openai"].items():
@@ -119,8 +135,8 @@ def test_adapters_mixed_with_base_on_one_and_two_shards_equal_peft(models):
     check(base, adapters, two, "2 shards")
 
 
-def test_fewer_slots_and_cache_entries_than_adapters_still_equal_peft(models):
-    base, adapters = models
+def test_fewer_slots_and_cache_entries_than_adapters_still_equal_peft(qwen2_models):
+    base, adapters = qwen2_models
     served = serve_mixed(base, adapters, "--max-loras", "2", "--max-cpu-loras", "2")
     check(base, adapters, served, "--max-loras 2 --max-cpu-loras 2")
     metrics = served["metrics"]

@@ -7,6 +7,7 @@ the native per-slot kernel elsewhere; an independent check of either against PEF
 
 from __future__ import annotations
 
+import pytest
 import torch
 from lora_fixtures import ADAPTERS, make_adapter, peft_reference
 from transformers import AutoModelForCausalLM
@@ -33,7 +34,8 @@ def _teacher_forced(model, prompt: list[int], served: list[int]) -> tuple[list, 
     return picked.tolist(), (logprobs.max(-1).values - picked).tolist()
 
 
-def test_bf16_adapters_track_peft(tiny_model, tmp_path, monkeypatch):
+@pytest.mark.parametrize("model", ["llama_gqa_llama3", "qwen2_bias"])  # qwen2: biased q/k/v
+def test_bf16_adapters_track_peft(tiny_model, tmp_path, monkeypatch, model):
     tile_calls = []
 
     def counted(weight, out_slices):
@@ -41,7 +43,7 @@ def test_bf16_adapters_track_peft(tiny_model, tmp_path, monkeypatch):
         return None if kernel is None else (lambda *a: tile_calls.append(1) or kernel(*a))
 
     monkeypatch.setattr(lora_amx, "kernel_for", counted)
-    base = tiny_model("llama_gqa_llama3")
+    base = tiny_model(model)
     adapters = {
         name: make_adapter(base, tmp_path / name, seed=30 + i, **config)
         for i, (name, config) in enumerate(ADAPTERS.items())

@@ -61,7 +61,7 @@ def _run(layers: nn.ModuleDict, adapter, x: dict[str, torch.Tensor]) -> dict[str
     return out
 
 
-@pytest.mark.parametrize("model_name", ["llama_gqa_llama3", "mistral_mqa"])
+@pytest.mark.parametrize("model_name", ["llama_gqa_llama3", "mistral_mqa", "qwen2_bias"])
 def test_two_ranks_add_up_to_one(tiny_model, tmp_path, model_name):
     base = tiny_model(model_name)
     config = ModelConfig.load(base)

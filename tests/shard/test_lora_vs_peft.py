@@ -28,6 +28,7 @@ BASES = ["llama_gqa_llama3", "awq_gemm_g64_llama"]
 # compiled on a GPU machine, interpreted otherwise; and --compile (shard/compiled.py: the
 # terms run beside the graph) on the float base.
 SETUPS = [(name, "torch", False) for name in BASES] + [
+    ("qwen2_bias", "torch", False),  # biases on q/k/v: the term adds to a biased product
     ("llama_gqa_llama3", "triton", False),
     ("llama_gqa_llama3", "torch", True),
 ]
