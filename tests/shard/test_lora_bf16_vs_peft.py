@@ -34,7 +34,9 @@ def _teacher_forced(model, prompt: list[int], served: list[int]) -> tuple[list, 
     return picked.tolist(), (logprobs.max(-1).values - picked).tolist()
 
 
-@pytest.mark.parametrize("model", ["llama_gqa_llama3", "qwen2_bias"])  # qwen2: biased q/k/v
+@pytest.mark.parametrize(
+    "model", ["llama_gqa_llama3", "qwen2_bias", "llama_tied_linear_bias", "qwen3_qk_norm_sliding"]
+)  # biased q/k/v; every linear biased; q/k norms
 def test_bf16_adapters_track_peft(tiny_model, tmp_path, monkeypatch, model):
     tile_calls = []
 

@@ -29,6 +29,8 @@ BASES = ["llama_gqa_llama3", "awq_gemm_g64_llama"]
 # terms run beside the graph) on the float base.
 SETUPS = [(name, "torch", False) for name in BASES] + [
     ("qwen2_bias", "torch", False),  # biases on q/k/v: the term adds to a biased product
+    ("qwen3_qk_norm_sliding", "torch", False),  # per-head q/k norms after the q/k terms
+    ("llama_tied_linear_bias", "torch", False),  # every linear biased; head_dim != hidden/heads
     ("llama_gqa_llama3", "triton", False),
     ("llama_gqa_llama3", "torch", True),
 ]
