@@ -83,6 +83,24 @@ def parse_args(argv: list[str]) -> ShardSettings:
     )
 
 
+def _operator_errors() -> tuple[type[Exception], ...]:
+    """What the operator gave that the shard cannot serve (a checkpoint, a flag, an adapter):
+    logged as one line, not a traceback; anything else is a bug and keeps its traceback."""
+    from shard.gguf.checks import GgufError
+    from shard.gguf.names import GgufNameError
+    from shard.kv_cache import KvCacheTooLargeError
+    from shard.layers.quant.config import QuantizationConfigError
+    from shard.lora.adapter import AdapterError
+    from shard.lora.names import AdapterListError
+    from shard.models.config import UnsupportedArchitectureError
+    from shard.weights import WeightsError
+
+    return (
+        AdapterError, AdapterListError, GgufError, GgufNameError, KvCacheTooLargeError,
+        QuantizationConfigError, UnsupportedArchitectureError, WeightsError,
+    )  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     settings = parse_args(sys.argv[1:] if argv is None else argv)
     rank = DistributedEnv.from_env().rank
@@ -93,7 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     from shard.server import serve
     from shard.startup import build_service
 
-    service = build_service(settings)
+    try:
+        service = build_service(settings)
+    except _operator_errors() as exc:  # the message names the flag, file or adapter at fault
+        logging.getLogger(__name__).error("cannot start: %s", exc)
+        return 1
     socket_path = Path(shard_socket(settings.uds_path, rank))
 
     async def run() -> None:

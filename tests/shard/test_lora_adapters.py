@@ -123,3 +123,22 @@ def test_pickled_adapter_that_is_not_plain_tensors_is_refused(base, model, tmp_p
 def test_missing_directory_is_named(model, tmp_path):
     with pytest.raises(AdapterError, match="adapter 'ad': cannot read .*adapter_config.json"):
         manager(model, tmp_path / "nowhere")
+
+
+def test_the_shard_process_refuses_at_startup_in_one_line(base, tmp_path, caplog):
+    """`python -m shard serve` with an adapter it cannot apply: exit status 1 and one error
+    line naming the adapter and the reason (the launcher shows the shard's last lines), not a
+    traceback."""
+    from shard.__main__ import main
+
+    good = make_adapter(base, tmp_path / "good", seed=0, r=4, target_modules=["q_proj"])
+    dora = make_adapter(base, tmp_path / "dora", seed=0, r=4, target_modules=["q_proj"],
+                        use_dora=True)  # fmt: skip
+    argv = ["serve", "--model-id", str(base), "--uds-path", str(tmp_path / "sock"),
+            "--dtype", "float32", "--lora-adapters", f"good={good},bad={dora}"]  # fmt: skip
+    with caplog.at_level("ERROR"):
+        assert main(argv) == 1
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and errors[0].exc_info is None
+    assert "cannot start: adapter 'bad': DoRA adapters are not supported" in errors[0].getMessage()
+    assert not list(tmp_path.glob("sock*"))  # it never began to serve
