@@ -142,3 +142,28 @@ def test_the_shard_process_refuses_at_startup_in_one_line(base, tmp_path, caplog
     assert len(errors) == 1 and errors[0].exc_info is None
     assert "cannot start: adapter 'bad': DoRA adapters are not supported" in errors[0].getMessage()
     assert not list(tmp_path.glob("sock*"))  # it never began to serve
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        {"q_proj": 2, "layers.1.mlp.down_proj": 16},
+        {"gate_proj|up_proj": 3, "proj": 5},  # the first matching key wins, in order
+        {"model.layers.0.self_attn.v_proj": 7, "v_proj": 9},
+        {r"layers\.[01]\.self_attn\.(q|k)_proj": 11},
+        {"_proj": 4, "self_attn.o_proj": 6},  # "_proj" is not at a dot boundary: no match
+        {},
+    ],
+)
+def test_rank_and_alpha_patterns_are_matched_as_peft_matches_them(pattern):
+    from peft.utils.other import get_pattern_key
+
+    from shard.lora.adapter import _pattern_value
+
+    modules = [f"model.layers.{i}.{m}" for i in range(2) for m in (
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+    )]  # fmt: skip
+    for module in modules:
+        want = pattern.get(get_pattern_key(pattern.keys(), module), -1)
+        assert _pattern_value(pattern, module, -1) == want, module
