@@ -17,8 +17,7 @@ from shard.models.llama_decode import LlamaDecodePath
 from shard.native.build import amx_linear_kernel
 from shard.settings import ShardSettings
 from shard.startup import build_service
-from tests.shard.servicer_helpers import BlockPool, prompts
-from tests.shard.test_lora_vs_peft import NEW_TOKENS, _serve, lora_service
+from tests.shard.test_lora_vs_peft import lora_service, serve_mixed
 from tests.shard.tiny_model_cases import TINY_MODELS
 
 CPU = torch.device("cpu")
@@ -102,15 +101,9 @@ def test_steps_mixing_adapters_and_the_base_model_equal_the_module_forward(
     }
     service = lora_service(base, adapters, max_loras=len(adapters), dtype=dtype)
     names = ["", *ADAPTERS, "all_r8"]
-    texts = [[3 + t % 300 for t in p] for p in prompts(len(names), seed=3)]
 
     def serve() -> dict:
-        pool = BlockPool(250, seed=1)
-        requests = [
-            pool.request(i, p, NEW_TOKENS + 40, adapter_id=name)
-            for i, (name, p) in enumerate(zip(names, texts, strict=True))
-        ]
-        return _serve(service, requests, {i: 7 for i in range(len(names))})
+        return serve_mixed(service, names, seed=3, chunk=7)[1]
 
     spy = service.runner.decode_path = Spy(service.runner.decode_path)
     got = serve()

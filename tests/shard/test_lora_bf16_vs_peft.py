@@ -15,8 +15,7 @@ from transformers import AutoModelForCausalLM
 from shard.layers import lora_amx
 from shard.layers.lora_amx import kernel_for
 from shard.native.build import amx_linear_kernel
-from tests.shard.servicer_helpers import BlockPool, prompts
-from tests.shard.test_lora_vs_peft import NEW_TOKENS, _serve, lora_service
+from tests.shard.test_lora_vs_peft import NEW_TOKENS, lora_service, serve_mixed
 
 # The allowed logprob error: this many times PEFT's own bf16 error against its float32 (the
 # random adapters are large next to the tiny base, so that error varies from 5e-3 to 4e-2 from
@@ -52,13 +51,7 @@ def test_bf16_adapters_track_peft(tiny_model, tmp_path, monkeypatch, model):
     }
     service = lora_service(base, adapters, max_loras=len(adapters), dtype="bfloat16")
     names = ["", *ADAPTERS]
-    texts = [[3 + t % 300 for t in p] for p in prompts(len(names), seed=11)]
-    pool = BlockPool(250, seed=1)
-    requests = [
-        pool.request(i, p, NEW_TOKENS + 40, adapter_id=name)
-        for i, (name, p) in enumerate(zip(names, texts, strict=True))
-    ]
-    got = _serve(service, requests, None)
+    texts, got = serve_mixed(service, names, seed=11)
     plain = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
     for i, (name, prompt) in enumerate(zip(names, texts, strict=True)):
         served = [t for t, _ in got[i][:NEW_TOKENS]]

@@ -114,18 +114,26 @@ def _serve(service, requests, chunks: dict[int, int] | None) -> dict[int, list]:
     return got
 
 
+def serve_mixed(
+    service, names: list[str], seed: int, chunk: int | None = None
+) -> tuple[list[list[int]], dict[int, list]]:
+    """One request per name ("" = the base model) on random prompts in one batch (prompts in
+    chunks of `chunk` tokens if given): the prompts, and each request's (id, logprob)s."""
+    texts = [[3 + t % 300 for t in p] for p in prompts(len(names), seed=seed)]  # vocab >= 303
+    pool = BlockPool(250, seed=1)
+    requests = [
+        pool.request(i, p, NEW_TOKENS + 40, adapter_id=name)  # room for every step
+        for i, (name, p) in enumerate(zip(names, texts, strict=True))
+    ]
+    chunks = {i: chunk for i in range(len(names))} if chunk else None
+    return texts, _serve(service, requests, chunks)
+
+
 @pytest.mark.parametrize("chunked", [False, True])
 def test_adapters_mixed_with_the_base_model_equal_peft_alone(setup, chunked):
     base, adapters, service = setup
     names = ["", *ADAPTERS, "all_r8"]  # the base model, every adapter, one adapter twice
-    texts = [[3 + t % 300 for t in p] for p in prompts(len(names), seed=3)]  # any vocab >= 303
-    pool = BlockPool(250, seed=1)
-    requests = [
-        pool.request(i, p, NEW_TOKENS + 40, adapter_id=name)  # room for every step below
-        for i, (name, p) in enumerate(zip(names, texts, strict=True))
-    ]
-    chunks = {i: 7 for i in range(len(names))} if chunked else None
-    got = _serve(service, requests, chunks)
+    texts, got = serve_mixed(service, names, seed=3, chunk=7 if chunked else None)
     for i, (name, prompt) in enumerate(zip(names, texts, strict=True)):
         want_ids, want_lps = _reference(base, adapters.get(name), prompt)
         ids = [t for t, _ in got[i][:NEW_TOKENS]]
@@ -214,13 +222,7 @@ def test_per_module_ranks_alphas_and_layer_subsets_equal_peft(tiny_model, tmp_pa
 
     service = lora_service(base, adapters, max_loras=len(adapters))
     names = ["", *PATTERNED]
-    texts = [[3 + t % 300 for t in p] for p in prompts(len(names), seed=5)]
-    pool = BlockPool(250, seed=1)
-    requests = [
-        pool.request(i, p, NEW_TOKENS + 40, adapter_id=name)
-        for i, (name, p) in enumerate(zip(names, texts, strict=True))
-    ]
-    got = _serve(service, requests, {i: 5 for i in range(len(names))})
+    texts, got = serve_mixed(service, names, seed=5, chunk=5)
     for i, (name, prompt) in enumerate(zip(names, texts, strict=True)):
         want_ids, want_lps = _reference(base, adapters.get(name), prompt)
         assert [t for t, _ in got[i][:NEW_TOKENS]] == want_ids, name or "base"
