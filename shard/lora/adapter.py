@@ -50,6 +50,8 @@ def read_adapter(
         raise AdapterError(f"adapter {name!r}: r = {rank!r} is not a positive integer")
     _refuse_unsupported(name, config)
     alpha = config.get("lora_alpha", 8)
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not math.isfinite(alpha):
+        raise AdapterError(f"adapter {name!r}: lora_alpha = {alpha!r} is not a number")
     rank_pattern = _pattern(name, config, "rank_pattern")
     alpha_pattern = _pattern(name, config, "alpha_pattern")
     tensors = _read_tensors(name, path)
@@ -117,7 +119,8 @@ def _scaling(alpha: float, rank: int, rslora: bool | None) -> float:
 def _pattern(name: str, config: dict, field: str) -> dict:
     pattern = config.get(field) or {}
     if not isinstance(pattern, dict) or not all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) for v in pattern.values()
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        for v in pattern.values()
     ):
         raise AdapterError(f"adapter {name!r}: {field} = {pattern!r} is not a map to numbers")
     if field == "rank_pattern" and not all(isinstance(v, int) and v > 0 for v in pattern.values()):

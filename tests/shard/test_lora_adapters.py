@@ -53,8 +53,8 @@ def test_what_we_cannot_apply_is_refused_by_name(base, model, tmp_path, config, 
         manager(model, path)
 
 
-# Variants PEFT can only build on special bases (GPTQ, several experts, tensor parallelism):
-# their adapter_config.json as PEFT writes it, on an otherwise plain adapter.
+# Variants PEFT can only build on special bases (GPTQ, several experts, tensor parallelism),
+# and malformed values: the field set in adapter_config.json of an otherwise plain adapter.
 @pytest.mark.parametrize(
     ("field", "value", "reason"),
     [
@@ -64,11 +64,14 @@ def test_what_we_cannot_apply_is_refused_by_name(base, model, tmp_path, config, 
         ("kasa_config", {"tau": 1.0}, "KaSA"),
         ("target_parameters", ["mlp.experts.gate_up_proj"], "target_parameters"),
         ("peft_type", "ADALORA", "not LoRA"),
+        ("lora_alpha", "16", "lora_alpha = '16' is not a number"),
+        ("alpha_pattern", {"q_proj": None}, "alpha_pattern .* is not a map to numbers"),
+        ("rank_pattern", {"q_proj": 0}, "rank_pattern .* non-positive rank"),
         ("init_lora_weights", "pissa_niter_4", "path_initial_model_for_weight_conversion"),
         ("init_lora_weights", "olora", "residual of the base weights"),
     ],
 )
-def test_variants_that_change_the_forward_are_refused_by_name(
+def test_config_fields_we_cannot_apply_are_refused_by_name(
     base, model, tmp_path, field, value, reason
 ):
     path = make_adapter(base, tmp_path / "ad", seed=0, r=4, target_modules=["q_proj"])
