@@ -243,7 +243,7 @@ class LoraTerm(nn.Module):
             if rank == 0:  # no adapter touches this layer
                 return None
             tiles = self._tiles = lora_amx.LoraTiles.build(self.lora_a, self.lora_b, rank)
-        if x.dim() != 2 or x.stride(1) != 1 or (gated and weight.weight.shape[0] % 2):
+        if x.dim() != 2 or x.stride(1) != 1:  # (kernel_for: every sub-module whole 16-blocks)
             return None
         return self._tile_kernel(  # type: ignore[no-any-return]
             x, weight.weight, bias, gated, tiles.a, tiles.b, step.token_slots, step.scaling,

@@ -62,7 +62,7 @@ def read_adapter(
             raise AdapterError(f"adapter {name!r}: tensor {key!r} is not a LoRA A/B weight")
         pairs.setdefault(match["module"], {})[match["ab"]] = value
     # Per module, as PEFT builds it: its rank and alpha from the patterns, else r and lora_alpha.
-    shapes: dict[str, tuple[int, float]] = {}
+    per_module: dict[str, tuple[int, float]] = {}
     for module, ab in sorted(pairs.items()):
         if module not in module_shapes:
             leaf = module.rsplit(".", 1)[-1]
@@ -88,10 +88,10 @@ def read_adapter(
                 "(an adapter for another base model?)"
             )
         module_alpha = _pattern_value(alpha_pattern, module, alpha)
-        shapes[module] = (r, _scaling(module_alpha, r, config.get("use_rslora")))
-    if not shapes:
+        per_module[module] = (r, _scaling(module_alpha, r, config.get("use_rslora")))
+    if not per_module:
         raise AdapterError(f"adapter {name!r}: no LoRA weights in {path}")
-    slot_rank = max(r for r, _ in shapes.values())
+    slot_rank = max(r for r, _ in per_module.values())
     if slot_rank > max_rank:
         raise AdapterError(
             f"adapter {name!r}: rank {slot_rank} exceeds --max-lora-rank {max_rank}; restart "
@@ -101,7 +101,7 @@ def read_adapter(
     # rank_pattern's smaller rank) gets its ratio folded into B and zero-padded rank columns.
     scaling = _scaling(alpha, rank, config.get("use_rslora")) or 1.0
     modules = {}
-    for module, (r, module_scaling) in shapes.items():
+    for module, (r, module_scaling) in per_module.items():
         a, b = pairs[module]["A"].float(), pairs[module]["B"].float()
         if module_scaling != scaling:
             b = b * (module_scaling / scaling)

@@ -7,6 +7,8 @@ the native per-slot kernel elsewhere; an independent check of either against PEF
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from lora_fixtures import ADAPTERS, make_adapter, peft_reference
@@ -58,7 +60,7 @@ def test_bf16_adapters_track_peft(tiny_model, tmp_path, monkeypatch, model):
         served_lps = torch.tensor([lp for _, lp in got[i][:NEW_TOKENS]])
         reference = peft_reference(base, adapters[name]) if name else plain
         want, margin = _teacher_forced(reference, prompt, served)
-        want_bf16, _ = _teacher_forced(reference.to(torch.bfloat16), prompt, served)
+        want_bf16, _ = _teacher_forced(copy.deepcopy(reference).to(torch.bfloat16), prompt, served)
         want = torch.tensor(want)
         bound = max(FLOOR, TIMES_PEFT_BF16 * float((torch.tensor(want_bf16) - want).abs().max()))
         label = name or "base"
