@@ -44,6 +44,7 @@ class Route:
     body: type[BaseModel] | None = None
     answers: tuple[str, ...] = (JSON,)  # media types of a 200
     query: tuple[dict[str, Any], ...] = ()  # OpenAPI parameter objects
+    errors: tuple[str, ...] = ()  # statuses beyond every route's (openapi.ROUTE_ERRORS)
 
 
 ROUTES = (
@@ -60,12 +61,13 @@ ROUTES = (
     Route("GET", "/v1/models", models, "OpenAI: the base model and its LoRA adapters", "OpenAI"),
     Route("POST", "/v1/load_lora_adapter", load_lora_adapter,
           "vLLM: load a LoRA adapter (--enable-lora-runtime-loading)", "LoRA", LoadLoraAdapter,
-          (TEXT,)),
+          (TEXT,), errors=("400",)),
     Route("POST", "/v1/unload_lora_adapter", unload_lora_adapter,
           "vLLM: unload a LoRA adapter (--enable-lora-runtime-loading)", "LoRA",
-          UnloadLoraAdapter, (TEXT,)),
+          UnloadLoraAdapter, (TEXT,), errors=("400",)),
     Route("GET", "/info", info, "TGI: model and server limits", "TGI"),
-    Route("GET", "/health", health, "200 when every shard answers", "Server", answers=()),
+    Route("GET", "/health", health, "200 when every shard answers", "Server", answers=(),
+          errors=("503",)),
     Route("GET", "/metrics", metrics, "Prometheus metrics", "Server", answers=(TEXT,)),
     Route("GET", "/debug/steps", debug_steps, "The scheduler's step timeline", "Server",
           query=({"name": "since", "in": "query", "required": False,

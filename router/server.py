@@ -50,7 +50,9 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return error_response(request, HttpError(exc.status, exc.reason))
+        # A 405 keeps aiohttp's Allow header: RFC 9110 requires it, and clients read it.
+        allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        return error_response(request, HttpError(exc.status, exc.reason), allow)
     except (asyncio.CancelledError, ConnectionResetError):
         raise
     except Exception:

@@ -22,6 +22,10 @@ from router.tokenizer import Tokenizer
 
 # TGI: without max_new_tokens, generate up to the context limit, at most this many tokens.
 DEFAULT_GENERATION_LENGTH = 1024
+# Below this temperature a request decodes greedily, as in vLLM: the tempered distribution is
+# the argmax's within float32 rounding, and the shards' float32 logits / temperature would
+# overflow to inf (NaN probabilities) for the smallest ones.
+GREEDY_BELOW_TEMPERATURE = 1e-5
 MAX_TOP_N_TOKENS = 5
 
 
@@ -149,6 +153,8 @@ def _sampling(request: GenerationRequest) -> SamplingParams:
     typical_p = given(request.typical_p, 1.0)
     # TGI samples as soon as any warper is active, even with do_sample false.
     sample = request.do_sample or temperature != 1.0 or top_k != 0 or top_p < 1.0 or typical_p < 1.0
+    if temperature < GREEDY_BELOW_TEMPERATURE:  # the warpers then keep the argmax alone
+        sample, temperature, top_k, top_p, typical_p = False, 1.0, 0, 1.0, 1.0
     return SamplingParams(
         temperature=temperature,
         top_k=top_k,

@@ -13,6 +13,9 @@ from pydantic import ConfigDict, Field
 from router.api.says import Says
 
 U64_MAX = 2**64 - 1
+U32_MAX = 2**32 - 1
+# The shards compute in 32-bit floats: a larger value would become infinity there.
+F32_MAX = 3.4028234663852886e38
 # Every step scans a window as long as the longest stop sequence: bound it so one request cannot
 # make every step of the batch slow (TGI has no such bound; no real stop sequence comes close).
 MAX_STOP_SEQUENCE_CHARS = 1024
@@ -24,18 +27,38 @@ BODY = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
 POSITIVE = Says("must be strictly positive")
 
+# A positive float the shards can hold (TGI reads these as 32-bit floats too).
+POSITIVE_F32 = Says(
+    rules={
+        "greater_than": "must be strictly positive",
+        "less_than_equal": f"must be at most {F32_MAX:.8g} (a 32-bit float). Given: {{value}}",
+    }
+)
 Temperature = Annotated[
-    float, Field(gt=0.0, description="Softmax temperature; > 0"), POSITIVE
-]  # fmt: skip
+    float,
+    Field(gt=0.0, le=F32_MAX, description="Softmax temperature; > 0 (below 1e-5: greedy)"),
+    POSITIVE_F32,
+]
 RepetitionPenalty = Annotated[
-    float, Field(gt=0.0, description="HF's repetition penalty; 1.0 is off"), POSITIVE
+    float,
+    Field(gt=0.0, le=F32_MAX, description="HF's repetition penalty; 1.0 is off"),
+    POSITIVE_F32,
 ]
 FrequencyPenalty = Annotated[
     float,
     Field(ge=-2.0, le=2.0, description="OpenAI's frequency penalty: penalty x count"),
     Says("must be >= -2.0 and <= 2.0"),
 ]
-TopK = Annotated[int, Field(gt=0, description="Keep the k most likely tokens"), POSITIVE]
+TopK = Annotated[
+    int,
+    Field(gt=0, le=U32_MAX, description="Keep the k most likely tokens (32 bits)"),
+    Says(
+        rules={
+            "greater_than": "must be strictly positive",
+            "less_than_equal": "must fit in 32 bits, got {value}",
+        }
+    ),
+]
 # 1.0 is the "disabled" value on the wire, not a value to ask for (TGI's rule).
 UnitOpen = Says("must be > 0.0 and < 1.0")
 TopP = Annotated[float, Field(gt=0.0, lt=1.0, description="Nucleus sampling mass"), UnitOpen]

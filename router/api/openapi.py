@@ -32,6 +32,12 @@ ERRORS = {
     "429": "More than --max-concurrent-requests in flight",
     "500": "Internal error; the server log has it under the request id",
 }
+# What only some routes answer (Route.errors names them).
+ROUTE_ERRORS = {
+    "400": "The adapter cannot be loaded or unloaded: a bad name or path, a name in use, or "
+    "the shards' refusal",
+    "503": "A shard does not answer",
+}
 
 
 class RouteLike(Protocol):
@@ -42,6 +48,7 @@ class RouteLike(Protocol):
     body: type[BaseModel] | None
     answers: tuple[str, ...]
     query: tuple[dict[str, Any], ...]
+    errors: tuple[str, ...]
 
 
 def document(routes: Iterable[RouteLike]) -> dict[str, Any]:
@@ -82,4 +89,6 @@ def _responses(route: RouteLike) -> dict[str, Any]:
     out = {"200": ok}
     for status, why in ERRORS.items():
         out[status] = {"description": why, "content": error}
-    return out
+    for status in route.errors:
+        out[status] = {"description": ROUTE_ERRORS[status], "content": error}
+    return dict(sorted(out.items()))

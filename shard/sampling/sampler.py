@@ -31,6 +31,9 @@ from shard.sampling.params import SamplingParams
 from shard.sampling.truncation import Warpers, candidate_groups
 
 NEG_INF = float("-inf")
+# Where a repetition penalty's result saturates: no model's logit comes near it, and divided
+# by the smallest temperature the router sends (1e-5) it is still a finite float32.
+PENALIZED_LOGIT_LIMIT = 1e30
 
 # Tokens that get their own Gumbel draw every step; other tokens are drawn from only with the
 # probability mass outside them (usually a few percent).
@@ -367,7 +370,12 @@ def _apply_penalties(
     picked = scores.gather(1, ids)
     if flags.any_repetition:
         penalty = torch.where(nonempty, tensors.repetition_penalty, 1.0)[:, None]
+        # An extreme penalty (the router allows any positive float32) must not turn a logit
+        # into inf, or 0 / 0 into NaN: the penalty stays a normal float and the result
+        # saturates where the temperature cannot overflow it again (>= 1e-5, the router's).
+        penalty = penalty.clamp(min=torch.finfo(torch.float32).tiny)
         picked = torch.where(picked < 0, picked * penalty, picked / penalty)
+        picked = picked.clamp(-PENALIZED_LOGIT_LIMIT, PENALIZED_LOGIT_LIMIT)
     if flags.any_frequency:
         # Sums of ones are exact in any order (scatter_add is unordered on GPU), so every
         # rank gets the same counts.

@@ -332,6 +332,10 @@ async def test_validation_errors_over_http(model_dir):
         assert "`inputs` tokens + `max_new_tokens` must be <= 256" in (await r.json())["error"]
         r = await env.client.get("/nope")
         assert r.status == 404 and (await r.json())["error_type"] == "http"
+        # A known route with the wrong method: JSON too, and the Allow header RFC 9110 requires.
+        r = await env.client.get("/generate")
+        assert r.status == 405 and (await r.json())["error_type"] == "http"
+        assert r.headers["Allow"] == "POST"
 
 
 @async_test

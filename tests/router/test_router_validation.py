@@ -32,6 +32,10 @@ BAD = [
     (req(temperature=-1.5), "`temperature` must be strictly positive"),
     (req(top_k=0), "`top_k` must be strictly positive"),
     (req(top_k=-3), "`top_k` must be strictly positive"),
+    # The wire's top_k is 32 bits: a larger one must be refused here, not fail the shard step.
+    (req(top_k=2**32), "`top_k` must fit in 32 bits, got 4294967296"),
+    (req(temperature=1e39), "`temperature` must be at most 3.4028235e+38 (a 32-bit float)"),
+    (req(repetition_penalty=1e300), "`repetition_penalty` must be at most 3.4028235e+38"),
     (req(top_p=1.0), "`top_p` must be > 0.0 and < 1.0"),
     (req(top_p=0), "`top_p` must be > 0.0 and < 1.0"),
     (req(typical_p=1.0), "`typical_p` must be > 0.0 and < 1.0"),
@@ -145,6 +149,18 @@ def test_seed_is_random_when_unset_and_kept_when_set(validator):
 )
 def test_warpers_imply_sampling_like_tgi(validator, params, sample):
     assert validate(validator, req(max_new_tokens=2, **params)).sampling.do_sample is sample
+
+
+@pytest.mark.parametrize("temperature", [1e-300, 1e-40, 9.9e-6])
+def test_a_vanishing_temperature_decodes_greedily(validator, temperature):
+    # As in vLLM: the limit of the tempered distribution, which float32 logits / temperature
+    # cannot compute (inf, then NaN probabilities, for the smallest).
+    params = {"temperature": temperature, "top_k": 5, "top_p": 0.5, "do_sample": True}
+    s = validate(validator, req(max_new_tokens=2, **params)).sampling
+    assert not s.do_sample
+    assert (s.temperature, s.top_k, s.top_p, s.typical_p) == (1.0, 0, 1.0, 1.0)
+    s = validate(validator, req(max_new_tokens=2, temperature=1e-5, do_sample=True)).sampling
+    assert s.do_sample and s.temperature == 1e-5
 
 
 def test_truncate_keeps_the_end_of_the_prompt(validator):

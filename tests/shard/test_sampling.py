@@ -192,6 +192,28 @@ def test_penalties_apply_to_sampled_rows_before_the_warpers():
     assert torch.isinf(out.top_logprobs[0, 3:]).all()
 
 
+@pytest.mark.parametrize("penalty", [1e-45, 1e-38, 3.4e38])
+@pytest.mark.parametrize(
+    "warpers", [{}, {"temperature": 1e-5}, {"temperature": 1e-5, "top_p": 0.5}]
+)
+def test_extreme_repetition_penalties_saturate_instead_of_making_nan(penalty, warpers):
+    # The router allows any positive float32 penalty and temperatures down to 1e-5: a logit
+    # divided by 1e-45 (or a negative one times 3.4e38) would be inf, and its row NaN.
+    logits = _logits(3, 300)
+    history = torch.tensor([[4, 9, 17]] * 3)
+    params = [SamplingParams(do_sample=True, seed=1, repetition_penalty=penalty, **warpers)] * 3
+    out = _run(logits, params, history=history, lens=3, top_n=4)
+    assert torch.isfinite(out.logprobs).all() and not torch.isnan(out.top_logprobs).any()
+    in_history = {4, 9, 17}
+    for row in range(3):
+        positive = {t for t in in_history if logits[row, t] > 0}
+        if penalty < 1 and positive:  # boosted past every other token
+            assert out.next_ids[row].item() in positive
+        if penalty > 1:  # pushed below every other token
+            assert not set(out.top_ids[row].tolist()) & in_history
+    assert any(logits[row, t] > 0 for row in range(3) for t in in_history)  # a case to see
+
+
 # --- warpers vs transformers -----------------------------------------------------------------
 
 WARPER_CASES = [
