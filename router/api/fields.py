@@ -6,7 +6,7 @@ lengths, best_of) are checked by router/validation.py; their descriptions say wh
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field
 
@@ -26,6 +26,22 @@ MAX_STOP_SEQUENCE_CHARS = 1024
 BODY = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
 POSITIVE = Says("must be strictly positive")
+
+
+def wire_int(bits: int, *, ge: int, description: str, below: str) -> Any:
+    """An integer field at least `ge` that the shards' wire carries in `bits` unsigned bits: a
+    larger one is refused here, never left to fail the step that sends it."""
+    return Annotated[
+        int,
+        Field(ge=ge, le=2**bits - 1, description=f"{description} ({bits} bits)"),
+        Says(
+            rules={
+                "greater_than_equal": below,
+                "less_than_equal": f"must fit in {bits} bits, got {{value}}",
+            }
+        ),
+    ]
+
 
 # A positive float the shards can hold (TGI reads these as 32-bit floats too).
 POSITIVE_F32 = Says(
@@ -49,16 +65,9 @@ FrequencyPenalty = Annotated[
     Field(ge=-2.0, le=2.0, description="OpenAI's frequency penalty: penalty x count"),
     Says("must be >= -2.0 and <= 2.0"),
 ]
-TopK = Annotated[
-    int,
-    Field(gt=0, le=U32_MAX, description="Keep the k most likely tokens (32 bits)"),
-    Says(
-        rules={
-            "greater_than": "must be strictly positive",
-            "less_than_equal": "must fit in 32 bits, got {value}",
-        }
-    ),
-]
+TopK = wire_int(
+    32, ge=1, description="Keep the k most likely tokens", below="must be strictly positive"
+)
 # 1.0 is the "disabled" value on the wire, not a value to ask for (TGI's rule).
 UnitOpen = Says("must be > 0.0 and < 1.0")
 TopP = Annotated[float, Field(gt=0.0, lt=1.0, description="Nucleus sampling mass"), UnitOpen]
@@ -68,16 +77,12 @@ MaxNewTokens = Annotated[
     Field(gt=0, description="Tokens to generate at most; prompt + this <= --max-total-tokens"),
     POSITIVE,
 ]
-Seed = Annotated[
-    int,
-    Field(ge=0, le=U64_MAX, description="Random seed (64 bits); random when unset"),
-    Says(
-        rules={
-            "greater_than_equal": "must be an integer >= 0, got {value}",
-            "less_than_equal": "must fit in 64 bits, got {value}",
-        }
-    ),
-]
+Seed = wire_int(
+    64,
+    ge=0,
+    description="Random seed; random when unset",
+    below="must be an integer >= 0, got {value}",
+)
 StopSequence = Annotated[str, Field(min_length=1, max_length=MAX_STOP_SEQUENCE_CHARS)]
 STOP_SAYS = Says(
     kind="a list of strings",
