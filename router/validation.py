@@ -23,8 +23,8 @@ from router.tokenizer import Tokenizer
 # TGI: without max_new_tokens, generate up to the context limit, at most this many tokens.
 DEFAULT_GENERATION_LENGTH = 1024
 # Below this temperature a request decodes greedily, as in vLLM: the tempered distribution is
-# the argmax's within float32 rounding, and the shards' float32 logits / temperature would
-# overflow to inf (NaN probabilities) for the smallest ones.
+# then all but the argmax's (unless two logits are within ~1e-4), and the shards' float32
+# logits / temperature overflow to inf (NaN probabilities) for the smallest temperatures.
 GREEDY_BELOW_TEMPERATURE = 1e-5
 MAX_TOP_N_TOKENS = 5
 
