@@ -12,8 +12,6 @@ from pydantic import ConfigDict, Field
 
 from router.api.says import Says
 
-U64_MAX = 2**64 - 1
-U32_MAX = 2**32 - 1
 # The shards compute in 32-bit floats: a larger value would become infinity there.
 F32_MAX = 3.4028234663852886e38
 # Every step scans a window as long as the longest stop sequence: bound it so one request cannot

@@ -10,12 +10,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.api.fields import F32_MAX, U32_MAX, U64_MAX
+from router.api.fields import F32_MAX
 from router.validation import GREEDY_BELOW_TEMPERATURE
 from shard.sampling.params import SamplingParams
 from shard.sampling.sampler import SamplingTensors, sample
 
 VOCAB = 300
+# The wire's widths of top_k and seed (router/api/fields.py: wire_int).
+U32_MAX, U64_MAX = 2**32 - 1, 2**64 - 1
 F32_TINY = 1.4e-45  # the smallest positive float32 (a subnormal)
 
 
