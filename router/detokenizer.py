@@ -6,6 +6,9 @@ step decodes a small window twice, `ids[prefix:read]` (text already emitted) and
 and emits the difference, but only when it grew and does not end in U+FFFD (the replacement
 character a decoder writes for an incomplete UTF-8 sequence). Held-back bytes come out with the
 token that completes the character, or at the end in `flush`.
+
+Special tokens are skipped in decoding, as in the final text (decoded at once, skipping them):
+a special token emits nothing, and bytes held back before it still join the bytes after it.
 """
 
 from __future__ import annotations
@@ -33,10 +36,11 @@ class IncrementalDetokenizer:
         self._read = len(self._ids)
 
     def _decode(self, ids: list[int]) -> str:
-        return self._decoder.decode(ids, skip_special_tokens=False)
+        return self._decoder.decode(ids, skip_special_tokens=True)
 
     def push(self, token_id: int) -> str:
-        """Adds one generated token; returns the text it completes (possibly empty)."""
+        """Adds one generated token; returns the text it completes (possibly empty, always for
+        a special token)."""
         self._ids.append(token_id)
         prefix_text = self._decode(self._ids[self._prefix : self._read])
         new_text = self._decode(self._ids[self._prefix :])

@@ -23,15 +23,21 @@ from switchyard_pb import generate_pb2 as pb
 @dataclass(frozen=True)
 class Token:
     id: int
-    text: str
+    text: str  # TGI's token text: a special token's own text too
     logprob: float | None  # None where it cannot be known (first prompt token)
     special: bool = False
+    # A generated token's part of the generated text: `text`, or for a special token nothing
+    # (or text held back before it, flushed at the end), so the stream adds up to the text.
+    content: str = ""
 
 
 @dataclass(frozen=True)
 class Finished:
     generated_text: str
     finish_reason: FinishReason
+    # The EOS token or a stop sequence ended the text, also on the last allowed token (where
+    # TGI's finish_reason is "length"): OpenAI's finish_reason is then "stop".
+    stopped: bool
     generated_tokens: int
     seed: int | None  # only when sampling, as TGI reports it
 

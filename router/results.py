@@ -33,11 +33,15 @@ class Results:
         return False
 
     def _emit(self, entry: Entry, token_id: int, logprob: float, top: pb.Tokens | None) -> bool:
-        text = entry.detokenizer.push(token_id)
+        special = self.tokenizer.is_special(token_id)
+        content = entry.detokenizer.push(token_id)
+        text = self.tokenizer.piece(token_id) if special else content
         reason = entry.stopping.step(token_id, text)
         if reason is not None:
-            text += entry.detokenizer.flush()  # the stream must add up to the whole text
-        token = Token(token_id, text, logprob, self.tokenizer.is_special(token_id))
+            tail = entry.detokenizer.flush()  # the stream must add up to the whole text
+            content += tail
+            text = tail + text if special else content
+        token = Token(token_id, text, logprob, special, content)
         top_tokens = tuple(self.tokens(top)) if top is not None else ()
         now = time.monotonic()
         first = not entry.tokens
@@ -54,6 +58,7 @@ class Results:
             finished = Finished(
                 generated_text=self.final_text(entry),
                 finish_reason=reason,
+                stopped=entry.stopping.stopped,
                 generated_tokens=len(entry.generated_ids),
                 seed=sampling.seed if sampling.do_sample else None,
             )

@@ -80,7 +80,10 @@ def create_app(infer: Infer) -> web.Application:
     app[INFER] = infer
     app[GENERATIONS] = infer.generations
     for route in ROUTES:
-        app.router.add_route(route.method, route.path, route.handler)
+        if route.method == "GET":  # and HEAD, as load balancers and uptime checks send it
+            app.router.add_get(route.path, route.handler, allow_head=True)
+        else:
+            app.router.add_route(route.method, route.path, route.handler)
     app[OPENAPI] = document(ROUTES)
 
     async def start_scheduler(app: web.Application) -> None:

@@ -1,8 +1,10 @@
 """When a request is finished: the router decides, the shards only compute.
 
-Order follows TGI: the length limit first, then the EOS token, then stop sequences. A stop
-sequence matches anywhere in the generated text, also across token boundaries; like TGI, the
-generated text keeps the stop sequence.
+The reason follows TGI's order: the length limit first, then the EOS token, then stop
+sequences. A stop sequence matches anywhere in the generated text, also across token
+boundaries; like TGI, the generated text keeps the stop sequence. `stopped` also records an EOS
+or stop sequence on the last allowed token, which TGI reports as "length": OpenAI's routes say
+"stop" then, as vLLM does, since the text ends where the model or the stop sequence ended it.
 """
 
 from __future__ import annotations
@@ -32,17 +34,27 @@ class StoppingCriteria:
         self._keep = max((len(s) for s in self.stop_sequences), default=1) - 1
         self._tail = ""
         self.generated = 0
+        self.stopped = False  # the EOS token or a stop sequence ended the text
 
     def step(self, token_id: int, text: str) -> FinishReason | None:
         """Records one generated token and the text it emitted; returns why to stop, if so."""
         self.generated += 1
+        eos = token_id in self.eos_token_ids
+        matched = self._matches(text)
+        self.stopped = eos or matched
         if self.generated >= self.max_new_tokens:
             return FinishReason.LENGTH
-        if token_id in self.eos_token_ids:
+        if eos:
             return FinishReason.EOS_TOKEN
-        if self.stop_sequences and text:
-            window = self._tail + text
-            if any(stop in window for stop in self.stop_sequences):
-                return FinishReason.STOP_SEQUENCE
-            self._tail = window[-self._keep :] if self._keep else ""
+        if matched:
+            return FinishReason.STOP_SEQUENCE
         return None
+
+    def _matches(self, text: str) -> bool:
+        if not self.stop_sequences or not text:
+            return False
+        window = self._tail + text
+        if any(stop in window for stop in self.stop_sequences):
+            return True
+        self._tail = window[-self._keep :] if self._keep else ""
+        return False

@@ -28,8 +28,8 @@ class Tokenizer:
         self.decoder = decoder
         self._encoder = encoder
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
-        self.special_ids: frozenset[int] = frozenset(decoder.all_special_ids)
         self._piece_cache: dict[int, str] = {}
+        self._special_cache: dict[int, bool] = {}
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> Tokenizer:
@@ -100,7 +100,14 @@ class Tokenizer:
         return text
 
     def is_special(self, token_id: int) -> bool:
-        return token_id in self.special_ids
+        """Whether decoding with skip_special_tokens leaves the token out. The final text skips
+        exactly these, so the stream must too (and TGI's `special` flag names them): asked of
+        the decoder itself, since its skip set and `all_special_ids` can differ."""
+        special = self._special_cache.get(token_id)
+        if special is None:
+            special = bool(self.piece(token_id)) and not self.decode([token_id], True)
+            self._special_cache[token_id] = special
+        return special
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

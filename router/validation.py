@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,15 +43,36 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+# A \\u escape of a UTF-16 surrogate (D800-DFFF): the only way a body can name one.
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
 def parse_json_body(body: bytes) -> dict[str, Any]:
-    """The request body as an object; NaN and Infinity are rejected like any invalid JSON."""
+    """The request body as an object. Refused like any invalid JSON (a 422, as TGI's parser):
+    NaN and Infinity, nesting deeper than the parser's recursion allows, and an unpaired UTF-16
+    surrogate escape, which is not Unicode text and would fail the tokenizer later."""
     try:
         payload = json.loads(body, parse_constant=_reject_constant)
     except (ValueError, UnicodeDecodeError) as err:
         raise ValidationError(f"request body is not valid JSON: {err}") from None
+    except RecursionError:
+        raise ValidationError("request body is not valid JSON: it is nested too deeply") from None
     if not isinstance(payload, dict):
         raise ValidationError("request body must be a JSON object")
+    if SURROGATE_ESCAPE.search(body):  # rare: only then is the whole body checked
+        _refuse_lone_surrogates(payload)
     return payload
+
+
+def _refuse_lone_surrogates(payload: dict[str, Any]) -> None:
+    try:
+        json.dumps(payload, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as err:
+        char = err.object[err.start]
+        raise ValidationError(
+            f"request body is not valid JSON text: it holds the unpaired UTF-16 surrogate "
+            f"\\u{ord(char):04x}, which is not a Unicode character"
+        ) from None
 
 
 class Validator:

@@ -21,7 +21,7 @@ from router.api.fields import (
     RepetitionPenalty,
     Seed,
     StopSequence,
-    TopK,
+    wire_int,
 )
 from router.api.says import Says, Unsupported, field_error
 from router.errors import ValidationError
@@ -36,6 +36,13 @@ def _as_list(stop: str | list[str]) -> list[str]:
 
 
 Ignored = Annotated[Any, Field(description="Accepted and ignored")]
+# vLLM's top_k: -1 (its long-time default, which clients send) and 0 both mean every token.
+VllmTopK = wire_int(
+    32,
+    ge=-1,
+    description="Keep the k most likely tokens; -1 or 0: every token (vLLM)",
+    below="must be -1 or 0 (every token), or positive",
+)
 
 
 class StreamOptions(BaseModel):
@@ -87,7 +94,7 @@ class OpenAIRequest(BaseModel):
     ) = None
     max_tokens: MaxNewTokens | None = None
     ignore_eos: bool = False
-    top_k: TopK | None = None
+    top_k: VllmTopK | None = None
     repetition_penalty: RepetitionPenalty | None = None
     # Sent as 0 by clients following e.g. Qwen3's recommended settings: that is "off".
     min_p: Annotated[float, Unsupported(0.0, why="; only 0 (off)")] | None = None
@@ -121,7 +128,7 @@ class OpenAIRequest(BaseModel):
             out["do_sample"] = True
             out["temperature"] = self.temperature
             out["top_p"] = self.top_p if self.top_p is not None and self.top_p < 1.0 else None
-            out["top_k"] = self.top_k
+            out["top_k"] = self.top_k if self.top_k is not None and self.top_k > 0 else None
         return out
 
 

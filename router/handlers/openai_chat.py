@@ -22,8 +22,8 @@ from router.handlers.common import (
 )
 from router.handlers.openai_common import (
     FINGERPRINT,
-    FINISH_REASON,
     StopTrimmer,
+    finish_reason,
     logprob,
     model_name,
     new_id,
@@ -71,7 +71,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         "index": 0,
         "message": {"role": "assistant", "content": content},
         "logprobs": None,
-        "finish_reason": FINISH_REASON[finished.finish_reason],
+        "finish_reason": finish_reason(finished),
     }
     if body.logprobs:
         steps = zip(entry.tokens, entry.top_tokens, strict=True)
@@ -133,7 +133,7 @@ class ChatStream:
 
     def on_end(self) -> list[Any]:
         assert self.finished is not None
-        out: list[Any] = [self.chunk({}, finish=FINISH_REASON[self.finished.finish_reason])]
+        out: list[Any] = [self.chunk({}, finish=finish_reason(self.finished))]
         if self.include_usage:
             out.append({**self.chunk({}), "choices": [], "usage": usage(self.entry)})
         return [*out, "[DONE]"]

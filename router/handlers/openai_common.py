@@ -10,15 +10,16 @@ from collections.abc import Sequence
 from typing import Any
 
 import router
-from router.entry import Entry, Token
+from router.entry import Entry, Finished, Token
 from router.generations import Generations
-from router.stopping import FinishReason
 
-FINISH_REASON = {
-    FinishReason.LENGTH: "length",
-    FinishReason.EOS_TOKEN: "stop",
-    FinishReason.STOP_SEQUENCE: "stop",
-}
+
+def finish_reason(finished: Finished) -> str:
+    """ "stop" whenever the EOS token or a stop sequence ended the text, also on the last
+    allowed token (as vLLM: the text is cut there); "length" only when the limit alone did."""
+    return "stop" if finished.stopped else "length"
+
+
 FINGERPRINT = f"switchyard-{router.__version__}"
 # What OpenAI reports for a logprob it cannot give (JSON has no -inf).
 UNKNOWN_LOGPROB = -9999.0
@@ -66,7 +67,7 @@ def logprob(value: float | None) -> float:
 
 def visible(token: Token) -> str:
     """Streamed text: special tokens (EOS) are left out, as in the non-streamed text."""
-    return "" if token.special else token.text
+    return token.content
 
 
 class StopTrimmer:

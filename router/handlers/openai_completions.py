@@ -21,8 +21,8 @@ from router.handlers.common import (
 )
 from router.handlers.openai_common import (
     FINGERPRINT,
-    FINISH_REASON,
     StopTrimmer,
+    finish_reason,
     logprob,
     model_name,
     new_id,
@@ -76,7 +76,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         "index": 0,
         "text": trim_stop(finished.generated_text, valid.stop),
         "logprobs": lp,
-        "finish_reason": FINISH_REASON[finished.finish_reason],
+        "finish_reason": finish_reason(finished),
     }
     body = response_body(
         gens, entry, object_type="text_completion", id_prefix="cmpl", choice=choice
@@ -128,7 +128,7 @@ class CompletionStream:
 
     def on_end(self) -> list[Any]:
         assert self.finished is not None
-        out: list[Any] = [self.chunk("", finish=FINISH_REASON[self.finished.finish_reason])]
+        out: list[Any] = [self.chunk("", finish=finish_reason(self.finished))]
         if self.include_usage:
             out.append({**self.chunk(""), "choices": [], "usage": usage(self.entry)})
         return [*out, "[DONE]"]

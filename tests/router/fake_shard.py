@@ -1,6 +1,6 @@
 """A deterministic in-process shard speaking the real wire protocol, for router tests.
 
-Next token = (last token + 1) % vocab_size. Every RPC is checked against the protocol rules the
+Next token = (last token + 1) % vocab_size, or the next id of a `script`. Every RPC is checked against the protocol rules the
 router must follow (block/slot consistency, no step past max_new_tokens, batch bookkeeping);
 violations are recorded in `violations` for the tests to assert on.
 
@@ -55,6 +55,7 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
     fail_next_decode: bool = False
     healthy: bool = True
     decode_delay: float = 0.0
+    script: tuple[int, ...] = ()  # the ids every request generates, in order (else last + 1)
     # The shards' LoRA slots: more distinct adapters in one step is a router violation.
     max_loras: int | None = None
     # Runtime adapters: with track_adapters, a Prefill naming an adapter not loaded through
@@ -112,6 +113,8 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
             self._check_request(r, warmup)
 
     def _next(self, req: FakeRequest) -> int:
+        if self.script:
+            return self.script[req.generated % len(self.script)]
         return (req.ids[-1] + 1) % self.vocab_size
 
     def _generation(self, req: FakeRequest, prefill_logprobs: bool = False) -> pb.Generation:

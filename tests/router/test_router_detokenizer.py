@@ -64,6 +64,29 @@ def test_random_byte_sequences_still_concatenate_to_the_full_decode(tok):
         assert "".join(_run(tok, [], ids)) == tok.decode(ids)
 
 
-def test_special_tokens_are_emitted_as_text(tok):
-    ids = tok.decoder.encode("Hi", add_special_tokens=False) + [tok.eos_token_id]
-    assert "".join(_run(tok, [], ids)) == "Hi</s>"
+def test_special_tokens_emit_nothing_and_split_characters_still_join(tok):
+    """As in the final text (decoded at once, special tokens skipped): a special token between
+    the bytes of one character neither breaks it nor shows, streamed or not."""
+    eos = tok.eos_token_id
+    assert tok.is_special(eos) and not tok.is_special(tok.decoder.encode("Hi")[0])
+    char = next(
+        ids
+        for ids in (tok.decoder.encode(c, add_special_tokens=False) for c in "日本語🚀🔥")
+        if len(ids) > 1
+    )
+    ids = tok.decoder.encode("Hi", add_special_tokens=False) + char[:1] + [eos] + char[1:]
+    chunks = _run(tok, [], ids)
+    assert chunks[2] == "" and all(REPLACEMENT_CHAR not in c for c in chunks), chunks
+    assert "".join(chunks) == tok.decode(ids, skip_special_tokens=True)
+    assert REPLACEMENT_CHAR not in tok.decode(ids, skip_special_tokens=True)
+
+
+def test_random_sequences_with_special_tokens_concatenate_to_the_final_decode(tok):
+    rng = random.Random(1)
+    vocab = range(len(tok.decoder))
+    specials = [i for i in vocab if tok.is_special(i)]
+    assert specials
+    for _ in range(50):
+        ids = [rng.choice(specials) if rng.random() < 0.2 else rng.choice(vocab)
+               for _ in range(rng.randint(1, 30))]  # fmt: skip
+        assert "".join(_run(tok, [], ids)) == tok.decode(ids, skip_special_tokens=True)

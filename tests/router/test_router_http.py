@@ -339,6 +339,58 @@ async def test_validation_errors_over_http(model_dir):
 
 
 @async_test
+async def test_head_answers_like_get(model_dir):
+    """Load balancers and uptime checks probe with HEAD: the GET routes answer it, without a
+    body, where a 405 would mark the server down."""
+    async with router_env(model_dir) as env:
+        for path in ("/health", "/info", "/v1/models", "/metrics", "/openapi.json"):
+            got = await env.client.get(path)
+            head = await env.client.head(path)
+            assert (head.status, got.status) == (200, 200), path
+            assert await head.read() == b"", path
+        env.shards[1].healthy = False
+        assert (await env.client.head("/health")).status == 503
+        # POST routes still refuse it, naming what they take.
+        r = await env.client.head("/generate")
+        assert r.status == 405 and r.headers["Allow"] == "POST"
+
+
+@async_test
+async def test_json_the_tokenizer_cannot_take_is_a_422(model_dir):
+    """A body nested past the parser's recursion, or holding an unpaired UTF-16 surrogate (valid
+    JSON syntax, not Unicode text), is the client's error on every route: never a 500, never a
+    misleading "empty" message, and the server goes on serving."""
+    json_type = {"Content-Type": "application/json"}
+    nested = b"[" * 5000 + b"]" * 5000
+    cases = [
+        ("/generate", b'{"inputs": "hi", "parameters": ' + nested + b"}", "nested too deeply"),
+        ("/v1/completions", b'{"prompt": ' + nested + b"}", "nested too deeply"),
+        ("/v1/chat/completions", b'{"messages": ' + nested + b"}", "nested too deeply"),
+        ("/tokenize", b'{"inputs": "hi \\ud800"}', "surrogate \\ud800"),
+        ("/generate", b'{"inputs": "hi \\ud800 there"}', "surrogate \\ud800"),
+        ("/generate_stream", b'{"inputs": "hi \\uDFFF"}', "surrogate \\udfff"),
+        ("/v1/completions", b'{"prompt": "hi \\udfff", "max_tokens": 2}', "surrogate \\udfff"),
+        (
+            "/v1/chat/completions",
+            b'{"messages": [{"role": "user", "content": "hi \\ud83d"}], "max_tokens": 2}',
+            "surrogate \\ud83d",
+        ),
+    ]
+    async with router_env(model_dir) as env:
+        for path, body, says in cases:
+            r = await env.client.post(path, data=body, headers=json_type)
+            assert r.status == 422, (path, body[:40], await r.text())
+            error = await r.json()
+            assert error["error_type"] == "validation" and says in error["error"], error
+        # A surrogate pair is one real character, and a literal backslash-u is plain text.
+        for inputs in (b'"\\ud83d\\ude80 go"', b'"\\\\ud800"'):
+            body = b'{"inputs": ' + inputs + b', "parameters": {"max_new_tokens": 2}}'
+            r = await env.client.post("/generate", data=body, headers=json_type)
+            assert r.status == 200, await r.text()
+        assert (await env.client.get("/health")).status == 200
+
+
+@async_test
 async def test_health_info_tokenize(model_dir):
     async with router_env(model_dir, served_model_name="tiny") as env:
         r = await env.client.get("/health")

@@ -65,6 +65,20 @@ async def test_chat_completion_and_sampling_mapping(model_dir):
             p = env.shards[0].prefilled[-1].parameters
             assert (p.do_sample, p.temperature, p.top_p) == (sample, temperature, top_p)
         assert env.shards[0].prefilled[-2].parameters.seed == 7
+        # vLLM's top_k: -1 (its old default, which clients send) and 0 mean every token.
+        for path, body in [
+            ("/v1/chat/completions", {"messages": HI}),
+            ("/v1/completions", {"prompt": "hi"}),
+        ]:
+            for top_k, sent in [(-1, 0), (0, 0), (5, 5)]:
+                r = await env.client.post(path, json={**body, "max_tokens": 1, "top_k": top_k})
+                assert r.status == 200, await r.text()
+                assert env.shards[0].prefilled[-1].parameters.top_k == sent
+            r = await env.client.post(path, json={**body, "top_k": -2})
+            assert r.status == 422
+            assert (await r.json())["error"] == (
+                "Input validation error: `top_k` must be -1 or 0 (every token), or positive"
+            )
         # max_completion_tokens wins over the deprecated max_tokens.
         body = {"messages": HI, "max_tokens": 9, "max_completion_tokens": 3}
         r = await env.client.post("/v1/chat/completions", json=body)

@@ -10,6 +10,17 @@ def test_length_first_then_eos_then_stop_sequence():
     assert s.step(7, "x") == FinishReason.STOP_SEQUENCE
 
 
+def test_stopped_records_an_eos_or_stop_sequence_on_the_last_allowed_token():
+    """TGI's reason is "length" there; `stopped` lets OpenAI's routes say "stop", as vLLM."""
+    for token, text, stopped in [(2, "a", True), (7, "y", True), (7, "a", False)]:
+        s = StoppingCriteria(max_new_tokens=2, eos_token_ids=[2], stop_sequences=["xy"])
+        assert s.step(7, "x") is None and not s.stopped  # "x" alone is not the stop yet
+        assert s.step(token, text) == FinishReason.LENGTH
+        assert s.stopped is stopped
+    s = StoppingCriteria(max_new_tokens=1, eos_token_ids=[2], ignore_eos=True)
+    assert s.step(2, "</s>") == FinishReason.LENGTH and not s.stopped
+
+
 def test_max_new_tokens_counts_every_token():
     s = StoppingCriteria(max_new_tokens=3)
     assert s.step(5, "a") is None
