@@ -1,8 +1,9 @@
 """A deterministic in-process shard speaking the real wire protocol, for router tests.
 
-Next token = (last token + 1) % vocab_size, or the next id of a `script`. Every RPC is checked against the protocol rules the
-router must follow (block/slot consistency, no step past max_new_tokens, batch bookkeeping);
-violations are recorded in `violations` for the tests to assert on.
+Next token = (last token + 1) % vocab_size, or the next id of a `script`. Every RPC is checked
+against the protocol rules the router must follow (block/slot consistency, no step past
+max_new_tokens, batch bookkeeping); violations are recorded in `violations` for the tests to
+assert on.
 
 The KV cache is modelled: each written slot remembers the adapter and the token ids up to its
 position, which is what the real K/V depend on. A request's cached prefix (prefix_len) must find
