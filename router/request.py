@@ -34,6 +34,7 @@ class GenerationRequest:
     seed: int | None = None  # None: a random one, reported back
     repetition_penalty: float | None = None
     frequency_penalty: float | None = None
+    presence_penalty: float | None = None
     stop: tuple[str, ...] = ()
     truncate: int | None = None
     details: bool = False

@@ -186,4 +186,5 @@ def _sampling(request: GenerationRequest) -> SamplingParams:
         seed=random.getrandbits(64) if request.seed is None else request.seed,
         repetition_penalty=given(request.repetition_penalty, 1.0),
         frequency_penalty=given(request.frequency_penalty, 0.0),
+        presence_penalty=given(request.presence_penalty, 0.0),
     )

@@ -48,6 +48,7 @@ def build_warmup_batch(
                     seed=0,
                     repetition_penalty=1.2,
                     frequency_penalty=0.1,
+                    presence_penalty=0.1,
                 ),
                 stopping_parameters=pb.StoppingCriteriaParameters(
                     max_new_tokens=max_new, ignore_eos_token=True

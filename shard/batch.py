@@ -109,7 +109,9 @@ class Batch:
             history_lens=torch.tensor([len(r.input_ids) for r in new], device=device),
             # A cached prefix (router/prefix_cache.py) is already in the request's blocks.
             cache_lens=torch.tensor([r.prefix_len for r in new], dtype=torch.int64, device=device),
-            sampling=SamplingTensors.from_params([r.sampling for r in new], device),
+            sampling=SamplingTensors.from_params(
+                [r.sampling for r in new], [len(r.input_ids) for r in new], device
+            ),
             lora_slots=torch.full((len(new),), -1, dtype=torch.int32, device=device),
         )
 

@@ -22,6 +22,7 @@ def sampling_params(p: pb.NextTokenChooserParameters) -> SamplingParams:
         seed=p.seed,
         repetition_penalty=p.repetition_penalty or 1.0,
         frequency_penalty=p.frequency_penalty,
+        presence_penalty=p.presence_penalty,
     )
 
 

@@ -58,9 +58,23 @@ RepetitionPenalty = Annotated[
     Field(gt=0.0, le=F32_MAX, description="HF's repetition penalty; 1.0 is off"),
     POSITIVE_F32,
 ]
+# OpenAI's additive penalties count the generated tokens only (not the prompt), as vLLM.
 FrequencyPenalty = Annotated[
     float,
-    Field(ge=-2.0, le=2.0, description="OpenAI's frequency penalty: penalty x count"),
+    Field(
+        ge=-2.0,
+        le=2.0,
+        description="OpenAI's frequency penalty: penalty x times the token was generated",
+    ),
+    Says("must be >= -2.0 and <= 2.0"),
+]
+PresencePenalty = Annotated[
+    float,
+    Field(
+        ge=-2.0,
+        le=2.0,
+        description="OpenAI's presence penalty: subtracted once if the token was generated",
+    ),
     Says("must be >= -2.0 and <= 2.0"),
 ]
 TopK = wire_int(

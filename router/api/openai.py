@@ -3,8 +3,8 @@ completions body, and their mapping onto the shared GenerationRequest (chat: rou
 
 Unlike TGI, which ignores unknown fields, an unknown field is a 422 (the OpenAI API refuses them
 too): a typo must not silently change what is generated. Features the shards cannot honour
-(n > 1, logit_bias, presence_penalty, tools...) are a 422 saying so, never silently dropped,
-unless their value changes nothing.
+(n > 1, logit_bias, min_p, tools...) are a 422 saying so, never silently dropped, unless their
+value changes nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from router.api.fields import (
     STOP_SAYS,
     FrequencyPenalty,
     MaxNewTokens,
+    PresencePenalty,
     RepetitionPenalty,
     Seed,
     StopSequence,
@@ -60,9 +61,7 @@ class OpenAIRequest(BaseModel):
 
     model: Annotated[str, Field(description="The served model or a LoRA adapter")] | None = None
     frequency_penalty: FrequencyPenalty | None = None
-    presence_penalty: Annotated[float, Unsupported(0.0, why="; use `frequency_penalty`")] | None = (
-        None
-    )
+    presence_penalty: PresencePenalty | None = None
     logit_bias: Annotated[dict[str, Any], Unsupported({})] | None = None
     n: (
         Annotated[
@@ -118,6 +117,7 @@ class OpenAIRequest(BaseModel):
         out: dict[str, Any] = {
             "adapter": self.model,
             "frequency_penalty": self.frequency_penalty,
+            "presence_penalty": self.presence_penalty,
             "repetition_penalty": self.repetition_penalty,
             "seed": self.seed,
             "stop": tuple(self.stop or ()),

@@ -55,6 +55,7 @@ def read_adapter(
     rank_pattern = _pattern(name, config, "rank_pattern")
     alpha_pattern = _pattern(name, config, "alpha_pattern")
     tensors = _read_tensors(name, path)
+    _refuse_unknown_targets(name, config, tensors)
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
         match = _KEY.match(key)
@@ -182,14 +183,24 @@ def _refuse_unsupported(name: str, config: dict) -> None:
         )
     if config.get("bias", "none") != "none":
         raise AdapterError(f"adapter {name!r}: trained biases (bias = {config['bias']!r})")
+
+
+def _refuse_unknown_targets(name: str, config: dict, tensors: dict[str, torch.Tensor]) -> None:
+    """target_modules entries we cannot apply, when the file holds weights for them. PEFT skips
+    entries that match no module of the model it trained (one list written for several
+    architectures: c_attn, W_pack...) and saves nothing for them, so the weights decide, as
+    in vLLM."""
     targets = config.get("target_modules")
-    if isinstance(targets, list):
-        unknown = [t for t in targets if t.rsplit(".", 1)[-1] not in SUPPORTED_TARGETS]
-        if unknown:
-            raise AdapterError(
-                f"adapter {name!r}: target_modules {unknown} cannot take a LoRA here; "
-                f"supported: {', '.join(SUPPORTED_TARGETS)}"
-            )
+    if not isinstance(targets, list):
+        return
+    named = {part for key in tensors for part in key.split(".")}
+    leaves = [(t, t.rsplit(".", 1)[-1]) for t in targets]
+    unknown = [t for t, leaf in leaves if leaf not in SUPPORTED_TARGETS and leaf in named]
+    if unknown:
+        raise AdapterError(
+            f"adapter {name!r}: target_modules {unknown} cannot take a LoRA here; "
+            f"supported: {', '.join(SUPPORTED_TARGETS)}"
+        )
 
 
 def _read_tensors(name: str, path: Path) -> dict[str, torch.Tensor]:

@@ -1,9 +1,10 @@
 """Next-token selection for a batch: penalties, warpers, seeded sampling and logprobs.
 
 Every request in a batch may have different parameters; one call handles them all with
-batched tensor ops (no loop over requests). Order and semantics follow HF/TGI: repetition
-penalty, then frequency penalty (every row), then temperature, top-k, top-p and typical-p
-(do_sample rows only), then the choice. Logprobs are log_softmax of the logits that were
+batched tensor ops (no loop over requests). Order and semantics follow HF/TGI and vLLM:
+repetition penalty (over prompt and generated ids), then frequency and presence penalties (over
+the generated ids, as OpenAI defines them), on every row; then temperature, top-k, top-p and
+typical-p (do_sample rows only), then the choice. Logprobs are log_softmax of the logits that were
 sampled from: penalized, and for sampled rows also warped.
 
 On CPU at B=64, V=150k a full sort or a random number per vocabulary entry costs far more
@@ -55,11 +56,12 @@ class SamplingFlags:
     any_typical: bool = False
     any_repetition: bool = False
     any_frequency: bool = False
+    any_presence: bool = False
     max_top_k: int = 0
 
     @property
     def any_penalty(self) -> bool:
-        return self.any_repetition or self.any_frequency
+        return self.any_repetition or self.any_frequency or self.any_presence
 
     @classmethod
     def of_rows(cls, rows: dict[str, Tensor]) -> SamplingFlags:
@@ -76,6 +78,7 @@ class SamplingFlags:
                 (sample & (rows["typical_p"] < 1)).any(),
                 (rows["repetition_penalty"] != 1).any(),
                 (rows["frequency_penalty"] != 0).any(),
+                (rows["presence_penalty"] != 0).any(),
                 top_k.max(),
             ]
         ).tolist()
@@ -114,6 +117,10 @@ class SamplingTensors:
     seed_hi: Tensor  # int64, high 32 bits (seeds are taken modulo 2**64)
     repetition_penalty: Tensor  # float32
     frequency_penalty: Tensor  # float32
+    presence_penalty: Tensor  # float32
+    # int64: the history position of each row's first generated id (its prompt length), where
+    # the frequency and presence penalties start counting.
+    output_start: Tensor
     dense_rows: Tensor  # int64 row indices, ascending
     dense_sampled: Tensor  # int64 positions in dense_rows of the do_sample rows
     truncated_rows: Tensor  # int64 row indices, ascending
@@ -121,7 +128,7 @@ class SamplingTensors:
 
     @classmethod
     def from_params(
-        cls, params: list[SamplingParams], device: torch.device | str
+        cls, params: list[SamplingParams], prompt_lens: list[int], device: torch.device | str
     ) -> SamplingTensors:
         seeds = [random_hash.split_seed(p.seed) for p in params]
 
@@ -140,6 +147,8 @@ class SamplingTensors:
             "seed_hi": column([hi for _, hi in seeds], torch.int64),
             "repetition_penalty": column([p.repetition_penalty for p in params], torch.float32),
             "frequency_penalty": column([p.frequency_penalty for p in params], torch.float32),
+            "presence_penalty": column([p.presence_penalty for p in params], torch.float32),
+            "output_start": column(list(prompt_lens), torch.int64),
         }
         return cls._of_rows(rows).to(device)
 
@@ -344,12 +353,14 @@ def _sample_truncated(
 def _apply_penalties(
     logits: Tensor, tensors: SamplingTensors, history: Tensor, history_lens: Tensor
 ) -> Tensor:
-    """Repetition then frequency penalty on every row: logits itself when no row has one,
-    else a new tensor.
+    """Repetition, then frequency and presence penalties on every row: logits itself when no
+    row has one, else a new tensor.
 
-    Repetition (HF): a token present in the history has its logit divided by the penalty
-    when positive, multiplied when negative. Frequency (OpenAI): subtract penalty * count.
-    Works on the [B, L] gathered history entries rather than on [B, V].
+    Repetition (HF): a token present in the history (prompt and generated ids) has its logit
+    divided by the penalty when positive, multiplied when negative. Frequency and presence
+    (OpenAI, as vLLM applies them): subtract frequency * count + presence * (count > 0), the
+    count over the generated ids only. Works on the [B, L] gathered history entries rather
+    than on [B, V].
     """
     flags = tensors.flags
     if not flags.any_penalty or history.shape[1] == 0:
@@ -376,12 +387,14 @@ def _apply_penalties(
         penalty = penalty.clamp(min=torch.finfo(torch.float32).tiny)
         picked = torch.where(picked < 0, picked * penalty, picked / penalty)
         picked = picked.clamp(-PENALIZED_LOGIT_LIMIT, PENALIZED_LOGIT_LIMIT)
-    if flags.any_frequency:
+    if flags.any_frequency or flags.any_presence:
+        generated = valid & (positions[None, :] >= tensors.output_start[:, None])
         # Sums of ones are exact in any order (scatter_add is unordered on GPU), so every
-        # rank gets the same counts.
-        counts = torch.zeros_like(scores).scatter_add_(1, ids, valid.to(scores.dtype))
-        penalty = torch.where(nonempty, tensors.frequency_penalty, 0.0)[:, None]
-        picked = picked - penalty * counts.gather(1, ids)
+        # rank gets the same counts. A prompt-only token counts 0 and keeps its value.
+        counts = torch.zeros_like(scores).scatter_add_(1, ids, generated.to(scores.dtype))
+        count = counts.gather(1, ids)
+        picked = picked - tensors.frequency_penalty[:, None] * count
+        picked = picked - tensors.presence_penalty[:, None] * (count > 0).to(scores.dtype)
     # Duplicate ids carry identical values, so the unordered scatter is deterministic.
     return scores.scatter_(1, ids, picked)
 

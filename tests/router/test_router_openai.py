@@ -65,6 +65,13 @@ async def test_chat_completion_and_sampling_mapping(model_dir):
             p = env.shards[0].prefilled[-1].parameters
             assert (p.do_sample, p.temperature, p.top_p) == (sample, temperature, top_p)
         assert env.shards[0].prefilled[-2].parameters.seed == 7
+        # OpenAI's penalties reach the shards as given (greedy rows are penalized too).
+        body = {"messages": HI, "max_tokens": 1, "temperature": 0}
+        penalties = {"frequency_penalty": 0.5, "presence_penalty": -1.5}
+        r = await env.client.post("/v1/chat/completions", json={**body, **penalties})
+        assert r.status == 200, await r.text()
+        p = env.shards[0].prefilled[-1].parameters
+        assert (p.frequency_penalty, p.presence_penalty) == (0.5, -1.5)
         # vLLM's top_k: -1 (its old default, which clients send) and 0 mean every token.
         for path, body in [
             ("/v1/chat/completions", {"messages": HI}),

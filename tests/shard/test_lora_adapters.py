@@ -10,7 +10,7 @@ import torch
 from lora_fixtures import make_adapter
 
 from shard.distributed import Distributed
-from shard.lora.adapter import AdapterError
+from shard.lora.adapter import AdapterError, read_adapter
 from shard.lora.manager import LoraManager, LoraSettings
 from shard.models import load_model
 
@@ -81,6 +81,25 @@ def test_config_fields_we_cannot_apply_are_refused_by_name(
     (path / "adapter_config.json").write_text(json.dumps(config))
     with pytest.raises(AdapterError, match=rf"adapter 'ad': .*{reason}"):
         manager(model, path)
+
+
+def test_target_modules_the_model_lacks_are_ignored_as_peft_ignores_them(base, model, tmp_path):
+    """One target list for several architectures: PEFT wraps what exists, saves only those
+    weights, and loads the adapter; so do we (vLLM too), with the same modules as an adapter
+    that names only those. Weights for a module we cannot apply are still refused."""
+    targets = ["q_proj", "v_proj", "c_attn", "query_key_value", "W_pack"]
+    path = make_adapter(base, tmp_path / "ad", seed=0, r=4, target_modules=targets)
+    assert sorted(json.loads((path / "adapter_config.json").read_text())["target_modules"]) == (
+        sorted(targets)
+    )
+    shapes = manager(model, path).module_shapes  # the manager loads it at start: no refusal
+    loaded = read_adapter("ad", path, max_rank=8, module_shapes=shapes)
+    leaves = {module.rsplit(".", 1)[-1] for module in loaded.modules}
+    assert leaves == {"q_proj", "v_proj"} and len(loaded.modules) == 2 * 2  # 2 layers
+    only = make_adapter(base, tmp_path / "only", seed=0, r=4, target_modules=["q_proj", "v_proj"])
+    same = read_adapter("only", only, max_rank=8, module_shapes=shapes)
+    for module, (a, b) in loaded.modules.items():
+        assert torch.equal(a, same.modules[module][0]) and torch.equal(b, same.modules[module][1])
 
 
 def test_a_rank_pattern_above_the_limit_names_the_flag(base, model, tmp_path):

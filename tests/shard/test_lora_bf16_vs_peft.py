@@ -22,8 +22,13 @@ from tests.shard.test_lora_vs_peft import NEW_TOKENS, lora_service, serve_mixed
 # The allowed logprob error: this many times PEFT's own bf16 error against its float32 (the
 # random adapters are large next to the tiny base, so that error varies from 5e-3 to 4e-2 from
 # adapter to adapter), and never less than FLOOR. An adapter left out moves them far more.
+# FLOOR is bf16 noise across CPUs' bf16 kernels: 2e-2 held on a Xeon with AMX tiles, but on an
+# AMD EPYC (AVX512-BF16, no AMX) one token of `all_r8` on the Qwen2 base is off by 0.043
+# (0.059 with SWITCHYARD_CPU_KERNELS=0) where PEFT's own bf16 error on those tokens is 0.007
+# (and 0.033 on another adapter). fp32 serving matches PEFT to ~1e-6 on both machines, and the
+# control below (the base model alone is off by more than 2 x the bound) still holds.
 TIMES_PEFT_BF16 = 3
-FLOOR = 2e-2
+FLOOR = 7.5e-2
 
 
 def _teacher_forced(model, prompt: list[int], served: list[int]) -> tuple[list, list]:

@@ -33,13 +33,18 @@ def _run(
     history: torch.Tensor | None = None,
     lens: torch.Tensor | int = 7,
     top_n: int = 0,
+    prompt_lens: list[int] | int = 0,
 ) -> SampleOutput:
+    """prompt_lens: where each row's generated ids start in its history (0: all generated)."""
     batch = logits.shape[0]
     if history is None:
         history = torch.zeros((batch, 1), dtype=torch.int64)
     if isinstance(lens, int):
         lens = torch.full((batch,), lens, dtype=torch.int64)
-    return sample(logits, SamplingTensors.from_params(params, "cpu"), history, lens, top_n)
+    if isinstance(prompt_lens, int):
+        prompt_lens = [prompt_lens] * batch
+    tensors = SamplingTensors.from_params(params, prompt_lens, "cpu")
+    return sample(logits, tensors, history, lens, top_n)
 
 
 def _hf_warped(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
@@ -146,36 +151,44 @@ def test_logprobs_of_sampled_rows_come_from_the_warped_distribution():
 
 
 def _penalized_reference(
-    row: torch.Tensor, history: list[int], repetition: float, frequency: float
+    row: torch.Tensor, prompt: list[int], generated: list[int], p: SamplingParams
 ) -> torch.Tensor:
+    """vLLM's definitions, one token at a time: repetition over prompt and generated ids,
+    frequency and presence (OpenAI's) over the generated ids only."""
     out = row.clone()
-    for token in set(history):
+    for token in set(prompt + generated):
         value = out[token]
-        out[token] = value * repetition if value < 0 else value / repetition
-        out[token] -= frequency * history.count(token)
+        out[token] = value * p.repetition_penalty if value < 0 else value / p.repetition_penalty
+    for token in set(generated):
+        out[token] -= p.frequency_penalty * generated.count(token) + p.presence_penalty
     return out
 
 
 def test_penalties_match_a_per_row_reference():
     vocab = 300
-    logits = _logits(5, vocab, scale=2.0, seed=1)
+    logits = _logits(7, vocab, scale=2.0, seed=1)
     g = torch.Generator().manual_seed(5)
-    history = torch.randint(0, 40, (5, 24), generator=g)  # small ids: many repeats
+    history = torch.randint(0, 40, (7, 24), generator=g)  # small ids: many repeats
     history[:, 20:] = -1  # padding may hold anything
     history[3, 10:] = 10**9
     history[1, 3] = vocab + 7  # no logit to penalize: ignored
-    lens = torch.tensor([20, 20, 0, 10, 1])
+    lens = torch.tensor([20, 20, 0, 10, 1, 20, 12])
+    prompt_lens = [8, 5, 0, 10, 1, 20, 3]  # row 3 and 5: no generated ids yet
     params = [
         SamplingParams(repetition_penalty=1.3),
-        SamplingParams(repetition_penalty=0.8, frequency_penalty=0.4),
+        SamplingParams(repetition_penalty=0.8, frequency_penalty=0.4, presence_penalty=0.3),
         SamplingParams(repetition_penalty=2.0, frequency_penalty=1.0),  # empty history
-        SamplingParams(frequency_penalty=-0.5),
+        SamplingParams(frequency_penalty=-0.5, presence_penalty=1.5),
         SamplingParams(),
+        SamplingParams(frequency_penalty=2.0, presence_penalty=2.0),
+        SamplingParams(presence_penalty=-1.0),
     ]
-    out = _run(logits, params, history=history, lens=lens, top_n=vocab)
+    out = _run(logits, params, history=history, lens=lens, top_n=vocab, prompt_lens=prompt_lens)
     for row, p in enumerate(params):
-        tokens = [t for t in history[row, : lens[row]].tolist() if t < vocab]
-        ref = _penalized_reference(logits[row], tokens, p.repetition_penalty, p.frequency_penalty)
+        ids = history[row, : lens[row]].tolist()
+        prompt = [t for t in ids[: prompt_lens[row]] if t < vocab]
+        generated = [t for t in ids[prompt_lens[row] :] if t < vocab]
+        ref = _penalized_reference(logits[row], prompt, generated, p)
         ref_lp = torch.log_softmax(ref, dim=-1)
         got = torch.empty(vocab).scatter_(0, out.top_ids[row], out.top_logprobs[row])
         torch.testing.assert_close(got, ref_lp, atol=1e-5, rtol=0)
@@ -235,7 +248,7 @@ WARPER_CASES = [
 
 
 def _groups(logits: torch.Tensor, params: list[SamplingParams], min_width: int = 0):
-    t = SamplingTensors.from_params(params, "cpu")
+    t = SamplingTensors.from_params(params, [0] * len(params), "cpu")
     warpers = truncation.Warpers(t.temperature, t.top_k, t.top_p, t.typical_p)
     return list(
         truncation.candidate_groups(
@@ -340,7 +353,7 @@ def test_draws_follow_the_warped_softmax(case, vary, head_size, tail_block, monk
     out = _run(row.expand(draws, vocab).contiguous(), params, history=history, lens=lens)
     counts = torch.bincount(out.next_ids, minlength=vocab).double()
 
-    penalized = _penalized_reference(row, [3, 5], p.repetition_penalty, 0.0)
+    penalized = _penalized_reference(row, [3, 5], [], p)
     probs = torch.softmax(_hf_warped(penalized, p), dim=-1).double()
     stat, dof = _chi_square(counts, probs)
     assert stat < _limit(dof), (stat, dof)
@@ -452,7 +465,7 @@ def _assert_same(a: SamplingTensors, b: SamplingTensors) -> None:
 
 
 def _tensors(params: list[SamplingParams]) -> SamplingTensors:
-    return SamplingTensors.from_params(params, "cpu")
+    return SamplingTensors.from_params(params, [3] * len(params), "cpu")
 
 
 def test_concat_equals_building_the_joined_batch():

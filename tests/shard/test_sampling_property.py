@@ -46,6 +46,7 @@ rows = st.builds(
     seed=st.integers(min_value=0, max_value=U64_MAX),
     repetition_penalty=_positive_f32(),
     frequency_penalty=st.floats(min_value=-2.0, max_value=2.0),
+    presence_penalty=st.floats(min_value=-2.0, max_value=2.0),
 )
 
 
@@ -62,7 +63,9 @@ def test_every_allowed_parameter_gives_a_token_and_real_logprobs(params, scale, 
     logits = torch.randn(batch, VOCAB, generator=g) * scale
     history = torch.randint(0, VOCAB, (batch, 12), generator=g)
     lens = torch.randint(1, 13, (batch,), generator=g)
-    out = sample(logits, SamplingTensors.from_params(params, "cpu"), history, lens, top_n)
+    prompt_lens = torch.randint(0, 13, (batch,), generator=g).minimum(lens).tolist()
+    tensors = SamplingTensors.from_params(params, prompt_lens, "cpu")
+    out = sample(logits, tensors, history, lens, top_n)
     assert ((out.next_ids >= 0) & (out.next_ids < VOCAB)).all()
     assert not torch.isnan(out.logprobs).any() and (out.logprobs <= 1e-5).all()
     assert not torch.isnan(out.top_logprobs).any() and (out.top_logprobs <= 1e-5).all()

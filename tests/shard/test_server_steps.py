@@ -3,6 +3,7 @@ FilterBatch and ClearCache, compared token by token with transformers."""
 
 import pytest
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList
 
 from switchyard_pb import generate_pb2
 from tests.shard.servicer_helpers import (
@@ -123,6 +124,95 @@ def test_prefill_logprobs_and_top_tokens(service, reference):
     torch.testing.assert_close(
         torch.tensor(gen.top_tokens[0].logprobs), top.values, atol=1e-4, rtol=0
     )
+
+
+class OpenAIPenalties(LogitsProcessor):
+    """vLLM's frequency and presence penalties: over the generated ids only."""
+
+    def __init__(self, prompt_len: int, frequency: float, presence: float) -> None:
+        self.prompt_len, self.frequency, self.presence = prompt_len, frequency, presence
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        counts = torch.zeros_like(scores)
+        generated = input_ids[:, self.prompt_len :]
+        counts.scatter_add_(1, generated, torch.ones_like(generated, dtype=scores.dtype))
+        return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
+
+
+def _penalized_greedy(model, prompt: list[int], n: int, penalties: dict[str, float]) -> list[int]:
+    processor = OpenAIPenalties(
+        len(prompt), penalties.get("frequency_penalty", 0.0), penalties.get("presence_penalty", 0.0)
+    )
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=n,
+            do_sample=False,
+            repetition_penalty=penalties.get("repetition_penalty", 1.0),
+            logits_processor=LogitsProcessorList([processor]),
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+def test_penalties_on_greedy_rows_equal_transformers_with_openai_semantics(service, reference):
+    """Repetition over prompt and generated ids (HF); frequency and presence over the
+    generated ids only (OpenAI, vLLM), also for rows that join and leave a running batch."""
+    run(service.Warmup(generate_pb2.WarmupRequest(max_batch_total_tokens=4096), FakeContext()))
+    pool = BlockPool(256, seed=4)
+    steps = 10
+    cases = [
+        {"frequency_penalty": 2.0},
+        {"presence_penalty": 2.0},
+        {"frequency_penalty": 1.0, "presence_penalty": 0.5, "repetition_penalty": 1.3},
+        {"frequency_penalty": -0.5},
+        {},
+    ]
+    # The prompt repeats a token the model likes to generate: a penalty counting the prompt
+    # would push it down from the first step.
+    plain = greedy_reference(reference, prompts(1, seed=9)[0], steps)
+    prompt = prompts(1, seed=9)[0] + [plain[0]] * 4
+    expected = [_penalized_greedy(reference, prompt, steps, c) for c in cases]
+    assert len({tuple(e) for e in expected}) >= 3, expected  # the penalties change the output
+
+    def params(case):
+        return generate_pb2.NextTokenChooserParameters(
+            temperature=1.0, top_p=1.0, typical_p=1.0, **{"repetition_penalty": 1.0, **case}
+        )
+
+    got: dict[int, list[int]] = {}
+
+    def record(generations):
+        for g in generations:
+            got.setdefault(g.request_id, []).extend(g.tokens.ids)
+
+    first = [pool.request(i, prompt, steps, parameters=params(c)) for i, c in enumerate(cases[:3])]
+    resp = run(service.Prefill(generate_pb2.PrefillRequest(batch=generate_pb2.Batch(
+        id=21, requests=first)), FakeContext()))  # fmt: skip
+    record(resp.generations)
+    cached = resp.batch
+    for _ in range(2):
+        resp = run(service.Decode(generate_pb2.DecodeRequest(batches=[cached]), FakeContext()))
+        record(resp.generations)
+        cached = resp.batch
+    later = [pool.request(3 + i, prompt, steps, parameters=params(c))
+             for i, c in enumerate(cases[3:])]  # fmt: skip
+    joined = run(service.Prefill(generate_pb2.PrefillRequest(batch=generate_pb2.Batch(
+        id=22, requests=later)), FakeContext()))  # fmt: skip
+    record(joined.generations)
+    batches = [cached, joined.batch]
+    while batches:
+        resp = run(service.Decode(generate_pb2.DecodeRequest(batches=batches), FakeContext()))
+        record(resp.generations)
+        left = [rid for rid in resp.batch.request_ids if len(got[rid]) < steps]
+        if not left:
+            break
+        batches = [run(service.FilterBatch(generate_pb2.FilterBatchRequest(
+            batch_id=resp.batch.id, request_ids=left), FakeContext())).batch]  # fmt: skip
+    for rid, case in enumerate(cases):
+        assert got[rid] == expected[rid], (case, got[rid], expected[rid])
+    run(service.ClearCache(generate_pb2.ClearCacheRequest(), FakeContext()))
 
 
 def test_bad_requests_are_errors_not_crashes(service):

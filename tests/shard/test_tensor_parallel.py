@@ -166,7 +166,7 @@ def sample_without_broadcast(logits: torch.Tensor) -> list[list[int]]:
     for every parameter set over the same logits; only the step counter changes."""
     rows = logits[:1].expand(len(SAMPLING), -1)
     history = torch.arange(6).repeat(len(SAMPLING), 1)
-    tensors = SamplingTensors.from_params(SAMPLING, CPU)
+    tensors = SamplingTensors.from_params(SAMPLING, [3] * len(SAMPLING), CPU)
     steps = []
     for step in range(16):
         lens = torch.full((len(SAMPLING),), 6 + step)
