@@ -18,6 +18,22 @@ from tests.shard.servicer_helpers import (
 )
 
 
+def record(got: dict[int, list[int]], generations) -> None:
+    """Appends each generation's tokens to its request's list."""
+    for g in generations:
+        got.setdefault(g.request_id, []).extend(g.tokens.ids)
+
+
+def prefill_then_decode(service, batch, decodes: int, got: dict[int, list[int]]):
+    """Prefills `batch`, then decodes it alone `decodes` times; returns the cached batch."""
+    resp = run(service.Prefill(generate_pb2.PrefillRequest(batch=batch), FakeContext()))
+    record(got, resp.generations)
+    for _ in range(decodes):
+        resp = run(service.Decode(generate_pb2.DecodeRequest(batches=[resp.batch]), FakeContext()))
+        record(got, resp.generations)
+    return resp.batch
+
+
 @pytest.fixture(scope="module")
 def service(servicer_model_dir):
     return start_service(servicer_model_dir)
@@ -53,25 +69,14 @@ def test_prefill_then_decode_with_a_joining_batch_equals_transformers(service, r
         id=2, requests=[pool.request(10 + i, p, steps) for i, p in enumerate(second)]
     )
     got: dict[int, list[int]] = {}
-
-    def record(generations):
-        for g in generations:
-            got.setdefault(g.request_id, []).extend(g.tokens.ids)
-
-    resp = run(service.Prefill(generate_pb2.PrefillRequest(batch=b1), FakeContext()))
-    record(resp.generations)
-    cached = resp.batch
-    for _ in range(3):
-        resp = run(service.Decode(generate_pb2.DecodeRequest(batches=[cached]), FakeContext()))
-        record(resp.generations)
-        cached = resp.batch
+    cached = prefill_then_decode(service, b1, 3, got)
     # A second batch joins the running one: Decode concatenates them.
     resp2 = run(service.Prefill(generate_pb2.PrefillRequest(batch=b2), FakeContext()))
-    record(resp2.generations)
+    record(got, resp2.generations)
     resp = run(
         service.Decode(generate_pb2.DecodeRequest(batches=[cached, resp2.batch]), FakeContext())
     )
-    record(resp.generations)
+    record(got, resp.generations)
     cached = resp.batch
     assert list(cached.request_ids) == [0, 1, 2, 10, 11]
     # Request 1 leaves; the rest keep decoding.
@@ -83,7 +88,7 @@ def test_prefill_then_decode_with_a_joining_batch_equals_transformers(service, r
     ).batch
     for _ in range(5):
         resp = run(service.Decode(generate_pb2.DecodeRequest(batches=[cached]), FakeContext()))
-        record(resp.generations)
+        record(got, resp.generations)
         cached = resp.batch
     for rid, prompt in [
         (0, first[0]),
@@ -182,29 +187,17 @@ def test_penalties_on_greedy_rows_equal_transformers_with_openai_semantics(servi
         )
 
     got: dict[int, list[int]] = {}
-
-    def record(generations):
-        for g in generations:
-            got.setdefault(g.request_id, []).extend(g.tokens.ids)
-
     first = [pool.request(i, prompt, steps, parameters=params(c)) for i, c in enumerate(cases[:3])]
-    resp = run(service.Prefill(generate_pb2.PrefillRequest(batch=generate_pb2.Batch(
-        id=21, requests=first)), FakeContext()))  # fmt: skip
-    record(resp.generations)
-    cached = resp.batch
-    for _ in range(2):
-        resp = run(service.Decode(generate_pb2.DecodeRequest(batches=[cached]), FakeContext()))
-        record(resp.generations)
-        cached = resp.batch
+    cached = prefill_then_decode(service, generate_pb2.Batch(id=21, requests=first), 2, got)
     later = [pool.request(3 + i, prompt, steps, parameters=params(c))
              for i, c in enumerate(cases[3:])]  # fmt: skip
     joined = run(service.Prefill(generate_pb2.PrefillRequest(batch=generate_pb2.Batch(
         id=22, requests=later)), FakeContext()))  # fmt: skip
-    record(joined.generations)
+    record(got, joined.generations)
     batches = [cached, joined.batch]
     while batches:
         resp = run(service.Decode(generate_pb2.DecodeRequest(batches=batches), FakeContext()))
-        record(resp.generations)
+        record(got, resp.generations)
         left = [rid for rid in resp.batch.request_ids if len(got[rid]) < steps]
         if not left:
             break
