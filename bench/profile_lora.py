@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
         """Median decode step and LoRA-term time per step (seconds)."""
         batch = wire.new_batch(pb_batch, runner.device)[0]
         ids = [names[i % n_slots] if n_slots else "" for i in range(args.batch)]
-        batch.lora_slots = lora.assign(ids, []).to(batch.lora_slots.device)
+        batch.lora_slots = lora.assign(ids, []).slots.to(batch.lora_slots.device)
         runner.step(batch)  # prefill
         runner.step(batch)  # first decode: warm
         steps, lora_s = [], []

@@ -201,6 +201,7 @@ class Batcher:
         self.trace.answered(response.forward_ns, response.decode_ns, response.total_ns)
         if response.HasField("lora"):
             self.metrics.shard_lora(response.lora)
+        self._fail_adapter_requests(response.adapter_failures)
         self._record_prompt_progress(chunks, entries)
         self._cache_computed(ids)
         self._handle(response.generations)
@@ -348,6 +349,21 @@ class Batcher:
         (a shard's exception may be pages of gloo or CUDA text), the clients a short error."""
         log.error("%s failed for request(s) %s: %s", what, self._request_ids(ids), err)
         self._fail(ids, err if isinstance(err, RouterError) else internal_failure(err))
+
+    def _fail_adapter_requests(self, failures: Iterable[pb.AdapterFailure]) -> None:
+        """The shards started a Prefill's batch without the requests whose adapter they could
+        not read again: those alone fail, and the adapter stays known (its files may be back
+        for the next request)."""
+        for failure in failures:
+            name = failure.adapter_id
+            log.error(
+                "LoRA adapter %s could not be read (%s); failing request(s) %s",
+                name, failure.reason, self._request_ids(failure.request_ids),
+            )  # fmt: skip
+            error = GenerationError(
+                f"LoRA adapter {name!r} could not be read by the shards; the server log says why"
+            )
+            self._fail(failure.request_ids, error)
 
     def _fail(self, ids: Iterable[int], error: RouterError) -> None:
         for rid in ids:

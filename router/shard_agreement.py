@@ -31,11 +31,24 @@ def _cached(answer: StepResponse) -> tuple[int, tuple[int, ...]] | None:
     return (answer.batch.id, tuple(answer.batch.request_ids)) if answer.HasField("batch") else None
 
 
+def _adapter_failures(answer: StepResponse) -> list[tuple[str, tuple[int, ...]]]:
+    failures = getattr(answer, "adapter_failures", ())  # Prefill only
+    return [(f.adapter_id, tuple(f.request_ids)) for f in failures]
+
+
 def check_agreement(method: str, answers: Sequence[StepResponse]) -> None:
     """Raises ShardDivergenceError naming the first request (or batch) where a shard differs
     from shard 0. A few microseconds per request: it runs on every step."""
     want_tokens, want_cached = _tokens(answers[0]), _cached(answers[0])
+    want_failures = _adapter_failures(answers[0])
     for rank, answer in enumerate(answers[1:], start=1):
+        failures = _adapter_failures(answer)
+        if failures != want_failures:
+            raise ShardDivergenceError(
+                method,
+                f"shard {rank} failed adapter requests {failures} but shard 0 failed "
+                f"{want_failures} (adapter, request ids)",
+            )
         tokens = _tokens(answer)
         if tokens != want_tokens:
             raise ShardDivergenceError(method, _first_difference(tokens, want_tokens, rank))

@@ -22,6 +22,7 @@ from shard import wire
 from shard.batch import Batch
 from shard.kv_cache import KvCacheSettings, plan_num_blocks
 from shard.lora.manager import LoraManager
+from shard.requests import NewRequest
 from shard.runner import ModelRunner, StepTimings
 from shard.sockets import shard_url
 from switchyard_pb import generate_pb2, generate_pb2_grpc
@@ -124,20 +125,28 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
     async def Prefill(self, request, context):
         def prefill():
             start = time.perf_counter_ns()
-            new, requests = wire.new_batch(request.batch, self.runner.device)
-            if new.id in self.cache and not request.cached_batches:
-                raise ValueError(f"batch {new.id} is already cached on this shard")
-            self._assign_adapters(new, [r.adapter_id for r in requests])
-            batch = Batch.concat([*self._take(list(request.cached_batches)), new])
-            generations, timings = self._step(batch, request.prefill_chunks)
-            return generate_pb2.PrefillResponse(
-                generations=generations,
-                batch=wire.cached_batch(batch),
-                forward_ns=timings.forward_ns,
-                decode_ns=timings.decode_ns,
-                total_ns=time.perf_counter_ns() - start,
-                lora=self._lora_stats(),
-            )
+            if request.batch.id in self.cache and not request.cached_batches:
+                raise ValueError(f"batch {request.batch.id} is already cached on this shard")
+            requests = [wire.new_request(r) for r in request.batch.requests]
+            requests, slots, failures = self._assign_adapters(requests)
+            new = []
+            if requests:  # else every new request failed for its adapter
+                new = [Batch.start(request.batch.id, requests, self.runner.device)]
+                new[0].lora_slots = slots.to(new[0].lora_slots.device)
+            batches = [*self._take(list(request.cached_batches)), *new]
+            response = generate_pb2.PrefillResponse(adapter_failures=failures)
+            if batches:
+                failed = {rid for f in failures for rid in f.request_ids}
+                chunks = {k: v for k, v in request.prefill_chunks.items() if k not in failed}
+                batch = Batch.concat(batches)
+                generations, timings = self._step(batch, chunks)
+                response.generations.extend(generations)
+                response.batch.CopyFrom(wire.cached_batch(batch))
+                response.forward_ns, response.decode_ns = timings.forward_ns, timings.decode_ns
+            if self.lora is not None:
+                response.lora.CopyFrom(self._lora_stats())
+            response.total_ns = time.perf_counter_ns() - start
+            return response
 
         return await self._abort_on_error(context, prefill)
 
@@ -152,16 +161,32 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             host_cache_evictions=stats.evictions,
         )
 
-    def _assign_adapters(self, batch: Batch, adapter_ids: list[str]) -> None:
-        """Never serves a request for an adapter with the base model: an adapter we do not
-        have is an error for the batch (the router validates first, so this is a backstop)."""
+    def _assign_adapters(
+        self, requests: list[NewRequest]
+    ) -> tuple[list[NewRequest], torch.Tensor, list[generate_pb2.AdapterFailure]]:
+        """The requests that can start, their adapters' device slots (-1: the base model), and
+        the requests that cannot because their adapter's files could not be read again.
+
+        Never serves a request for an adapter with the base model: an adapter we do not know
+        is an error for the batch (the router validates first, so this is a backstop)."""
+        adapter_ids = [r.adapter_id for r in requests]
         if not any(adapter_ids):
-            return
+            return requests, torch.full((len(requests),), -1, dtype=torch.int32), []
         if self.lora is None:
             named = sorted({a for a in adapter_ids if a})
             raise ValueError(f"LoRA adapter(s) {named} requested, but none are loaded")
         live = [b.lora_slots for b in self.cache.values()]
-        batch.lora_slots = self.lora.assign(adapter_ids, live).to(batch.lora_slots.device)
+        assignment = self.lora.assign(adapter_ids, live)
+        keep = [i for i, a in enumerate(adapter_ids) if a not in assignment.failed]
+        failures = [
+            generate_pb2.AdapterFailure(
+                adapter_id=name,
+                reason=reason,
+                request_ids=[r.id for r in requests if r.adapter_id == name],
+            )
+            for name, reason in assignment.failed.items()
+        ]
+        return [requests[i] for i in keep], assignment.slots[keep], failures
 
     async def LoadAdapter(self, request, context):
         def load():

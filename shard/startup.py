@@ -98,7 +98,7 @@ def _build_service(
             max_cpu_loras=settings.max_cpu_loras,
             max_rank=settings.max_lora_rank,
         )
-        lora = LoraManager(model, lora_settings, triton=attention == "triton")
+        lora = LoraManager(model, lora_settings, triton=attention == "triton", dist=dist)
         names = ", ".join(lora.names) or "none yet"
         log.info("LoRA adapters: %s (%d slots)", names, settings.max_loras)
     forward = decode_path = None

@@ -41,7 +41,7 @@ def new_request(r: pb.Request) -> NewRequest:
 
 
 def new_batch(batch: pb.Batch, device: torch.device) -> tuple[Batch, list[NewRequest]]:
-    """The state of a Prefill's new batch, and its requests (their adapters are assigned next)."""
+    """The state of a batch of new requests, and the requests (for warmup and benchmarks)."""
     requests = [new_request(r) for r in batch.requests]
     return Batch.start(batch.id, requests, device), requests
 

@@ -204,20 +204,32 @@ class LoraStats(_message.Message):
     def __init__(self, slots_in_use: _Optional[int] = ..., host_cache_hits: _Optional[int] = ..., host_cache_misses: _Optional[int] = ..., host_cache_evictions: _Optional[int] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
-    __slots__ = ("generations", "batch", "forward_ns", "decode_ns", "total_ns", "lora")
+    __slots__ = ("generations", "batch", "forward_ns", "decode_ns", "total_ns", "lora", "adapter_failures")
     GENERATIONS_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
     FORWARD_NS_FIELD_NUMBER: _ClassVar[int]
     DECODE_NS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_NS_FIELD_NUMBER: _ClassVar[int]
     LORA_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FAILURES_FIELD_NUMBER: _ClassVar[int]
     generations: _containers.RepeatedCompositeFieldContainer[Generation]
     batch: CachedBatch
     forward_ns: int
     decode_ns: int
     total_ns: int
     lora: LoraStats
-    def __init__(self, generations: _Optional[_Iterable[_Union[Generation, _Mapping]]] = ..., batch: _Optional[_Union[CachedBatch, _Mapping]] = ..., forward_ns: _Optional[int] = ..., decode_ns: _Optional[int] = ..., total_ns: _Optional[int] = ..., lora: _Optional[_Union[LoraStats, _Mapping]] = ...) -> None: ...
+    adapter_failures: _containers.RepeatedCompositeFieldContainer[AdapterFailure]
+    def __init__(self, generations: _Optional[_Iterable[_Union[Generation, _Mapping]]] = ..., batch: _Optional[_Union[CachedBatch, _Mapping]] = ..., forward_ns: _Optional[int] = ..., decode_ns: _Optional[int] = ..., total_ns: _Optional[int] = ..., lora: _Optional[_Union[LoraStats, _Mapping]] = ..., adapter_failures: _Optional[_Iterable[_Union[AdapterFailure, _Mapping]]] = ...) -> None: ...
+
+class AdapterFailure(_message.Message):
+    __slots__ = ("adapter_id", "reason", "request_ids")
+    ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    adapter_id: str
+    reason: str
+    request_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, adapter_id: _Optional[str] = ..., reason: _Optional[str] = ..., request_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
     __slots__ = ("batches", "prefill_chunks")

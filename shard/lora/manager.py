@@ -7,6 +7,12 @@ refers to it (derived from the batches themselves, so there is no refcount to ke
 with FilterBatch and ClearCache). A free slot keeps its adapter until it is needed for another
 one, least recently used first, so an adapter that comes back soon costs no copy.
 
+An adapter evicted from the host cache is read again when a batch asks for it, and the file
+may have changed or vanished since it was validated. `assign` then reports the adapter as failed
+instead of raising, so the shard starts the rest of the batch without its requests; with several
+shards the ranks first agree on the failures (one small all-reduce), since a rank that ran the
+step while another refused it would leave their batches, and their collectives, out of step.
+
 Runtime loading (docs/lora.md): `add` reads and validates an adapter before it becomes known,
 `remove` forgets it everywhere. The router sends a removal only once none of the adapter's
 requests is live; `remove` still refuses one a cached batch uses, since reusing that slot for
@@ -24,6 +30,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from shard.distributed import Distributed
 from shard.layers.linear import ColumnParallelLinear, RowParallelLinear
 from shard.layers.lora import LoraStep, LoraTerm
 from shard.lora.adapter import AdapterError, LoraAdapter, read_adapter
@@ -47,6 +54,15 @@ class CacheStats:
     evictions: int = 0
 
 
+@dataclass(frozen=True)
+class Assignment:
+    """A new batch's adapters: each request's device slot, and the adapters that could not be
+    read, whose requests must not start (their slot is -1 only so the tensor has a row)."""
+
+    slots: torch.Tensor  # [B] int32, -1 for the base model
+    failed: dict[str, str]  # adapter -> why (for the log)
+
+
 @dataclass
 class _Slots:
     names: list[str | None]
@@ -55,10 +71,18 @@ class _Slots:
 
 
 class LoraManager:
-    def __init__(self, model: nn.Module, settings: LoraSettings, *, triton: bool = False) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        settings: LoraSettings,
+        *,
+        triton: bool = False,
+        dist: Distributed | None = None,
+    ) -> None:
         if settings.max_loras < 1:
             raise ValueError(f"--max-loras must be at least 1, got {settings.max_loras}")
         self.settings = settings
+        self.dist = dist or Distributed()
         self.max_cpu_loras = settings.max_cpu_loras or max(
             settings.max_loras, len(settings.adapters)
         )
@@ -114,9 +138,7 @@ class LoraManager:
                     f"adapter {name!r} is still used by a cached batch; it can be unloaded "
                     "only once its requests are finished"
                 )
-            # Empty slots are taken first; the stale weights are overwritten when it is.
-            slots.names[slot] = None
-            slots.last_used[slot] = 0
+            self._free(slot)
         del self.paths[name]
         self.cache.pop(name, None)
         log.info("LoRA adapter %s unloaded", name)
@@ -144,21 +166,39 @@ class LoraManager:
 
     # -- device slots --------------------------------------------------------------------
 
-    def assign(
-        self, adapter_ids: Sequence[str], live_slots: Iterable[torch.Tensor]
-    ) -> torch.Tensor:
-        """[B] int32 slots for the requests of a new batch ("" -> -1), loading adapters into
-        slots no live batch row uses. `live_slots`: the lora_slots of every cached batch."""
+    def assign(self, adapter_ids: Sequence[str], live_slots: Iterable[torch.Tensor]) -> Assignment:
+        """The slots for the requests of a new batch ("" -> -1), loading adapters into slots no
+        live batch row uses. `live_slots`: the lora_slots of every cached batch."""
         unknown = sorted({a for a in adapter_ids if a and a not in self.paths})
         if unknown:
             known = ", ".join(self.names) or "none"
             raise ValueError(f"unknown LoRA adapter(s) {unknown}; loaded: {known}")
+        names = list(dict.fromkeys(a for a in adapter_ids if a))
         busy = {int(s) for t in live_slots for s in t.tolist() if s >= 0}
         chosen: dict[str, int] = {}
-        for name in dict.fromkeys(a for a in adapter_ids if a):
-            chosen[name] = self._slot_for(name, busy)
+        failed: dict[str, str] = {}
+        for name in names:
+            try:
+                chosen[name] = self._slot_for(name, busy)
+            except _Unreadable as err:
+                log.error("LoRA adapter %s could not be read: %s", name, err.reason)
+                failed[name] = err.reason
+                continue
             busy.add(chosen[name])
-        return torch.tensor([chosen.get(a, -1) for a in adapter_ids], dtype=torch.int32)
+        for name in self._failed_elsewhere(names, failed):
+            failed[name] = "it could not be read on another shard (that shard's log says why)"
+            self._free(chosen.pop(name))
+        slots = [chosen.get(a, -1) for a in adapter_ids]
+        return Assignment(torch.tensor(slots, dtype=torch.int32), failed)
+
+    def _failed_elsewhere(self, names: list[str], failed: Mapping[str, str]) -> list[str]:
+        """The adapters this rank read but another could not. Every rank calls this for every
+        batch with adapters, so the all-reduce always has all ranks in it."""
+        if self.dist.world_size == 1 or not names:
+            return []
+        flags = torch.tensor([n in failed for n in names], dtype=torch.int32)
+        flags = self.dist.all_reduce(flags.to(self.dist.device)).cpu()
+        return [n for n, f in zip(names, flags.tolist(), strict=True) if f and n not in failed]
 
     def _slot_for(self, name: str, busy: set[int]) -> int:
         slots = self.slots
@@ -166,6 +206,10 @@ class LoraManager:
         if name in slots.names:
             slot = slots.names.index(name)
         else:
+            try:
+                adapter = self._adapter(name)
+            except Exception as err:  # validated when added: its files changed since
+                raise _Unreadable(f"{type(err).__name__}: {err}") from err
             free = [s for s in range(len(slots.names)) if s not in busy]
             if not free:
                 raise ValueError(
@@ -173,10 +217,15 @@ class LoraManager:
                     "(the router must not schedule more than --max-loras adapters at once)"
                 )
             slot = min(free, key=lambda s: (slots.names[s] is not None, slots.last_used[s]))
-            self._load(slot, self._adapter(name))
+            self._load(slot, adapter)
             slots.names[slot] = name
         slots.last_used[slot] = slots.clock
         return slot
+
+    def _free(self, slot: int) -> None:
+        """Empties a slot no row uses yet; it is taken first, its weights overwritten then."""
+        self.slots.names[slot] = None
+        self.slots.last_used[slot] = 0
 
     def _load(self, slot: int, adapter: LoraAdapter) -> None:
         for layer, term in self.layers:
@@ -185,6 +234,14 @@ class LoraManager:
 
     def slots_in_use(self) -> int:
         return sum(name is not None for name in self.slots.names)
+
+
+class _Unreadable(Exception):
+    """A known adapter's files could not be read again (after a host cache eviction)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 def _shapes(layer: nn.Module) -> dict[str, tuple[int, int]]:

@@ -63,6 +63,9 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
     # LoadAdapter is a violation; refuse_load makes LoadAdapter refuse with this reason.
     track_adapters: bool = False
     refuse_load: str | None = None
+    # Adapters whose files the shard cannot read again: their new requests are reported in
+    # PrefillResponse.adapter_failures and not started, as shard/lora/manager.py does.
+    unreadable_adapters: frozenset[str] = frozenset()
     load_delay: float = 0.0
     # Observations.
     calls: list[str] = field(default_factory=list)
@@ -268,7 +271,11 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
             for r in batch.requests:
                 ok = not r.adapter_id or r.adapter_id in self.loaded
                 self._check(ok, f"req {r.id}: adapter {r.adapter_id!r} is not loaded")
+        failures = self._adapter_failures(batch)
+        failed = {rid for f in failures for rid in f.request_ids}
         for r in batch.requests:
+            if r.id in failed:
+                continue
             req = FakeRequest(
                 r.id,
                 list(r.input_ids),
@@ -283,10 +290,27 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
             self._hold(r, req)
             reqs.append(req)
         merged = self._take(list(request.cached_batches)) + reqs
+        if not merged:
+            return pb.PrefillResponse(adapter_failures=failures)
         batch_id = request.cached_batches[0].id if request.cached_batches else batch.id
         self.batches[batch_id] = merged
-        gens = self._step(merged, dict(request.prefill_chunks))
-        return pb.PrefillResponse(generations=gens, batch=self._cached(batch_id))
+        chunks = {k: v for k, v in request.prefill_chunks.items() if k not in failed}
+        gens = self._step(merged, chunks)
+        return pb.PrefillResponse(
+            generations=gens, batch=self._cached(batch_id), adapter_failures=failures
+        )
+
+    def _adapter_failures(self, batch: pb.Batch) -> list[pb.AdapterFailure]:
+        names = dict.fromkeys(r.adapter_id for r in batch.requests)
+        return [
+            pb.AdapterFailure(
+                adapter_id=name,
+                reason=f"adapter {name!r}: injected read failure",
+                request_ids=[r.id for r in batch.requests if r.adapter_id == name],
+            )
+            for name in names
+            if name in self.unreadable_adapters
+        ]
 
     def _take(self, cached: list[pb.CachedBatch]) -> list[FakeRequest]:
         for b in cached:

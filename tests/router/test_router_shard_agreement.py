@@ -62,3 +62,16 @@ async def test_divergent_shards_fail_the_batch_with_424_and_the_router_recovers(
         assert r.status == 200 and (await r.json())["generated_text"] == "IJK"
         await wait_until(lambda: env.infer.allocator.used_blocks == 0)
         assert env.violations() == []
+
+
+def test_shards_must_fail_the_same_adapter_requests():
+    def prefill(failed: list[int]) -> pb.PrefillResponse:
+        out = pb.PrefillResponse()
+        out.batch.CopyFrom(pb.CachedBatch(id=7, request_ids=[1], size=1))
+        if failed:
+            out.adapter_failures.add(adapter_id="a", reason="unreadable", request_ids=failed)
+        return out
+
+    check_agreement("Prefill", [prefill([2]), prefill([2])])
+    with pytest.raises(ShardDivergenceError, match=r"shard 1 failed adapter requests \[\]"):
+        check_agreement("Prefill", [prefill([2]), prefill([])])

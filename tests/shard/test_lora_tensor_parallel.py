@@ -47,7 +47,7 @@ def _layers(path, rank: int, world: int, config: ModelConfig) -> nn.ModuleDict:
 
 def _run(layers: nn.ModuleDict, adapter, x: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     lora = LoraManager(layers, LoraSettings(adapters={"ad": adapter}, max_loras=2, max_rank=8))
-    slots = lora.assign(["ad", "", "ad"], [])  # rows 0 and 2: the adapter; row 1: base
+    slots = lora.assign(["ad", "", "ad"], []).slots  # rows 0 and 2: the adapter; row 1: base
     lora.step.set_tokens(slots)
     out = {}
     for name, layer in layers.items():
