@@ -19,16 +19,19 @@ from shard.layers.lora_amx import kernel_for
 from shard.native.build import amx_linear_kernel
 from tests.shard.test_lora_vs_peft import NEW_TOKENS, lora_service, serve_mixed
 
-# The allowed logprob error: this many times PEFT's own bf16 error against its float32 (the
-# random adapters are large next to the tiny base, so that error varies from 5e-3 to 4e-2 from
-# adapter to adapter), and never less than FLOOR. An adapter left out moves them far more.
-# FLOOR is bf16 noise across CPUs' bf16 kernels: 2e-2 held on a Xeon with AMX tiles, but on an
-# AMD EPYC (AVX512-BF16, no AMX) one token of `all_r8` on the Qwen2 base is off by 0.043
-# (0.059 with SWITCHYARD_CPU_KERNELS=0) where PEFT's own bf16 error on those tokens is 0.007
-# (and 0.033 on another adapter). fp32 serving matches PEFT to ~1e-6 on both machines, and the
-# control below (the base model alone is off by more than 2 x the bound) still holds.
+# The allowed logprob error per token: this many times PEFT's own bf16 error against its float32
+# on the same tokens (the random adapters are large next to the tiny base, so that error varies
+# from 5e-3 to 4e-2 from adapter to adapter), and never less than FLOOR. An adapter left out
+# moves them far more. A per-token bound has to be loose: bf16 rounding lands differently in
+# our kernels and in PEFT's, so on one token either may be far off while the other is not. On
+# an AMD EPYC (no AMX) one token of `all_r8` on the Qwen2 base is off by 0.043 where PEFT's
+# error on those six tokens is 0.007; over 48 tokens each of the 4 bases x 6 prompt seeds,
+# the largest errors are alike (0.186 served, 0.215 PEFT) and so are the means.
 TIMES_PEFT_BF16 = 3
 FLOOR = 7.5e-2
+# So the mean error over every served token is bounded too, where noise averages out: measured
+# served / PEFT-bf16 mean ratios per seed were 0.44 to 1.39 on those 24 runs.
+MEAN_TIMES_PEFT_BF16 = 2.0
 
 
 def _teacher_forced(model, prompt: list[int], served: list[int]) -> tuple[list, list]:
@@ -60,6 +63,7 @@ def test_bf16_adapters_track_peft(tiny_model, tmp_path, monkeypatch, model):
     names = ["", *ADAPTERS]
     texts, got = serve_mixed(service, names, seed=11)
     plain = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    served_errors, peft_errors = [], []
     for i, (name, prompt) in enumerate(zip(names, texts, strict=True)):
         served = [t for t, _ in got[i][:NEW_TOKENS]]
         served_lps = torch.tensor([lp for _, lp in got[i][:NEW_TOKENS]])
@@ -69,10 +73,14 @@ def test_bf16_adapters_track_peft(tiny_model, tmp_path, monkeypatch, model):
         want = torch.tensor(want)
         bound = max(FLOOR, TIMES_PEFT_BF16 * float((torch.tensor(want_bf16) - want).abs().max()))
         label = name or "base"
+        served_errors += (served_lps - want).abs().tolist()
+        peft_errors += (torch.tensor(want_bf16) - want).abs().tolist()
         error = float((served_lps - want).abs().max())
         assert error <= bound, (label, error, bound)
         assert max(margin) <= bound, (label, margin, bound)
         if name:  # the same comparison against the base model alone fails: the term counts
             without, _ = _teacher_forced(plain, prompt, served)
             assert float((served_lps - torch.tensor(without)).abs().max()) > 2 * bound, label
+    served_mean, peft_mean = torch.tensor(served_errors).mean(), torch.tensor(peft_errors).mean()
+    assert served_mean <= MEAN_TIMES_PEFT_BF16 * peft_mean, (served_mean, peft_mean)
     assert bool(tile_calls) == (amx_linear_kernel() is not None)
