@@ -129,7 +129,9 @@ class Entry:
         return pb.Request(
             id=self.id,
             input_ids=req.input_ids,
-            parameters=pb.NextTokenChooserParameters(**asdict(req.sampling)),
+            parameters=pb.NextTokenChooserParameters(
+                **{**asdict(req.sampling), "logit_bias": dict(req.sampling.logit_bias)}
+            ),
             stopping_parameters=pb.StoppingCriteriaParameters(
                 max_new_tokens=req.max_new_tokens, ignore_eos_token=req.ignore_eos
             ),

@@ -35,6 +35,7 @@ class GenerationRequest:
     repetition_penalty: float | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids ascending
     stop: tuple[str, ...] = ()
     truncate: int | None = None
     details: bool = False

@@ -37,6 +37,7 @@ class ValidationLimits:
     max_stop_sequences: int = 4
     max_best_of: int = 2
     max_top_n_tokens: int = MAX_TOP_N_TOKENS
+    vocab_size: int | None = None  # the model's logits; None: token ids are not checked
 
 
 def _reject_constant(name: str) -> Any:
@@ -112,6 +113,7 @@ class Validator:
                 "`truncate` must be strictly positive and less than "
                 f"{lim.max_input_tokens}. Given: {truncate}"
             )
+        self._check_logit_bias(request)
         adapter_id = self._adapter(request)
         ids = await self._input_ids(request)
         max_new_tokens = self._max_new_tokens(request, len(ids))
@@ -129,6 +131,15 @@ class Validator:
             best_of=best_of or 1,
             adapter_id=adapter_id,
         )
+
+    def _check_logit_bias(self, request: GenerationRequest) -> None:
+        vocab = self.limits.vocab_size
+        outside = [i for i, _ in request.logit_bias if vocab is not None and i >= vocab]
+        if outside:
+            raise ValidationError(
+                f"`logit_bias` names token id(s) {outside[:5]} outside the model's vocabulary "
+                f"of {vocab} tokens"
+            )
 
     def _adapter(self, request: GenerationRequest) -> str:
         if request.names.adapter == "model":  # OpenAI: the base model's name or an adapter's
@@ -187,4 +198,5 @@ def _sampling(request: GenerationRequest) -> SamplingParams:
         repetition_penalty=given(request.repetition_penalty, 1.0),
         frequency_penalty=given(request.frequency_penalty, 0.0),
         presence_penalty=given(request.presence_penalty, 0.0),
+        logit_bias=request.logit_bias,
     )

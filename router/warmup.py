@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 
+from router.api.openai import MAX_LOGIT_BIAS_TOKENS
 from router.args import RouterArgs
 from router.block_allocator import slots_of
 from router.client import ShardClient
@@ -49,6 +50,8 @@ def build_warmup_batch(
                     repetition_penalty=1.2,
                     frequency_penalty=0.1,
                     presence_penalty=0.1,
+                    # The most tokens a request may bias (router/api/openai.py).
+                    logit_bias={t % max(vocab_size, 1): 0.5 for t in range(MAX_LOGIT_BIAS_TOKENS)},
                 ),
                 stopping_parameters=pb.StoppingCriteriaParameters(
                     max_new_tokens=max_new, ignore_eos_token=True

@@ -128,6 +128,7 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             if request.batch.id in self.cache and not request.cached_batches:
                 raise ValueError(f"batch {request.batch.id} is already cached on this shard")
             requests = [wire.new_request(r) for r in request.batch.requests]
+            self._check_logit_bias(requests)
             requests, slots, failures = self._assign_adapters(requests)
             new = []
             if requests:  # else every new request failed for its adapter
@@ -149,6 +150,15 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             return response
 
         return await self._abort_on_error(context, prefill)
+
+    def _check_logit_bias(self, requests: list[NewRequest]) -> None:
+        """The router checks the ids; past the vocabulary, the scatter would fail the step (on
+        a GPU, the device)."""
+        vocab = self.runner.model.vocab_size
+        for r in requests:
+            bias = r.sampling.logit_bias
+            if bias and not 0 <= bias[0][0] <= bias[-1][0] < vocab:
+                raise ValueError(f"request {r.id}: logit_bias names tokens outside [0, {vocab})")
 
     def _lora_stats(self) -> generate_pb2.LoraStats | None:
         if self.lora is None:

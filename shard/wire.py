@@ -23,6 +23,7 @@ def sampling_params(p: pb.NextTokenChooserParameters) -> SamplingParams:
         repetition_penalty=p.repetition_penalty or 1.0,
         frequency_penalty=p.frequency_penalty,
         presence_penalty=p.presence_penalty,
+        logit_bias=tuple(sorted(p.logit_bias.items())),
     )
 
 

@@ -24,13 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cswitchyard_pb/generate.proto\x12\rswitchyard.v1\"\x0f\n\rHealthRequest\"\x10\n\x0eHealthResponse\"\r\n\x0bInfoRequest\"\xd0\x01\n\x0cInfoResponse\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65vice_type\x18\x03 \x01(\t\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x12\n\nworld_size\x18\x05 \x01(\r\x12\x12\n\nvocab_size\x18\x06 \x01(\r\x12\x1f\n\x17max_position_embeddings\x18\x07 \x01(\r\x12\x16\n\x0e\x61ttention_impl\x18\x08 \x01(\t\x12\x15\n\reos_token_ids\x18\t \x03(\r\"\x19\n\x17ServiceDiscoveryRequest\"(\n\x18ServiceDiscoveryResponse\x12\x0c\n\x04urls\x18\x01 \x03(\t\"+\n\x11\x43learCacheRequest\x12\x0f\n\x02id\x18\x01 \x01(\x04H\x00\x88\x01\x01\x42\x05\n\x03_id\"\x14\n\x12\x43learCacheResponse\"\xd4\x01\n\x1aNextTokenChooserParameters\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x11\n\ttypical_p\x18\x04 \x01(\x02\x12\x11\n\tdo_sample\x18\x05 \x01(\x08\x12\x0c\n\x04seed\x18\x06 \x01(\x04\x12\x1a\n\x12repetition_penalty\x18\x07 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x08 \x01(\x02\x12\x18\n\x10presence_penalty\x18\t \x01(\x02\"N\n\x1aStoppingCriteriaParameters\x12\x16\n\x0emax_new_tokens\x18\x01 \x01(\r\x12\x18\n\x10ignore_eos_token\x18\x02 \x01(\x08\"\xa6\x02\n\x07Request\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x11\n\tinput_ids\x18\x02 \x03(\r\x12=\n\nparameters\x18\x03 \x01(\x0b\x32).switchyard.v1.NextTokenChooserParameters\x12\x46\n\x13stopping_parameters\x18\x04 \x01(\x0b\x32).switchyard.v1.StoppingCriteriaParameters\x12\x18\n\x10prefill_logprobs\x18\x05 \x01(\x08\x12\x14\n\x0ctop_n_tokens\x18\x06 \x01(\r\x12\x12\n\nadapter_id\x18\x07 \x01(\t\x12\x0e\n\x06\x62locks\x18\x08 \x03(\r\x12\r\n\x05slots\x18\t \x03(\r\x12\x12\n\nprefix_len\x18\n \x01(\r\"s\n\x05\x42\x61tch\x12\n\n\x02id\x18\x01 \x01(\x04\x12(\n\x08requests\x18\x02 \x03(\x0b\x32\x16.switchyard.v1.Request\x12\x0c\n\x04size\x18\x03 \x01(\r\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\x12\n\nmax_blocks\x18\x05 \x01(\r\"P\n\x0b\x43\x61\x63hedBatch\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x13\n\x0brequest_ids\x18\x02 \x03(\x04\x12\x0c\n\x04size\x18\x03 \x01(\r\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\"\'\n\x06Tokens\x12\x0b\n\x03ids\x18\x01 \x03(\r\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\"\xa1\x01\n\nGeneration\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12-\n\x0eprefill_tokens\x18\x02 \x01(\x0b\x32\x15.switchyard.v1.Tokens\x12%\n\x06tokens\x18\x03 \x01(\x0b\x32\x15.switchyard.v1.Tokens\x12)\n\ntop_tokens\x18\x04 \x03(\x0b\x32\x15.switchyard.v1.Tokens\";\n\x12\x46ilterBatchRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\x13\n\x0brequest_ids\x18\x02 \x03(\x04\"@\n\x13\x46ilterBatchResponse\x12)\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x1a.switchyard.v1.CachedBatch\"\xe9\x01\n\x0ePrefillRequest\x12#\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x14.switchyard.v1.Batch\x12\x32\n\x0e\x63\x61\x63hed_batches\x18\x02 \x03(\x0b\x32\x1a.switchyard.v1.CachedBatch\x12H\n\x0eprefill_chunks\x18\x03 \x03(\x0b\x32\x30.switchyard.v1.PrefillRequest.PrefillChunksEntry\x1a\x34\n\x12PrefillChunksEntry\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"s\n\tLoraStats\x12\x14\n\x0cslots_in_use\x18\x01 \x01(\r\x12\x17\n\x0fhost_cache_hits\x18\x02 \x01(\x04\x12\x19\n\x11host_cache_misses\x18\x03 \x01(\x04\x12\x1c\n\x14host_cache_evictions\x18\x04 \x01(\x04\"\xa3\x02\n\x0fPrefillResponse\x12.\n\x0bgenerations\x18\x01 \x03(\x0b\x32\x19.switchyard.v1.Generation\x12.\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x1a.switchyard.v1.CachedBatchH\x00\x88\x01\x01\x12\x12\n\nforward_ns\x18\x03 \x01(\x04\x12\x11\n\tdecode_ns\x18\x04 \x01(\x04\x12\x10\n\x08total_ns\x18\x05 \x01(\x04\x12+\n\x04lora\x18\x06 \x01(\x0b\x32\x18.switchyard.v1.LoraStatsH\x01\x88\x01\x01\x12\x37\n\x10\x61\x64\x61pter_failures\x18\x07 \x03(\x0b\x32\x1d.switchyard.v1.AdapterFailureB\x08\n\x06_batchB\x07\n\x05_lora\"I\n\x0e\x41\x64\x61pterFailure\x12\x12\n\nadapter_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x13\n\x0brequest_ids\x18\x03 \x03(\x04\"\xbb\x01\n\rDecodeRequest\x12+\n\x07\x62\x61tches\x18\x01 \x03(\x0b\x32\x1a.switchyard.v1.CachedBatch\x12G\n\x0eprefill_chunks\x18\x02 \x03(\x0b\x32/.switchyard.v1.DecodeRequest.PrefillChunksEntry\x1a\x34\n\x12PrefillChunksEntry\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"\xfc\x01\n\x0e\x44\x65\x63odeResponse\x12.\n\x0bgenerations\x18\x01 \x03(\x0b\x32\x19.switchyard.v1.Generation\x12.\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x1a.switchyard.v1.CachedBatchH\x00\x88\x01\x01\x12\x11\n\tconcat_ns\x18\x03 \x01(\x04\x12\x12\n\nforward_ns\x18\x04 \x01(\x04\x12\x11\n\tdecode_ns\x18\x05 \x01(\x04\x12\x10\n\x08total_ns\x18\x06 \x01(\x04\x12+\n\x04lora\x18\x07 \x01(\x0b\x32\x18.switchyard.v1.LoraStatsH\x01\x88\x01\x01\x42\x08\n\x06_batchB\x07\n\x05_lora\"\xa4\x01\n\rWarmupRequest\x12#\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x14.switchyard.v1.Batch\x12\x18\n\x10max_input_tokens\x18\x02 \x01(\r\x12\x18\n\x10max_total_tokens\x18\x03 \x01(\r\x12\x1a\n\x12max_prefill_tokens\x18\x04 \x01(\r\x12\x1e\n\x16max_batch_total_tokens\x18\x05 \x01(\r\"H\n\x0eWarmupResponse\x12\"\n\x1amax_supported_total_tokens\x18\x01 \x01(\r\x12\x12\n\nnum_blocks\x18\x02 \x01(\r\"0\n\x12LoadAdapterRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\"\x15\n\x13LoadAdapterResponse\"$\n\x14UnloadAdapterRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x17\n\x15UnloadAdapterResponse2\xb7\x06\n\x15TextGenerationService\x12?\n\x04Info\x12\x1a.switchyard.v1.InfoRequest\x1a\x1b.switchyard.v1.InfoResponse\x12\x63\n\x10ServiceDiscovery\x12&.switchyard.v1.ServiceDiscoveryRequest\x1a\'.switchyard.v1.ServiceDiscoveryResponse\x12Q\n\nClearCache\x12 .switchyard.v1.ClearCacheRequest\x1a!.switchyard.v1.ClearCacheResponse\x12T\n\x0b\x46ilterBatch\x12!.switchyard.v1.FilterBatchRequest\x1a\".switchyard.v1.FilterBatchResponse\x12\x45\n\x06Warmup\x12\x1c.switchyard.v1.WarmupRequest\x1a\x1d.switchyard.v1.WarmupResponse\x12H\n\x07Prefill\x12\x1d.switchyard.v1.PrefillRequest\x1a\x1e.switchyard.v1.PrefillResponse\x12\x45\n\x06\x44\x65\x63ode\x12\x1c.switchyard.v1.DecodeRequest\x1a\x1d.switchyard.v1.DecodeResponse\x12\x45\n\x06Health\x12\x1c.switchyard.v1.HealthRequest\x1a\x1d.switchyard.v1.HealthResponse\x12T\n\x0bLoadAdapter\x12!.switchyard.v1.LoadAdapterRequest\x1a\".switchyard.v1.LoadAdapterResponse\x12Z\n\rUnloadAdapter\x12#.switchyard.v1.UnloadAdapterRequest\x1a$.switchyard.v1.UnloadAdapterResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cswitchyard_pb/generate.proto\x12\rswitchyard.v1\"\x0f\n\rHealthRequest\"\x10\n\x0eHealthResponse\"\r\n\x0bInfoRequest\"\xd0\x01\n\x0cInfoResponse\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65vice_type\x18\x03 \x01(\t\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x12\n\nworld_size\x18\x05 \x01(\r\x12\x12\n\nvocab_size\x18\x06 \x01(\r\x12\x1f\n\x17max_position_embeddings\x18\x07 \x01(\r\x12\x16\n\x0e\x61ttention_impl\x18\x08 \x01(\t\x12\x15\n\reos_token_ids\x18\t \x03(\r\"\x19\n\x17ServiceDiscoveryRequest\"(\n\x18ServiceDiscoveryResponse\x12\x0c\n\x04urls\x18\x01 \x03(\t\"+\n\x11\x43learCacheRequest\x12\x0f\n\x02id\x18\x01 \x01(\x04H\x00\x88\x01\x01\x42\x05\n\x03_id\"\x14\n\x12\x43learCacheResponse\"\xd4\x02\n\x1aNextTokenChooserParameters\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x11\n\ttypical_p\x18\x04 \x01(\x02\x12\x11\n\tdo_sample\x18\x05 \x01(\x08\x12\x0c\n\x04seed\x18\x06 \x01(\x04\x12\x1a\n\x12repetition_penalty\x18\x07 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x08 \x01(\x02\x12\x18\n\x10presence_penalty\x18\t \x01(\x02\x12L\n\nlogit_bias\x18\n \x03(\x0b\x32\x38.switchyard.v1.NextTokenChooserParameters.LogitBiasEntry\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\"N\n\x1aStoppingCriteriaParameters\x12\x16\n\x0emax_new_tokens\x18\x01 \x01(\r\x12\x18\n\x10ignore_eos_token\x18\x02 \x01(\x08\"\xa6\x02\n\x07Request\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x11\n\tinput_ids\x18\x02 \x03(\r\x12=\n\nparameters\x18\x03 \x01(\x0b\x32).switchyard.v1.NextTokenChooserParameters\x12\x46\n\x13stopping_parameters\x18\x04 \x01(\x0b\x32).switchyard.v1.StoppingCriteriaParameters\x12\x18\n\x10prefill_logprobs\x18\x05 \x01(\x08\x12\x14\n\x0ctop_n_tokens\x18\x06 \x01(\r\x12\x12\n\nadapter_id\x18\x07 \x01(\t\x12\x0e\n\x06\x62locks\x18\x08 \x03(\r\x12\r\n\x05slots\x18\t \x03(\r\x12\x12\n\nprefix_len\x18\n \x01(\r\"s\n\x05\x42\x61tch\x12\n\n\x02id\x18\x01 \x01(\x04\x12(\n\x08requests\x18\x02 \x03(\x0b\x32\x16.switchyard.v1.Request\x12\x0c\n\x04size\x18\x03 \x01(\r\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\x12\n\nmax_blocks\x18\x05 \x01(\r\"P\n\x0b\x43\x61\x63hedBatch\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x13\n\x0brequest_ids\x18\x02 \x03(\x04\x12\x0c\n\x04size\x18\x03 \x01(\r\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\"\'\n\x06Tokens\x12\x0b\n\x03ids\x18\x01 \x03(\r\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\"\xa1\x01\n\nGeneration\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12-\n\x0eprefill_tokens\x18\x02 \x01(\x0b\x32\x15.switchyard.v1.Tokens\x12%\n\x06tokens\x18\x03 \x01(\x0b\x32\x15.switchyard.v1.Tokens\x12)\n\ntop_tokens\x18\x04 \x03(\x0b\x32\x15.switchyard.v1.Tokens\";\n\x12\x46ilterBatchRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\x13\n\x0brequest_ids\x18\x02 \x03(\x04\"@\n\x13\x46ilterBatchResponse\x12)\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x1a.switchyard.v1.CachedBatch\"\xe9\x01\n\x0ePrefillRequest\x12#\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x14.switchyard.v1.Batch\x12\x32\n\x0e\x63\x61\x63hed_batches\x18\x02 \x03(\x0b\x32\x1a.switchyard.v1.CachedBatch\x12H\n\x0eprefill_chunks\x18\x03 \x03(\x0b\x32\x30.switchyard.v1.PrefillRequest.PrefillChunksEntry\x1a\x34\n\x12PrefillChunksEntry\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"s\n\tLoraStats\x12\x14\n\x0cslots_in_use\x18\x01 \x01(\r\x12\x17\n\x0fhost_cache_hits\x18\x02 \x01(\x04\x12\x19\n\x11host_cache_misses\x18\x03 \x01(\x04\x12\x1c\n\x14host_cache_evictions\x18\x04 \x01(\x04\"\xa3\x02\n\x0fPrefillResponse\x12.\n\x0bgenerations\x18\x01 \x03(\x0b\x32\x19.switchyard.v1.Generation\x12.\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x1a.switchyard.v1.CachedBatchH\x00\x88\x01\x01\x12\x12\n\nforward_ns\x18\x03 \x01(\x04\x12\x11\n\tdecode_ns\x18\x04 \x01(\x04\x12\x10\n\x08total_ns\x18\x05 \x01(\x04\x12+\n\x04lora\x18\x06 \x01(\x0b\x32\x18.switchyard.v1.LoraStatsH\x01\x88\x01\x01\x12\x37\n\x10\x61\x64\x61pter_failures\x18\x07 \x03(\x0b\x32\x1d.switchyard.v1.AdapterFailureB\x08\n\x06_batchB\x07\n\x05_lora\"I\n\x0e\x41\x64\x61pterFailure\x12\x12\n\nadapter_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x13\n\x0brequest_ids\x18\x03 \x03(\x04\"\xbb\x01\n\rDecodeRequest\x12+\n\x07\x62\x61tches\x18\x01 \x03(\x0b\x32\x1a.switchyard.v1.CachedBatch\x12G\n\x0eprefill_chunks\x18\x02 \x03(\x0b\x32/.switchyard.v1.DecodeRequest.PrefillChunksEntry\x1a\x34\n\x12PrefillChunksEntry\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"\xfc\x01\n\x0e\x44\x65\x63odeResponse\x12.\n\x0bgenerations\x18\x01 \x03(\x0b\x32\x19.switchyard.v1.Generation\x12.\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x1a.switchyard.v1.CachedBatchH\x00\x88\x01\x01\x12\x11\n\tconcat_ns\x18\x03 \x01(\x04\x12\x12\n\nforward_ns\x18\x04 \x01(\x04\x12\x11\n\tdecode_ns\x18\x05 \x01(\x04\x12\x10\n\x08total_ns\x18\x06 \x01(\x04\x12+\n\x04lora\x18\x07 \x01(\x0b\x32\x18.switchyard.v1.LoraStatsH\x01\x88\x01\x01\x42\x08\n\x06_batchB\x07\n\x05_lora\"\xa4\x01\n\rWarmupRequest\x12#\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x14.switchyard.v1.Batch\x12\x18\n\x10max_input_tokens\x18\x02 \x01(\r\x12\x18\n\x10max_total_tokens\x18\x03 \x01(\r\x12\x1a\n\x12max_prefill_tokens\x18\x04 \x01(\r\x12\x1e\n\x16max_batch_total_tokens\x18\x05 \x01(\r\"H\n\x0eWarmupResponse\x12\"\n\x1amax_supported_total_tokens\x18\x01 \x01(\r\x12\x12\n\nnum_blocks\x18\x02 \x01(\r\"0\n\x12LoadAdapterRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\"\x15\n\x13LoadAdapterResponse\"$\n\x14UnloadAdapterRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x17\n\x15UnloadAdapterResponse2\xb7\x06\n\x15TextGenerationService\x12?\n\x04Info\x12\x1a.switchyard.v1.InfoRequest\x1a\x1b.switchyard.v1.InfoResponse\x12\x63\n\x10ServiceDiscovery\x12&.switchyard.v1.ServiceDiscoveryRequest\x1a\'.switchyard.v1.ServiceDiscoveryResponse\x12Q\n\nClearCache\x12 .switchyard.v1.ClearCacheRequest\x1a!.switchyard.v1.ClearCacheResponse\x12T\n\x0b\x46ilterBatch\x12!.switchyard.v1.FilterBatchRequest\x1a\".switchyard.v1.FilterBatchResponse\x12\x45\n\x06Warmup\x12\x1c.switchyard.v1.WarmupRequest\x1a\x1d.switchyard.v1.WarmupResponse\x12H\n\x07Prefill\x12\x1d.switchyard.v1.PrefillRequest\x1a\x1e.switchyard.v1.PrefillResponse\x12\x45\n\x06\x44\x65\x63ode\x12\x1c.switchyard.v1.DecodeRequest\x1a\x1d.switchyard.v1.DecodeResponse\x12\x45\n\x06Health\x12\x1c.switchyard.v1.HealthRequest\x1a\x1d.switchyard.v1.HealthResponse\x12T\n\x0bLoadAdapter\x12!.switchyard.v1.LoadAdapterRequest\x1a\".switchyard.v1.LoadAdapterResponse\x12Z\n\rUnloadAdapter\x12#.switchyard.v1.UnloadAdapterRequest\x1a$.switchyard.v1.UnloadAdapterResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'switchyard_pb.generate_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_NEXTTOKENCHOOSERPARAMETERS_LOGITBIASENTRY']._loaded_options = None
+  _globals['_NEXTTOKENCHOOSERPARAMETERS_LOGITBIASENTRY']._serialized_options = b'8\001'
   _globals['_PREFILLREQUEST_PREFILLCHUNKSENTRY']._loaded_options = None
   _globals['_PREFILLREQUEST_PREFILLCHUNKSENTRY']._serialized_options = b'8\001'
   _globals['_DECODEREQUEST_PREFILLCHUNKSENTRY']._loaded_options = None
@@ -52,51 +54,53 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CLEARCACHERESPONSE']._serialized_start=422
   _globals['_CLEARCACHERESPONSE']._serialized_end=442
   _globals['_NEXTTOKENCHOOSERPARAMETERS']._serialized_start=445
-  _globals['_NEXTTOKENCHOOSERPARAMETERS']._serialized_end=657
-  _globals['_STOPPINGCRITERIAPARAMETERS']._serialized_start=659
-  _globals['_STOPPINGCRITERIAPARAMETERS']._serialized_end=737
-  _globals['_REQUEST']._serialized_start=740
-  _globals['_REQUEST']._serialized_end=1034
-  _globals['_BATCH']._serialized_start=1036
-  _globals['_BATCH']._serialized_end=1151
-  _globals['_CACHEDBATCH']._serialized_start=1153
-  _globals['_CACHEDBATCH']._serialized_end=1233
-  _globals['_TOKENS']._serialized_start=1235
-  _globals['_TOKENS']._serialized_end=1274
-  _globals['_GENERATION']._serialized_start=1277
-  _globals['_GENERATION']._serialized_end=1438
-  _globals['_FILTERBATCHREQUEST']._serialized_start=1440
-  _globals['_FILTERBATCHREQUEST']._serialized_end=1499
-  _globals['_FILTERBATCHRESPONSE']._serialized_start=1501
-  _globals['_FILTERBATCHRESPONSE']._serialized_end=1565
-  _globals['_PREFILLREQUEST']._serialized_start=1568
-  _globals['_PREFILLREQUEST']._serialized_end=1801
-  _globals['_PREFILLREQUEST_PREFILLCHUNKSENTRY']._serialized_start=1749
-  _globals['_PREFILLREQUEST_PREFILLCHUNKSENTRY']._serialized_end=1801
-  _globals['_LORASTATS']._serialized_start=1803
-  _globals['_LORASTATS']._serialized_end=1918
-  _globals['_PREFILLRESPONSE']._serialized_start=1921
-  _globals['_PREFILLRESPONSE']._serialized_end=2212
-  _globals['_ADAPTERFAILURE']._serialized_start=2214
-  _globals['_ADAPTERFAILURE']._serialized_end=2287
-  _globals['_DECODEREQUEST']._serialized_start=2290
-  _globals['_DECODEREQUEST']._serialized_end=2477
-  _globals['_DECODEREQUEST_PREFILLCHUNKSENTRY']._serialized_start=1749
-  _globals['_DECODEREQUEST_PREFILLCHUNKSENTRY']._serialized_end=1801
-  _globals['_DECODERESPONSE']._serialized_start=2480
-  _globals['_DECODERESPONSE']._serialized_end=2732
-  _globals['_WARMUPREQUEST']._serialized_start=2735
-  _globals['_WARMUPREQUEST']._serialized_end=2899
-  _globals['_WARMUPRESPONSE']._serialized_start=2901
-  _globals['_WARMUPRESPONSE']._serialized_end=2973
-  _globals['_LOADADAPTERREQUEST']._serialized_start=2975
-  _globals['_LOADADAPTERREQUEST']._serialized_end=3023
-  _globals['_LOADADAPTERRESPONSE']._serialized_start=3025
-  _globals['_LOADADAPTERRESPONSE']._serialized_end=3046
-  _globals['_UNLOADADAPTERREQUEST']._serialized_start=3048
-  _globals['_UNLOADADAPTERREQUEST']._serialized_end=3084
-  _globals['_UNLOADADAPTERRESPONSE']._serialized_start=3086
-  _globals['_UNLOADADAPTERRESPONSE']._serialized_end=3109
-  _globals['_TEXTGENERATIONSERVICE']._serialized_start=3112
-  _globals['_TEXTGENERATIONSERVICE']._serialized_end=3935
+  _globals['_NEXTTOKENCHOOSERPARAMETERS']._serialized_end=785
+  _globals['_NEXTTOKENCHOOSERPARAMETERS_LOGITBIASENTRY']._serialized_start=737
+  _globals['_NEXTTOKENCHOOSERPARAMETERS_LOGITBIASENTRY']._serialized_end=785
+  _globals['_STOPPINGCRITERIAPARAMETERS']._serialized_start=787
+  _globals['_STOPPINGCRITERIAPARAMETERS']._serialized_end=865
+  _globals['_REQUEST']._serialized_start=868
+  _globals['_REQUEST']._serialized_end=1162
+  _globals['_BATCH']._serialized_start=1164
+  _globals['_BATCH']._serialized_end=1279
+  _globals['_CACHEDBATCH']._serialized_start=1281
+  _globals['_CACHEDBATCH']._serialized_end=1361
+  _globals['_TOKENS']._serialized_start=1363
+  _globals['_TOKENS']._serialized_end=1402
+  _globals['_GENERATION']._serialized_start=1405
+  _globals['_GENERATION']._serialized_end=1566
+  _globals['_FILTERBATCHREQUEST']._serialized_start=1568
+  _globals['_FILTERBATCHREQUEST']._serialized_end=1627
+  _globals['_FILTERBATCHRESPONSE']._serialized_start=1629
+  _globals['_FILTERBATCHRESPONSE']._serialized_end=1693
+  _globals['_PREFILLREQUEST']._serialized_start=1696
+  _globals['_PREFILLREQUEST']._serialized_end=1929
+  _globals['_PREFILLREQUEST_PREFILLCHUNKSENTRY']._serialized_start=1877
+  _globals['_PREFILLREQUEST_PREFILLCHUNKSENTRY']._serialized_end=1929
+  _globals['_LORASTATS']._serialized_start=1931
+  _globals['_LORASTATS']._serialized_end=2046
+  _globals['_PREFILLRESPONSE']._serialized_start=2049
+  _globals['_PREFILLRESPONSE']._serialized_end=2340
+  _globals['_ADAPTERFAILURE']._serialized_start=2342
+  _globals['_ADAPTERFAILURE']._serialized_end=2415
+  _globals['_DECODEREQUEST']._serialized_start=2418
+  _globals['_DECODEREQUEST']._serialized_end=2605
+  _globals['_DECODEREQUEST_PREFILLCHUNKSENTRY']._serialized_start=1877
+  _globals['_DECODEREQUEST_PREFILLCHUNKSENTRY']._serialized_end=1929
+  _globals['_DECODERESPONSE']._serialized_start=2608
+  _globals['_DECODERESPONSE']._serialized_end=2860
+  _globals['_WARMUPREQUEST']._serialized_start=2863
+  _globals['_WARMUPREQUEST']._serialized_end=3027
+  _globals['_WARMUPRESPONSE']._serialized_start=3029
+  _globals['_WARMUPRESPONSE']._serialized_end=3101
+  _globals['_LOADADAPTERREQUEST']._serialized_start=3103
+  _globals['_LOADADAPTERREQUEST']._serialized_end=3151
+  _globals['_LOADADAPTERRESPONSE']._serialized_start=3153
+  _globals['_LOADADAPTERRESPONSE']._serialized_end=3174
+  _globals['_UNLOADADAPTERREQUEST']._serialized_start=3176
+  _globals['_UNLOADADAPTERREQUEST']._serialized_end=3212
+  _globals['_UNLOADADAPTERRESPONSE']._serialized_start=3214
+  _globals['_UNLOADADAPTERRESPONSE']._serialized_end=3237
+  _globals['_TEXTGENERATIONSERVICE']._serialized_start=3240
+  _globals['_TEXTGENERATIONSERVICE']._serialized_end=4063
 # @@protoc_insertion_point(module_scope)

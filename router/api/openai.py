@@ -3,7 +3,7 @@ completions body, and their mapping onto the shared GenerationRequest (chat: rou
 
 Unlike TGI, which ignores unknown fields, an unknown field is a 422 (the OpenAI API refuses them
 too): a typo must not silently change what is generated. Features the shards cannot honour
-(n > 1, logit_bias, min_p, tools...) are a 422 saying so, never silently dropped, unless their
+(n > 1, min_p, tools...) are a 422 saying so, never silently dropped, unless their
 value changes nothing.
 """
 
@@ -46,6 +46,47 @@ VllmTopK = wire_int(
 )
 
 
+# OpenAI's range for a logit bias; vLLM clamps to it, we refuse past it.
+LOGIT_BIAS_LIMIT = 100.0
+# Entries per request: each step pads every row to the largest (OpenAI documents no limit;
+# banning or favouring a few hundred tokens is the use).
+MAX_LOGIT_BIAS_TOKENS = 1024
+
+
+def _token_biases(value: dict[str, float]) -> tuple[tuple[int, float], ...]:
+    """{"token id": bias} -> (id, bias) pairs, ids ascending (the vocabulary bound is the
+    validator's: router/validation.py knows the model)."""
+    if len(value) > MAX_LOGIT_BIAS_TOKENS:
+        raise field_error(f" may bias at most {MAX_LOGIT_BIAS_TOKENS} tokens. Given: {len(value)}")
+    pairs = {}
+    for key, bias in value.items():
+        if not (key.isascii() and key.isdigit()):
+            raise field_error(f" keys must be token ids (decimal integers). Given: {key!r}")
+        if not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
+            raise field_error(f" values must be >= -100 and <= 100. Given: {bias} for token {key}")
+        pairs[int(key)] = float(bias)  # "07" and "7" are one token: the last one given wins
+    return tuple(sorted(pairs.items()))
+
+
+LogitBias = Annotated[
+    dict[str, float],
+    AfterValidator(_token_biases),
+    WithJsonSchema(
+        {
+            "type": "object",
+            "description": "Token id -> bias added to its logit (OpenAI)",
+            "propertyNames": {"pattern": "^[0-9]+$"},
+            "additionalProperties": {
+                "type": "number",
+                "minimum": -LOGIT_BIAS_LIMIT,
+                "maximum": LOGIT_BIAS_LIMIT,
+            },
+            "maxProperties": MAX_LOGIT_BIAS_TOKENS,
+        }
+    ),
+]
+
+
 class StreamOptions(BaseModel):
     model_config = BODY
 
@@ -62,7 +103,7 @@ class OpenAIRequest(BaseModel):
     model: Annotated[str, Field(description="The served model or a LoRA adapter")] | None = None
     frequency_penalty: FrequencyPenalty | None = None
     presence_penalty: PresencePenalty | None = None
-    logit_bias: Annotated[dict[str, Any], Unsupported({})] | None = None
+    logit_bias: LogitBias | None = None
     n: (
         Annotated[
             int, Field(ge=1, le=1), Says("must be 1 (one choice per request). Given: {value}")
@@ -122,6 +163,7 @@ class OpenAIRequest(BaseModel):
             "seed": self.seed,
             "stop": tuple(self.stop or ()),
             "ignore_eos": self.ignore_eos,
+            "logit_bias": self.logit_bias or (),
         }
         # OpenAI samples by default; temperature 0 is greedy, and the warpers do not apply.
         if self.temperature is None or self.temperature > 0.0:

@@ -3,8 +3,9 @@ them, once: router/validation.py) and the shard's sampler reads (shard/sampling/
 builds its batched tensors straight from these). Plain Python, no torch: the router imports it.
 
 Neutral values: temperature 1.0, top_k 0, top_p 1.0, typical_p 1.0, repetition_penalty 1.0,
-frequency_penalty 0.0, presence_penalty 0.0. On the wire (NextTokenChooserParameters) an unset
-field reads 0; the shard's servicer turns those back into the neutral values.
+frequency_penalty 0.0, presence_penalty 0.0, logit_bias empty. On the wire
+(NextTokenChooserParameters) an unset field reads 0; the shard's servicer turns those back into
+the neutral values.
 """
 
 from __future__ import annotations
@@ -28,3 +29,6 @@ class SamplingParams:
     # vLLM applies them); repetition_penalty covers the prompt too (HF, TGI, vLLM).
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    # OpenAI's logit_bias: (token id, bias) pairs, ids ascending and distinct, added to the
+    # logits before the penalties (as vLLM orders them).
+    logit_bias: tuple[tuple[int, float], ...] = ()

@@ -1,11 +1,12 @@
 """Next-token selection for a batch: penalties, warpers, seeded sampling and logprobs.
 
 Every request in a batch may have different parameters; one call handles them all with
-batched tensor ops (no loop over requests). Order and semantics follow HF/TGI and vLLM:
-repetition penalty (over prompt and generated ids), then frequency and presence penalties (over
-the generated ids, as OpenAI defines them), on every row; then temperature, top-k, top-p and
-typical-p (do_sample rows only), then the choice. Logprobs are log_softmax of the logits that were
-sampled from: penalized, and for sampled rows also warped.
+batched tensor ops (no loop over requests). Order and semantics follow HF/TGI and vLLM: the
+logit bias (OpenAI's), repetition penalty (over prompt and generated ids), then frequency and
+presence penalties (over the generated ids, as OpenAI defines them), on every row; then
+temperature, top-k, top-p and typical-p (do_sample rows only), then the choice. Logprobs are
+log_softmax of the logits that were sampled from: biased and penalized, and for sampled rows
+also warped.
 
 On CPU at B=64, V=150k a full sort or a random number per vocabulary entry costs far more
 than everything else, so neither is on the common path:
@@ -57,6 +58,7 @@ class SamplingFlags:
     any_repetition: bool = False
     any_frequency: bool = False
     any_presence: bool = False
+    any_logit_bias: bool = False
     max_top_k: int = 0
 
     @property
@@ -79,6 +81,7 @@ class SamplingFlags:
                 (rows["repetition_penalty"] != 1).any(),
                 (rows["frequency_penalty"] != 0).any(),
                 (rows["presence_penalty"] != 0).any(),
+                (rows["bias_values"] != 0).any(),
                 top_k.max(),
             ]
         ).tolist()
@@ -121,6 +124,9 @@ class SamplingTensors:
     # int64: the history position of each row's first generated id (its prompt length), where
     # the frequency and presence penalties start counting.
     output_start: Tensor
+    # [B, K]: each row's logit_bias, padded with (token 0, bias 0.0), which adds nothing.
+    bias_ids: Tensor  # int64
+    bias_values: Tensor  # float32
     dense_rows: Tensor  # int64 row indices, ascending
     dense_sampled: Tensor  # int64 positions in dense_rows of the do_sample rows
     truncated_rows: Tensor  # int64 row indices, ascending
@@ -149,6 +155,8 @@ class SamplingTensors:
             "frequency_penalty": column([p.frequency_penalty for p in params], torch.float32),
             "presence_penalty": column([p.presence_penalty for p in params], torch.float32),
             "output_start": column(list(prompt_lens), torch.int64),
+            "bias_ids": _pad_rows([[i for i, _ in p.logit_bias] for p in params], torch.int64),
+            "bias_values": _pad_rows([[b for _, b in p.logit_bias] for p in params], torch.float32),
         }
         return cls._of_rows(rows).to(device)
 
@@ -193,7 +201,7 @@ class SamplingTensors:
         if len(parts) == 1:
             return parts[0]
         names = parts[0]._rows().keys()
-        rows = {name: torch.cat([getattr(p, name) for p in parts]) for name in names}
+        rows = {name: _cat_rows([getattr(p, name) for p in parts]) for name in names}
         dense_rows, dense_sampled, truncated_rows = [], [], []
         row_offset, dense_offset, flags = 0, 0, SamplingFlags()
         for part in parts:
@@ -213,6 +221,22 @@ class SamplingTensors:
 
 
 _DERIVED = frozenset({"dense_rows", "dense_sampled", "truncated_rows", "flags"})
+
+
+def _pad_rows(rows: list[list], dtype: torch.dtype) -> Tensor:
+    """[B, widest] with zeros after each row's values."""
+    out = torch.zeros((len(rows), max(map(len, rows), default=0)), dtype=dtype)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row, dtype=dtype)
+    return out
+
+
+def _cat_rows(tensors: list[Tensor]) -> Tensor:
+    """Concatenates rows; [B_i, K_i] parts are zero-padded to the widest first."""
+    if tensors[0].dim() == 1:
+        return torch.cat(tensors)
+    width = max(t.shape[1] for t in tensors)
+    return torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in tensors])
 
 
 @dataclass(frozen=True)
@@ -253,7 +277,7 @@ def sample(
     batch, vocab = logits.shape
     top_n = max(0, min(max_top_n, vocab))
     history_lens = history_lens.to(device=logits.device, dtype=torch.int64)
-    scores = _apply_penalties(logits, tensors, history, history_lens)
+    scores = _apply_penalties(_apply_logit_bias(logits, tensors), tensors, history, history_lens)
     owned = scores is not logits
     keys = random_hash.stream_keys(tensors.seed_lo, tensors.seed_hi, history_lens)
 
@@ -347,7 +371,17 @@ def _sample_truncated(
         )
 
 
-# --- penalties -------------------------------------------------------------------------------
+# --- logit bias and penalties ---------------------------------------------------------------
+
+
+def _apply_logit_bias(logits: Tensor, tensors: SamplingTensors) -> Tensor:
+    """logits plus each row's bias on its tokens: logits itself when no row has one, else a
+    new tensor. A row's ids are distinct and its padding adds 0.0, so the unordered
+    scatter_add gives every rank the same sums."""
+    if not tensors.flags.any_logit_bias:
+        return logits
+    ids = tensors.bias_ids.to(logits.device)
+    return logits.scatter_add(1, ids, tensors.bias_values.to(logits.device))
 
 
 def _apply_penalties(

@@ -72,6 +72,14 @@ async def test_chat_completion_and_sampling_mapping(model_dir):
         assert r.status == 200, await r.text()
         p = env.shards[0].prefilled[-1].parameters
         assert (p.frequency_penalty, p.presence_penalty) == (0.5, -1.5)
+        # logit_bias reaches them as token id -> bias, on both routes; "07" is token 7.
+        bias = {"logit_bias": {"5": -100, "07": 2.5, "300": 100}}
+        for path, first in [("/v1/chat/completions", {"messages": HI}), ("/v1/completions", {
+                "prompt": "hi"})]:  # fmt: skip
+            r = await env.client.post(path, json={**first, "max_tokens": 1, **bias})
+            assert r.status == 200, await r.text()
+            sent = env.shards[0].prefilled[-1].parameters.logit_bias
+            assert dict(sent) == {5: -100.0, 7: 2.5, 300: 100.0}
         # vLLM's top_k: -1 (its old default, which clients send) and 0 mean every token.
         for path, body in [
             ("/v1/chat/completions", {"messages": HI}),

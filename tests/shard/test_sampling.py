@@ -153,9 +153,11 @@ def test_logprobs_of_sampled_rows_come_from_the_warped_distribution():
 def _penalized_reference(
     row: torch.Tensor, prompt: list[int], generated: list[int], p: SamplingParams
 ) -> torch.Tensor:
-    """vLLM's definitions, one token at a time: repetition over prompt and generated ids,
-    frequency and presence (OpenAI's) over the generated ids only."""
+    """vLLM's definitions, one token at a time: the logit bias, then repetition over prompt
+    and generated ids, frequency and presence (OpenAI's) over the generated ids only."""
     out = row.clone()
+    for token, bias in p.logit_bias:
+        out[token] += bias
     for token in set(prompt + generated):
         value = out[token]
         out[token] = value * p.repetition_penalty if value < 0 else value / p.repetition_penalty
@@ -164,7 +166,7 @@ def _penalized_reference(
     return out
 
 
-def test_penalties_match_a_per_row_reference():
+def test_logit_bias_and_penalties_match_a_per_row_reference():
     vocab = 300
     logits = _logits(7, vocab, scale=2.0, seed=1)
     g = torch.Generator().manual_seed(5)
@@ -180,8 +182,8 @@ def test_penalties_match_a_per_row_reference():
         SamplingParams(repetition_penalty=2.0, frequency_penalty=1.0),  # empty history
         SamplingParams(frequency_penalty=-0.5, presence_penalty=1.5),
         SamplingParams(),
-        SamplingParams(frequency_penalty=2.0, presence_penalty=2.0),
-        SamplingParams(presence_penalty=-1.0),
+        SamplingParams(frequency_penalty=2.0, presence_penalty=2.0, logit_bias=((0, -100.0),)),
+        SamplingParams(presence_penalty=-1.0, logit_bias=((3, 5.0), (17, -2.5), (299, 100.0))),
     ]
     out = _run(logits, params, history=history, lens=lens, top_n=vocab, prompt_lens=prompt_lens)
     for row, p in enumerate(params):
@@ -446,20 +448,25 @@ def test_different_seeds_and_steps_draw_different_tokens():
 
 BATCH_A = [
     SamplingParams(),
-    SamplingParams(do_sample=True, top_k=5, seed=3),
+    SamplingParams(do_sample=True, top_k=5, seed=3, logit_bias=((4, 1.0), (9, -2.0))),
     SamplingParams(repetition_penalty=1.1),
 ]
 BATCH_B = [
     SamplingParams(do_sample=True, temperature=0.5, seed=2**63 + 7),
-    SamplingParams(),
+    SamplingParams(logit_bias=((0, 0.5),)),
     SamplingParams(do_sample=True, typical_p=0.5, frequency_penalty=0.2),
     SamplingParams(do_sample=True, top_k=70, top_p=0.9),
 ]
 
 
 def _assert_same(a: SamplingTensors, b: SamplingTensors) -> None:
+    """Equal rows; bias columns past `b`'s width (rows that left) hold only padding."""
     assert a.flags == b.flags
     for name, value in a.__dict__.items():
+        if name in ("bias_ids", "bias_values"):
+            width = getattr(b, name).shape[1]
+            assert not value[:, width:].any(), name
+            value = value[:, :width]
         if name != "flags":
             assert torch.equal(value, getattr(b, name)), name
 
@@ -484,6 +491,7 @@ def test_index_equals_building_the_kept_rows():
     mask = torch.tensor([True, False, True, False, True, False, False])
     _assert_same(full.index(mask), _tensors([params[0], params[2], params[4]]))
     assert full.index(mask).flags.max_top_k == 0 and not full.index(mask).flags.any_temperature
+    assert full.flags.any_logit_bias and not full.index(torch.tensor([0, 2])).flags.any_logit_bias
     assert len(full.index(torch.tensor([], dtype=torch.int64))) == 0
 
 

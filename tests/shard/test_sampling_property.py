@@ -47,6 +47,9 @@ rows = st.builds(
     repetition_penalty=_positive_f32(),
     frequency_penalty=st.floats(min_value=-2.0, max_value=2.0),
     presence_penalty=st.floats(min_value=-2.0, max_value=2.0),
+    logit_bias=st.dictionaries(
+        st.integers(min_value=0, max_value=VOCAB - 1), st.floats(min_value=-100.0, max_value=100.0)
+    ).map(lambda biases: tuple(sorted(biases.items()))),
 )
 
 

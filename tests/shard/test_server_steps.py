@@ -131,55 +131,66 @@ def test_prefill_logprobs_and_top_tokens(service, reference):
     )
 
 
-class OpenAIPenalties(LogitsProcessor):
-    """vLLM's frequency and presence penalties: over the generated ids only."""
+class VllmProcessing(LogitsProcessor):
+    """vLLM's order: the logit bias, then the repetition penalty (HF's, over prompt and
+    generated ids), then frequency and presence penalties over the generated ids only."""
 
-    def __init__(self, prompt_len: int, frequency: float, presence: float) -> None:
-        self.prompt_len, self.frequency, self.presence = prompt_len, frequency, presence
+    def __init__(self, prompt_len: int, case: dict) -> None:
+        self.prompt_len, self.case = prompt_len, case
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        scores = scores.clone()
+        for token, bias in self.case.get("logit_bias", {}).items():
+            scores[:, token] += bias
+        penalty = self.case.get("repetition_penalty", 1.0)
+        picked = scores.gather(1, input_ids)
+        picked = torch.where(picked < 0, picked * penalty, picked / penalty)
+        scores = scores.scatter(1, input_ids, picked)
         counts = torch.zeros_like(scores)
         generated = input_ids[:, self.prompt_len :]
         counts.scatter_add_(1, generated, torch.ones_like(generated, dtype=scores.dtype))
-        return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
+        frequency = self.case.get("frequency_penalty", 0.0)
+        presence = self.case.get("presence_penalty", 0.0)
+        return scores - frequency * counts - presence * (counts > 0).to(scores.dtype)
 
 
-def _penalized_greedy(model, prompt: list[int], n: int, penalties: dict[str, float]) -> list[int]:
-    processor = OpenAIPenalties(
-        len(prompt), penalties.get("frequency_penalty", 0.0), penalties.get("presence_penalty", 0.0)
-    )
+def _processed_greedy(model, prompt: list[int], n: int, case: dict) -> list[int]:
     with torch.no_grad():
         out = model.generate(
             torch.tensor([prompt]),
             max_new_tokens=n,
             do_sample=False,
-            repetition_penalty=penalties.get("repetition_penalty", 1.0),
-            logits_processor=LogitsProcessorList([processor]),
+            logits_processor=LogitsProcessorList([VllmProcessing(len(prompt), case)]),
             eos_token_id=None,
             pad_token_id=0,
         )
     return out[0, len(prompt) :].tolist()
 
 
-def test_penalties_on_greedy_rows_equal_transformers_with_openai_semantics(service, reference):
+def test_penalties_and_logit_bias_on_greedy_rows_equal_transformers_as_vllm(service, reference):
     """Repetition over prompt and generated ids (HF); frequency and presence over the
-    generated ids only (OpenAI, vLLM), also for rows that join and leave a running batch."""
+    generated ids only (OpenAI, vLLM); the logit bias before them (vLLM); also for rows that
+    join and leave a running batch, whose bias lists differ in length."""
     run(service.Warmup(generate_pb2.WarmupRequest(max_batch_total_tokens=4096), FakeContext()))
     pool = BlockPool(256, seed=4)
     steps = 10
-    cases = [
-        {"frequency_penalty": 2.0},
-        {"presence_penalty": 2.0},
-        {"frequency_penalty": 1.0, "presence_penalty": 0.5, "repetition_penalty": 1.3},
-        {"frequency_penalty": -0.5},
-        {},
-    ]
     # The prompt repeats a token the model likes to generate: a penalty counting the prompt
     # would push it down from the first step.
     plain = greedy_reference(reference, prompts(1, seed=9)[0], steps)
     prompt = prompts(1, seed=9)[0] + [plain[0]] * 4
-    expected = [_penalized_greedy(reference, prompt, steps, c) for c in cases]
-    assert len({tuple(e) for e in expected}) >= 3, expected  # the penalties change the output
+    cases = [
+        {"frequency_penalty": 2.0},
+        {"logit_bias": {plain[0]: -100.0, plain[1]: -100.0}},  # what it would say, banned
+        {"frequency_penalty": 1.0, "presence_penalty": 0.5, "repetition_penalty": 1.3},
+        {"frequency_penalty": -0.5},
+        {},
+        {"presence_penalty": 2.0},
+        # Bias then penalty: the favoured prompt token is divided after its bias is added.
+        {"logit_bias": {plain[0]: 2.0, 7: 1.5, 11: -3.0}, "repetition_penalty": 3.0},
+    ]
+    expected = [_processed_greedy(reference, prompt, steps, c) for c in cases]
+    assert len({tuple(e) for e in expected}) >= 5, expected  # each setting changes the output
+    assert not {plain[0], plain[1]} & set(expected[1])
 
     def params(case):
         return generate_pb2.NextTokenChooserParameters(
@@ -224,3 +235,16 @@ def test_bad_requests_are_errors_not_crashes(service):
                 FakeContext(),
             )
         )
+    vocab = service.runner.model.vocab_size
+    with pytest.raises(AbortError, match=rf"logit_bias names tokens outside \[0, {vocab}\)"):
+        bias = generate_pb2.NextTokenChooserParameters(logit_bias={3: 1.0, vocab: 1.0})
+        bad = generate_pb2.Request(
+            id=1, input_ids=[5, 6, 7], blocks=[0], slots=[0, 1, 2, 3], parameters=bias
+        )
+        run(
+            service.Prefill(
+                generate_pb2.PrefillRequest(batch=generate_pb2.Batch(id=4, requests=[bad])),
+                FakeContext(),
+            )
+        )
+    assert not service.cache
