@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from shard.ragged import cat_padded, pad_rows
 from shard.requests import NewRequest
 from shard.sampling.sampler import SamplingTensors
 
@@ -34,18 +35,7 @@ class RequestInfo:
 def _pad_rows(
     rows: Sequence[Sequence[int]], dtype: torch.dtype, device: torch.device
 ) -> torch.Tensor:
-    width = max((len(r) for r in rows), default=0)
-    out = torch.zeros((len(rows), max(width, 1)), dtype=dtype)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.tensor(row, dtype=dtype)
-    return out.to(device)
-
-
-def _pad_cat(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """Concatenates [B_i, W_i] tensors along rows, zero-padding the narrower ones."""
-    width = max(t.shape[1] for t in tensors)
-    padded = [torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in tensors]
-    return torch.cat(padded, dim=0)
+    return pad_rows(rows, dtype, min_width=1).to(device)
 
 
 def _check_prefix(r: NewRequest) -> None:
@@ -166,9 +156,9 @@ class Batch:
         return cls(
             id=batches[0].id,
             requests=[r for b in batches for r in b.requests],
-            block_tables=_pad_cat([b.block_tables for b in batches]),
-            slots=_pad_cat([b.slots for b in batches]),
-            history=_pad_cat([b.history for b in batches]),
+            block_tables=cat_padded([b.block_tables for b in batches]),
+            slots=cat_padded([b.slots for b in batches]),
+            history=cat_padded([b.history for b in batches]),
             history_lens=torch.cat([b.history_lens for b in batches]),
             cache_lens=torch.cat([b.cache_lens for b in batches]),
             sampling=SamplingTensors.concat([b.sampling for b in batches]),

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from shard.native.build import argmax_kernel
 from shard.native.eager import eager_cpu_kernel
+from shard.ragged import cat_padded, pad_rows
 from shard.sampling import random_hash
 from shard.sampling.params import SamplingParams
 from shard.sampling.truncation import Warpers, candidate_groups
@@ -155,8 +156,8 @@ class SamplingTensors:
             "frequency_penalty": column([p.frequency_penalty for p in params], torch.float32),
             "presence_penalty": column([p.presence_penalty for p in params], torch.float32),
             "output_start": column(list(prompt_lens), torch.int64),
-            "bias_ids": _pad_rows([[i for i, _ in p.logit_bias] for p in params], torch.int64),
-            "bias_values": _pad_rows([[b for _, b in p.logit_bias] for p in params], torch.float32),
+            "bias_ids": pad_rows([[i for i, _ in p.logit_bias] for p in params], torch.int64),
+            "bias_values": pad_rows([[b for _, b in p.logit_bias] for p in params], torch.float32),
         }
         return cls._of_rows(rows).to(device)
 
@@ -223,20 +224,9 @@ class SamplingTensors:
 _DERIVED = frozenset({"dense_rows", "dense_sampled", "truncated_rows", "flags"})
 
 
-def _pad_rows(rows: list[list], dtype: torch.dtype) -> Tensor:
-    """[B, widest] with zeros after each row's values."""
-    out = torch.zeros((len(rows), max(map(len, rows), default=0)), dtype=dtype)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.tensor(row, dtype=dtype)
-    return out
-
-
 def _cat_rows(tensors: list[Tensor]) -> Tensor:
     """Concatenates rows; [B_i, K_i] parts are zero-padded to the widest first."""
-    if tensors[0].dim() == 1:
-        return torch.cat(tensors)
-    width = max(t.shape[1] for t in tensors)
-    return torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in tensors])
+    return torch.cat(tensors) if tensors[0].dim() == 1 else cat_padded(tensors)
 
 
 @dataclass(frozen=True)

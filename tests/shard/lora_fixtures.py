@@ -54,6 +54,14 @@ def make_adapter(base_dir: Path, out_dir: Path, seed: int, **config) -> Path:
     return out_dir
 
 
+def make_adapters(base_dir: Path, root: Path, names: list[str], first_seed: int) -> dict[str, Path]:
+    """The ADAPTERS named, each under root / name, seeds first_seed, first_seed + 1, ..."""
+    return {
+        name: make_adapter(base_dir, root / name, seed=first_seed + i, **ADAPTERS[name])
+        for i, name in enumerate(names)
+    }
+
+
 def peft_reference(base_dir: Path, adapter_dir: Path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM

@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from lora_fixtures import ADAPTERS, make_adapter, peft_reference
+from lora_fixtures import make_adapter, make_adapters, peft_reference
 
 from shard.__main__ import parse_args
 from shard.lora.adapter import AdapterError
@@ -30,10 +30,7 @@ def base(tiny_model):
 @pytest.fixture(scope="module")
 def adapters(base, tmp_path_factory):
     root = tmp_path_factory.mktemp("runtime-adapters")
-    names = ["qv_r4", "all_r8", "mlp_rslora_r16"]
-    return {
-        n: make_adapter(base, root / n, seed=30 + i, **ADAPTERS[n]) for i, n in enumerate(names)
-    }
+    return make_adapters(base, root, ["qv_r4", "all_r8", "mlp_rslora_r16"], 30)
 
 
 @pytest.fixture

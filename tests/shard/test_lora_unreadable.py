@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-from lora_fixtures import ADAPTERS, ALL, make_adapter, peft_reference
+from lora_fixtures import ALL, make_adapter, make_adapters, peft_reference
 from transformers import AutoModelForCausalLM
 
 from shard.distributed import Distributed
@@ -37,9 +37,7 @@ def base(tiny_model):
 
 @pytest.fixture(scope="module")
 def made(base, tmp_path_factory):
-    root = tmp_path_factory.mktemp("unreadable")
-    return {n: make_adapter(base, root / n, seed=40 + i, **ADAPTERS[n]) for i, n in enumerate(
-        ["qv_r4", "all_r8"])}  # fmt: skip
+    return make_adapters(base, tmp_path_factory.mktemp("unreadable"), ["qv_r4", "all_r8"], 40)
 
 
 def _service(base, adapters: dict[str, str]):
