@@ -30,7 +30,7 @@ class ModelInfo:
     device_type: str
     world_size: int
     eos_token_ids: tuple[int, ...]
-    vocab_size: int = 0  # the model's logits (0: unknown)
+    vocab_size: int | None  # the model's logits (None: the shards did not say)
 
 
 class ConcurrencyLimit:

@@ -37,7 +37,7 @@ def model_info(info: pb.InfoResponse, model_name: str) -> ModelInfo:
         device_type=info.device_type,
         world_size=info.world_size,
         eos_token_ids=tuple(info.eos_token_ids),
-        vocab_size=info.vocab_size,
+        vocab_size=info.vocab_size or None,
     )
 
 
@@ -66,7 +66,7 @@ class Infer:
                 max_stop_sequences=args.max_stop_sequences,
                 max_best_of=args.max_best_of,
                 max_top_n_tokens=args.max_top_n_tokens,
-                vocab_size=model.vocab_size or None,
+                vocab_size=model.vocab_size,
             ),
             self.adapters,
         )

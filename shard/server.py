@@ -135,7 +135,9 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
                 new = [Batch.start(request.batch.id, requests, self.runner.device)]
                 new[0].lora_slots = slots.to(new[0].lora_slots.device)
             batches = [*self._take(list(request.cached_batches)), *new]
-            response = generate_pb2.PrefillResponse(adapter_failures=failures)
+            response = generate_pb2.PrefillResponse(
+                adapter_failures=failures, lora=self._lora_stats()
+            )
             if batches:
                 failed = {rid for f in failures for rid in f.request_ids}
                 chunks = {k: v for k, v in request.prefill_chunks.items() if k not in failed}
@@ -144,8 +146,6 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
                 response.generations.extend(generations)
                 response.batch.CopyFrom(wire.cached_batch(batch))
                 response.forward_ns, response.decode_ns = timings.forward_ns, timings.decode_ns
-            if self.lora is not None:
-                response.lora.CopyFrom(self._lora_stats())
             response.total_ns = time.perf_counter_ns() - start
             return response
 

@@ -370,8 +370,7 @@ def _apply_logit_bias(logits: Tensor, tensors: SamplingTensors) -> Tensor:
     scatter_add gives every rank the same sums."""
     if not tensors.flags.any_logit_bias:
         return logits
-    ids = tensors.bias_ids.to(logits.device)
-    return logits.scatter_add(1, ids, tensors.bias_values.to(logits.device))
+    return logits.scatter_add(1, tensors.bias_ids, tensors.bias_values)
 
 
 def _apply_penalties(
