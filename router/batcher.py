@@ -183,10 +183,11 @@ class Batcher:
         )
         cached_batches = [cached] if cached is not None else []
         ids = [rid for b in cached_batches for rid in b.request_ids] + [e.id for e in entries]
+        masks = await self._token_masks(ids)
         self.metrics.step_started("prefill")
         self._trace_begin("prefill", ids, chunks, len(entries))
         try:
-            response = await self.client.prefill(batch, cached_batches, chunks or {})
+            response = await self.client.prefill(batch, cached_batches, chunks or {}, masks)
         except Exception as err:
             self.trace.failed()
             # Every request of the step fails, like a failed Decode: the shards' copy of the
@@ -214,10 +215,11 @@ class Batcher:
         self, batches: list[pb.CachedBatch], chunks: dict[int, int] | None = None
     ) -> pb.CachedBatch | None:
         ids = [rid for b in batches for rid in b.request_ids]
+        masks = await self._token_masks(ids)
         self.metrics.step_started("decode")
         self._trace_begin("decode", ids, chunks, 0)
         try:
-            response = await self.client.decode(batches, chunks or {})
+            response = await self.client.decode(batches, chunks or {}, masks)
         except Exception as err:
             self.trace.failed()
             self._fail_internal(f"decode of batches {[b.id for b in batches]}", ids, err)
@@ -235,6 +237,21 @@ class Batcher:
         settled = await self._settle(cached, ids)
         self.trace.handled()
         return settled
+
+    async def _token_masks(self, ids: Sequence[int]) -> dict[int, bytes]:
+        """What each constrained request of the step may sample (structured output), computed
+        off the event loop (llguidance releases the GIL). A request whose grammar fails here
+        fails alone; the shards still get a mask for it, and its token is never read."""
+        constrained = [
+            e for rid in ids if (e := self.entries.get(rid)) is not None and e.constraint
+        ]
+        if not constrained:
+            return {}
+        masks, failures = await asyncio.to_thread(_compute_masks, constrained)
+        for entry, error in failures:
+            log.error("request %s: %s", entry.request_id, error)
+            self._fail([entry.id], error)
+        return masks
 
     def _trace_begin(
         self, kind: str, ids: Sequence[int], chunks: dict[int, int] | None, new: int
@@ -325,7 +342,9 @@ class Batcher:
                 finished = self.results.apply(entry, gen)
             except Exception as err:  # one bad answer costs its request only
                 log.exception("handling the generation of request %s failed", entry.request_id)
-                self._fail([entry.id], internal_failure(err))
+                self._fail(
+                    [entry.id], err if isinstance(err, RouterError) else internal_failure(err)
+                )
                 continue
             if finished:
                 self._release(entry)
@@ -386,3 +405,22 @@ class Batcher:
         for entry in self.queue.drain():
             entry.fail(error)
         self.running = None
+
+
+def _compute_masks(
+    entries: list[Entry],
+) -> tuple[dict[int, bytes], list[tuple[Entry, RouterError]]]:
+    masks: dict[int, bytes] = {}
+    failures: list[tuple[Entry, RouterError]] = []
+    for entry in entries:
+        assert entry.constraint is not None
+        try:
+            masks[entry.id] = entry.constraint.mask()
+        except RouterError as err:
+            masks[entry.id] = ANY_TOKEN_MASK
+            failures.append((entry, err))
+    return masks, failures
+
+
+# A failed request's stand-in mask (its token is dropped): the shards refuse an empty one.
+ANY_TOKEN_MASK = b"\xff\xff\xff\xff"

@@ -141,18 +141,27 @@ class ShardClient:
         batch: pb.Batch,
         cached_batches: Sequence[pb.CachedBatch] = (),
         chunks: Mapping[int, int] | None = None,
+        token_masks: Mapping[int, bytes] | None = None,
     ) -> pb.PrefillResponse:
         request = pb.PrefillRequest(
-            batch=batch, cached_batches=list(cached_batches), prefill_chunks=chunks or {}
+            batch=batch,
+            cached_batches=list(cached_batches),
+            prefill_chunks=chunks or {},
+            token_masks=token_masks or {},
         )
         answers = await self._every("Prefill", request)
         check_agreement("Prefill", answers)  # a divergence fails the batch: 424, ClearCache
         return answers[0]
 
     async def decode(
-        self, batches: Sequence[pb.CachedBatch], chunks: Mapping[int, int] | None = None
+        self,
+        batches: Sequence[pb.CachedBatch],
+        chunks: Mapping[int, int] | None = None,
+        token_masks: Mapping[int, bytes] | None = None,
     ) -> pb.DecodeResponse:
-        request = pb.DecodeRequest(batches=list(batches), prefill_chunks=chunks or {})
+        request = pb.DecodeRequest(
+            batches=list(batches), prefill_chunks=chunks or {}, token_masks=token_masks or {}
+        )
         answers = await self._every("Decode", request)
         check_agreement("Decode", answers)
         return answers[0]

@@ -17,6 +17,7 @@ from router.detokenizer import IncrementalDetokenizer
 from router.errors import RouterError
 from router.request import ValidRequest
 from router.stopping import FinishReason, StoppingCriteria
+from router.structured import TokenConstraint
 from switchyard_pb import generate_pb2 as pb
 
 
@@ -85,6 +86,8 @@ class Entry:
     prompt_done: int = 0
     # Prompt tokens read from the prefix cache at admission (reported in headers and usage).
     cached_tokens: int = 0
+    # Structured output: where the request is in its grammar (router/structured.py).
+    constraint: TokenConstraint | None = None
     cancelled: bool = False
     done: bool = False
 
@@ -141,4 +144,5 @@ class Entry:
             blocks=self.allocation.blocks,
             slots=self.allocation.slots,
             prefix_len=self.allocation.cached_tokens,
+            constrained=self.constraint is not None,
         )

@@ -33,6 +33,14 @@ class ModelInfo:
     vocab_size: int | None  # the model's logits (None: the shards did not say)
 
 
+def stop_token_ids(model: ModelInfo, tokenizer: Tokenizer) -> frozenset[int]:
+    """The tokens that end a generation: the model's EOS ids, else the tokenizer's."""
+    eos = set(model.eos_token_ids)
+    if not eos and tokenizer.eos_token_id is not None:
+        eos.add(tokenizer.eos_token_id)
+    return frozenset(eos)
+
+
 class ConcurrencyLimit:
     """--max-concurrent-requests: 429 past it, as TGI's semaphore answers."""
 
@@ -70,10 +78,7 @@ class Generations:
         self._queue = queue
         self._adapters = adapters
         self._metrics = metrics
-        eos = set(model.eos_token_ids)
-        if not eos and tokenizer.eos_token_id is not None:
-            eos.add(tokenizer.eos_token_id)
-        self.eos_token_ids = frozenset(eos)
+        self.eos_token_ids = stop_token_ids(model, tokenizer)
         self._ids = itertools.count(1)
 
     async def validate(self, request: GenerationRequest) -> ValidRequest:
@@ -102,6 +107,7 @@ class Generations:
             stopping=StoppingCriteria(
                 request.max_new_tokens, self.eos_token_ids, request.ignore_eos, request.stop
             ),
+            constraint=request.grammar.start() if request.grammar is not None else None,
         )
         if alive is not None:
             entry.alive = alive

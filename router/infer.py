@@ -17,12 +17,13 @@ from router.args import RouterArgs
 from router.batcher import Batcher, SchedulerConfig
 from router.block_allocator import BlockAllocator
 from router.client import ShardClient
-from router.generations import ConcurrencyLimit, Generations, ModelInfo
+from router.generations import ConcurrencyLimit, Generations, ModelInfo, stop_token_ids
 from router.limits import RESERVED_BLOCKS, Limits
 from router.lora_runtime import LoraRuntime
 from router.metrics import Metrics
 from router.prefix_cache import PrefixCache
 from router.queue import Queue
+from router.structured import Grammars
 from router.tokenizer import Tokenizer
 from router.validation import ValidationLimits, Validator
 from switchyard_pb import generate_pb2 as pb
@@ -69,6 +70,7 @@ class Infer:
                 vocab_size=model.vocab_size,
             ),
             self.adapters,
+            Grammars(tokenizer.decoder, stop_token_ids(model, tokenizer)),
         )
         self.queue = Queue()
         self.metrics = Metrics()

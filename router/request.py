@@ -4,8 +4,9 @@ tokenized, defaults and seed resolved, ready to queue)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from router.structured import CompiledGrammar, GrammarSpec
 from shard.sampling.params import SamplingParams  # the one declaration, shared with the shard
 
 
@@ -45,6 +46,7 @@ class GenerationRequest:
     best_of: int | None = None
     adapter: str | None = None  # as named through `names.adapter`
     ignore_eos: bool = False
+    grammar: GrammarSpec | None = None  # structured output (router/structured.py)
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,8 @@ class ValidRequest:
     top_n_tokens: int = 0
     best_of: int = 1
     adapter_id: str = ""
+    # Structured output: the grammar every generated text must match, compiled.
+    grammar: CompiledGrammar | None = field(default=None, compare=False)
 
     @property
     def input_length(self) -> int:

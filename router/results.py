@@ -1,7 +1,8 @@
 """Turns the shards' Generation messages into tokens, text and events for one request.
 
 This is where the router's own decisions about a request's output are made: incremental text
-(never half a UTF-8 character), stopping (length, EOS, stop sequences) and the final text.
+(never half a UTF-8 character), stopping (length, EOS, stop sequences), the grammar of
+structured output (router/structured.py) and the final text.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import time
 from router.detokenizer import REPLACEMENT_CHAR
 from router.entry import Entry, Finished, Token, TokenEvent
 from router.metrics import Metrics
+from router.stopping import FinishReason
 from router.tokenizer import Tokenizer
 from switchyard_pb import generate_pb2 as pb
 
@@ -33,10 +35,14 @@ class Results:
         return False
 
     def _emit(self, entry: Entry, token_id: int, logprob: float, top: pb.Tokens | None) -> bool:
+        if entry.constraint is not None:
+            entry.constraint.accept(token_id)  # a refused token fails the request
         special = self.tokenizer.is_special(token_id)
         content = entry.detokenizer.push(token_id)
         text = self.tokenizer.piece(token_id) if special else content
         reason = entry.stopping.step(token_id, text)
+        if reason is None and entry.constraint is not None and entry.constraint.ended:
+            reason = FinishReason.EOS_TOKEN  # ignore_eos: the grammar allows nothing after it
         if reason is not None:
             tail = entry.detokenizer.flush()  # the stream must add up to the whole text
             content += tail

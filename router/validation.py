@@ -10,6 +10,7 @@ reproduced from its reported seed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import re
@@ -19,6 +20,7 @@ from typing import Any
 from router.adapters import AdapterRegistry
 from router.errors import ValidationError
 from router.request import GenerationRequest, SamplingParams, ValidRequest
+from router.structured import CompiledGrammar, Grammars
 from router.tokenizer import Tokenizer
 
 # TGI: without max_new_tokens, generate up to the context limit, at most this many tokens.
@@ -82,10 +84,12 @@ class Validator:
         tokenizer: Tokenizer,
         limits: ValidationLimits,
         adapters: AdapterRegistry | None = None,
+        grammars: Grammars | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.limits = limits
         self.adapters = adapters or AdapterRegistry((), "")
+        self.grammars = grammars  # None: structured output is refused
 
     async def validate(self, request: GenerationRequest) -> ValidRequest:
         lim, names = self.limits, request.names
@@ -117,6 +121,7 @@ class Validator:
         adapter_id = self._adapter(request)
         ids = await self._input_ids(request)
         max_new_tokens = self._max_new_tokens(request, len(ids))
+        grammar = await self._grammar(request)  # last: the one check that may take a while
         return ValidRequest(
             inputs=request.inputs,
             input_ids=tuple(ids),
@@ -130,7 +135,17 @@ class Validator:
             top_n_tokens=top_n or 0,
             best_of=best_of or 1,
             adapter_id=adapter_id,
+            grammar=grammar,
         )
+
+    async def _grammar(self, request: GenerationRequest) -> CompiledGrammar | None:
+        spec = request.grammar
+        if spec is None:
+            return None
+        if self.grammars is None:
+            raise ValidationError(f"`{spec.field}` is not supported by this server")
+        # A large schema takes a while to build (llguidance releases the GIL meanwhile).
+        return await asyncio.to_thread(self.grammars.compile, spec)
 
     def _check_logit_bias(self, request: GenerationRequest) -> None:
         vocab = self.limits.vocab_size

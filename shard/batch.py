@@ -30,6 +30,8 @@ class RequestInfo:
     num_blocks: int
     # Positions the router reserved KV slots for (prompt + max_new_tokens).
     capacity: int
+    # Structured output: each token it samples must be one its step's token mask allows.
+    constrained: bool = False
 
 
 def _pad_rows(
@@ -84,6 +86,7 @@ class Batch:
                     top_n_tokens=r.top_n_tokens,
                     num_blocks=len(r.blocks),
                     capacity=len(r.slots),
+                    constrained=r.constrained,
                 )
             )
         # History holds one more id than there are slots: the last sampled token never needs KV.

@@ -24,6 +24,7 @@ class NewRequest:
     prefill_logprobs: bool = False
     top_n_tokens: int = 0
     adapter_id: str = ""  # "" for the base model
+    constrained: bool = False  # structured output: samples only what its token masks allow
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from shard.distributed import Distributed
 from shard.layers.lora import LoraStep
 from shard.requests import Generation, Tokens
 from shard.sampling.sampler import SampleOutput, sample
+from shard.sampling.token_masks import TokenMasks, gather_token_masks
 from shard.step_inputs import StepInputs, build_step_inputs, step_lengths
 
 log = logging.getLogger(__name__)
@@ -63,11 +64,15 @@ class ModelRunner:
 
     @torch.inference_mode()
     def step(
-        self, batch: Batch, chunks: Mapping[int, int] | None = None
+        self,
+        batch: Batch,
+        chunks: Mapping[int, int] | None = None,
+        token_masks: Mapping[int, bytes] | None = None,
     ) -> tuple[list[Generation], StepTimings]:
         """Runs one step: a token for every decoding row, the next prompt chunk (`chunks`, by
         request id; default the whole rest) for rows in their prompt; samples the rows whose
-        known tokens are then all in the cache."""
+        known tokens are then all in the cache, constrained ones within their `token_masks`
+        (by request id)."""
         q_lens = step_lengths(batch, chunks or {})
         self._check_capacity(batch, q_lens)
         if int(q_lens.sum()) == 0:
@@ -88,9 +93,11 @@ class ModelRunner:
         if len(inputs.sample_rows):
             everyone = len(inputs.sample_rows) == len(batch)
             rows = None if everyone else inputs.sample_rows
-            out = self._sample(logits, batch, rows)
+            sample_rows = inputs.sample_rows.tolist()
+            masks = self._token_masks(batch, sample_rows, token_masks or {}, logits.device)
+            out = self._sample(logits, batch, rows, masks)
             batch.append_tokens(out.next_ids, rows)
-            generations = self._generations(batch, out, inputs.sample_rows.tolist())
+            generations = self._generations(batch, out, sample_rows)
         end = time.perf_counter_ns()
         return generations, StepTimings(forward_done - start, end - forward_done)
 
@@ -130,8 +137,23 @@ class ModelRunner:
             raise RuntimeError("the KV cache is not allocated yet: Warmup must run first")
         return self.kv_caches
 
+    @staticmethod
+    def _token_masks(
+        batch: Batch, rows: list[int], masks: Mapping[int, bytes], device: torch.device
+    ) -> TokenMasks | None:
+        if not masks and not any(r.constrained for r in batch.requests):
+            return None  # the common case: nobody asked for structured output
+        requests = [batch.requests[row] for row in rows]
+        return gather_token_masks(
+            [r.id for r in requests], [r.constrained for r in requests], masks, device
+        )
+
     def _sample(
-        self, logits: torch.Tensor, batch: Batch, rows: torch.Tensor | None
+        self,
+        logits: torch.Tensor,
+        batch: Batch,
+        rows: torch.Tensor | None,
+        masks: TokenMasks | None = None,
     ) -> SampleOutput:
         """Samples one token for each of `rows` (None: every row of the batch)."""
         if rows is None:
@@ -140,7 +162,7 @@ class ModelRunner:
             sampling, history, lens = (
                 batch.sampling.index(rows), batch.history[rows], batch.history_lens[rows]
             )  # fmt: skip
-        out = sample(logits, sampling, history, lens, batch.max_top_n)
+        out = sample(logits, sampling, history, lens, batch.max_top_n, masks)
         if self.dist.world_size > 1:
             # Logits are all-gathered and sampling is deterministic, so ranks agree already;
             # the broadcast makes agreement a guarantee rather than a consequence.

@@ -117,8 +117,10 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             del self.cache[b.id]
         return batches
 
-    def _step(self, batch: Batch, chunks) -> tuple[list[generate_pb2.Generation], StepTimings]:
-        generations, timings = self.runner.step(batch, dict(chunks))
+    def _step(
+        self, batch: Batch, chunks, token_masks
+    ) -> tuple[list[generate_pb2.Generation], StepTimings]:
+        generations, timings = self.runner.step(batch, dict(chunks), dict(token_masks))
         self.cache[batch.id] = batch
         return [wire.generation(g) for g in generations], timings
 
@@ -142,7 +144,7 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
                 failed = {rid for f in failures for rid in f.request_ids}
                 chunks = {k: v for k, v in request.prefill_chunks.items() if k not in failed}
                 batch = Batch.concat(batches)
-                generations, timings = self._step(batch, chunks)
+                generations, timings = self._step(batch, chunks, request.token_masks)
                 response.generations.extend(generations)
                 response.batch.CopyFrom(wire.cached_batch(batch))
                 response.forward_ns, response.decode_ns = timings.forward_ns, timings.decode_ns
@@ -229,7 +231,7 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
                 raise ValueError("Decode needs at least one cached batch")
             batch = Batch.concat(self._take(list(request.batches)))
             concat_done = time.perf_counter_ns()
-            generations, timings = self._step(batch, request.prefill_chunks)
+            generations, timings = self._step(batch, request.prefill_chunks, request.token_masks)
             return generate_pb2.DecodeResponse(
                 generations=generations,
                 batch=wire.cached_batch(batch),

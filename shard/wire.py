@@ -38,6 +38,7 @@ def new_request(r: pb.Request) -> NewRequest:
         prefill_logprobs=r.prefill_logprobs,
         top_n_tokens=r.top_n_tokens,
         adapter_id=r.adapter_id,
+        constrained=r.constrained,
     )
 
 

@@ -100,7 +100,7 @@ class StoppingCriteriaParameters(_message.Message):
     def __init__(self, max_new_tokens: _Optional[int] = ..., ignore_eos_token: _Optional[bool] = ...) -> None: ...
 
 class Request(_message.Message):
-    __slots__ = ("id", "input_ids", "parameters", "stopping_parameters", "prefill_logprobs", "top_n_tokens", "adapter_id", "blocks", "slots", "prefix_len")
+    __slots__ = ("id", "input_ids", "parameters", "stopping_parameters", "prefill_logprobs", "top_n_tokens", "adapter_id", "blocks", "slots", "prefix_len", "constrained")
     ID_FIELD_NUMBER: _ClassVar[int]
     INPUT_IDS_FIELD_NUMBER: _ClassVar[int]
     PARAMETERS_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +111,7 @@ class Request(_message.Message):
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_LEN_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINED_FIELD_NUMBER: _ClassVar[int]
     id: int
     input_ids: _containers.RepeatedScalarFieldContainer[int]
     parameters: NextTokenChooserParameters
@@ -121,7 +122,8 @@ class Request(_message.Message):
     blocks: _containers.RepeatedScalarFieldContainer[int]
     slots: _containers.RepeatedScalarFieldContainer[int]
     prefix_len: int
-    def __init__(self, id: _Optional[int] = ..., input_ids: _Optional[_Iterable[int]] = ..., parameters: _Optional[_Union[NextTokenChooserParameters, _Mapping]] = ..., stopping_parameters: _Optional[_Union[StoppingCriteriaParameters, _Mapping]] = ..., prefill_logprobs: _Optional[bool] = ..., top_n_tokens: _Optional[int] = ..., adapter_id: _Optional[str] = ..., blocks: _Optional[_Iterable[int]] = ..., slots: _Optional[_Iterable[int]] = ..., prefix_len: _Optional[int] = ...) -> None: ...
+    constrained: bool
+    def __init__(self, id: _Optional[int] = ..., input_ids: _Optional[_Iterable[int]] = ..., parameters: _Optional[_Union[NextTokenChooserParameters, _Mapping]] = ..., stopping_parameters: _Optional[_Union[StoppingCriteriaParameters, _Mapping]] = ..., prefill_logprobs: _Optional[bool] = ..., top_n_tokens: _Optional[int] = ..., adapter_id: _Optional[str] = ..., blocks: _Optional[_Iterable[int]] = ..., slots: _Optional[_Iterable[int]] = ..., prefix_len: _Optional[int] = ..., constrained: _Optional[bool] = ...) -> None: ...
 
 class Batch(_message.Message):
     __slots__ = ("id", "requests", "size", "max_tokens", "max_blocks")
@@ -184,7 +186,7 @@ class FilterBatchResponse(_message.Message):
     def __init__(self, batch: _Optional[_Union[CachedBatch, _Mapping]] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("batch", "cached_batches", "prefill_chunks")
+    __slots__ = ("batch", "cached_batches", "prefill_chunks", "token_masks")
     class PrefillChunksEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -192,13 +194,22 @@ class PrefillRequest(_message.Message):
         key: int
         value: int
         def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    class TokenMasksEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: bytes
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[bytes] = ...) -> None: ...
     BATCH_FIELD_NUMBER: _ClassVar[int]
     CACHED_BATCHES_FIELD_NUMBER: _ClassVar[int]
     PREFILL_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_MASKS_FIELD_NUMBER: _ClassVar[int]
     batch: Batch
     cached_batches: _containers.RepeatedCompositeFieldContainer[CachedBatch]
     prefill_chunks: _containers.ScalarMap[int, int]
-    def __init__(self, batch: _Optional[_Union[Batch, _Mapping]] = ..., cached_batches: _Optional[_Iterable[_Union[CachedBatch, _Mapping]]] = ..., prefill_chunks: _Optional[_Mapping[int, int]] = ...) -> None: ...
+    token_masks: _containers.ScalarMap[int, bytes]
+    def __init__(self, batch: _Optional[_Union[Batch, _Mapping]] = ..., cached_batches: _Optional[_Iterable[_Union[CachedBatch, _Mapping]]] = ..., prefill_chunks: _Optional[_Mapping[int, int]] = ..., token_masks: _Optional[_Mapping[int, bytes]] = ...) -> None: ...
 
 class LoraStats(_message.Message):
     __slots__ = ("slots_in_use", "host_cache_hits", "host_cache_misses", "host_cache_evictions")
@@ -241,7 +252,7 @@ class AdapterFailure(_message.Message):
     def __init__(self, adapter_id: _Optional[str] = ..., reason: _Optional[str] = ..., request_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
-    __slots__ = ("batches", "prefill_chunks")
+    __slots__ = ("batches", "prefill_chunks", "token_masks")
     class PrefillChunksEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -249,11 +260,20 @@ class DecodeRequest(_message.Message):
         key: int
         value: int
         def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    class TokenMasksEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: bytes
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[bytes] = ...) -> None: ...
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     PREFILL_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_MASKS_FIELD_NUMBER: _ClassVar[int]
     batches: _containers.RepeatedCompositeFieldContainer[CachedBatch]
     prefill_chunks: _containers.ScalarMap[int, int]
-    def __init__(self, batches: _Optional[_Iterable[_Union[CachedBatch, _Mapping]]] = ..., prefill_chunks: _Optional[_Mapping[int, int]] = ...) -> None: ...
+    token_masks: _containers.ScalarMap[int, bytes]
+    def __init__(self, batches: _Optional[_Iterable[_Union[CachedBatch, _Mapping]]] = ..., prefill_chunks: _Optional[_Mapping[int, int]] = ..., token_masks: _Optional[_Mapping[int, bytes]] = ...) -> None: ...
 
 class DecodeResponse(_message.Message):
     __slots__ = ("generations", "batch", "concat_ns", "forward_ns", "decode_ns", "total_ns", "lora")

@@ -95,7 +95,6 @@ class ChatRequest(OpenAIRequest):
     functions: NoTools = None
     tool_choice: ChoiceNone = None
     function_call: ChoiceNone = None
-    response_format: Annotated[Any, Unsupported({"type": "text"}, None)] = None
     modalities: Annotated[Any, Unsupported(["text"], None)] = None
 
     def to_request(self, prompt: str) -> GenerationRequest:

@@ -24,6 +24,7 @@ from router.api.fields import (
     StopSequence,
     wire_int,
 )
+from router.api.grammar import ResponseFormat
 from router.api.says import Says, Unsupported, field_error
 from router.errors import ValidationError
 from router.request import FieldNames, GenerationRequest
@@ -138,6 +139,8 @@ class OpenAIRequest(BaseModel):
     repetition_penalty: RepetitionPenalty | None = None
     # Sent as 0 by clients following e.g. Qwen3's recommended settings: that is "off".
     min_p: Annotated[float, Unsupported(0.0, why="; only 0 (off)")] | None = None
+    # Structured output (vLLM takes it on both routes; TGI's `type` + `value` spelling too).
+    response_format: ResponseFormat | None = None
     user: Ignored = None
     metadata: Ignored = None
     store: Ignored = None
@@ -164,6 +167,7 @@ class OpenAIRequest(BaseModel):
             "stop": tuple(self.stop or ()),
             "ignore_eos": self.ignore_eos,
             "logit_bias": self.logit_bias or (),
+            "grammar": self.response_format.spec() if self.response_format is not None else None,
         }
         # OpenAI samples by default; temperature 0 is greedy, and the warpers do not apply.
         if self.temperature is None or self.temperature > 0.0:

@@ -19,6 +19,7 @@ from router.api.fields import (
     TopP,
     TypicalP,
 )
+from router.api.grammar import TgiGrammar
 from router.api.parsing import parse
 from router.api.says import Says, Unsupported
 from router.errors import ValidationError
@@ -63,7 +64,7 @@ class GenerateParameters(BaseModel):
     top_n_tokens: (
         Annotated[int, Field(description="Alternatives per token; 0..--max-top-n-tokens")] | None
     ) = None
-    grammar: Annotated[Any, Field(description="Not supported: must be null")] = None
+    grammar: TgiGrammar | None = None
     adapter_id: Annotated[str, Field(description="A loaded LoRA adapter; empty: base")] | None = (
         None
     )
@@ -111,8 +112,6 @@ def to_request(body: GenerateRequest, *, stream: bool) -> GenerationRequest:
         raise ValidationError("you must use sampling when `best_of` is > 1")
     if p.seed is not None and best_of > 1:
         raise ValidationError("`seed` must not be set when `best_of` > 1")
-    if p.grammar is not None:
-        raise ValidationError("grammar is not supported")
     return GenerationRequest(
         inputs=body.inputs,
         add_special_tokens=body.add_special_tokens,
@@ -133,4 +132,5 @@ def to_request(body: GenerateRequest, *, stream: bool) -> GenerationRequest:
         top_n_tokens=p.top_n_tokens,
         best_of=p.best_of,
         adapter=p.adapter_id or "",
+        grammar=p.grammar.spec("parameters.grammar") if p.grammar is not None else None,
     )

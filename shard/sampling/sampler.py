@@ -3,10 +3,11 @@
 Every request in a batch may have different parameters; one call handles them all with
 batched tensor ops (no loop over requests). Order and semantics follow HF/TGI and vLLM: the
 logit bias (OpenAI's), repetition penalty (over prompt and generated ids), then frequency and
-presence penalties (over the generated ids, as OpenAI defines them), on every row; then
+presence penalties (over the generated ids, as OpenAI defines them), on every row; the token
+masks of structured output (shard/sampling/token_masks.py) on constrained rows; then
 temperature, top-k, top-p and typical-p (do_sample rows only), then the choice. Logprobs are
-log_softmax of the logits that were sampled from: biased and penalized, and for sampled rows
-also warped.
+log_softmax of the logits that were sampled from: biased, penalized and masked, and for sampled
+rows also warped.
 
 On CPU at B=64, V=150k a full sort or a random number per vocabulary entry costs far more
 than everything else, so neither is on the common path:
@@ -31,6 +32,7 @@ from shard.native.eager import eager_cpu_kernel
 from shard.ragged import cat_padded, pad_rows
 from shard.sampling import random_hash
 from shard.sampling.params import SamplingParams
+from shard.sampling.token_masks import TokenMasks, apply_token_masks
 from shard.sampling.truncation import Warpers, candidate_groups
 
 NEG_INF = float("-inf")
@@ -257,17 +259,20 @@ def sample(
     history: Tensor,
     history_lens: Tensor,
     max_top_n: int = 0,
+    masks: TokenMasks | None = None,
 ) -> SampleOutput:
     """Choose the next token of every row; logits [B, V] float32 is left unmodified.
 
     history [B, L] int64 holds prompt + generated ids (anything past history_lens is
-    ignored); history_lens [B] also numbers the step for the random draws.
+    ignored); history_lens [B] also numbers the step for the random draws. `masks` confine
+    the rows of constrained requests (structured output) to the tokens their grammar allows.
     """
     logits = logits.float()  # no copy when it already is
     batch, vocab = logits.shape
     top_n = max(0, min(max_top_n, vocab))
     history_lens = history_lens.to(device=logits.device, dtype=torch.int64)
     scores = _apply_penalties(_apply_logit_bias(logits, tensors), tensors, history, history_lens)
+    scores = apply_token_masks(scores, masks, owned=scores is not logits)
     owned = scores is not logits
     keys = random_hash.stream_keys(tensors.seed_lo, tensors.seed_hi, history_lens)
 

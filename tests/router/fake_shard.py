@@ -1,6 +1,7 @@
 """A deterministic in-process shard speaking the real wire protocol, for router tests.
 
-Next token = (last token + 1) % vocab_size, or the next id of a `script`. Every RPC is checked
+Next token = (last token + 1) % vocab_size, or the next id of a `script`; a constrained request
+(structured output) takes the first token its step's mask allows from there on. Every RPC is checked
 against the protocol rules the router must follow (block/slot consistency, no step past
 max_new_tokens, batch bookkeeping); violations are recorded in `violations` for the tests to
 assert on.
@@ -24,6 +25,17 @@ from switchyard_pb import generate_pb2 as pb
 from switchyard_pb import generate_pb2_grpc as pb_grpc
 
 
+def _first_allowed(mask: bytes, preferred: int) -> int:
+    """The first token at or after `preferred` (cyclically) that the packed mask allows."""
+    bits = int.from_bytes(mask, "little")
+    width = len(mask) * 8
+    for k in range(width):
+        token = (preferred + k) % width
+        if bits >> token & 1:
+            return token
+    return preferred  # an empty mask: the router's violation, recorded by the caller
+
+
 @dataclass
 class FakeRequest:
     id: int
@@ -34,6 +46,7 @@ class FakeRequest:
     top_n: int
     prefill_logprobs: bool = False
     adapter_id: str = ""
+    constrained: bool = False
     generated: int = 0
     computed: int = 0  # prompt tokens computed so far (chunked prefill), the cached prefix too
 
@@ -121,9 +134,14 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
             return self.script[req.generated % len(self.script)]
         return (req.ids[-1] + 1) % self.vocab_size
 
-    def _generation(self, req: FakeRequest, prefill_logprobs: bool = False) -> pb.Generation:
+    def _generation(
+        self, req: FakeRequest, prefill_logprobs: bool = False, mask: bytes | None = None
+    ) -> pb.Generation:
         self._check(req.generated < req.max_new, f"req {req.id}: step past max_new_tokens")
         token = self._next(req)
+        if req.constrained:
+            self._check(bool(mask), f"req {req.id}: constrained without a usable token mask")
+            token = _first_allowed(mask or b"", token)
         req.ids.append(token)
         req.generated += 1
         gen = pb.Generation(
@@ -145,7 +163,7 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
             )
         return gen
 
-    def _step(self, reqs: list[FakeRequest], chunks) -> list[pb.Generation]:
+    def _step(self, reqs: list[FakeRequest], chunks, masks=None) -> list[pb.Generation]:
         """One step like the real shard's: decoding rows get a token; rows in their prompt compute
         their chunk (default: the rest) and get their first token once it is all computed."""
         known = {r.id for r in reqs}
@@ -163,11 +181,13 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
                 tokens += n
                 computed[req.id] = n
                 if req.prompt_left == 0:
-                    gens.append(self._generation(req, req.prefill_logprobs))
+                    gens.append(
+                        self._generation(req, req.prefill_logprobs, (masks or {}).get(req.id))
+                    )
             else:
                 tokens += 1
                 self._write(req, [len(req.ids) - 1])
-                gens.append(self._generation(req))
+                gens.append(self._generation(req, mask=(masks or {}).get(req.id)))
         self.step_tokens.append(tokens)
         self.step_generated.append([g.request_id for g in gens])
         self.prompt_chunks.append(computed)
@@ -285,6 +305,7 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
                 r.top_n_tokens,
                 r.prefill_logprobs,
                 r.adapter_id,
+                constrained=r.constrained,
                 computed=r.prefix_len,
             )
             self._hold(r, req)
@@ -295,7 +316,7 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
         batch_id = request.cached_batches[0].id if request.cached_batches else batch.id
         self.batches[batch_id] = merged
         chunks = {k: v for k, v in request.prefill_chunks.items() if k not in failed}
-        gens = self._step(merged, chunks)
+        gens = self._step(merged, chunks, dict(request.token_masks))
         return pb.PrefillResponse(
             generations=gens, batch=self._cached(batch_id), adapter_failures=failures
         )
@@ -332,7 +353,7 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
         self.batches[batch_id] = merged
         self.max_batch_size_seen = max(self.max_batch_size_seen, len(merged))
         self.decode_sizes.append(len(merged))
-        gens = self._step(merged, dict(request.prefill_chunks))
+        gens = self._step(merged, dict(request.prefill_chunks), dict(request.token_masks))
         return pb.DecodeResponse(generations=gens, batch=self._cached(batch_id))
 
     async def FilterBatch(self, request, context):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import shutil
@@ -13,12 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 from aiohttp.test_utils import TestClient, TestServer
 
 from router.__main__ import build_infer
 from router.args import RouterArgs
 from router.infer import Infer
 from router.server import create_app
+from shard.sockets import shard_url
+from switchyard_pb import generate_pb2_grpc as pb_grpc
 from tests.router.fake_shard import FakeShard, start_fake_shards
 
 TEST_TIMEOUT_S = 30.0
@@ -57,6 +61,33 @@ async def router_env(
             infer.tokenizer.close()
         for server in servers:
             await server.stop(None)
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+@asynccontextmanager
+async def real_router_env(service: Any, model_dir: Path, **args: Any) -> AsyncIterator[RouterEnv]:
+    """A real router over one real shard servicer (shard.server.TextGenerationService, built
+    by the caller in this process), served over gRPC as the launcher's shard would be."""
+    sock_dir = tempfile.mkdtemp(prefix="sy-")
+    uds = f"{sock_dir}/s"
+    service.identity = dataclasses.replace(service.identity, uds_path=uds)  # ServiceDiscovery
+    server = grpc.aio.server()
+    pb_grpc.add_TextGenerationServiceServicer_to_server(service, server)
+    server.add_insecure_port(shard_url(uds, 0))
+    await server.start()
+    infer = client = None
+    try:
+        infer = await build_infer(RouterArgs(model_id=str(model_dir), shard_uds_path=uds, **args))
+        client = TestClient(TestServer(create_app(infer), handler_cancellation=True))
+        await client.start_server()
+        yield RouterEnv(client, infer, [])
+    finally:
+        if client is not None:
+            await client.close()
+        if infer is not None:
+            await infer.client.close()
+            infer.tokenizer.close()
+        await server.stop(None)
         shutil.rmtree(sock_dir, ignore_errors=True)
 
 

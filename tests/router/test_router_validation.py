@@ -6,6 +6,7 @@ import pytest
 
 from router.api.tgi import parse_generate
 from router.errors import ValidationError
+from router.structured import Grammars
 from router.tokenizer import Tokenizer
 from router.validation import ValidationLimits, Validator, parse_json_body
 
@@ -16,7 +17,7 @@ LIMITS = ValidationLimits(
 
 @pytest.fixture(scope="module")
 def validator(tokenizer) -> Validator:
-    return Validator(Tokenizer.from_object(tokenizer), LIMITS)
+    return Validator(Tokenizer.from_object(tokenizer), LIMITS, grammars=Grammars(tokenizer, {2}))
 
 
 def validate(validator, payload, stream=False):
@@ -63,7 +64,18 @@ BAD = [
     (req(seed=-1), "`seed` must be an integer >= 0"),
     (req(seed=2**64), "`seed` must fit in 64 bits"),
     (req(watermark=True), "`watermark` is not supported"),
-    (req(grammar={"type": "regex", "value": "a+"}), "grammar is not supported"),
+    (req(grammar={"type": "regex", "value": "a("}), "`parameters.grammar.value` is not valid: "),
+    (
+        req(grammar={"type": "json", "value": {"type": "strin"}}),
+        "`parameters.grammar.value` is not valid: ",
+    ),
+    (req(grammar={"type": "regex", "value": 5}), "`parameters.grammar.value` must be a string"),
+    (req(grammar={"type": "json", "value": "{nope"}), "`parameters.grammar.value` must be a JSON"),
+    (req(grammar={"type": "json", "value": [1]}), "`parameters.grammar.value` must be a JSON"),
+    (
+        req(grammar={"type": "json_schema", "value": {"name": "x"}}),
+        "`parameters.grammar.value` must be an object with a `schema`",
+    ),
     ({"inputs": ""}, "`inputs` cannot be empty"),
     (
         {"inputs": "a " * 18, "parameters": {"max_new_tokens": 1}},

@@ -1,0 +1,91 @@
+"""Structured output as the APIs spell it, onto the one GrammarSpec (router/structured.py).
+
+- TGI's `parameters.grammar` (and TGI's chat `response_format`): `{"type": "json", "value":
+  <JSON schema, as an object or as JSON text>}`, `{"type": "regex", "value": "<regex>"}`, or
+  `{"type": "json_schema", "value": {"name": ..., "schema": {...}}}`.
+- OpenAI's `response_format`: `{"type": "text"}` (no constraint), `{"type": "json_object"}`
+  (any JSON object), `{"type": "json_schema", "json_schema": {"name": ..., "schema": {...},
+  "strict": ...}}`. The schema is always enforced, `strict` or not.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field
+
+from router.api.fields import BODY
+from router.errors import ValidationError
+from router.structured import GrammarSpec, json_schema_text
+
+# What OpenAI's json_object asks for: some JSON object.
+ANY_JSON_OBJECT = '{"type": "object"}'
+
+
+class NamedSchema(BaseModel):
+    """OpenAI's `json_schema` member, and the `value` of TGI's json_schema grammar."""
+
+    model_config = BODY
+
+    name: Annotated[str, Field(description="The schema's name (not used)")] | None = None
+    description: Annotated[str, Field(description="Not used")] | None = None
+    schema_: Annotated[
+        dict[str, Any], Field(alias="schema", description="The JSON schema the output follows")
+    ]
+    strict: Annotated[bool, Field(description="Ignored: the schema is always enforced")] | None = (
+        None
+    )
+
+
+class TgiGrammar(BaseModel):
+    """TGI's GrammarType."""
+
+    model_config = BODY
+
+    type: Literal["json", "regex", "json_schema"]
+    value: Annotated[
+        Any,
+        Field(
+            description="json: a JSON schema (object or text); regex: the regular expression; "
+            "json_schema: {name, schema}"
+        ),
+    ]
+
+    def spec(self, field: str) -> GrammarSpec:
+        where = f"{field}.value"
+        if self.type == "regex":
+            if not isinstance(self.value, str):
+                raise ValidationError(f"`{where}` must be a string (the regular expression)")
+            return GrammarSpec("regex", self.value, where)
+        if self.type == "json_schema":
+            if not isinstance(self.value, dict):
+                raise ValidationError(f"`{where}` must be an object with a `schema`")
+            try:
+                named = NamedSchema.model_validate(self.value)
+            except ValueError:
+                raise ValidationError(f"`{where}` must be an object with a `schema`") from None
+            return GrammarSpec("json", json_schema_text(named.schema_, f"{where}.schema"), where)
+        return GrammarSpec("json", json_schema_text(self.value, where), where)
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's response_format, and TGI's chat spelling of a grammar (`type` + `value`)."""
+
+    model_config = BODY
+
+    type: Literal["text", "json_object", "json_schema", "json", "regex"]
+    json_schema: NamedSchema | None = None
+    value: Annotated[Any, Field(description="TGI's spelling: as in its `grammar`")] = None
+
+    def spec(self, field: str = "response_format") -> GrammarSpec | None:
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return GrammarSpec("json", ANY_JSON_OBJECT, field)
+        if self.type == "json_schema" and self.json_schema is not None:
+            where = f"{field}.json_schema.schema"
+            return GrammarSpec("json", json_schema_text(self.json_schema.schema_, where), where)
+        if self.value is None:
+            member = "json_schema" if self.type == "json_schema" else "value"
+            raise ValidationError(f"`{field}` of type {self.type!r} needs `{member}`")
+        return TgiGrammar(type=self.type, value=self.value).spec(field)

@@ -1,0 +1,130 @@
+"""Structured output: a JSON schema or a regular expression every generated text must match.
+
+The router holds each constrained request's grammar state (llguidance's matcher, built over the
+model's tokenizer) and sends the shards, with every step, the tokens its next sample may be
+(`token_masks` in the Prefill/Decode requests, one bit per token id); the shards only mask
+their logits with it (shard/sampling/token_masks.py). The router advances the state with each
+token it gets back. Once the grammar is complete the mask allows only the EOS token, so the
+request ends as the model ends it, with its EOS token (as TGI and transformers with a grammar
+processor do).
+
+Grammars are compiled when the request is validated, off the event loop: an invalid schema or
+regex is a 422 naming the field before anything is queued.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import llguidance
+import llguidance.hf
+
+from router.errors import GenerationError, ValidationError
+
+log = logging.getLogger(__name__)
+
+GrammarKind = Literal["json", "regex"]
+
+# Between JSON tokens at most one space, as TGI (outlines' default) allows: with any amount
+# allowed, a weak model can spend its whole budget on whitespace and never close the object.
+# A schema's own "x-guidance" options (llguidance's) override it.
+JSON_DEFAULTS: dict[str, Any] = {"whitespace_pattern": "[ ]?"}
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """What the caller asked for, as every API hands it over."""
+
+    kind: GrammarKind
+    value: str  # the JSON schema as text, or the regex
+    field: str = "grammar"  # how the caller named it, for errors
+
+
+class Grammars:
+    """Compiles grammars over the model's tokenizer (built once: about a second for a large
+    vocabulary). `unavailable` says why structured output cannot be served, if it cannot."""
+
+    def __init__(self, tokenizer, eos_token_ids: Iterable[int]) -> None:
+        self.unavailable: str | None = None
+        self._tokenizer: llguidance.LLTokenizer | None = None
+        self._eos = frozenset(eos_token_ids)
+        try:
+            eos = sorted(self._eos) or None  # None: the tokenizer's own
+            self._tokenizer = llguidance.hf.from_tokenizer(tokenizer, eos_token=eos)
+        except Exception as err:  # e.g. a slow (Python) tokenizer: llguidance needs a fast one
+            self.unavailable = f"the model's tokenizer cannot be used for grammars ({err})"
+            log.warning("structured output is unavailable: %s", self.unavailable)
+
+    def compile(self, spec: GrammarSpec) -> CompiledGrammar:
+        """Blocks for as long as the grammar takes to build (run it off the event loop)."""
+        if self._tokenizer is None:
+            raise ValidationError(f"`{spec.field}` is not supported: {self.unavailable}")
+        try:
+            if spec.kind == "json":
+                grammar = llguidance.LLMatcher.grammar_from_json_schema(
+                    spec.value, defaults=JSON_DEFAULTS
+                )
+            else:
+                grammar = llguidance.LLMatcher.grammar_from_regex(spec.value)
+        except ValueError as err:
+            raise ValidationError(f"`{spec.field}` is not valid: {err}") from None
+        matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise ValidationError(f"`{spec.field}` is not valid: {_first_line(matcher)}")
+        return CompiledGrammar(matcher, self._eos)
+
+
+def json_schema_text(schema: object, field: str) -> str:
+    """A JSON schema given as an object or as JSON text, as text (422 unless it is an object)."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError as err:
+            raise ValidationError(f"`{field}` must be a JSON schema: {err}") from None
+    if not isinstance(schema, dict):
+        raise ValidationError(f"`{field}` must be a JSON schema (a JSON object)")
+    return json.dumps(schema)
+
+
+class CompiledGrammar:
+    """A grammar in its initial state; each request (each best_of candidate) starts its own."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, eos_token_ids: frozenset[int]) -> None:
+        self._initial = matcher
+        self._eos = eos_token_ids
+
+    def start(self) -> TokenConstraint:
+        return TokenConstraint(self._initial.deep_copy(), self._eos)
+
+
+class TokenConstraint:
+    """One request's place in its grammar."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, eos_token_ids: frozenset[int]) -> None:
+        self._matcher = matcher
+        self._eos = eos_token_ids
+        # The grammar was complete and took its EOS token: nothing may follow, also for a
+        # request that ignores EOS (whose stopping criteria would go on).
+        self.ended = False
+
+    def mask(self) -> bytes:
+        """The tokens the next sample may be, in the wire's layout (llguidance's own)."""
+        mask = self._matcher.compute_bitmask()
+        if self._matcher.is_error():
+            raise GenerationError(f"the output grammar failed: {_first_line(self._matcher)}")
+        return mask
+
+    def accept(self, token_id: int) -> None:
+        if not self._matcher.consume_token(token_id):
+            raise GenerationError(
+                f"the output grammar refused token {token_id}: {_first_line(self._matcher)}"
+            )
+        self.ended = token_id in self._eos and self._matcher.is_stopped()
+
+
+def _first_line(matcher: llguidance.LLMatcher) -> str:
+    return (matcher.get_error() or "unknown error").strip().splitlines()[0]

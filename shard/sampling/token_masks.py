@@ -1,0 +1,78 @@
+"""Structured output on the shard: the tokens a constrained row may sample this step.
+
+The router holds each request's grammar (router/structured.py) and sends, with every step, one
+packed bitmask per constrained request: bit i % 32 of little-endian uint32 word i / 32 allows
+token i (llguidance's layout). The shard only applies them: the sampler sets every other logit
+to -inf before it chooses, so greedy, sampled and truncated rows all stay inside the grammar,
+and the reported logprobs are those of the masked distribution, like every other processing
+stage's (shard/sampling/sampler.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+BITS_PER_WORD = 32
+
+
+@dataclass(frozen=True)
+class TokenMasks:
+    rows: Tensor  # [R] int64: rows of the sampled logits that are constrained
+    words: Tensor  # [R, W] int32: their packed masks
+
+    def allowed(self, vocab: int) -> Tensor:
+        """[R, vocab] bool: the tokens each row may sample; ids past the mask are not allowed."""
+        shifts = torch.arange(BITS_PER_WORD, dtype=torch.int32, device=self.words.device)
+        bits = (self.words[:, :, None] >> shifts) & 1
+        allowed = bits.view(bits.shape[0], -1).bool()
+        if allowed.shape[1] < vocab:
+            return torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]))
+        return allowed[:, :vocab]
+
+
+def gather_token_masks(
+    request_ids: Sequence[int],
+    constrained: Sequence[bool],
+    masks: Mapping[int, bytes],
+    device: torch.device,
+) -> TokenMasks | None:
+    """The masks of the sampled rows that are constrained (row i samples for request_ids[i]).
+
+    A constrained row without a mask, or with one that allows nothing, fails the step: sampling
+    it unconstrained would silently break the request's grammar."""
+    rows, packed = [], []
+    for row, (rid, needs) in enumerate(zip(request_ids, constrained, strict=True)):
+        if not needs:
+            continue
+        mask = masks.get(rid)
+        if mask is None:
+            raise ValueError(f"request {rid} is constrained but the step carries no token mask")
+        if len(mask) % 4 or not any(mask):
+            raise ValueError(
+                f"request {rid}: its token mask must be whole uint32 words allowing a token"
+            )
+        rows.append(row)
+        packed.append(mask)
+    if not rows:
+        return None
+    width = max(len(m) for m in packed)
+    words = torch.zeros((len(packed), width // 4), dtype=torch.int32)
+    for i, mask in enumerate(packed):
+        words[i, : len(mask) // 4] = torch.frombuffer(bytearray(mask), dtype=torch.int32)
+    return TokenMasks(torch.tensor(rows, dtype=torch.int64, device=device), words.to(device))
+
+
+def apply_token_masks(scores: Tensor, masks: TokenMasks | None, owned: bool) -> Tensor:
+    """scores with the tokens the masks forbid at -inf: scores itself when there are no masks
+    or `owned` says it may be written, else a new tensor."""
+    if masks is None:
+        return scores
+    if not owned:
+        scores = scores.clone()
+    allowed = masks.allowed(scores.shape[1])
+    rows = scores.index_select(0, masks.rows).masked_fill_(~allowed, float("-inf"))
+    return scores.index_copy_(0, masks.rows, rows)
