@@ -13,7 +13,6 @@ import time
 from router.detokenizer import REPLACEMENT_CHAR
 from router.entry import Entry, Finished, Token, TokenEvent
 from router.metrics import Metrics
-from router.stopping import FinishReason
 from router.tokenizer import Tokenizer
 from switchyard_pb import generate_pb2 as pb
 
@@ -35,14 +34,14 @@ class Results:
         return False
 
     def _emit(self, entry: Entry, token_id: int, logprob: float, top: pb.Tokens | None) -> bool:
+        grammar_ended = False
         if entry.constraint is not None:
             entry.constraint.accept(token_id)  # a refused token fails the request
+            grammar_ended = entry.constraint.ended
         special = self.tokenizer.is_special(token_id)
         content = entry.detokenizer.push(token_id)
         text = self.tokenizer.piece(token_id) if special else content
-        reason = entry.stopping.step(token_id, text)
-        if reason is None and entry.constraint is not None and entry.constraint.ended:
-            reason = FinishReason.EOS_TOKEN  # ignore_eos: the grammar allows nothing after it
+        reason = entry.stopping.step(token_id, text, grammar_ended)
         if reason is not None:
             tail = entry.detokenizer.flush()  # the stream must add up to the whole text
             content += tail

@@ -36,10 +36,13 @@ class StoppingCriteria:
         self.generated = 0
         self.stopped = False  # the EOS token or a stop sequence ended the text
 
-    def step(self, token_id: int, text: str) -> FinishReason | None:
-        """Records one generated token and the text it emitted; returns why to stop, if so."""
+    def step(self, token_id: int, text: str, grammar_ended: bool = False) -> FinishReason | None:
+        """Records one generated token and the text it emitted; returns why to stop, if so.
+
+        `grammar_ended`: structured output's grammar took its EOS token and allows nothing
+        more, which ends the request like EOS even when it ignores EOS."""
         self.generated += 1
-        eos = token_id in self.eos_token_ids
+        eos = token_id in self.eos_token_ids or grammar_ended
         matched = self._matches(text)
         self.stopped = eos or matched
         if self.generated >= self.max_new_tokens:

@@ -138,9 +138,15 @@ def _check_output(text: str, spec: tuple[str, object] | None, finished: bool) ->
         jsonschema.validate(json.loads(text), value)
 
 
-def test_constrained_requests_in_one_batch_equal_transformers_with_llguidance(model_dir, reference):
+@pytest.fixture(scope="module")
+def service(model_dir):
+    return start_service(model_dir)
+
+
+def test_constrained_requests_in_one_batch_equal_transformers_with_llguidance(
+    model_dir, reference, service
+):
     tokenizer, generate = reference
-    service = start_service(model_dir)
 
     async def run() -> list[dict]:
         async with real_router_env(service, model_dir, max_batch_prefill_tokens=256) as env:
@@ -174,3 +180,100 @@ def test_constrained_requests_in_one_batch_equal_transformers_with_llguidance(mo
     # The grammar's end, not the length limit, ended every constrained request: the semantic
     # checks above ran on all of them.
     assert finished_by_grammar == sum(spec is not None for _, _, spec in CASES)
+
+
+def test_openai_response_format_equals_the_reference_and_ends_with_the_grammar(
+    model_dir, reference, service
+):
+    """Chat json_schema (whole and streamed, with logprobs) and completions with `ignore_eos`,
+    which must still end where the grammar ends; json_object gives a JSON object."""
+    tokenizer, generate = reference
+    messages = [{"role": "user", "content": "Describe a person."}]
+    json_schema = {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}
+    base = {"model": str(model_dir), "temperature": 0, "max_tokens": MAX_NEW}
+    chat = {**base, "messages": messages, "response_format": json_schema, "logprobs": True}
+    small = {"type": "json_schema", "json_schema": {"name": "s", "schema": SMALL, "strict": True}}
+    completion = {**base, "prompt": PROMPTS[0], "response_format": small, "ignore_eos": True}
+
+    async def run():
+        async with real_router_env(service, model_dir) as env:
+            post = env.client.post
+            whole = await post("/v1/chat/completions", json=chat)
+            streamed = await post("/v1/chat/completions", json={**chat, "stream": True})
+            done = await post("/v1/completions", json=completion)
+            obj = await post(
+                "/v1/completions",
+                json={**base, "prompt": PROMPTS[3], "response_format": {"type": "json_object"}},
+            )
+            for r in (whole, streamed, done, obj):
+                assert r.status == 200, await r.text()
+            return await whole.json(), await streamed.text(), await done.json(), await obj.json()
+
+    whole, streamed, done, obj = asyncio.run(run())
+
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ref_ids, ref_logprobs = generate(
+        tokenizer(text, add_special_tokens=False)["input_ids"], _grammar_text("json", SCHEMA)
+    )
+    choice = whole["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert choice["message"]["content"] == tokenizer.decode(ref_ids, skip_special_tokens=True)
+    jsonschema.validate(json.loads(choice["message"]["content"]), SCHEMA)
+    logprobs = [t["logprob"] for t in choice["logprobs"]["content"]]
+    assert logprobs == pytest.approx(ref_logprobs, abs=1e-4)
+
+    events = [json.loads(line[5:]) for line in streamed.splitlines() if line[5:].strip()[:1] == "{"]
+    deltas = "".join(e["choices"][0]["delta"].get("content") or "" for e in events)
+    assert deltas == choice["message"]["content"]
+    assert events[-1]["choices"][0]["finish_reason"] == "stop"
+
+    # ignore_eos: nothing may follow the grammar's EOS, so the request ends there anyway.
+    ref_ids, _ = generate(tokenizer(PROMPTS[0])["input_ids"], _grammar_text("json", SMALL))
+    assert done["choices"][0]["finish_reason"] == "stop"
+    assert done["usage"]["completion_tokens"] == len(ref_ids) < MAX_NEW
+    assert done["choices"][0]["text"] == tokenizer.decode(ref_ids, skip_special_tokens=True)
+
+    if obj["choices"][0]["finish_reason"] == "stop":
+        assert isinstance(json.loads(obj["choices"][0]["text"]), dict)
+    else:  # cut by max_tokens: still the start of an object
+        assert obj["choices"][0]["text"].startswith("{")
+
+
+SAMPLING = [
+    {"do_sample": True, "seed": 1},
+    {"temperature": 1.5, "seed": 2},
+    {"top_k": 5, "seed": 3},
+    {"top_p": 0.8, "seed": 4},
+    {"typical_p": 0.5, "seed": 5},
+    {"do_sample": True, "seed": 6, "repetition_penalty": 2.0},
+]
+
+
+def test_sampled_rows_and_best_of_candidates_stay_in_the_grammar(model_dir, service):
+    async def run():
+        async with real_router_env(service, model_dir) as env:
+
+            async def one(parameters: dict) -> dict:
+                body = {
+                    "inputs": PROMPTS[1],
+                    "parameters": {
+                        "max_new_tokens": MAX_NEW,
+                        "grammar": {"type": "regex", "value": REGEX},
+                        "details": True,
+                        **parameters,
+                    },
+                }
+                r = await env.client.post("/generate", json=body)
+                assert r.status == 200, await r.text()
+                return await r.json()
+
+            return await asyncio.gather(
+                *(one(p) for p in SAMPLING), one({"best_of": 2, "do_sample": True})
+            )
+
+    answers = asyncio.run(run())
+    texts = [a["generated_text"] for a in answers]
+    texts += [s["generated_text"] for s in answers[-1]["details"]["best_of_sequences"]]
+    for text in texts:
+        assert re.fullmatch(REGEX, text), texts
+    assert len(set(texts)) > 1  # sampling did sample
