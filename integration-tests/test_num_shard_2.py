@@ -13,6 +13,7 @@ sequence on which both ranks agreed.
 
 from __future__ import annotations
 
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ import requests
 import torch
 from reference import greedy
 from server_process import LauncherProcess
+from transformers import AutoTokenizer
 
 from launcher.tiny_models import build_model
 
@@ -46,6 +48,12 @@ SEEDED = [
     ("Paged attention", dict(seed=3, typical_p=0.7, repetition_penalty=1.2)),
 ]
 SAMPLED_TOKENS = 16
+# Structured output: every shard gets the router's token masks, greedy and sampled.
+REGEX = r"(ab|cd)[0-9]{2,3}-[a-z]{1,4}"
+CONSTRAINED = [
+    ("Hello", 40, {"grammar": {"type": "regex", "value": REGEX}}),
+    ("Paged attention", 40, {"grammar": {"type": "regex", "value": REGEX}, "do_sample": True}),
+]
 
 
 @dataclass
@@ -53,6 +61,7 @@ class Served:
     greedy: list[dict]  # details of each GREEDY request
     seeded: list[list[int]]  # token ids of each SEEDED request, first round
     seeded_again: list[list[int]]  # the same requests, sent again
+    constrained: list[dict]  # details of each CONSTRAINED request
     log: str
 
 
@@ -86,12 +95,14 @@ def serve(model_dir: Path, num_shard: int) -> Served:
         seeded_jobs = [(p, SAMPLED_TOKENS, {**sampled, **params}) for p, params in SEEDED]
         # Unseeded sampling too: the router draws a seed and sends it to every shard alike.
         unseeded = [("Hello", SAMPLED_TOKENS, sampled)] * 2
-        results = concurrently(server.url, greedy_jobs + seeded_jobs + unseeded)
+        constrained = [(p, n, {**params, "seed": 11}) for p, n, params in CONSTRAINED]
+        results = concurrently(server.url, greedy_jobs + seeded_jobs + unseeded + constrained)
         again = concurrently(server.url, seeded_jobs)
         return Served(
             greedy=results[: len(GREEDY)],
             seeded=[ids(d) for d in results[len(GREEDY) : len(GREEDY) + len(SEEDED)]],
             seeded_again=[ids(d) for d in again],
+            constrained=results[-len(CONSTRAINED) :],
             log=server.log_path.read_text(errors="replace"),
         )
 
@@ -133,3 +144,9 @@ def test_two_shards_equal_one_shard_and_transformers(model_dirs, name):
     assert one.seeded == one.seeded_again
     assert all(len(t) == SAMPLED_TOKENS for t in two.seeded)
     assert two.seeded[0] != two.seeded[1]  # same prompt, other seed: really sampled
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    for got, single in zip(two.constrained, one.constrained, strict=True):
+        assert ids(got) == ids(single), "constrained: 2 shards differ from 1 shard"
+        assert got["finish_reason"] == "eos_token"
+        assert re.fullmatch(REGEX, tokenizer.decode(ids(got), skip_special_tokens=True))
