@@ -27,7 +27,7 @@ from router.errors import GenerationError, ValidationError
 
 log = logging.getLogger(__name__)
 
-GrammarKind = Literal["json", "regex"]
+GrammarKind = Literal["json", "regex", "lark"]
 
 # Between JSON tokens at most one space, as TGI (outlines' default) allows: with any amount
 # allowed, a weak model can spend its whole budget on whitespace and never close the object.
@@ -40,7 +40,7 @@ class GrammarSpec:
     """What the caller asked for, as every API hands it over."""
 
     kind: GrammarKind
-    value: str  # the JSON schema as text, or the regex
+    value: str  # the JSON schema as text, the regex, or a Lark grammar (llguidance's dialect)
     field: str = "grammar"  # how the caller named it, for errors
 
 
@@ -68,11 +68,19 @@ class Grammars:
                 grammar = llguidance.LLMatcher.grammar_from_json_schema(
                     spec.value, defaults=JSON_DEFAULTS
                 )
-            else:
+            elif spec.kind == "regex":
                 grammar = llguidance.LLMatcher.grammar_from_regex(spec.value)
+            else:
+                grammar = llguidance.LLMatcher.grammar_from_lark(spec.value)
         except ValueError as err:
             raise ValidationError(f"`{spec.field}` is not valid: {err}") from None
         matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
+        if not matcher.is_error():
+            # Some grammars fail only when asked for a first token (a regex no text matches):
+            # that is the caller's error too, found now rather than as a failed generation.
+            first = matcher.compute_bitmask()
+            if not matcher.is_error() and not any(first):
+                raise ValidationError(f"`{spec.field}` allows no output")
         if matcher.is_error():
             raise ValidationError(f"`{spec.field}` is not valid: {_first_line(matcher)}")
         return CompiledGrammar(matcher, self._eos)
@@ -85,9 +93,18 @@ def json_schema_text(schema: object, field: str) -> str:
             schema = json.loads(schema)
         except ValueError as err:
             raise ValidationError(f"`{field}` must be a JSON schema: {err}") from None
+        except RecursionError:
+            raise ValidationError(
+                f"`{field}` must be a JSON schema: it is nested too deeply"
+            ) from None
     if not isinstance(schema, dict):
         raise ValidationError(f"`{field}` must be a JSON schema (a JSON object)")
     return json.dumps(schema)
+
+
+def choice_grammar(choices: Iterable[str]) -> str:
+    """vLLM's `choice`: exactly one of the strings (a JSON string is a Lark literal)."""
+    return "start: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
 
 
 class CompiledGrammar:

@@ -6,6 +6,8 @@
 - OpenAI's `response_format`: `{"type": "text"}` (no constraint), `{"type": "json_object"}`
   (any JSON object), `{"type": "json_schema", "json_schema": {"name": ..., "schema": {...},
   "strict": ...}}`. The schema is always enforced, `strict` or not.
+- vLLM's `structured_outputs` (`{"json": ...}`, `{"regex": ...}`, `{"choice": [...]}`,
+  `{"json_object": true}`) and its older `guided_json`, `guided_regex`, `guided_choice`.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pydantic import BaseModel, Field
 
 from router.api.fields import BODY
 from router.errors import ValidationError
-from router.structured import GrammarSpec, json_schema_text
+from router.structured import GrammarSpec, choice_grammar, json_schema_text
 
 # What OpenAI's json_object asks for: some JSON object.
 ANY_JSON_OBJECT = '{"type": "object"}'
@@ -89,3 +91,50 @@ class ResponseFormat(BaseModel):
             member = "json_schema" if self.type == "json_schema" else "value"
             raise ValidationError(f"`{field}` of type {self.type!r} needs `{member}`")
         return TgiGrammar(type=self.type, value=self.value).spec(field)
+
+
+Choices = Annotated[list[str], Field(min_length=1, description="The output is one of these")]
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's structured_outputs: one constraint."""
+
+    model_config = BODY
+
+    json_: Annotated[
+        dict[str, Any] | str | None,
+        Field(alias="json", description="A JSON schema (object or text)"),
+    ] = None
+    regex: str | None = None
+    choice: Choices | None = None
+    json_object: bool | None = None
+
+    def spec(self, field: str = "structured_outputs") -> GrammarSpec | None:
+        given = {
+            "json": self.json_,
+            "regex": self.regex,
+            "choice": self.choice,
+            "json_object": self.json_object or None,
+        }
+        named = [k for k, v in given.items() if v is not None]
+        if len(named) > 1:
+            raise ValidationError(f"`{field}` takes one constraint. Given: {', '.join(named)}")
+        return vllm_spec(field, self.json_, self.regex, self.choice, bool(self.json_object))
+
+
+def vllm_spec(
+    field: str,
+    json: dict[str, Any] | str | None = None,
+    regex: str | None = None,
+    choice: list[str] | None = None,
+    json_object: bool = False,
+) -> GrammarSpec | None:
+    if json is not None:
+        return GrammarSpec("json", json_schema_text(json, f"{field}.json"), f"{field}.json")
+    if regex is not None:
+        return GrammarSpec("regex", regex, f"{field}.regex")
+    if choice is not None:
+        return GrammarSpec("lark", choice_grammar(choice), f"{field}.choice")
+    if json_object:
+        return GrammarSpec("json", ANY_JSON_OBJECT, f"{field}.json_object")
+    return None

@@ -24,10 +24,11 @@ from router.api.fields import (
     StopSequence,
     wire_int,
 )
-from router.api.grammar import ResponseFormat
+from router.api.grammar import Choices, ResponseFormat, StructuredOutputs, vllm_spec
 from router.api.says import Says, Unsupported, field_error
 from router.errors import ValidationError
 from router.request import FieldNames, GenerationRequest
+from router.structured import GrammarSpec
 
 # OpenAI's default for /v1/completions (TGI would generate up to the context limit).
 DEFAULT_MAX_TOKENS = 16
@@ -141,6 +142,11 @@ class OpenAIRequest(BaseModel):
     min_p: Annotated[float, Unsupported(0.0, why="; only 0 (off)")] | None = None
     # Structured output (vLLM takes it on both routes; TGI's `type` + `value` spelling too).
     response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    # vLLM's older spelling of structured_outputs.
+    guided_json: Annotated[dict[str, Any] | str, Field(description="A JSON schema")] | None = None
+    guided_regex: str | None = None
+    guided_choice: Choices | None = None
     user: Ignored = None
     metadata: Ignored = None
     store: Ignored = None
@@ -153,6 +159,23 @@ class OpenAIRequest(BaseModel):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    def _grammar(self) -> GrammarSpec | None:
+        """Structured output, however it was asked for (at most one way)."""
+        specs = {
+            "response_format": self.response_format and self.response_format.spec(),
+            "structured_outputs": self.structured_outputs and self.structured_outputs.spec(),
+        }
+        guided = {"guided_json": self.guided_json, "guided_regex": self.guided_regex,
+                  "guided_choice": self.guided_choice}  # fmt: skip
+        for name, value in guided.items():
+            if value is not None:
+                specs[name] = vllm_spec(name, **{name.removeprefix("guided_"): value})
+        named = [name for name, spec in specs.items() if spec is not None]
+        if len(named) > 1:
+            given = ", ".join(f"`{n}`" for n in named)
+            raise ValidationError(f"one output constraint per request, not {given}")
+        return specs[named[0]] if named else None
 
     def shared(self) -> dict[str, Any]:
         """The GenerationRequest fields both routes map the same way."""
@@ -167,7 +190,7 @@ class OpenAIRequest(BaseModel):
             "stop": tuple(self.stop or ()),
             "ignore_eos": self.ignore_eos,
             "logit_bias": self.logit_bias or (),
-            "grammar": self.response_format.spec() if self.response_format is not None else None,
+            "grammar": self._grammar(),
         }
         # OpenAI samples by default; temperature 0 is greedy, and the warpers do not apply.
         if self.temperature is None or self.temperature > 0.0:

@@ -42,12 +42,48 @@ class RouterEnv:
 async def router_env(
     model_dir: Path, world_size: int = 2, shard: dict[str, Any] | None = None, **args: Any
 ) -> AsyncIterator[RouterEnv]:
-    # Unix socket paths are limited to ~100 bytes: keep them short.
+    async with _socket_dir() as uds:
+        shards, servers = await start_fake_shards(uds, world_size, **(shard or {}))
+        try:
+            async with _router(model_dir, uds, shards, **args) as env:
+                yield env
+        finally:
+            for server in servers:
+                await server.stop(None)
+
+
+@asynccontextmanager
+async def real_router_env(service: Any, model_dir: Path, **args: Any) -> AsyncIterator[RouterEnv]:
+    """A real router over one real shard servicer (shard.server.TextGenerationService, built
+    by the caller in this process), served over gRPC as the launcher's shard would be."""
+    async with _socket_dir() as uds:
+        service.identity = dataclasses.replace(service.identity, uds_path=uds)  # discovery
+        server = grpc.aio.server()
+        pb_grpc.add_TextGenerationServiceServicer_to_server(service, server)
+        server.add_insecure_port(shard_url(uds, 0))
+        await server.start()
+        try:
+            async with _router(model_dir, uds, [], **args) as env:
+                yield env
+        finally:
+            await server.stop(None)
+
+
+@asynccontextmanager
+async def _socket_dir() -> AsyncIterator[str]:
+    """The shards' socket path; unix socket paths are limited to ~100 bytes: keep them short."""
     sock_dir = tempfile.mkdtemp(prefix="sy-")
-    uds = f"{sock_dir}/s"
-    shards, servers = await start_fake_shards(uds, world_size, **(shard or {}))
-    infer = None
-    client = None
+    try:
+        yield f"{sock_dir}/s"
+    finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+@asynccontextmanager
+async def _router(
+    model_dir: Path, uds: str, shards: list[FakeShard], **args: Any
+) -> AsyncIterator[RouterEnv]:
+    infer = client = None
     try:
         infer = await build_infer(RouterArgs(model_id=str(model_dir), shard_uds_path=uds, **args))
         client = TestClient(TestServer(create_app(infer), handler_cancellation=True))
@@ -59,36 +95,6 @@ async def router_env(
         if infer is not None:
             await infer.client.close()
             infer.tokenizer.close()
-        for server in servers:
-            await server.stop(None)
-        shutil.rmtree(sock_dir, ignore_errors=True)
-
-
-@asynccontextmanager
-async def real_router_env(service: Any, model_dir: Path, **args: Any) -> AsyncIterator[RouterEnv]:
-    """A real router over one real shard servicer (shard.server.TextGenerationService, built
-    by the caller in this process), served over gRPC as the launcher's shard would be."""
-    sock_dir = tempfile.mkdtemp(prefix="sy-")
-    uds = f"{sock_dir}/s"
-    service.identity = dataclasses.replace(service.identity, uds_path=uds)  # ServiceDiscovery
-    server = grpc.aio.server()
-    pb_grpc.add_TextGenerationServiceServicer_to_server(service, server)
-    server.add_insecure_port(shard_url(uds, 0))
-    await server.start()
-    infer = client = None
-    try:
-        infer = await build_infer(RouterArgs(model_id=str(model_dir), shard_uds_path=uds, **args))
-        client = TestClient(TestServer(create_app(infer), handler_cancellation=True))
-        await client.start_server()
-        yield RouterEnv(client, infer, [])
-    finally:
-        if client is not None:
-            await client.close()
-        if infer is not None:
-            await infer.client.close()
-            infer.tokenizer.close()
-        await server.stop(None)
-        shutil.rmtree(sock_dir, ignore_errors=True)
 
 
 def async_test(fn):

@@ -70,6 +70,12 @@ BAD = [
         "`parameters.grammar.value` is not valid: ",
     ),
     (req(grammar={"type": "regex", "value": 5}), "`parameters.grammar.value` must be a string"),
+    # No text matches it: refused here, not as a failed generation.
+    (req(grammar={"type": "regex", "value": "[^\\s\\S]"}), "`parameters.grammar.value` is not"),
+    (
+        req(grammar={"type": "json", "value": "[" * 5000 + "]" * 5000}),
+        "`parameters.grammar.value` must be a JSON schema: it is nested too deeply",
+    ),
     (req(grammar={"type": "json", "value": "{nope"}), "`parameters.grammar.value` must be a JSON"),
     (req(grammar={"type": "json", "value": [1]}), "`parameters.grammar.value` must be a JSON"),
     (

@@ -277,3 +277,42 @@ def test_sampled_rows_and_best_of_candidates_stay_in_the_grammar(model_dir, serv
     for text in texts:
         assert re.fullmatch(REGEX, text), texts
     assert len(set(texts)) > 1  # sampling did sample
+
+
+VLLM_CHOICES = ["yes", 'say "no"', "日本語", "(a|b)*"]  # quotes, non-ASCII, regex syntax: literal
+
+
+@pytest.mark.parametrize(
+    "constraint, reference_grammar",
+    [
+        ({"structured_outputs": {"choice": VLLM_CHOICES}}, ("lark", VLLM_CHOICES)),
+        ({"guided_choice": VLLM_CHOICES}, ("lark", VLLM_CHOICES)),
+        ({"structured_outputs": {"regex": REGEX}}, ("regex", REGEX)),
+        ({"guided_json": SMALL}, ("json", SMALL)),
+        ({"structured_outputs": {"json": json.dumps(SMALL)}}, ("json", SMALL)),
+    ],
+)
+def test_vllm_structured_outputs_equal_the_reference(
+    model_dir, reference, service, constraint, reference_grammar
+):
+    tokenizer, generate = reference
+    body = {"model": str(model_dir), "prompt": PROMPTS[2], "temperature": 0, "max_tokens": MAX_NEW}
+
+    async def run():
+        async with real_router_env(service, model_dir) as env:
+            r = await env.client.post("/v1/completions", json={**body, **constraint})
+            assert r.status == 200, await r.text()
+            return await r.json()
+
+    choice = asyncio.run(run())["choices"][0]
+    kind, value = reference_grammar
+    if kind == "lark":  # vLLM's choice, written out as the grammar it means
+        grammar = llguidance.LLMatcher.grammar_from_lark(
+            "start: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in value)
+        )
+        assert choice["text"] in value
+    else:
+        grammar = _grammar_text(kind, value)
+    ref_ids, _ = generate(tokenizer(PROMPTS[2])["input_ids"], grammar)
+    assert choice["text"] == tokenizer.decode(ref_ids, skip_special_tokens=True)
+    assert choice["finish_reason"] == "stop"
