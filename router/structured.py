@@ -75,31 +75,15 @@ class Grammars:
         except ValueError as err:
             raise ValidationError(f"`{spec.field}` is not valid: {err}") from None
         matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
-        if not matcher.is_error():
-            # Some grammars fail only when asked for a first token (a regex no text matches):
-            # that is the caller's error too, found now rather than as a failed generation.
-            first = matcher.compute_bitmask()
-            if not matcher.is_error() and not any(first):
-                raise ValidationError(f"`{spec.field}` allows no output")
+        # Some grammars fail only when asked for a first token (a regex no text matches): that
+        # is the caller's error too, found now rather than as a failed generation. The mask is
+        # every request's first one, kept for its first step.
+        first = b"" if matcher.is_error() else matcher.compute_bitmask()
         if matcher.is_error():
             raise ValidationError(f"`{spec.field}` is not valid: {_first_line(matcher)}")
-        return CompiledGrammar(matcher, self._eos)
-
-
-def json_schema_text(schema: object, field: str) -> str:
-    """A JSON schema given as an object or as JSON text, as text (422 unless it is an object)."""
-    if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except ValueError as err:
-            raise ValidationError(f"`{field}` must be a JSON schema: {err}") from None
-        except RecursionError:
-            raise ValidationError(
-                f"`{field}` must be a JSON schema: it is nested too deeply"
-            ) from None
-    if not isinstance(schema, dict):
-        raise ValidationError(f"`{field}` must be a JSON schema (a JSON object)")
-    return json.dumps(schema)
+        if not any(first):
+            raise ValidationError(f"`{spec.field}` allows no output")
+        return CompiledGrammar(matcher, self._eos, first)
 
 
 def choice_grammar(choices: Iterable[str]) -> str:
@@ -110,32 +94,43 @@ def choice_grammar(choices: Iterable[str]) -> str:
 class CompiledGrammar:
     """A grammar in its initial state; each request (each best_of candidate) starts its own."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, eos_token_ids: frozenset[int]) -> None:
+    def __init__(
+        self, matcher: llguidance.LLMatcher, eos_token_ids: frozenset[int], first_mask: bytes
+    ) -> None:
         self._initial = matcher
         self._eos = eos_token_ids
+        self._first_mask = first_mask
 
     def start(self) -> TokenConstraint:
-        return TokenConstraint(self._initial.deep_copy(), self._eos)
+        return TokenConstraint(self._initial.deep_copy(), self._eos, self._first_mask)
 
 
 class TokenConstraint:
     """One request's place in its grammar."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, eos_token_ids: frozenset[int]) -> None:
+    def __init__(
+        self, matcher: llguidance.LLMatcher, eos_token_ids: frozenset[int], first_mask: bytes
+    ) -> None:
         self._matcher = matcher
         self._eos = eos_token_ids
+        # The mask of the current state: a chunked prompt asks for it at every step until its
+        # first token, and it changes only when a token is accepted.
+        self._mask: bytes | None = first_mask
         # The grammar was complete and took its EOS token: nothing may follow, also for a
         # request that ignores EOS (whose stopping criteria would go on).
         self.ended = False
 
     def mask(self) -> bytes:
         """The tokens the next sample may be, in the wire's layout (llguidance's own)."""
-        mask = self._matcher.compute_bitmask()
-        if self._matcher.is_error():
-            raise GenerationError(f"the output grammar failed: {_first_line(self._matcher)}")
-        return mask
+        if self._mask is None:
+            mask = self._matcher.compute_bitmask()
+            if self._matcher.is_error():
+                raise GenerationError(f"the output grammar failed: {_first_line(self._matcher)}")
+            self._mask = mask
+        return self._mask
 
     def accept(self, token_id: int) -> None:
+        self._mask = None
         if not self._matcher.consume_token(token_id):
             raise GenerationError(
                 f"the output grammar refused token {token_id}: {_first_line(self._matcher)}"

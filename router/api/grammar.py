@@ -12,13 +12,31 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
 from router.api.fields import BODY
 from router.errors import ValidationError
-from router.structured import GrammarSpec, choice_grammar, json_schema_text
+from router.structured import GrammarSpec, choice_grammar
+
+
+def json_schema_text(schema: object, field: str) -> str:
+    """A JSON schema given as an object or as JSON text, as text (422 unless it is an object)."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError as err:
+            raise ValidationError(f"`{field}` must be a JSON schema: {err}") from None
+        except RecursionError:
+            raise ValidationError(
+                f"`{field}` must be a JSON schema: it is nested too deeply"
+            ) from None
+    if not isinstance(schema, dict):
+        raise ValidationError(f"`{field}` must be a JSON schema (a JSON object)")
+    return json.dumps(schema)
+
 
 # What OpenAI's json_object asks for: some JSON object.
 ANY_JSON_OBJECT = '{"type": "object"}'
