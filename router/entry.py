@@ -79,6 +79,8 @@ class Entry:
     started_at: float | None = None
     last_token_at: float | None = None
     prefill: list[Token] = field(default_factory=list)
+    # With `prefill` and top_n_tokens: each prompt position's alternatives (OpenAI's echo).
+    prefill_top: list[tuple[Token, ...]] = field(default_factory=list)
     tokens: list[Token] = field(default_factory=list)
     top_tokens: list[tuple[Token, ...]] = field(default_factory=list)
     generated_ids: list[int] = field(default_factory=list)

@@ -23,8 +23,9 @@ class FieldNames:
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    inputs: str
+    inputs: str  # the prompt's text, unless given as `input_ids`
     names: FieldNames = FieldNames()
+    input_ids: tuple[int, ...] | None = None  # a prompt the client tokenized (OpenAI completions)
     add_special_tokens: bool = True
     max_new_tokens: int | None = None  # None: up to the context limit
     temperature: float | None = None

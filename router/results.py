@@ -26,6 +26,7 @@ class Results:
         """Records one step's output for the entry; True when it finished with this step."""
         if gen.HasField("prefill_tokens") and entry.request.decoder_input_details:
             entry.prefill = self.tokens(gen.prefill_tokens)
+            entry.prefill_top = [tuple(self.tokens(t)) for t in gen.prefill_top_tokens]
         ids, logprobs, tops = gen.tokens.ids, gen.tokens.logprobs, gen.top_tokens
         for i, token_id in enumerate(ids):
             logprob = logprobs[i] if i < len(logprobs) else math.nan

@@ -122,8 +122,11 @@ class Validator:
         ids = await self._input_ids(request)
         max_new_tokens = self._max_new_tokens(request, len(ids))
         grammar = await self._grammar(request)  # last: the one check that may take a while
+        inputs = request.inputs
+        if request.input_ids is not None:  # what echo and the timing headers report
+            inputs = self.tokenizer.decode(ids)
         return ValidRequest(
-            inputs=request.inputs,
+            inputs=inputs,
             input_ids=tuple(ids),
             sampling=_sampling(request),
             max_new_tokens=max_new_tokens,
@@ -163,10 +166,20 @@ class Validator:
 
     async def _input_ids(self, request: GenerationRequest) -> list[int]:
         name, limit = request.names.inputs, self.limits.max_input_tokens
-        encoding = await self.tokenizer.encode(
-            request.inputs, add_special_tokens=request.add_special_tokens
-        )
-        ids = encoding.ids
+        if request.input_ids is not None:
+            ids = list(request.input_ids)
+            vocab = self.limits.vocab_size
+            outside = [i for i in ids if vocab is not None and i >= vocab]
+            if outside:
+                raise ValidationError(
+                    f"`{name}` holds token id(s) {outside[:5]} outside the model's vocabulary "
+                    f"of {vocab} tokens"
+                )
+        else:
+            encoding = await self.tokenizer.encode(
+                request.inputs, add_special_tokens=request.add_special_tokens
+            )
+            ids = encoding.ids
         if request.truncate is not None and len(ids) > request.truncate:
             ids = ids[-request.truncate :]  # keep the end of the prompt, next to what is generated
         if not ids:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from shard.ragged import cat_padded, pad_rows
-from shard.requests import NewRequest
+from shard.requests import NewRequest, Tokens
 from shard.sampling.sampler import SamplingTensors
 
 
@@ -52,6 +52,15 @@ def _check_prefix(r: NewRequest) -> None:
 
 
 @dataclass
+class PromptScores:
+    """What a request asking for its prompt's logprobs has gathered so far, position by
+    position: each prompt token's logprob and, with top_n_tokens, the alternatives there."""
+
+    logprobs: list[float] = field(default_factory=list)
+    top: list[Tokens] = field(default_factory=list)
+
+
+@dataclass
 class Batch:
     id: int
     requests: list[RequestInfo]
@@ -65,7 +74,7 @@ class Batch:
     # (shard/lora/manager.py assigns them when the batch arrives).
     lora_slots: torch.Tensor
     # Prompt logprobs gathered chunk by chunk, by request id, until the prompt is complete.
-    prompt_logprobs: dict[int, list[float]] = field(default_factory=dict)
+    prompt_logprobs: dict[int, PromptScores] = field(default_factory=dict)
 
     @classmethod
     def start(cls, batch_id: int, new: list[NewRequest], device: torch.device) -> "Batch":

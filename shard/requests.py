@@ -41,3 +41,5 @@ class Generation:
     token: Tokens  # the sampled token (one id, its logprob)
     top_tokens: Tokens | None = None  # the top_n_tokens most likely, when asked
     prefill_tokens: Tokens | None = None  # the prompt and its logprobs, with the first token
+    # With prefill_tokens and top_n_tokens: each prompt position's alternatives (first empty).
+    prefill_top: list[Tokens] | None = None

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shard.batch import Batch
+from shard.batch import Batch, PromptScores
 from shard.distributed import Distributed
 from shard.layers.lora import LoraStep
 from shard.requests import Generation, Tokens
@@ -125,10 +125,21 @@ class ModelRunner:
         rows, pos = rows[index], pos[index]
         logits = self.model.compute_logits(hidden[index])
         targets = batch.history[rows, pos + 1]
-        logprobs = torch.log_softmax(logits, -1).gather(1, targets[:, None]).squeeze(1).tolist()
+        all_logprobs = torch.log_softmax(logits, -1)
+        logprobs = all_logprobs.gather(1, targets[:, None]).squeeze(1).tolist()
+        rows_list = rows.tolist()
+        top_n = [batch.requests[row].top_n_tokens for row in rows_list]
+        top_ids = top_lps = None
+        if max(top_n):  # the alternatives too (OpenAI's echo with logprobs)
+            top = all_logprobs.topk(min(max(top_n), all_logprobs.shape[-1]), dim=-1)
+            top_ids, top_lps = top.indices.tolist(), top.values.tolist()
         # Tokens are packed row by row in position order, so appending keeps each list in order.
-        for row, logprob in zip(rows.tolist(), logprobs, strict=True):
-            batch.prompt_logprobs.setdefault(batch.requests[row].id, []).append(logprob)
+        for i, (row, logprob) in enumerate(zip(rows_list, logprobs, strict=True)):
+            scores = batch.prompt_logprobs.setdefault(batch.requests[row].id, PromptScores())
+            scores.logprobs.append(logprob)
+            n = top_n[i]
+            if n and top_ids is not None and top_lps is not None:
+                scores.top.append(Tokens(ids=top_ids[i][:n], logprobs=top_lps[i][:n]))
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -187,18 +198,21 @@ class ModelRunner:
         generations = []
         for i, row in enumerate(rows):
             request = batch.requests[row]
-            top = prefill = None
+            top = prefill = prefill_top = None
             if request.top_n_tokens and top_ids is not None:
                 n = request.top_n_tokens
                 top = Tokens(ids=top_ids[i][:n], logprobs=top_lps[i][:n])
             if request.prefill_logprobs and int(batch.history_lens[row]) == request.input_len + 1:
                 # The request's first token: its prompt's logprobs go with it. The first prompt
                 # token has no prediction.
+                scores = batch.prompt_logprobs.pop(request.id, PromptScores())
                 prefill = Tokens(
                     ids=batch.history[row, : request.input_len].tolist(),
-                    logprobs=[math.nan] + batch.prompt_logprobs.pop(request.id, []),
+                    logprobs=[math.nan, *scores.logprobs],
                 )
+                if request.top_n_tokens:
+                    prefill_top = [Tokens([], []), *scores.top]
             generations.append(
-                Generation(request.id, Tokens([ids[i]], [logprobs[i]]), top, prefill)
+                Generation(request.id, Tokens([ids[i]], [logprobs[i]]), top, prefill, prefill_top)
             )
         return generations

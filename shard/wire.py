@@ -67,4 +67,6 @@ def generation(g: Generation) -> pb.Generation:
         out.top_tokens.append(_tokens(g.top_tokens))
     if g.prefill_tokens is not None:
         out.prefill_tokens.CopyFrom(_tokens(g.prefill_tokens))
+    if g.prefill_top is not None:
+        out.prefill_top_tokens.extend(_tokens(t) for t in g.prefill_top)
     return out

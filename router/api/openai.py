@@ -3,7 +3,7 @@ completions body, and their mapping onto the shared GenerationRequest (chat: rou
 
 Unlike TGI, which ignores unknown fields, an unknown field is a 422 (the OpenAI API refuses them
 too): a typo must not silently change what is generated. Features the shards cannot honour
-(n > 1, min_p, tools...) are a 422 saying so, never silently dropped, unless their
+(min_p, tools, suffix...) are a 422 saying so, never silently dropped, unless their
 value changes nothing.
 """
 
@@ -32,6 +32,9 @@ from router.structured import GrammarSpec
 
 # OpenAI's default for /v1/completions (TGI would generate up to the context limit).
 DEFAULT_MAX_TOKENS = 16
+# OpenAI's bound on `n` (and `best_of`); --max-concurrent-requests bounds all of a request's
+# sequences together (router/handlers/choices.py).
+MAX_CHOICES = 128
 
 
 def _as_list(stop: str | list[str]) -> list[str]:
@@ -108,7 +111,9 @@ class OpenAIRequest(BaseModel):
     logit_bias: LogitBias | None = None
     n: (
         Annotated[
-            int, Field(ge=1, le=1), Says("must be 1 (one choice per request). Given: {value}")
+            int,
+            Field(ge=1, le=MAX_CHOICES, description="Choices per prompt, each sampled alone"),
+            Says(f"must be >= 1 and <= {MAX_CHOICES}. Given: {{value}}"),
         ]
         | None
     ) = None
@@ -201,36 +206,67 @@ class OpenAIRequest(BaseModel):
         return out
 
 
-def _one_prompt(prompt: Any) -> str:
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-        raise field_error(f" must hold one prompt per request. Given: {len(prompt)}")
-    if not isinstance(prompt, str):
-        raise field_error(" must be a string (token id prompts are not supported)")
-    if not prompt:
-        raise field_error(" cannot be empty")
-    return prompt
+# A prompt as text, or as the token ids a client tokenized itself (vLLM accepts both; evaluation
+# harnesses such as lm-eval send ids).
+PromptInput = str | tuple[int, ...]
 
 
-Prompt = Annotated[
-    str,
-    PlainValidator(_one_prompt),
+def _token_prompt(ids: list[Any]) -> tuple[int, ...]:
+    if not ids:
+        raise field_error(" cannot hold an empty prompt")
+    # bool is an int in Python; JSON's true is not a token id.
+    if not all(type(i) is int and i >= 0 for i in ids):
+        raise field_error(" token ids must be integers >= 0")
+    return tuple(ids)
+
+
+def _prompts(prompt: Any) -> list[PromptInput]:
+    """One prompt or several (OpenAI's four forms: a string, strings, token ids, lists of
+    them); each is generated for as if sent alone, its choices in the order given."""
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    elif isinstance(prompt, list) and prompt and all(type(i) is int for i in prompt):
+        prompt = [prompt]
+    if not isinstance(prompt, list) or not prompt:
+        raise field_error(
+            " must be a string, a list of strings, a list of token ids or a list of such lists"
+        )
+    out: list[PromptInput] = []
+    for one in prompt:
+        if isinstance(one, str):
+            if not one:
+                raise field_error(" cannot hold an empty prompt")
+            out.append(one)
+        elif isinstance(one, list):
+            out.append(_token_prompt(one))
+        else:
+            raise field_error(
+                " must be a string, a list of strings, a list of token ids or a list of such "
+                f"lists. Given an element of type {type(one).__name__}"
+            )
+    return out
+
+
+TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+Prompts = Annotated[
+    list[PromptInput],
+    PlainValidator(_prompts),
     WithJsonSchema(
         {
             "anyOf": [
                 {"type": "string", "minLength": 1},
-                {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1,
-                 "maxItems": 1},
+                {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1},
+                TOKEN_IDS,
+                {"type": "array", "items": TOKEN_IDS, "minItems": 1},
             ],
-            "description": "One prompt (token id prompts are not supported)",
+            "description": "One prompt or several, as text or token ids; each gets `n` choices",
         }
     ),
 ]  # fmt: skip
 
 
 class CompletionRequest(OpenAIRequest):
-    prompt: Prompt
+    prompt: Prompts
     logprobs: (
         Annotated[
             int,
@@ -239,15 +275,39 @@ class CompletionRequest(OpenAIRequest):
         ]
         | None
     ) = None
-    best_of: Annotated[int, Unsupported(1, why="; only 1")] | None = None
-    echo: Annotated[bool, Unsupported(False)] | None = None
+    best_of: (
+        Annotated[
+            int,
+            Field(ge=1, le=MAX_CHOICES, description="Candidates per prompt (n kept)"),
+            Says(f"must be >= 1 and <= {MAX_CHOICES}. Given: {{value}}"),
+        ]
+        | None
+    ) = None
+    echo: bool = False
     suffix: Annotated[str, Unsupported("")] | None = None
 
-    def to_request(self) -> GenerationRequest:
-        return GenerationRequest(
-            inputs=self.prompt,
-            names=FieldNames("prompt", "max_tokens", "logprobs", adapter="model"),
-            max_new_tokens=self.max_tokens or DEFAULT_MAX_TOKENS,
-            top_n_tokens=self.logprobs or None,
-            **self.shared(),
-        )
+    def candidates(self) -> int:
+        """Sequences generated per prompt (`best_of`, else `n`)."""
+        n = self.n or 1
+        if self.best_of is None:
+            return n
+        if self.best_of < n:
+            raise ValidationError(f"`best_of` must be >= `n`. Given: {self.best_of} and {n}")
+        if self.stream and self.best_of != n:
+            raise ValidationError("`best_of` != `n` is not supported when streaming")
+        return self.best_of
+
+    def to_requests(self) -> list[GenerationRequest]:
+        """One request per prompt. `echo` with `logprobs` needs the prompt's logprobs too."""
+        return [
+            GenerationRequest(
+                inputs=prompt if isinstance(prompt, str) else "",
+                input_ids=None if isinstance(prompt, str) else prompt,
+                names=FieldNames("prompt", "max_tokens", "logprobs", adapter="model"),
+                max_new_tokens=self.max_tokens or DEFAULT_MAX_TOKENS,
+                top_n_tokens=self.logprobs or None,
+                decoder_input_details=self.echo and self.logprobs is not None,
+                **self.shared(),
+            )
+            for prompt in self.prompt
+        ]

@@ -13,13 +13,8 @@ from router.api.parsing import parse
 from router.entry import Entry, Finished, Token, TokenEvent
 from router.errors import RouterError, ValidationError
 from router.generations import Generations
-from router.handlers.common import (
-    generations_of,
-    read_json,
-    submit,
-    timing_headers,
-    wait_finished,
-)
+from router.handlers.choices import Submitted, check_count, submit_all
+from router.handlers.common import generations_of, read_json, timing_headers
 from router.handlers.openai_common import (
     FINGERPRINT,
     StopTrimmer,
@@ -54,86 +49,103 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         prompt = await gens.tokenizer.apply_chat_template(messages, body.chat_template_kwargs or {})
     except (jinja2.TemplateError, ValueError, TypeError, KeyError) as err:
         raise ValidationError(f"`messages` rejected by the model's chat template: {err}") from None
+    n = body.n or 1
+    check_count(gens, n, "`n`")
     valid = await gens.validate(body.to_request(prompt))
-    with gens.permit():
-        entry = submit(request, valid, received)
+    with gens.permit(n):
+        sent = submit_all(request, [valid], n, received)
         if body.stream:
-            stream = ChatStream(gens, entry, body.logprobs, body.include_usage)
+            stream = ChatStream(gens, sent, body.logprobs, body.include_usage)
             headers = {"x-compute-type": gens.model.device_type or "unknown"}
-            return await serve_sse(request, entry, headers, stream)
-        try:
-            finished = await wait_finished(entry)
-        finally:
-            if not entry.done:
-                entry.cancel()
-    content = trim_stop(finished.generated_text, valid.stop)
+            return await serve_sse(request, sent.entries, headers, stream)
+        finished = await sent.finished()
+    choices = [
+        _choice(gens, index, entry, finished[entry.id], body.logprobs)
+        for index, entry in enumerate(sent.entries)
+    ]
+    first = sent.entries[0]
+    answer = response_body(
+        gens,
+        first,
+        object_type="chat.completion",
+        id_prefix="chatcmpl",
+        choices=choices,
+        usage=usage(sent.firsts, sent.entries),
+    )
+    return web.json_response(answer, headers=timing_headers(gens, first, finished[first.id]))
+
+
+def _choice(
+    gens: Generations, index: int, entry: Entry, finished: Finished, logprobs: bool
+) -> dict[str, Any]:
+    content = trim_stop(finished.generated_text, entry.request.stop)
     choice = {
-        "index": 0,
+        "index": index,
         "message": {"role": "assistant", "content": content},
         "logprobs": None,
         "finish_reason": finish_reason(finished),
     }
-    if body.logprobs:
+    if logprobs:
         steps = zip(entry.tokens, entry.top_tokens, strict=True)
         choice["logprobs"] = {"content": [token_logprob(gens, t, top) for t, top in steps]}
-    body = response_body(
-        gens, entry, object_type="chat.completion", id_prefix="chatcmpl", choice=choice
-    )
-    return web.json_response(body, headers=timing_headers(gens, entry, finished))
+    return choice
 
 
 class ChatStream:
-    """`chat.completion.chunk` events: the role first, then content, then finish_reason."""
+    """`chat.completion.chunk` events: per choice (its `index`), the role first, then content,
+    then its finish_reason; after the last choice, the usage (if asked) and [DONE]."""
 
     prefix = b"data: "
 
     def __init__(
-        self, gens: Generations, entry: Entry, logprobs: bool, include_usage: bool
+        self, gens: Generations, sent: Submitted, logprobs: bool, include_usage: bool
     ) -> None:
-        self.gens, self.entry = gens, entry
+        self.gens, self.sent = gens, sent
+        self.entries = entries = sent.entries
         self.logprobs, self.include_usage = logprobs, include_usage
         self.id, self.created = new_id("chatcmpl"), int(time.time())
-        self.trimmer = StopTrimmer(entry.request.stop)
-        self.started = False
-        self.finished: Finished | None = None
+        self.trimmers = [StopTrimmer(e.request.stop) for e in entries]
+        self.started = [False] * len(entries)
 
-    def chunk(self, delta: dict[str, Any], logprobs: Any = None, finish: str | None = None) -> dict:
+    def chunk(
+        self, index: int, delta: dict[str, Any], logprobs: Any = None, finish: str | None = None
+    ) -> dict:
         out: dict[str, Any] = {
             "id": self.id,
             "object": "chat.completion.chunk",
             "created": self.created,
-            "model": model_name(self.gens, self.entry),
+            "model": model_name(self.gens, self.entries[0]),
             "system_fingerprint": FINGERPRINT,
             "choices": [
-                {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+                {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
             ],
         }
         if self.include_usage:
             out["usage"] = None  # only the last chunk carries it
         return out
 
-    def on_token(self, event: TokenEvent) -> list[Any]:
+    def on_token(self, index: int, event: TokenEvent) -> list[Any]:
         out = []
-        if not self.started:
-            self.started = True
-            out.append(self.chunk({"role": "assistant", "content": ""}))
-        text = self.trimmer.push(visible(event.token))
+        if not self.started[index]:
+            self.started[index] = True
+            out.append(self.chunk(index, {"role": "assistant", "content": ""}))
+        text = self.trimmers[index].push(visible(event.token))
         if event.end is not None:
-            self.finished = event.end
-            text += self.trimmer.flush()
+            text += self.trimmers[index].flush()
         lp = None
         if self.logprobs:
             lp = {"content": [token_logprob(self.gens, event.token, event.top_tokens)]}
         if text or lp:
-            out.append(self.chunk({"content": text}, lp))
+            out.append(self.chunk(index, {"content": text}, lp))
+        if event.end is not None:
+            out.append(self.chunk(index, {}, finish=finish_reason(event.end)))
         return out
 
     def on_error(self, error: RouterError) -> list[Any]:
-        return [error.to_json(self.entry.request_id)]
+        return [error.to_json(self.entries[0].request_id)]
 
     def on_end(self) -> list[Any]:
-        assert self.finished is not None
-        out: list[Any] = [self.chunk({}, finish=finish_reason(self.finished))]
-        if self.include_usage:
-            out.append({**self.chunk({}), "choices": [], "usage": usage(self.entry)})
-        return [*out, "[DONE]"]
+        if not self.include_usage:
+            return ["[DONE]"]
+        totals = usage(self.sent.firsts, self.entries)
+        return [{**self.chunk(0, {}), "choices": [], "usage": totals}, "[DONE]"]

@@ -35,29 +35,37 @@ def new_id(prefix: str) -> str:
 
 
 def response_body(
-    gens: Generations, entry: Entry, *, object_type: str, id_prefix: str, choice: dict[str, Any]
+    gens: Generations,
+    entry: Entry,
+    *,
+    object_type: str,
+    id_prefix: str,
+    choices: list[dict[str, Any]],
+    usage: dict[str, Any],
 ) -> dict[str, Any]:
-    """The envelope every non-streamed OpenAI answer shares around its one choice."""
+    """The envelope every non-streamed OpenAI answer shares around its choices."""
     return {
         "id": new_id(id_prefix),
         "object": object_type,
         "created": int(time.time()),
         "model": model_name(gens, entry),
         "system_fingerprint": FINGERPRINT,
-        "choices": [choice],
-        "usage": usage(entry),
+        "choices": choices,
+        "usage": usage,
     }
 
 
-def usage(entry: Entry) -> dict[str, Any]:
-    prompt, completion = entry.request.input_length, len(entry.generated_ids)
-    total = prompt + completion
+def usage(prompts: Sequence[Entry], choices: Sequence[Entry]) -> dict[str, Any]:
+    """Each prompt counts once however many choices it has (as vLLM counts); `prompts` holds
+    one entry of each. Completion tokens are those of the choices answered."""
+    prompt = sum(e.request.input_length for e in prompts)
+    completion = sum(len(e.generated_ids) for e in choices)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
-        "total_tokens": total,
+        "total_tokens": prompt + completion,
         # OpenAI's field: prompt tokens served from the prefix cache.
-        "prompt_tokens_details": {"cached_tokens": entry.cached_tokens},
+        "prompt_tokens_details": {"cached_tokens": sum(e.cached_tokens for e in prompts)},
     }
 
 

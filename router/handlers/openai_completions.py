@@ -12,13 +12,8 @@ from router.api.parsing import parse
 from router.entry import Entry, Finished, Token, TokenEvent
 from router.errors import RouterError
 from router.generations import Generations
-from router.handlers.common import (
-    generations_of,
-    read_json,
-    submit,
-    timing_headers,
-    wait_finished,
-)
+from router.handlers.choices import Submitted, check_count, most_likely, submit_all
+from router.handlers.common import generations_of, read_json, timing_headers
 from router.handlers.openai_common import (
     FINGERPRINT,
     StopTrimmer,
@@ -44,91 +39,145 @@ def logprobs_json(
         offset += len(text)
     return {
         "tokens": [gens.tokenizer.piece(t.id) for t, _top, _text in tokens],
-        "token_logprobs": [logprob(t.logprob) for t, _top, _text in tokens],
-        "top_logprobs": [{a.text: logprob(a.logprob) for a in top} for _t, top, _text in tokens],
+        # null for an echoed prompt's first token, as vLLM and OpenAI answer
+        "token_logprobs": [
+            None if t.logprob is None else logprob(t.logprob) for t, _top, _text in tokens
+        ],
+        "top_logprobs": [
+            None if t.logprob is None else {a.text: logprob(a.logprob) for a in top}
+            for t, top, _text in tokens
+        ],
         "text_offset": offsets,
     }
+
+
+def prompt_logprobs(entry: Entry) -> list[tuple[Token, tuple[Token, ...], str]]:
+    """`echo`'s prompt tokens as logprobs_json reads them (the first has no logprob: nothing
+    predicts it)."""
+    tops = entry.prefill_top
+    return [(t, tops[i] if i < len(tops) else (), t.text) for i, t in enumerate(entry.prefill)]
+
+
+def echoed(entry: Entry) -> str:
+    return entry.request.inputs
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     received = time.monotonic()
     gens = generations_of(request)
     body = parse(CompletionRequest, await read_json(request))
-    valid = await gens.validate(body.to_request())
-    with gens.permit():
-        entry = submit(request, valid, received)
+    candidates, n = body.candidates(), body.n or 1
+    check_count(gens, len(body.prompt) * candidates, "`prompt` × `best_of`/`n`")
+    prompts = [await gens.validate(r) for r in body.to_requests()]
+    with gens.permit(len(prompts) * candidates):
+        sent = submit_all(request, prompts, candidates, received)
         if body.stream:
-            stream = CompletionStream(gens, entry, body.logprobs is not None, body.include_usage)
+            stream = CompletionStream(
+                gens, sent, body.logprobs is not None, body.include_usage, body.echo
+            )
             headers = {"x-compute-type": gens.model.device_type or "unknown"}
-            return await serve_sse(request, entry, headers, stream)
-        try:
-            finished = await wait_finished(entry)
-        finally:
-            if not entry.done:
-                entry.cancel()
+            return await serve_sse(request, sent.entries, headers, stream)
+        finished = await sent.finished()
+    chosen = [e for group in sent.candidates for e in most_likely(group, n)]
+    choices = [
+        _choice(gens, index, entry, finished[entry.id], body.logprobs is not None, body.echo)
+        for index, entry in enumerate(chosen)
+    ]
+    first = chosen[0]
+    answer = response_body(
+        gens,
+        first,
+        object_type="text_completion",
+        id_prefix="cmpl",
+        choices=choices,
+        usage=usage(sent.firsts, chosen),
+    )
+    return web.json_response(answer, headers=timing_headers(gens, first, finished[first.id]))
+
+
+def _choice(
+    gens: Generations, index: int, entry: Entry, finished: Finished, logprobs: bool, echo: bool
+) -> dict[str, Any]:
+    text = trim_stop(finished.generated_text, entry.request.stop)
     lp = None
-    if body.logprobs is not None:
-        triples = [
+    if logprobs:
+        triples = prompt_logprobs(entry) if echo else []
+        triples += [
             (t, top, visible(t)) for t, top in zip(entry.tokens, entry.top_tokens, strict=True)
         ]
         lp = logprobs_json(gens, triples, 0)
-    choice = {
-        "index": 0,
-        "text": trim_stop(finished.generated_text, valid.stop),
+    return {
+        "index": index,
+        "text": echoed(entry) + text if echo else text,
         "logprobs": lp,
         "finish_reason": finish_reason(finished),
     }
-    body = response_body(
-        gens, entry, object_type="text_completion", id_prefix="cmpl", choice=choice
-    )
-    return web.json_response(body, headers=timing_headers(gens, entry, finished))
 
 
 class CompletionStream:
-    """`text_completion` events: one per token with text, then one with finish_reason."""
+    """`text_completion` events: per choice (its `index`), one per token with text (`echo`: the
+    prompt first, in the choice's first event), then one with its finish_reason; after the
+    last choice, the usage (if asked) and [DONE]."""
 
     prefix = b"data: "
 
     def __init__(
-        self, gens: Generations, entry: Entry, logprobs: bool, include_usage: bool
+        self,
+        gens: Generations,
+        sent: Submitted,
+        logprobs: bool,
+        include_usage: bool,
+        echo: bool,
     ) -> None:
-        self.gens, self.entry = gens, entry
-        self.logprobs, self.include_usage = logprobs, include_usage
+        self.gens, self.sent = gens, sent
+        self.entries = entries = sent.entries
+        self.logprobs, self.include_usage, self.echo = logprobs, include_usage, echo
         self.id, self.created = new_id("cmpl"), int(time.time())
-        self.trimmer = StopTrimmer(entry.request.stop)
-        self.offset = 0
-        self.finished: Finished | None = None
+        self.trimmers = [StopTrimmer(e.request.stop) for e in entries]
+        self.offsets = [0] * len(entries)
+        self.started = [False] * len(entries)
 
-    def chunk(self, text: str, logprobs: Any = None, finish: str | None = None) -> dict:
+    def chunk(self, index: int, text: str, logprobs: Any = None, finish: str | None = None) -> dict:
         out: dict[str, Any] = {
             "id": self.id,
             "object": "text_completion",
             "created": self.created,
-            "model": model_name(self.gens, self.entry),
+            "model": model_name(self.gens, self.entries[0]),
             "system_fingerprint": FINGERPRINT,
-            "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}],
+            "choices": [
+                {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+            ],
         }
         if self.include_usage:
             out["usage"] = None  # only the last chunk carries it
         return out
 
-    def on_token(self, event: TokenEvent) -> list[Any]:
-        text = self.trimmer.push(visible(event.token))
+    def on_token(self, index: int, event: TokenEvent) -> list[Any]:
+        entry, triples, text = self.entries[index], [], ""
+        if self.echo and not self.started[index]:
+            text = echoed(entry)
+            triples = prompt_logprobs(entry)
+        self.started[index] = True
+        generated = self.trimmers[index].push(visible(event.token))
         if event.end is not None:
-            self.finished = event.end
-            text += self.trimmer.flush()
+            generated += self.trimmers[index].flush()
+        text += generated
         lp = None
         if self.logprobs:
-            lp = logprobs_json(self.gens, [(event.token, event.top_tokens, text)], self.offset)
-        self.offset += len(text)
-        return [self.chunk(text, lp)] if text or lp else []
+            triples.append((event.token, event.top_tokens, generated))
+            lp = logprobs_json(self.gens, triples, self.offsets[index])
+        self.offsets[index] += len(text)
+        out = [self.chunk(index, text, lp)] if text or lp else []
+        if event.end is not None:
+            out.append(self.chunk(index, "", finish=finish_reason(event.end)))
+        return out
 
     def on_error(self, error: RouterError) -> list[Any]:
-        return [error.to_json(self.entry.request_id)]
+        return [error.to_json(self.entries[0].request_id)]
 
     def on_end(self) -> list[Any]:
-        assert self.finished is not None
-        out: list[Any] = [self.chunk("", finish=finish_reason(self.finished))]
-        if self.include_usage:
-            out.append({**self.chunk(""), "choices": [], "usage": usage(self.entry)})
-        return [*out, "[DONE]"]
+        if not self.include_usage:
+            return ["[DONE]"]
+        # A stream answers every candidate (best_of == n).
+        totals = usage(self.sent.firsts, self.entries)
+        return [{**self.chunk(0, ""), "choices": [], "usage": totals}, "[DONE]"]

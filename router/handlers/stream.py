@@ -29,7 +29,7 @@ class TgiStream:
         self.entry = entry
         self.index = 0
 
-    def on_token(self, event: TokenEvent) -> list[Any]:
+    def on_token(self, index: int, event: TokenEvent) -> list[Any]:
         self.index += 1
         return [stream_json(self.entry, self.index, event.token, event.top_tokens, event.end)]
 
@@ -53,4 +53,4 @@ async def stream_request(
             "x-compute-type": gens.model.device_type or "unknown",
             "x-compute-characters": str(len(valid.inputs)),
         }
-        return await serve_sse(request, entry, headers, TgiStream(entry))
+        return await serve_sse(request, [entry], headers, TgiStream(entry))

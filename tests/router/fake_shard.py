@@ -161,6 +161,15 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
             gen.prefill_tokens.CopyFrom(
                 pb.Tokens(ids=prompt, logprobs=[math.nan] + [-1.0] * (len(prompt) - 1))
             )
+            if req.top_n:  # each prompt position's alternatives, the first position none
+                gen.prefill_top_tokens.append(pb.Tokens())
+                gen.prefill_top_tokens.extend(
+                    pb.Tokens(
+                        ids=[(t + k) % self.vocab_size for k in range(req.top_n)],
+                        logprobs=[-1.0 - 0.1 * k for k in range(req.top_n)],
+                    )
+                    for t in prompt[1:]
+                )
         return gen
 
     def _step(self, reqs: list[FakeRequest], chunks, masks=None) -> list[pb.Generation]:

@@ -103,6 +103,7 @@ def _generation(g: pb.Generation) -> tuple:
         len(g.tokens.ids),
         len(g.tokens.logprobs),
         [(len(t.ids), len(t.logprobs)) for t in g.top_tokens],
+        [(len(t.ids), len(t.logprobs)) for t in g.prefill_top_tokens],
         list(prompt.ids),
         len(prompt.logprobs),
         bool(prompt.logprobs) and math.isnan(prompt.logprobs[0]),
@@ -132,11 +133,13 @@ def test_fake_shard_answers_like_the_real_servicer(real_answers):
 
 
 def test_the_script_exercises_what_it_claims(real_answers):
-    """Guards the script: chunked prompt (B gets no token in the first step), prompt logprobs
-    and top tokens on A's first token, C joining the cached batch, the cached prefix."""
+    """Guards the script: chunked prompt (B gets no token in the first step), prompt logprobs,
+    their alternatives and top tokens on A's first token, C joining the cached batch, the cached prefix."""
     first, second = real_answers[1], real_answers[2]
     assert [g[0] for g in first[1]] == [1]  # B is still in its prompt
-    assert first[1][0][3] == [(2, 2)] and first[1][0][4] == PROMPT_A and first[1][0][6]
+    assert first[1][0][3] == [(2, 2)] and first[1][0][5] == PROMPT_A and first[1][0][7]
+    # the prompt's alternatives: none at its first position, top_n at each other one
+    assert first[1][0][4] == [(0, 0)] + [(2, 2)] * (len(PROMPT_A) - 1)
     assert [g[0] for g in second[1]] == [1, 2]
     assert [g[0] for g in real_answers[3][1]] == [1, 2, 3]
     assert [g[0] for g in real_answers[8][1]] == [4]
