@@ -32,6 +32,7 @@ class GenerationRequest:
     top_k: int | None = None
     top_p: float | None = None
     typical_p: float | None = None
+    min_p: float | None = None  # vLLM's
     do_sample: bool = False
     seed: int | None = None  # None: a random one, reported back
     repetition_penalty: float | None = None

@@ -212,15 +212,18 @@ def _sampling(request: GenerationRequest) -> SamplingParams:
     top_k = given(request.top_k, 0)
     top_p = given(request.top_p, 1.0)
     typical_p = given(request.typical_p, 1.0)
+    min_p = given(request.min_p, 0.0)
     # TGI samples as soon as any warper is active, even with do_sample false.
     sample = request.do_sample or temperature != 1.0 or top_k != 0 or top_p < 1.0 or typical_p < 1.0
+    sample = sample or min_p > 0.0
     if temperature < GREEDY_BELOW_TEMPERATURE:  # the warpers then keep the argmax alone
-        sample, temperature, top_k, top_p, typical_p = False, 1.0, 0, 1.0, 1.0
+        sample, temperature, top_k, top_p, typical_p, min_p = False, 1.0, 0, 1.0, 1.0, 0.0
     return SamplingParams(
         temperature=temperature,
         top_k=top_k,
         top_p=top_p,
         typical_p=typical_p,
+        min_p=min_p,
         do_sample=sample,
         seed=random.getrandbits(64) if request.seed is None else request.seed,
         repetition_penalty=given(request.repetition_penalty, 1.0),

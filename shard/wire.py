@@ -18,6 +18,7 @@ def sampling_params(p: pb.NextTokenChooserParameters) -> SamplingParams:
         top_k=p.top_k,
         top_p=p.top_p or 1.0,
         typical_p=p.typical_p or 1.0,
+        min_p=p.min_p,
         do_sample=p.do_sample,
         seed=p.seed,
         repetition_penalty=p.repetition_penalty or 1.0,

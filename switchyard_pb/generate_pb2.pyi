@@ -61,7 +61,7 @@ class ClearCacheResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class NextTokenChooserParameters(_message.Message):
-    __slots__ = ("temperature", "top_k", "top_p", "typical_p", "do_sample", "seed", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias")
+    __slots__ = ("temperature", "top_k", "top_p", "typical_p", "do_sample", "seed", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "min_p")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +79,7 @@ class NextTokenChooserParameters(_message.Message):
     FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
     PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
     LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
+    MIN_P_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_k: int
     top_p: float
@@ -89,7 +90,8 @@ class NextTokenChooserParameters(_message.Message):
     frequency_penalty: float
     presence_penalty: float
     logit_bias: _containers.ScalarMap[int, float]
-    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., typical_p: _Optional[float] = ..., do_sample: _Optional[bool] = ..., seed: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ...) -> None: ...
+    min_p: float
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., typical_p: _Optional[float] = ..., do_sample: _Optional[bool] = ..., seed: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., min_p: _Optional[float] = ...) -> None: ...
 
 class StoppingCriteriaParameters(_message.Message):
     __slots__ = ("max_new_tokens", "ignore_eos_token")

@@ -3,7 +3,7 @@ completions body, and their mapping onto the shared GenerationRequest (chat: rou
 
 Unlike TGI, which ignores unknown fields, an unknown field is a 422 (the OpenAI API refuses them
 too): a typo must not silently change what is generated. Features the shards cannot honour
-(min_p, tools, suffix...) are a 422 saying so, never silently dropped, unless their
+(tools, suffix...) are a 422 saying so, never silently dropped, unless their
 value changes nothing.
 """
 
@@ -143,8 +143,15 @@ class OpenAIRequest(BaseModel):
     ignore_eos: bool = False
     top_k: VllmTopK | None = None
     repetition_penalty: RepetitionPenalty | None = None
-    # Sent as 0 by clients following e.g. Qwen3's recommended settings: that is "off".
-    min_p: Annotated[float, Unsupported(0.0, why="; only 0 (off)")] | None = None
+    # vLLM's; 0 (what clients following e.g. Qwen3's recommended settings send) is "off".
+    min_p: (
+        Annotated[
+            float,
+            Field(ge=0.0, le=1.0, description="Drop tokens below min_p x the top probability"),
+            Says("must be >= 0.0 and <= 1.0. Given: {value}"),
+        ]
+        | None
+    ) = None
     # Structured output (vLLM takes it on both routes; TGI's `type` + `value` spelling too).
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
@@ -203,6 +210,7 @@ class OpenAIRequest(BaseModel):
             out["temperature"] = self.temperature
             out["top_p"] = self.top_p if self.top_p is not None and self.top_p < 1.0 else None
             out["top_k"] = self.top_k if self.top_k is not None and self.top_k > 0 else None
+            out["min_p"] = self.min_p or None
         return out
 
 

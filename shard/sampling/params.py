@@ -2,8 +2,8 @@
 them, once: router/validation.py) and the shard's sampler reads (shard/sampling/sampler.py
 builds its batched tensors straight from these). Plain Python, no torch: the router imports it.
 
-Neutral values: temperature 1.0, top_k 0, top_p 1.0, typical_p 1.0, repetition_penalty 1.0,
-frequency_penalty 0.0, presence_penalty 0.0, logit_bias empty. On the wire
+Neutral values: temperature 1.0, top_k 0, top_p 1.0, min_p 0.0, typical_p 1.0,
+repetition_penalty 1.0, frequency_penalty 0.0, presence_penalty 0.0, logit_bias empty. On the wire
 (NextTokenChooserParameters) an unset field reads 0; the shard's servicer turns those back into
 the neutral values.
 """
@@ -19,6 +19,8 @@ class SamplingParams:
     top_k: int = 0
     top_p: float = 1.0
     typical_p: float = 1.0
+    # vLLM's min_p: tokens less than min_p times as likely as the most likely one are dropped.
+    min_p: float = 0.0
     # Already true when any warper is set (TGI samples whenever temperature != 1, top_k, top_p
     # or typical_p is given), so the shard only ever reads this flag: greedy rows ignore the
     # warper parameters.

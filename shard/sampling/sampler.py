@@ -58,6 +58,7 @@ class SamplingFlags:
     any_top_k: bool = False
     any_top_p: bool = False
     any_typical: bool = False
+    any_min_p: bool = False
     any_repetition: bool = False
     any_frequency: bool = False
     any_presence: bool = False
@@ -81,6 +82,7 @@ class SamplingFlags:
                 (top_k > 0).any(),
                 (sample & (rows["top_p"] < 1)).any(),
                 (sample & (rows["typical_p"] < 1)).any(),
+                (sample & (rows["min_p"] > 0)).any(),
                 (rows["repetition_penalty"] != 1).any(),
                 (rows["frequency_penalty"] != 0).any(),
                 (rows["presence_penalty"] != 0).any(),
@@ -101,8 +103,8 @@ class SamplingFlags:
 
 
 def _truncates(rows: dict[str, Tensor]) -> Tensor:
-    """Rows whose sampled distribution is cut by top-k, top-p or typical-p."""
-    cut = (rows["top_k"] > 0) | (rows["top_p"] < 1) | (rows["typical_p"] < 1)
+    """Rows whose sampled distribution is cut by top-k, top-p, min-p or typical-p."""
+    cut = (rows["top_k"] > 0) | (rows["top_p"] < 1) | (rows["typical_p"] < 1) | (rows["min_p"] > 0)
     return rows["do_sample"] & cut
 
 
@@ -118,6 +120,7 @@ class SamplingTensors:
     top_k: Tensor  # int64, 0 = off
     top_p: Tensor  # float32
     typical_p: Tensor  # float32
+    min_p: Tensor  # float32, 0 = off
     do_sample: Tensor  # bool
     seed_lo: Tensor  # int64, low 32 bits of the seed
     seed_hi: Tensor  # int64, high 32 bits (seeds are taken modulo 2**64)
@@ -151,6 +154,7 @@ class SamplingTensors:
             "top_k": column([p.top_k for p in params], torch.int64),
             "top_p": column([p.top_p for p in params], torch.float32),
             "typical_p": column([p.typical_p for p in params], torch.float32),
+            "min_p": column([p.min_p for p in params], torch.float32),
             "do_sample": column([p.do_sample for p in params], torch.bool),
             "seed_lo": column([lo for lo, _ in seeds], torch.int64),
             "seed_hi": column([hi for _, hi in seeds], torch.int64),
@@ -341,6 +345,7 @@ def _sample_truncated(
         top_k=tensors.top_k[rows],
         top_p=tensors.top_p[rows],
         typical_p=tensors.typical_p[rows],
+        min_p=tensors.min_p[rows],
     )
     flags = tensors.flags
     groups = candidate_groups(
@@ -349,6 +354,7 @@ def _sample_truncated(
         top_k=flags.any_top_k,
         top_p=flags.any_top_p,
         typical=flags.any_typical,
+        min_p=flags.any_min_p,
         min_width=max(top_n, flags.max_top_k + 1),
     )
     for group in groups:

@@ -1,9 +1,9 @@
 """Top-k, top-p and typical-p for sampled rows, on each row's largest logits only.
 
-Semantics are HF's TopK/TopP/TypicalLogitsWarper applied in that order after temperature,
-each renormalizing what the previous one kept. Each warper keeps an interval of logit
-values: top-k and top-p a top segment, typical-p the values nearest the row's "typical"
-logit. So the work can run on each row's K largest logits (its candidates), from one
+Semantics are HF's TopK/TopP/MinP/TypicalLogitsWarper applied in that order after
+temperature, each renormalizing what the previous one kept. Each warper keeps an interval of
+logit values: top-k, top-p and min-p a top segment, typical-p the values nearest the row's
+"typical" logit. So the work can run on each row's K largest logits (its candidates), from one
 `torch.topk` instead of a sort of the whole vocabulary, as long as nothing that decides the
 outcome lies past them. Every step checks that (a strict gap between what it keeps and the
 largest logit left out); rows that fail are redone with GROWTH times as many candidates, up
@@ -37,6 +37,7 @@ class Warpers:
     top_k: Tensor  # 0 = off
     top_p: Tensor  # 1 = off
     typical_p: Tensor  # 1 = off
+    min_p: Tensor  # 0 = off
     lse: Tensor | None = None  # logsumexp of each whole tempered row
     entropy: Tensor | None = None  # entropy of each whole tempered row's softmax
 
@@ -49,6 +50,7 @@ class Warpers:
             self.top_k[idx],
             self.top_p[idx],
             self.typical_p[idx],
+            self.min_p[idx],
             pick(self.lse),
             pick(self.entropy),
         )
@@ -70,11 +72,12 @@ def candidate_groups(
     top_k: bool,
     top_p: bool,
     typical: bool,
+    min_p: bool = False,
     min_width: int = 0,
 ) -> Iterator[CandidateGroup]:
     """Truncate every row of raw [R, V] (logits before temperature; not modified).
 
-    top_k/top_p/typical say whether any row uses that warper (host flags, to skip work).
+    top_k/top_p/typical/min_p say whether any row uses that warper (host flags, to skip work).
     Groups together cover every row once; every group is at least min(min_width, V) wide.
     """
     rows_total, vocab = raw.shape
@@ -107,6 +110,8 @@ def candidate_groups(
             _cut_top_k(cut, warpers.top_k)
         if top_p:
             _cut_top_p(cut, warpers.top_p, warpers.lse)
+        if min_p:
+            _cut_min_p(cut, warpers.min_p)
         if typical:
             _cut_typical(cut, warpers.typical_p, warpers.lse, warpers.entropy)
         vals.masked_fill_(~cut.keep, NEG_INF)
@@ -183,6 +188,17 @@ def _cut_top_p(cut: _Cut, top_p: Tensor, row_lse: Tensor | None) -> None:
     tau = cut.vals.gather(1, (count - 1)[:, None]).squeeze(1)
     # A row whose candidates all stay kept may continue past them: above_edge fails then.
     cut.update(top_p < 1, cut.keep & (cut.vals >= tau[:, None]), cut.above_edge(tau))
+
+
+def _cut_min_p(cut: _Cut, min_p: Tensor) -> None:
+    """HF MinP: keep the tokens whose probability is at least min_p times the largest one's;
+    a ratio of probabilities, so the same whatever the previous warpers renormalized. The
+    largest logit is always a candidate (the first), and always kept."""
+    ratio = (cut.vals - cut.vals[:, :1]).exp()
+    keep = cut.keep & (ratio >= min_p[:, None])
+    # Tokens left out are <= the smallest candidate: contained once it falls below the bar.
+    tau = cut.vals[:, :1].squeeze(1) + torch.log(min_p.clamp(min=1e-38))
+    cut.update(min_p > 0, keep, cut.above_edge(tau))
 
 
 def _cut_typical(

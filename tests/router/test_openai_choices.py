@@ -237,3 +237,19 @@ def test_streamed_choices_interleave_by_index_and_equal_the_whole_answer(model_d
         mine = [e["choices"][0] for e in events if e["choices"][0]["index"] == choice["index"]]
         assert "".join(c["text"] for c in mine) == choice["text"]
         assert mine[-1]["finish_reason"] == choice["finish_reason"]
+
+
+def test_min_p_one_keeps_only_the_most_likely_token_in_every_choice(model_dir, service, reference):
+    """vLLM's min_p through the router: at 1.0 only the argmax survives, so every sampled
+    choice is transformers' greedy text."""
+    model, tokenizer = reference
+    body = {"prompt": PROMPTS[1], "n": 3, "temperature": 1.3, "min_p": 1.0, "seed": 2}
+    body |= {"max_tokens": MAX_NEW, "ignore_eos": True}
+
+    async def calls(post):
+        return await post("/v1/completions", body)
+
+    answer = serve(model_dir, service, calls)
+    ref_ids, _ = greedy(model, tokenizer(PROMPTS[1])["input_ids"])
+    want = tokenizer.decode(ref_ids, skip_special_tokens=True)
+    assert [c["text"] for c in answer["choices"]] == [want] * 3

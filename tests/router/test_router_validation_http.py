@@ -98,7 +98,7 @@ TABLE = [
     (COMP, c(logit_bias={"5": "up"}), 422, ["`logit_bias", "number"]),
     (COMP, c(logit_bias=[5]), 422, ["`logit_bias`", "JSON object"]),
     (CHAT, ch(logit_bias={"99999": 1}), 422, ["`logit_bias`", "[99999]", "vocabulary"]),
-    (COMP, c(min_p=0.05), 422, ["`min_p`", "not supported", "only 0"]),
+    (COMP, c(min_p=1.5), 422, ["`min_p`", ">= 0.0 and <= 1.0", "1.5"]),
     (COMP, c(logprobs=4), 422, ["`logprobs`", "<= 3", "Given: 4"]),
     (COMP, c(max_tokens=0), 422, ["`max_tokens`", "strictly positive"]),
     (COMP, c(max_tokens=61), 422, ["`max_tokens`", "<= 64"]),

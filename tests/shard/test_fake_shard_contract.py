@@ -134,7 +134,8 @@ def test_fake_shard_answers_like_the_real_servicer(real_answers):
 
 def test_the_script_exercises_what_it_claims(real_answers):
     """Guards the script: chunked prompt (B gets no token in the first step), prompt logprobs,
-    their alternatives and top tokens on A's first token, C joining the cached batch, the cached prefix."""
+    their alternatives and top tokens on A's first token, C joining the cached batch, the
+    cached prefix."""
     first, second = real_answers[1], real_answers[2]
     assert [g[0] for g in first[1]] == [1]  # B is still in its prompt
     assert first[1][0][3] == [(2, 2)] and first[1][0][5] == PROMPT_A and first[1][0][7]

@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 from transformers.generation.logits_process import (
+    MinPLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
     TypicalLogitsWarper,
@@ -54,6 +55,8 @@ def _hf_warped(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
         scores = TopKLogitsWarper(p.top_k)(None, scores)
     if p.top_p < 1:
         scores = TopPLogitsWarper(p.top_p)(None, scores)
+    if p.min_p > 0:
+        scores = MinPLogitsWarper(p.min_p)(None, scores)
     if p.typical_p < 1:
         scores = TypicalLogitsWarper(p.typical_p)(None, scores)
     return scores[0]
@@ -245,13 +248,18 @@ WARPER_CASES = [
     SamplingParams(do_sample=True, temperature=2.0, top_k=50, top_p=0.9, typical_p=0.9),
     SamplingParams(do_sample=True, top_k=20, typical_p=0.5),
     SamplingParams(do_sample=True, temperature=1.5, top_p=0.7, typical_p=0.95),
+    SamplingParams(do_sample=True, min_p=0.05),
+    SamplingParams(do_sample=True, min_p=1e-4),  # past the candidates when flat
+    SamplingParams(do_sample=True, min_p=1.0),  # the most likely token alone
+    SamplingParams(do_sample=True, temperature=1.5, top_k=100, min_p=0.1),
+    SamplingParams(do_sample=True, top_p=0.9, min_p=0.2, typical_p=0.9),
     SamplingParams(do_sample=True, temperature=0.7),  # no truncation at all
 ]
 
 
 def _groups(logits: torch.Tensor, params: list[SamplingParams], min_width: int = 0):
     t = SamplingTensors.from_params(params, [0] * len(params), "cpu")
-    warpers = truncation.Warpers(t.temperature, t.top_k, t.top_p, t.typical_p)
+    warpers = truncation.Warpers(t.temperature, t.top_k, t.top_p, t.typical_p, t.min_p)
     return list(
         truncation.candidate_groups(
             logits,
@@ -259,6 +267,7 @@ def _groups(logits: torch.Tensor, params: list[SamplingParams], min_width: int =
             top_k=t.flags.any_top_k,
             top_p=t.flags.any_top_p,
             typical=t.flags.any_typical,
+            min_p=t.flags.any_min_p,
             min_width=min_width,
         )
     )
@@ -327,6 +336,7 @@ DISTRIBUTION_CASES = [
     SamplingParams(do_sample=True, temperature=2.0),
     SamplingParams(do_sample=True, temperature=1.5, typical_p=0.8),
     SamplingParams(do_sample=True, temperature=0.5, top_p=0.95, repetition_penalty=1.5),
+    SamplingParams(do_sample=True, temperature=1.2, min_p=0.05),
 ]
 
 

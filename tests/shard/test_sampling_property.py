@@ -42,6 +42,7 @@ rows = st.builds(
     top_k=st.one_of(st.just(0), st.integers(min_value=1, max_value=U32_MAX)),
     top_p=_unit_open(),
     typical_p=_unit_open(),
+    min_p=st.one_of(st.just(0.0), st.floats(min_value=0.0, max_value=1.0)),
     do_sample=st.booleans(),
     seed=st.integers(min_value=0, max_value=U64_MAX),
     repetition_penalty=_positive_f32(),
