@@ -291,7 +291,7 @@ class CompletionRequest(OpenAIRequest):
         ]
         | None
     ) = None
-    echo: bool = False
+    echo: bool | None = None
     suffix: Annotated[str, Unsupported("")] | None = None
 
     def candidates(self) -> int:
@@ -314,7 +314,8 @@ class CompletionRequest(OpenAIRequest):
                 names=FieldNames("prompt", "max_tokens", "logprobs", adapter="model"),
                 max_new_tokens=self.max_tokens or DEFAULT_MAX_TOKENS,
                 top_n_tokens=self.logprobs or None,
-                decoder_input_details=self.echo and self.logprobs is not None,
+                decoder_input_details=bool(self.echo) and self.logprobs is not None,
+                best_of=self.best_of,  # --max-best-of bounds it, as on /generate
                 **self.shared(),
             )
             for prompt in self.prompt

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from router.api.openai import CompletionRequest
 from router.api.parsing import parse
+from router.detokenizer import IncrementalDetokenizer
 from router.entry import Entry, Finished, Token, TokenEvent
 from router.errors import RouterError
 from router.generations import Generations
@@ -30,12 +31,16 @@ from router.handlers.sse import serve_sse
 
 
 def logprobs_json(
-    gens: Generations, tokens: list[tuple[Token, tuple[Token, ...], str]], offset: int
-):
-    """The legacy logprobs object for (token, alternatives, visible text) triples."""
+    gens: Generations,
+    tokens: list[tuple[Token, tuple[Token, ...], str]],
+    offset: int,
+    end: int | None = None,
+) -> dict[str, list[Any]]:
+    """The legacy logprobs object for (token, alternatives, visible text) triples, the first
+    at `offset` in the choice's text; offsets past `end` are clamped to it."""
     offsets = []
     for _token, _top, text in tokens:
-        offsets.append(offset)
+        offsets.append(offset if end is None else min(offset, end))
         offset += len(text)
     return {
         "tokens": [gens.tokenizer.piece(t.id) for t, _top, _text in tokens],
@@ -51,11 +56,21 @@ def logprobs_json(
     }
 
 
-def prompt_logprobs(entry: Entry) -> list[tuple[Token, tuple[Token, ...], str]]:
-    """`echo`'s prompt tokens as logprobs_json reads them (the first has no logprob: nothing
-    predicts it)."""
-    tops = entry.prefill_top
-    return [(t, tops[i] if i < len(tops) else (), t.text) for i, t in enumerate(entry.prefill)]
+def prompt_logprobs(gens: Generations, entry: Entry) -> dict[str, list[Any]]:
+    """`echo`'s prompt tokens (the first has no logprob: nothing predicts it). Each token's
+    offset counts the text the tokens before it decode to: a character split over byte tokens
+    comes with its last one, special tokens add none, as in the generated text. The echoed
+    prompt is the one sent, which that decoding may not rebuild exactly: offsets stay in it."""
+    detokenizer, tops = IncrementalDetokenizer(gens.tokenizer), entry.prefill_top
+    triples = [
+        (t, tops[i] if i < len(tops) else (), detokenizer.push(t.id))
+        for i, t in enumerate(entry.prefill)
+    ]
+    return logprobs_json(gens, triples, 0, end=len(echoed(entry)))
+
+
+def joined(head: dict[str, list[Any]], tail: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    return {key: head[key] + tail[key] for key in head}
 
 
 def echoed(entry: Entry) -> str:
@@ -73,14 +88,14 @@ async def completions(request: web.Request) -> web.StreamResponse:
         sent = submit_all(request, prompts, candidates, received)
         if body.stream:
             stream = CompletionStream(
-                gens, sent, body.logprobs is not None, body.include_usage, body.echo
+                gens, sent, body.logprobs is not None, body.include_usage, bool(body.echo)
             )
             headers = {"x-compute-type": gens.model.device_type or "unknown"}
             return await serve_sse(request, sent.entries, headers, stream)
         finished = await sent.finished()
     chosen = [e for group in sent.candidates for e in most_likely(group, n)]
     choices = [
-        _choice(gens, index, entry, finished[entry.id], body.logprobs is not None, body.echo)
+        _choice(gens, index, entry, finished[entry.id], body.logprobs is not None, bool(body.echo))
         for index, entry in enumerate(chosen)
     ]
     first = chosen[0]
@@ -101,11 +116,12 @@ def _choice(
     text = trim_stop(finished.generated_text, entry.request.stop)
     lp = None
     if logprobs:
-        triples = prompt_logprobs(entry) if echo else []
-        triples += [
+        triples = [
             (t, top, visible(t)) for t, top in zip(entry.tokens, entry.top_tokens, strict=True)
         ]
-        lp = logprobs_json(gens, triples, 0)
+        lp = logprobs_json(gens, triples, len(echoed(entry)) if echo else 0)
+        if echo:
+            lp = joined(prompt_logprobs(gens, entry), lp)
     return {
         "index": index,
         "text": echoed(entry) + text if echo else text,
@@ -153,10 +169,11 @@ class CompletionStream:
         return out
 
     def on_token(self, index: int, event: TokenEvent) -> list[Any]:
-        entry, triples, text = self.entries[index], [], ""
-        if self.echo and not self.started[index]:
+        entry, text, head = self.entries[index], "", None
+        if self.echo and not self.started[index]:  # the prompt, with the choice's first chunk
             text = echoed(entry)
-            triples = prompt_logprobs(entry)
+            self.offsets[index] = len(text)
+            head = prompt_logprobs(self.gens, entry) if self.logprobs else None
         self.started[index] = True
         generated = self.trimmers[index].push(visible(event.token))
         if event.end is not None:
@@ -164,9 +181,10 @@ class CompletionStream:
         text += generated
         lp = None
         if self.logprobs:
-            triples.append((event.token, event.top_tokens, generated))
-            lp = logprobs_json(self.gens, triples, self.offsets[index])
-        self.offsets[index] += len(text)
+            triple = (event.token, event.top_tokens, generated)
+            lp = logprobs_json(self.gens, [triple], self.offsets[index])
+            lp = lp if head is None else joined(head, lp)
+        self.offsets[index] += len(generated)
         out = [self.chunk(index, text, lp)] if text or lp else []
         if event.end is not None:
             out.append(self.chunk(index, "", finish=finish_reason(event.end)))

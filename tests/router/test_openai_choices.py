@@ -60,11 +60,11 @@ def sse_events(text: str) -> list[dict]:
     return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
 
 
-def serve(model_dir, service, calls):
+def serve(model_dir, service, calls, **args):
     """Runs `calls(post)` against a real router over the real shard; returns its result."""
 
     async def run():
-        async with real_router_env(service, model_dir) as env:
+        async with real_router_env(service, model_dir, **args) as env:
 
             async def post(route: str, body: dict, stream: bool = False):
                 r = await env.client.post(route, json={"model": str(model_dir), **body})
@@ -151,7 +151,7 @@ def test_best_of_answers_the_most_likely_candidates(model_dir, service):
         alone = [await post("/v1/completions", {**body, "seed": 3 + i}) for i in range(4)]
         return best, alone
 
-    best, alone = serve(model_dir, service, calls)
+    best, alone = serve(model_dir, service, calls, max_best_of=4)
     candidates = [a["choices"][0] for a in alone]
     ranked = sorted(candidates, key=lambda c: sum(c["logprobs"]["token_logprobs"]), reverse=True)
     assert [c["text"] for c in best["choices"]] == [c["text"] for c in ranked[:2]]
@@ -253,3 +253,28 @@ def test_min_p_one_keeps_only_the_most_likely_token_in_every_choice(model_dir, s
     ref_ids, _ = greedy(model, tokenizer(PROMPTS[1])["input_ids"])
     want = tokenizer.decode(ref_ids, skip_special_tokens=True)
     assert [c["text"] for c in answer["choices"]] == [want] * 3
+
+
+def test_echo_offsets_index_the_echoed_text_whole_and_streamed(model_dir, service):
+    """Characters split over byte tokens, special tokens, `echo: null` (OpenAI's default)."""
+    prompt = "Emoji: \U0001f680 na\u00efve \u2211 \u03c0 \u65e5\u672c"
+    body = {"prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": 4, "temperature": 0}
+
+    async def calls(post):
+        whole = await post("/v1/completions", body)
+        streamed = await post("/v1/completions", {**body, "stream": True}, stream=True)
+        plain = await post("/v1/completions", {**body, "echo": None})
+        return whole, streamed, plain
+
+    whole, streamed, plain = serve(model_dir, service, calls)
+    choice = whole["choices"][0]
+    text, offsets = choice["text"], choice["logprobs"]["text_offset"]
+    assert text.startswith(prompt)
+    assert offsets == sorted(offsets) and offsets[-1] <= len(text)
+    generated = offsets[-4:]  # the new tokens start where the echoed prompt ends
+    assert generated[0] == len(prompt)
+    events = [e["choices"][0] for e in sse_events(streamed) if e["choices"]]
+    assert "".join(e["text"] for e in events) == text
+    streamed_offsets = [o for e in events if e["logprobs"] for o in e["logprobs"]["text_offset"]]
+    assert streamed_offsets == offsets
+    assert plain["choices"][0]["text"] == text[len(prompt) :]  # null: no echo

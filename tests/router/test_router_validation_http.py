@@ -88,6 +88,7 @@ TABLE = [
     (CHAT, ch(presence_penalty=-2.01), 422, ["`presence_penalty`", ">= -2.0 and <= 2.0"]),
     (COMP, c(n=129), 422, ["`n`", ">= 1 and <= 128", "Given: 129"]),
     (COMP, c(n=0), 422, ["`n`", ">= 1 and <= 128", "Given: 0"]),
+    (COMP, c(best_of=3), 422, ["`best_of`", "<= 2", "Given: 3"]),  # --max-best-of
     (COMP, c(n=3, best_of=2), 422, ["`best_of` must be >= `n`", "Given: 2 and 3"]),
     (COMP, c(n=2, best_of=3, stream=True), 422, ["`best_of` != `n`", "streaming"]),
     (COMP, c(prompt=["a", "b"], n=5), 422, ["`prompt` × `best_of`/`n`", "10 sequences", "4"]),
