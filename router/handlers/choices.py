@@ -78,10 +78,15 @@ class Submitted:
         """Waits for every entry (by Entry.id); the first failure cancels the others and is
         raised."""
         entries = self.entries
+        # Tasks of our own: gather leaves the others running when one raises, and a cancelled
+        # entry sends no further event, so they would wait forever.
+        waits = [asyncio.ensure_future(wait_finished(e)) for e in entries]
         try:
-            results = await asyncio.gather(*(wait_finished(e) for e in entries))
+            results = await asyncio.gather(*waits)
         finally:
             self.cancel()
+            for wait in waits:
+                wait.cancel()
         return {e.id: f for e, f in zip(entries, results, strict=True)}
 
 

@@ -7,6 +7,11 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
+from router.entry import ErrorEvent
+from router.errors import GenerationError
+from router.handlers.choices import Submitted
 from tests.router.harness import async_test, router_env, wait_until
 
 COMPLETIONS = "/v1/completions"
@@ -74,3 +79,27 @@ async def test_sequences_count_against_the_concurrency_limit(model_dir):
         assert r3.status == 200
         r1.close()
         await all_released(env)
+
+
+class _Entry:
+    """What Submitted reads of an entry: its events, done, cancel."""
+
+    def __init__(self, entry_id: int) -> None:
+        self.id, self.done, self.cancelled = entry_id, False, False
+        self.events: asyncio.Queue = asyncio.Queue()
+
+    def cancel(self) -> None:
+        self.cancelled = True  # as Entry.cancel: no further event comes
+
+
+@async_test
+async def test_one_failure_cancels_the_siblings_and_leaves_no_task_waiting_on_them():
+    entries = [_Entry(i) for i in range(3)]
+    sent = Submitted(prompts=[], candidates=[entries])
+    entries[1].events.put_nowait(ErrorEvent(GenerationError("boom")))
+    with pytest.raises(GenerationError):
+        await sent.finished()
+    assert [e.cancelled for e in entries] == [True, True, True]
+    await asyncio.sleep(0)
+    waiting = [t for t in asyncio.all_tasks() if "wait_finished" in repr(t.get_coro())]
+    assert waiting == []
