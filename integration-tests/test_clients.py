@@ -160,10 +160,10 @@ def test_validation_auth_and_payload_limit_end_to_end(served, oai):
         assert field in r.json()["error"]
     with pytest.raises(openai.UnprocessableEntityError) as err:
         oai.chat.completions.create(
-            model="tiny-llama", messages=[{"role": "user", "content": "x"}], n=2
+            model="tiny-llama", messages=[{"role": "user", "content": "x"}], n=129
         )
     # TGI's error body (as TGI's own OpenAI layer sends it): the client exposes it as `body`.
-    assert "`n` must be 1" in err.value.body
+    assert "`n` must be >= 1 and <= 128" in err.value.body
     wrong_key = openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         wrong_key.completions.create(model="tiny-llama", prompt="x")
