@@ -228,6 +228,9 @@ def _token_prompt(ids: list[Any]) -> tuple[int, ...]:
     return tuple(ids)
 
 
+PROMPT_FORMS = " must be a string, a list of strings, a list of token ids or a list of such lists"
+
+
 def _prompts(prompt: Any) -> list[PromptInput]:
     """One prompt or several (OpenAI's four forms: a string, strings, token ids, lists of
     them); each is generated for as if sent alone, its choices in the order given."""
@@ -236,9 +239,7 @@ def _prompts(prompt: Any) -> list[PromptInput]:
     elif isinstance(prompt, list) and prompt and all(type(i) is int for i in prompt):
         prompt = [prompt]
     if not isinstance(prompt, list) or not prompt:
-        raise field_error(
-            " must be a string, a list of strings, a list of token ids or a list of such lists"
-        )
+        raise field_error(PROMPT_FORMS)
     out: list[PromptInput] = []
     for one in prompt:
         if isinstance(one, str):
@@ -248,10 +249,7 @@ def _prompts(prompt: Any) -> list[PromptInput]:
         elif isinstance(one, list):
             out.append(_token_prompt(one))
         else:
-            raise field_error(
-                " must be a string, a list of strings, a list of token ids or a list of such "
-                f"lists. Given an element of type {type(one).__name__}"
-            )
+            raise field_error(f"{PROMPT_FORMS}. Given an element of type {type(one).__name__}")
     return out
 
 

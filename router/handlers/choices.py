@@ -28,7 +28,7 @@ def seeded(valid: ValidRequest, count: int) -> list[ValidRequest]:
     as the request alone."""
     if count == 1:
         return [valid]
-    seed = valid.sampling.seed or 0
+    seed = valid.sampling.seed
     return [
         dataclasses.replace(
             valid,
@@ -57,7 +57,6 @@ def check_count(gens: Generations, count: int, asked: str) -> None:
 class Submitted:
     """A request's entries: per prompt, its candidates (in seed order)."""
 
-    prompts: list[ValidRequest]
     candidates: list[list[Entry]]
 
     @property
@@ -98,7 +97,7 @@ def submit_all(
 ) -> Submitted:
     """Queues `candidates` seeded sequences of every prompt; the caller holds the permits. If
     one cannot be queued (its adapter began unloading meanwhile), none stays queued."""
-    sent = Submitted(list(prompts), [])
+    sent = Submitted([])
     try:
         for prompt in prompts:
             group: list[Entry] = []

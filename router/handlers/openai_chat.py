@@ -14,7 +14,7 @@ from router.entry import Entry, Finished, Token, TokenEvent
 from router.errors import RouterError, ValidationError
 from router.generations import Generations
 from router.handlers.choices import Submitted, check_count, submit_all
-from router.handlers.common import generations_of, read_json, timing_headers
+from router.handlers.common import generations_of, read_json
 from router.handlers.openai_common import (
     FINGERPRINT,
     StopTrimmer,
@@ -22,10 +22,11 @@ from router.handlers.openai_common import (
     logprob,
     model_name,
     new_id,
-    response_body,
+    stream_tail,
     trim_stop,
     usage,
     visible,
+    whole_answer,
 )
 from router.handlers.sse import serve_sse
 
@@ -64,15 +65,15 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         for index, entry in enumerate(sent.entries)
     ]
     first = sent.entries[0]
-    answer = response_body(
+    return whole_answer(
         gens,
         first,
+        finished[first.id],
         object_type="chat.completion",
         id_prefix="chatcmpl",
         choices=choices,
         usage=usage(sent.firsts, sent.entries),
     )
-    return web.json_response(answer, headers=timing_headers(gens, first, finished[first.id]))
 
 
 def _choice(
@@ -145,7 +146,4 @@ class ChatStream:
         return [error.to_json(self.entries[0].request_id)]
 
     def on_end(self) -> list[Any]:
-        if not self.include_usage:
-            return ["[DONE]"]
-        totals = usage(self.sent.firsts, self.entries)
-        return [{**self.chunk(0, {}), "choices": [], "usage": totals}, "[DONE]"]
+        return stream_tail(self.chunk(0, {}), self.include_usage, self.sent.firsts, self.entries)

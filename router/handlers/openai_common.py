@@ -9,9 +9,12 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from aiohttp import web
+
 import router
 from router.entry import Entry, Finished, Token
 from router.generations import Generations
+from router.handlers.common import timing_headers
 
 
 def finish_reason(finished: Finished) -> str:
@@ -34,17 +37,19 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def response_body(
+def whole_answer(
     gens: Generations,
     entry: Entry,
+    finished: Finished,
     *,
     object_type: str,
     id_prefix: str,
     choices: list[dict[str, Any]],
     usage: dict[str, Any],
-) -> dict[str, Any]:
-    """The envelope every non-streamed OpenAI answer shares around its choices."""
-    return {
+) -> web.Response:
+    """A non-streamed OpenAI answer: the envelope around its choices, with the timing headers
+    of `entry` (its first choice)."""
+    body = {
         "id": new_id(id_prefix),
         "object": object_type,
         "created": int(time.time()),
@@ -53,6 +58,20 @@ def response_body(
         "choices": choices,
         "usage": usage,
     }
+    return web.json_response(body, headers=timing_headers(gens, entry, finished))
+
+
+def stream_tail(
+    envelope: dict[str, Any],
+    include_usage: bool,
+    prompts: Sequence[Entry],
+    choices: Sequence[Entry],
+) -> list[Any]:
+    """What ends an OpenAI stream: with `include_usage`, a chunk of no choice holding the usage
+    (`envelope`: any chunk of the stream), then [DONE]."""
+    if not include_usage:
+        return ["[DONE]"]
+    return [{**envelope, "choices": [], "usage": usage(prompts, choices)}, "[DONE]"]
 
 
 def usage(prompts: Sequence[Entry], choices: Sequence[Entry]) -> dict[str, Any]:

@@ -95,7 +95,7 @@ class _Entry:
 @async_test
 async def test_one_failure_cancels_the_siblings_and_leaves_no_task_waiting_on_them():
     entries = [_Entry(i) for i in range(3)]
-    sent = Submitted(prompts=[], candidates=[entries])
+    sent = Submitted(candidates=[entries])
     entries[1].events.put_nowait(ErrorEvent(GenerationError("boom")))
     with pytest.raises(GenerationError):
         await sent.finished()
