@@ -1,22 +1,28 @@
 #!/usr/bin/env bash
-# Everything the Triton kernels need measured on a GPU, in one command (a GPU lease is short and
-# every start costs minutes): the kernel tests run compiled (attention and the W4A16 GEMM), every
-# kernel variant compiled for the device, the kernel benchmark with the tile sweep (attention
-# against SDPA, W4A16 against torch.matmul on Llama-2-7B's layers), and the server end to end
-# with `--attention triton` on the GPU. Each step logs to its own file under RESULTS and a failing
-# step does not stop the next ones; the exit status says whether all passed.
+# Everything the Triton kernels and the GPU serving path need measured on a GPU, in one command
+# (a lease is short and every start costs minutes): the kernel tests run compiled (attention,
+# W4A16 GEMM, LoRA shrink/expand), the kernel benchmark (LoRA against the base GEMM at batch
+# 1-256; attention against SDPA and W4A16 against torch.matmul, with the tile sweep), and the
+# server end to end on the GPU against transformers (triton attention), peft (LoRA) and the
+# int4 libraries' dequantized models (W4A16).
 #
 #     bash bench/gpu_session.sh [RESULTS]      # RESULTS defaults to $OUT, else bench/results/gpu
 #
-# Needs python3 with torch (CUDA), triton, pytest, transformers, grpcio, protobuf, aiohttp,
-# safetensors. If a `.whl` folder is present (packages the machine lacks or has too old, e.g.
-# protobuf older than the one switchyard_pb was generated with), they are installed first.
+# Steps run in order of importance under one deadline (BUDGET_S, default 500 s): each gets at
+# most its own limit and what is left, so a slow step costs the later ones, never the whole
+# record. Each logs to its own file under RESULTS (at most 8: what the device tool brings back);
+# a failing step does not stop the next; the exit status says whether all passed.
+#
+# Needs python3 with torch (CUDA), triton, pytest, pytest-xdist, transformers, peft. If a `.whl`
+# folder is present (packages the machine lacks or has too old: grpcio and protobuf of the
+# stubs' versions, pydantic, gguf, llguidance, openai), they are installed first.
 set -u
 cd "$(dirname "$0")/.."
 RESULTS=${1:-${OUT:-bench/results/gpu}}
 mkdir -p "$RESULTS"
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
+DEADLINE=$((SECONDS + ${BUDGET_S:-500}))
 
 if compgen -G ".whl/*.whl" >/dev/null; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -24,31 +30,41 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 
 failed=()
-step() {  # step NAME COMMAND...: runs COMMAND, output to RESULTS/NAME.log
-    local name=$1
-    shift
-    echo "== $name: $*"
-    if "$@" >"$RESULTS/$name.log" 2>&1; then
-        echo "   ok"
+step() {  # step NAME LIMIT_S COMMAND...: runs COMMAND, output to RESULTS/NAME.log
+    local name=$1 limit=$2
+    shift 2
+    local left=$((DEADLINE - SECONDS))
+    ((left < limit)) && limit=$left
+    if ((limit < 10)); then
+        echo "== $name: skipped, the deadline is past"
+        failed+=("$name")
+        return
+    fi
+    echo "== $name (at most ${limit}s): $*"
+    local start=$SECONDS
+    # -k: a step's server processes get TERM with it, then KILL, so none holds the GPU after.
+    if timeout -k 10 "$limit" "$@" >"$RESULTS/$name.log" 2>&1; then
+        echo "   ok in $((SECONDS - start))s"
     else
-        echo "   FAILED (exit $?); last lines:"
+        echo "   FAILED (exit $?) after $((SECONDS - start))s; last lines:"
         tail -n 15 "$RESULTS/$name.log" | sed 's/^/   | /'
         failed+=("$name")
     fi
 }
 
-step device nvidia-smi
-step versions "$PY" -c "import torch, triton, google.protobuf as pb, grpc, transformers; \
-print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name()); \
-print('triton', triton.__version__, 'protobuf', pb.__version__, 'grpcio', grpc.__version__, \
-'transformers', transformers.__version__); import switchyard_pb.generate_pb2"
-step kernel_tests "$PY" -m pytest -q -p no:cacheprovider tests/kernels
-step compile_all "$PY" tests/kernels/gpu_compile.py --all
-step kernel_bench "$PY" bench/kernels.py --sweep
-step triton_end_to_end "$PY" -m pytest -q -p no:cacheprovider \
-    integration-tests/test_triton_attention.py
+PYTEST=("$PY" -m pytest -q -p no:cacheprovider -rfE --durations=8)
+step env 30 bash -c "nvidia-smi; $PY -c \"import torch, triton, google.protobuf as pb, grpc, \
+transformers, peft; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+torch.cuda.get_device_name()); print('triton', triton.__version__, 'protobuf', pb.__version__, \
+'grpcio', grpc.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__); \
+import switchyard_pb.generate_pb2\""
+step kernel_tests 150 "${PYTEST[@]}" -n 4 tests/kernels
+step kernel_bench_lora 60 "$PY" bench/kernels.py --only lora
+step kernel_bench 110 "$PY" bench/kernels.py --sweep --only decode,prefill,kv_write,w4a16
+step triton_end_to_end 80 "${PYTEST[@]}" integration-tests/test_triton_attention.py
+step lora_end_to_end 120 "${PYTEST[@]}" integration-tests/test_lora_serving.py
+step quant_end_to_end 80 "${PYTEST[@]}" integration-tests/test_quantized_serving.py -k triton
 
-cat "$RESULTS/kernel_bench.log" 2>/dev/null
 if ((${#failed[@]})); then
     echo "failed steps: ${failed[*]} (logs in $RESULTS)"
     exit 1

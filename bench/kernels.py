@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -203,6 +204,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true", help="also time candidate tile configs")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, CPU interpreter")
+    parser.add_argument(
+        "--only", help="comma-separated sections: decode,prefill,kv_write,w4a16,lora (default all)"
+    )
     args = parser.parse_args()
     if args.smoke:
         # Before the first import of triton (shard.kernels imports it).
@@ -215,33 +219,52 @@ def main() -> int:
         )
         return 2
     device = torch.device("cpu" if args.smoke else "cuda")
-    shapes = SMOKE if args.smoke else Shapes()
+    s = SMOKE if args.smoke else Shapes()
     bench = timer(args.smoke)
     torch.manual_seed(0)
-    s = shapes
-    results = [
-        *bench_decode(s, bench, device, s.decode_batch, s.decode_context,
-                      f"decode B={s.decode_batch} ctx={s.decode_context}", sweep=args.sweep),
-        *bench_decode(s, bench, device, s.split_batch, s.split_context,
-                      f"decode B={s.split_batch} ctx={s.split_context}",
-                      # The interpreter's "device" never wants splits at smoke sizes.
-                      splits=3 if args.smoke else None),
-        # Mistral-style: a context 4x the window costs what the window does.
-        *bench_decode(s, bench, device, s.decode_batch, 4 * s.window,
-                      f"decode B={s.decode_batch} ctx={4 * s.window} window={s.window}",
-                      window=s.window),
-        *bench_prefill(s, bench, device, sweep=args.sweep),
-        *bench_kv_write(s, bench, device),
-        *bench_w4a16(bench, device, args.smoke, args.sweep),
-        *bench_lora(bench, device, args.smoke),
-    ]  # fmt: skip
+    sections = {
+        "decode": lambda: [
+            *bench_decode(s, bench, device, s.decode_batch, s.decode_context,
+                          f"decode B={s.decode_batch} ctx={s.decode_context}", sweep=args.sweep),
+            *bench_decode(s, bench, device, s.split_batch, s.split_context,
+                          f"decode B={s.split_batch} ctx={s.split_context}",
+                          # The interpreter's "device" never wants splits at smoke sizes.
+                          splits=3 if args.smoke else None),
+            # Mistral-style: a context 4x the window costs what the window does.
+            *bench_decode(s, bench, device, s.decode_batch, 4 * s.window,
+                          f"decode B={s.decode_batch} ctx={4 * s.window} window={s.window}",
+                          window=s.window),
+        ],
+        "prefill": lambda: bench_prefill(s, bench, device, sweep=args.sweep),
+        "kv_write": lambda: bench_kv_write(s, bench, device),
+        "w4a16": lambda: bench_w4a16(bench, device, args.smoke, args.sweep),
+        "lora": lambda: bench_lora(bench, device, args.smoke),
+    }  # fmt: skip
+    wanted = args.only.split(",") if args.only else list(sections)
+    unknown = sorted(set(wanted) - set(sections))
+    if unknown:
+        parser.error(f"--only: unknown sections {unknown}; known: {', '.join(sections)}")
     name, peak = device_peak()
     print(
         f"H={s.heads} Hkv={s.kv_heads} D={s.head_dim} {str(s.dtype).removeprefix('torch.')} "
-        f"block_size={s.block_size}; w4a16: fp16, group 128"
+        f"block_size={s.block_size}; w4a16: fp16, group 128; lora: bf16, rank 16"
     )
-    report(results, name, None if args.smoke else peak)
-    return 0
+    failed = []
+    # Each section's table is printed as soon as it is done, and one that fails does not take
+    # the others' numbers with it: a GPU lease is short, and a rerun costs minutes of it.
+    for section in wanted:
+        try:
+            results = sections[section]()
+        except Exception:  # noqa: BLE001 (reported, and the exit status says so)
+            traceback.print_exc()
+            failed.append(section)
+            continue
+        print(f"\n## {section}", flush=True)
+        report(results, name, None if args.smoke else peak)
+        sys.stdout.flush()
+    if failed:
+        print(f"failed sections: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -2,12 +2,14 @@
 it (a loop over the step's slots: gather the slot's tokens, two matmuls, scatter-add), for
 bench/kernels.py.
 
-Shapes: Llama-3-8B's fused q/k/v (K 4096, slices 4096/1024/1024) and down_proj (K 14336,
-N 4096), rank 16, 8 slots, bf16; decode steps of 1 and 64 tokens spread over the slots (some
-without an adapter) and a prefill of 8192 tokens in 4 same-slot segments. The step's tile
+Shapes: Llama-3-8B's fused q/k/v (K 4096, slices 4096/1024/1024), fused gate/up (K 4096, slices
+14336/14336) and down_proj (K 14336, N 4096), rank 16, 8 slots, bf16; decode steps of 1, 16, 64
+and 256 tokens spread over the slots (some without an adapter) and a prefill of 8192 tokens in 4
+same-slot segments. The step's tile
 grouping is built once outside the timed call, as a step shares it across layers. Bandwidth
 counts what must move: the A and B of the slots in use, x, y read and written, and h. The note
-gives the time of the base layer's own matmul (x @ W^T, cuBLAS): the LoRA term's cost next to it.
+gives the time of the base layer's own matmul (x @ W^T, cuBLAS) and the LoRA term's time as a
+share of it: what an adapter adds to the layer.
 """
 
 from __future__ import annotations
@@ -17,11 +19,21 @@ from dataclasses import dataclass
 
 import torch
 
-from bench.kernel_report import Result
+from bench.kernel_report import Result, graph_note
 
-LAYERS = {"qkv": (4096, (4096, 1024, 1024)), "down": (14336, (4096,))}
+LAYERS = {
+    "qkv": (4096, (4096, 1024, 1024)),
+    "gate_up": (4096, (14336, 14336)),
+    "down": (14336, (4096,)),
+}
 RANK, SLOTS = 16, 8
-STEPS = {"decode T=1": (1, 1), "decode T=64": (64, 64), "prefill T=8192": (8192, 4)}
+STEPS = {
+    "decode T=1": (1, 1),
+    "decode T=16": (16, 16),
+    "decode T=64": (64, 64),
+    "decode T=256": (256, 256),
+    "prefill T=8192": (8192, 4),
+}
 SMOKE_LAYERS = {"qkv": (72, (40, 9, 23)), "down": (100, (24,))}
 SMOKE_STEPS = {"decode T=1": (1, 1), "decode T=7": (7, 7), "prefill T=40": (40, 3)}
 
@@ -105,7 +117,10 @@ def bench_step(bench, layer: Layer, step: str, tokens: int, runs: int, gen) -> R
     torch_lora(x.float(), a, b, layer.scales, slots, token_slots, layer.out_slices, expected)
     row.max_err = (ours(y0.clone()).float() - expected).abs().max().item()
     base_ms = bench(lambda: x @ layer.weight.T)
-    row.note = f"vs torch per-slot loop; base x@W {base_ms:.3f} ms"
+    row.note = (
+        f"vs torch per-slot loop; base x@W {base_ms:.3f} ms, lora/base {row.ms / base_ms:.2f}"
+        + graph_note(ours, lambda: x @ layer.weight.T)
+    )
     return row
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from bench.kernel_report import Result
+from bench.kernel_report import Result, graph_note
 
 # Llama-2-7B's linears as (K, N): q/k/v/o 4096x4096, gate/up 4096x11008, down 11008x4096, and
 # the fused qkv 4096x12288.
@@ -59,7 +59,7 @@ def bench_w4a16(
             row = Result(name, bench(ours), work, "TB/s", bench(lambda x=x, d=dense: x @ d))
             row.flops = 2.0 * m * k * n
             row.max_err = (ours().float() - (x @ dense).float()).abs().max().item()
-            row.note = "vs torch.matmul fp16"
+            row.note = "vs torch.matmul fp16" + graph_note(ours, lambda x=x, d=dense: x @ d)
             results.append(row)
             if sweep and (k, n) == (4096, 11008) and m in (1, 4096):
                 results += sweep_w4a16(bench, lambda c, f=ours: f(c), m, work, 2.0 * m * k * n)

@@ -32,10 +32,10 @@ import torch
 import triton
 import triton.language as tl
 
-from shard.kernels import check_device, dot_options
+from shard.kernels import check_device, dot_options, interpreting
 from shard.kernels.decode import num_sms
 from shard.kernels.int4_dequant import EXPONENT_2P23, codes_minus_zeros
-from shard.kernels.w4a16_config import W4A16Config, choose_split_k, default_config
+from shard.kernels.w4a16_config import W4A16Config, check_tile, choose_split_k, default_config
 
 PACK = 8  # 4-bit codes per int32 word (shard.layers.quant.int4.PACK)
 
@@ -152,8 +152,9 @@ def _w4a16_kernel(
     if SPLIT_K == 1:
         tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
-        # partials: fp32 [SPLIT_K, M, N], contiguous.
-        mn = M.to(tl.int64) * N
+        # partials: fp32 [SPLIT_K, M, N], contiguous. tl.cast, not M.to: the JIT passes an M of
+        # 1 (one decode token) as a plain int constant, which has no .to.
+        mn = tl.cast(M, tl.int64) * N
         p_offs = offs_m[None, :].to(tl.int64) * N + offs_n[:, None]
         tl.store(partials_ptr + pid_k * mn + p_offs, acc, mask=out_mask)
         # Every thread's partial is written before one thread announces the arrival; the
@@ -248,6 +249,7 @@ def w4a16_matmul(
     sms = num_sms(x.device)
     act_order = g_idx is not None
     cfg = config or default_config(m, n, group_size, x.dtype, sms, act_order)
+    check_tile(cfg, compiled=not interpreting())
     row_groups = act_order or group_size % cfg.block_k != 0
     tiles_m, tiles_n = triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n)
     k_tiles = triton.cdiv(k, cfg.block_k)

@@ -81,6 +81,24 @@ def default_config(
     return W4A16Config(256 if wide else 128, 128, bk, 8, 3)
 
 
+# The smallest weight tile compiled for a GPU, in packed int32 words (BLOCK_N x BLOCK_K / 8).
+# On an H100 with triton 3.6, 16 x 16 tiles (16 x 2 words) gave wrong products whatever the
+# M tile, warps, stages or split (while the dequantization alone was exact), and every larger
+# tile probed was right: 64 x 16 (128 words) and 16 x 32 (64 words) (docs/benchmarks.md,
+# "First GPU session"). default_config never picks one so small; an explicit one is refused.
+MIN_GPU_TILE_WORDS = 64
+
+
+def check_tile(cfg: W4A16Config, compiled: bool) -> None:
+    """Refuses, compiled for a GPU, a tile known to be miscompiled (MIN_GPU_TILE_WORDS)."""
+    words = cfg.block_n * cfg.block_k // 8
+    if compiled and words < MIN_GPU_TILE_WORDS:
+        raise ValueError(
+            f"{cfg}: a {cfg.block_n} x {cfg.block_k} weight tile ({words} int32 words) is "
+            f"below the {MIN_GPU_TILE_WORDS} words known to compile correctly for a GPU"
+        )
+
+
 def choose_split_k(tiles: int, k_tiles: int, sms: int, m: int, k: int) -> int:
     """1 when the output tiles already fill the GPU (WAVES programs per SM when memory-bound,
     one per SM otherwise); else enough splits to get there, each at least MIN_K_TILES_PER_SPLIT

@@ -129,10 +129,12 @@ def compile_reduce_and_kv_write(dtype: torch.dtype, head_dim: int) -> None:
 
 def compile_w4a16(
     dtype: torch.dtype, cfg: W4A16Config, split_k: int, *, act_order: bool = False,
-    group_size: int = 128, even_k: bool = True,
+    group_size: int = 128, even_k: bool = True, m: int | None = None,
 ) -> None:  # fmt: skip
     """As a launch on contiguous tensors specialises it: unit strides are constants, pointers
-    and the other strides (Llama's K and N are multiples of 16) divisible by 16."""
+    and the other strides (Llama's K and N are multiples of 16) divisible by 16, and M a
+    constant when it is 1 (the JIT turns an int argument equal to 1 into a constexpr: a plain
+    Python int in the kernel, which has no `.to`, as one decode token on a GPU found)."""
     t = TYPES[dtype]
     ptrs = {"x_ptr": f"*{t}", "out_ptr": f"*{t}", "scales_ptr": "*fp16", "zeros_ptr": "*u8"}
     ptrs |= {"qweight_ptr": "*i32", "g_idx_ptr": "*i32", "counters_ptr": "*i32"}
@@ -145,11 +147,11 @@ def compile_w4a16(
         dict(GROUP_SIZE=group_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
              BLOCK_K=cfg.block_k, SPLIT_K=split_k, GROUP_M=8, ROW_GROUPS=row_groups,
              ACT_ORDER=act_order, SCALE_AFTER_DOT=cfg.scale_after_dot and not row_groups,
-             EVEN_K=even_k, **unit_strides, **dot_options(dtype)),
+             EVEN_K=even_k, **unit_strides, **dot_options(dtype), **({"M": 1} if m == 1 else {})),
         (*divisible, "stride_om", "exponent"),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    what = f"split_k={split_k} act_order={act_order} group={group_size} even_k={even_k}"
+    what = f"split_k={split_k} act_order={act_order} group={group_size} even_k={even_k} m={m}"
     # fp32 is a correctness path (FMA dots, not tensor cores); spills there cost nothing real.
     report(f"w4a16 {t} {cfg} {what}", compiled, allow_spills=dtype == torch.float32)
 
@@ -158,7 +160,7 @@ def compile_w4a16_defaults(dtype: torch.dtype, m: int, split_k: int, **kwargs) -
     """The config w4a16_matmul picks for m tokens on a 4096-wide layer of an H100 (132 SMs)."""
     act_order = kwargs.get("act_order", False)
     cfg = default_config(m, 4096, kwargs.get("group_size", 128), dtype, 132, act_order)
-    compile_w4a16(dtype, cfg, split_k, **kwargs)
+    compile_w4a16(dtype, cfg, split_k, m=m, **kwargs)
 
 
 def main() -> int:

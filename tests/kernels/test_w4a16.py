@@ -30,7 +30,9 @@ from shard.kernels.w4a16_config import (
     MAX_SPLIT_K,
     WAVES,
     W4A16Config,
+    check_tile,
     choose_split_k,
+    default_config,
 )
 from shard.layers.quant.int4 import QuantizedWeight, pack_rows, unpack_rows
 
@@ -156,7 +158,8 @@ def test_act_order_g_idx(m, group_size, dtype):
         W4A16Config(16, 16, 32, 1, 1, split_k=3),  # 8 K tiles: splits of 3, 3, 2
         W4A16Config(16, 16, 32, 1, 1, split_k=16, scale_after_dot=True),  # more splits than tiles
         W4A16Config(16, 32, 64, 1, 1, split_k=2),  # K tile straddles two 32-row groups
-        W4A16Config(32, 16, 16, 1, 1, split_k=1, scale_after_dot=True),  # 16-row K tiles
+        # 16-row K tiles: 64 weight rows, as a GPU needs with them (MIN_GPU_TILE_WORDS).
+        W4A16Config(32, 64, 16, 4, 1, split_k=1, scale_after_dot=True),
     ],
     ids=["split3", "split16", "straddle", "k16"],
 )
@@ -236,3 +239,21 @@ def test_split_heuristic():
     assert choose_split_k(WAVES * sms, 32, sms, m=1, k=4096) == 1
     assert choose_split_k(512, 64, sms, m=4096, k=4096) == 1
     assert choose_split_k(64, 64, sms, m=256, k=4096) == 3
+
+
+def test_tiles_too_small_for_a_gpu_are_refused_there_and_never_chosen(monkeypatch):
+    # 16 x 16 weight tiles gave wrong products on an H100 (MIN_GPU_TILE_WORDS): compiled, such
+    # an explicit config is an error; the interpreter, which has no such bug, still runs it.
+    tiny = W4A16Config(32, 16, 16, 1, 1, split_k=1)
+    with pytest.raises(ValueError, match="16 x 16 weight tile"):
+        check_tile(tiny, compiled=True)
+    check_tile(tiny, compiled=False)
+    check_tile(W4A16Config(16, 16, 32, 1, 1), compiled=True)  # 64 words: right on the H100
+    # Every config default_config picks for a GPU is large enough.
+    monkeypatch.setattr("shard.kernels.w4a16_config.interpreting", lambda: False)
+    for dtype in DTYPES:
+        for m in (1, 7, 16, 17, 64, 65, 256, 4096):
+            for group_size in (16, 32, 48, 64, 128):
+                for act_order in (False, True):
+                    cfg = default_config(m, 4096, group_size, dtype, 132, act_order)
+                    check_tile(cfg, compiled=True)
