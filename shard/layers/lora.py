@@ -43,6 +43,7 @@ from torch import nn
 from shard.compiled import lora_in_graph, register_lora_term
 from shard.layers import lora_amx
 from shard.layers.activation import swiglu
+from shard.layers.lora_chunks import ChunkedB
 from shard.layers.matmul import linear, prepare_weight
 from shard.layers.quant.base import LinearWeight
 from shard.layers.quant.unquantized import DenseWeight
@@ -277,8 +278,9 @@ class LoraTerm(nn.Module):
             # The kernel reads and writes rows whose values are contiguous (any row stride).
             out = y if y.stride(-1) == 1 else y.contiguous()
             step.native(  # type: ignore[misc]
-                x if x.stride(-1) == 1 else x.contiguous(), out, packed.a, packed.b,
-                step.order, step.segments, step.scaling, packed.rank, self.out_slices,
+                x if x.stride(-1) == 1 else x.contiguous(), out, packed.a,
+                packed.chunked_b(self.out_slices), step.order, step.segments, step.scaling,
+                packed.rank, self.out_slices,
             )  # fmt: skip
             if out is not y:
                 y.copy_(out)
@@ -345,6 +347,13 @@ class _Packed:
     n_sub: int
     subsets: dict[tuple[int, ...], _Packed] = field(default_factory=dict, repr=False)
     uses: int = 0  # steps this slot set has served (per term)
+    # b in the native kernel's layout (lora_chunks.py), made by its first step.
+    chunked: ChunkedB | None = field(default=None, repr=False)
+
+    def chunked_b(self, out_slices: tuple[int, ...]) -> torch.Tensor:
+        if self.chunked is None:
+            self.chunked = ChunkedB(self.b, out_slices, self.rank)
+        return self.chunked.values
 
     @cached_property
     def a32_t(self) -> torch.Tensor:  # [K, S * n_sub * r] fp32: the shrink as torch.mm reads it
@@ -381,6 +390,8 @@ class _Packed:
         rows = slice(slot * self.n_sub * self.rank, (slot + 1) * self.n_sub * self.rank)
         one = slice(slot, slot + 1)
         self.a[rows], self.b[rows] = _slot_rows(lora_a[one], lora_b[one], out_slices, self.rank)
+        if self.chunked is not None:
+            self.chunked.refill(slot, self.b[rows])
         # Steps only ever multiply subsets (`select`), which may be copies or packed copies
         # that never see the rows change: drop them all.
         self.subsets.clear()

@@ -1,8 +1,12 @@
 // The LoRA terms of one linear for a CPU step (shard/layers/lora.py's native path):
 //     y[t] += scaling[s] * B_s (A_s x[t])   for every token t with an adapter, s its slot,
 // in one call per linear, over the slots' packed weights (lora.py's _Packed: for slot s and
-// sub-module j, rank rows (s * n_sub + j) * rank + i of `a` [.., K] hold A_j, and the same rows
-// of `b` [.., N] hold B_j^T in sub-module j's output columns).
+// sub-module j, rank rows (s * n_sub + j) * rank + i of `a` [.., K] hold A_j; `b` is B in
+// chunks (lora_chunks.py): per slot, per sub-module, its output columns in chunks of
+// kExpandCols, each chunk's rank rows of kExpandCols values contiguous, zero past the last
+// column. An expand task reads one chunk, so a slot's B streams from memory in order: read as
+// rows of B^T, 128 bytes of each of rank rows kilobytes apart, it came at half the bandwidth
+// the shrink gets (docs/benchmarks.md, twenty-third session).
 //
 // Why native: at a decode step's size (a few tokens a slot, rank 16) a term is tiny, and in
 // torch it is five or six calls (casts, two GEMMs, the mask, the add) whose fixed costs are
@@ -18,7 +22,7 @@ constexpr int64_t kTaskRows = 8;     // A rows a shrink task covers (a slot's ro
                                      // one slot's 3 x 16 q/k/v rows still feed both threads)
 constexpr int64_t kExpandCols = 64;  // output columns an expand tile (and task) covers
 constexpr int64_t kPrefetchRows = 12;  // how far ahead the shrink fetches A's rows
-constexpr int64_t kPrefetchTasks = 2;  // how far ahead the expand fetches B's columns
+constexpr int64_t kPrefetchTasks = 8;  // how far ahead (in chunks) the expand fetches B
 
 // Asks for n values from p on into the cache (a hint: it never faults, even past the end).
 template <typename T>
@@ -145,7 +149,7 @@ void apply(const at::Tensor& x, at::Tensor& y, const at::Tensor& a, const at::Te
   const T* ap = a.data_ptr<T>();
   const T* bp = b.data_ptr<T>();
   T* yp = y.data_ptr<T>();
-  const int64_t x_stride = x.stride(0), y_stride = y.stride(0), b_stride = b.size(1);
+  const int64_t x_stride = x.stride(0), y_stride = y.stride(0);
 
 #if defined(__AVX512BF16__)
   constexpr bool kDots = std::is_same_v<T, c10::BFloat16>;  // shrink_tile_bf16 reads x as it is
@@ -204,20 +208,26 @@ void apply(const at::Tensor& x, at::Tensor& y, const at::Tensor& a, const at::Te
     }
   });
 
-  // Expand: tasks of kExpandCols columns of one sub-module, for all of one slot's tokens.
-  struct ExpandTask { int64_t seg, sub, col, cols; };
+  // Expand: tasks of one chunk (kExpandCols columns of one sub-module), for all of one slot's
+  // tokens. first_chunk[j]: sub-module j's first chunk within a slot's.
+  std::vector<int64_t> first_chunk(n_sub + 1, 0);
+  for (int64_t j = 0; j < n_sub; ++j)
+    first_chunk[j + 1] = first_chunk[j] + (out_slices[j] + kExpandCols - 1) / kExpandCols;
+  const int64_t chunk_values = rank * kExpandCols, slot_values = first_chunk[n_sub] * chunk_values;
+  struct ExpandTask { int64_t seg, sub, col, cols, chunk; };
   std::vector<ExpandTask> expand;
   for (int64_t g = 0; g < int64_t(segments.size()); ++g)
     for (int64_t j = 0, offset = 0; j < n_sub; offset += out_slices[j], ++j)
       for (int64_t c = 0; c < out_slices[j]; c += kExpandCols)
-        expand.push_back({g, j, offset + c, std::min(kExpandCols, out_slices[j] - c)});
+        expand.push_back({g, j, offset + c, std::min(kExpandCols, out_slices[j] - c),
+                          first_chunk[j] + c / kExpandCols});
   at::parallel_for(0, int64_t(expand.size()), 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const ExpandTask& task = expand[i];
       const Segment& seg = segments[task.seg];
-      const T* b_rows = bp + ((seg.slot * n_sub + task.sub) * rank) * b_stride + task.col;
-      for (int64_t row = 0; row < rank; ++row)  // the columns kPrefetchTasks on, likewise
-        prefetch(b_rows + row * b_stride + kPrefetchTasks * kExpandCols, kExpandCols);
+      const T* chunk = bp + seg.slot * slot_values + task.chunk * chunk_values;
+      // The chunk kPrefetchTasks on (next in memory: this slot's, or past its end, a hint).
+      prefetch(chunk + kPrefetchTasks * chunk_values, chunk_values);
       for (int64_t u = seg.begin; u < seg.end; u += kTokenBlock) {
         const int64_t tb = std::min<int64_t>(kTokenBlock, seg.end - u);
         const float* hs[kTokenBlock];
@@ -227,7 +237,7 @@ void apply(const at::Tensor& x, at::Tensor& y, const at::Tensor& a, const at::Te
           ys[t] = yp + order[u + t] * y_stride + task.col;
         }
         with_group<kTokenBlock>(tb, [&](auto n) {
-          expand_tile<T, decltype(n)::value>(hs, rank, b_rows, b_stride, task.cols, ys);
+          expand_tile<T, decltype(n)::value>(hs, rank, chunk, kExpandCols, task.cols, ys);
         });
       }
     }
@@ -237,7 +247,8 @@ void apply(const at::Tensor& x, at::Tensor& y, const at::Tensor& a, const at::Te
 }  // namespace
 
 // y [T, N] += each adapter token's LoRA term. x [T, K]; a [S * n_sub * rank, K] and
-// b [S * n_sub * rank, N] the packed slots (sum(out_slices) == N); order [U] int64: token
+// b [S * C * rank, kExpandCols] the packed slots (sum(out_slices) == N, C the chunks of a slot:
+// the sum over sub-modules of ceil(out_slices[j] / kExpandCols)); order [U] int64: token
 // indices grouped by slot; segments [G, 3] int64: (slot, begin, end) of each group in order,
 // consecutive from 0 to U; scaling [>= S] fp32. x, y, a and b share one dtype (fp32, bf16,
 // fp16); a token appears at most once; tokens not in order are left alone.
@@ -260,9 +271,12 @@ void lora_apply(const at::Tensor& x, at::Tensor& y, const at::Tensor& a, const a
   TORCH_CHECK(a.dim() == 2 && a.is_contiguous() && a.size(1) == x.size(1),
               "a: [rows, K], contiguous, K x's width");
   TORCH_CHECK(a.size(0) % slot_rows == 0, "a: n_sub * rank rows per slot");
-  TORCH_CHECK(b.dim() == 2 && b.is_contiguous() && b.size(0) == a.size(0) && b.size(1) == n_out,
-              "b: [slots * n_sub * rank, N] (a's rows, y's columns), contiguous");
   const int64_t slots = a.size(0) / slot_rows;
+  int64_t chunks = 0;
+  for (int64_t n : out_slices) chunks += (n + kExpandCols - 1) / kExpandCols;
+  TORCH_CHECK(b.dim() == 2 && b.is_contiguous() && b.size(1) == kExpandCols &&
+                  b.size(0) == slots * chunks * rank,
+              "b: [slots * chunks * rank, ", kExpandCols, "] (B in column chunks), contiguous");
   TORCH_CHECK(order.dim() == 1 && order.scalar_type() == at::kLong && order.is_contiguous(),
               "order: 1-D int64");
   TORCH_CHECK(segments.dim() == 2 && segments.size(1) == 3 &&

@@ -12,6 +12,7 @@ import sys
 import pytest
 import torch
 
+from shard.layers.lora_chunks import ChunkedB, chunk_rows
 from shard.native.build import BF16_DOTS_ENV, has_bf16_dots, lora_kernel, unavailable_reason
 
 REASON = unavailable_reason()
@@ -93,7 +94,8 @@ def test_matches_float64(dtype, k, out_slices, rank, token_slots):
     x, y, a, b, scaling = case(token_slots, k=k, out_slices=out_slices, rank=rank, dtype=dtype)
     expected = reference(x, y, a, b, token_slots, scaling, rank, out_slices)
     order, segments = plan(token_slots)
-    lora_kernel()(x, y, a, b, order, segments, scaling, rank, list(out_slices))
+    chunked = chunk_rows(b, out_slices, rank)
+    lora_kernel()(x, y, a, chunked, order, segments, scaling, rank, list(out_slices))
     tol = tolerance(dtype)
     torch.testing.assert_close(y.double(), expected, rtol=tol, atol=tol * expected.abs().max())
     for t, s in enumerate(token_slots):  # rows without an adapter: bit for bit as they were
@@ -109,7 +111,7 @@ def test_strided_rows():
     assert not x.is_contiguous() and not y.is_contiguous()
     expected = reference(x, y, a, b, token_slots, scaling, 8, (32, 16))
     order, segments = plan(token_slots)
-    lora_kernel()(x, y, a, b, order, segments, scaling, 8, [32, 16])
+    lora_kernel()(x, y, a, chunk_rows(b, (32, 16), 8), order, segments, scaling, 8, [32, 16])
     torch.testing.assert_close(y.double(), expected, rtol=2**-7, atol=2**-7 * expected.abs().max())
 
 
@@ -118,7 +120,7 @@ def test_bf16_output_is_the_fp32_sum_rounded_once_to_nearest_even():
     x, y, a, b, scaling = case(token_slots, k=64, out_slices=(96,), rank=4, dtype=torch.bfloat16)
     exact = reference(x, y, a, b, token_slots, scaling, 4, (96,))
     order, segments = plan(token_slots)
-    lora_kernel()(x, y, a, b, order, segments, scaling, 4, [96])
+    lora_kernel()(x, y, a, chunk_rows(b, (96,), 4), order, segments, scaling, 4, [96])
     # Rounding the float64 result to bf16 differs from the kernel only where fp32's own
     # summation error crosses a rounding boundary: nearly never.
     agree = (y == exact.to(torch.bfloat16)).float().mean().item()
@@ -129,8 +131,8 @@ def _good():
     token_slots = [0, 1, -1, 1]
     x, y, a, b, scaling = case(token_slots, k=32, out_slices=(16, 16), rank=4, dtype=torch.float32)
     order, segments = plan(token_slots)
-    return dict(x=x, y=y, a=a, b=b, order=order, segments=segments, scaling=scaling, rank=4,
-                out_slices=[16, 16])  # fmt: skip
+    return dict(x=x, y=y, a=a, b=chunk_rows(b, (16, 16), 4), order=order, segments=segments,
+                scaling=scaling, rank=4, out_slices=[16, 16])  # fmt: skip
 
 
 def _call(args):
@@ -154,6 +156,8 @@ def _call(args):
         (dict(rank=3), "rows per slot"),
         (dict(scaling=torch.ones(2)), "one per slot"),
         (dict(order=torch.tensor([0, 1, 3], dtype=torch.int32)), "int64"),
+        (dict(b=torch.zeros(4 * 2 * 4, 32)), "column chunks"),  # B^T's rows, not chunks
+        (dict(b=torch.zeros(4 * 1 * 4, 64)), "column chunks"),  # a chunk short a slot
     ],
     ids=lambda v: v if isinstance(v, str) else None,
 )
@@ -189,3 +193,17 @@ def test_the_widening_path_of_cpus_without_bf16_dot_products():
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert " passed" in run.stdout and "skipped" not in run.stdout.splitlines()[-1]
+
+
+def test_chunks_follow_a_slot_refilled_in_place():
+    """ChunkedB.refill rewrites one slot's chunks as chunk_rows would from the whole B."""
+    gen = torch.Generator().manual_seed(3)
+    out_slices, rank = (70, 3, 64), 5
+    _, b = packed_slots(3, rank, 8, out_slices, torch.float32, gen)
+    chunked = ChunkedB(b, out_slices, rank)
+    _, new = packed_slots(3, rank, 8, out_slices, torch.float32, gen)
+    rows = slice(1 * len(out_slices) * rank, 2 * len(out_slices) * rank)
+    b[rows] = new[rows]
+    chunked.refill(1, b[rows])
+    assert torch.equal(chunked.values, chunk_rows(b, out_slices, rank))
+    assert chunked.values.shape == (3 * (2 + 1 + 1) * rank, 64)  # 70 columns: 2 chunks
