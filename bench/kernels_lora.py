@@ -5,8 +5,8 @@ bench/kernels.py.
 Shapes: Llama-3-8B's fused q/k/v (K 4096, slices 4096/1024/1024), fused gate/up (K 4096, slices
 14336/14336) and down_proj (K 14336, N 4096), rank 16, 8 slots, bf16; decode steps of 1, 16, 64
 and 256 tokens spread over the slots (some without an adapter) and a prefill of 8192 tokens in 4
-same-slot segments. The step's tile
-grouping is built once outside the timed call, as a step shares it across layers. Bandwidth
+same-slot segments. The step's tile grouping is built once outside the timed call, as a step
+shares it across layers. Bandwidth
 counts what must move: the A and B of the slots in use, x, y read and written, and h. The note
 gives the time of the base layer's own matmul (x @ W^T, cuBLAS) and the LoRA term's time as a
 share of it: what an adapter adds to the layer.
@@ -116,10 +116,14 @@ def bench_step(bench, layer: Layer, step: str, tokens: int, runs: int, gen) -> R
     a, b = layer.a.float(), layer.b.float()
     torch_lora(x.float(), a, b, layer.scales, slots, token_slots, layer.out_slices, expected)
     row.max_err = (ours(y0.clone()).float() - expected).abs().max().item()
-    base_ms = bench(lambda: x @ layer.weight.T)
+
+    def base() -> torch.Tensor:
+        return x @ layer.weight.T
+
+    base_ms = bench(base)
     row.note = (
         f"vs torch per-slot loop; base x@W {base_ms:.3f} ms, lora/base {row.ms / base_ms:.2f}"
-        + graph_note(ours, lambda: x @ layer.weight.T)
+        + graph_note(ours, base)
     )
     return row
 

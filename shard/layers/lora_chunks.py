@@ -39,7 +39,7 @@ class ChunkedB:
         self.out_slices = out_slices
         self.rank = rank
         self.values = chunk_rows(b_rows, out_slices, rank)
-        self.rows_per_slot = self.values.shape[0] // (b_rows.shape[0] // (len(out_slices) * rank))
+        self.rows_per_slot = rank * sum(-(-width // EXPAND_COLUMNS) for width in out_slices)
 
     def refill(self, slot: int, slot_b_rows: torch.Tensor) -> None:
         """Slot `slot` again from its `_Packed` rows [n_sub * rank, N]."""

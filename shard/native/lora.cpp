@@ -33,6 +33,15 @@ inline void prefetch(const T* p, int64_t n) {
 #endif
 }
 
+// first[j]: sub-module j's first chunk among a slot's (B's layout, lora_chunks.py); first[n_sub]:
+// a slot's chunks.
+inline std::vector<int64_t> first_chunks(const std::vector<int64_t>& out_slices) {
+  std::vector<int64_t> first(out_slices.size() + 1, 0);
+  for (size_t j = 0; j < out_slices.size(); ++j)
+    first[j + 1] = first[j] + (out_slices[j] + kExpandCols - 1) / kExpandCols;
+  return first;
+}
+
 struct Segment {
   int64_t slot, begin, end;  // the slot's tokens: order[begin:end]
 };
@@ -209,10 +218,8 @@ void apply(const at::Tensor& x, at::Tensor& y, const at::Tensor& a, const at::Te
   });
 
   // Expand: tasks of one chunk (kExpandCols columns of one sub-module), for all of one slot's
-  // tokens. first_chunk[j]: sub-module j's first chunk within a slot's.
-  std::vector<int64_t> first_chunk(n_sub + 1, 0);
-  for (int64_t j = 0; j < n_sub; ++j)
-    first_chunk[j + 1] = first_chunk[j] + (out_slices[j] + kExpandCols - 1) / kExpandCols;
+  // tokens.
+  const std::vector<int64_t> first_chunk = first_chunks(out_slices);
   const int64_t chunk_values = rank * kExpandCols, slot_values = first_chunk[n_sub] * chunk_values;
   struct ExpandTask { int64_t seg, sub, col, cols, chunk; };
   std::vector<ExpandTask> expand;
@@ -272,8 +279,7 @@ void lora_apply(const at::Tensor& x, at::Tensor& y, const at::Tensor& a, const a
               "a: [rows, K], contiguous, K x's width");
   TORCH_CHECK(a.size(0) % slot_rows == 0, "a: n_sub * rank rows per slot");
   const int64_t slots = a.size(0) / slot_rows;
-  int64_t chunks = 0;
-  for (int64_t n : out_slices) chunks += (n + kExpandCols - 1) / kExpandCols;
+  const int64_t chunks = first_chunks(out_slices).back();
   TORCH_CHECK(b.dim() == 2 && b.is_contiguous() && b.size(1) == kExpandCols &&
                   b.size(0) == slots * chunks * rank,
               "b: [slots * chunks * rank, ", kExpandCols, "] (B in column chunks), contiguous");
