@@ -7,6 +7,7 @@
 # int4 libraries' dequantized models (W4A16).
 #
 #     bash bench/gpu_session.sh [RESULTS]      # RESULTS defaults to $OUT, else bench/results/gpu
+#     ONLY=graph_tests,decode_graphs bash bench/gpu_session.sh    # just those steps
 #
 # Steps run in order of importance under one deadline (BUDGET_S, default 500 s): each gets at
 # most its own limit and what is left, so a slow step costs the later ones, never the whole
@@ -33,6 +34,9 @@ failed=()
 step() {  # step NAME LIMIT_S COMMAND...: runs COMMAND, output to RESULTS/NAME.log
     local name=$1 limit=$2
     shift 2
+    if [[ -n ${ONLY:-} && ",$ONLY," != *",$name,"* ]]; then
+        return
+    fi
     local left=$((DEADLINE - SECONDS))
     ((left < limit)) && limit=$left
     if ((limit < 10)); then
@@ -58,6 +62,9 @@ transformers, peft; print('torch', torch.__version__, 'cuda', torch.version.cuda
 torch.cuda.get_device_name()); print('triton', triton.__version__, 'protobuf', pb.__version__, \
 'grpcio', grpc.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__); \
 import switchyard_pb.generate_pb2\""
+step graph_tests 120 "${PYTEST[@]}" tests/shard/test_cuda_graphs.py \
+    tests/kernels/test_kernel_decode.py -k "graphs or per_sequence"
+step decode_graphs 200 "$PY" -m bench.decode_graphs --out "$RESULTS"
 step kernel_tests 150 "${PYTEST[@]}" -n 4 tests/kernels
 step kernel_bench_lora 60 "$PY" bench/kernels.py --only lora
 step kernel_bench 110 "$PY" bench/kernels.py --sweep --only decode,prefill,kv_write,w4a16

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from launcher.adapters import AdapterSpec, parse_specs
 from launcher.devices import default_num_shard
 from launcher.env import LauncherEnv
+from shard.cuda_graph_buckets import CudaGraphsError, parse_buckets
 from shard.layers.quant.config import METHODS as QUANTIZE_METHODS
 from shard.sockets import shard_socket
 
@@ -53,6 +54,7 @@ class LauncherConfig:
     cuda_memory_fraction: float | None
     cpu_kv_cache_gb: float | None
     compile: bool  # torch.compile the shards' forward pass (shard/compiled.py)
+    cuda_graphs: str | None  # decode batch sizes to capture, "0" none; None: the shard's default
     shard_startup_timeout: float
     # Router settings (None: not forwarded, the router's default applies)
     max_input_tokens: int | None
@@ -173,6 +175,13 @@ def build_parser() -> argparse.ArgumentParser:
         "CPU: faster steps afterwards. CPU only, one shard, dense weights",
     )
     s.add_argument(
+        "--cuda-graphs",
+        type=_cuda_graphs,
+        default=None,
+        help="batch sizes whose decode steps are captured as CUDA graphs and replayed, e.g. "
+        "1,2,4,8 (TGI's flag); 0 turns them off. Default on a GPU: 1,2,4,...,128; none on a CPU",
+    )
+    s.add_argument(
         "--shard-uds-path",
         default=None,
         help="prefix of the shards' unix sockets (rank r listens on PATH-r; default: in a fresh "
@@ -276,6 +285,14 @@ def parse_args(argv: Sequence[str] | None, env: LauncherEnv) -> LauncherConfig:
     if ns.lora_dir is not None:
         ns.lora_dir = os.path.abspath(os.path.expanduser(ns.lora_dir))
     return LauncherConfig(**vars(ns))
+
+
+def _cuda_graphs(value: str) -> str:
+    try:
+        parse_buckets(value)
+    except CudaGraphsError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix("--cuda-graphs ")) from None
+    return value.strip()
 
 
 def _check_consistency(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> None:

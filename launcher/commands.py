@@ -78,7 +78,7 @@ def shard_spec(
         "--block-size",
         str(cfg.block_size),
     ]
-    for name in ("quantize", "attention", "cuda_memory_fraction", "cpu_kv_cache_gb"):
+    for name in ("quantize", "attention", "cuda_memory_fraction", "cpu_kv_cache_gb", "cuda_graphs"):
         value = getattr(cfg, name)
         if value is not None:
             argv += [_flag(name), str(value)]

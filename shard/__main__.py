@@ -8,6 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
+from shard.cuda_graph_buckets import CudaGraphsError, parse_buckets
 from shard.layers.quant.config import METHODS as QUANTIZE_METHODS
 from shard.lora.names import AdapterListError, check_adapter_names, split_adapter_list
 from shard.rank_env import DistributedEnv
@@ -48,7 +49,17 @@ def parse_args(argv: list[str]) -> ShardSettings:
         action="store_true",
         help="torch.compile the forward pass at warmup (CPU, one shard, dense weights, no LoRA)",
     )
+    serve.add_argument(
+        "--cuda-graphs",
+        default="",
+        help="batch sizes whose decode steps are captured as CUDA graphs, e.g. 1,2,4,8 (0: none; "
+        "default 1,2,4,...,128 on a GPU)",
+    )
     args = parser.parse_args(argv)
+    try:
+        cuda_graphs = parse_buckets(args.cuda_graphs)
+    except CudaGraphsError as err:
+        parser.error(str(err))
     if args.block_size < 1:
         parser.error(f"--block-size must be at least 1, got {args.block_size}")
     if not 0 < args.cuda_memory_fraction <= 1:
@@ -80,12 +91,14 @@ def parse_args(argv: list[str]) -> ShardSettings:
         max_cpu_loras=args.max_cpu_loras,
         max_lora_rank=args.max_lora_rank,
         compile=args.compile,
+        cuda_graphs=cuda_graphs,
     )
 
 
 def _operator_errors() -> tuple[type[Exception], ...]:
     """What the operator gave that the shard cannot serve (a checkpoint, a flag, an adapter):
     logged as one line, not a traceback; anything else is a bug and keeps its traceback."""
+    from shard.cuda_graph_buckets import CudaGraphsError
     from shard.gguf.checks import GgufError
     from shard.gguf.names import GgufNameError
     from shard.kv_cache import KvCacheTooLargeError
@@ -96,8 +109,8 @@ def _operator_errors() -> tuple[type[Exception], ...]:
     from shard.weights import WeightsError
 
     return (
-        AdapterError, AdapterListError, GgufError, GgufNameError, KvCacheTooLargeError,
-        QuantizationConfigError, UnsupportedArchitectureError, WeightsError,
+        AdapterError, AdapterListError, CudaGraphsError, GgufError, GgufNameError,
+        KvCacheTooLargeError, QuantizationConfigError, UnsupportedArchitectureError, WeightsError,
     )  # fmt: skip
 
 

@@ -48,12 +48,15 @@ def plan_num_blocks(
     settings: KvCacheSettings,
     device: torch.device,
     requested_tokens: int,
+    reserved_bytes: int = 0,
 ) -> int:
-    """Number of KV blocks this shard can hold; `requested_tokens` 0 means "as many as fit"."""
+    """Number of KV blocks this shard can hold; `requested_tokens` 0 means "as many as fit".
+    `reserved_bytes`: device memory something else will hold beside the peak (CUDA graphs)."""
     bytes_per_block = bytes_per_token * settings.block_size
     if device.type == "cuda":
         _, total = torch.cuda.mem_get_info(device)
-        budget = total * settings.cuda_memory_fraction - torch.cuda.max_memory_allocated(device)
+        used = torch.cuda.max_memory_allocated(device) + reserved_bytes
+        budget = total * settings.cuda_memory_fraction - used
     elif settings.cpu_kv_cache_gb is not None:
         budget = settings.cpu_kv_cache_gb * GIB
     else:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from shard.batch import Batch, PromptScores
+from shard.cuda_graphs import DecodeGraphs
 from shard.distributed import Distributed
 from shard.layers.lora import LoraStep
 from shard.requests import Generation, Tokens
@@ -41,6 +42,7 @@ class ModelRunner:
         lora: LoraStep | None = None,
         forward=None,  # the model's forward pass another way (--compile); default the model
         decode_path=None,  # the decode steps' forward pass where it applies (llama_decode.py)
+        graphs: DecodeGraphs | None = None,  # CUDA graphs of decode steps (--cuda-graphs)
     ) -> None:
         self.model = model
         self.forward = forward or model
@@ -50,6 +52,7 @@ class ModelRunner:
         self.block_size = block_size
         self.kv_caches: list[torch.Tensor] | None = None
         self.lora = lora  # the per-step LoRA context every LoRA term reads, when adapters exist
+        self.graphs = graphs
 
     @property
     def compiled(self) -> bool:
@@ -57,8 +60,19 @@ class ModelRunner:
         return self.forward is not self.model
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
+        if self.graphs is not None:
+            self.graphs.release()  # they write into the old cache
         self.kv_caches = None  # free the old cache before allocating the new one
         self.kv_caches = self.model.allocate_kv_cache(num_blocks, self.block_size)
+
+    @torch.inference_mode()
+    def capture_graphs(self, block_table_width: int) -> int:
+        """Captures the decode graphs against the current KV cache, for requests whose block
+        tables are at most `block_table_width` wide; returns the memory they took (0: none)."""
+        if self.graphs is None:
+            return 0
+        self.graphs.capture(self._caches(), block_table_width)
+        return self.graphs.memory_bytes
 
     # -- the step ----------------------------------------------------------------------
 
@@ -81,10 +95,7 @@ class ModelRunner:
         inputs = build_step_inputs(batch, q_lens)
         if self.lora is not None:
             self.lora.set_tokens(batch.lora_slots[inputs.token_rows])
-        forward = self.forward
-        if self.decode_path is not None and self.decode_path.applies(inputs.meta):
-            forward = self.decode_path
-        hidden = forward(inputs.input_ids, inputs.positions, self._caches(), inputs.meta)
+        hidden = self._forward(inputs)
         self._gather_prompt_logprobs(batch, inputs, hidden)
         logits = self.model.compute_logits(hidden[inputs.sample_index])
         batch.cache_lens += q_lens
@@ -100,6 +111,18 @@ class ModelRunner:
             generations = self._generations(batch, out, sample_rows)
         end = time.perf_counter_ns()
         return generations, StepTimings(forward_done - start, end - forward_done)
+
+    def _forward(self, inputs: StepInputs) -> torch.Tensor:
+        """The step's final hidden states: from a CUDA graph where one holds the step, the CPU
+        decode path where it applies, else the forward pass."""
+        if self.graphs is not None:
+            hidden = self.graphs.replay(inputs.input_ids, inputs.positions, inputs.meta)
+            if hidden is not None:
+                return hidden
+        forward = self.forward
+        if self.decode_path is not None and self.decode_path.applies(inputs.meta):
+            forward = self.decode_path
+        return forward(inputs.input_ids, inputs.positions, self._caches(), inputs.meta)
 
     @staticmethod
     def _check_capacity(batch: Batch, q_lens: torch.Tensor) -> None:

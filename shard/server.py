@@ -20,6 +20,7 @@ import torch
 
 from shard import wire
 from shard.batch import Batch
+from shard.cuda_graphs import block_table_width
 from shard.kv_cache import KvCacheSettings, plan_num_blocks
 from shard.lora.manager import LoraManager
 from shard.requests import NewRequest
@@ -255,7 +256,12 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
                 torch.cuda.reset_peak_memory_stats(runner.device)
             if request.batch.requests:
                 run_warmup_steps(runner, request.batch)
-            runner.kv_caches = None
+            # The decode graphs' memory, measured by capturing them once against this small
+            # cache, is set aside before the real cache takes the rest; then they are captured
+            # again against the real one.
+            width = graph_table_width(request.max_total_tokens, runner)
+            graphs_bytes = runner.capture_graphs(width)
+            runner.allocate_kv_cache(0)  # frees the warmup cache and those graphs
             gc.collect()
             if runner.device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -264,14 +270,23 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
                 self.kv_settings,
                 runner.device,
                 request.max_batch_total_tokens,
+                reserved_bytes=graphs_bytes,
             )
             runner.allocate_kv_cache(num_blocks)
+            runner.capture_graphs(width)
             log.info("KV cache: %d blocks of %d tokens", num_blocks, runner.block_size)
             return generate_pb2.WarmupResponse(
                 max_supported_total_tokens=num_blocks * runner.block_size, num_blocks=num_blocks
             )
 
         return await self._abort_on_error(context, warmup)
+
+
+def graph_table_width(max_total_tokens: int, runner: ModelRunner) -> int:
+    """Block table columns the decode graphs hold: enough for the longest request the router
+    admits (the model's context when it did not say)."""
+    tokens = max_total_tokens or runner.model.config.max_position_embeddings
+    return block_table_width(tokens, runner.block_size)
 
 
 def run_warmup_steps(runner: ModelRunner, batch: generate_pb2.Batch) -> None:

@@ -28,3 +28,6 @@ class ShardSettings:
     max_lora_rank: int = 64
     # torch.compile the forward pass (shard/compiled.py): CPU, one shard, dense weights, no LoRA.
     compile: bool = False
+    # CUDA graphs' batch-size buckets for decode: None, the default on a GPU (none on a CPU);
+    # () none (--cuda-graphs 0).
+    cuda_graphs: tuple[int, ...] | None = None

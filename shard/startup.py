@@ -10,8 +10,10 @@ import torch
 
 from shard.attention import get_attention_backend
 from shard.compiled import CompiledForward, check_supported
+from shard.cuda_graphs import DecodeGraphs, buckets_for
 from shard.distributed import init_distributed
 from shard.kv_cache import KvCacheSettings
+from shard.layers.lora import LoraStep
 from shard.layers.quant.base import LinearWeight
 from shard.layers.quant.unquantized import DenseWeight
 from shard.lora.manager import LoraManager, LoraSettings
@@ -106,9 +108,11 @@ def _build_service(
         forward = compiled_forward(model, attention, device, env.world_size)
     else:
         decode_path = LlamaDecodePath.build(model, lora.step if lora else None)
+    graphs = decode_graphs(model, device, settings.cuda_graphs, lora.step if lora else None)
     runner = ModelRunner(
-        model, dist, device, settings.block_size, lora.step if lora else None, forward, decode_path
-    )
+        model, dist, device, settings.block_size, lora.step if lora else None, forward,
+        decode_path, graphs,
+    )  # fmt: skip
     identity = ShardIdentity(
         model_id=settings.model_id,
         dtype=str(dtype).removeprefix("torch."),
@@ -121,6 +125,19 @@ def _build_service(
         cpu_kv_cache_gb=settings.cpu_kv_cache_gb,
     )
     return TextGenerationService(runner, identity, kv_settings, torch_thread, lora)
+
+
+def decode_graphs(
+    model: torch.nn.Module,
+    device: torch.device,
+    asked: tuple[int, ...] | None,
+    lora: LoraStep | None,
+) -> DecodeGraphs | None:
+    """The decode steps' CUDA graphs (captured at Warmup), or None where there are none."""
+    buckets = buckets_for(device, asked)
+    if not buckets:
+        return None
+    return DecodeGraphs(model, buckets, device, lora)
 
 
 def compiled_forward(

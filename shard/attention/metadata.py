@@ -23,6 +23,10 @@ class AttentionMetadata:
     cu_seqlens_q: torch.Tensor | None = None  # prefill: [B+1] int32, packed query offsets
     max_seqlen_q: int = 0  # prefill: longest query
     max_seqlen_k: int = 0  # prefill: longest context (== max_seqlen_q without cached prefix)
+    # Decode captured in a CUDA graph (shard/cuda_graphs.py): the tensors are the graph's static
+    # buffers, whose values change from replay to replay, so no backend may read them on the
+    # host or size anything from them; only their shapes (bucket x widest block table) hold.
+    captured: bool = False
     # What a backend derives from the metadata once per step and every layer reuses (the torch
     # decode path's gather index, by window). The metadata lives for one step, so does this.
     derived: dict[object, object] = field(default_factory=dict, repr=False, compare=False)

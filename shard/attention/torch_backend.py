@@ -79,7 +79,10 @@ def _decode_gather_index(
     if key in meta.derived:
         return meta.derived[key]  # type: ignore[return-value]
     context_lens = meta.context_lens.long()
-    max_ctx = int(context_lens.max())
+    if meta.captured:  # no host read: the widest context the block table can hold
+        max_ctx = meta.block_tables.shape[1] * block_size
+    else:
+        max_ctx = int(context_lens.max())
     width = max_ctx if window is None else min(max_ctx, window)
     first = (context_lens - width).clamp_(min=0)
     positions = first[:, None] + torch.arange(width, device=context_lens.device)

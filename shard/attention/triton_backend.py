@@ -61,4 +61,7 @@ class TritonAttentionBackend:
         scale: float,
         window: int | None = None,
     ) -> torch.Tensor:
-        return paged_decode(q, kv_cache, meta.block_tables, meta.context_lens, scale, window=window)
+        return paged_decode(
+            q, kv_cache, meta.block_tables, meta.context_lens, scale,
+            window=window, split_per_sequence=meta.captured,
+        )  # fmt: skip

@@ -67,6 +67,7 @@ def _paged_decode_kernel(
     BLOCK_N: tl.constexpr,
     CACHE_BLOCK_SIZE: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    SPLIT_PER_SEQUENCE: tl.constexpr,
     SLIDING: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
@@ -80,6 +81,11 @@ def _paged_decode_kernel(
     first_pos = 0
     if SLIDING:
         first_pos = tl.maximum(context_len - window, 0)
+    if SPLIT_PER_SEQUENCE:
+        # Each sequence's own span cut into NUM_SPLITS (whole tiles): the grid was sized for
+        # the longest context the block table can hold, not for this step's contexts.
+        span = context_len - first_pos
+        tokens_per_split = tl.cdiv(tl.cdiv(span, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = first_pos + split * tokens_per_split
     end = tl.minimum(start + tokens_per_split, context_len)
 
@@ -187,6 +193,7 @@ def paged_decode(
     window: int | None = None,
     num_splits: int | None = None,
     config: DecodeConfig | None = None,
+    split_per_sequence: bool = False,
 ) -> torch.Tensor:
     """q [B, H, D] against each sequence's first context_lens[b] cached tokens -> [B, H, D];
     with `window`, against only the last `window` of them.
@@ -194,6 +201,11 @@ def paged_decode(
     `num_splits=None` lets `choose_num_splits` decide. Its context bound is the block table's
     width (or the window, if smaller), known on the host, so deciding costs no device-to-host
     sync.
+
+    `split_per_sequence`: each sequence cuts its own context (or window) into the splits, read
+    on the device, instead of every sequence using splits sized for the table's width. For a
+    CUDA graph, whose block table is as wide as the longest request can be whatever the step's
+    contexts are: it keeps the splits busy without reading the contexts on the host.
     """
     batch, num_heads, head_dim = q.shape
     _, _, cache_block_size, num_kv_heads, _ = kv_cache.shape
@@ -239,6 +251,7 @@ def paged_decode(
         BLOCK_N=cfg.block_n,
         CACHE_BLOCK_SIZE=cache_block_size,
         NUM_SPLITS=num_splits,
+        SPLIT_PER_SEQUENCE=split_per_sequence,
         SLIDING=window is not None,
         **dot_options(q.dtype),
         num_warps=cfg.num_warps,

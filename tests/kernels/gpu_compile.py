@@ -92,7 +92,13 @@ def compile_prefill(dtype: torch.dtype, head_dim: int, sliding: bool = False) ->
     report(f"prefill {t} d{head_dim} sliding={sliding} {cfg}", compiled)
 
 
-def compile_decode(dtype: torch.dtype, head_dim: int, splits: int, sliding: bool = False) -> None:
+def compile_decode(
+    dtype: torch.dtype,
+    head_dim: int,
+    splits: int,
+    sliding: bool = False,
+    per_sequence: bool = False,
+) -> None:
     t = TYPES[dtype]
     cfg = decode.default_decode_config()
     ptrs = {n: f"*{t}" for n in ("q_ptr", "cache_ptr", "out_ptr")}
@@ -102,10 +108,11 @@ def compile_decode(dtype: torch.dtype, head_dim: int, splits: int, sliding: bool
         decode._paged_decode_kernel, ptrs,
         dict(NUM_HEADS=32, GROUP=4, BLOCK_G=16, HEAD_DIM=head_dim, BLOCK_D=head_block(head_dim),
              BLOCK_N=cfg.block_n, CACHE_BLOCK_SIZE=16, NUM_SPLITS=splits, SLIDING=sliding,
-             **dot_options(dtype)),
+             SPLIT_PER_SEQUENCE=per_sequence, **dot_options(dtype)),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    report(f"decode {t} d{head_dim} splits={splits} sliding={sliding} {cfg}", compiled)
+    name = f"decode {t} d{head_dim} splits={splits} sliding={sliding} per_seq={per_sequence}"
+    report(f"{name} {cfg}", compiled)
 
 
 def compile_reduce_and_kv_write(dtype: torch.dtype, head_dim: int) -> None:
@@ -179,6 +186,8 @@ def main() -> int:
                 compile_decode(dtype, head_dim, splits=4)
     compile_decode(torch.bfloat16, 128, splits=1)
     compile_decode(torch.bfloat16, 80, splits=8, sliding=True)
+    compile_decode(torch.bfloat16, 128, splits=8, per_sequence=True)  # CUDA graphs' decode
+    compile_decode(torch.bfloat16, 80, splits=8, sliding=True, per_sequence=True)
     compile_reduce_and_kv_write(torch.bfloat16, 80)
     # W4A16: decode (split-K epilogue) and prefill in bf16, act-order, a mid-size M with a
     # group of 32, K off the tile and fp16.

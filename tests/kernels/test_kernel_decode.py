@@ -112,3 +112,18 @@ def test_automatic_choice_runs():
     q, cache, meta, expected = decode_case([3, 20], 4, 2, 64, torch.float32, seed=3)
     out = paged_decode(q, cache, meta.block_tables, meta.context_lens, 64**-0.5)
     torch.testing.assert_close(out.cpu(), expected, **TOLERANCES[torch.float32])
+
+
+@pytest.mark.parametrize("window", [None, 20])
+@pytest.mark.parametrize("num_splits", [1, 3, 7])
+def test_splits_per_sequence_agree_with_the_reference(num_splits, window):
+    # CUDA graphs' decode: each sequence cuts its own context (or window) into the splits. The
+    # contexts span 1 token to several tiles, so some sequences leave most splits empty and
+    # others give every split several tiles.
+    contexts = [1, 2, 17, 64, 150]
+    q, cache, meta, expected = decode_case(contexts, 4, 2, 64, torch.float32, seed=5, window=window)
+    out = paged_decode(
+        q, cache, meta.block_tables, meta.context_lens, 64**-0.5,
+        window=window, num_splits=num_splits, split_per_sequence=True,
+    )  # fmt: skip
+    torch.testing.assert_close(out.cpu(), expected, **TOLERANCES[torch.float32])

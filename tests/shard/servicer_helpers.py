@@ -50,7 +50,7 @@ class BlockPool:
     """Hands out shuffled blocks so block tables are non-contiguous, like a busy allocator's."""
 
     def __init__(self, num_blocks: int, seed: int = 0) -> None:
-        self.free = list(range(num_blocks))
+        self.free = list(range(1, num_blocks))  # block 0 is padding, as the router keeps it
         random.Random(seed).shuffle(self.free)
 
     def request(self, rid: int, prompt: list[int], max_new: int, **kw) -> generate_pb2.Request:

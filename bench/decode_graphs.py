@@ -1,0 +1,270 @@
+"""The decode step of Llama-3.2-1B- and Llama-2-7B-shaped models on a GPU, with and without CUDA
+graphs, against the weight-bytes roofline (every weight and each row's K/V read once per step at
+the bandwidth measured here).
+
+    python -m bench.decode_graphs [--shapes 1b,7b] [--batches 1,8,32,64] [--context 512]
+                                  [--steps 32] [--out bench/results/decode_graphs]
+    python -m bench.decode_graphs --smoke     # a tiny shape on the CPU: the script runs
+
+Each model is built in process as `python -m shard serve` builds it (shard.startup), on random
+bf16 weights generated on the device (no checkpoint on disk: a 7B one would take minutes to write
+and read back). Each batch size prefills `batch` requests of `--context` random tokens, then
+times `--steps` whole decode steps (forward, sampling, the tokens back on the host) eagerly and
+replayed from the graphs, in one run on the same cache. --smoke replays with the eager stand-in
+for a graph (shard.cuda_graphs.EagerReplayer): its timings mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from bench.results_file import write_results
+from bench.servers import free_port
+
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 32.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+# config.json of each shape (the published configs' sizes; random weights).
+SHAPES: dict[str, dict[str, Any]] = {
+    "1b": dict(
+        hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=64, vocab_size=128256, tie_word_embeddings=True,
+        max_position_embeddings=131072, rope_theta=500000.0, rope_scaling=LLAMA3_ROPE,
+    ),
+    "7b": dict(
+        hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=32, vocab_size=32000, tie_word_embeddings=False,
+        max_position_embeddings=4096, rope_theta=10000.0,
+    ),
+    "tiny": dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=512, tie_word_embeddings=False,
+        max_position_embeddings=1024, rope_theta=10000.0,
+    ),
+}  # fmt: skip
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", default="1b,7b")
+    p.add_argument("--batches", default="1,8,32,64")
+    p.add_argument("--context", type=int, default=512, help="prompt tokens of every request")
+    p.add_argument("--steps", type=int, default=32, help="decode steps timed, each way")
+    p.add_argument("--out", type=Path, default=Path("bench/results/decode_graphs"))
+    p.add_argument("--smoke", action="store_true", help="tiny shape, CPU, eager stand-in")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.shapes, args.batches, args.context, args.steps = "tiny", "1,3", 20, 3
+    return args
+
+
+def hf_config(shape: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-5,
+        "dtype": "bfloat16",
+        **shape,
+    }
+
+
+def checkpoint_shapes(config: dict[str, Any]) -> dict[str, list[int]]:
+    """Every tensor a saved checkpoint of `config` holds, by name, from transformers' own model
+    built on the meta device (no memory)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(**config))
+    shapes = {name: list(t.shape) for name, t in model.state_dict().items()}
+    if config["tie_word_embeddings"]:
+        shapes.pop("lm_head.weight", None)  # saved checkpoints drop the tied copy
+    return shapes
+
+
+class RandomSource:
+    """A weights source (shard/weights.py) whose tensors are random, made on the device when
+    read: small normal values, norms at one."""
+
+    def __init__(self, shapes: dict[str, list[int]], device) -> None:  # type: ignore[no-untyped-def]
+        self.shapes, self.device = shapes, device
+
+    def keys(self):  # type: ignore[no-untyped-def]
+        return self.shapes.keys()
+
+    def shape(self, name: str) -> list[int]:
+        return self.shapes[name]
+
+    @contextmanager
+    def view(self, name: str, index: tuple) -> Iterator[Any]:
+        import torch
+
+        full = self.shapes[name]
+        dims = [len(range(*s.indices(n))) for s, n in zip(index, full, strict=False)]
+        dims += full[len(index) :]
+        out = torch.empty(dims, dtype=torch.bfloat16, device=self.device)
+        yield out.fill_(1.0) if name.endswith("norm.weight") else out.normal_(0.0, 0.02)
+
+
+@contextmanager
+def random_weights(shapes: dict[str, list[int]], device) -> Iterator[None]:  # type: ignore[no-untyped-def]
+    import shard.weights
+
+    real = shard.weights._open_source
+    shard.weights._open_source = lambda _dir: RandomSource(shapes, device)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        shard.weights._open_source = real
+
+
+def device_bandwidth(torch, device) -> float:  # type: ignore[no-untyped-def]
+    """Bytes per second of a sum over 2 GiB on the device, best of 5 (a CPU: 0.25 GiB)."""
+    gib = 2.0 if device.type == "cuda" else 0.25
+    x = torch.ones(int(gib * 2**30) // 2, dtype=torch.bfloat16, device=device)
+    best = float("inf")
+    for _ in range(6):
+        sync(torch, device)
+        t0 = time.perf_counter()
+        x.sum()
+        sync(torch, device)
+        best = min(best, time.perf_counter() - t0)
+    return x.numel() * 2 / best
+
+
+def sync(torch, device) -> None:  # type: ignore[no-untyped-def]
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def weight_bytes(model) -> int:  # type: ignore[no-untyped-def]
+    """Bytes a decode step reads of the weights: each tensor once (a tied LM head is the input
+    embedding), but not an untied input embedding, of which a step reads one row per token."""
+    tensors = {id(t): t for t in model.state_dict(keep_vars=True).values()}
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    embed, head = model.embed_tokens.weight, model.lm_head.weight
+    if embed is not head:
+        total -= embed.numel() * embed.element_size()
+    return total
+
+
+def time_steps(torch, runner, state, steps: int) -> float:  # type: ignore[no-untyped-def]
+    """Seconds per decode step, the median of `steps` after 3 untimed."""
+    times = []
+    for i in range(steps + 3):
+        sync(torch, runner.device)
+        t0 = time.perf_counter()
+        runner.step(state)  # ends with the tokens on the host: a whole step
+        if i >= 3:
+            times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def measure_shape(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    import torch
+
+    from bench.inprocess import build_shard, prefilled_batch
+    from bench.shard_batches import blocks_per_request
+    from shard.cuda_graphs import DecodeGraphs
+
+    batches = [int(b) for b in args.batches.split(",")]
+    config = hf_config(SHAPES[name])
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "config.json").write_text(json.dumps(config))
+        with random_weights(checkpoint_shapes(config), device):
+            graphs = () if args.smoke else tuple(batches)
+            svc = build_shard(Path(tmp), "bfloat16", cuda_graphs=graphs)
+    runner = svc.runner
+    if args.smoke:
+        from shard.cuda_graphs import EagerReplayer
+
+        runner.graphs = DecodeGraphs(runner.model, batches, device, replayer=EagerReplayer())
+    runner.decode_path = None  # a GPU has none; on the smoke CPU, compare the module forward
+    graphs = runner.graphs
+    bandwidth = device_bandwidth(torch, device)
+    w_bytes = weight_bytes(runner.model)
+    kv_per_token = runner.model.kv_cache_bytes_per_token()
+    rows = []
+    for batch in batches:
+        new_tokens = 2 * (args.steps + 3) + 2
+        runner.graphs = graphs
+        state = prefilled_batch(runner, batch, args.context, new_tokens)
+        t0 = time.perf_counter()
+        width = blocks_per_request(args.context, new_tokens, runner.block_size)
+        graph_bytes = runner.capture_graphs(width)
+        capture_s = time.perf_counter() - t0
+        runner.graphs = None
+        eager = time_steps(torch, runner, state, args.steps)
+        runner.graphs = graphs
+        graphed = time_steps(torch, runner, state, args.steps)
+        context = args.context + args.steps + 3  # the graphed steps' middle context, about
+        kv_bytes = batch * context * kv_per_token
+        roofline = (w_bytes + kv_bytes) / bandwidth
+        rows.append(
+            dict(
+                shape=name, batch=batch, context=args.context,
+                eager_ms=eager * 1e3, graphs_ms=graphed * 1e3, speedup=eager / graphed,
+                roofline_ms=roofline * 1e3, graphs_vs_roofline=graphed / roofline,
+                eager_vs_roofline=eager / roofline, tokens_per_s=batch / graphed,
+                capture_s=capture_s, graphs_mib=graph_bytes / 2**20,
+            )
+        )  # fmt: skip
+        print(table(rows[-1:], header=not rows[:-1]), flush=True)
+    runner.allocate_kv_cache(0)
+    del svc, runner, graphs
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+COLUMNS = (
+    ("shape", "{}"), ("batch", "{}"), ("eager_ms", "{:.2f}"), ("graphs_ms", "{:.2f}"),
+    ("speedup", "{:.2f}x"), ("roofline_ms", "{:.2f}"), ("graphs_vs_roofline", "{:.2f}x"),
+    ("eager_vs_roofline", "{:.2f}x"), ("tokens_per_s", "{:.0f}"), ("capture_s", "{:.1f}"),
+    ("graphs_mib", "{:.0f}"),
+)  # fmt: skip
+
+
+def table(rows: list[dict[str, Any]], header: bool = True) -> str:
+    lines = []
+    if header:
+        lines += ["| " + " | ".join(c for c, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for row in rows:
+        lines.append("| " + " | ".join(fmt.format(row[c]) for c, fmt in COLUMNS) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    import torch
+
+    device = "cpu (smoke: eager stand-in)" if args.smoke else torch.cuda.get_device_name()
+    print(f"device: {device}; torch {torch.__version__}; context {args.context}", flush=True)
+    rows: list[dict[str, Any]] = []
+    for name in args.shapes.split(","):
+        try:
+            rows += measure_shape(name, args)
+        except Exception:  # one shape's failure (memory) must not lose the other's rows
+            traceback.print_exc()
+    path = write_results(args.out, "decode_graphs", dict(device=device, args=vars(args), rows=rows))
+    print(f"results: {path}")
+
+
+if __name__ == "__main__":
+    main()

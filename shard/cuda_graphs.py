@@ -1,0 +1,276 @@
+"""CUDA graphs of the decode step's forward pass, one per batch-size bucket (`--cuda-graphs`).
+
+Why: a decode step of a small model is hundreds of short kernels, and on a GPU launching them from
+Python costs more than running them (a 1B model at batch 1 is launch-bound). A graph captured
+once replays them all with one launch. TGI, vLLM and SGLang do the same.
+
+How:
+- Warmup captures the forward pass of a pure decode step for each bucket (1, 2, 4, ... by
+  default), largest first, all in one memory pool, on static input buffers sized for the largest
+  bucket and a block table as wide as the longest request (`--max-total-tokens`).
+- A decode step of B rows replays the smallest bucket >= B: its inputs are copied into the
+  buffers, the rows past B are padding (token 0 at position 0, writing its K/V into block 0,
+  which the router never hands out, and attending over that one slot), and the first B rows of
+  the graph's output are the step's hidden states. Logits and sampling run eagerly after it.
+- Steps with prompt tokens, more rows than the largest bucket or a wider block table run
+  eagerly; so do steps whose tokens use adapters when the LoRA terms are the torch ones (their
+  grouping is built on the host). With the Triton LoRA kernels each bucket has a second graph
+  that also carries the LoRA terms: the token -> slot map is a static buffer and the slot tiles
+  are computed inside the graph, so the adapter weights and scalings, written in place when an
+  adapter is loaded, are read by every replay.
+- Attention reads the step metadata with `captured=True`: nothing of it is read on the host.
+
+`Replayer` is what captures and replays; on a CPU tests pass one that runs the captured function
+again on the same buffers, which checks everything here except CUDA's capture itself.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from shard.attention import AttentionMetadata
+from shard.cuda_graph_buckets import DEFAULT_BUCKETS, CudaGraphsError
+from shard.layers.lora import LoraStep
+
+log = logging.getLogger(__name__)
+
+
+def buckets_for(device: torch.device, asked: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The buckets this shard captures; an explicit list on a CPU is an error, not ignored."""
+    if device.type == "cuda":
+        return DEFAULT_BUCKETS if asked is None else asked
+    if asked:
+        raise CudaGraphsError(
+            f"--cuda-graphs {','.join(map(str, asked))}: CUDA graphs need a CUDA device and "
+            f"this shard runs on {device.type}; pass --cuda-graphs 0"
+        )
+    return ()
+
+
+class Graph(Protocol):
+    def replay(self) -> None: ...
+
+
+class Replayer(Protocol):
+    """Captures `fn` (which returns the static output tensor) and replays it."""
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Graph, torch.Tensor]: ...
+
+    def memory_bytes(self) -> int: ...
+
+
+class CudaReplayer:
+    """torch.cuda graphs, all in one memory pool: buckets are captured largest first, so the
+    smaller ones reuse the larger ones' intermediate buffers."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Graph, torch.Tensor]:
+        # Run once outside the graph first, on a side stream as torch's docs ask: Triton
+        # compiles and cuBLAS picks its workspaces there, not during capture.
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            fn()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = fn()
+        return graph, out
+
+    def memory_bytes(self) -> int:
+        return torch.cuda.memory_reserved(self.device)
+
+
+class EagerReplayer:
+    """Captures by keeping the function; a replay runs it again, into the same output. Where
+    there is no CUDA (tests, the benchmark's smoke run), it checks the static buffers, the
+    padding and the captured metadata: all of the above but CUDA's capture itself."""
+
+    class Graph:
+        def __init__(self, fn: Callable[[], torch.Tensor], out: torch.Tensor) -> None:
+            self.fn, self.out = fn, out
+
+        def replay(self) -> None:
+            self.out.copy_(self.fn())
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Graph, torch.Tensor]:
+        out = fn()
+        return self.Graph(fn, out), out
+
+    def memory_bytes(self) -> int:
+        return 0
+
+
+@dataclass
+class _Bucket:
+    size: int
+    graph: Graph
+    hidden: torch.Tensor  # the graph's output, [size, hidden]
+    lora_graph: Graph | None = None  # with the LoRA terms (Triton LoRA only)
+    lora_hidden: torch.Tensor | None = None
+
+
+class DecodeGraphs:
+    """Callable as `replay(input_ids, positions, meta)` -> hidden [B, hidden] or None (the step
+    is not one a graph holds: run it eagerly)."""
+
+    def __init__(
+        self,
+        forward: Callable[..., torch.Tensor],
+        buckets: Sequence[int],
+        device: torch.device,
+        lora: LoraStep | None = None,
+        replayer: Replayer | None = None,
+    ) -> None:
+        if not buckets:
+            raise ValueError("DecodeGraphs needs at least one bucket")
+        self.forward = forward
+        self.sizes = tuple(sorted(buckets))
+        self.device = device
+        self.lora = lora
+        self.replayer = replayer
+        self.buckets: dict[int, _Bucket] = {}
+        self.block_table_width = 0
+        self.memory_bytes = 0  # what the last capture took
+
+    @property
+    def max_size(self) -> int:
+        return self.sizes[-1]
+
+    @property
+    def captures_lora(self) -> bool:
+        return self.lora is not None and self.lora.triton
+
+    # -- capture -------------------------------------------------------------------------
+
+    def capture(self, kv_caches: list[torch.Tensor], block_table_width: int) -> None:
+        """Captures every bucket against `kv_caches` (replays write into them, so capture again
+        whenever the cache is reallocated) for block tables up to `block_table_width` wide."""
+        self.release()
+        replayer = self.replayer or CudaReplayer(self.device)
+        before = replayer.memory_bytes()
+        n, width, device = self.max_size, max(1, block_table_width), self.device
+        self.block_table_width = width
+        self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
+        self.positions = torch.zeros(n, dtype=torch.long, device=device)
+        self.slot_mapping = torch.zeros(n, dtype=torch.long, device=device)
+        self.block_tables = torch.zeros(n, width, dtype=torch.int32, device=device)
+        self.context_lens = torch.ones(n, dtype=torch.int32, device=device)
+        self.token_slots = torch.full((n,), -1, dtype=torch.int32, device=device)
+        try:
+            for size in reversed(self.sizes):
+                graph, hidden = replayer.capture(lambda s=size: self._run(s, kv_caches, False))
+                bucket = _Bucket(size, graph, hidden)
+                if self.captures_lora:
+                    bucket.lora_graph, bucket.lora_hidden = replayer.capture(
+                        lambda s=size: self._run(s, kv_caches, True)
+                    )
+                self.buckets[size] = bucket
+        finally:
+            if self.lora is not None:
+                self.lora.set_tokens(None)  # capture left the graphs' buffers there
+        self.memory_bytes = max(0, replayer.memory_bytes() - before)
+        log.info(
+            "CUDA graphs: decode captured for batch sizes %s%s (%.1f MiB)",
+            ",".join(map(str, self.sizes)),
+            " with and without LoRA" if self.captures_lora else "",
+            self.memory_bytes / 2**20,
+        )
+
+    def _run(self, size: int, kv_caches: list[torch.Tensor], with_lora: bool) -> torch.Tensor:
+        lora = self.lora
+        if lora is not None:
+            if with_lora:
+                from shard.kernels.lora_tiles import default_block_m, slot_tiles
+
+                # Set directly, not through set_tokens, which asks the host whether any token
+                # uses an adapter: here the tiles must be computed inside the graph.
+                slots = self.token_slots[:size]
+                lora.set_tokens(None)
+                lora.token_slots = slots
+                lora.tiles = slot_tiles(slots, len(lora.scaling_host), default_block_m(size))
+            else:
+                lora.set_tokens(None)
+        meta = AttentionMetadata(
+            is_prefill=False,
+            slot_mapping=self.slot_mapping[:size],
+            block_tables=self.block_tables[:size],
+            context_lens=self.context_lens[:size],
+            captured=True,
+        )
+        return self.forward(self.input_ids[:size], self.positions[:size], kv_caches, meta)
+
+    def release(self) -> None:
+        """Drops the graphs and their pool (before the KV cache they write into is freed)."""
+        if not self.buckets:
+            return
+        self.buckets = {}
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    # -- replay --------------------------------------------------------------------------
+
+    def replay(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: object
+    ) -> torch.Tensor | None:
+        if not self.buckets or not isinstance(meta, AttentionMetadata) or meta.is_prefill:
+            return None
+        rows, width = meta.block_tables.shape
+        if rows > self.max_size or width > self.block_table_width:
+            return None
+        token_slots = None
+        if self.lora is not None and self.lora.token_slots is not None:
+            if not self.captures_lora:
+                return None  # the torch LoRA terms group tokens on the host: eager
+            token_slots = self.lora.token_slots
+        bucket = self.buckets[next(s for s in self.sizes if s >= rows)]
+        self._fill(rows, bucket.size, input_ids, positions, meta, token_slots)
+        if token_slots is None:
+            bucket.graph.replay()
+            return bucket.hidden[:rows]
+        assert bucket.lora_graph is not None and bucket.lora_hidden is not None
+        bucket.lora_graph.replay()
+        return bucket.lora_hidden[:rows]
+
+    def _fill(
+        self,
+        rows: int,
+        size: int,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        token_slots: torch.Tensor | None,
+    ) -> None:
+        """The step's inputs into the first `rows` of the buffers; rows up to `size` padding.
+        Padding must be rewritten every time: a larger step left real slots there, and a
+        padded row writes its K/V wherever its slot says."""
+        width = meta.block_tables.shape[1]
+        self.input_ids[:rows].copy_(input_ids)
+        self.positions[:rows].copy_(positions)
+        self.slot_mapping[:rows].copy_(meta.slot_mapping)
+        self.block_tables[:rows, :width].copy_(meta.block_tables)
+        self.context_lens[:rows].copy_(meta.context_lens)
+        if token_slots is not None:
+            self.token_slots[:rows].copy_(token_slots)
+        if rows < size:
+            for buffer in (self.input_ids, self.positions, self.slot_mapping):
+                buffer[rows:size].zero_()
+            self.block_tables[rows:size, 0] = 0
+            self.context_lens[rows:size] = 1
+            self.token_slots[rows:size] = -1
+
+
+def block_table_width(max_total_tokens: int, block_size: int) -> int:
+    """Block table columns the longest request can need."""
+    return math.ceil(max_total_tokens / block_size)

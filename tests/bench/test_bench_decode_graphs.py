@@ -1,0 +1,34 @@
+"""bench/decode_graphs.py --smoke: the GPU decode-step benchmark's script runs end to end (a tiny
+shape on the CPU, graphs replayed by the eager stand-in), so it does not rot between GPU
+sessions. Its timings mean nothing here; what is checked is that every batch size has its row
+with both timings, and the weight bytes its roofline counts."""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import sys
+
+from bench.decode_graphs import SHAPES, checkpoint_shapes, hf_config
+
+
+def test_smoke_run_prints_a_row_per_batch_with_both_timings(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.decode_graphs", "--smoke", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    for batch in (1, 3):
+        row = re.search(rf"^\| tiny \| {batch} \| ([\d.]+) \| ([\d.]+) \|", done.stdout, re.M)
+        assert row, done.stdout
+        assert float(row.group(1)) > 0 and float(row.group(2)) > 0
+    assert list(tmp_path.glob("decode_graphs-*.json"))
+
+
+def test_the_shapes_are_the_published_models_sizes():
+    # Parameters of Llama-3.2-1B (1.24 B, tied) and Llama-2-7B (6.74 B), from the configs alone.
+    for name, billions in (("1b", 1.236), ("7b", 6.738)):
+        shapes = checkpoint_shapes(hf_config(SHAPES[name]))
+        total = sum(math.prod(s) for s in shapes.values()) / 1e9
+        assert abs(total - billions) < 0.005, (name, total)
