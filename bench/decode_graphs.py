@@ -65,6 +65,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=32, help="decode steps timed, each way")
     p.add_argument("--out", type=Path, default=Path("bench/results/decode_graphs"))
     p.add_argument("--smoke", action="store_true", help="tiny shape, CPU, eager stand-in")
+    p.add_argument("--profile", action="store_true", help="torch.profiler at the first batch")
     args = p.parse_args(argv)
     if args.smoke:
         args.shapes, args.batches, args.context, args.steps = "tiny", "1,3", 20, 3
@@ -174,6 +175,34 @@ def time_steps(torch, runner, state, steps: int) -> float:  # type: ignore[no-un
     return sorted(times)[len(times) // 2]
 
 
+def time_replay(torch, graphs, batch: int, repeats: int = 20) -> float:  # type: ignore[no-untyped-def]
+    """Seconds of one replay of `batch`'s graph alone, back to back: the step's forward on the
+    device, without the host's work around it."""
+    graph = graphs.buckets[batch].graph
+    with torch.inference_mode():  # as the runner replays (the CPU stand-in writes tensors)
+        graph.replay()
+        sync(torch, graphs.device)
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            graph.replay()
+        sync(torch, graphs.device)
+    return (time.perf_counter() - t0) / repeats
+
+
+def profile_steps(torch, runner, state, steps: int = 10) -> None:  # type: ignore[no-untyped-def]
+    """torch.profiler over graphed decode steps: where the host's time goes, op by op."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if runner.device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            runner.step(state)
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
+    print(f"profile of {steps} graphed steps, by self CPU time:\n{table}", flush=True)
+
+
 def measure_shape(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     import torch
 
@@ -201,7 +230,7 @@ def measure_shape(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     kv_per_token = runner.model.kv_cache_bytes_per_token()
     rows = []
     for batch in batches:
-        new_tokens = 2 * (args.steps + 3) + 2
+        new_tokens = 2 * (args.steps + 3) + 10 * args.profile + 2
         runner.graphs = graphs
         state = prefilled_batch(runner, batch, args.context, new_tokens)
         t0 = time.perf_counter()
@@ -212,6 +241,9 @@ def measure_shape(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         eager = time_steps(torch, runner, state, args.steps)
         runner.graphs = graphs
         graphed = time_steps(torch, runner, state, args.steps)
+        replay = time_replay(torch, graphs, batch)
+        if args.profile and batch == batches[0]:
+            profile_steps(torch, runner, state)
         context = args.context + args.steps + 3  # the graphed steps' middle context, about
         kv_bytes = batch * context * kv_per_token
         roofline = (w_bytes + kv_bytes) / bandwidth
@@ -219,6 +251,7 @@ def measure_shape(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
             dict(
                 shape=name, batch=batch, context=args.context,
                 eager_ms=eager * 1e3, graphs_ms=graphed * 1e3, speedup=eager / graphed,
+                replay_ms=replay * 1e3, host_ms=(graphed - replay) * 1e3,
                 roofline_ms=roofline * 1e3, graphs_vs_roofline=graphed / roofline,
                 eager_vs_roofline=eager / roofline, tokens_per_s=batch / graphed,
                 capture_s=capture_s, graphs_mib=graph_bytes / 2**20,
@@ -234,7 +267,8 @@ def measure_shape(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
 
 COLUMNS = (
     ("shape", "{}"), ("batch", "{}"), ("eager_ms", "{:.2f}"), ("graphs_ms", "{:.2f}"),
-    ("speedup", "{:.2f}x"), ("roofline_ms", "{:.2f}"), ("graphs_vs_roofline", "{:.2f}x"),
+    ("speedup", "{:.2f}x"), ("replay_ms", "{:.2f}"), ("host_ms", "{:.2f}"),
+    ("roofline_ms", "{:.2f}"), ("graphs_vs_roofline", "{:.2f}x"),
     ("eager_vs_roofline", "{:.2f}x"), ("tokens_per_s", "{:.0f}"), ("capture_s", "{:.1f}"),
     ("graphs_mib", "{:.0f}"),
 )  # fmt: skip

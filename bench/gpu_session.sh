@@ -63,7 +63,8 @@ torch.cuda.get_device_name()); print('triton', triton.__version__, 'protobuf', p
 'grpcio', grpc.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__); \
 import switchyard_pb.generate_pb2\""
 step graph_tests 120 "${PYTEST[@]}" tests/shard/test_cuda_graphs.py \
-    tests/kernels/test_kernel_decode.py -k "graphs or per_sequence"
+    tests/kernels/test_elementwise_kernels.py tests/kernels/test_kernel_decode.py \
+    -k "graphs or per_sequence or elementwise"
 step decode_graphs 200 "$PY" -m bench.decode_graphs --out "$RESULTS"
 step kernel_tests 150 "${PYTEST[@]}" -n 4 tests/kernels
 step kernel_bench_lora 60 "$PY" bench/kernels.py --only lora

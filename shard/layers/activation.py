@@ -1,5 +1,6 @@
 """SwiGLU's gated activation, silu(gate) * up (Llama's MLP): on the CPU in eager mode one native
-pass (shard/native/elementwise.cpp) instead of two ops and a temporary."""
+pass (shard/native/elementwise.cpp) instead of two ops and a temporary; on a GPU one Triton
+kernel (shard/kernels/elementwise.py) for the fused gate_up product."""
 
 from __future__ import annotations
 
@@ -28,5 +29,9 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 def swiglu(product: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up of a fused gate_up product [T, 2I], its first half of outputs the gate's
     (each tensor-parallel rank's product is laid out so too)."""
+    if product.is_cuda and product.dim() == 2 and product.stride(-1) == 1:
+        from shard.kernels.elementwise import silu_mul  # one kernel where torch takes two
+
+        return silu_mul(product)
     gate, up = product.chunk(2, dim=-1)
     return silu_and_mul(gate, up)

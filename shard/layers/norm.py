@@ -1,5 +1,6 @@
 """RMSNorm as Llama computes it: statistics in float32, scale applied in the model dtype. On the CPU
-in eager mode, one native pass (shard/native/elementwise.cpp) where torch takes six ops.
+in eager mode, one native pass (shard/native/elementwise.cpp) where torch takes six ops; on a GPU
+one Triton kernel (shard/kernels/elementwise.py), the residual add included.
 
 Given the residual stream too, the norm first adds it (`x + residual`, rounded to the dtype as
 torch's add rounds) and returns both the normed sum and the sum, as vLLM's fused_add_rms_norm:
@@ -30,6 +31,11 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """norm(x); with `residual`, (norm(x + residual), x + residual)."""
+        if x.is_cuda and _rows(x) and (residual is None or _rows(residual)):
+            from shard.kernels.elementwise import rms_norm  # one kernel where torch takes three
+
+            out, summed = rms_norm(x, self.weight, self.eps, residual)
+            return out if summed is None else (out, summed)
         if residual is None:
             return self._norm(x)
         kernel = eager_cpu_kernel(add_rms_norm_kernel, x)
@@ -60,3 +66,8 @@ class RMSNorm(nn.Module):
         normed = F.rms_norm(x, (x.shape[-1],), eps=self.eps)
         # Scaling after the rounding matches the reference rounding in half precision.
         return self.weight * normed
+
+
+def _rows(x: torch.Tensor) -> bool:
+    """Whether x is [T, N] with unit-stride rows, as the Triton kernel takes it."""
+    return x.dim() == 2 and x.stride(-1) == 1

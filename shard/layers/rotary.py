@@ -187,8 +187,14 @@ class RotaryEmbedding(nn.Module):
         native = self._native(positions, q, k)
         if native is not None:
             return native
-        cos, sin = self._cos_sin(positions, q.dtype)
         joint = _joint_heads(q, k)
+        if joint is not None and joint.is_cuda:
+            from shard.kernels.elementwise import rotary_  # one kernel where torch takes four
+
+            # In place: q and k are the qkv product's own rows, which nothing else reads.
+            rotary_(joint, self.cos, self.sin, positions)
+            return q, k
+        cos, sin = self._cos_sin(positions, q.dtype)
         if joint is None:
             return _rotate(q, cos, sin), _rotate(k, cos, sin)
         # q and k are neighbouring heads of one fused qkv row: one pass over both.

@@ -30,6 +30,7 @@ from shard.kernels import (  # noqa: E402
     decode,
     decode_reduce,
     dot_options,
+    elementwise,
     head_block,
     interpreting,
     kv_write,
@@ -134,6 +135,28 @@ def compile_reduce_and_kv_write(dtype: torch.dtype, head_dim: int) -> None:
     report(f"kv_write {t} d{head_dim}", compiled)
 
 
+def compile_elementwise(dtype: torch.dtype) -> None:
+    """The fused norm, SwiGLU and rotary kernels (elementwise.py) at Llama-3-8B's widths."""
+    t = TYPES[dtype]
+    ptrs = {n: f"*{t}" for n in ("x_ptr", "residual_ptr", "weight_ptr", "out_ptr", "sum_ptr")}
+    compiled = compile_kernel(
+        elementwise._rms_norm_kernel, ptrs | {"eps": "fp32"},
+        dict(HAS_RESIDUAL=True, BLOCK=4096), num_warps=8,
+    )  # fmt: skip
+    report(f"rms_norm+residual {t} 4096", compiled)
+    compiled = compile_kernel(
+        elementwise._silu_mul_kernel, {"product_ptr": f"*{t}", "out_ptr": f"*{t}"},
+        dict(BLOCK=1024),
+    )  # fmt: skip
+    report(f"silu_mul {t}", compiled)
+    compiled = compile_kernel(
+        elementwise._rotary_kernel,
+        {"x_ptr": f"*{t}", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "positions_ptr": "*i64"},
+        dict(HALF=64, BLOCK_H=16, BLOCK_D=64),
+    )  # fmt: skip
+    report(f"rotary {t} d128", compiled)
+
+
 def compile_w4a16(
     dtype: torch.dtype, cfg: W4A16Config, split_k: int, *, act_order: bool = False,
     group_size: int = 128, even_k: bool = True, m: int | None = None,
@@ -189,6 +212,7 @@ def main() -> int:
     compile_decode(torch.bfloat16, 128, splits=8, per_sequence=True)  # CUDA graphs' decode
     compile_decode(torch.bfloat16, 80, splits=8, sliding=True, per_sequence=True)
     compile_reduce_and_kv_write(torch.bfloat16, 80)
+    compile_elementwise(torch.bfloat16)
     # W4A16: decode (split-K epilogue) and prefill in bf16, act-order, a mid-size M with a
     # group of 32, K off the tile and fp16.
     compile_w4a16_defaults(torch.bfloat16, 1, split_k=8)
