@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_cases import DEVICE
 
 from shard.kernels import interpreting
 from shard.kernels.elementwise import rms_norm, rotary_, silu_mul
@@ -32,10 +33,14 @@ def rounded_alike(dtype: torch.dtype, want: torch.Tensor, steps: int = 0) -> dic
 def test_rms_norm_is_the_torch_norm(dtype, n, with_residual):
     gen = torch.Generator().manual_seed(n)
     # A view with a row stride past its width, as the qkv-less hidden states may be.
-    x = torch.randn(5, n + 8, generator=gen).to(dtype)[:, :n]
+    wide = torch.randn(5, n + 8, generator=gen).to(dtype)
+    x = wide[:, :n]
     residual = torch.randn(5, n, generator=gen).to(dtype) if with_residual else None
     weight = (1 + 0.1 * torch.randn(n, generator=gen)).to(dtype)
-    out, summed = rms_norm(x, weight, 1e-5, residual)
+    on = DEVICE  # inputs made on the CPU, the references computed there
+    r_on = residual.to(on) if residual is not None else None
+    out, summed = rms_norm(wide.to(on)[:, :n], weight.to(on), 1e-5, r_on)
+    out, summed = out.cpu(), summed.cpu() if summed is not None else None
     want_sum = x + residual if residual is not None else x
     want = weight * F.rms_norm(want_sum, (n,), eps=1e-5)
     if residual is None:
@@ -55,7 +60,8 @@ def test_silu_mul_is_torch_silu_times_up(dtype, n):
     gate, up = product.chunk(2, dim=-1)
     want = F.silu(gate) * up
     # exp and the division may differ from torch's in their last bits.
-    torch.testing.assert_close(silu_mul(product), want, **rounded_alike(dtype, want, steps=4))
+    got = silu_mul(product.to(DEVICE)).cpu()
+    torch.testing.assert_close(got, want, **rounded_alike(dtype, want, steps=4))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -74,6 +80,8 @@ def test_rotary_is_the_torch_rotation_in_place(dtype, heads, head_dim):
         joint, cos[positions].to(dtype).unsqueeze(1), sin[positions].to(dtype).unsqueeze(1)
     )
     scale = joint.abs().max()
-    assert rotary_(joint, cos, sin, positions) is joint
-    torch.testing.assert_close(joint, want, **rounded_alike(dtype, scale))
-    assert torch.equal(qkv[:, heads:], v_before)
+    qkv = qkv.to(DEVICE)
+    joint = qkv[:, :heads]
+    assert rotary_(joint, cos.to(DEVICE), sin.to(DEVICE), positions.to(DEVICE)) is joint
+    torch.testing.assert_close(joint.cpu(), want, **rounded_alike(dtype, scale))
+    assert torch.equal(qkv[:, heads:].cpu(), v_before)
