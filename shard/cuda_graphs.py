@@ -42,10 +42,25 @@ from shard.layers.lora import LoraStep
 log = logging.getLogger(__name__)
 
 
-def buckets_for(device: torch.device, asked: tuple[int, ...] | None) -> tuple[int, ...]:
-    """The buckets this shard captures; an explicit list on a CPU is an error, not ignored."""
+def buckets_for(
+    device: torch.device, asked: tuple[int, ...] | None, world_size: int = 1
+) -> tuple[int, ...]:
+    """The buckets this shard captures; an explicit list on a CPU is an error, not ignored.
+
+    By default one shard on a GPU captures DEFAULT_BUCKETS and tensor-parallel shards none:
+    their graphs would hold NCCL all-reduces, which torch can capture but no session has yet
+    run on several GPUs. An explicit --cuda-graphs list captures them anyway."""
     if device.type == "cuda":
-        return DEFAULT_BUCKETS if asked is None else asked
+        if asked is not None:
+            return asked
+        if world_size > 1:
+            log.info(
+                "CUDA graphs: off by default with %d shards (untested with NCCL collectives "
+                "inside); --cuda-graphs 1,2,4,... turns them on",
+                world_size,
+            )
+            return ()
+        return DEFAULT_BUCKETS
     if asked:
         raise CudaGraphsError(
             f"--cuda-graphs {','.join(map(str, asked))}: CUDA graphs need a CUDA device and "

@@ -108,7 +108,9 @@ def _build_service(
         forward = compiled_forward(model, attention, device, env.world_size)
     else:
         decode_path = LlamaDecodePath.build(model, lora.step if lora else None)
-    graphs = decode_graphs(model, device, settings.cuda_graphs, lora.step if lora else None)
+    graphs = decode_graphs(
+        model, device, settings.cuda_graphs, lora.step if lora else None, env.world_size
+    )
     runner = ModelRunner(
         model, dist, device, settings.block_size, lora.step if lora else None, forward,
         decode_path, graphs,
@@ -132,9 +134,10 @@ def decode_graphs(
     device: torch.device,
     asked: tuple[int, ...] | None,
     lora: LoraStep | None,
+    world_size: int = 1,
 ) -> DecodeGraphs | None:
     """The decode steps' CUDA graphs (captured at Warmup), or None where there are none."""
-    buckets = buckets_for(device, asked)
+    buckets = buckets_for(device, asked, world_size)
     if not buckets:
         return None
     return DecodeGraphs(model, buckets, device, lora)

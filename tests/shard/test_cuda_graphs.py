@@ -160,4 +160,8 @@ def test_the_flag_parses_and_a_cpu_refuses_an_explicit_list():
     assert buckets_for(cpu, None) == () and buckets_for(cpu, ()) == ()
     with pytest.raises(CudaGraphsError, match="--cuda-graphs 1,2: CUDA graphs need a CUDA"):
         buckets_for(cpu, (1, 2))
-    assert buckets_for(torch.device("cuda"), None)[:3] == (1, 2, 4)
+    cuda = torch.device("cuda")
+    assert buckets_for(cuda, None)[:3] == (1, 2, 4)
+    # Tensor-parallel shards capture only when asked (NCCL inside graphs is untested).
+    assert buckets_for(cuda, None, world_size=2) == ()
+    assert buckets_for(cuda, (1, 8), world_size=2) == (1, 8)
