@@ -172,3 +172,18 @@ def test_compile_reaches_the_shard_command_line():
     adapters = (LoraAdapter("a", Path("/adapters/a")),)
     shard = build_plan(parse_args(argv, CPU_ENV), Path("/m"), Programs(), adapters).shards[0]
     assert "--compile" in shard.argv and "--lora-adapters" in shard.argv
+
+
+def test_cuda_graphs_reach_the_shards_and_a_bad_list_names_the_flag(capsys):
+    base = ["--model-id", "org/model", "--shard-uds-path", "/tmp/switchyard-server"]
+    for value, forwarded in (("1, 2,8", "1, 2,8"), ("0", "0")):
+        cfg = parse_args([*base, "--cuda-graphs", value], CPU_ENV)
+        argv = build_plan(cfg, Path("/m"), Programs(shard=("S",), router=("R",))).shards[0].argv
+        assert argv[argv.index("--cuda-graphs") + 1] == forwarded.strip()
+    cfg = parse_args(base, CPU_ENV)  # not given: the shard decides by its device
+    plan = build_plan(cfg, Path("/m"), Programs(shard=("S",), router=("R",)))
+    assert "--cuda-graphs" not in plan.shards[0].argv
+    for bad in ("1,x", "-4", "0,2"):
+        with pytest.raises(SystemExit):
+            parse_args([*base, "--cuda-graphs", bad], CPU_ENV)
+        assert "--cuda-graphs" in capsys.readouterr().err
