@@ -178,7 +178,7 @@ def time_steps(torch, runner, state, steps: int) -> float:  # type: ignore[no-un
 def time_replay(torch, graphs, batch: int, repeats: int = 20) -> float:  # type: ignore[no-untyped-def]
     """Seconds of one replay of `batch`'s graph alone, back to back: the step's forward on the
     device, without the host's work around it."""
-    graph = graphs.buckets[batch].graph
+    graph, _ = graphs.graphs[batch, False]
     with torch.inference_mode():  # as the runner replays (the CPU stand-in writes tensors)
         graph.replay()
         sync(torch, graphs.device)
@@ -258,7 +258,7 @@ def measure_shape(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
             )
         )  # fmt: skip
         print(table(rows[-1:], header=not rows[:-1]), flush=True)
-    runner.allocate_kv_cache(0)
+    runner.free_kv_cache()
     del svc, runner, graphs
     if device.type == "cuda":
         torch.cuda.empty_cache()

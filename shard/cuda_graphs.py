@@ -30,7 +30,6 @@ import gc
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -126,15 +125,6 @@ class EagerReplayer:
         return 0
 
 
-@dataclass
-class _Bucket:
-    size: int
-    graph: Graph
-    hidden: torch.Tensor  # the graph's output, [size, hidden]
-    lora_graph: Graph | None = None  # with the LoRA terms (Triton LoRA only)
-    lora_hidden: torch.Tensor | None = None
-
-
 class DecodeGraphs:
     """Callable as `replay(input_ids, positions, meta)` -> hidden [B, hidden] or None (the step
     is not one a graph holds: run it eagerly)."""
@@ -154,7 +144,8 @@ class DecodeGraphs:
         self.device = device
         self.lora = lora
         self.replayer = replayer
-        self.buckets: dict[int, _Bucket] = {}
+        # (bucket, with the LoRA terms) -> the graph and its output [bucket, hidden]
+        self.graphs: dict[tuple[int, bool], tuple[Graph, torch.Tensor]] = {}
         self.block_table_width = 0
         self.memory_bytes = 0  # what the last capture took
 
@@ -184,13 +175,10 @@ class DecodeGraphs:
         self.token_slots = torch.full((n,), -1, dtype=torch.int32, device=device)
         try:
             for size in reversed(self.sizes):
-                graph, hidden = replayer.capture(lambda s=size: self._run(s, kv_caches, False))
-                bucket = _Bucket(size, graph, hidden)
-                if self.captures_lora:
-                    bucket.lora_graph, bucket.lora_hidden = replayer.capture(
-                        lambda s=size: self._run(s, kv_caches, True)
+                for with_lora in (False, True) if self.captures_lora else (False,):
+                    self.graphs[size, with_lora] = replayer.capture(
+                        lambda s=size, w=with_lora: self._run(s, kv_caches, w)
                     )
-                self.buckets[size] = bucket
         finally:
             if self.lora is not None:
                 self.lora.set_tokens(None)  # capture left the graphs' buffers there
@@ -205,17 +193,11 @@ class DecodeGraphs:
     def _run(self, size: int, kv_caches: list[torch.Tensor], with_lora: bool) -> torch.Tensor:
         lora = self.lora
         if lora is not None:
+            lora.set_tokens(None)
             if with_lora:
-                from shard.kernels.lora_tiles import default_block_m, slot_tiles
-
                 # Set directly, not through set_tokens, which asks the host whether any token
-                # uses an adapter: here the tiles must be computed inside the graph.
-                slots = self.token_slots[:size]
-                lora.set_tokens(None)
-                lora.token_slots = slots
-                lora.tiles = slot_tiles(slots, len(lora.scaling_host), default_block_m(size))
-            else:
-                lora.set_tokens(None)
+                # uses an adapter; the first LoRA layer then builds the tiles inside the graph.
+                lora.token_slots = self.token_slots[:size]
         meta = AttentionMetadata(
             is_prefill=False,
             slot_mapping=self.slot_mapping[:size],
@@ -227,9 +209,9 @@ class DecodeGraphs:
 
     def release(self) -> None:
         """Drops the graphs and their pool (before the KV cache they write into is freed)."""
-        if not self.buckets:
+        if not self.graphs:
             return
-        self.buckets = {}
+        self.graphs = {}
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -239,7 +221,7 @@ class DecodeGraphs:
     def replay(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: object
     ) -> torch.Tensor | None:
-        if not self.buckets or not isinstance(meta, AttentionMetadata) or meta.is_prefill:
+        if not self.graphs or not isinstance(meta, AttentionMetadata) or meta.is_prefill:
             return None
         rows, width = meta.block_tables.shape
         if rows > self.max_size or width > self.block_table_width:
@@ -249,14 +231,11 @@ class DecodeGraphs:
             if not self.captures_lora:
                 return None  # the torch LoRA terms group tokens on the host: eager
             token_slots = self.lora.token_slots
-        bucket = self.buckets[next(s for s in self.sizes if s >= rows)]
-        self._fill(rows, bucket.size, input_ids, positions, meta, token_slots)
-        if token_slots is None:
-            bucket.graph.replay()
-            return bucket.hidden[:rows]
-        assert bucket.lora_graph is not None and bucket.lora_hidden is not None
-        bucket.lora_graph.replay()
-        return bucket.lora_hidden[:rows]
+        size = next(s for s in self.sizes if s >= rows)
+        self._fill(rows, size, input_ids, positions, meta, token_slots)
+        graph, hidden = self.graphs[size, token_slots is not None]
+        graph.replay()
+        return hidden[:rows]
 
     def _fill(
         self,

@@ -59,10 +59,13 @@ class ModelRunner:
         """Whether the forward pass is another than the model's own (--compile)."""
         return self.forward is not self.model
 
-    def allocate_kv_cache(self, num_blocks: int) -> None:
+    def free_kv_cache(self) -> None:
         if self.graphs is not None:
-            self.graphs.release()  # they write into the old cache
-        self.kv_caches = None  # free the old cache before allocating the new one
+            self.graphs.release()  # they write into the cache
+        self.kv_caches = None
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        self.free_kv_cache()  # the old cache goes before the new one is allocated
         self.kv_caches = self.model.allocate_kv_cache(num_blocks, self.block_size)
 
     @torch.inference_mode()

@@ -261,7 +261,7 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             # again against the real one.
             width = graph_table_width(request.max_total_tokens, runner)
             graphs_bytes = runner.capture_graphs(width)
-            runner.allocate_kv_cache(0)  # frees the warmup cache and those graphs
+            runner.free_kv_cache()  # the warmup cache and those graphs
             gc.collect()
             if runner.device.type == "cuda":
                 torch.cuda.empty_cache()

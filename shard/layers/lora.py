@@ -93,12 +93,24 @@ class LoraStep:
     mask32: torch.Tensor | None = None  # the same in fp32, for the fp32 GEMMs
     # The torch path, grouped shape: (slot, indices of its tokens), one entry per slot used.
     groups: list[tuple[int, torch.Tensor]] = field(default_factory=list)
-    # The Triton path: the step's tokens grouped by slot into tiles, built once for all layers.
+    # The Triton path: the step's tokens grouped by slot into tiles, built by the first layer
+    # that needs them (`slot_tiles`) and shared by the others. Not before: a decode step that
+    # a CUDA graph replays computes them inside the graph, and would waste an eager copy.
     tiles: object | None = None
 
     def set_scaling(self, slot: int, value: float) -> None:
         self.scaling[slot] = value
         self.scaling_host[slot] = value
+
+    def slot_tiles(self) -> object:
+        """The Triton kernels' tiles of this step's tokens (token_slots set), built once."""
+        if self.tiles is None:
+            from shard.kernels.lora_tiles import default_block_m, slot_tiles
+
+            assert self.token_slots is not None, "no adapter token this step"
+            slots = self.token_slots.int()
+            self.tiles = slot_tiles(slots, len(self.scaling_host), default_block_m(len(slots)))
+        return self.tiles
 
     def set_tokens(self, token_slots: torch.Tensor | None) -> None:
         self.token_slots = token_slots
@@ -108,11 +120,7 @@ class LoraStep:
             self.token_slots = None  # base model only: the terms skip themselves
             return
         if self.triton:
-            from shard.kernels.lora_tiles import default_block_m, slot_tiles
-
-            block_m = default_block_m(len(token_slots))
-            self.tiles = slot_tiles(token_slots.int(), len(self.scaling_host), block_m)
-            return
+            return  # tiles on first use (slot_tiles)
         rows = (token_slots >= 0).nonzero().squeeze(1)
         slots = token_slots[rows].long()
         if self.native is not None and len(rows) <= NATIVE_MAX_TOKENS:
@@ -264,8 +272,9 @@ class LoraTerm(nn.Module):
             from shard.kernels.lora_shrink import lora_shrink
 
             slots = step.token_slots.int()
-            h = lora_shrink(x, self.lora_a, slots, tiles=step.tiles)
-            lora_expand(h, self.lora_b, slots, step.scaling, self.out_slices, y, tiles=step.tiles)
+            tiles = step.slot_tiles()
+            h = lora_shrink(x, self.lora_a, slots, tiles=tiles)
+            lora_expand(h, self.lora_b, slots, step.scaling, self.out_slices, y, tiles=tiles)
             return
         packed = self._packed
         if packed is None:  # first use since a slot was filled
