@@ -18,7 +18,7 @@ contiguous block. A step of up to NATIVE_TOKENS_PER_SLOT adapter tokens a slot i
 NATIVE_MAX_TOKENS) runs the native kernel (shard/native/lora.cpp) where it was built: tokens
 grouped by slot, each slot's rows read once for all its tokens, one call per linear; or, for a
 bf16 linear whose weight the AMX tile kernel holds, the base product and the terms in one call
-of that kernel (`LoraTerm.linear`, shard/layers/lora_amx.py). Otherwise,
+of that kernel (`LoraTerm.linear`, shard/layers/lora_amx.py, up to TILE_MAX_TOKENS). Otherwise,
 or without the kernel, the torch path. Its matmuls are tiny (a decode step's few rows, rank 16),
 so on CPU they cost per call more than per FLOP. A small step computes every slot it uses for
 all its tokens at once (the "dense" shape: one shrink GEMM, a mask that keeps each token's own
@@ -53,9 +53,14 @@ from shard.layers.quant.unquantized import DenseWeight
 # decode step's size and its slot-by-slot GEMMs on a few slots' prompts, and loses to one
 # slot's oneDNN GEMM past ~128 tokens (a term of the SmolLM2 shape, bf16, 2-vCPU Xeon: 1 slot
 # 64 / 128 / 256 tokens 47 / 90 / 167 us against 70 / 87 / 126; 4 slots 512 tokens 319 us
-# against 696).
+# against 696). The cap was 512 until a wave of 15 prompts of 128 tokens over 15 adapters took
+# the torch path's slot-by-slot GEMMs: 275 ms of LoRA terms in an 880 ms prefill on a 2-core
+# EPYC, against 170-190 ms in the kernel.
 NATIVE_TOKENS_PER_SLOT = 128
-NATIVE_MAX_TOKENS = 512
+NATIVE_MAX_TOKENS = 4096
+# Adapter tokens up to which a bf16 linear on the AMX tile kernel adds its terms in the same call
+# (lora_amx.py): the sizes that kernel was measured at (decode steps and prompt chunks).
+TILE_MAX_TOKENS = 512
 # Tokens x slots up to which a step over several slots takes the dense shape: it computes every
 # slot it uses for every token (T * U * rank per layer), which beats a handful of calls per
 # slot only while that is small (measured on a 2-core EPYC: 16-row decode steps over 4-16 slots).
@@ -86,6 +91,7 @@ class LoraStep:
     # (slot, begin, end) in order (segments [G, 3] int64).
     order: torch.Tensor | None = None
     segments: torch.Tensor | None = None
+    adapter_tokens: int = 0  # the step's tokens that use an adapter (len(order) where set)
     # The torch path, dense shape: the slots the step uses (`dense_slots`, ascending) and mask
     # [T, len(dense_slots)] holding scaling[s] where token t uses the j-th of them, else 0.
     dense_slots: tuple[int, ...] | None = None
@@ -116,6 +122,7 @@ class LoraStep:
         self.token_slots = token_slots
         self.groups, self.tiles, self.dense_slots = [], None, None
         self.mask = self.mask32 = self.order = self.segments = None
+        self.adapter_tokens = 0
         if token_slots is None or not bool((token_slots >= 0).any()):
             self.token_slots = None  # base model only: the terms skip themselves
             return
@@ -123,15 +130,16 @@ class LoraStep:
             return  # tiles on first use (slot_tiles)
         rows = (token_slots >= 0).nonzero().squeeze(1)
         slots = token_slots[rows].long()
-        if self.native is not None and len(rows) <= NATIVE_MAX_TOKENS:
-            in_order, by_slot = torch.sort(slots, stable=True)
-            used, counts = torch.unique_consecutive(in_order, return_counts=True)
-            if len(rows) <= NATIVE_TOKENS_PER_SLOT * len(used):
-                ends = counts.cumsum(0)
-                self.order = rows[by_slot].contiguous()
-                self.segments = torch.stack([used, ends - counts, ends], dim=1).contiguous()
-                return
-        used = torch.unique(slots)  # ascending
+        self.adapter_tokens = len(rows)
+        in_order, by_slot = torch.sort(slots, stable=True)
+        used, counts = torch.unique_consecutive(in_order, return_counts=True)
+        ends = counts.cumsum(0)
+        if self.native is not None and len(rows) <= min(
+            NATIVE_MAX_TOKENS, NATIVE_TOKENS_PER_SLOT * len(used)
+        ):
+            self.order = rows[by_slot].contiguous()
+            self.segments = torch.stack([used, ends - counts, ends], dim=1).contiguous()
+            return
         if len(used) == 1 or len(token_slots) * len(used) <= DENSE_MAX_CELLS:
             column = torch.full(
                 (len(self.scaling_host),), -1, dtype=torch.long, device=slots.device
@@ -142,7 +150,7 @@ class LoraStep:
             self.dense_slots, self.mask = tuple(used.tolist()), mask.to(self.dtype)
             self.mask32 = mask
             return
-        for slot in torch.unique(slots).tolist():
+        for slot in used.tolist():
             self.groups.append((slot, (token_slots == slot).nonzero().squeeze(1)))
 
 
@@ -241,6 +249,8 @@ class LoraTerm(nn.Module):
         step = self.step
         if step.segments is None or not isinstance(weight, DenseWeight):
             return None  # no adapter token, a large step, or not a plain weight
+        if step.adapter_tokens > TILE_MAX_TOKENS:
+            return None  # a prompt's worth: measured at decode and chunk sizes only
         if weight.weight is not self._tile_base:  # checked once per weight, not per call
             self._tile_base = weight.weight
             self._tile_kernel = lora_amx.kernel_for(weight.weight, self.out_slices)

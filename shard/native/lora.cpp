@@ -148,107 +148,249 @@ inline void expand_tile(const float* const* h, int64_t rank, const T* b, int64_t
 #endif
 }
 
-template <typename T>
-void apply(const at::Tensor& x, at::Tensor& y, const at::Tensor& a, const at::Tensor& b,
-           const int64_t* order, const std::vector<Segment>& segments, const float* scaling,
-           int64_t rank, const std::vector<int64_t>& out_slices) {
-  const int64_t k_len = x.size(1), n_sub = int64_t(out_slices.size());
-  const int64_t slot_rows = n_sub * rank, tokens = segments.empty() ? 0 : segments.back().end;
-  const T* xp = x.data_ptr<T>();
-  const T* ap = a.data_ptr<T>();
-  const T* bp = b.data_ptr<T>();
-  T* yp = y.data_ptr<T>();
-  const int64_t x_stride = x.stride(0), y_stride = y.stride(0);
-
-#if defined(__AVX512BF16__)
-  constexpr bool kDots = std::is_same_v<T, c10::BFloat16>;  // shrink_tile_bf16 reads x as it is
-#else
-  constexpr bool kDots = false;
-#endif
-  // Otherwise the step's adapter tokens in slot order, widened once (every A row block reads
-  // them).
-  std::vector<float> xf(kDots ? 0 : tokens * k_len), h(tokens * slot_rows);
-  for (int64_t u = 0; !kDots && u < tokens; ++u) {
-    const T* row = xp + order[u] * x_stride;
-    for (int64_t k = 0; k < k_len; ++k) xf[u * k_len + k] = widen(row[k]);
+// The bytes a thread will read, in the order it reads them, fetched a fixed distance ahead of
+// its reads: the hardware's prefetcher loses the stream at each jump between a slot's A and its
+// B, and a decode step's few tokens multiply a block in less time than a trip to memory.
+class Stream {
+ public:
+  void add(const void* p, int64_t bytes) { ranges_.push_back({static_cast<const char*>(p), bytes}); }
+  // Fetches the next `bytes` of the stream (called with what was just read, to keep the lead).
+  void ahead(int64_t bytes) {
+    while (bytes > 0 && i_ < ranges_.size()) {
+      const auto& [p, size] = ranges_[i_];
+      const int64_t n = std::min(bytes, size - off_);
+      prefetch(p + off_, n);
+      off_ += n;
+      bytes -= n;
+      if (off_ == size) ++i_, off_ = 0;
+    }
   }
 
+ private:
+  std::vector<std::pair<const char*, int64_t>> ranges_;
+  size_t i_ = 0;
+  int64_t off_ = 0;
+};
+
+constexpr int64_t kStreamLead = 8192;
+constexpr int64_t kExpandTokens = 16;  // a prompt's tokens by_slot expands at a time  // bytes a thread fetches ahead of its reads
+
+// One call's operands and the pieces of work both schedules below are made of.
+template <typename T>
+struct Term {
+  const T* x;  // [T, k_len], rows x_stride apart
+  const T* a;  // the packed slots' A rows
+  const T* b;  // the packed slots' B chunks
+  T* y;
+  const int64_t* order;
+  const float* scaling;
+  int64_t k_len, x_stride, y_stride, rank, slot_rows, chunk_values, slot_values;
+  const float* xf;  // x's adapter tokens in slot order, widened (empty where kDots)
+
+#if defined(__AVX512BF16__)
+  static constexpr bool kDots = std::is_same_v<T, c10::BFloat16>;  // shrink_tile_bf16 reads x
+#else
+  static constexpr bool kDots = false;
+#endif
+
+  // h[u - seg.begin][r] for rows [row, row_end) of the segment's slot; h holds slot_rows floats
+  // per token of the segment. `first`: the first rows a thread multiplies (fetch them too).
+  // `stream`: the thread's own prefetch (by_slot), else the fixed distances below.
+  void shrink(const Segment& seg, int64_t row, int64_t row_end, float* h, bool first,
+              Stream* stream = nullptr) const {
+    const float scale = scaling[seg.slot];
+    for (int64_t r = row; r < row_end; r += kShrinkRows) {
+      const int64_t rows = std::min(kShrinkRows, row_end - r);
+      const T* a_rows[kShrinkRows];
+      for (int64_t j = 0; j < kShrinkRows; ++j)
+        a_rows[j] = a + (seg.slot * slot_rows + r + std::min(j, rows - 1)) * k_len;
+      // Rows kPrefetchRows on in memory (this slot's, or the next slot's) are fetched while
+      // these are multiplied: a slot's rows come from memory, not cache, and a block's
+      // multiply at a decode step's few tokens is shorter than a trip to memory.
+      if (stream != nullptr) {
+        stream->ahead(rows * k_len * int64_t(sizeof(T)));
+      } else {
+        if (first && r == row) prefetch(a_rows[0], kPrefetchRows * k_len);
+        prefetch(a_rows[0] + kPrefetchRows * k_len, kShrinkRows * k_len);
+      }
+      for (int64_t u = seg.begin; u < seg.end; u += kTokenBlock) {
+        const int64_t tb = std::min<int64_t>(kTokenBlock, seg.end - u);
+        float* hs[kTokenBlock];
+        for (int64_t t = 0; t < tb; ++t) hs[t] = h + (u - seg.begin + t) * slot_rows + r;
+#if defined(__AVX512BF16__)
+        if constexpr (kDots) {
+          const T* xs[kTokenBlock];
+          for (int64_t t = 0; t < tb; ++t) xs[t] = x + order[u + t] * x_stride;
+          with_group<kTokenBlock>(tb, [&](auto n) {
+            shrink_tile_bf16<decltype(n)::value>(xs, a_rows, k_len, scale, hs, rows);
+          });
+          continue;
+        }
+#endif
+        const float* xs[kTokenBlock];
+        for (int64_t t = 0; t < tb; ++t) xs[t] = xf + (u + t) * k_len;
+        with_group<kTokenBlock>(tb, [&](auto n) {
+          shrink_tile<T, decltype(n)::value>(xs, a_rows, k_len, scale, hs, rows);
+        });
+      }
+    }
+  }
+
+  // y's columns [col, col + cols) of sub-module `sub` for the segment's tokens [u0, u1), from
+  // B chunk `chunk` of its slot and h as `shrink` left it. `stream`: fetch ahead of this read.
+  void expand(const Segment& seg, int64_t u0, int64_t u1, int64_t sub, int64_t col,
+              int64_t cols, int64_t chunk, const float* h, Stream* stream = nullptr) const {
+    const T* values = b + seg.slot * slot_values + chunk * chunk_values;
+    // The chunk kPrefetchTasks on (next in memory: this slot's, the next slot's, or past the
+    // end, a hint).
+    if (stream != nullptr)
+      stream->ahead(chunk_values * int64_t(sizeof(T)));
+    else
+      prefetch(values + kPrefetchTasks * chunk_values, chunk_values);
+    for (int64_t u = u0; u < u1; u += kTokenBlock) {
+      const int64_t tb = std::min<int64_t>(kTokenBlock, u1 - u);
+      const float* hs[kTokenBlock];
+      T* ys[kTokenBlock];
+      for (int64_t t = 0; t < tb; ++t) {
+        hs[t] = h + (u - seg.begin + t) * slot_rows + sub * rank;
+        ys[t] = y + order[u + t] * y_stride + col;
+      }
+      with_group<kTokenBlock>(tb, [&](auto n) {
+        expand_tile<T, decltype(n)::value>(hs, rank, values, kExpandCols, cols, ys);
+      });
+    }
+  }
+};
+
+struct Chunk {
+  int64_t sub, col, cols, chunk;  // sub-module, its first output column, width, B chunk
+};
+
+// A slot's expand chunks: kExpandCols output columns of one sub-module each, in B's order.
+inline std::vector<Chunk> slot_chunks(const std::vector<int64_t>& out_slices) {
+  const std::vector<int64_t> first = first_chunks(out_slices);
+  std::vector<Chunk> chunks;
+  for (int64_t j = 0, offset = 0; j < int64_t(out_slices.size()); offset += out_slices[j], ++j)
+    for (int64_t c = 0; c < out_slices[j]; c += kExpandCols)
+      chunks.push_back({j, offset + c, std::min(kExpandCols, out_slices[j] - c),
+                        first[j] + c / kExpandCols});
+  return chunks;
+}
+
+// Whether the step's slots are many enough, and evenly enough used, that each thread can take
+// whole slots (`by_slot`): every thread then has a slot's A and B to stream, and a call needs
+// one parallel region, not two.
+inline bool slots_feed_threads(const std::vector<Segment>& segments, int64_t tokens) {
+  const int64_t threads = at::get_num_threads(), groups = int64_t(segments.size());
+  if (threads < 2 || groups < 2 * threads) return false;
+  int64_t largest = 0;
+  for (const Segment& seg : segments) largest = std::max(largest, seg.end - seg.begin);
+  return largest * threads <= tokens;  // no one slot's tokens outweigh a thread's share
+}
+
+// Each thread takes a run of consecutive slots of about equal cost (a slot's weights count as
+// two tokens' arithmetic): for each, its shrink into the thread's own h, then its expand, while
+// the slot's rows are fresh. Tokens belong to one slot each, so no two threads write one row of y.
+template <typename T>
+void by_slot(const Term<T>& term, const std::vector<Segment>& segments,
+             const std::vector<Chunk>& chunks) {
+  const int64_t groups = int64_t(segments.size()), threads = at::get_num_threads();
+  std::vector<int64_t> cost(groups + 1, 0);
+  for (int64_t g = 0; g < groups; ++g)
+    cost[g + 1] = cost[g] + 2 + segments[g].end - segments[g].begin;
+  std::vector<int64_t> cut(threads + 1, groups);
+  for (int64_t w = 0, g = 0; w < threads; ++w) {
+    while (g < groups && cost[g] * threads < cost[groups] * w) ++g;
+    cut[w] = g;
+  }
+  const int64_t a_bytes = term.slot_rows * term.k_len * int64_t(sizeof(T));
+  const int64_t b_bytes = term.slot_values * int64_t(sizeof(T));
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> h;
+    for (int64_t w = begin; w < end; ++w) {
+      Stream stream;
+      for (int64_t g = cut[w]; g < cut[w + 1]; ++g) {
+        stream.add(term.a + segments[g].slot * term.slot_rows * term.k_len, a_bytes);
+        stream.add(term.b + segments[g].slot * term.slot_values, b_bytes);
+      }
+      stream.ahead(kStreamLead);
+      for (int64_t g = cut[w]; g < cut[w + 1]; ++g) {
+        const Segment& seg = segments[g];
+        h.resize((seg.end - seg.begin) * term.slot_rows);
+        term.shrink(seg, 0, term.slot_rows, h.data(), false, &stream);
+        // A prompt's tokens go kExpandTokens at a time through all of the slot's chunks
+        // (which stay in cache), so that their rows of y are written while in cache, not in
+        // one pass per chunk over every token's row (2,048 tokens: twice the time a token).
+        for (int64_t u = seg.begin; u < seg.end; u += kExpandTokens) {
+          const int64_t u1 = std::min(u + kExpandTokens, seg.end);
+          for (const Chunk& c : chunks)
+            term.expand(seg, u, u1, c.sub, c.col, c.cols, c.chunk, h.data(),
+                        u == seg.begin ? &stream : nullptr);
+        }
+      }
+    }
+  });
+}
+
+// Shrink, then expand, each split finely over the threads: for a step whose tokens use one or
+// two slots (a decode step on one adapter, a prompt), whose rows alone must feed every thread.
+template <typename T>
+void by_rows(const Term<T>& term, const std::vector<Segment>& segments,
+             const std::vector<Chunk>& chunks, float* h) {
   // Shrink: tasks of kTaskRows rows of one slot, for all that slot's tokens.
   struct ShrinkTask { int64_t seg, row; };
   std::vector<ShrinkTask> shrink;
   for (int64_t g = 0; g < int64_t(segments.size()); ++g)
-    for (int64_t r = 0; r < slot_rows; r += kTaskRows) shrink.push_back({g, r});
+    for (int64_t r = 0; r < term.slot_rows; r += kTaskRows) shrink.push_back({g, r});
   at::parallel_for(0, int64_t(shrink.size()), 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const Segment& seg = segments[shrink[i].seg];
-      const int64_t row_end = std::min(shrink[i].row + kTaskRows, slot_rows);
-      const float scale = scaling[seg.slot];
-      for (int64_t r = shrink[i].row; r < row_end; r += kShrinkRows) {
-        const int64_t rows = std::min(kShrinkRows, row_end - r);
-        const T* a_rows[kShrinkRows];
-        for (int64_t j = 0; j < kShrinkRows; ++j)
-          a_rows[j] = ap + (seg.slot * slot_rows + r + std::min(j, rows - 1)) * k_len;
-        // Rows kPrefetchRows on in memory (this task's, or the next task's) are fetched while
-        // these are multiplied: a slot's rows come from memory, not cache, and a block's
-        // multiply at a decode step's few tokens is shorter than a trip to memory.
-        if (r == shrink[i].row && i == begin) prefetch(a_rows[0], kPrefetchRows * k_len);
-        prefetch(a_rows[0] + kPrefetchRows * k_len, kShrinkRows * k_len);
-        for (int64_t u = seg.begin; u < seg.end; u += kTokenBlock) {
-          const int64_t tb = std::min<int64_t>(kTokenBlock, seg.end - u);
-          float* hs[kTokenBlock];
-          for (int64_t t = 0; t < tb; ++t) hs[t] = h.data() + (u + t) * slot_rows + r;
-#if defined(__AVX512BF16__)
-          if constexpr (kDots) {
-            const T* xs[kTokenBlock];
-            for (int64_t t = 0; t < tb; ++t) xs[t] = xp + order[u + t] * x_stride;
-            with_group<kTokenBlock>(tb, [&](auto n) {
-              shrink_tile_bf16<decltype(n)::value>(xs, a_rows, k_len, scale, hs, rows);
-            });
-            continue;
-          }
-#endif
-          const float* xs[kTokenBlock];
-          for (int64_t t = 0; t < tb; ++t) xs[t] = xf.data() + (u + t) * k_len;
-          with_group<kTokenBlock>(tb, [&](auto n) {
-            shrink_tile<T, decltype(n)::value>(xs, a_rows, k_len, scale, hs, rows);
-          });
-        }
-      }
+      const int64_t row_end = std::min(shrink[i].row + kTaskRows, term.slot_rows);
+      term.shrink(seg, shrink[i].row, row_end, h + seg.begin * term.slot_rows, i == begin);
     }
   });
-
-  // Expand: tasks of one chunk (kExpandCols columns of one sub-module), for all of one slot's
-  // tokens.
-  const std::vector<int64_t> first_chunk = first_chunks(out_slices);
-  const int64_t chunk_values = rank * kExpandCols, slot_values = first_chunk[n_sub] * chunk_values;
-  struct ExpandTask { int64_t seg, sub, col, cols, chunk; };
+  // Expand: tasks of one chunk for up to kExpandTokens of one slot's tokens, token blocks
+  // outermost (as by_slot goes, for the same reason).
+  struct ExpandTask { int64_t seg, u; const Chunk* c; };
   std::vector<ExpandTask> expand;
   for (int64_t g = 0; g < int64_t(segments.size()); ++g)
-    for (int64_t j = 0, offset = 0; j < n_sub; offset += out_slices[j], ++j)
-      for (int64_t c = 0; c < out_slices[j]; c += kExpandCols)
-        expand.push_back({g, j, offset + c, std::min(kExpandCols, out_slices[j] - c),
-                          first_chunk[j] + c / kExpandCols});
+    for (int64_t u = segments[g].begin; u < segments[g].end; u += kExpandTokens)
+      for (const Chunk& c : chunks) expand.push_back({g, u, &c});
   at::parallel_for(0, int64_t(expand.size()), 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      const ExpandTask& task = expand[i];
-      const Segment& seg = segments[task.seg];
-      const T* chunk = bp + seg.slot * slot_values + task.chunk * chunk_values;
-      // The chunk kPrefetchTasks on (next in memory: this slot's, or past its end, a hint).
-      prefetch(chunk + kPrefetchTasks * chunk_values, chunk_values);
-      for (int64_t u = seg.begin; u < seg.end; u += kTokenBlock) {
-        const int64_t tb = std::min<int64_t>(kTokenBlock, seg.end - u);
-        const float* hs[kTokenBlock];
-        T* ys[kTokenBlock];
-        for (int64_t t = 0; t < tb; ++t) {
-          hs[t] = h.data() + (u + t) * slot_rows + task.sub * rank;
-          ys[t] = yp + order[u + t] * y_stride + task.col;
-        }
-        with_group<kTokenBlock>(tb, [&](auto n) {
-          expand_tile<T, decltype(n)::value>(hs, rank, chunk, kExpandCols, task.cols, ys);
-        });
-      }
+      const Segment& seg = segments[expand[i].seg];
+      const Chunk& c = *expand[i].c;
+      term.expand(seg, expand[i].u, std::min(expand[i].u + kExpandTokens, seg.end), c.sub,
+                  c.col, c.cols, c.chunk, h + seg.begin * term.slot_rows);
     }
   });
+}
+
+template <typename T>
+void apply(const at::Tensor& x, at::Tensor& y, const at::Tensor& a, const at::Tensor& b,
+           const int64_t* order, const std::vector<Segment>& segments, const float* scaling,
+           int64_t rank, const std::vector<int64_t>& out_slices) {
+  const int64_t k_len = x.size(1), slot_rows = int64_t(out_slices.size()) * rank;
+  const int64_t tokens = segments.empty() ? 0 : segments.back().end;
+  const int64_t chunk_values = rank * kExpandCols;
+  Term<T> term{x.data_ptr<T>(), a.data_ptr<T>(), b.data_ptr<T>(), y.data_ptr<T>(), order,
+               scaling, k_len, x.stride(0), y.stride(0), rank, slot_rows, chunk_values,
+               first_chunks(out_slices).back() * chunk_values, nullptr};
+  // Without bf16 dot products, the step's adapter tokens in slot order, widened once (every
+  // A row block reads them).
+  std::vector<float> xf(Term<T>::kDots ? 0 : tokens * k_len);
+  for (int64_t u = 0; !Term<T>::kDots && u < tokens; ++u) {
+    const T* row = term.x + order[u] * term.x_stride;
+    for (int64_t k = 0; k < k_len; ++k) xf[u * k_len + k] = widen(row[k]);
+  }
+  term.xf = xf.data();
+  const std::vector<Chunk> chunks = slot_chunks(out_slices);
+  if (slots_feed_threads(segments, tokens)) {
+    by_slot(term, segments, chunks);
+    return;
+  }
+  std::vector<float> h(tokens * slot_rows);
+  by_rows(term, segments, chunks, h.data());
 }
 
 }  // namespace

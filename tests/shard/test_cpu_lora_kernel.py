@@ -1,7 +1,8 @@
 """The native CPU LoRA kernel (shard/native/lora.cpp) called directly, against a float64
 reference: every dtype, widths on and off its 16-lane vectors and 64-column tiles, slots with 1
-to 9 tokens (its 4-token tiles and their tails), strided rows, tokens left alone; and its
-refusals of a bad plan, which leave y untouched."""
+to 10 tokens (its 4-token tiles and their tails), strided rows, tokens left alone, both of its
+schedules (many slots: whole slots a thread; few: rows split over the threads) on one and on two
+threads; and its refusals of a bad plan, which leave y untouched."""
 
 from __future__ import annotations
 
@@ -87,15 +88,34 @@ def tolerance(dtype):
 )
 @pytest.mark.parametrize(
     "token_slots",
-    [[0], [2, 2, 2, 2, 2], [3, -1, 0, 3, 1, 1, -1, 0, 3, 3, 3, 3, 3, 3, 2], [-1, 1, -1]],
-    ids=["one", "five-one-slot", "mixed-9-of-a-slot", "gaps"],
+    [
+        [0],
+        [2, 2, 2, 2, 2],
+        [3, -1, 0, 3, 1, 1, -1, 0, 3, 3, 3, 3, 3, 3, 2],
+        [-1, 1, -1],
+        # Many slots of a token or two (a decode step over many adapters): each thread takes
+        # whole slots (lora.cpp's by_slot), with rows left alone among them.
+        [5, 0, 7, -1, 1, 6, 2, 4, 3, 5, -1, 1, 9, 8],
+        # Many slots, one of them with most of the tokens: the rows split over the threads.
+        [4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 0, 1, 2, 3, 5],
+    ],
+    ids=["one", "five-one-slot", "mixed-9-of-a-slot", "gaps", "many-slots", "one-slot-outweighs"],
 )
-def test_matches_float64(dtype, k, out_slices, rank, token_slots):
-    x, y, a, b, scaling = case(token_slots, k=k, out_slices=out_slices, rank=rank, dtype=dtype)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_matches_float64(dtype, k, out_slices, rank, token_slots, threads):
+    slots = max(4, max(token_slots) + 1)
+    x, y, a, b, scaling = case(
+        token_slots, k=k, out_slices=out_slices, rank=rank, dtype=dtype, slots=slots
+    )
     expected = reference(x, y, a, b, token_slots, scaling, rank, out_slices)
     order, segments = plan(token_slots)
     chunked = chunk_rows(b, out_slices, rank)
-    lora_kernel()(x, y, a, chunked, order, segments, scaling, rank, list(out_slices))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)  # the kernel schedules by the thread count (1 on one core)
+    try:
+        lora_kernel()(x, y, a, chunked, order, segments, scaling, rank, list(out_slices))
+    finally:
+        torch.set_num_threads(before)
     tol = tolerance(dtype)
     torch.testing.assert_close(y.double(), expected, rtol=tol, atol=tol * expected.abs().max())
     for t, s in enumerate(token_slots):  # rows without an adapter: bit for bit as they were
