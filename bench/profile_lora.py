@@ -2,12 +2,15 @@
 and the time spent inside the LoRA terms (shard/layers/lora.py LoraTerm.forward).
 
     .venv/bin/python -m bench.profile_lora [--batch 16] [--slots 0 1 4] [--steps 16] [--profile 4]
+    .venv/bin/python -m bench.profile_lora --prefill --batch 15 --slots 0 15   # the prefill step
 
 Builds the shard as `python -m shard serve` does (build_service) with --adapters PEFT adapters
 (bench/lora_adapters.py), prefills one batch of --batch requests whose rows are spread
-round-robin over the first N slots (0: base model), then times --steps Decode steps. The LoRA
-share is measured by wrapping LoraTerm.forward with a clock (no profiler overhead); --profile N
-also prints torch.profiler's top operators for the N-slot case. Cases alternate over --rounds.
+round-robin over the first N slots (0: base model), then times --steps Decode steps (with
+--prefill: the prefill step itself, --steps times, each on a fresh batch: a wave of prompts over
+that many adapters). The LoRA share is measured by wrapping LoraTerm.forward with a clock (no
+profiler overhead); --profile N also prints torch.profiler's top operators for the N-slot case.
+Cases alternate over --rounds.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--profile", type=int, default=None, help="torch.profiler for this case")
     p.add_argument("--compile", action="store_true", help="the shard's --compile forward")
+    p.add_argument("--prefill", action="store_true", help="time the prefill step, not decode")
     args = p.parse_args(argv)
     os.environ.setdefault("MASTER_PORT", str(free_port()))
 
@@ -87,13 +91,18 @@ def main(argv: list[str] | None = None) -> None:
     runner.allocate_kv_cache(
         cache_tokens_needed(args.batch, args.seq_len, new_tokens, block) // block
     )
-    pb_batch = make_batch(1, args.batch, args.seq_len, new_tokens, block, runner.model.vocab_size)
 
-    def run(n_slots: int, prof: bool = False) -> tuple[float, float]:
-        """Median decode step and LoRA-term time per step (seconds)."""
+    def fresh_batch(n_slots: int):  # -> shard Batch, its rows round-robin over n_slots
         batch = wire.new_batch(pb_batch, runner.device)[0]
         ids = [names[i % n_slots] if n_slots else "" for i in range(args.batch)]
         batch.lora_slots = lora.assign(ids, []).slots.to(batch.lora_slots.device)
+        return batch
+
+    pb_batch = make_batch(1, args.batch, args.seq_len, new_tokens, block, runner.model.vocab_size)
+
+    def run(n_slots: int, prof: bool = False) -> tuple[float, float]:
+        """Median decode (or prefill) step and LoRA-term time per step (seconds)."""
+        batch = fresh_batch(n_slots)
         runner.step(batch)  # prefill
         runner.step(batch)  # first decode: warm
         steps, lora_s = [], []
@@ -101,6 +110,8 @@ def main(argv: list[str] | None = None) -> None:
         if ctx:
             ctx.__enter__()
         for _ in range(args.steps):
+            if args.prefill:
+                batch = fresh_batch(n_slots)  # the same blocks again: rewritten, not read
             clock.total = 0.0
             t0 = time.perf_counter()
             runner.step(batch)
@@ -118,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
         run(0)
     LoraTerm.forward = clock.wrap(LoraTerm.forward)  # type: ignore[method-assign]
     print(
-        f"compiled {args.compile}, "
+        f"{'prefill' if args.prefill else 'decode'}, compiled {args.compile}, "
         f"threads {torch.get_num_threads()}, batch {args.batch}, context {args.seq_len}+, "
         f"rank {args.rank} padded to {args.max_lora_rank}, {len(names)} adapters loaded"
     )
