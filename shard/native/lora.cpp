@@ -14,6 +14,13 @@
 // slot. Here the tokens are grouped by slot (the step's `order` and `segments`, built once for
 // all layers), each slot's A and B rows are read once for all its tokens, sums stay in fp32
 // registers, and y is rounded once, as torch's fp32 path rounds it.
+//
+// Two schedules (apply): a step over many slots, none holding more than a thread's share of
+// the tokens (a decode step over many adapters), gives each thread a run of whole slots
+// (by_slot: one parallel region, each thread's bytes fetched ahead as one stream); a step over
+// one or two slots splits each slot's rows over the threads, shrink then expand (by_rows).
+// Tokens of a slot are independent of other slots', so both write every row of y from one
+// thread only.
 namespace {
 
 constexpr int kTokenBlock = 4;       // tokens a register tile covers (with_group's limit)
@@ -342,13 +349,6 @@ void by_rows(const Term<T>& term, const std::vector<Segment>& segments,
   std::vector<ShrinkTask> shrink;
   for (int64_t g = 0; g < int64_t(segments.size()); ++g)
     for (int64_t r = 0; r < term.slot_rows; r += kTaskRows) shrink.push_back({g, r});
-  at::parallel_for(0, int64_t(shrink.size()), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const Segment& seg = segments[shrink[i].seg];
-      const int64_t row_end = std::min(shrink[i].row + kTaskRows, term.slot_rows);
-      term.shrink(seg, shrink[i].row, row_end, h + seg.begin * term.slot_rows, i == begin);
-    }
-  });
   // Expand: tasks of one chunk for up to kExpandTokens of one slot's tokens, token blocks
   // outermost (as by_slot goes, for the same reason).
   struct ExpandTask { int64_t seg, u; const Chunk* c; };
@@ -356,7 +356,37 @@ void by_rows(const Term<T>& term, const std::vector<Segment>& segments,
   for (int64_t g = 0; g < int64_t(segments.size()); ++g)
     for (int64_t u = segments[g].begin; u < segments[g].end; u += kExpandTokens)
       for (const Chunk& c : chunks) expand.push_back({g, u, &c});
-  at::parallel_for(0, int64_t(expand.size()), 1, [&](int64_t begin, int64_t end) {
+  const int64_t n_shrink = int64_t(shrink.size()), n_expand = int64_t(expand.size());
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n_expand));
+  const int64_t expand_share = (n_expand + threads - 1) / threads;
+  const int64_t row_bytes = term.k_len * int64_t(sizeof(T));
+  const int64_t chunk_bytes = term.chunk_values * int64_t(sizeof(T));
+  at::parallel_for(0, n_shrink, 1, [&](int64_t begin, int64_t end) {
+    // This thread's A rows, then the B chunks it will likely expand (at::parallel_for hands
+    // thread i the i-th even share of a range), fetched as one stream: the expand then finds
+    // its chunks in cache, fetched while the shrink multiplied.
+    Stream stream;
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t row = segments[shrink[i].seg].slot * term.slot_rows + shrink[i].row;
+      const int64_t rows = std::min(kTaskRows, term.slot_rows - shrink[i].row);
+      stream.add(term.a + row * term.k_len, rows * row_bytes);
+    }
+    const int64_t first = at::get_thread_num() * expand_share;
+    for (int64_t i = first; i < std::min(first + expand_share, n_expand); ++i) {
+      const ExpandTask& task = expand[i];
+      if (task.u != segments[task.seg].begin) continue;  // a chunk fetched once
+      stream.add(term.b + segments[task.seg].slot * term.slot_values +
+                     task.c->chunk * term.chunk_values, chunk_bytes);
+    }
+    stream.ahead(kStreamLead);
+    for (int64_t i = begin; i < end; ++i) {
+      const Segment& seg = segments[shrink[i].seg];
+      const int64_t row_end = std::min(shrink[i].row + kTaskRows, term.slot_rows);
+      term.shrink(seg, shrink[i].row, row_end, h + seg.begin * term.slot_rows, false, &stream);
+    }
+    stream.ahead(std::numeric_limits<int64_t>::max());  // the rest of the chunks
+  });
+  at::parallel_for(0, n_expand, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const Segment& seg = segments[expand[i].seg];
       const Chunk& c = *expand[i].c;
