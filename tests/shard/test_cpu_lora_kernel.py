@@ -1,8 +1,9 @@
 """The native CPU LoRA kernel (shard/native/lora.cpp) called directly, against a float64
 reference: every dtype, widths on and off its 16-lane vectors and 64-column tiles, slots with 1
-to 10 tokens (its 4-token tiles and their tails), strided rows, tokens left alone, both of its
-schedules (many slots: whole slots a thread; few: rows split over the threads) on one and on two
-threads; and its refusals of a bad plan, which leave y untouched."""
+to 18 tokens (its 4-token tiles, its 16-token expand blocks and their tails), strided rows,
+tokens left alone, both of its schedules (many slots: whole slots a thread; few: rows split
+over the threads) on one, two and four threads; and its refusals of a bad plan, which leave y
+untouched."""
 
 from __future__ import annotations
 
@@ -98,10 +99,20 @@ def tolerance(dtype):
         [5, 0, 7, -1, 1, 6, 2, 4, 3, 5, -1, 1, 9, 8],
         # Many slots, one of them with most of the tokens: the rows split over the threads.
         [4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 0, 1, 2, 3, 5],
+        # Prompts: 17-18 tokens a slot, past the 16 tokens an expand block covers.
+        [-1 if t % 13 == 0 else t % 5 for t in range(96)],
     ],
-    ids=["one", "five-one-slot", "mixed-9-of-a-slot", "gaps", "many-slots", "one-slot-outweighs"],
+    ids=[
+        "one",
+        "five-one-slot",
+        "mixed-9-of-a-slot",
+        "gaps",
+        "many-slots",
+        "one-slot-outweighs",
+        "prompts",
+    ],
 )
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads", [1, 2, 4])
 def test_matches_float64(dtype, k, out_slices, rank, token_slots, threads):
     slots = max(4, max(token_slots) + 1)
     x, y, a, b, scaling = case(
