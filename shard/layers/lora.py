@@ -49,14 +49,15 @@ from shard.layers.quant.base import LinearWeight
 from shard.layers.quant.unquantized import DenseWeight
 
 # Adapter tokens up to which a CPU step runs the native kernel: NATIVE_TOKENS_PER_SLOT for each
-# slot the step uses, at most NATIVE_MAX_TOKENS. It beats the torch path's fixed costs at a
-# decode step's size and its slot-by-slot GEMMs on a few slots' prompts, and loses to one
-# slot's oneDNN GEMM past ~128 tokens (a term of the SmolLM2 shape, bf16, 2-vCPU Xeon: 1 slot
-# 64 / 128 / 256 tokens 47 / 90 / 167 us against 70 / 87 / 126; 4 slots 512 tokens 319 us
-# against 696). The cap was 512 until a wave of 15 prompts of 128 tokens over 15 adapters took
-# the torch path's slot-by-slot GEMMs: 275 ms of LoRA terms in an 880 ms prefill on a 2-core
-# EPYC, against 170-190 ms in the kernel.
-NATIVE_TOKENS_PER_SLOT = 128
+# slot the step uses, at most NATIVE_MAX_TOKENS. Past them, one slot's oneDNN GEMM wins, or the
+# torch path's slot-by-slot GEMMs do for a step that large. Measured in process on a 2-core EPYC
+# (bench/profile_lora.py --prefill, LoRA terms of a prefill step, SmolLM2 shape, bf16, rank 16):
+# 15 prompts of 128 tokens over 4 adapters 72 ms in the kernel against 168 ms by slot in torch;
+# over 15 adapters 74 ms against 248 ms; on one adapter 80 ms against the single GEMM's 57-60 ms;
+# 4 prompts on one adapter 16 ms against ~24. (Before the kernel kept its register tiles in
+# registers, the caps were 128 and 512: a 2-vCPU Xeon's 1 slot 256 tokens 167 us a term
+# against oneDNN's 126.)
+NATIVE_TOKENS_PER_SLOT = 512
 NATIVE_MAX_TOKENS = 4096
 # Adapter tokens up to which a bf16 linear on the AMX tile kernel adds its terms in the same call
 # (lora_amx.py): the sizes that kernel was measured at (decode steps and prompt chunks).

@@ -23,6 +23,11 @@
 // thread only.
 namespace {
 
+// Register tiles are arrays of vectors indexed by small constant loops: unrolled whole, they
+// live in registers. Left as loops (GCC 12 -O3 kept the expand's 4 x 4 tile on the stack,
+// storing all 16 accumulators every step of its rank loop), they cost a pass through memory.
+#define SY_UNROLL _Pragma("GCC unroll 16")
+
 constexpr int kTokenBlock = 4;       // tokens a register tile covers (with_group's limit)
 constexpr int64_t kShrinkRows = 4;   // A rows a shrink tile covers
 constexpr int64_t kTaskRows = 8;     // A rows a shrink task covers (a slot's rows split finely:
@@ -60,28 +65,39 @@ inline void shrink_tile(const float* const* xs, const T* const* a, int64_t k_len
                         float* const* h, int64_t rows) {
 #if defined(__AVX512F__)
   __m512 acc[TB][kShrinkRows];
+  SY_UNROLL
   for (int t = 0; t < TB; ++t)
+    SY_UNROLL
     for (int64_t r = 0; r < kShrinkRows; ++r) acc[t][r] = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 16 <= k_len; k += 16) {
     __m512 av[kShrinkRows];
+    SY_UNROLL
     for (int64_t r = 0; r < kShrinkRows; ++r) av[r] = load16(a[r] + k);
+    SY_UNROLL
     for (int t = 0; t < TB; ++t) {
       const __m512 xv = _mm512_loadu_ps(xs[t] + k);
+      SY_UNROLL
       for (int64_t r = 0; r < kShrinkRows; ++r) acc[t][r] = _mm512_fmadd_ps(xv, av[r], acc[t][r]);
     }
   }
   if (k < k_len) {
     const __mmask16 m = first_lanes(k_len - k);
     __m512 av[kShrinkRows];
+    SY_UNROLL
     for (int64_t r = 0; r < kShrinkRows; ++r) av[r] = load16(a[r] + k, m);
+    SY_UNROLL
     for (int t = 0; t < TB; ++t) {
       const __m512 xv = _mm512_maskz_loadu_ps(m, xs[t] + k);
+      SY_UNROLL
       for (int64_t r = 0; r < kShrinkRows; ++r) acc[t][r] = _mm512_fmadd_ps(xv, av[r], acc[t][r]);
     }
   }
+  SY_UNROLL
   for (int t = 0; t < TB; ++t)
-    for (int64_t r = 0; r < rows; ++r) h[t][r] = scale * _mm512_reduce_add_ps(acc[t][r]);
+    SY_UNROLL
+    for (int64_t r = 0; r < kShrinkRows; ++r)
+      if (r < rows) h[t][r] = scale * _mm512_reduce_add_ps(acc[t][r]);
 #else
   for (int t = 0; t < TB; ++t)
     for (int64_t r = 0; r < rows; ++r) {
@@ -100,21 +116,29 @@ template <int TB>
 inline void shrink_tile_bf16(const c10::BFloat16* const* xs, const c10::BFloat16* const* a,
                              int64_t k_len, float scale, float* const* h, int64_t rows) {
   __m512 acc[TB][kShrinkRows];
+  SY_UNROLL
   for (int t = 0; t < TB; ++t)
+    SY_UNROLL
     for (int64_t r = 0; r < kShrinkRows; ++r) acc[t][r] = _mm512_setzero_ps();
   for (int64_t k = 0; k < k_len; k += 32) {
     const int64_t left = std::min<int64_t>(32, k_len - k);
     const __mmask32 m = left == 32 ? ~__mmask32(0) : (__mmask32(1) << left) - 1;
     __m512bh av[kShrinkRows];
+    SY_UNROLL
     for (int64_t r = 0; r < kShrinkRows; ++r)
       av[r] = (__m512bh)_mm512_maskz_loadu_epi16(m, a[r] + k);
+    SY_UNROLL
     for (int t = 0; t < TB; ++t) {
       const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, xs[t] + k);
+      SY_UNROLL
       for (int64_t r = 0; r < kShrinkRows; ++r) acc[t][r] = _mm512_dpbf16_ps(acc[t][r], xv, av[r]);
     }
   }
+  SY_UNROLL
   for (int t = 0; t < TB; ++t)
-    for (int64_t r = 0; r < rows; ++r) h[t][r] = scale * _mm512_reduce_add_ps(acc[t][r]);
+    SY_UNROLL
+    for (int64_t r = 0; r < kShrinkRows; ++r)
+      if (r < rows) h[t][r] = scale * _mm512_reduce_add_ps(acc[t][r]);
 }
 #endif
 
@@ -126,21 +150,29 @@ inline void expand_tile(const float* const* h, int64_t rank, const T* b, int64_t
 #if defined(__AVX512F__)
   constexpr int kVectors = kExpandCols / 16;
   __mmask16 m[kVectors];
+  SY_UNROLL
   for (int c = 0; c < kVectors; ++c)
     m[c] = first_lanes(std::clamp<int64_t>(cols - 16 * c, 0, 16));
   __m512 acc[TB][kVectors];
+  SY_UNROLL
   for (int t = 0; t < TB; ++t)
+    SY_UNROLL
     for (int c = 0; c < kVectors; ++c) acc[t][c] = _mm512_setzero_ps();
   for (int64_t i = 0; i < rank; ++i) {
     const T* row = b + i * b_stride;
     __m512 bv[kVectors];
+    SY_UNROLL
     for (int c = 0; c < kVectors; ++c) bv[c] = load16(row + 16 * c, m[c]);
+    SY_UNROLL
     for (int t = 0; t < TB; ++t) {
       const __m512 hv = _mm512_set1_ps(h[t][i]);
+      SY_UNROLL
       for (int c = 0; c < kVectors; ++c) acc[t][c] = _mm512_fmadd_ps(hv, bv[c], acc[t][c]);
     }
   }
+  SY_UNROLL
   for (int t = 0; t < TB; ++t)
+    SY_UNROLL
     for (int c = 0; c < kVectors; ++c) {
       T* out = y[t] + 16 * c;
       store16(out, _mm512_add_ps(load16(out, m[c]), acc[t][c]), m[c]);
