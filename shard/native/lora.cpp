@@ -23,11 +23,6 @@
 // thread only.
 namespace {
 
-// Register tiles are arrays of vectors indexed by small constant loops: unrolled whole, they
-// live in registers. Left as loops (GCC 12 -O3 kept the expand's 4 x 4 tile on the stack,
-// storing all 16 accumulators every step of its rank loop), they cost a pass through memory.
-#define SY_UNROLL _Pragma("GCC unroll 16")
-
 constexpr int kTokenBlock = 4;       // tokens a register tile covers (with_group's limit)
 constexpr int64_t kShrinkRows = 4;   // A rows a shrink tile covers
 constexpr int64_t kTaskRows = 8;     // A rows a shrink task covers (a slot's rows split finely:
