@@ -17,13 +17,13 @@
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
+#endif
 
 // Register tiles are arrays of vectors indexed by small constant loops: unrolled whole, they
 // live in registers. Left as loops, GCC 12 -O3 may keep a tile on the stack and store every
 // accumulator at each step of the loop around it (it did in lora.cpp's expand: a third of the
 // kernel's speed). Put before every loop over a tile's constant dimensions.
 #define SY_UNROLL _Pragma("GCC unroll 16")
-#endif
 
 namespace {
 
