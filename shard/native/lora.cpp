@@ -206,8 +206,9 @@ class Stream {
   int64_t off_ = 0;
 };
 
-constexpr int64_t kStreamLead = 8192;
-constexpr int64_t kExpandTokens = 16;  // a prompt's tokens by_slot expands at a time  // bytes a thread fetches ahead of its reads
+constexpr int64_t kStreamLead = 8192;   // bytes a thread fetches ahead of its reads
+constexpr int64_t kExpandTokens = 16;   // a prompt's tokens expanded at a time (both schedules)
+constexpr int64_t kShrinkTokens = 64;   // ... and shrunk at a time: their x rows stay in cache
 
 // One call's operands and the pieces of work both schedules below are made of.
 template <typename T>
@@ -227,11 +228,12 @@ struct Term {
   static constexpr bool kDots = false;
 #endif
 
-  // h[u - seg.begin][r] for rows [row, row_end) of the segment's slot; h holds slot_rows floats
-  // per token of the segment. `first`: the first rows a thread multiplies (fetch them too).
-  // `stream`: the thread's own prefetch (by_slot), else the fixed distances below.
-  void shrink(const Segment& seg, int64_t row, int64_t row_end, float* h, bool first,
-              Stream* stream = nullptr) const {
+  // h[u - seg.begin][r] for the segment's tokens [u0, u1) and rows [row, row_end) of its
+  // slot; h holds slot_rows floats per token of the segment. `first`: the first rows a thread
+  // multiplies (fetch them too). `stream`: the thread's own prefetch, else the fixed
+  // distances below.
+  void shrink(const Segment& seg, int64_t u0, int64_t u1, int64_t row, int64_t row_end,
+              float* h, bool first, Stream* stream = nullptr) const {
     const float scale = scaling[seg.slot];
     for (int64_t r = row; r < row_end; r += kShrinkRows) {
       const int64_t rows = std::min(kShrinkRows, row_end - r);
@@ -247,8 +249,8 @@ struct Term {
         if (first && r == row) prefetch(a_rows[0], kPrefetchRows * k_len);
         prefetch(a_rows[0] + kPrefetchRows * k_len, kShrinkRows * k_len);
       }
-      for (int64_t u = seg.begin; u < seg.end; u += kTokenBlock) {
-        const int64_t tb = std::min<int64_t>(kTokenBlock, seg.end - u);
+      for (int64_t u = u0; u < u1; u += kTokenBlock) {
+        const int64_t tb = std::min<int64_t>(kTokenBlock, u1 - u);
         float* hs[kTokenBlock];
         for (int64_t t = 0; t < tb; ++t) hs[t] = h + (u - seg.begin + t) * slot_rows + r;
 #if defined(__AVX512BF16__)
@@ -351,7 +353,9 @@ void by_slot(const Term<T>& term, const std::vector<Segment>& segments,
       for (int64_t g = cut[w]; g < cut[w + 1]; ++g) {
         const Segment& seg = segments[g];
         h.resize((seg.end - seg.begin) * term.slot_rows);
-        term.shrink(seg, 0, term.slot_rows, h.data(), false, &stream);
+        for (int64_t u = seg.begin; u < seg.end; u += kShrinkTokens)
+          term.shrink(seg, u, std::min(u + kShrinkTokens, seg.end), 0, term.slot_rows, h.data(),
+                      false, u == seg.begin ? &stream : nullptr);
         // A prompt's tokens go kExpandTokens at a time through all of the slot's chunks
         // (which stay in cache), so that their rows of y are written while in cache, not in
         // one pass per chunk over every token's row (2,048 tokens: twice the time a token).
@@ -371,11 +375,12 @@ void by_slot(const Term<T>& term, const std::vector<Segment>& segments,
 template <typename T>
 void by_rows(const Term<T>& term, const std::vector<Segment>& segments,
              const std::vector<Chunk>& chunks, float* h) {
-  // Shrink: tasks of kTaskRows rows of one slot, for all that slot's tokens.
-  struct ShrinkTask { int64_t seg, row; };
+  // Shrink: tasks of kTaskRows rows of one slot, for up to kShrinkTokens of its tokens.
+  struct ShrinkTask { int64_t seg, u, row; };
   std::vector<ShrinkTask> shrink;
   for (int64_t g = 0; g < int64_t(segments.size()); ++g)
-    for (int64_t r = 0; r < term.slot_rows; r += kTaskRows) shrink.push_back({g, r});
+    for (int64_t u = segments[g].begin; u < segments[g].end; u += kShrinkTokens)
+      for (int64_t r = 0; r < term.slot_rows; r += kTaskRows) shrink.push_back({g, u, r});
   // Expand: tasks of one chunk for up to kExpandTokens of one slot's tokens, token blocks
   // outermost (as by_slot goes, for the same reason).
   struct ExpandTask { int64_t seg, u; const Chunk* c; };
@@ -394,6 +399,7 @@ void by_rows(const Term<T>& term, const std::vector<Segment>& segments,
     // its chunks in cache, fetched while the shrink multiplied.
     Stream stream;
     for (int64_t i = begin; i < end; ++i) {
+      if (shrink[i].u != segments[shrink[i].seg].begin) continue;  // rows fetched once
       const int64_t row = segments[shrink[i].seg].slot * term.slot_rows + shrink[i].row;
       const int64_t rows = std::min(kTaskRows, term.slot_rows - shrink[i].row);
       stream.add(term.a + row * term.k_len, rows * row_bytes);
@@ -408,8 +414,10 @@ void by_rows(const Term<T>& term, const std::vector<Segment>& segments,
     stream.ahead(kStreamLead);
     for (int64_t i = begin; i < end; ++i) {
       const Segment& seg = segments[shrink[i].seg];
-      const int64_t row_end = std::min(shrink[i].row + kTaskRows, term.slot_rows);
-      term.shrink(seg, shrink[i].row, row_end, h + seg.begin * term.slot_rows, false, &stream);
+      const int64_t u = shrink[i].u, row_end = std::min(shrink[i].row + kTaskRows, term.slot_rows);
+      term.shrink(seg, u, std::min(u + kShrinkTokens, seg.end), shrink[i].row, row_end,
+                  h + seg.begin * term.slot_rows, false,
+                  u == seg.begin ? &stream : nullptr);
     }
     stream.ahead(std::numeric_limits<int64_t>::max());  // the rest of the chunks
   });

@@ -1,6 +1,6 @@
 """The native CPU LoRA kernel (shard/native/lora.cpp) called directly, against a float64
 reference: every dtype, widths on and off its 16-lane vectors and 64-column tiles, slots with 1
-to 18 tokens (its 4-token tiles, its 16-token expand blocks and their tails), strided rows,
+to 70 tokens (its 4-token tiles, its 16- and 64-token blocks and their tails), strided rows,
 tokens left alone, both of its schedules (many slots: whole slots a thread; few: rows split
 over the threads) on one, two and four threads; and its refusals of a bad plan, which leave y
 untouched."""
@@ -101,6 +101,8 @@ def tolerance(dtype):
         [4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 0, 1, 2, 3, 5],
         # Prompts: 17-18 tokens a slot, past the 16 tokens an expand block covers.
         [-1 if t % 13 == 0 else t % 5 for t in range(96)],
+        # Longer prompts: 70 tokens a slot, past the 64 a shrink block covers.
+        [t % 4 for t in range(280)],
     ],
     ids=[
         "one",
@@ -110,6 +112,7 @@ def tolerance(dtype):
         "many-slots",
         "one-slot-outweighs",
         "prompts",
+        "long-prompts",
     ],
 )
 @pytest.mark.parametrize("threads", [1, 2, 4])
