@@ -229,11 +229,10 @@ struct Term {
 #endif
 
   // h[u - seg.begin][r] for the segment's tokens [u0, u1) and rows [row, row_end) of its
-  // slot; h holds slot_rows floats per token of the segment. `first`: the first rows a thread
-  // multiplies (fetch them too). `stream`: the thread's own prefetch, else the fixed
-  // distances below.
+  // slot; h holds slot_rows floats per token of the segment. `stream`: the thread's own
+  // prefetch, else the fixed distances below.
   void shrink(const Segment& seg, int64_t u0, int64_t u1, int64_t row, int64_t row_end,
-              float* h, bool first, Stream* stream = nullptr) const {
+              float* h, Stream* stream = nullptr) const {
     const float scale = scaling[seg.slot];
     for (int64_t r = row; r < row_end; r += kShrinkRows) {
       const int64_t rows = std::min(kShrinkRows, row_end - r);
@@ -246,7 +245,6 @@ struct Term {
       if (stream != nullptr) {
         stream->ahead(rows * k_len * int64_t(sizeof(T)));
       } else {
-        if (first && r == row) prefetch(a_rows[0], kPrefetchRows * k_len);
         prefetch(a_rows[0] + kPrefetchRows * k_len, kShrinkRows * k_len);
       }
       for (int64_t u = u0; u < u1; u += kTokenBlock) {
@@ -355,7 +353,7 @@ void by_slot(const Term<T>& term, const std::vector<Segment>& segments,
         h.resize((seg.end - seg.begin) * term.slot_rows);
         for (int64_t u = seg.begin; u < seg.end; u += kShrinkTokens)
           term.shrink(seg, u, std::min(u + kShrinkTokens, seg.end), 0, term.slot_rows, h.data(),
-                      false, u == seg.begin ? &stream : nullptr);
+                      u == seg.begin ? &stream : nullptr);
         // A prompt's tokens go kExpandTokens at a time through all of the slot's chunks
         // (which stay in cache), so that their rows of y are written while in cache, not in
         // one pass per chunk over every token's row (2,048 tokens: twice the time a token).
@@ -416,8 +414,7 @@ void by_rows(const Term<T>& term, const std::vector<Segment>& segments,
       const Segment& seg = segments[shrink[i].seg];
       const int64_t u = shrink[i].u, row_end = std::min(shrink[i].row + kTaskRows, term.slot_rows);
       term.shrink(seg, u, std::min(u + kShrinkTokens, seg.end), shrink[i].row, row_end,
-                  h + seg.begin * term.slot_rows, false,
-                  u == seg.begin ? &stream : nullptr);
+                  h + seg.begin * term.slot_rows, u == seg.begin ? &stream : nullptr);
     }
     stream.ahead(std::numeric_limits<int64_t>::max());  // the rest of the chunks
   });
