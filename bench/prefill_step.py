@@ -11,7 +11,7 @@ configurations, alternated round by round so that drift in the machine's speed h
              unit where it can be; SwiGLU fused into the gate_up tile kernel)
   vector     prefill attention by the vector kernel (paged_prefill.cpp) instead of the tile one
   sdpa       prefill attention by SDPA per sequence (no native kernel)
-  unfused    the gate_up product written out, then silu_and_mul
+  unfused    the gate_up product written out, then silu_and_mul (act_and_mul's SwiGLU)
   neither    both of the above
 Prints each one's median step time and its ratio to `both`.
 """
@@ -42,11 +42,11 @@ def main(argv: list[str] | None = None) -> None:
     from shard.layers.activation import silu_and_mul
     from shard.layers.linear import MergedColumnParallelLinear
 
-    fused = MergedColumnParallelLinear.silu_and_mul
+    fused = MergedColumnParallelLinear.act_and_mul
     cells = torch_backend.NATIVE_PREFILL_CELLS, torch_backend.AMX_PREFILL_CELLS
     amx_attention = torch_backend.amx_paged_prefill_kernel
 
-    def unfused(self, x):  # type: ignore[no-untyped-def]
+    def unfused(self, x, act):  # type: ignore[no-untyped-def]
         gate, up = self.split(self(x))
         return silu_and_mul(gate, up)
 
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
         torch_backend.amx_paged_prefill_kernel = (  # type: ignore[assignment]
             (lambda: None) if name == "vector" else amx_attention
         )
-        MergedColumnParallelLinear.silu_and_mul = (  # type: ignore[method-assign]
+        MergedColumnParallelLinear.act_and_mul = (  # type: ignore[method-assign]
             unfused if name in ("unfused", "neither") else fused
         )
 

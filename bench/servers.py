@@ -135,7 +135,11 @@ def transformers_kv_blocks(model_dir: Path, page_size: int = 256) -> int:
     warm-up). That is its default, and the default comparison runs it so; this size is only for
     the labelled equal-KV configuration. A block is `page_size` tokens, all layers.
     """
-    from shard.kv_cache import CPU_DEFAULT_CAP_BYTES, CPU_DEFAULT_SHARE, available_host_memory
+    from shard.platforms.host_memory import (
+        CPU_DEFAULT_CAP_BYTES,
+        CPU_DEFAULT_SHARE,
+        available_host_memory,
+    )
 
     cfg = json.loads((model_dir / "config.json").read_text())
     heads = cfg["num_attention_heads"]

@@ -1,4 +1,5 @@
-"""Builds small Llama-family checkpoints locally: random weights and a byte-level BPE tokenizer.
+"""Builds small checkpoints locally (Llama family, Gemma 2/3, Phi-3): random weights and a
+byte-level BPE tokenizer.
 
 There is no model hub here, so every test model comes from this one builder.
 The tokenizer is byte-level, so any text (multi-byte UTF-8 included) round-trips.
@@ -36,7 +37,17 @@ ARCHITECTURES = {
     "MinistralForCausalLM": "MinistralConfig",
     "Qwen2ForCausalLM": "Qwen2Config",
     "Qwen3ForCausalLM": "Qwen3Config",
+    "Gemma2ForCausalLM": "Gemma2Config",
+    "Gemma3ForCausalLM": "Gemma3TextConfig",  # text-only Gemma 3 (Gemma3Config is the VLM's)
+    "Phi3ForCausalLM": "Phi3Config",
 }
+
+# Where each norm's weight is its identity: Gemma norms compute x * (1 + w), others x * w. Left
+# at their init (zeros for Gemma) a norm's weight would be invisible: a model computing x * w or
+# skipping the norm would go unnoticed. Only these architectures get random norms, so the older
+# ones' checkpoints stay byte-identical to what their tests were written against.
+_NORM_IDENTITY = {"Gemma2ForCausalLM": 0.0, "Gemma3ForCausalLM": 0.0, "Phi3ForCausalLM": 1.0}
+_NORM_SPREAD = 0.1
 
 
 def _corpus() -> list[str]:
@@ -102,6 +113,8 @@ def build_model(
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(vocab_size)
     config_cls = getattr(transformers, ARCHITECTURES[architecture])
+    defaults = _tiny_defaults(architecture, hidden_size, num_attention_heads, config_overrides)
+    config_overrides = {**defaults, **config_overrides}
     config = config_cls(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
@@ -123,6 +136,8 @@ def build_model(
         for name, param in model.named_parameters():
             if "norm" not in name:
                 param.normal_(0.0, 0.08 if "embed" in name or "lm_head" in name else 0.05)
+            elif architecture in _NORM_IDENTITY:
+                param.normal_(_NORM_IDENTITY[architecture], _NORM_SPREAD)
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     # A generation_config with eos lets both transformers and Switchyard stop on the same token.
@@ -130,3 +145,28 @@ def build_model(
         json.dumps({"bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id})
     )
     return path
+
+
+def _tiny_defaults(
+    architecture: str, hidden_size: int, num_attention_heads: int, overrides: dict
+) -> dict:
+    """Config values whose transformers defaults are sized for the real models (Gemma's head_dim
+    256 and 4096-token window, Gemma 3's 131072 positions, which the server tabulates rotary
+    tables for); `overrides` win over these."""
+    if architecture.startswith("Gemma"):
+        head_dim = overrides.get("head_dim", hidden_size // num_attention_heads)
+        return {
+            "head_dim": head_dim,
+            "query_pre_attn_scalar": head_dim,  # scores scaled by head_dim ** -0.5, as in Gemma 2B
+            "sliding_window": 8,
+            "max_position_embeddings": 512,
+        }
+    if architecture == "Phi3ForCausalLM":
+        max_positions = overrides.get("max_position_embeddings", 512)
+        # Phi-3's 4096 default would be a pretraining length past the model's own maximum; it
+        # matters only to longrope, whose cases set it.
+        return {
+            "max_position_embeddings": max_positions,
+            "original_max_position_embeddings": max_positions,
+        }
+    return {}

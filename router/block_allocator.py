@@ -82,11 +82,21 @@ class BlockAllocator:
     def blocks_needed(self, n_tokens: int) -> int:
         return math.ceil(n_tokens / self.block_size)
 
-    def match(self, prompt: Sequence[int], adapter_id: str = "") -> PrefixMatch:
-        """Cached blocks the prompt may start with (nothing is taken yet)."""
-        if self.cache is None or not prompt:
+    def match(
+        self,
+        prompt: Sequence[int],
+        adapter_id: str = "",
+        prompt_len: int | None = None,
+        total_len: int | None = None,
+    ) -> PrefixMatch:
+        """Cached blocks the prompt may start with (nothing is taken yet). prompt_len: the
+        request's whole prompt length where `prompt` is less of it (reusable_prompt): it picks
+        the chain the request's own blocks are named in (PrefixCache.new_run). total_len: the
+        positions it may reach; a longrope request that may grow past the boundary neither
+        reads nor names cached blocks (PrefixCache.may_cross)."""
+        if self.cache is None:
             return PrefixMatch(PrefixRun(adapter_id))
-        return self.cache.match(prompt, adapter_id)
+        return self.cache.match(prompt, adapter_id, prompt_len, total_len)
 
     def shared_by(self, match: PrefixMatch) -> int:
         """Tokens of the match that running requests already hold: admitting it adds a

@@ -31,6 +31,9 @@ class ModelInfo:
     world_size: int
     eos_token_ids: tuple[int, ...]
     vocab_size: int | None  # the model's logits (None: the shards did not say)
+    # Longrope's original_max_position_embeddings, 0 otherwise: prompts longer than it never
+    # share cached blocks with shorter ones (router/prefix_cache.py).
+    rope_regime_boundary: int = 0
 
 
 def stop_token_ids(model: ModelInfo, tokenizer: Tokenizer) -> frozenset[int]:

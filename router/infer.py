@@ -39,6 +39,7 @@ def model_info(info: pb.InfoResponse, model_name: str) -> ModelInfo:
         world_size=info.world_size,
         eos_token_ids=tuple(info.eos_token_ids),
         vocab_size=info.vocab_size or None,
+        rope_regime_boundary=info.rope_regime_boundary,
     )
 
 
@@ -84,7 +85,9 @@ class Infer:
             limits.num_blocks,
             limits.block_size,
             RESERVED_BLOCKS,
-            PrefixCache(limits.block_size) if args.prefix_caching else None,
+            PrefixCache(limits.block_size, model.rope_regime_boundary)
+            if args.prefix_caching
+            else None,
         )
         self.batcher = Batcher(
             client,

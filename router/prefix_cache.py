@@ -2,11 +2,17 @@
 
 A full block is named by a chained hash of (the previous block's hash, the block's token ids,
 the LoRA adapter id): equal hashes mean equal tokens at equal positions under the same weights,
-hence equal K/V, so a new request may read such a block instead of computing it. Only blocks
-that are full and whose every position the shards have computed are named (`insert`): a block
-still being written is never found, so never shared. Shared blocks are read-only: a request
-computes from its first unshared position on, and the last prompt token is always computed
-(its logits give the first generated token).
+hence equal K/V, so a new request may read such a block instead of computing it. For a longrope
+model the chain starts from another root when the request's prompt is longer than the shards'
+rope regime boundary: the shards rotate all of such a prompt's K with the long tables, and a
+shorter prompt's with the short ones, so the two never share a block. A request whose prompt is
+at most the boundary long but may generate past it is left out altogether (`may_cross`): the
+shards recompute its whole sequence with the long tables at the crossing, rewriting its blocks
+in place, so it may neither read nor name any. Only blocks that are full and whose every
+position the shards have computed are named (`insert`): a block still being written is never
+found, so never shared. Shared blocks are read-only: a request computes from its first unshared
+position on, and the last prompt token is always computed (its logits give the first generated
+token).
 
 The cache names blocks; the allocator (router/block_allocator.py) owns them and counts their
 references. A block whose last reference goes stays named and joins the evictable set, least
@@ -24,6 +30,12 @@ from dataclasses import dataclass, field
 from router.request import ValidRequest
 
 BlockHash = bytes
+
+# Where the chain of a prompt longer than a longrope model's original_max_position_embeddings
+# starts: its K/V differ from a shorter prompt's at every position (the shards rotate all its
+# tokens with the long tables), so equal tokens must not give equal names. A digest, as every
+# other block's `previous` is, so no adapter id or token run can spell it.
+LONG_ROPE_ROOT: BlockHash = hashlib.sha256(b"switchyard: longrope long-table prompts").digest()
 
 
 def reusable_prompt(request: ValidRequest) -> Sequence[int]:
@@ -50,23 +62,29 @@ class PrefixRun:
 
     adapter_id: str
     hashes: list[BlockHash] = field(default_factory=list)
+    # What the first block's hash chains from: b"", or LONG_ROPE_ROOT for a long-table prompt.
+    root: BlockHash = b""
 
     @property
     def last(self) -> BlockHash:
-        return self.hashes[-1] if self.hashes else b""
+        return self.hashes[-1] if self.hashes else self.root
 
 
 @dataclass(frozen=True)
 class PrefixMatch:
     """Cached blocks a prompt may start with, found before any block is taken."""
 
-    run: PrefixRun
+    # None: the request's blocks stay private, never named (PrefixCache.may_cross).
+    run: PrefixRun | None
     blocks: tuple[int, ...] = ()
 
 
 class PrefixCache:
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, rope_regime_boundary: int = 0) -> None:
+        """rope_regime_boundary: the shards' InfoResponse.rope_regime_boundary (0: a token's
+        K/V never depend on its sequence's length)."""
         self.block_size = block_size
+        self.rope_regime_boundary = rope_regime_boundary
         self._block_of: dict[BlockHash, int] = {}
         self._hash_of: dict[int, BlockHash] = {}
         self._adapter_of: dict[int, str] = {}
@@ -89,12 +107,45 @@ class PrefixCache:
     def is_evictable(self, block: int) -> bool:
         return block in self._evictable
 
-    def match(self, prompt: Sequence[int], adapter_id: str) -> PrefixMatch:
+    def new_run(self, adapter_id: str, prompt_len: int) -> PrefixRun:
+        """The empty chain of a request whose whole prompt is prompt_len tokens long.
+
+        Longrope shards rotate every token of a prompt longer than the boundary with the long
+        tables, and a shorter prompt's tokens (and the generated ones below the boundary) with
+        the short ones: such requests get separate chains. A short prompt only ever reads
+        blocks below the boundary, which short prompts computed with the short tables too."""
+        long = 0 < self.rope_regime_boundary < prompt_len
+        return PrefixRun(adapter_id, root=LONG_ROPE_ROOT if long else b"")
+
+    def may_cross(self, prompt_len: int, total_len: int) -> bool:
+        """Whether a request of prompt_len tokens that may reach total_len positions (prompt +
+        max_new_tokens) may grow past the longrope boundary. At the step whose token sits at
+        the boundary the shards recompute its whole sequence with the long tables, as
+        transformers does (shard/step_inputs.py: step_starts), rewriting every block it holds:
+        a block it shared would change under its other readers, and its own hold long-table
+        K/V at names that promise the short tables. It runs the token at the boundary only if
+        it generates past it: total_len >= boundary + 2."""
+        boundary = self.rope_regime_boundary
+        return 0 < boundary and prompt_len <= boundary and boundary + 1 < total_len
+
+    def match(
+        self,
+        prompt: Sequence[int],
+        adapter_id: str,
+        prompt_len: int | None = None,
+        total_len: int | None = None,
+    ) -> PrefixMatch:
         """The longest run of named blocks the prompt starts with, leaving at least its last
         token to compute. Hashes block by block and stops at the first miss, so a prompt that
-        shares nothing costs one hash."""
+        shares nothing costs one hash. prompt_len: the request's whole prompt length, when
+        `prompt` is less of it (reusable_prompt), for its chain's root; default len(prompt).
+        total_len: the positions it may reach (prompt + max_new_tokens); one that may cross the
+        longrope boundary gets no blocks and no chain (`may_cross`)."""
         bs = self.block_size
-        run = PrefixRun(adapter_id)
+        prompt_len = len(prompt) if prompt_len is None else prompt_len
+        if total_len is not None and self.may_cross(prompt_len, total_len):
+            return PrefixMatch(None)
+        run = self.new_run(adapter_id, prompt_len)
         blocks: list[int] = []
         for i in range((len(prompt) - 1) // bs):
             h = block_hash(run.last, prompt[i * bs : (i + 1) * bs], adapter_id)

@@ -88,8 +88,14 @@ class Queue:
                 break
             req = entry.request
             # Cached prefix blocks are neither computed nor, when running requests hold them
-            # already, counted again against the batch token budget.
-            match = allocator.match(reusable_prompt(req), req.adapter_id)
+            # already, counted again against the batch token budget. A longrope request that
+            # may grow past the boundary gets none and keeps its blocks private: the shards
+            # recompute it whole at the crossing. That step costs the shards a prefill of the
+            # boundary's length once per such request (as it costs transformers), which the
+            # budgets here and in the policy see as a one-token decode.
+            match = allocator.match(
+                reusable_prompt(req), req.adapter_id, req.input_length, req.total_tokens
+            )
             to_compute = req.input_length - len(match.blocks) * allocator.block_size
             cost = req.total_tokens - allocator.shared_by(match)
             if chunking:

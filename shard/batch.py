@@ -68,6 +68,9 @@ class Batch:
     slots: torch.Tensor  # [B, max_positions] int64: slots[i, p] = KV slot of position p
     history: torch.Tensor  # [B, max_positions] int64: prompt + generated ids
     history_lens: torch.Tensor  # [B] int64: valid entries of `history`
+    # [B] int64: each request's prompt length (RequestInfo.input_len), for the steps' gathers
+    # (shard/step_inputs.py: a longrope row recomputed when its sequence crosses the boundary).
+    input_lens: torch.Tensor
     cache_lens: torch.Tensor  # [B] int64: leading positions whose K/V are in the cache
     sampling: SamplingTensors
     # [B] int32: the device slot of each request's LoRA adapter, -1 for the base model
@@ -109,6 +112,7 @@ class Batch:
             slots=_pad_rows([r.slots for r in new], torch.int64, device),
             history=history,
             history_lens=torch.tensor([len(r.input_ids) for r in new], device=device),
+            input_lens=torch.tensor([len(r.input_ids) for r in new], device=device),
             # A cached prefix (router/prefix_cache.py) is already in the request's blocks.
             cache_lens=torch.tensor([r.prefix_len for r in new], dtype=torch.int64, device=device),
             sampling=SamplingTensors.from_params(
@@ -150,6 +154,7 @@ class Batch:
             slots=self.slots[keep],
             history=self.history[keep],
             history_lens=self.history_lens[keep],
+            input_lens=self.input_lens[keep],
             cache_lens=self.cache_lens[keep],
             sampling=self.sampling.index(keep),
             lora_slots=self.lora_slots[keep],
@@ -172,6 +177,7 @@ class Batch:
             slots=cat_padded([b.slots for b in batches]),
             history=cat_padded([b.history for b in batches]),
             history_lens=torch.cat([b.history_lens for b in batches]),
+            input_lens=torch.cat([b.input_lens for b in batches]),
             cache_lens=torch.cat([b.cache_lens for b in batches]),
             sampling=SamplingTensors.concat([b.sampling for b in batches]),
             lora_slots=torch.cat([b.lora_slots for b in batches]),

@@ -62,8 +62,10 @@ _STEP = _Step()
 # Python dispatch (aliasing checks, the mutated input's bookkeeping) cost ~65 us a call, 30 a
 # step (bench/profile_decode.py --compile: the op's own time fell from 154 to 89 us a call).
 _LIBRARY = torch.library.Library("switchyard", "DEF")
+# window 0: none; softcap 0: none (the schema has no optional scalars worth their cost here).
 _LIBRARY.define(
-    "attend(Tensor q, Tensor k, Tensor v, Tensor(a!) kv_cache, float scale, int window) -> Tensor"
+    "attend(Tensor q, Tensor k, Tensor v, Tensor(a!) kv_cache, float scale, int window, "
+    "float softcap) -> Tensor"
 )
 
 
@@ -74,16 +76,18 @@ def _attend_impl(
     kv_cache: torch.Tensor,
     scale: float,
     window: int,
+    softcap: float,
 ) -> torch.Tensor:
     from shard.attention.backend import attend
 
     if _STEP.backend is None or _STEP.meta is None:
         raise RuntimeError("switchyard::attend called outside a compiled forward pass")
     backend, meta, n = _STEP.backend, _STEP.meta, _step_tokens()
+    cap = softcap or None
     if q.shape[0] == n:
-        return attend(backend, q, k, v, kv_cache, meta, scale, window or None)
+        return attend(backend, q, k, v, kv_cache, meta, scale, window or None, cap)
     out = torch.zeros_like(q)  # a padded one-token step: the pad row attends to nothing
-    out[:n] = attend(backend, q[:n], k[:n], v[:n], kv_cache, meta, scale, window or None)
+    out[:n] = attend(backend, q[:n], k[:n], v[:n], kv_cache, meta, scale, window or None, cap)
     return out
 
 
@@ -98,7 +102,7 @@ _LIBRARY.impl("attend", _attend_impl, "CPU")
 
 
 @torch.library.register_fake("switchyard::attend")
-def _(q, k, v, kv_cache, scale, window):  # type: ignore[no-untyped-def]
+def _(q, k, v, kv_cache, scale, window, softcap):  # type: ignore[no-untyped-def]
     return torch.empty_like(q)
 
 
@@ -112,9 +116,10 @@ def attend_in_graph(
     kv_cache: torch.Tensor,
     scale: float,
     window: int | None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """What `attend` becomes inside the compiled graph (window 0: none)."""
-    return _attend_op(q, k, v, kv_cache, scale, window or 0)
+    """What `attend` becomes inside the compiled graph (window 0: none; softcap 0: none)."""
+    return _attend_op(q, k, v, kv_cache, scale, window or 0, float(softcap or 0.0))
 
 
 _LIBRARY.define("lora(Tensor x, Tensor(a!) y, int term) -> ()")

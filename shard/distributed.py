@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as tdist
 
+from shard.platforms import platform_of
 from shard.rank_env import DistributedEnv
 
 # gloo cannot reduce these dtypes on every torch build; we reduce them in float32 instead.
@@ -65,18 +66,15 @@ def init_distributed(device: torch.device) -> Distributed:
     env = DistributedEnv.from_env()
     if not 0 <= env.rank < env.world_size:
         raise ValueError(f"RANK={env.rank} is outside WORLD_SIZE={env.world_size}")
-    device = torch.device(device)
-    if device.type == "cuda":
-        if device.index is None:
-            device = torch.device("cuda", env.local_rank)
-        torch.cuda.set_device(device)
+    platform = platform_of(torch.device(device))
+    device = platform.bind(torch.device(device), env.local_rank)
     if env.world_size > 1 and not tdist.is_initialized():
         tdist.init_process_group(
-            backend="nccl" if device.type == "cuda" else "gloo",
+            backend=platform.dist_backend,
             init_method=f"tcp://{env.master_addr}:{env.master_port}",
             rank=env.rank,
             world_size=env.world_size,
-            device_id=device if device.type == "cuda" else None,
+            device_id=device if platform.dist_backend == "nccl" else None,
         )
     return Distributed(
         rank=env.rank, world_size=env.world_size, local_rank=env.local_rank, device=device

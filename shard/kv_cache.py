@@ -7,17 +7,12 @@ else from a share of the memory the OS reports available.
 """
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
 
-GIB = 1 << 30
-# Without an explicit budget a CPU shard takes this share of available memory, capped: the cache
-# is zero-filled (masked positions must not hold NaNs), so every byte of it is resident, and a CPU
-# serves far fewer concurrent tokens than that cap holds for any model it can run at speed.
-CPU_DEFAULT_SHARE = 0.1
-CPU_DEFAULT_CAP_BYTES = 1 * GIB
+from shard.platforms import platform_of
+from shard.platforms.host_memory import GIB
 
 
 @dataclass(frozen=True)
@@ -31,18 +26,6 @@ class KvCacheTooLargeError(ValueError):
     pass
 
 
-def available_host_memory() -> int:
-    """Bytes the OS reports available (MemAvailable), or total physical memory as a fallback."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def plan_num_blocks(
     bytes_per_token: int,
     settings: KvCacheSettings,
@@ -53,18 +36,11 @@ def plan_num_blocks(
     """Number of KV blocks this shard can hold; `requested_tokens` 0 means "as many as fit".
     `reserved_bytes`: device memory something else will hold beside the peak (CUDA graphs)."""
     bytes_per_block = bytes_per_token * settings.block_size
-    if device.type == "cuda":
-        _, total = torch.cuda.mem_get_info(device)
-        used = torch.cuda.max_memory_allocated(device) + reserved_bytes
-        budget = total * settings.cuda_memory_fraction - used
-    elif settings.cpu_kv_cache_gb is not None:
-        budget = settings.cpu_kv_cache_gb * GIB
-    else:
-        budget = min(available_host_memory() * CPU_DEFAULT_SHARE, CPU_DEFAULT_CAP_BYTES)
+    budget, most = platform_of(device).kv_cache_budget(device, settings, reserved_bytes)
     fits = int(budget // bytes_per_block)
     if requested_tokens:
         wanted = math.ceil(requested_tokens / settings.block_size)
-        limit = fits if device.type == "cuda" else available_host_memory() // bytes_per_block
+        limit = int(most // bytes_per_block)
         if wanted > limit:
             needed_gib = wanted * bytes_per_block / GIB
             available_gib = limit * bytes_per_block / GIB

@@ -21,7 +21,7 @@ from shard.layers.lora import LoraStep
 from shard.requests import Generation, Tokens
 from shard.sampling.sampler import SampleOutput, sample
 from shard.sampling.token_masks import TokenMasks, gather_token_masks
-from shard.step_inputs import StepInputs, build_step_inputs, step_lengths
+from shard.step_inputs import StepInputs, build_step_inputs, step_lengths, step_starts
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class ModelRunner:
         block_size: int,
         lora: LoraStep | None = None,
         forward=None,  # the model's forward pass another way (--compile); default the model
-        decode_path=None,  # the decode steps' forward pass where it applies (llama_decode.py)
+        decode_path=None,  # the decode steps' forward pass where it applies (cpu_decode.py)
         graphs: DecodeGraphs | None = None,  # CUDA graphs of decode steps (--cuda-graphs)
     ) -> None:
         self.model = model
@@ -53,6 +53,9 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] | None = None
         self.lora = lora  # the per-step LoRA context every LoRA term reads, when adapters exist
         self.graphs = graphs
+        # Longrope's original_max_position_embeddings (0: none): a row whose sequence grows past
+        # it is recomputed whole in that step (shard/step_inputs.py: step_starts).
+        self.rope_regime_boundary: int = model.config.rope_regime_boundary
 
     @property
     def compiled(self) -> bool:
@@ -90,18 +93,22 @@ class ModelRunner:
         request id; default the whole rest) for rows in their prompt; samples the rows whose
         known tokens are then all in the cache, constrained ones within their `token_masks`
         (by request id)."""
-        q_lens = step_lengths(batch, chunks or {})
-        self._check_capacity(batch, q_lens)
+        starts = step_starts(batch, self.rope_regime_boundary)
+        q_lens = step_lengths(batch, chunks or {}, starts)
+        ends = starts + q_lens
+        self._check_capacity(batch, ends)
         if int(q_lens.sum()) == 0:
             return [], StepTimings(0, 0)
         start = time.perf_counter_ns()
-        inputs = build_step_inputs(batch, q_lens)
+        inputs = build_step_inputs(batch, q_lens, starts)
         if self.lora is not None:
             self.lora.set_tokens(batch.lora_slots[inputs.token_rows])
         hidden = self._forward(inputs)
         self._gather_prompt_logprobs(batch, inputs, hidden)
         logits = self.model.compute_logits(hidden[inputs.sample_index])
-        batch.cache_lens += q_lens
+        # cache_lens + q_lens but for a row recomputed from 0, whose cache now ends where its
+        # known tokens do, as any decoding row's.
+        batch.cache_lens = ends
         forward_done = time.perf_counter_ns()
         generations: list[Generation] = []
         if len(inputs.sample_rows):
@@ -128,9 +135,11 @@ class ModelRunner:
         return forward(inputs.input_ids, inputs.positions, self._caches(), inputs.meta)
 
     @staticmethod
-    def _check_capacity(batch: Batch, q_lens: torch.Tensor) -> None:
-        ends = (batch.cache_lens + q_lens).tolist()
-        overflow = [r.id for r, n in zip(batch.requests, ends, strict=True) if n > r.capacity]
+    def _check_capacity(batch: Batch, ends: torch.Tensor) -> None:
+        """ends: [B] each row's cached positions after the step."""
+        overflow = [
+            r.id for r, n in zip(batch.requests, ends.tolist(), strict=True) if n > r.capacity
+        ]
         if overflow:
             raise ValueError(f"requests {overflow} have used all the KV slots the router gave them")
 
@@ -143,9 +152,11 @@ class ModelRunner:
             return
         device = inputs.positions.device
         wants = torch.tensor([r.prefill_logprobs for r in batch.requests], device=device)
-        input_lens = torch.tensor([r.input_len for r in batch.requests], device=device)
+        # Only rows still in their prompt: a longrope row recomputed past its boundary
+        # (step_starts) runs its prompt again, whose logprobs went out with its first token.
+        wants &= batch.history_lens == batch.input_lens
         rows, pos = inputs.token_rows, inputs.positions
-        index = (wants[rows] & (pos + 1 < input_lens[rows])).nonzero().squeeze(1)
+        index = (wants[rows] & (pos + 1 < batch.input_lens[rows])).nonzero().squeeze(1)
         if not len(index):
             return
         rows, pos = rows[index], pos[index]

@@ -23,6 +23,7 @@ from shard.batch import Batch
 from shard.cuda_graphs import block_table_width
 from shard.kv_cache import KvCacheSettings, plan_num_blocks
 from shard.lora.manager import LoraManager
+from shard.platforms import platform_of
 from shard.requests import NewRequest
 from shard.runner import ModelRunner, StepTimings
 from shard.sockets import shard_url
@@ -80,11 +81,11 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             max_position_embeddings=model.max_position_embeddings,
             attention_impl=self.identity.attention,
             eos_token_ids=model.eos_token_ids,
+            rope_regime_boundary=model.config.rope_regime_boundary,
         )
 
     async def Health(self, request, context):
-        if self.runner.device.type == "cuda":
-            torch.zeros(2, device=self.runner.device)  # fails if the device is gone
+        platform_of(self.runner.device).check_alive(self.runner.device)
         return generate_pb2.HealthResponse()
 
     async def ServiceDiscovery(self, request, context):
@@ -252,8 +253,7 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             # The worst-case batch only needs blocks up to the highest id it references.
             highest = max((b for r in request.batch.requests for b in r.blocks), default=0)
             runner.allocate_kv_cache(highest + 1)
-            if runner.device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(runner.device)
+            platform_of(runner.device).reset_peak_memory(runner.device)
             if request.batch.requests:
                 run_warmup_steps(runner, request.batch)
             # The decode graphs' memory, measured by capturing them once against this small
@@ -263,8 +263,7 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             graphs_bytes = runner.capture_graphs(width)
             runner.free_kv_cache()  # the warmup cache and those graphs
             gc.collect()
-            if runner.device.type == "cuda":
-                torch.cuda.empty_cache()
+            platform_of(runner.device).release_cached_memory(runner.device)
             num_blocks = plan_num_blocks(
                 runner.model.kv_cache_bytes_per_token(),
                 self.kv_settings,

@@ -2,7 +2,6 @@
 
 import json
 import logging
-import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -19,8 +18,8 @@ from shard.layers.quant.unquantized import DenseWeight
 from shard.lora.manager import LoraManager, LoraSettings
 from shard.models import load_model
 from shard.models.config import read_quantization
-from shard.models.llama_decode import LlamaDecodePath
-from shard.native.build import paged_decode_kernel
+from shard.models.cpu_decode import CpuDecodePath
+from shard.platforms import platform_of, shard_device
 from shard.rank_env import DistributedEnv
 from shard.runner import ModelRunner
 from shard.server import ShardIdentity, TextGenerationService
@@ -29,18 +28,12 @@ from shard.settings import DTYPES, ShardSettings
 log = logging.getLogger(__name__)
 
 
-def pick_device(env: DistributedEnv) -> torch.device:
-    if torch.cuda.is_available():
-        torch.cuda.set_device(env.local_rank)
-        return torch.device("cuda", env.local_rank)
-    return torch.device("cpu")
-
-
 def auto_dtype(model_dir: Path, device: torch.device) -> torch.dtype:
-    """`--dtype auto`: the checkpoint's dtype, except for int4 checkpoints on a CPU, whose only
-    fast kernel (torch's int4 matmul) takes bfloat16 activations (see quant/int4_cpu.py)."""
-    if device.type == "cpu" and read_quantization(model_dir) is not None:
-        return torch.bfloat16
+    """`--dtype auto`: the checkpoint's dtype, except for int4 checkpoints where the platform's
+    int4 kernel takes one activation dtype only (the CPU's: bfloat16, see quant/int4_cpu.py)."""
+    int4_dtype = platform_of(device).int4_activation_dtype
+    if int4_dtype is not None and read_quantization(model_dir) is not None:
+        return int4_dtype
     return checkpoint_dtype(model_dir)
 
 
@@ -74,24 +67,21 @@ def _build_service(
     settings: ShardSettings, torch_thread: ThreadPoolExecutor
 ) -> TextGenerationService:
     env = DistributedEnv.from_env()
-    device = pick_device(env)
-    if device.type == "cpu" and env.world_size > 1:
-        # CPU shards share the machine's cores; one OpenMP pool each the size of the machine
-        # would oversubscribe it N times.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.world_size))
+    device = shard_device(env.local_rank)
+    platform = platform_of(device)
+    platform.threads(env.world_size)
     dist = init_distributed(device)
     model_dir = Path(settings.model_id)
     check_quantize_flag(settings.quantize, model_dir)
     dtype = auto_dtype(model_dir, device) if settings.dtype == "auto" else DTYPES[settings.dtype]
     # Triton kernels on GPUs; on CPU they only run interpreted (TRITON_INTERPRET=1), for tests.
-    attention = settings.attention or ("triton" if device.type == "cuda" else "torch")
+    attention = settings.attention or platform.default_attention
     log.info(
         "loading %s as %s on %s with %s attention (rank %d of %d)",
         model_dir, dtype, device, attention, env.rank, env.world_size,
     )  # fmt: skip
     model = load_model(model_dir, dtype=dtype, device=device, dist=dist, attention=attention)
-    if device.type == "cpu" and attention == "torch":
-        paged_decode_kernel()  # built (once per machine) or found before the shard is ready
+    platform.warm(attention)
     lora = None
     if settings.enable_lora or settings.lora_adapters:
         lora_settings = LoraSettings(
@@ -107,7 +97,7 @@ def _build_service(
     if settings.compile:
         forward = compiled_forward(model, attention, device, env.world_size)
     else:
-        decode_path = LlamaDecodePath.build(model, lora.step if lora else None)
+        decode_path = CpuDecodePath.build(model, lora.step if lora else None)
     graphs = decode_graphs(
         model, device, settings.cuda_graphs, lora.step if lora else None, env.world_size
     )

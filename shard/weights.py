@@ -152,6 +152,11 @@ class Weights:
     def has(self, name: str) -> bool:
         return name in self._keys
 
+    def has_module(self, prefix: str) -> bool:
+        """Whether the checkpoint holds any tensor of module `prefix` (its weight, or a
+        quantized format's qweight, scales...)."""
+        return any(key.startswith(f"{prefix}.") for key in self._keys)
+
     def shape(self, name: str) -> list[int]:
         self._require(name)
         return self._source.shape(name)

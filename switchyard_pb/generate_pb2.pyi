@@ -19,7 +19,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model_id", "dtype", "device_type", "block_size", "world_size", "vocab_size", "max_position_embeddings", "attention_impl", "eos_token_ids")
+    __slots__ = ("model_id", "dtype", "device_type", "block_size", "world_size", "vocab_size", "max_position_embeddings", "attention_impl", "eos_token_ids", "rope_regime_boundary")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,7 @@ class InfoResponse(_message.Message):
     MAX_POSITION_EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     ATTENTION_IMPL_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    ROPE_REGIME_BOUNDARY_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     dtype: str
     device_type: str
@@ -38,7 +39,8 @@ class InfoResponse(_message.Message):
     max_position_embeddings: int
     attention_impl: str
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, model_id: _Optional[str] = ..., dtype: _Optional[str] = ..., device_type: _Optional[str] = ..., block_size: _Optional[int] = ..., world_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_position_embeddings: _Optional[int] = ..., attention_impl: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    rope_regime_boundary: int
+    def __init__(self, model_id: _Optional[str] = ..., dtype: _Optional[str] = ..., device_type: _Optional[str] = ..., block_size: _Optional[int] = ..., world_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_position_embeddings: _Optional[int] = ..., attention_impl: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., rope_regime_boundary: _Optional[int] = ...) -> None: ...
 
 class ServiceDiscoveryRequest(_message.Message):
     __slots__ = ()

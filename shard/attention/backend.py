@@ -20,30 +20,40 @@ def attend(
     meta: StepMetadata,
     scale: float,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Stores the step's new K/V, then attends each token over its sequence's context, or over
-    the last `window` positions of it (itself included) for a sliding-window layer."""
+    the last `window` positions of it (itself included) for a sliding-window layer; with
+    `softcap`, each scaled score s becomes softcap * tanh(s / softcap) before the mask and the
+    softmax (Gemma 2)."""
+    softcap = softcap or None  # 0 means off, as the kernels take it: one spelling from here on
     if torch.compiler.is_compiling():  # --compile: one opaque op reading the step's metadata
         from shard.compiled import attend_in_graph
 
-        return attend_in_graph(q, k, v, kv_cache, scale, window)
+        return attend_in_graph(q, k, v, kv_cache, scale, window, softcap)
     backend.store_kv(k, v, kv_cache, meta.slot_mapping)
     if isinstance(meta, AttentionMetadata):
         if meta.is_prefill:
-            return backend.prefill(q, k, v, kv_cache, meta, scale, window)
-        return backend.decode(q, kv_cache, meta, scale, window)
+            return backend.prefill(q, k, v, kv_cache, meta, scale, window, softcap)
+        return backend.decode(q, kv_cache, meta, scale, window, softcap)
     n = meta.num_prefill_tokens
     parts = []
     if meta.prefill is not None:
-        parts.append(backend.prefill(q[:n], k[:n], v[:n], kv_cache, meta.prefill, scale, window))
+        parts.append(
+            backend.prefill(q[:n], k[:n], v[:n], kv_cache, meta.prefill, scale, window, softcap)
+        )
     if meta.decode is not None:
-        parts.append(backend.decode(q[n:], kv_cache, meta.decode, scale, window))
+        parts.append(backend.decode(q[n:], kv_cache, meta.decode, scale, window, softcap))
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 class AttentionBackend(Protocol):
     """`window`: None for full causal attention; W for sliding-window attention, where the query
-    at position p sees the keys at positions p - W + 1 .. p (Mistral; Qwen2's sliding layers)."""
+    at position p sees the keys at positions p - W + 1 .. p (Mistral; Qwen2's sliding layers).
+
+    `softcap`: None (or 0) for plain scores; C for attention-logit soft-capping (Gemma 2): each
+    scaled score s = (q . k) * scale is replaced by C * tanh(s / C) before the causal / window
+    mask and the softmax. A backend must honour it on every path it takes, or refuse."""
 
     def store_kv(
         self,
@@ -62,6 +72,7 @@ class AttentionBackend(Protocol):
         meta: AttentionMetadata,
         scale: float,
         window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor: ...
 
     def decode(
@@ -71,6 +82,7 @@ class AttentionBackend(Protocol):
         meta: AttentionMetadata,
         scale: float,
         window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor: ...
 
 

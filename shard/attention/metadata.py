@@ -23,6 +23,10 @@ class AttentionMetadata:
     cu_seqlens_q: torch.Tensor | None = None  # prefill: [B+1] int32, packed query offsets
     max_seqlen_q: int = 0  # prefill: longest query
     max_seqlen_k: int = 0  # prefill: longest context (== max_seqlen_q without cached prefix)
+    # [B] int32, each row's known length: for a row in its prompt the whole prompt, even while
+    # it is computed in chunks (longrope picks its tables by it, shard/layers/rotary.py). None:
+    # context_lens for prefill, position + 1 for decode (what every row at its last token has).
+    seq_lens: torch.Tensor | None = None
     # Decode captured in a CUDA graph (shard/cuda_graphs.py): the tensors are the graph's static
     # buffers, whose values change from replay to replay, so no backend may read them on the
     # host or size anything from them; only their shapes (bucket x widest block table) hold.

@@ -44,13 +44,14 @@ class TritonAttentionBackend:
         meta: AttentionMetadata,
         scale: float,
         window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         assert meta.cu_seqlens_q is not None, "prefill needs cu_seqlens_q"
         return varlen_prefill(
             q, k, v,
             meta.cu_seqlens_q, meta.cu_seqlens_q, meta.max_seqlen_q, scale,
             kv_cache=kv_cache, block_tables=meta.block_tables, context_lens=meta.context_lens,
-            window=window,
+            window=window, softcap=softcap,
         )  # fmt: skip
 
     def decode(
@@ -60,8 +61,9 @@ class TritonAttentionBackend:
         meta: AttentionMetadata,
         scale: float,
         window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         return paged_decode(
             q, kv_cache, meta.block_tables, meta.context_lens, scale,
-            window=window, split_per_sequence=meta.captured,
+            window=window, softcap=softcap, split_per_sequence=meta.captured,
         )  # fmt: skip

@@ -12,11 +12,13 @@ partial result that `decode_reduce` combines. `choose_num_splits` decides.
 
 Sliding-window layers (SLIDING) start each sequence's loop at its window's first position, so a
 long context costs only its window; the splits cut up the window.
+
+Soft-capped layers (SOFTCAP, Gemma 2) cap every score before the softmax (shard/kernels/
+softmax.py); the splits' log-sum-exps are of the capped scores, so the reduce is unchanged.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import cache
 
@@ -26,7 +28,7 @@ import triton.language as tl
 
 from shard.kernels import check_device, dot_options, head_block, interpreting
 from shard.kernels.decode_reduce import decode_reduce
-from shard.kernels.softmax import attend_tile
+from shard.kernels.softmax import attend_tile, score_scales
 
 # A split shorter than this spends more on its partial write and the reduce than it saves.
 MIN_TOKENS_PER_SPLIT = 256
@@ -45,6 +47,7 @@ def _paged_decode_kernel(
     part_out_ptr,
     part_lse_ptr,
     scale_log2,
+    softcap_log2,
     tokens_per_split,
     window,
     stride_qb,
@@ -69,6 +72,7 @@ def _paged_decode_kernel(
     NUM_SPLITS: tl.constexpr,
     SPLIT_PER_SEQUENCE: tl.constexpr,
     SLIDING: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
@@ -124,7 +128,9 @@ def _paged_decode_kernel(
             acc,
             valid[None, :],
             scale_log2,
+            softcap_log2,
             MASKED=True,
+            SOFTCAP=SOFTCAP,
             DOT_PRECISION=DOT_PRECISION,
             DOT_UPCAST=DOT_UPCAST,
         )
@@ -191,12 +197,14 @@ def paged_decode(
     scale: float,
     *,
     window: int | None = None,
+    softcap: float | None = None,
     num_splits: int | None = None,
     config: DecodeConfig | None = None,
     split_per_sequence: bool = False,
 ) -> torch.Tensor:
     """q [B, H, D] against each sequence's first context_lens[b] cached tokens -> [B, H, D];
-    with `window`, against only the last `window` of them.
+    with `window`, against only the last `window` of them. With `softcap` (None or 0: off), each
+    scaled score s becomes softcap * tanh(s / softcap) before the softmax (Gemma 2).
 
     `num_splits=None` lets `choose_num_splits` decide. Its context bound is the block table's
     width (or the window, if smaller), known on the host, so deciding costs no device-to-host
@@ -228,6 +236,7 @@ def paged_decode(
         part_lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
     else:
         part_out = part_lse = out  # unused: the split branch is compiled out
+    scale_log2, softcap_log2 = score_scales(scale, softcap)
     _paged_decode_kernel[(batch, num_kv_heads, num_splits)](
         q,
         kv_cache,
@@ -236,7 +245,8 @@ def paged_decode(
         out,
         part_out,
         part_lse,
-        scale * math.log2(math.e),
+        scale_log2,
+        softcap_log2,
         tokens_per_split,
         window or 0,
         *q.stride(),
@@ -253,6 +263,7 @@ def paged_decode(
         NUM_SPLITS=num_splits,
         SPLIT_PER_SEQUENCE=split_per_sequence,
         SLIDING=window is not None,
+        SOFTCAP=bool(softcap),
         **dot_options(q.dtype),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

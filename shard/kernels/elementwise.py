@@ -123,8 +123,9 @@ def _rotary_kernel(
     d = tl.arange(0, BLOCK_D)[None, :]
     mask = (h < heads) & (d < HALF)
     dtype = x_ptr.dtype.element_ty
-    # The whole-head tables (rotary.py): cos for both halves, sin negated for the first one,
-    # rounded to the dtype as the torch path rounds its gathered rows.
+    # The tables over the rotated width 2 * HALF (rotary.py): cos for both halves, sin negated
+    # for the first one, rounded to the dtype as the torch path rounds its gathered rows. A
+    # head's dims past the rotated width (partial rotary) are neither read nor written.
     table = pos * stride_table + d
     cos1 = tl.load(cos_ptr + table, mask=d < HALF).to(dtype).to(tl.float32)
     cos2 = tl.load(cos_ptr + table + HALF, mask=d < HALF).to(dtype).to(tl.float32)
@@ -143,13 +144,21 @@ def _rotary_kernel(
 def rotary_(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor
 ) -> torch.Tensor:
-    """Rotates x [T, heads, D] (D contiguous) in place by the whole-head tables cos, sin
-    [max_positions, D] at `positions` [T]; returns x."""
+    """Rotates x [T, heads, D] (D contiguous) in place by the tables cos, sin [rows, R] at
+    `positions` [T] (the tables' rows: longrope's long rows follow its short ones); R <= D, even:
+    the first R dims of each head rotate, the rest are left as they are (partial rotary).
+    Returns x."""
     tokens, heads, head_dim = x.shape
     check_device(x, cos, sin, positions)
     if x.stride(2) != 1 or cos.stride() != sin.stride() or cos.stride(1) != 1:
         raise ValueError("rotary_ needs unit-stride head dims and tables of one layout")
-    half = head_dim // 2
+    rotary_dim = cos.shape[1]
+    if cos.shape != sin.shape or rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
+        raise ValueError(
+            f"rotary_: tables {tuple(cos.shape)}, {tuple(sin.shape)} for heads of {head_dim}: "
+            "they must be one shape, their width even and at most the head's"
+        )
+    half = rotary_dim // 2
     block_h = min(16, triton.next_power_of_2(heads))
     if tokens and heads:
         _rotary_kernel[(tokens, triton.cdiv(heads, block_h))](

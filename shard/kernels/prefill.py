@@ -14,11 +14,13 @@ and the tiles along the diagonal (masked), so the mask costs nothing off the dia
 Sliding-window layers (SLIDING, Mistral; Qwen2's sliding layers): a query sees only the keys less
 than `window` positions before it. Tiles wholly before the block's first window start are never
 read, and the tiles where the windows of the block's rows start are masked like the diagonal.
+
+Soft-capped layers (SOFTCAP, Gemma 2): every score is capped before the masks and the softmax
+(shard/kernels/softmax.py); off, the kernel is the same as without the option.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +28,7 @@ import triton
 import triton.language as tl
 
 from shard.kernels import check_device, dot_options, head_block, interpreting
-from shard.kernels.softmax import attend_tile
+from shard.kernels.softmax import attend_tile, score_scales
 
 
 @triton.jit
@@ -49,8 +51,10 @@ def _masked_new_keys(
     stride_kt,
     stride_vt,
     scale_log2,
+    softcap_log2,
     BLOCK_N: tl.constexpr,
     SLIDING: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
@@ -75,7 +79,9 @@ def _masked_new_keys(
             acc,
             seen,
             scale_log2,
+            softcap_log2,
             MASKED=True,
+            SOFTCAP=SOFTCAP,
             DOT_PRECISION=DOT_PRECISION,
             DOT_UPCAST=DOT_UPCAST,
         )
@@ -94,6 +100,7 @@ def _prefill_kernel(
     cu_seqlens_q_ptr,
     cu_seqlens_k_ptr,
     scale_log2,
+    softcap_log2,
     window,
     stride_qt,
     stride_qh,
@@ -121,6 +128,7 @@ def _prefill_kernel(
     CACHE_BLOCK_SIZE: tl.constexpr,
     HAS_PREFIX: tl.constexpr,
     SLIDING: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
@@ -178,7 +186,9 @@ def _prefill_kernel(
                 acc,
                 seen,
                 scale_log2,
+                softcap_log2,
                 MASKED=True,
+                SOFTCAP=SOFTCAP,
                 DOT_PRECISION=DOT_PRECISION,
                 DOT_UPCAST=DOT_UPCAST,
             )
@@ -199,7 +209,7 @@ def _prefill_kernel(
         m_i, l_i, acc = _masked_new_keys(
             q, m_i, l_i, acc, k_base, v_base, first_key, tl.minimum(full_start, diag_end),
             k_start, k_len, shift, window, offs_m, offs_n, d_mask, stride_kt, stride_vt,
-            scale_log2, BLOCK_N, SLIDING, DOT_PRECISION, DOT_UPCAST,
+            scale_log2, softcap_log2, BLOCK_N, SLIDING, SOFTCAP, DOT_PRECISION, DOT_UPCAST,
         )  # fmt: skip
     for start_n in range(full_start, full_end, BLOCK_N):
         rows = (k_start + start_n + offs_n).to(tl.int64)[:, None]
@@ -218,14 +228,16 @@ def _prefill_kernel(
             acc,
             None,
             scale_log2,
+            softcap_log2,
             MASKED=False,
+            SOFTCAP=SOFTCAP,
             DOT_PRECISION=DOT_PRECISION,
             DOT_UPCAST=DOT_UPCAST,
         )
     m_i, l_i, acc = _masked_new_keys(
         q, m_i, l_i, acc, k_base, v_base, tl.maximum(full_end, full_start), diag_end,
         k_start, k_len, shift, window, offs_m, offs_n, d_mask, stride_kt, stride_vt,
-        scale_log2, BLOCK_N, SLIDING, DOT_PRECISION, DOT_UPCAST,
+        scale_log2, softcap_log2, BLOCK_N, SLIDING, SOFTCAP, DOT_PRECISION, DOT_UPCAST,
     )  # fmt: skip
 
     # Padding rows past q_len may have seen no key at all (a window); they are never stored.
@@ -273,6 +285,7 @@ def varlen_prefill(
     block_tables: torch.Tensor | None = None,
     context_lens: torch.Tensor | None = None,
     window: int | None = None,
+    softcap: float | None = None,
     config: PrefillConfig | None = None,
 ) -> torch.Tensor:
     """Causal attention of packed queries q [Tq, H, D] over packed keys/values k, v [Tk, Hkv, D]
@@ -280,7 +293,9 @@ def varlen_prefill(
 
     With kv_cache/block_tables/context_lens, sequence i first attends to the
     `context_lens[i] - k_len` cached tokens before its new keys. With `window`, a query sees
-    only the keys less than `window` positions before it. Returns [Tq, H, D] in q's dtype.
+    only the keys less than `window` positions before it. With `softcap` (None or 0: off), each
+    scaled score s becomes softcap * tanh(s / softcap) before the masks and the softmax (Gemma
+    2). Returns [Tq, H, D] in q's dtype.
     """
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
@@ -303,6 +318,7 @@ def varlen_prefill(
         cache_strides, bt_stride, cache_block_size = (0,) * 5, 0, 1
     cfg = config or default_prefill_config(head_dim, q.dtype)
     grid = (triton.cdiv(max_seqlen_q, cfg.block_m), batch, num_heads)
+    scale_log2, softcap_log2 = score_scales(scale, softcap)
     _prefill_kernel[grid](
         q,
         k,
@@ -313,7 +329,8 @@ def varlen_prefill(
         context_lens,
         cu_seqlens_q,
         cu_seqlens_k,
-        scale * math.log2(math.e),
+        scale_log2,
+        softcap_log2,
         window or 0,
         *q.stride(),
         *k.stride(),
@@ -329,6 +346,7 @@ def varlen_prefill(
         CACHE_BLOCK_SIZE=cache_block_size,
         HAS_PREFIX=has_prefix,
         SLIDING=window is not None,
+        SOFTCAP=bool(softcap),
         **dot_options(q.dtype),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

@@ -2,12 +2,30 @@
 
 Scores are kept in base 2: the softmax scale is pre-multiplied by log2(e) so every exponential
 is an exp2, which maps to one hardware instruction.
+
+Soft-capped scores (SOFTCAP, Gemma 2): the scaled score s = (q . k) * scale becomes
+C * tanh(s / C) before the mask and the softmax. tl has no tanh, and libdevice's fails in the
+interpreter (triton 3.5), so it is written with one exp2: tanh(|x|) = (1 - e) / (1 + e) with
+e = 2^(-2 |x| log2(e)) in (0, 1], which never overflows; `score_scales` folds the constants.
 """
 
 from __future__ import annotations
 
+import math
+
 import triton
 import triton.language as tl
+
+
+def score_scales(scale: float, softcap: float | None) -> tuple[float, float]:
+    """The two score constants the attention kernels take: (scale_log2, softcap_log2).
+
+    Without a cap: scale * log2(e), which turns q . k into a base-2 score, and 0 (unused).
+    With cap C: 2 * scale * log2(e) / C, which turns q . k into tanh's exponent 2 (s / C) in
+    base 2, and C * log2(e), which turns tanh(s / C) into the capped score in base 2."""
+    if not softcap:
+        return scale * math.log2(math.e), 0.0
+    return 2 * scale * math.log2(math.e) / softcap, softcap * math.log2(math.e)
 
 
 @triton.jit
@@ -20,7 +38,9 @@ def attend_tile(
     acc,
     mask,
     scale_log2,
+    softcap_log2,
     MASKED: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
@@ -30,6 +50,9 @@ def attend_tile(
     key at all, and may have seen none before either (a sliding window starts after the tile);
     its max is then still -inf, and the exponentials are taken against 0 instead, so they come
     out as clean zeros rather than exp2(-inf - -inf) = NaN. An unmasked tile never needs this.
+
+    `scale_log2` and `softcap_log2` are `score_scales`' (SOFTCAP: the cap is applied to every
+    score before the mask, as Gemma 2 orders them; off, the scores are exactly as without it).
     """
     dtype = q.dtype
     k = k.to(dtype)
@@ -39,6 +62,10 @@ def attend_tile(
         k = k.to(tl.float32)
         v = v.to(tl.float32)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+    if SOFTCAP:  # s is 2 (score / C) in base 2 here: C tanh(score / C), in base 2
+        e = tl.exp2(-tl.abs(s))
+        t = (1.0 - e) / (1.0 + e)
+        s = tl.where(s < 0, -t, t) * softcap_log2
     if MASKED:
         s = tl.where(mask, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))

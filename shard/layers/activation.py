@@ -1,37 +1,63 @@
-"""SwiGLU's gated activation, silu(gate) * up (Llama's MLP): on the CPU in eager mode one native
-pass (shard/native/elementwise.cpp) instead of two ops and a temporary; on a GPU one Triton
-kernel (shard/kernels/elementwise.py) for the fused gate_up product."""
+"""Gated activations of an MLP's fused gate_up product: act(gate) * up, the activation chosen
+from a table by the checkpoint's config (`hidden_act` / `hidden_activation`).
+
+SwiGLU (silu: Llama, Qwen, Phi-3) takes the platform's kernel where it has one
+(shard/platforms/: on the CPU one native pass instead of two ops and a temporary, on a GPU one
+Triton kernel). GeGLU (Gemma's gelu-tanh, exact gelu) is torch's two ops, which round as
+transformers does: act(gate) in the dtype, then the product."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 
-from shard.native.build import silu_mul_kernel
-from shard.native.eager import eager_cpu_kernel
+from shard.platforms import platform_of
+
+# config.json's activation name -> the elementwise function of the gate (transformers' ACT2FN
+# entries whose math these are: "gelu_new" and "gelu_fast" spell the tanh form differently and
+# round differently, so they are not aliases of gelu_pytorch_tanh and stay unsupported).
+GATED_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "swish": F.silu,
+    "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"),
+    "gelu": F.gelu,
+}
+SILU = "silu"
+
+
+def gated_activation(name: str) -> str:
+    """The table's canonical name for config.json's `name`; a ValueError naming the supported
+    ones otherwise (at load, before any weight is read)."""
+    if name not in GATED_ACTIVATIONS:
+        raise ValueError(
+            f"hidden activation {name!r} is not supported; supported: "
+            f"{', '.join(sorted(GATED_ACTIVATIONS))}"
+        )
+    return SILU if GATED_ACTIVATIONS[name] is F.silu else name
 
 
 def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """gate, up [T, I] (e.g. the two halves of the gate_up product) -> silu(gate) * up."""
-    kernel = eager_cpu_kernel(silu_mul_kernel, gate)
-    if (
-        kernel is not None
-        and gate.dim() == 2
-        and gate.shape == up.shape
-        and gate.dtype == up.dtype
-        and gate.stride(1) == 1
-        and up.stride(1) == 1
-    ):
-        return kernel(gate, up)
-    return F.silu(gate) * up
+    out = platform_of(gate).silu_and_mul(gate, up)
+    return F.silu(gate) * up if out is None else out
 
 
 def swiglu(product: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up of a fused gate_up product [T, 2I], its first half of outputs the gate's
     (each tensor-parallel rank's product is laid out so too)."""
-    if product.is_cuda and product.dim() == 2 and product.stride(-1) == 1:
-        from shard.kernels.elementwise import silu_mul  # one kernel where torch takes two
-
-        return silu_mul(product)
+    out = platform_of(product).swiglu(product)
+    if out is not None:
+        return out
     gate, up = product.chunk(2, dim=-1)
-    return silu_and_mul(gate, up)
+    return F.silu(gate) * up
+
+
+def act_and_mul(product: torch.Tensor, act: str) -> torch.Tensor:
+    """act(gate) * up of a fused gate_up product [T, 2I] laid out as `swiglu` takes it."""
+    if act == SILU:
+        return swiglu(product)
+    gate, up = product.chunk(2, dim=-1)
+    return GATED_ACTIVATIONS[act](gate) * up

@@ -32,25 +32,41 @@ def _read_vocab_block(weights: Weights, name: str, vocab_size: int) -> torch.Ten
 class VocabParallelEmbedding(nn.Module):
     """Each rank looks up the ids in its vocab block, zeros the rest; all_reduce sums them."""
 
-    def __init__(self, weight: torch.Tensor, vocab_size: int, dist: Distributed) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        vocab_size: int,
+        dist: Distributed,
+        scale: float | None = None,
+    ) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)  # [padded_vocab / world, hidden]
         self.vocab_size = vocab_size
         self.dist = dist
         self.vocab_start = dist.rank * weight.shape[0]
+        # Gemma multiplies the looked-up rows by sqrt(hidden), rounded to the dtype first as
+        # transformers does (its normalizer is a tensor of the hidden states' dtype).
+        self.scale = None
+        if scale is not None:
+            self.scale = torch.tensor(scale, dtype=weight.dtype, device=weight.device)
 
     @classmethod
-    def load(cls, weights: Weights, name: str, vocab_size: int) -> VocabParallelEmbedding:
-        return cls(_read_vocab_block(weights, name, vocab_size), vocab_size, weights.dist)
+    def load(
+        cls, weights: Weights, name: str, vocab_size: int, scale: float | None = None
+    ) -> VocabParallelEmbedding:
+        return cls(_read_vocab_block(weights, name, vocab_size), vocab_size, weights.dist, scale)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.dist.world_size == 1:
-            return F.embedding(input_ids, self.weight)
-        local = input_ids - self.vocab_start
-        outside = (local < 0) | (local >= self.weight.shape[0])
-        out = F.embedding(local.masked_fill(outside, 0), self.weight)
-        out.masked_fill_(outside.unsqueeze(-1), 0)
-        return self.dist.all_reduce(out)
+            out = F.embedding(input_ids, self.weight)
+        else:
+            local = input_ids - self.vocab_start
+            outside = (local < 0) | (local >= self.weight.shape[0])
+            out = F.embedding(local.masked_fill(outside, 0), self.weight)
+            out.masked_fill_(outside.unsqueeze(-1), 0)
+            # one rank holds each row, the others add zeros: the sum is exact, scaled after
+            out = self.dist.all_reduce(out)
+        return out if self.scale is None else out * self.scale
 
 
 class ParallelLMHead(nn.Module):

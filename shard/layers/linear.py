@@ -112,13 +112,14 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     def split(self, out: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return out.chunk(self.num_blocks, dim=-1)
 
-    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
-        """SwiGLU over a gate_up projection, silu(gate) * up, fused into the product where the
-        weight's representation can (LinearWeight.silu_mul). A step whose adapters add LoRA
-        terms to the product (or a traced one that may) computes the product first."""
+    def act_and_mul(self, x: torch.Tensor, act: str) -> torch.Tensor:
+        """act(gate) * up over a gate_up projection (`act` from activation.GATED_ACTIVATIONS),
+        fused into the product where the weight's representation can (LinearWeight.gated). A
+        step whose adapters add LoRA terms to the product (or a traced one that may) computes
+        the product first."""
         if self.lora is not None and self.lora.adds_to_product():
-            return self.lora.linear(self.weight, x, self.bias, gated=True)
-        return self.weight.silu_mul(x, self.bias)
+            return self.lora.linear(self.weight, x, self.bias, gated=act)
+        return self.weight.gated(x, self.bias, act)
 
 
 def head_range(

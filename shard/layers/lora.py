@@ -2,7 +2,9 @@
 the device slot of each token's adapter (-1: none).
 
 Every LoRA-capable TP linear holds one `LoraTerm` with its slots' weights, padded to the
-maximum rank, for its `n_sub` sub-modules (3 for fused q/k/v, 2 for gate/up, else 1):
+maximum rank, for its `n_sub` sub-modules, one per checkpoint module the linear fuses (3 for
+q/k/v, 2 for gate/up, else 1; 1 for a checkpoint that stores q/k/v or gate/up as one tensor, as
+Phi-3's does, whose adapters have one A for the fused module; shard/lora/manager.py):
     lora_a [S, n_sub, R, K]   K: this rank's input features
     lora_b [S, N, R]          N: this rank's output features; output slice j (out_slices) uses
                               sub-module j's rank columns
@@ -42,7 +44,7 @@ from torch import nn
 
 from shard.compiled import lora_in_graph, register_lora_term
 from shard.layers import lora_amx
-from shard.layers.activation import swiglu
+from shard.layers.activation import SILU, act_and_mul
 from shard.layers.lora_chunks import ChunkedB
 from shard.layers.matmul import linear, prepare_weight
 from shard.layers.quant.base import LinearWeight
@@ -230,17 +232,19 @@ class LoraTerm(nn.Module):
         x: torch.Tensor,
         bias: torch.Tensor | None,
         *,
-        gated: bool = False,
+        gated: str | None = None,
     ) -> torch.Tensor:
-        """weight(x, bias) plus this step's LoRA terms (with `gated`, SwiGLU of that): in one
-        call of the tile kernel where the weight is its and the step small (lora_amx.py), else
-        the base product and then `forward`."""
-        y = self._tile_product(weight, x, bias, gated)
-        if y is not None:
-            return y
-        y = weight(x, bias)
-        self(x, y)
-        return swiglu(y) if gated else y
+        """weight(x, bias) plus this step's LoRA terms (with `gated`, an activation name,
+        act(gate) * up of that): in one call of the tile kernel where the weight is its and the
+        step small (lora_amx.py; its epilogue fuses SwiGLU only), else the base product and
+        then `forward`."""
+        fused = gated == SILU
+        y = self._tile_product(weight, x, bias, fused)
+        if y is None:
+            y = weight(x, bias)
+            self(x, y)
+            fused = False
+        return act_and_mul(y, gated) if gated is not None and not fused else y
 
     def _tile_product(
         self, weight: LinearWeight, x: torch.Tensor, bias: torch.Tensor | None, gated: bool

@@ -1,6 +1,7 @@
-"""RMSNorm as Llama computes it: statistics in float32, scale applied in the model dtype. On the CPU
-in eager mode, one native pass (shard/native/elementwise.cpp) where torch takes six ops; on a GPU
-one Triton kernel (shard/kernels/elementwise.py), the residual add included.
+"""RMSNorm as Llama computes it: statistics in float32, scale applied in the model dtype; and
+Gemma's (1 + w, float32 throughout). The platform's kernel where it has one (shard/platforms/: on
+the CPU one native pass where torch takes six ops, on a GPU one Triton kernel, the residual add
+included), else the torch form.
 
 Given the residual stream too, the norm first adds it (`x + residual`, rounded to the dtype as
 torch's add rounds) and returns both the normed sum and the sum, as vLLM's fused_add_rms_norm:
@@ -12,8 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shard.native.build import add_rms_norm_kernel, rms_norm_kernel
-from shard.native.eager import eager_cpu_kernel
+from shard.platforms import platform_of
 from shard.weights import Weights
 
 
@@ -22,6 +22,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.eps = eps
+        self.ops = platform_of(weight.device)
 
     @classmethod
     def load(cls, weights: Weights, prefix: str, eps: float) -> RMSNorm:
@@ -31,35 +32,18 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """norm(x); with `residual`, (norm(x + residual), x + residual)."""
-        if x.is_cuda and _rows(x) and (residual is None or _rows(residual)):
-            from shard.kernels.elementwise import rms_norm  # one kernel where torch takes three
-
-            out, summed = rms_norm(x, self.weight, self.eps, residual)
-            return out if summed is None else (out, summed)
         if residual is None:
             return self._norm(x)
-        kernel = eager_cpu_kernel(add_rms_norm_kernel, x)
-        if (
-            kernel is not None
-            and x.dim() == 2
-            and x.shape == residual.shape
-            and x.stride(-1) == 1
-            and residual.stride(-1) == 1
-            and x.dtype == residual.dtype == self.weight.dtype
-        ):
-            return kernel(x, residual, self.weight, self.eps)
+        fused = self.ops.add_rms_norm(x, residual, self.weight, self.eps)
+        if fused is not None:
+            return fused
         summed = x + residual
         return self._norm(summed), summed
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        kernel = eager_cpu_kernel(rms_norm_kernel, x)
-        if (
-            kernel is not None
-            and x.dim() in (2, 3)
-            and x.stride(-1) == 1
-            and self.weight.dtype == x.dtype
-        ):
-            return kernel(x, self.weight, self.eps)
+        out = self.ops.rms_norm(x, self.weight, self.eps)
+        if out is not None:
+            return out
         # torch's fused kernel computes x * rsqrt(mean(x^2) + eps) in float32 and rounds once
         # to x's dtype, as Llama does before the scale (tests/shard/test_rmsnorm_rotary.py
         # checks it bit for bit); one op for what took six, 61 times a step.
@@ -68,6 +52,25 @@ class RMSNorm(nn.Module):
         return self.weight * normed
 
 
-def _rows(x: torch.Tensor) -> bool:
-    """Whether x is [T, N] with unit-stride rows, as the Triton kernel takes it."""
-    return x.dim() == 2 and x.stride(-1) == 1
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: x * rsqrt(mean(x^2) + eps) * (1 + w), all in float32 and rounded once to
+    x's dtype (transformers' Gemma2RMSNorm / Gemma3RMSNorm), where Llama rounds before scaling.
+
+    The checkpoint stores w; the layer keeps 1 + w in float32, computed once at load as the
+    reference computes it per call, so the kernels that take a norm weight see the scale
+    itself. A float32 model then runs the shared kernels (the same math in one dtype); in half
+    precision the weight's dtype differs from x's and every path takes the float32 form below.
+    """
+
+    @classmethod
+    def load(cls, weights: Weights, prefix: str, eps: float) -> GemmaRMSNorm:
+        return cls(1.0 + weights.get_tensor(f"{prefix}.weight").float(), eps)
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == self.weight.dtype:
+            return super()._norm(x)
+        return (F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps) * self.weight).to(x.dtype)
+
+
+# config's norm kind -> the layer (shard/models/config.py: ModelConfig.norm)
+NORMS: dict[str, type[RMSNorm]] = {"rms": RMSNorm, "gemma_rms": GemmaRMSNorm}

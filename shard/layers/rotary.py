@@ -1,9 +1,20 @@
 """Rotary position embedding (neox style, as Llama: rotate the two halves of each head).
 
 cos/sin are tabulated once in float32 for every position up to max_position_embeddings and
-gathered by the positions tensor, so a step costs an index rather than a cos/sin per token. On the
-CPU in eager mode, the rotation is one native pass (shard/native/elementwise.cpp), bit for bit the
-torch form's.
+gathered by the positions tensor, so a step costs an index rather than a cos/sin per token. The
+rotation is the platform's kernel where it has one (shard/platforms/: on the CPU in eager mode one
+native pass, bit for bit the torch form's; on CUDA one Triton kernel in place), else torch's.
+
+Two variants change what a token's table row is, not how it rotates:
+- partial rotary (`partial_rotary_factor` < 1: Phi-3 small, Phi-4-mini): only the first
+  `rotary_dim` dims of each head rotate (the neox halves taken within them), the rest pass
+  through. The tables are `rotary_dim` wide, and every path (torch, native, Triton) reads the
+  rotated width off the tables.
+- longrope (Phi-3 128k, Phi-3.5, Phi-4-mini): two sets of frequencies, the short one for
+  sequences up to `original_max_position_embeddings` and the long one past it, chosen for each
+  token by its own sequence's length (see `_token_seq_lens`). Both tables are stacked in one
+  buffer, short rows first, and a token reads row `position + long_offset` when long: the
+  kernels see just another table row index.
 """
 
 from __future__ import annotations
@@ -15,10 +26,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from shard.native.build import rotary_kernel
-from shard.native.eager import eager_cpu_kernel, heads_contiguous
+from shard.attention.metadata import AttentionMetadata, MixedMetadata, StepMetadata
+from shard.platforms import platform_of
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+# What Phi-3's first configs called longrope (transformers' Phi3Config renames it likewise).
+_ROPE_TYPE_ALIASES = {"su": "longrope"}
+# The types whose pretraining length transformers takes from the config's top level first
+# (standardize_rope_params: Phi-3 keeps `original_max_position_embeddings` there).
+_ORIGINAL_LENGTH_TYPES = ("llama3", "yarn", "longrope")
 
 
 @dataclass(frozen=True)
@@ -31,34 +47,75 @@ class RopeConfig:
     # llama3 only
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
+    # llama3, yarn, longrope (longrope: the sequence length past which the long factors apply)
     original_max_position_embeddings: int = 8192
     # yarn only
     beta_fast: float = 32.0
     beta_slow: float = 1.0
     truncate: bool = True
-    # cos and sin are multiplied by this (yarn's attention temperature; 1 for the others)
+    # cos and sin are multiplied by this (yarn's and longrope's attention scale; 1 for the others)
     attention_factor: float = 1.0
+    # Only the first int(head_dim * partial_rotary_factor) dims of each head rotate.
+    partial_rotary_factor: float = 1.0
+    # longrope only: the inv_freq divisors, rotary_dim / 2 each, for sequences up to
+    # original_max_position_embeddings (short) and past it (long).
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        dim = self.rotary_dim
+        if dim % 2 or not 0 < dim <= self.head_dim:
+            raise ValueError(
+                f"rotary_dim = int(head_dim {self.head_dim} x partial_rotary_factor "
+                f"{self.partial_rotary_factor}) = {dim} must be even and in (0, head_dim]"
+            )
+        if self.rope_type == "longrope":
+            for name in ("short_factor", "long_factor"):
+                got = len(getattr(self, name))
+                if got != dim // 2:
+                    raise ValueError(
+                        f"longrope's {name} has {got} entries, not rotary_dim / 2 = {dim // 2} "
+                        f"(head_dim {self.head_dim} x partial_rotary_factor "
+                        f"{self.partial_rotary_factor})"
+                    )
+
+    @property
+    def rotary_dim(self) -> int:
+        """The leading dims of each head that rotate (head_dim unless partial rotary)."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @classmethod
-    def from_config_dict(cls, config: dict[str, Any], head_dim: int) -> RopeConfig:
-        """Reads `rope_parameters` (transformers 5) or `rope_scaling` + `rope_theta` (older)."""
+    def from_config_dict(
+        cls, config: dict[str, Any], head_dim: int, *, layer_type: str | None = None
+    ) -> RopeConfig:
+        """Reads `rope_parameters` (transformers 5) or `rope_scaling` + `rope_theta` (older).
+
+        Where transformers 5 keys the parameters by layer type (Gemma 3: {"sliding_attention":
+        {...}, "full_attention": {...}}), `layer_type` names the entry to read; with flat
+        parameters every layer type has the same rope and `layer_type` is not needed."""
         max_pos = config.get("max_position_embeddings", 2048)
-        params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-        if params and all(isinstance(v, dict) for v in params.values()):
-            raise ValueError(f"per-layer-type rope parameters are not supported: {params}")
+        params, per_type = _rope_parameters(config, layer_type)
         rope_type = params.get("rope_type", params.get("type", "default"))
+        rope_type = _ROPE_TYPE_ALIASES.get(rope_type, rope_type)
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise ValueError(
                 f"rope type {rope_type!r} is not supported; one of {SUPPORTED_ROPE_TYPES}"
             )
-        partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor")) or 1.0
-        if partial != 1.0:
-            raise ValueError(f"partial_rotary_factor={partial} is not supported")
-        original_max_pos = int(params.get("original_max_position_embeddings", max_pos))
+        partial = params.get("partial_rotary_factor")
+        if partial is None:
+            partial = config.get("partial_rotary_factor")
+        original_max_pos = params.get("original_max_position_embeddings")
+        top_level = config.get("original_max_position_embeddings")
+        if not per_type and rope_type in _ORIGINAL_LENGTH_TYPES and top_level is not None:
+            original_max_pos = top_level
+        original_max_pos = int(max_pos if original_max_pos is None else original_max_pos)
         factor = params.get("factor")
-        if factor is None:  # yarn as DeepSeek writes it: the factor is implied by the lengths
-            factor = max_pos / original_max_pos if rope_type == "yarn" else 1.0
+        if factor is None:
+            # yarn as DeepSeek writes it, longrope as Phi-3 does: implied by the two lengths
+            implied = rope_type in ("yarn", "longrope")
+            factor = max_pos / original_max_pos if implied else 1.0
         factor = float(factor)
+        longrope = rope_type == "longrope"
         return cls(
             head_dim=head_dim,
             max_position_embeddings=max_pos,
@@ -71,13 +128,22 @@ class RopeConfig:
             beta_fast=float(params.get("beta_fast") or 32.0),
             beta_slow=float(params.get("beta_slow") or 1.0),
             truncate=bool(params.get("truncate", True)),
-            attention_factor=_attention_factor(rope_type, factor, params),
+            attention_factor=_attention_factor(rope_type, factor, params, original_max_pos),
+            partial_rotary_factor=float(partial or 1.0),
+            short_factor=_factor_list(params, "short_factor") if longrope else (),
+            long_factor=_factor_list(params, "long_factor") if longrope else (),
         )
 
-    def inv_freq(self) -> torch.Tensor:
-        """[head_dim / 2] float32, with the scaling of `rope_type` applied."""
-        dim = self.head_dim
-        inv_freq = 1.0 / (self.theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    def inv_freq(self, long: bool = False) -> torch.Tensor:
+        """[rotary_dim / 2] float32, with the scaling of `rope_type` applied; `long`: longrope's
+        long-context frequencies (its short ones otherwise; no other type has two sets)."""
+        dim = self.rotary_dim
+        exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+        if self.rope_type == "longrope":
+            ext = torch.tensor(self.long_factor if long else self.short_factor, dtype=torch.float32)
+            # In transformers' order of roundings: the divisor times the base's power, inverted.
+            return 1.0 / (ext * self.theta**exponents)
+        inv_freq = 1.0 / (self.theta**exponents)
         if self.rope_type == "linear":
             return inv_freq / self.factor
         if self.rope_type == "llama3":
@@ -105,7 +171,7 @@ class RopeConfig:
         # YaRN (arXiv 2309.00071): dimensions that turn fewer than beta_slow times over the
         # original context are interpolated (divided by `factor`), those that turn more than
         # beta_fast times are kept, with a linear ramp between; as transformers computes it.
-        dim, base = self.head_dim, self.theta
+        dim, base = self.rotary_dim, self.theta
 
         def dim_of(rotations: float) -> float:
             turns = self.original_max_position_embeddings / (rotations * 2 * math.pi)
@@ -122,13 +188,58 @@ class RopeConfig:
         return inv_freq / self.factor * (1 - keep) + inv_freq * keep
 
 
-def _attention_factor(rope_type: str, factor: float, params: dict[str, Any]) -> float:
-    """YaRN's cos/sin scale: given, or 0.1 ln(factor) + 1 (DeepSeek's mscale variant when
-    mscale and mscale_all_dim are both given); 1 for the other rope types."""
-    if rope_type != "yarn":
+def _rope_parameters(config: dict[str, Any], layer_type: str | None) -> tuple[dict[str, Any], bool]:
+    """The rope parameters that apply (a copy), and whether they were keyed by layer type."""
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    # Flat parameters hold numbers, strings and lists; keyed by layer type, dicts (or None for
+    # a layer type without rope).
+    if not any(isinstance(v, dict) for v in params.values()):
+        return dict(params), False
+    if layer_type is None:
+        raise ValueError(
+            f"the rope parameters are given per layer type ({', '.join(map(str, params))}): "
+            "from_config_dict needs the layer_type to read"
+        )
+    if layer_type not in params:
+        raise ValueError(
+            f"no rope parameters for layer type {layer_type!r}; the config gives them for "
+            f"{', '.join(map(str, params))}"
+        )
+    entry = params[layer_type]
+    if not isinstance(entry, dict):
+        raise ValueError(
+            f"layer type {layer_type!r} has rope parameters {entry!r}: layers without a rotary "
+            "embedding are not supported"
+        )
+    return dict(entry), True
+
+
+def _factor_list(params: dict[str, Any], name: str) -> tuple[float, ...]:
+    """longrope's short_factor or long_factor as a tuple of floats (the length is checked by
+    RopeConfig, which knows rotary_dim)."""
+    value = params.get(name)
+    if not isinstance(value, list | tuple) or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in value
+    ):
+        raise ValueError(f"longrope needs {name}, a list of numbers; got {value!r}")
+    return tuple(float(v) for v in value)
+
+
+def _attention_factor(
+    rope_type: str, factor: float, params: dict[str, Any], original_max_pos: int
+) -> float:
+    """The cos/sin scale, as transformers computes it. YaRN: given, or 0.1 ln(factor) + 1
+    (DeepSeek's mscale variant when mscale and mscale_all_dim are both given). longrope: given,
+    or sqrt(1 + ln(factor) / ln(original_max_position_embeddings)), 1 for factor <= 1. 1 for the
+    other rope types."""
+    if rope_type not in ("yarn", "longrope"):
         return 1.0
     if params.get("attention_factor") is not None:
         return float(params["attention_factor"])
+    if rope_type == "longrope":
+        if factor <= 1.0:
+            return 1.0
+        return math.sqrt(1 + math.log(factor) / math.log(original_max_pos))
 
     def mscale(scale: float, m: float = 1.0) -> float:
         return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
@@ -139,62 +250,111 @@ def _attention_factor(rope_type: str, factor: float, params: dict[str, Any]) -> 
     return mscale(factor)
 
 
+def _tables(
+    inv_freq: torch.Tensor, rows: int, attention_factor: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [rows, rotary_dim] for positions 0..rows-1, over the whole rotated width (cos
+    for both halves; sin negated for the first half), so rotating is x * cos + swap_halves(x) *
+    sin: the products and sums transformers' rotate_half form rounds, in the same order, in five
+    ops rather than eight."""
+    freqs = torch.arange(rows, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    cos, sin = freqs.cos() * attention_factor, freqs.sin() * attention_factor
+    return torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)
+
+
 class RotaryEmbedding(nn.Module):
     def __init__(self, config: RopeConfig, device: torch.device) -> None:
         super().__init__()
         self.config = config
-        positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
-        freqs = positions[:, None] * config.inv_freq()[None, :]
-        cos, sin = freqs.cos() * config.attention_factor, freqs.sin() * config.attention_factor
-        # Tabulated over the whole head (cos for both halves; sin negated for the first half),
-        # so rotating is x * cos + swap_halves(x) * sin: the products and sums transformers'
-        # rotate_half form rounds, in the same order, in five ops rather than eight.
-        self.register_buffer("cos", torch.cat((cos, cos), -1).to(device), persistent=False)
-        self.register_buffer("sin", torch.cat((-sin, sin), -1).to(device), persistent=False)
+        self.rotary_dim = config.rotary_dim
+        positions = config.max_position_embeddings
+        # longrope: the row of the long table for position p is p + long_offset. Short rows are
+        # read only by sequences no longer than original_max_position_embeddings, whose
+        # positions are below it, so the short table stops there.
+        self.long_offset: int | None = None
+        if config.rope_type == "longrope":
+            self.long_offset = min(config.original_max_position_embeddings, positions)
+            short = _tables(config.inv_freq(long=False), self.long_offset, config.attention_factor)
+            long = _tables(config.inv_freq(long=True), positions, config.attention_factor)
+            cos, sin = torch.cat((short[0], long[0])), torch.cat((short[1], long[1]))
+        else:
+            cos, sin = _tables(config.inv_freq(), positions, config.attention_factor)
+        self.ops = platform_of(device)
+        self.register_buffer("cos", cos.to(device), persistent=False)
+        self.register_buffer("sin", sin.to(device), persistent=False)
         # One module serves every layer, and every layer of a step passes the same positions
-        # tensor: its gathered cos/sin are kept for the next layer (keyed by identity, which
-        # holding the tensor keeps unique) instead of being gathered again 30-odd times. Each
-        # step builds a new positions tensor; a caller that reuses one buffer across steps
-        # (CUDA graphs, later) must clear `_step` per step: steps run under inference mode,
-        # whose tensors carry no version counter to notice an in-place write.
+        # tensor (and metadata): its table rows and gathered cos/sin are kept for the next layer
+        # (keyed by identity, which holding the tensors keeps unique) instead of being computed
+        # again 30-odd times. Each step builds a new positions tensor; a caller that reuses one
+        # buffer across steps (CUDA graphs, later) must clear `_step` and `_kept_rows` per step:
+        # steps run under inference mode, whose tensors carry no version counter to notice an
+        # in-place write.
         self._step: tuple[torch.Tensor, torch.dtype, torch.Tensor, torch.Tensor] | None = None
+        self._kept_rows: tuple[torch.Tensor, StepMetadata | None, torch.Tensor] | None = None
 
-    def _cos_sin(
-        self, positions: torch.Tensor, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    @property
+    def plain(self) -> bool:
+        """True when this is the plain rotation of whole heads with one table row per position,
+        which a caller may apply itself with `cos`, `sin` and the native kernel at `positions`
+        (the CPU decode fast path). False for partial rotary (`rotary_dim` < head_dim: only the
+        leading dims rotate, the tables are that wide) and longrope (the row depends on the
+        token's sequence length): call the module, with the step's metadata, then."""
+        return self.rotary_dim == self.config.head_dim and self.long_offset is None
+
+    def _cos_sin(self, rows: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         step = self._step
-        if step is not None and step[0] is positions and step[1] == dtype:
+        if step is not None and step[0] is rows and step[1] == dtype:
             return step[2], step[3]
-        cos, sin = self._gather(positions, dtype)
-        self._step = (positions, dtype, cos, sin)
+        cos, sin = self._gather(rows, dtype)
+        self._step = (rows, dtype, cos, sin)
         return cos, sin
 
-    def _gather(
-        self, positions: torch.Tensor, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = self.cos[positions], self.sin[positions]
+    def _gather(self, rows: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self.cos[rows], self.sin[rows]
         return cos.to(dtype).unsqueeze(1), sin.to(dtype).unsqueeze(1)
 
+    def _rows(self, positions: torch.Tensor, meta: StepMetadata | None) -> torch.Tensor:
+        """Each token's row of the tables: its position, or for longrope past the short table
+        where its sequence is long."""
+        if self.long_offset is None:
+            return positions
+        if torch.compiler.is_compiling():
+            return self._longrope_rows(positions, meta)
+        kept = self._kept_rows
+        if kept is not None and kept[0] is positions and kept[1] is meta:
+            return kept[2]
+        rows = self._longrope_rows(positions, meta)
+        self._kept_rows = (positions, meta, rows)
+        return rows
+
+    def _longrope_rows(self, positions: torch.Tensor, meta: StepMetadata | None) -> torch.Tensor:
+        # Tensor ops only (no host read, no branch on values): a decode step stays capturable.
+        assert self.long_offset is not None
+        long = _token_seq_lens(positions, meta) > self.config.original_max_position_embeddings
+        return torch.where(long, positions + self.long_offset, positions)
+
     def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+        self,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        meta: StepMetadata | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [T] int64; q [T, H, D], k [T, Hkv, D] -> rotated q, k (same dtype)."""
+        """positions [T] int64; q [T, H, D], k [T, Hkv, D] -> rotated q, k (same dtype).
+
+        `meta`, the step's metadata, matters to longrope only (which tables each token reads,
+        see `_token_seq_lens`); without it every token counts as the last of its sequence."""
+        rows = self._rows(positions, meta)
         if torch.compiler.is_compiling():
             # Inductor fuses the gather and both rotations into one loop; the eager shortcuts
             # below (a per-step cache keyed by identity, a storage check) cannot be traced.
-            cos, sin = self._gather(positions, q.dtype)
+            cos, sin = self._gather(rows, q.dtype)
             return _rotate(q, cos, sin), _rotate(k, cos, sin)
-        native = self._native(positions, q, k)
-        if native is not None:
-            return native
         joint = _joint_heads(q, k)
-        if joint is not None and joint.is_cuda:
-            from shard.kernels.elementwise import rotary_  # one kernel where torch takes four
-
-            # In place: q and k are the qkv product's own rows, which nothing else reads.
-            rotary_(joint, self.cos, self.sin, positions)
-            return q, k
-        cos, sin = self._cos_sin(positions, q.dtype)
+        rotated = self.ops.rotate(q, k, joint, self.cos, self.sin, rows)
+        if rotated is not None:
+            return rotated
+        cos, sin = self._cos_sin(rows, q.dtype)
         if joint is None:
             return _rotate(q, cos, sin), _rotate(k, cos, sin)
         # q and k are neighbouring heads of one fused qkv row: one pass over both.
@@ -202,29 +362,38 @@ class RotaryEmbedding(nn.Module):
         num_heads = q.shape[1]
         return rotated[:, :num_heads], rotated[:, num_heads:]
 
-    def _native(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Rotated q and k from the native kernel, or None where it does not apply."""
-        kernel = eager_cpu_kernel(rotary_kernel, q)
-        if (
-            kernel is None
-            or positions.dtype != torch.int64
-            or q.dtype != k.dtype
-            or q.shape[-1] > MAX_NATIVE_HEAD_DIM
-        ):
-            return None
-        joint = _joint_heads(q, k)
-        if joint is not None:
-            rotated = kernel(joint, self.cos, self.sin, positions.contiguous())
-            return rotated[:, : q.shape[1]], rotated[:, q.shape[1] :]
-        if not (heads_contiguous(q) and heads_contiguous(k)):
-            return None
-        positions = positions.contiguous()
-        return kernel(q, self.cos, self.sin, positions), kernel(k, self.cos, self.sin, positions)
+
+def _token_seq_lens(positions: torch.Tensor, meta: StepMetadata | None) -> torch.Tensor:
+    """[T] the length of each token's sequence, as longrope reads it: transformers picks the long
+    factors for a whole forward pass when max(position_ids) + 1 > original_max, so for one
+    sequence its prompt is long iff the prompt is, and a decode token at p iff p + 1 is. Per
+    token here, from its own row: a prompt token gets its row's known length (`seq_lens`, the
+    whole prompt even while it is computed in chunks; the context after its chunk where the
+    metadata's builder gave none), a decode token its position + 1 (or `seq_lens` where given).
+    The same whatever else the batch holds."""
+    if meta is None:
+        return positions + 1
+    if isinstance(meta, MixedMetadata):
+        n = meta.num_prefill_tokens
+        parts = []
+        if meta.prefill is not None:
+            parts.append(_part_seq_lens(positions[:n], meta.prefill))
+        if meta.decode is not None:
+            parts.append(_part_seq_lens(positions[n:], meta.decode))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+    return _part_seq_lens(positions, meta)
 
 
-MAX_NATIVE_HEAD_DIM = 512  # elementwise.cpp's kMaxHeadDim
+def _part_seq_lens(positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    if not meta.is_prefill:  # one token a row
+        return positions + 1 if meta.seq_lens is None else meta.seq_lens
+    lens = meta.context_lens if meta.seq_lens is None else meta.seq_lens
+    cu = meta.cu_seqlens_q
+    if cu is None:
+        raise ValueError("prefill metadata without cu_seqlens_q: its tokens' rows are unknown")
+    tokens = torch.arange(positions.shape[0], dtype=cu.dtype, device=cu.device)
+    # Token t is in row r where cu[r] <= t < cu[r + 1].
+    return lens[torch.searchsorted(cu[1:], tokens, right=True)]
 
 
 def _joint_heads(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
@@ -246,7 +415,11 @@ def _joint_heads(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Neox rotation of x [T, heads, D] by the whole-head tables: x * cos + (x2, x1) * sin,
-    which is (x1 cos - x2 sin, x2 cos + x1 sin) with sin's first half negated."""
-    half = x.shape[-1] // 2
-    return x * cos + x.roll(half, dims=-1) * sin
+    """Neox rotation of x [T, heads, D] by the tables' rows [T, 1, R] (R <= D): over the first
+    R dims, x * cos + (x2, x1) * sin, which is (x1 cos - x2 sin, x2 cos + x1 sin) with sin's
+    first half negated; the dims past R pass through (partial rotary), as in transformers'
+    apply_rotary_pos_emb."""
+    rotary_dim = cos.shape[-1]
+    if rotary_dim < x.shape[-1]:
+        return torch.cat((_rotate(x[..., :rotary_dim], cos, sin), x[..., rotary_dim:]), -1)
+    return x * cos + x.roll(rotary_dim // 2, dims=-1) * sin

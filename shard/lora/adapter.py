@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-# PEFT's names for the projections our Llama-family linears hold.
+# PEFT's names for the projections our Llama-family linears hold. A model's own set comes from
+# its checkpoint (`_model_targets`): Phi-3's fuses them into qkv_proj and gate_up_proj.
 SUPPORTED_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # Initialisations that also change the base weights (PEFT stores an adapter for the residual).
 _BASE_CHANGING_INITS = ("pissa", "olora", "corda", "loftq", "lora_ga")
@@ -55,7 +56,8 @@ def read_adapter(
     rank_pattern = _pattern(name, config, "rank_pattern")
     alpha_pattern = _pattern(name, config, "alpha_pattern")
     tensors = _read_tensors(name, path)
-    _refuse_unknown_targets(name, config, tensors)
+    supported = _model_targets(module_shapes)
+    _refuse_unknown_targets(name, config, tensors, supported)
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
         match = _KEY.match(key)
@@ -69,7 +71,7 @@ def read_adapter(
             leaf = module.rsplit(".", 1)[-1]
             raise AdapterError(
                 f"adapter {name!r}: module {module!r} ({leaf}) cannot take a LoRA here; "
-                f"supported: {', '.join(SUPPORTED_TARGETS)}"
+                f"supported: {', '.join(supported)}{_fused_hint([leaf], supported)}"
             )
         if set(ab) != {"A", "B"}:
             raise AdapterError(f"adapter {name!r}: {module} lacks lora_{'AB'[('A' in ab)]}")
@@ -185,7 +187,31 @@ def _refuse_unsupported(name: str, config: dict) -> None:
         raise AdapterError(f"adapter {name!r}: trained biases (bias = {config['bias']!r})")
 
 
-def _refuse_unknown_targets(name: str, config: dict, tensors: dict[str, torch.Tensor]) -> None:
+def _model_targets(module_shapes: Mapping[str, tuple[int, int]]) -> tuple[str, ...]:
+    """The served model's LoRA-capable module names as PEFT targets them (the last part of each
+    checkpoint prefix): q_proj ... down_proj for the Llama family, qkv_proj, o_proj,
+    gate_up_proj, down_proj for a checkpoint that fuses them (Phi-3)."""
+    leaves = {module.rsplit(".", 1)[-1] for module in module_shapes}
+    known = [t for t in (*SUPPORTED_TARGETS, "qkv_proj", "gate_up_proj") if t in leaves]
+    return (*known, *sorted(leaves - set(known)))
+
+
+def _fused_hint(leaves: list[str], supported: tuple[str, ...]) -> str:
+    """Why a Llama-style target cannot go on a fused checkpoint, and the other way round: PEFT
+    wraps the modules of the model it trains, so such an adapter was made for another model."""
+    fused = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+    hints = []
+    for whole, parts in fused.items():
+        if whole in supported and any(leaf in parts for leaf in leaves):
+            hints.append(f"this checkpoint fuses {'/'.join(parts)} into {whole}")
+        elif whole in leaves and whole not in supported:
+            hints.append(f"this checkpoint has separate {'/'.join(parts)}")
+    return f" ({'; '.join(hints)}: an adapter for another model?)" if hints else ""
+
+
+def _refuse_unknown_targets(
+    name: str, config: dict, tensors: dict[str, torch.Tensor], supported: tuple[str, ...]
+) -> None:
     """target_modules entries we cannot apply, when the file holds weights for them. PEFT skips
     entries that match no module of the model it trained (one list written for several
     architectures: c_attn, W_pack...) and saves nothing for them, so the weights decide, as
@@ -195,11 +221,12 @@ def _refuse_unknown_targets(name: str, config: dict, tensors: dict[str, torch.Te
         return
     named = {part for key in tensors for part in key.split(".")}
     leaves = [(t, t.rsplit(".", 1)[-1]) for t in targets]
-    unknown = [t for t, leaf in leaves if leaf not in SUPPORTED_TARGETS and leaf in named]
+    unknown = [t for t, leaf in leaves if leaf not in supported and leaf in named]
     if unknown:
+        hint = _fused_hint([t.rsplit(".", 1)[-1] for t in unknown], supported)
         raise AdapterError(
             f"adapter {name!r}: target_modules {unknown} cannot take a LoRA here; "
-            f"supported: {', '.join(SUPPORTED_TARGETS)}"
+            f"supported: {', '.join(supported)}{hint}"
         )
 
 

@@ -25,6 +25,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import groupby
 from pathlib import Path
 
 import torch
@@ -33,6 +34,7 @@ from torch import nn
 from shard.distributed import Distributed
 from shard.layers.linear import ColumnParallelLinear, RowParallelLinear
 from shard.layers.lora import LoraStep, LoraTerm
+from shard.layers.quant.base import Piece
 from shard.lora.adapter import AdapterError, LoraAdapter, read_adapter
 from shard.native.build import lora_kernel
 
@@ -248,6 +250,15 @@ def _shapes(layer: nn.Module) -> dict[str, tuple[int, int]]:
     return dict(layer.module_shapes)
 
 
+def _sub_modules(pieces: Sequence[Piece]) -> list[list[Piece]]:
+    """A column layer's pieces grouped by checkpoint module: consecutive pieces of one prefix
+    are one sub-module of its LoRA term. A checkpoint that fuses q/k/v (or gate/up) into one
+    tensor, as Phi-3's does, has a PEFT adapter on that fused module: one A for all of its
+    rows, one B cut like the weight. Kept as one sub-module, the shrink multiplies that A once
+    rather than once per piece, and the expand writes the rank's q, k and v rows in one go."""
+    return [list(group) for _, group in groupby(pieces, key=lambda p: p.prefix)]
+
+
 def _rank_parts(
     layer: ColumnParallelLinear | RowParallelLinear, adapter: LoraAdapter
 ) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
@@ -257,9 +268,13 @@ def _rank_parts(
         ab = adapter.modules.get(piece.prefix)
         return [None if ab is None else (ab[0][:, piece.start : piece.stop], ab[1])]
     parts = []
-    for piece in layer.pieces:
-        ab = adapter.modules.get(piece.prefix)
-        parts.append(None if ab is None else (ab[0], ab[1][piece.start : piece.stop]))
+    for pieces in _sub_modules(layer.pieces):
+        ab = adapter.modules.get(pieces[0].prefix)
+        if ab is None:
+            parts.append(None)
+            continue
+        # this rank's rows of B, piece by piece (of a fused module: its q, k, v or gate, up)
+        parts.append((ab[0], torch.cat([ab[1][p.start : p.stop] for p in pieces])))
     return parts
 
 
@@ -278,7 +293,7 @@ def _attach(
             out_slices = (module.weight.out_features,)
             in_features = piece.stop - piece.start
         elif isinstance(module, ColumnParallelLinear):
-            out_slices = tuple(p.size for p in module.pieces)
+            out_slices = tuple(sum(p.size for p in sub) for sub in _sub_modules(module.pieces))
             in_features = module.weight.in_features
         else:
             continue

@@ -1,4 +1,5 @@
-"""Model registry: config.json's architecture picks the class; weights are checked after build."""
+"""Loading a model: config.json's architecture picks the class through the registry; its
+config is mapped by the class, its weights read by its blocks and checked after the build."""
 
 from __future__ import annotations
 
@@ -7,15 +8,44 @@ from pathlib import Path
 import torch
 
 from shard.distributed import Distributed
-from shard.models import llama
 from shard.models.base import CausalLM
-from shard.models.config import ModelConfig, UnsupportedArchitectureError, read_architecture
+from shard.models.config import (
+    ModelConfig,
+    UnsupportedArchitectureError,
+    read_architecture,
+    read_config_dict,
+    read_eos_token_ids,
+    read_quantization,
+)
+from shard.models.registry import ARCHITECTURES, SUPPORTED_ARCHITECTURES, model_class
 from shard.weights import Weights
 
-__all__ = ["CausalLM", "ModelConfig", "UnsupportedArchitectureError", "load_model"]
+__all__ = [
+    "CausalLM",
+    "ModelConfig",
+    "SUPPORTED_ARCHITECTURES",
+    "UnsupportedArchitectureError",
+    "load_config",
+    "load_model",
+]
 
-_REGISTRY = {**llama.ARCHITECTURES}
-SUPPORTED_ARCHITECTURES = tuple(sorted(_REGISTRY))
+
+def load_config(model_dir: Path) -> ModelConfig:
+    """The checkpoint's config as its architecture maps it."""
+    model_dir = Path(model_dir)
+    architecture = read_architecture(model_dir)
+    if architecture not in ARCHITECTURES:
+        raise UnsupportedArchitectureError(
+            f"architecture {architecture!r} is not supported; supported: "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    raw = read_config_dict(model_dir)
+    return model_class(architecture).config_from_dict(
+        raw,
+        architecture=architecture,
+        eos_token_ids=read_eos_token_ids(model_dir, raw),
+        quantization=read_quantization(model_dir),
+    )
 
 
 def load_model(
@@ -27,16 +57,7 @@ def load_model(
     attention: str = "torch",
 ) -> CausalLM:
     model_dir = Path(model_dir)
-    architecture = read_architecture(model_dir)
-    if architecture not in _REGISTRY:
-        raise UnsupportedArchitectureError(
-            f"architecture {architecture!r} is not supported; supported: "
-            f"{', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
-    spec = _REGISTRY[architecture]
-    config = ModelConfig.load(
-        model_dir, qkv_bias_default=spec.qkv_bias_default, qk_norm=spec.qk_norm
-    )
+    config = load_config(model_dir)
     weights = Weights(
         model_dir,
         dtype=dtype,
@@ -45,6 +66,6 @@ def load_model(
         quantization=config.quantization,
         triton=attention == "triton",
     )
-    model = spec.model_cls(config, weights, attention)
+    model = model_class(config.architecture)(config, weights, attention)
     weights.check_all_consumed()
     return model.eval()

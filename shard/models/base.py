@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
@@ -45,12 +43,3 @@ class CausalLM(nn.Module):
         """Keys and values of one token in every layer, on this rank."""
         element = torch.empty((), dtype=self.dtype).element_size()
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element
-
-
-@dataclass(frozen=True)
-class Architecture:
-    """How to build one `architectures[0]` value of config.json."""
-
-    model_cls: type[CausalLM]
-    qkv_bias_default: bool = False  # when config.json has no attention_bias field
-    qk_norm: bool = False  # RMSNorm over each head's query and key before rotary (Qwen3)

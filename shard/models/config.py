@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shard.layers.activation import gated_activation
 from shard.layers.quant.config import QuantizationConfig, parse_quantization_config
 from shard.layers.rotary import RopeConfig
 
@@ -40,7 +41,7 @@ def read_config_dict(model_dir: Path) -> dict[str, Any]:
     return AutoConfig.from_pretrained(model_dir).to_dict()
 
 
-def _eos_token_ids(model_dir: Path, config: dict[str, Any]) -> list[int]:
+def read_eos_token_ids(model_dir: Path, config: dict[str, Any]) -> list[int]:
     found: list[int] = []
     sources = [config.get("eos_token_id")]
     generation_config = model_dir / "generation_config.json"
@@ -79,6 +80,31 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]
     # How the checkpoint stores its linears (AWQ, GPTQ, compressed-tensors); None: floats.
     quantization: QuantizationConfig | None = None
+    # The options the shared blocks take (shard/models/blocks.py); an architecture's own file
+    # sets those its config states differently from Llama's defaults.
+    norm: str = "rms"  # a kind of shard/layers/norm.py's NORMS: "rms", or Gemma's "gemma_rms"
+    sandwich_norms: bool = False  # four norms a layer (Gemma 2/3): also after attention and MLP
+    embed_scale: float | None = None  # embeddings multiplied by it (Gemma: sqrt(hidden))
+    attention_scale: float | None = None  # the query scale; None: head_dim ** -0.5
+    attn_softcap: float | None = None  # scores s -> cap * tanh(s / cap) (Gemma 2)
+    final_softcap: float | None = None  # logits likewise (Gemma 2 and 3)
+    # Per layer where the rope differs by layer type (Gemma 3's local and global bases);
+    # empty: `rope` in every layer.
+    layer_ropes: tuple[RopeConfig, ...] = ()
+
+    def rope_of(self, layer: int) -> RopeConfig:
+        return self.layer_ropes[layer] if self.layer_ropes else self.rope
+
+    @property
+    def rope_regime_boundary(self) -> int:
+        """The prompt length past which a sequence's K vectors are all rotated otherwise:
+        longrope's original_max_position_embeddings (its long tables), 0 when no layer's rope
+        depends on the sequence's length. The router keeps prompts of either side from sharing
+        cached prefix blocks (InfoResponse.rope_regime_boundary)."""
+        for rope in self.layer_ropes or (self.rope,):
+            if rope.rope_type == "longrope":
+                return rope.original_max_position_embeddings
+        return 0
 
     @classmethod
     def from_dict(
@@ -107,6 +133,18 @@ class ModelConfig:
         layer_windows = tuple(
             sliding_window if kind == "sliding_attention" else None for kind in layer_types
         )
+        rope_params = config.get("rope_parameters")
+        layer_ropes: tuple[RopeConfig, ...] = ()
+        if isinstance(rope_params, dict) and any(isinstance(v, dict) for v in rope_params.values()):
+            # transformers 5 keys them by layer type (Gemma 3): one table per type present
+            ropes = {
+                kind: RopeConfig.from_config_dict(config, head_dim, layer_type=kind)
+                for kind in dict.fromkeys(layer_types)
+            }
+            layer_ropes = tuple(ropes[kind] for kind in layer_types)
+            rope = layer_ropes[0]
+        else:
+            rope = RopeConfig.from_config_dict(config, head_dim)
         return cls(
             architecture=architecture,
             vocab_size=config["vocab_size"],
@@ -123,12 +161,13 @@ class ModelConfig:
             o_bias=bool(attention_bias),
             qk_norm=qk_norm,
             mlp_bias=bool(config.get("mlp_bias", False)),
-            hidden_act=config.get("hidden_act", "silu"),
-            rope=RopeConfig.from_config_dict(config, head_dim),
+            hidden_act=gated_activation(config.get("hidden_act", "silu")),
+            rope=rope,
             sliding_window=sliding_window,
             layer_windows=layer_windows,
             eos_token_ids=tuple(eos_token_ids),
             quantization=quantization,
+            layer_ropes=layer_ropes,
         )
 
     @classmethod
@@ -139,7 +178,7 @@ class ModelConfig:
         return cls.from_dict(
             config,
             architecture=read_architecture(model_dir),
-            eos_token_ids=_eos_token_ids(model_dir, config),
+            eos_token_ids=read_eos_token_ids(model_dir, config),
             qkv_bias_default=qkv_bias_default,
             qk_norm=qk_norm,
             quantization=read_quantization(model_dir),

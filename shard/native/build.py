@@ -106,7 +106,8 @@ def unavailable_reason() -> str | None:
 
 def paged_decode_kernel() -> Callable[..., torch.Tensor] | None:
     """paged_decode(q [B, H, D], k_cache, v_cache [blocks, block_size, Hkv, D], block_tables
-    [B, max_blocks] int32, context_lens [B] int32, scale, window (0: none)) -> [B, H, D], all in
+    [B, max_blocks] int32, context_lens [B] int32, scale, window (0: none), softcap (0: none;
+    else each scaled score s becomes softcap * tanh(s / softcap), Gemma 2)) -> [B, H, D], all in
     one dtype (fp32, bf16, fp16); None where it cannot be built (logged once)."""
     return _function("paged_decode")
 
@@ -114,9 +115,9 @@ def paged_decode_kernel() -> Callable[..., torch.Tensor] | None:
 def paged_prefill_kernel() -> Callable[..., None] | None:
     """paged_prefill(q [T, H, D], k_cache, v_cache, block_tables [B, max_blocks] int32,
     context_lens [B] int32, cu_seqlens_q [B + 1] int32, seqs (sequence indices), out [T, H, D],
-    scale, window (0: none)): causal attention of the listed sequences' query tokens over their
-    cached K/V, written into out's rows (the contract is paged_prefill.cpp's); None where the
-    kernels cannot be built."""
+    scale, window (0: none), softcap (0: none; as paged_decode's)): causal attention of the
+    listed sequences' query tokens over their cached K/V, written into out's rows (the contract
+    is paged_prefill.cpp's); None where the kernels cannot be built."""
     return _function("paged_prefill")
 
 
@@ -153,8 +154,9 @@ def silu_mul_kernel() -> Callable[..., torch.Tensor] | None:
 
 
 def rotary_kernel() -> Callable[..., torch.Tensor] | None:
-    """rotary(x [T, H, D] with each row's heads contiguous, cos and sin [P, D] float32, positions
-    [T] int64) -> the rotated x, a new [T, H, D]; None where the kernels cannot be built."""
+    """rotary(x [T, H, D] with each row's heads contiguous, cos and sin [P, R] float32 (R even,
+    <= D: the leading dims that rotate, the rest copied), positions [T] int64 (table rows)) ->
+    the rotated x, a new [T, H, D]; None where the kernels cannot be built."""
     return _function("rotary")
 
 

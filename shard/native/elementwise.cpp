@@ -4,7 +4,8 @@
 //   rms_norm:  out = w * round(x * rsqrt(mean(x^2) + eps))            (Llama's RMSNorm)
 //   add_rms_norm: s = round(x + r), out = rms_norm(s)       (the residual add before a norm)
 //   silu_mul:  out = round(g / (1 + e^-g)) * u                         (SwiGLU's gate)
-//   rotary:    out = round(x * c) + round(swap_halves(x) * s)          (neox rotation)
+//   rotary:    out = round(x * c) + round(swap_halves(x) * s)          (neox rotation; over
+//              the tables' width, the head's leading dims, the rest copied: partial rotary)
 // where round() is a rounding to the tensors' dtype, made where torch's forms make it, and every
 // result is rounded once to the dtype as torch rounds it.
 //
@@ -93,15 +94,17 @@ void silu_mul_row(const T* g, const T* u, T* out, int64_t n) {
 #endif
 }
 
-// One token's heads: out[i] = round(x[i] c[i]) + round(x[i ± half] s[i]) (the partner is in the
-// other half), c and s already rounded to T.
+// One token's heads of d values: over the first r (the rotated width, even, <= d),
+// out[i] = round(x[i] c[i]) + round(x[i ± r/2] s[i]) (the partner is in the other half), c and s
+// already rounded to T; values r..d-1 are copied as they are (partial rotary passes them through).
 template <typename T>
-void rotary_token(const T* x, int64_t heads, int64_t d, const float* c, const float* s,
+void rotary_token(const T* x, int64_t heads, int64_t d, int64_t r, const float* c, const float* s,
                   T* out) {
-  const int64_t half = d / 2;
+  const int64_t half = r / 2;
   for (int64_t h = 0; h < heads; ++h) {
     const T* xh = x + h * d;
     T* oh = out + h * d;
+    if (r < d) std::memcpy(oh + r, xh + r, (d - r) * sizeof(T));
     for (int64_t lo : {int64_t(0), half}) {
       const int64_t partner = lo == 0 ? half : -half;
 #if defined(__AVX512F__)
@@ -205,21 +208,23 @@ torch::Tensor silu_mul(torch::Tensor gate, torch::Tensor up) {
   return out;
 }
 
-// x [T, H, D] (each row's heads contiguous, any row stride), cos and sin [P, D] float32 (whole
-// head tables: rotary.py's, sin negated in the first half), positions [T] int64 in [0, P) ->
-// the rotated x [T, H, D].
+// x [T, H, D] (each row's heads contiguous, any row stride), cos and sin [P, R] float32 (tables
+// over the rotated width R, even and <= D: rotary.py's, sin negated in the first half; R < D
+// for partial rotary, whose other dims are copied), positions [T] int64 in [0, P) (the tables'
+// rows: longrope's long rows follow its short ones) -> the rotated x [T, H, D].
 torch::Tensor rotary(torch::Tensor x, torch::Tensor cos, torch::Tensor sin,
                      torch::Tensor positions) {
   TORCH_CHECK(x.dim() == 3, "rotary: x must be [T, H, D]");
   const int64_t tokens = x.size(0), heads = x.size(1), d = x.size(2);
-  TORCH_CHECK(d % 2 == 0 && d <= kMaxHeadDim, "rotary: head size must be even and <= ",
-              kMaxHeadDim);
+  TORCH_CHECK(d <= kMaxHeadDim, "rotary: head size must be <= ", kMaxHeadDim);
   TORCH_CHECK(x.stride(2) == 1 && (heads <= 1 || x.stride(1) == d),
               "rotary: each row's heads must be contiguous");
-  TORCH_CHECK(cos.dim() == 2 && cos.sizes() == sin.sizes() && cos.size(1) == d &&
+  TORCH_CHECK(cos.dim() == 2 && cos.sizes() == sin.sizes() && cos.size(1) > 0 &&
+                  cos.size(1) % 2 == 0 && cos.size(1) <= d &&
                   cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat &&
                   cos.is_contiguous() && sin.is_contiguous(),
-              "rotary: cos and sin must be contiguous float32 [P, ", d, "]");
+              "rotary: cos and sin must be contiguous float32 [P, R], R even and <= ", d);
+  const int64_t r = cos.size(1);
   TORCH_CHECK(positions.dim() == 1 && positions.size(0) == tokens &&
                   positions.scalar_type() == at::kLong && positions.is_contiguous(),
               "rotary: positions must be contiguous int64 [", tokens, "]");
@@ -237,11 +242,11 @@ torch::Tensor rotary(torch::Tensor x, torch::Tensor cos, torch::Tensor sin,
     at::parallel_for(0, tokens, grain_rows(heads * d), [&](int64_t begin, int64_t end) {
       float c[kMaxHeadDim], s[kMaxHeadDim];  // the token's tables, rounded as torch's .to(dtype)
       for (int64_t t = begin; t < end; ++t) {
-        for (int64_t i = 0; i < d; ++i) {
-          c[i] = round_to<T>(cp[pos[t] * d + i]);
-          s[i] = round_to<T>(sp[pos[t] * d + i]);
+        for (int64_t i = 0; i < r; ++i) {
+          c[i] = round_to<T>(cp[pos[t] * r + i]);
+          s[i] = round_to<T>(sp[pos[t] * r + i]);
         }
-        rotary_token(xp + t * x.stride(0), heads, d, c, s, op + t * heads * d);
+        rotary_token(xp + t * x.stride(0), heads, d, r, c, s, op + t * heads * d);
       }
     });
   });

@@ -1,6 +1,7 @@
 // Paged decode attention on the CPU (shard/native/build.py builds it): one query row
-// per sequence against its cached K/V, read in place through the block table, with scores,
-// softmax and sums in fp32. The torch path (torch_backend.py) first gathers every row's K/V
+// per sequence against its cached K/V, read in place through the block table, with scores
+// (optionally soft-capped, Gemma 2), softmax and sums in fp32. The torch path
+// (torch_backend.py) first gathers every row's K/V
 // into a padded copy for SDPA: three passes over the cache's bytes where this makes one, and
 // ~1,000 small torch calls a step fewer. Positions past a row's context (or before its window)
 // are never read, so no other sequence's stale slot can reach its sums.
@@ -45,6 +46,30 @@ inline float softmax_numerators(float* s, int64_t n) {
     sum += s[i];
   }
   return sum;
+#endif
+}
+
+// Attention-logit soft-capping (Gemma 2) over n scaled scores, in place: s = cap * tanh(s / cap),
+// before any mask or softmax sees them. Every kernel here calls it once per row of scores, and
+// only where cap > 0: an uncapped model pays one test a row, never one a score.
+inline void soft_cap(float* s, int64_t n, float cap) {
+#if defined(__AVX512F__)
+  // tanh(x) = 1 - 2 / (e^(2x) + 1): exp16 saturates to +inf and 0 at the ends, so a score far
+  // past the cap comes out as exactly +-cap; near 0 the error is an ulp of 1 (times cap).
+  const __m512 two_over_cap = _mm512_set1_ps(2.f / cap), capv = _mm512_set1_ps(cap);
+  const __m512 one = _mm512_set1_ps(1.f), two = _mm512_set1_ps(2.f);
+  const auto capped = [&](__m512 x) {
+    const __m512 e = exp16(_mm512_mul_ps(x, two_over_cap));
+    return _mm512_mul_ps(capv, _mm512_sub_ps(one, _mm512_div_ps(two, _mm512_add_ps(e, one))));
+  };
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(s + i, capped(_mm512_loadu_ps(s + i)));
+  if (i < n) {
+    const __mmask16 tail = first_lanes(n - i);
+    _mm512_mask_storeu_ps(s + i, tail, capped(_mm512_maskz_loadu_ps(tail, s + i)));
+  }
+#else
+  for (int64_t i = 0; i < n; ++i) s[i] = cap * std::tanh(s[i] / cap);
 #endif
 }
 
@@ -152,16 +177,17 @@ inline void pv_registers(const float* w, const T* vbase, const int64_t* offs, in
     for (int c = 0; c < NC; ++c) _mm512_storeu_ps(out + (g * NC + c) * 16, acc[g][c]);
 }
 
-// One KV head's `group` query heads: scores s [group, n] (then softmax numerators, their
-// sums' inverses in inv), and unnormalised output sums out [group, NC * 16]. Query heads go
-// G at a time, as many as registers hold with their KV row (G * NC + NC of 32).
+// One KV head's `group` query heads: scores s [group, n] (soft-capped where softcap > 0, then
+// softmax numerators, their sums' inverses in inv), and unnormalised output sums out [group,
+// NC * 16]. Query heads go G at a time, as many as registers hold with their KV row (G * NC +
+// NC of 32).
 // kp/vp: the caches from the task's first KV head; `prefetch_bytes` of each position's K and
 // V rows from there are prefetched (by the task's first head; 0 for the others, whose rows
 // are then in cache).
 template <int NC, typename T>
 void head_registers(const float* q, const T* kp, const T* vp, int64_t head, const int64_t* offs,
                     int64_t n, int64_t group, float* s, float* out, float* inv,
-                    int64_t prefetch_bytes) {
+                    int64_t prefetch_bytes, float softcap) {
   constexpr int kStep = NC == 4 ? 4 : 2;
   constexpr int64_t dim = NC * 16;
   const T* kbase = kp + head * dim;
@@ -172,7 +198,10 @@ void head_registers(const float* q, const T* kp, const T* vp, int64_t head, cons
       qk_registers<NC, decltype(g)::value>(q + g0 * dim, kbase, offs, n, s + g0 * n, kp, vp, pf);
     });
   }
-  for (int64_t g = 0; g < group; ++g) inv[g] = 1.f / softmax_numerators(s + g * n, n);
+  for (int64_t g = 0; g < group; ++g) {
+    if (softcap > 0.f) soft_cap(s + g * n, n, softcap);
+    inv[g] = 1.f / softmax_numerators(s + g * n, n);
+  }
   for (int64_t g0 = 0; g0 < group; g0 += kStep) {
     with_group<kStep>(group - g0, [&](auto g) {
       pv_registers<NC, decltype(g)::value>(s + g0 * n, vbase, offs, n, out + g0 * dim);
@@ -184,7 +213,7 @@ void head_registers(const float* q, const T* kp, const T* vp, int64_t head, cons
 template <typename T>
 void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
             const at::Tensor& block_tables, const at::Tensor& context_lens, at::Tensor& out,
-            double scale, int64_t window) {
+            double scale, int64_t window, float softcap) {
   const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
   const int64_t block_size = k_cache.size(1), kv_heads = k_cache.size(2);
   const int64_t group = heads / kv_heads, max_blocks = block_tables.size(1);
@@ -233,7 +262,8 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
         // The first head's pass prefetches the rows whole (the task's heads: all, or one).
         const int64_t prefetch_bytes = h == 0 ? per_task * dim * int64_t(sizeof(T)) : 0;
         run(qf.data() + at * dim, kp + h0 * dim, vp + h0 * dim, h, offs.data(), n, group,
-            scores.data() + at * n, acc.data() + at * dim, inv.data() + at, prefetch_bytes);
+            scores.data() + at * n, acc.data() + at * dim, inv.data() + at, prefetch_bytes,
+            softcap);
       }
 #endif
       if (!in_registers) {
@@ -243,7 +273,10 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
             dot_rows(qf.data() + h * group * dim, krow + h * dim, group, dim,
                      scores.data() + h * group * n + i, n);
         }
-        for (int64_t r = 0; r < rows; ++r) inv[r] = 1.f / softmax_numerators(scores.data() + r * n, n);
+        for (int64_t r = 0; r < rows; ++r) {
+          if (softcap > 0.f) soft_cap(scores.data() + r * n, n, softcap);
+          inv[r] = 1.f / softmax_numerators(scores.data() + r * n, n);
+        }
         std::fill(acc.begin(), acc.end(), 0.f);
         for (int64_t i = 0; i < n; ++i) {
           const T* vrow = vp + offs[i] + h0 * dim;
@@ -300,10 +333,12 @@ void check_block_reach(const char* what, const at::Tensor& tables, const at::Ten
 
 }  // namespace
 
+// softcap: Gemma 2's attention-logit soft-capping of each scaled score (0: none).
 at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                         const at::Tensor& block_tables, const at::Tensor& context_lens,
-                        double scale, int64_t window) {
+                        double scale, int64_t window, double softcap) {
   check_paged_inputs("paged_decode", q, k_cache, v_cache, block_tables, context_lens);
+  TORCH_CHECK(softcap >= 0, "paged_decode: softcap must be 0 (none) or positive, not ", softcap);
   TORCH_CHECK(block_tables.size(0) == q.size(0) && context_lens.numel() == q.size(0),
               "paged_decode: one block table row and one context length per query row");
   auto tables = block_tables.contiguous();
@@ -311,7 +346,7 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
   check_block_reach("paged_decode", tables, lens, k_cache.size(1), k_cache.size(0), {});
   auto out = at::empty(q.sizes(), q.options());
   with_dtype(q.scalar_type(), "paged_decode", [&](auto tag) {
-    decode<decltype(tag)>(q, k_cache, v_cache, tables, lens, out, scale, window);
+    decode<decltype(tag)>(q, k_cache, v_cache, tables, lens, out, scale, window, float(softcap));
   });
   return out;
 }

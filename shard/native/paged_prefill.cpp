@@ -1,8 +1,8 @@
 // Paged prefill attention on the CPU (shard/attention/torch_backend.py's prefill): every query
 // token of the step's prompt chunks against its sequence's cached K/V (the cached prefix and the
 // chunk's own tokens, which store_kv has just written), causal, optionally windowed, read in
-// place through the block table, with scores, softmax and sums in fp32 and the output rounded
-// once.
+// place through the block table, with scores (optionally soft-capped, Gemma 2), softmax and sums
+// in fp32 and the output rounded once.
 //
 // Why: the torch path calls SDPA once per sequence and layer, with a mask for a chunk that
 // continues a prompt. A burst of 16 prompts of ~60 tokens made 480 such calls a step, ~60 ms of
@@ -86,11 +86,12 @@ inline void weigh_all(const float* p, int64_t n_pad, int64_t a, int64_t e, const
 #endif
 
 // One tile of R query rows (qf [R, dim], scaled fp32), row r seeing the staged keys [a[r], e[r])
-// of kt / vf: scores into s [R][n_pad], softmax, and the weighted values into out[r].
+// of kt / vf: scores into s [R][n_pad], soft-capped where softcap > 0, softmax, and the
+// weighted values into out[r].
 template <int R, typename T>
 void attend_rows(const float* qf, const int64_t* a, const int64_t* e, const float* kt,
                  const float* vf, int64_t dim, int64_t dim_pad, float* s, int64_t n_pad,
-                 T* const* out) {
+                 T* const* out, float softcap) {
   const int64_t lo = *std::min_element(a, a + R), hi = *std::max_element(e, e + R);
   float inv[R];
 #if defined(__AVX512F__)
@@ -107,6 +108,7 @@ void attend_rows(const float* qf, const int64_t* a, const int64_t* e, const floa
 #endif
   for (int r = 0; r < R; ++r) {
     float* row = s + r * n_pad;
+    if (softcap > 0.f) soft_cap(row + a[r], e[r] - a[r], softcap);
     inv[r] = 1.f / softmax_numerators(row + a[r], e[r] - a[r]);
     // Keys of the tile this row does not see weigh nothing in the shared value pass.
     std::fill(row + lo, row + a[r], 0.f);
@@ -175,7 +177,7 @@ struct PrefillIndex {
 template <typename T>
 void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
              const PrefillIndex& index, const std::vector<int64_t>& seqs, at::Tensor& out,
-             float scale, int64_t window) {
+             float scale, int64_t window, float softcap) {
   const auto [tables, max_blocks, lens, starts] = index.pointers();
   const int64_t heads = q.size(1), dim = q.size(2);
   const int64_t block_size = k_cache.size(1), kv_heads = k_cache.size(2);
@@ -230,7 +232,8 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
           }
           with_group<kMaxRows>(r, [&](auto rows) {
             attend_rows<decltype(rows)::value, T>(qf.data(), a, e, kt.data(), vf.data(), dim,
-                                                  dim_pad, scores.data(), n_pad, rows_out);
+                                                  dim_pad, scores.data(), n_pad, rows_out,
+                                                  softcap);
           });
         }
       }
@@ -242,8 +245,9 @@ PrefillIndex check_prefill_inputs(const char* what, const at::Tensor& q,
                                   const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const at::Tensor& block_tables, const at::Tensor& context_lens,
                                   const at::Tensor& cu_seqlens_q, const std::vector<int64_t>& seqs,
-                                  const at::Tensor& out) {
+                                  const at::Tensor& out, double softcap) {
   check_paged_inputs(what, q, k_cache, v_cache, block_tables, context_lens);
+  TORCH_CHECK(softcap >= 0, what, ": softcap must be 0 (none) or positive, not ", softcap);
   const int64_t batch = block_tables.size(0);
   TORCH_CHECK(context_lens.numel() == batch && cu_seqlens_q.numel() == batch + 1 &&
                   cu_seqlens_q.scalar_type() == at::kInt,
@@ -274,16 +278,18 @@ PrefillIndex check_prefill_inputs(const char* what, const at::Tensor& q,
 // caches [blocks, block_size, Hkv, D], block_tables [B, W] and context_lens [B] int32 (tokens in
 // the cache after this step, the chunk included), cu_seqlens_q [B + 1] int32 (the packed query
 // offsets), seqs: the sequences to compute; out [T, H, D] contiguous, whose rows of those
-// sequences are written (the others are left as they are).
+// sequences are written (the others are left as they are); window: 0 for none; softcap: Gemma
+// 2's attention-logit soft-capping of each scaled score, 0 for none.
 void paged_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                    const at::Tensor& block_tables, const at::Tensor& context_lens,
                    const at::Tensor& cu_seqlens_q, const std::vector<int64_t>& seqs,
-                   at::Tensor& out, double scale, int64_t window) {
+                   at::Tensor& out, double scale, int64_t window, double softcap) {
   const PrefillIndex index = check_prefill_inputs("paged_prefill", q, k_cache, v_cache,
                                                   block_tables, context_lens, cu_seqlens_q,
-                                                  seqs, out);
+                                                  seqs, out, softcap);
   if (seqs.empty()) return;
   with_dtype(q.scalar_type(), "paged_prefill", [&](auto tag) {
-    prefill<decltype(tag)>(q, k_cache, v_cache, index, seqs, out, float(scale), window);
+    prefill<decltype(tag)>(q, k_cache, v_cache, index, seqs, out, float(scale), window,
+                           float(softcap));
   });
 }

@@ -12,10 +12,10 @@
 //     operand of P V (per 32 keys and 16 dimensions a tile whose row r holds keys 2r, 2r + 1 of
 //     each dimension); dimensions are padded with zeros to 32, keys to 32;
 //   - its query rows (token-major, the group's heads within a token) in tiles of 16: scores of
-//     up to 4 key blocks at a time, scaled and soft-maxed in fp32 over each row's own keys
-//     (causal, windowed) exactly as the vector kernel does, the numerators rounded to bf16 (as
-//     SDPA's flash kernel rounds them) for P V, whose fp32 sums are divided by the fp32 sum and
-//     rounded once.
+//     up to 4 key blocks at a time, scaled (and soft-capped, where asked) and soft-maxed in fp32
+//     over each row's own keys (causal, windowed) exactly as the vector kernel does, the
+//     numerators rounded to bf16 (as SDPA's flash kernel rounds them) for P V, whose fp32 sums
+//     are divided by the fp32 sum and rounded once.
 #if defined(SWITCHYARD_AMX)
 namespace {
 
@@ -156,7 +156,7 @@ void stage_values(const uint16_t* vp, const int32_t* table, int64_t block_size,
 
 void prefill_amx(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                  const PrefillIndex& index, const std::vector<int64_t>& seqs, at::Tensor& out,
-                 float scale, int64_t window) {
+                 float scale, int64_t window, float softcap) {
   const auto [tables, max_blocks, lens, starts] = index.pointers();
   const int64_t heads = q.size(1), dim = q.size(2);
   const int64_t block_size = k_cache.size(1), kv_heads = k_cache.size(2);
@@ -222,6 +222,7 @@ void prefill_amx(const at::Tensor& q, const at::Tensor& k_cache, const at::Tenso
             const __mmask16 m = first_lanes(std::min<int64_t>(16, e[r] - j));
             _mm512_mask_storeu_ps(row + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + j), scale16));
           }
+          if (softcap > 0.f) soft_cap(row + a[r], e[r] - a[r], softcap);
           inv[r] = 1.f / softmax_numerators(row + a[r], e[r] - a[r]);
           for (int64_t j = a[r]; j < e[r]; j += 16) {
             const __mmask16 m = first_lanes(std::min<int64_t>(16, e[r] - j));
@@ -255,16 +256,16 @@ void prefill_amx(const at::Tensor& q, const at::Tensor& k_cache, const at::Tenso
 void amx_paged_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                        const at::Tensor& block_tables, const at::Tensor& context_lens,
                        const at::Tensor& cu_seqlens_q, const std::vector<int64_t>& seqs,
-                       at::Tensor& out, double scale, int64_t window) {
+                       at::Tensor& out, double scale, int64_t window, double softcap) {
   const PrefillIndex index = check_prefill_inputs("amx_paged_prefill", q, k_cache, v_cache,
                                                   block_tables, context_lens, cu_seqlens_q,
-                                                  seqs, out);
+                                                  seqs, out, softcap);
   TORCH_CHECK(q.scalar_type() == at::kBFloat16, "amx_paged_prefill: bf16 only (the tile unit's)");
   TORCH_CHECK(q.size(2) % 2 == 0, "amx_paged_prefill: the head size must be even");
   if (seqs.empty()) return;
 #if defined(SWITCHYARD_AMX)
   TORCH_CHECK(amx_permitted(), "amx_paged_prefill: the OS does not lend this process the AMX tiles");
-  prefill_amx(q, k_cache, v_cache, index, seqs, out, float(scale), window);
+  prefill_amx(q, k_cache, v_cache, index, seqs, out, float(scale), window, float(softcap));
 #else
   TORCH_CHECK(false, "amx_paged_prefill: built without the AMX tile instructions");
 #endif

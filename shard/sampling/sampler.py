@@ -27,8 +27,7 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
-from shard.native.build import argmax_kernel
-from shard.native.eager import eager_cpu_kernel
+from shard.platforms import platform_of
 from shard.ragged import cat_padded, pad_rows
 from shard.sampling import random_hash
 from shard.sampling.params import SamplingParams
@@ -320,12 +319,11 @@ def _sample_dense(
 
 
 def greedy_ids(x: Tensor) -> Tensor:
-    """x.argmax(dim=-1) of float32 scores [B, V]: on the CPU the native kernel (same choice:
-    the first maximum, NaN above all), several times faster than torch's over a vocabulary."""
-    kernel = eager_cpu_kernel(argmax_kernel, x)
-    if kernel is not None and x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1:
-        return kernel(x)
-    return x.argmax(dim=-1)
+    """x.argmax(dim=-1) of float32 scores [B, V]: the platform's kernel where it has one (on the
+    CPU the native one: the same choice, the first maximum, NaN above all, several times faster
+    than torch's over a vocabulary)."""
+    out = platform_of(x).argmax(x)
+    return x.argmax(dim=-1) if out is None else out
 
 
 def _sample_truncated(

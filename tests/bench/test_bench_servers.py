@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-import shard.kv_cache
+import shard.platforms.host_memory
 from bench.servers import FACTORIES, switchyard, transformers_kv_blocks, transformers_serve
 
 SMOLLM = {
@@ -20,7 +20,7 @@ SMOLLM = {
 @pytest.fixture
 def model_dir(tmp_path, monkeypatch):
     (tmp_path / "config.json").write_text(json.dumps(SMOLLM))
-    monkeypatch.setattr(shard.kv_cache, "available_host_memory", lambda: 64 << 30)
+    monkeypatch.setattr(shard.platforms.host_memory, "available_host_memory", lambda: 64 << 30)
     return tmp_path
 
 

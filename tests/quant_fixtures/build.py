@@ -59,6 +59,9 @@ SHAPE = dict(
 )
 LLAMA = "LlamaForCausalLM"
 QWEN2 = "Qwen2ForCausalLM"
+PHI3 = "Phi3ForCausalLM"
+# Phi-4-mini style rotary: 3/4 of each 32-dim head rotated (head_dim = hidden / heads).
+PHI3_ROPE = {"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.75}
 
 # name -> spec. tool: awq (AutoAWQ), gptq (gptqmodel), ct (llmcompressor / compressed-tensors).
 FIXTURES: dict[str, dict] = {
@@ -121,6 +124,20 @@ FIXTURES: dict[str, dict] = {
         sym=True,
         format="gptq",
     ),
+    # Phi-3 checkpoints fuse q/k/v into one qkv_proj and gate/up into one gate_up_proj: each
+    # tensor-parallel rank cuts its q, k and v columns (output features) out of one packed tensor.
+    "gptq_g32_sym_phi3": dict(
+        tool="gptq",
+        arch=PHI3,
+        tie=False,
+        seed=110,
+        bits=4,
+        group_size=32,
+        desc_act=False,
+        sym=True,
+        format="gptq",
+        config=dict(rope_parameters=PHI3_ROPE),
+    ),
     "ct_w4a16_group64_sym_llama": dict(
         tool="ct",
         arch=LLAMA,
@@ -168,7 +185,12 @@ def build_float(spec: dict, path: Path) -> Path:
     from launcher.tiny_models import build_model
 
     return build_model(
-        path, spec["arch"], seed=spec["seed"], tie_word_embeddings=spec["tie"], **SHAPE
+        path,
+        spec["arch"],
+        seed=spec["seed"],
+        tie_word_embeddings=spec["tie"],
+        **SHAPE,
+        **spec.get("config", {}),
     )
 
 
@@ -228,6 +250,7 @@ def write_reference(fx: Path, dequant: dict) -> None:
         (Path(tmp) / "config.json").write_text(json.dumps(cfg))
         config = AutoConfig.from_pretrained(tmp)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _fuse_split_gate_up(new, set(model.state_dict()))
     missing, unexpected = model.load_state_dict(new, strict=False)
     allowed_missing = {"lm_head.weight"} if config.tie_word_embeddings else set()
     assert not unexpected, unexpected
@@ -236,6 +259,20 @@ def write_reference(fx: Path, dequant: dict) -> None:
         model.tie_weights()
     model.save_pretrained(ref)
     (ref / "generation_config.json").unlink(missing_ok=True)
+
+
+def _fuse_split_gate_up(sd: dict, model_keys: set[str]) -> None:
+    """gptqmodel 7.7.0 (through its `defuser` dependency) splits Phi-3's fused mlp.gate_up_proj
+    into gate_proj and up_proj before quantizing, and saves them split. transformers' Phi-3 has
+    one gate_up_proj whose first half of outputs is the gate (Phi3MLP: `gate, up = chunk(2)`),
+    so reference/ holds cat([gate, up]) under that name: the same weights, transformers' name."""
+    import torch
+
+    for key in [k for k in sd if k.endswith(".mlp.gate_proj.weight")]:
+        fused = key.replace(".gate_proj.", ".gate_up_proj.")
+        up = key.replace(".gate_proj.", ".up_proj.")
+        if fused in model_keys and key not in model_keys and up in sd:
+            sd[fused] = torch.cat([sd.pop(key), sd.pop(up)]).contiguous()
 
 
 def ref_logits(fx: Path):
@@ -301,6 +338,7 @@ def base_provenance(name: str, spec: dict) -> dict:
             tie_word_embeddings=spec["tie"],
             seed=spec["seed"],
             **SHAPE,
+            **spec.get("config", {}),
         ),
         calibration=f"{N_CALIB} lines of launcher/tiny_models._corpus(), tokenized by the fixture's "
         "tokenizer, at most 64 tokens each",
@@ -497,6 +535,19 @@ def build_gptq(name: str, spec: dict, work: Path) -> None:
         notes="gptqmodel 7.7.0 requires torch>=2.14.1 on paper; installed with --no-deps on torch 2.13.0+cpu and ran on CPU.",
         checks=checks,
     )
+    if spec["arch"] == PHI3:
+        prov["notes"] = [
+            prov["notes"],
+            "gptqmodel 7.7.0 (its defuser 0.0.28 dependency patches transformers' Phi3MLP) splits "
+            "Phi-3's fused mlp.gate_up_proj into mlp.gate_proj + mlp.up_proj before quantizing and "
+            "saves them split; self_attn.qkv_proj stays one fused, packed tensor "
+            "(q rows 0:128, k 128:192, v 192:256 of its 256 output features).",
+            "reference/ stores cat([gate_proj, up_proj]) as mlp.gate_up_proj.weight, the name and "
+            "order transformers' Phi3MLP uses (gate = first half of its outputs).",
+            "Plain transformers (+ optimum + gptqmodel) cannot load the quantized dir: its Phi3MLP "
+            "expects gate_up_proj.{qweight,qzeros,scales,g_idx}, reports the split tensors as "
+            "UNEXPECTED and leaves gate_up_proj uninitialised (the recorded error).",
+        ]
     write_provenance(fx, prov)
 
 
@@ -608,6 +659,23 @@ def _fields(x, bits: int, n: int):
     return (x.unsqueeze(-1) >> sh) & ((1 << bits) - 1)
 
 
+def _reference_weight(ref: dict, prefix: str):
+    """reference/'s (out, in) weight of quantized module `prefix`; a split gate_proj / up_proj
+    (gptqmodel's Phi-3) is the first / second half of reference/'s fused gate_up_proj."""
+    if prefix + ".weight" in ref:
+        return ref[prefix + ".weight"]
+    for half, leaf in enumerate(("gate_proj", "up_proj")):
+        if prefix.endswith("." + leaf):
+            fused = ref[prefix[: -len(leaf)] + "gate_up_proj.weight"]
+            return fused.chunk(2)[half]
+    raise KeyError(prefix)
+
+
+def _selected() -> list[str]:
+    only = os.environ.get("ONLY")  # optional: comma-separated fixture names
+    return [n for n in FIXTURES if not only or n in only.split(",")]
+
+
 def layouts() -> None:
     """Unpacks every fixture with the layouts stated in README.md (plain torch, none of the tools'
     code) and checks the result equals reference/ exactly: the README's description is what the
@@ -615,7 +683,7 @@ def layouts() -> None:
     import torch
     from safetensors.torch import load_file
 
-    for name in FIXTURES:
+    for name in _selected():
         fx = HERE / name
         q = load_file(fx / "model.safetensors")
         r = load_file(fx / "reference" / "model.safetensors")
@@ -657,7 +725,7 @@ def layouts() -> None:
                         - 8
                     )
                 w = (iw - zp.repeat_interleave(gsz, 1)) * s.repeat_interleave(gsz, 1)
-            worst = max(worst, (w - r[p + ".weight"]).abs().max().item())
+            worst = max(worst, (w - _reference_weight(r, p)).abs().max().item())
         assert worst == 0.0, (name, worst)
         print(f"{name}: README layout unpack == reference exactly")
 
@@ -671,14 +739,19 @@ def verify() -> None:
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    for name in FIXTURES:
+    for name in _selected():
         fx = HERE / name
         if not (fx / "reference").exists():
             print(f"{name}: missing")
             continue
         cfg = json.loads((fx / "reference" / "config.json").read_text())
         assert "quantization_config" not in cfg
-        m = AutoModelForCausalLM.from_pretrained(fx / "reference", dtype=torch.float32)
+        m, info = AutoModelForCausalLM.from_pretrained(
+            fx / "reference", dtype=torch.float32, output_loading_info=True
+        )
+        tied = {"lm_head.weight"} if cfg.get("tie_word_embeddings") else set()
+        assert not info["unexpected_keys"], (name, info["unexpected_keys"])
+        assert set(info["missing_keys"]) <= tied, (name, info["missing_keys"])
         m.eval()
         tok = AutoTokenizer.from_pretrained(fx)
         out = {
@@ -716,10 +789,10 @@ def main(argv: list[str]) -> None:
         return
     work = Path(tempfile.mkdtemp(prefix="quant_fixtures_"))
     builders = {"awq": build_awq, "gptq": build_gptq, "ct": build_ct}
-    only = os.environ.get("ONLY")  # optional: comma-separated fixture names
     try:
-        for name, spec in FIXTURES.items():
-            if spec["tool"] not in stages or (only and name not in only.split(",")):
+        for name in _selected():
+            spec = FIXTURES[name]
+            if spec["tool"] not in stages:
                 continue
             print(f"== {name} ({spec['tool']})", flush=True)
             builders[spec["tool"]](name, spec, work)

@@ -7,9 +7,13 @@ max_new_tokens, batch bookkeeping); violations are recorded in `violations` for 
 assert on.
 
 The KV cache is modelled: each written slot remembers the adapter and the token ids up to its
-position, which is what the real K/V depend on. A request's cached prefix (prefix_len) must find
-exactly its own tokens there, a block may be held by several requests only inside their cached
-prefixes (shared read-only), and nobody writes into a block another live request holds.
+position, which is what the real K/V depend on, and with a `rope_regime_boundary` (longrope)
+whether the token was rotated with the long tables (its sequence's known length past it; a
+request whose prompt is short has its whole sequence recomputed with the long tables in the step
+that runs its token at the boundary, as the real shard does). A
+request's cached prefix (prefix_len) must find exactly its own tokens there, a block may be held
+by several requests only inside their cached prefixes (shared read-only), and nobody writes into
+a block another live request holds.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ class FakeRequest:
     constrained: bool = False
     generated: int = 0
     computed: int = 0  # prompt tokens computed so far (chunked prefill), the cached prefix too
+    crossed: bool = False  # recomputed whole with the long rope tables (rope_regime_boundary)
 
     @property
     def prompt_left(self) -> int:
@@ -64,6 +69,9 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
     num_blocks: int = 160
     max_position_embeddings: int = 256
     eos_token_ids: tuple[int, ...] = (2,)
+    # Longrope's original_max_position_embeddings (0: none): a token's K/V then also depend on
+    # whether its sequence's known length exceeds it, as the real shard's rotation does.
+    rope_regime_boundary: int = 0
     # Test knobs.
     fail_prefill_token: int | None = None  # Prefill fails when a prompt holds this token
     fail_next_decode: bool = False
@@ -85,7 +93,8 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
     violations: list[str] = field(default_factory=list)
     batches: dict[int, list[FakeRequest]] = field(default_factory=dict)
     owner: dict[int, set[int]] = field(default_factory=dict)  # block -> ids of live holders
-    kv: dict[int, tuple[str, tuple[int, ...]]] = field(default_factory=dict)  # slot -> content
+    # slot -> what its K/V depend on: the adapter, the long rope tables, the tokens up to it
+    kv: dict[int, tuple[str, bool, tuple[int, ...]]] = field(default_factory=dict)
     max_batch_size_seen: int = 0
     prefilled: list[pb.Request] = field(default_factory=list)  # every request, as received
     decode_sizes: list[int] = field(default_factory=list)  # requests in each Decode
@@ -194,16 +203,27 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
                         self._generation(req, req.prefill_logprobs, (masks or {}).get(req.id))
                     )
             else:
-                tokens += 1
-                self._write(req, [len(req.ids) - 1])
+                tokens += 1  # as the router counts it, the crossing's recompute too
+                p = len(req.ids) - 1
+                if 0 < self.rope_regime_boundary == p and len(req.ids) - req.generated <= p:
+                    # A short prompt's sequence grows past the boundary: the real shard
+                    # recomputes it whole with the long tables (shard/step_inputs.py).
+                    req.crossed = True
+                    self._write(req, range(p + 1))
+                else:
+                    self._write(req, [p])
                 gens.append(self._generation(req, mask=(masks or {}).get(req.id)))
         self.step_tokens.append(tokens)
         self.step_generated.append([g.request_id for g in gens])
         self.prompt_chunks.append(computed)
         return gens
 
-    def _content(self, req: FakeRequest, p: int) -> tuple[str, tuple[int, ...]]:
-        return req.adapter_id, tuple(req.ids[: p + 1])
+    def _content(self, req: FakeRequest, p: int) -> tuple[str, bool, tuple[int, ...]]:
+        # A prompt token's sequence is the whole prompt; a generated token's at position p is
+        # p + 1 long (shard/layers/rotary.py picks the long tables past the boundary).
+        known = max(len(req.ids) - req.generated, p + 1)
+        long = req.crossed or 0 < self.rope_regime_boundary < known
+        return req.adapter_id, long, tuple(req.ids[: p + 1])
 
     def _write(self, req: FakeRequest, positions) -> None:
         for p in positions:
@@ -255,6 +275,7 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
             max_position_embeddings=self.max_position_embeddings,
             attention_impl="fake",
             eos_token_ids=list(self.eos_token_ids),
+            rope_regime_boundary=self.rope_regime_boundary,
         )
 
     async def ServiceDiscovery(self, request, context):

@@ -9,8 +9,9 @@ from router.request import SamplingParams, ValidRequest
 BS = 4
 
 
-def allocator(blocks: int = 16) -> BlockAllocator:
-    return BlockAllocator(blocks, BS, reserved=1, prefix_cache=PrefixCache(BS))
+def allocator(blocks: int = 16, rope_regime_boundary: int = 0) -> BlockAllocator:
+    cache = PrefixCache(BS, rope_regime_boundary)
+    return BlockAllocator(blocks, BS, reserved=1, prefix_cache=cache)
 
 
 def admit(a: BlockAllocator, prompt: list[int], max_new: int = 2, adapter: str = ""):
@@ -123,3 +124,93 @@ def test_without_a_cache_nothing_is_matched():
     alloc = a.allocate(11, a.match(prompt))
     a.commit(alloc, 9, lambda: prompt)
     assert a.allocate(11, a.match(prompt)).cached_tokens == 0
+
+
+# A longrope model's original_max_position_embeddings: prompts longer than it are computed with
+# the long rope tables at every position, shorter ones with the short tables below it.
+BOUNDARY = 8
+
+
+def test_longrope_prompts_share_blocks_only_with_prompts_on_their_side_of_the_boundary():
+    a = allocator(64, rope_regime_boundary=BOUNDARY)
+    short = list(range(10, 17))  # 7 tokens: short tables
+    computed(a, admit(a, short), short)
+    assert admit(a, short[:4] + [90, 91]).cached_tokens == 4  # short with short
+    assert admit(a, short[: BOUNDARY - 1] + [90]).cached_tokens == 4  # exactly B: still short
+    long = short[:4] + list(range(50, 56))  # 10 tokens: long tables, same first block
+    first_long = admit(a, long)
+    assert first_long.cached_tokens == 0  # the short request's block holds short-table K
+    computed(a, first_long, long)
+    assert admit(a, long[:8] + [99]).cached_tokens == 8  # long with long
+    # A short prompt starting with the long request's blocks finds none of them.
+    assert admit(a, long[:7]).cached_tokens == 4  # only the short request's block
+    other = list(range(60, 70))  # long, 10 tokens
+    computed(a, admit(a, other), other)
+    assert admit(a, other[:6]).cached_tokens == 0
+    assert admit(a, other[:8] + [1]).cached_tokens == 8
+
+
+def test_a_short_requests_generated_blocks_past_the_boundary_serve_no_long_prompt():
+    """Generated tokens past the boundary are rotated with the long tables, but the short
+    request's earlier blocks hold short-table K: none of its chain may serve a long prompt."""
+    a = allocator(64, rope_regime_boundary=BOUNDARY)
+    prompt = list(range(20, 26))  # 6 tokens, then 6 generated: 3 full blocks
+    alloc = admit(a, prompt, max_new=6)
+    tokens = prompt + list(range(80, 86))
+    computed(a, alloc, tokens)
+    assert a.cache.cached_blocks == 3
+    assert admit(a, tokens + [1]).cached_tokens == 0  # 13 tokens: long
+    assert admit(a, tokens[:7]).cached_tokens == 4  # short again: its first block only
+
+
+def test_prompt_logprob_requests_name_their_blocks_on_their_side_of_the_boundary():
+    """Such a request matches nothing (reusable_prompt is empty), but its blocks are named in
+    the chain its whole prompt's length picks."""
+    a = allocator(64, rope_regime_boundary=BOUNDARY)
+    long = list(range(30, 40))  # 10 tokens
+    alloc = a.allocate(len(long) + 1, a.match((), "", len(long)))
+    computed(a, alloc, long)
+    assert admit(a, long[:8] + [1]).cached_tokens == 8
+    assert admit(a, long[:6]).cached_tokens == 0
+
+
+def test_without_a_boundary_long_and_short_prompts_share():
+    a = allocator()
+    prompt = list(range(10, 20))
+    computed(a, admit(a, prompt[:7]), prompt[:7])
+    assert admit(a, prompt).cached_tokens == 4
+
+
+def test_may_cross_is_a_short_prompt_whose_sequence_may_grow_past_the_boundary():
+    cache = PrefixCache(BS, BOUNDARY)
+    # The token at position B runs (and is recomputed with the long tables) only when another
+    # follows it: B + 2 positions at least.
+    assert cache.may_cross(BOUNDARY, BOUNDARY + 2)  # exactly B, two tokens more
+    assert not cache.may_cross(BOUNDARY, BOUNDARY + 1)  # its last token sits at B, never runs
+    assert cache.may_cross(1, 30)
+    assert not cache.may_cross(3, BOUNDARY)  # stays within B
+    assert not cache.may_cross(BOUNDARY + 1, 30)  # long from the start: never crosses
+    assert not PrefixCache(BS).may_cross(3, 30)  # no longrope
+
+
+def test_a_request_that_may_cross_the_boundary_neither_reads_nor_names_blocks():
+    """The shards recompute such a request whole with the long tables at the crossing,
+    rewriting its blocks in place: they must be its own, and never named."""
+    a = allocator(64, rope_regime_boundary=BOUNDARY)
+    prompt = list(range(10, 17))  # 7 tokens: short
+
+    def admit_whole(max_new: int):  # as the queue asks: with the positions it may reach
+        match = a.match(prompt, "", len(prompt), len(prompt) + max_new)
+        return a.allocate(len(prompt) + max_new, match)
+
+    donor = admit_whole(1)  # 8 positions: cannot cross
+    computed(a, donor, prompt + [50])
+    assert a.cache.cached_blocks == 2
+    crossing = admit_whole(3)  # 10 positions: runs its token at B (9 would not)
+    assert crossing.cached_tokens == 0 and crossing.run is None
+    assert not set(crossing.blocks) & set(donor.blocks)
+    computed(a, crossing, prompt + [50, 51, 52, 53])  # the donor's tokens and more
+    assert a.cache.cached_blocks == 2  # nothing of its own named
+    a.free(crossing.blocks)
+    assert a.free_blocks == 64 - 1 - len(donor.blocks)  # its blocks are plain free ones again
+    assert admit_whole(1).cached_tokens == 4  # who cannot cross still reads the donor's

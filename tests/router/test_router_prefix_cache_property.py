@@ -2,7 +2,12 @@
 admissions, computed steps and frees in a cache small enough to evict all the time.
 
 A model of the KV cache follows along: every slot a request computes records the adapter and
-the tokens up to that position (what its K/V depend on). Then, whatever the sequence:
+the tokens up to that position (what its K/V depend on), and for a longrope model (a rope regime
+boundary) whether the shards rotated it with the long tables: every position of a prompt longer
+than the boundary, the generated positions past it otherwise, and every position of a short
+prompt's sequence once it computes the boundary's position (the shards recompute it whole
+there, rewriting its blocks). Admission asks as the queue does, with the positions the request
+may reach. Then, whatever the sequence:
 - a cached prefix handed to a request holds exactly that request's K/V;
 - no block a live request holds is handed out again as a fresh block, and nobody writes into
   a block another live request holds (a block in use is never reused);
@@ -24,19 +29,25 @@ prompts = st.lists(st.integers(0, 2), min_size=1, max_size=9)  # 3 ids: prefixes
 
 
 class AllocatorMachine(RuleBasedStateMachine):
+    BOUNDARY = 0  # the shards' rope_regime_boundary: none
+
     def __init__(self) -> None:
         super().__init__()
-        self.a = BlockAllocator(BLOCKS, BS, reserved=1, prefix_cache=PrefixCache(BS))
+        cache = PrefixCache(BS, self.BOUNDARY)
+        self.a = BlockAllocator(BLOCKS, BS, reserved=1, prefix_cache=cache)
         self.live: dict[int, dict] = {}  # request -> allocation, tokens, adapter, computed
-        self.kv: dict[int, tuple] = {}  # slot -> (adapter, tokens up to it)
+        self.kv: dict[int, tuple] = {}  # slot -> (adapter, long tables, tokens up to it)
         self.next_id = 0
 
     def content(self, r: dict, p: int) -> tuple:
-        return r["adapter"], tuple(r["tokens"][: p + 1])
+        # A prompt position's sequence is the whole prompt, a generated one's p + 1 long; all
+        # long once the sequence was recomputed at the boundary.
+        long = r["crossed"] or 0 < self.BOUNDARY < max(r["prompt_len"], p + 1)
+        return r["adapter"], long, tuple(r["tokens"][: p + 1])
 
     @rule(prompt=prompts, max_new=st.integers(0, 4), adapter=st.sampled_from(["", "x"]))
     def admit(self, prompt, max_new, adapter):
-        match = self.a.match(prompt, adapter)
+        match = self.a.match(prompt, adapter, len(prompt), len(prompt) + max_new)
         held = {b for r in self.live.values() for b in r["alloc"].blocks}
         shared = self.a.shared_by(match)
         alloc = self.a.allocate(len(prompt) + max_new, match)
@@ -50,6 +61,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         assert shared == len(held & set(match.blocks)) * BS
         assert not set(alloc.blocks[len(match.blocks) :]) & held, "a block in use handed out"
         r = {"alloc": alloc, "tokens": list(prompt), "adapter": adapter, "done": 0}
+        r["prompt_len"], r["crossed"] = len(prompt), False
         for p in range(alloc.cached_tokens):
             assert self.kv.get(alloc.slots[p]) == self.content(r, p), "wrong cached K/V"
         r["done"] = alloc.cached_tokens
@@ -68,8 +80,13 @@ class AllocatorMachine(RuleBasedStateMachine):
             r["tokens"].append(data.draw(st.integers(0, 2)))
         others = {b for i, o in self.live.items() if i != rid for b in o["alloc"].blocks}
         for p in range(r["done"], end):
-            assert alloc.blocks[p // BS] not in others, "wrote into a block another holds"
-            self.kv[alloc.slots[p]] = self.content(r, p)
+            written = [p]
+            if 0 < self.BOUNDARY == p and r["prompt_len"] <= p:
+                # The short prompt's sequence crosses: recomputed whole with the long tables.
+                r["crossed"], written = True, list(range(p + 1))
+            for q in written:
+                assert alloc.blocks[q // BS] not in others, "wrote into a block another holds"
+                self.kv[alloc.slots[q]] = self.content(r, q)
         r["done"] = end
         self.a.commit(alloc, end, lambda: r["tokens"])
 
@@ -99,3 +116,14 @@ AllocatorMachine.TestCase.settings = settings(
     max_examples=150, stateful_step_count=40, deadline=None
 )
 test_allocator_with_prefix_cache = AllocatorMachine.TestCase
+
+
+class LongropeAllocatorMachine(AllocatorMachine):
+    """Prompts of up to 9 tokens on both sides of a boundary of 4, generated tokens past it
+    (short prompts' sequences recomputed there)."""
+
+    BOUNDARY = 4
+
+
+LongropeAllocatorMachine.TestCase.settings = AllocatorMachine.TestCase.settings
+test_allocator_with_longrope_prefix_cache = LongropeAllocatorMachine.TestCase

@@ -154,3 +154,71 @@ async def test_a_prompt_still_being_computed_shares_only_its_finished_blocks(mod
         assert b.prefix_len == 16
         assert second["generated_text"] == expected_text(tokenizer, prompt, 2)
         assert env.violations() == []  # B found exactly A's K/V in every block it shared
+
+
+async def complete(env, prompt: list[int], max_tokens: int = 2) -> int:
+    """Completes a prompt of token ids; returns its cached prompt tokens."""
+    r = await env.client.post("/v1/completions", json={"prompt": prompt, "max_tokens": max_tokens})
+    assert r.status == 200, await r.text()
+    return (await r.json())["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+@async_test
+async def test_longrope_prompts_share_blocks_only_with_prompts_on_their_side_of_the_boundary(
+    model_dir,
+):
+    """Shards whose rope tables switch past 32 tokens (longrope): a prompt longer than that has
+    every K rotated with the long tables, a shorter one with the short tables. The fake shard
+    models that in each slot's content, so a block shared across the boundary is a violation."""
+    async with router_env(model_dir, shard={"rope_regime_boundary": 32, "block_size": 16}) as env:
+        q = list(range(100, 150))
+        assert await complete(env, q[:20]) == 0  # short
+        assert await complete(env, q[:20] + [7]) == 16  # short with short
+        assert await complete(env, q[:40]) == 0  # long: not the short one's block
+        assert await complete(env, q[:40] + [7]) == 32  # long with long
+        # Exactly 32 is short (not the long blocks), and so may grow past 32: private.
+        assert await complete(env, q[:32]) == 0
+        assert await complete(env, q[:31], max_tokens=1) == 16  # short with short, no crossing
+        r = list(range(200, 250))
+        assert await complete(env, r[:40]) == 0  # long first
+        assert await complete(env, r[:20]) == 0  # short: not the long one's block
+        assert await complete(env, r[:20] + [7]) == 16
+        # A short prompt generating past the boundary: the shards recompute it with the long
+        # tables there, so it named no block; neither a long prompt nor a short one reads any.
+        s = list(range(300, 330))
+        assert await complete(env, s, max_tokens=20) == 0
+        answer = s + [(s[-1] + 1 + k) % 512 for k in range(20)]
+        assert await complete(env, answer[:48] + [7]) == 0
+        assert await complete(env, answer[:31], max_tokens=1) == 0
+        assert env.violations() == []
+
+
+@async_test
+async def test_longrope_requests_that_may_cross_the_boundary_neither_read_nor_fill_the_cache(
+    model_dir,
+):
+    """A prompt of at most 32 tokens that may generate past 32 is recomputed whole with the
+    long tables at the crossing (the fake shard rewrites every slot it holds, as the real shard
+    does): it may neither read cached blocks (it would rewrite them under their other readers)
+    nor name its own (their K/V change at the crossing). Requests that cannot cross cache as
+    before, and the shards' blocks hold what their names promise throughout."""
+    async with router_env(model_dir, shard={"rope_regime_boundary": 32, "block_size": 16}) as env:
+        q = list(range(100, 140))
+        assert await complete(env, q[:20], max_tokens=12) == 0  # 32 positions: cannot cross
+        assert await complete(env, q[:20] + [7], max_tokens=11) == 16  # neither: reads it
+        # 33 positions: its last token sits at 32 and never runs, so it cannot cross either
+        assert await complete(env, q[:20] + [9], max_tokens=12) == 16
+        assert await complete(env, q[:20] + [8], max_tokens=13) == 0  # 34: may cross, no read
+        # The first one's block is still there for a short request that cannot cross.
+        assert await complete(env, q[:20] + [8] + q[21:31], max_tokens=1) == 16
+        c = list(range(200, 230))
+        crossed = c + [(c[-1] + 1 + k) % 512 for k in range(20)]
+        assert await complete(env, c, max_tokens=20) == 0  # crosses at its 3rd token
+        assert await complete(env, crossed[:17], max_tokens=1) == 0  # its first block: unnamed
+        assert await complete(env, crossed[:48] + [7]) == 0  # long: nothing either
+        assert await complete(env, crossed[:17], max_tokens=1) == 16  # the one before named it
+        # Long prompts never cross: they cache as before.
+        assert await complete(env, crossed[:40] + [7], max_tokens=30) == 32
+        m = await scrape(env.client)
+        assert m["switchyard_prefix_cache_blocks"] > 0
+        assert env.violations() == []

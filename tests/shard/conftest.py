@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from launcher.tiny_models import build_model
-from tests.shard.tiny_model_cases import TINY_MODELS
+from tests.shard.tiny_model_cases import NEW_ARCH_MODELS, TINY_MODELS
+
+ALL_MODELS = {**TINY_MODELS, **NEW_ARCH_MODELS}
 
 
 @pytest.fixture(scope="session")
@@ -17,7 +19,7 @@ def tiny_model(tmp_path_factory) -> Callable[[str], Path]:
 
     def get(name: str) -> Path:
         if name not in built:
-            architecture, overrides = TINY_MODELS[name]
+            architecture, overrides = ALL_MODELS[name]
             built[name] = build_model(tmp_path_factory.mktemp(name), architecture, **overrides)
         return built[name]
 

@@ -17,6 +17,26 @@ ADAPTERS = {
     "kup_r8": dict(r=8, lora_alpha=32, target_modules=["k_proj", "up_proj"]),
 }
 
+# Phi-3's checkpoints fuse q/k/v into qkv_proj and gate/up into gate_up_proj, and PEFT targets
+# those modules themselves: one A per fused module, B split like its rows. The target sets: all
+# linears (with per-module ranks and alphas on the fused ones), each fused module alone, and the
+# row layers alone.
+PHI3_ALL = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
+PHI3_ADAPTERS = {
+    "fused_all_r8": dict(
+        r=8,
+        lora_alpha=16,
+        target_modules=PHI3_ALL,
+        rank_pattern={"layers.1.self_attn.qkv_proj": 4},
+        alpha_pattern={"gate_up_proj": 40},
+    ),
+    "qkv_r4": dict(r=4, lora_alpha=8, target_modules=["qkv_proj"]),
+    "gate_up_rslora_r16": dict(
+        r=16, lora_alpha=8, use_rslora=True, target_modules=["gate_up_proj"]
+    ),
+    "o_down_r8": dict(r=8, lora_alpha=32, target_modules=["o_proj", "down_proj"]),
+}
+
 # Configs beyond one r and one lora_alpha, as PEFT writes them: per-module ranks and alphas
 # (keys are regexes matched at the end of a module's name) and a subset of the layers.
 PATTERNED = {

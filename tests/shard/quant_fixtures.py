@@ -30,10 +30,35 @@ def quant_config(name: str) -> dict:
     return json.loads((fixture(name) / "config.json").read_text())["quantization_config"]
 
 
+def checkpoint_keys(name: str) -> set[str]:
+    from safetensors import safe_open
+
+    with safe_open(fixture(name) / "model.safetensors", "pt") as f:
+        return set(f.keys())
+
+
+def splits_gate_up(name: str) -> bool:
+    """gptqmodel 7.7.0 saves Phi-3's fused mlp.gate_up_proj as separate gate_proj and up_proj
+    (tests/quant_fixtures/README.md); reference/, a transformers checkpoint, keeps it fused."""
+    ref = json.loads((fixture(name) / "reference" / "config.json").read_text())
+    return "Phi3ForCausalLM" in ref.get("architectures", []) and any(
+        k.endswith(".mlp.gate_proj.qweight") for k in checkpoint_keys(name)
+    )
+
+
 def reference_weights(name: str) -> dict[str, torch.Tensor]:
+    """reference/'s tensors, plus, where the quantized checkpoint splits a module that
+    reference/ fuses (gptqmodel's Phi-3 gate_proj / up_proj), each split module's half of the
+    fused weight under the checkpoint's name: every quantized module has its `.weight`."""
     from safetensors.torch import load_file
 
-    return load_file(fixture(name) / "reference" / "model.safetensors")
+    ref = load_file(fixture(name) / "reference" / "model.safetensors")
+    if splits_gate_up(name):
+        for key in [k for k in ref if k.endswith(".mlp.gate_up_proj.weight")]:
+            gate, up = ref[key].chunk(2)
+            ref[key.replace(".gate_up_proj.", ".gate_proj.")] = gate.contiguous()
+            ref[key.replace(".gate_up_proj.", ".up_proj.")] = up.contiguous()
+    return ref
 
 
 def weights_at(path: Path, rank: int = 0, world: int = 1, dtype=torch.float32) -> Weights:

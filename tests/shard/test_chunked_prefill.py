@@ -29,6 +29,21 @@ def reference(servicer_reference):
     return servicer_reference
 
 
+# Beyond the Llama: prompts of 45 and 57 tokens past Gemma's 7-token windows (soft-capped,
+# sandwich norms, per-type ropes) and past Phi-3's 32-token longrope boundary, whose chunks
+# must rotate with the whole prompt's (long) tables.
+ARCHITECTURES = ["gemma2_softcap_alternating", "gemma3_qk_norm_local_rope", "phi3_partial_longrope"]
+
+
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def architecture(request, tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    path = tiny_model(request.param)
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return start_warm_service(path), reference
+
+
 def _collect(got: dict[int, list[int]], generations) -> set[int]:
     for g in generations:
         got.setdefault(g.request_id, []).extend(g.tokens.ids)
@@ -82,6 +97,10 @@ def test_prompt_chunks_mixed_with_decoding_rows_equal_transformers(service, refe
     for rid, prompt in [(0, decoding[0]), (1, decoding[1]), (10, long[0]), (11, long[1])]:
         assert got[rid] == greedy_reference(reference, prompt, len(got[rid])), f"request {rid}"
     run(service.ClearCache(pb.ClearCacheRequest(), FakeContext()))
+
+
+def test_new_architectures_chunked_and_mixed_equal_transformers(architecture):
+    test_prompt_chunks_mixed_with_decoding_rows_equal_transformers(*architecture)
 
 
 def _run_alone(service, request: pb.Request, chunk: int | None, steps: int) -> list[pb.Generation]:

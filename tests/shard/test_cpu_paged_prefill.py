@@ -2,9 +2,9 @@
 AMX tile unit, paged_prefill_amx.cpp) against float64 causal attention and against the torch
 backend's SDPA path: every dtype, head sizes on and off a multiple of 16 (and of the tile unit's
 32), MHA / GQA / MQA and groups wider than a head tile, fresh prompts and chunks that continue a
-cached prefix, windows, odd token counts (a tile of one token), a subset of the step's sequences
-(the others' rows untouched), q as a view into fused rows, a NaN-poisoned cache (no position
-outside a sequence's reach is read), and their refusals."""
+cached prefix, windows, soft-capped scores (Gemma 2), odd token counts (a tile of one token), a
+subset of the step's sequences (the others' rows untouched), q as a view into fused rows, a
+NaN-poisoned cache (no position outside a sequence's reach is read), and their refusals."""
 
 from __future__ import annotations
 
@@ -62,12 +62,14 @@ def _case(heads, kv_heads, dim, dtype, chunks, seed=0):
     return cache, meta, q, keys, values
 
 
-def _reference(q, chunks, keys, values, scale, window):
+def _reference(q, chunks, keys, values, scale, window, softcap=None):
     out, start = [], 0
     for (prefix, new), k, v in zip(chunks, keys, values, strict=True):
         group = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
         scores = torch.einsum("thd,khd->htk", q[start : start + new].double(), k) * scale
+        if softcap is not None:  # Gemma 2: capped before the mask and the softmax
+            scores = softcap * torch.tanh(scores / softcap)
         q_pos = torch.arange(prefix, prefix + new)[:, None]
         k_pos = torch.arange(prefix + new)[None, :]
         seen = k_pos <= q_pos
@@ -79,11 +81,11 @@ def _reference(q, chunks, keys, values, scale, window):
     return torch.cat(out)
 
 
-def _run(kernel, q, cache, meta, seqs, scale, window, out=None):
+def _run(kernel, q, cache, meta, seqs, scale, window, out=None, softcap=0.0):
     out = torch.full(q.shape, -7.0, dtype=q.dtype) if out is None else out
     kernel(
         q, cache[0], cache[1], meta.block_tables, meta.context_lens, meta.cu_seqlens_q,
-        seqs, out, scale, window or 0,
+        seqs, out, scale, window or 0, softcap,
     )  # fmt: skip
     return out
 
@@ -111,6 +113,30 @@ def test_kernel_equals_float64_causal_attention(kernel, dtype, heads, kv_heads, 
     want = _reference(q, chunks, keys, values, scale, window)
     tol = TOL[dtype]
     torch.testing.assert_close(out.double(), want, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize(("kernel", "dtype"), KERNEL_CASES)
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim"),
+    [(9, 3, 64), (4, 4, 128), (6, 2, 72), (14, 2, 32)],
+    ids=["gqa-64", "mha-128", "gqa-72", "group7-32"],
+)
+@pytest.mark.parametrize("window", [None, 5, 40])
+@pytest.mark.parametrize("kind", ["prompts", "chunks"])
+def test_kernel_soft_caps_as_float64_attention(kernel, dtype, heads, kv_heads, dim, window, kind):
+    """Gemma 2's softcap * tanh(s / softcap) of every scaled score, before the causal / window
+    mask and the softmax. The scores (q at twice unit size, scale 0.5) run well past the cap,
+    so a kernel that ignored it would miss by far more than the tolerance (checked)."""
+    chunks = CHUNKS[kind]
+    cache, meta, q, keys, values = _case(heads, kv_heads, dim, dtype, chunks, seed=8)
+    scale, softcap = 0.5, 3.0
+    seqs = list(range(len(chunks)))
+    out = _run(KERNELS[kernel][0](), q, cache, meta, seqs, scale, window, softcap=softcap)
+    want = _reference(q, chunks, keys, values, scale, window, softcap)
+    tol = TOL[dtype]
+    torch.testing.assert_close(out.double(), want, atol=tol, rtol=tol)
+    uncapped = _reference(q, chunks, keys, values, scale, window)
+    assert (want - uncapped).abs().max() > 20 * tol
 
 
 @pytest.mark.parametrize(("kernel", "dtype"), KERNEL_CASES[:1] + KERNEL_CASES[-1:])
@@ -186,7 +212,7 @@ def test_refusals_name_the_problem():
     args = (cache[0], cache[1], meta.block_tables, meta.context_lens)
 
     def call(q=q, args=args, cu=meta.cu_seqlens_q, seqs=(0, 1), out=out):
-        kernel(q, *args, cu, list(seqs), out, 0.125, 0)
+        kernel(q, *args, cu, list(seqs), out, 0.125, 0, 0.0)
 
     with pytest.raises(RuntimeError, match="outside 0..1"):
         call(seqs=(2,))
@@ -198,6 +224,8 @@ def test_refusals_name_the_problem():
         call(out=torch.empty(16, 4, 32))
     with pytest.raises(RuntimeError, match="share a dtype"):
         call(q=q.double(), out=out.double())
+    with pytest.raises(RuntimeError, match="softcap must be 0 .none. or positive"):
+        kernel(q, *args, meta.cu_seqlens_q, [0, 1], out, 0.125, 0, -2.0)
     bad_tables = meta.block_tables.clone()
     bad_tables[1, 0] = 10_000
     with pytest.raises(RuntimeError, match="not in the cache"):

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from paged_helpers import assert_equals_reference, run_paged
-from test_llama_vs_transformers import prompts
+from test_models_vs_transformers import prompts
 from test_tensor_parallel import free_port
 
 from launcher.tiny_models import build_model
@@ -126,9 +126,15 @@ def test_gguf_split_over_two_ranks_equals_one(gguf_dir, tmp_path):
             torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
 
-def test_unsupported_architecture_is_named(servicer_model_dir, tmp_path):
-    path = write_gguf(servicer_model_dir, tmp_path / "x.gguf", "F32", architecture="phi3")
-    with pytest.raises(GgufError, match="architecture 'phi3' is not supported; supported: llama"):
+# Gemma 2/3 and Phi-3 are served from HF checkpoints only: their GGUFs are refused by name.
+@pytest.mark.parametrize("architecture", ["phi3", "gemma2", "gemma3"])
+def test_unsupported_architecture_is_named(servicer_model_dir, tmp_path, architecture):
+    path = write_gguf(servicer_model_dir, tmp_path / "x.gguf", "F32", architecture=architecture)
+    with pytest.raises(
+        GgufError,
+        match=f"x.gguf: GGUF architecture '{architecture}' is not supported; "
+        "supported: llama, qwen2, qwen3$",
+    ):
         inspect_gguf(path)
 
 

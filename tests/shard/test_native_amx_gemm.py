@@ -127,7 +127,7 @@ def test_a_bf16_model_multiplies_on_the_tiles_and_tracks_transformers(tiny_model
     from shard.distributed import Distributed
     from shard.layers.quant.unquantized import DenseWeight
     from shard.models import load_model
-    from tests.shard.test_llama_vs_transformers import prompts, ref_logits, reference
+    from tests.shard.test_models_vs_transformers import prompts, ref_logits, reference
 
     path = tiny_model("qwen2_bias")  # q/k/v biases: the kernel's bias path
     ours = load_model(path, dtype=torch.bfloat16, device=torch.device("cpu"), dist=Distributed())

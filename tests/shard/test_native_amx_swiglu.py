@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from shard.layers import matmul_amx
-from shard.layers.activation import silu_and_mul, swiglu
+from shard.layers.activation import act_and_mul, silu_and_mul
 from shard.layers.linear import MergedColumnParallelLinear
 from shard.layers.quant.unquantized import DenseWeight
 from shard.native.build import amx_linear_silu_mul_kernel
@@ -94,10 +94,10 @@ class _AddsOne(torch.nn.Module):
         if self.step.token_slots is not None:
             y.add_(1.0)
 
-    def linear(self, weight, x, bias, *, gated=False):  # LoraTerm.linear without the tile path
+    def linear(self, weight, x, bias, *, gated=None):  # LoraTerm.linear without the tile path
         y = weight(x, bias)
         self(x, y)
-        return swiglu(y) if gated else y
+        return y if gated is None else act_and_mul(y, gated)
 
 
 @needs_amx
@@ -108,9 +108,9 @@ def test_the_gate_up_layer_fuses_only_when_no_term_is_added_to_the_product():
     assert matmul_amx.is_packed(layer.weight.weight)
     x = torch.randn(4, 96).bfloat16()
     plain = silu_and_mul(*F.linear(x, w).chunk(2, dim=-1))
-    assert torch.equal(layer.silu_and_mul(x), plain)
+    assert torch.equal(layer.act_and_mul(x, "silu"), plain)
     layer.lora = _AddsOne(active=False)  # adapters loaded, none in this step
-    assert torch.equal(layer.silu_and_mul(x), plain)
+    assert torch.equal(layer.act_and_mul(x, "silu"), plain)
     layer.lora = _AddsOne(active=True)
     gate, up = (F.linear(x, w) + 1.0).chunk(2, dim=-1)
-    assert torch.equal(layer.silu_and_mul(x), silu_and_mul(gate, up))
+    assert torch.equal(layer.act_and_mul(x, "silu"), silu_and_mul(gate, up))

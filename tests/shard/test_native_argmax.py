@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import shard.sampling.sampler
+import shard.native.build
 from shard.native.build import argmax_kernel, unavailable_reason
 from shard.sampling.sampler import greedy_ids
 
@@ -53,7 +53,7 @@ def test_argmax_refuses_what_it_cannot_take():
 def test_sampler_takes_the_native_choice(monkeypatch):
     real, calls = argmax_kernel(), []
     monkeypatch.setattr(
-        shard.sampling.sampler, "argmax_kernel", lambda: lambda x: calls.append(x) or real(x)
+        shard.native.build, "argmax_kernel", lambda: lambda x: calls.append(x) or real(x)
     )
     x = _rows(100)
     assert torch.equal(greedy_ids(x), x.argmax(dim=1)) and len(calls) == 1

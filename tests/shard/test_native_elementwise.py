@@ -13,9 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import shard.layers.activation
-import shard.layers.norm
-import shard.layers.rotary
+import shard.native.build
 from shard.layers.activation import silu_and_mul
 from shard.layers.norm import RMSNorm
 from shard.layers.rotary import RopeConfig, RotaryEmbedding, _rotate
@@ -139,6 +137,28 @@ def test_rotary_kernel_is_the_torch_form_bit_for_bit(dtype, head_dim):
     assert torch.equal(got, _rotate(x, cos, sin))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("head_dim", "factor"), [(32, 0.5), (40, 0.75), (128, 0.75), (64, 0.25)])
+def test_rotary_kernel_rotates_the_tables_width_and_copies_the_rest(dtype, head_dim, factor):
+    # Partial rotary: tables rotary_dim wide, the dims past them passed through bit for bit.
+    rope = RotaryEmbedding(
+        RopeConfig(head_dim=head_dim, max_position_embeddings=300, partial_rotary_factor=factor),
+        torch.device("cpu"),
+    )
+    assert rope.cos.shape == (300, rope.rotary_dim) and rope.rotary_dim < head_dim
+    torch.manual_seed(head_dim)
+    rows = (torch.randn(9, 7 * head_dim) * 3).to(dtype)
+    rows[2, head_dim - 1] = float("nan")  # in a passed-through dim: copied as it is
+    x = rows[:, : 5 * head_dim].view(9, 5, head_dim)
+    positions = torch.tensor([0, 1, 2, 299, 150, 7, 7, 64, 3])
+    cos, sin = rope._gather(positions, dtype)
+    got = rotary_kernel()(x, rope.cos, rope.sin, positions)
+    want = _rotate(x, cos, sin)
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    assert torch.equal(got[..., rope.rotary_dim :].view(torch.uint8),
+                       x[..., rope.rotary_dim :].view(torch.uint8))  # fmt: skip
+
+
 def test_bf16_rounding_keeps_denormals_and_canonical_nans():
     """The kernels round to bf16 with vcvtneps2bf16 where the CPU has it, which reads denormal
     inputs as zero and keeps NaN payloads: vectors with such lanes must still round as torch
@@ -172,6 +192,11 @@ def test_kernels_refuse_what_they_cannot_compute():
         rotary_kernel()(x.transpose(0, 1), rope.cos, rope.sin, torch.tensor([0, 1, 2]))
     with pytest.raises(RuntimeError, match="positions must be contiguous int64"):
         rotary_kernel()(x, rope.cos, rope.sin, torch.tensor([0, 1], dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="R even and <= 8"):
+        rotary_kernel()(x, rope.cos[:, :5].contiguous(), rope.sin[:, :5].contiguous(),
+                        torch.tensor([0, 1]))  # fmt: skip
+    with pytest.raises(RuntimeError, match="R even and <= 4"):
+        rotary_kernel()(torch.randn(2, 3, 4), rope.cos, rope.sin, torch.tensor([0, 1]))
     with pytest.raises(RuntimeError, match="weight and x differ in dtype"):
         rms_norm_kernel()(torch.randn(2, 8), torch.randn(8).bfloat16(), 1e-5)
     with pytest.raises(RuntimeError, match="rows must be contiguous"):
@@ -200,10 +225,10 @@ def _counting(monkeypatch, module, name):
 
 
 def test_layers_take_the_native_kernels_in_eager_cpu_steps(monkeypatch):
-    norm_calls = _counting(monkeypatch, shard.layers.norm, "rms_norm_kernel")
-    add_norm_calls = _counting(monkeypatch, shard.layers.norm, "add_rms_norm_kernel")
-    silu_calls = _counting(monkeypatch, shard.layers.activation, "silu_mul_kernel")
-    rope_calls = _counting(monkeypatch, shard.layers.rotary, "rotary_kernel")
+    norm_calls = _counting(monkeypatch, shard.native.build, "rms_norm_kernel")
+    add_norm_calls = _counting(monkeypatch, shard.native.build, "add_rms_norm_kernel")
+    silu_calls = _counting(monkeypatch, shard.native.build, "silu_mul_kernel")
+    rope_calls = _counting(monkeypatch, shard.native.build, "rotary_kernel")
     x = torch.randn(4, 32).bfloat16()
     RMSNorm(torch.randn(32).bfloat16(), 1e-5)(x)
     gate_up = torch.randn(4, 64)
@@ -223,10 +248,10 @@ def test_layers_take_the_native_kernels_in_eager_cpu_steps(monkeypatch):
 
 
 ACCESSORS = (
-    (shard.layers.norm, "rms_norm_kernel"),
-    (shard.layers.norm, "add_rms_norm_kernel"),
-    (shard.layers.activation, "silu_mul_kernel"),
-    (shard.layers.rotary, "rotary_kernel"),
+    (shard.native.build, "rms_norm_kernel"),
+    (shard.native.build, "add_rms_norm_kernel"),
+    (shard.native.build, "silu_mul_kernel"),
+    (shard.native.build, "rotary_kernel"),
 )
 
 

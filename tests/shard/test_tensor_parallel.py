@@ -19,7 +19,7 @@ from shard.distributed import Distributed, init_distributed
 from shard.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from shard.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from shard.models import load_model
-from shard.models.llama_decode import LlamaDecodePath
+from shard.models.cpu_decode import CpuDecodePath
 from shard.sampling.params import SamplingParams
 from shard.sampling.sampler import SamplingTensors, sample
 from shard.weights import Weights
@@ -34,6 +34,11 @@ MODELS = [
     "llama_odd_vocab",
     "llama_tied_linear_bias",
     "qwen3_qk_norm_sliding",
+    # GeGLU, sandwich norms, soft-capping, a replicated KV head; fused qkv / gate_up tensors
+    # split per rank with partial longrope
+    "gemma2_softcap_alternating",
+    "gemma3_qk_norm_local_rope",
+    "phi3_partial_longrope",
 ]
 PROMPTS = [torch.arange(5, 26), torch.arange(40, 77) * 3 % 500]  # 21 and 37 tokens
 STEPS = 3
@@ -112,14 +117,14 @@ def worker(rank: int, port: int, layer_dir: str, model_dirs: dict[str, str], out
         results[f"{name}/collectives"] = (dict(counts), model.num_layers)
         logits, tokens = run_paged(model, PROMPTS, STEPS, seed=3)
         results[name] = (logits, tokens)
-        decode_path = LlamaDecodePath.build(model, None)
+        decode_path = CpuDecodePath.build(model, None)
         results[f"{name}/decode_path"] = decode_path and run_paged(
             model, PROMPTS, STEPS, seed=3, decode_forward=decode_path
         )
         results[f"{name}/sampled"] = sample_without_broadcast(logits[-1])
     # bf16, where the flat loop calls the AMX tile kernel itself and then the all_reduce
     model = load_model(model_dirs[MODELS[0]], dtype=torch.bfloat16, device=CPU, dist=dist)
-    decode_path = LlamaDecodePath.build(model, None)
+    decode_path = CpuDecodePath.build(model, None)
     results["bf16/decode_path"] = decode_path and run_paged(
         model, PROMPTS, STEPS, decode_forward=decode_path
     )

@@ -77,3 +77,86 @@ TINY_MODELS: dict[str, tuple[str, dict]] = {
     ),
     "llama_odd_vocab": ("LlamaForCausalLM", {"vocab_size": 509, "num_key_value_heads": 2}),
 }
+
+# Gemma 3's per-layer-type rotary as the 4B and larger ship it: local layers plain at theta 10k,
+# global layers at theta 1M with linear scaling 8.
+GEMMA3_ROPE = {
+    "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+    "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
+}
+
+# Phi-3.5 style longrope over the rotary part of the head (16 * 0.75 = 12 dims, 6 frequencies):
+# distinct factors per frequency, so that swapping short for long, or indexing them wrongly, shows.
+PHI3_LONGROPE = {
+    "rope_type": "longrope",
+    "rope_theta": 10_000.0,
+    "partial_rotary_factor": 0.75,
+    "short_factor": [1.0, 1.1, 1.2, 1.3, 1.4, 1.5],
+    "long_factor": [2.0, 3.0, 4.0, 5.0, 6.5, 8.0],
+}
+
+# Architectures beyond the Llama family, kept apart from TINY_MODELS (whose tests run only the
+# Llama family): name -> (architecture, config overrides). Norm weights are random around their
+# identity (launcher.tiny_models), so Gemma's 1 + w is tested; 3 layers cover both layer types.
+NEW_ARCH_MODELS: dict[str, tuple[str, dict]] = {
+    # Gemma 2: sliding / full / sliding (transformers' default alternation), scores scaled by
+    # query_pre_attn_scalar ** -0.5 rather than head_dim ** -0.5, tied embeddings. The softcaps
+    # are far below Gemma 2's 50 / 30, which at these scales (scaled scores within about +-0.7,
+    # logits within about +-3) would change nothing. With 1.0 and 3.0, on the shard tests'
+    # prompts, dropping the attention cap alone moves the logits by about 0.012 (one greedy
+    # token flips) and dropping the final cap alone by about 0.45: both far above the 1e-4 the
+    # shard tests compare to (tests/launcher/test_tiny_models_new_archs.py checks it).
+    "gemma2_softcap_alternating": (
+        "Gemma2ForCausalLM",
+        {
+            "num_hidden_layers": 3,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "query_pre_attn_scalar": 24,
+            "sliding_window": 7,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            "attn_logit_softcapping": 1.0,
+            "final_logit_softcapping": 3.0,
+            "tie_word_embeddings": True,
+        },
+    ),
+    # Gemma 3 (text): per-head q/k norms (1 + w), four norms a layer, a rotary table per layer
+    # type, one KV head as in Gemma 3 1B; no softcapping (Gemma 3 has none).
+    "gemma3_qk_norm_local_rope": (
+        "Gemma3ForCausalLM",
+        {
+            "num_hidden_layers": 3,
+            "num_key_value_heads": 1,
+            "head_dim": 16,
+            "query_pre_attn_scalar": 32,
+            "sliding_window": 7,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            "rope_parameters": GEMMA3_ROPE,
+            "tie_word_embeddings": True,
+        },
+    ),
+    # Phi-3.5 mini style: fused qkv_proj / gate_up_proj, MHA, longrope over 3/4 of the head. The
+    # test prompts (21 and 37 tokens) fall on both sides of the 32-token pretraining length.
+    "phi3_partial_longrope": (
+        "Phi3ForCausalLM",
+        {
+            "num_key_value_heads": 4,
+            "rope_parameters": PHI3_LONGROPE,
+            "original_max_position_embeddings": 32,
+            "max_position_embeddings": 256,
+        },
+    ),
+    # Phi-4-mini style: GQA, 3/4 of the head rotated, plain rotary, tied embeddings.
+    "phi3_gqa": (
+        "Phi3ForCausalLM",
+        {
+            "num_key_value_heads": 2,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10_000.0,
+                "partial_rotary_factor": 0.75,
+            },
+            "tie_word_embeddings": True,
+        },
+    ),
+}

@@ -44,9 +44,11 @@ class AwqReader:
         self, weights: Weights, prefix: str, rows: FeatureRange, cols: FeatureRange
     ) -> QuantizedWeight:
         g = self.group_size
-        codes = read_part(weights, f"{prefix}.qweight", rows, cols.packed(PACK))
-        zeros = read_part(weights, f"{prefix}.qzeros", rows.packed(g), cols.packed(PACK))
-        scales = read_part(weights, f"{prefix}.scales", rows.packed(g), cols)
+        qweight, qzeros, scales = (f"{prefix}.{t}" for t in self.tensors)
+        # Column pieces (fused q/k/v, gate/up, a shard's outputs) must be whole int32 words.
+        codes = read_part(weights, qweight, rows, cols.packed(PACK, qweight))
+        zeros = read_part(weights, qzeros, rows.packed(g, qzeros), cols.packed(PACK, qzeros))
+        scales = read_part(weights, scales, rows.packed(g, scales), cols)
         return QuantizedWeight(
             qweight=pack_rows(unpack_columns(codes)),
             zeros=unpack_columns(zeros),

@@ -16,7 +16,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from shard.layers.activation import swiglu
+from shard.layers.activation import act_and_mul
 from shard.weights import Weights
 
 
@@ -43,11 +43,12 @@ class LinearWeight(nn.Module):
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         raise NotImplementedError
 
-    def silu_mul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """silu(gate) * up where the product's first half of outputs is SwiGLU's gate and the
-        second its up (a fused gate_up projection). Representations that can fuse the two
-        override this; the values are the same either way."""
-        return swiglu(self(x, bias))
+    def gated(self, x: torch.Tensor, bias: torch.Tensor | None, act: str) -> torch.Tensor:
+        """act(gate) * up where the product's first half of outputs is the gate and the second
+        the up (a fused gate_up projection); `act` a name of activation.GATED_ACTIVATIONS.
+        Representations that can fuse an activation into the product override this; the values
+        are the same either way."""
+        return act_and_mul(self(x, bias), act)
 
 
 class LinearMethod(Protocol):

@@ -51,19 +51,19 @@ class CompressedTensorsReader:
         else:
             group_size = self.group_size
             whole = FeatureRange.whole(-(-rows.total // group_size))
-            groups = whole if rows.is_whole else rows.packed(group_size)
+            groups = whole if rows.is_whole else rows.packed(group_size, f"{prefix}.weight_scale")
         if rows.total % PACK:
             raise WeightsError(
                 f"{prefix}: {rows.total} input features are not a multiple of {PACK}"
             )
         # Stored transposed to our layout: outputs are rows, inputs columns.
-        packed = read_part(weights, f"{prefix}.weight_packed", cols, rows.packed(PACK))
+        packed_name = f"{prefix}.weight_packed"
+        packed = read_part(weights, packed_name, cols, rows.packed(PACK, packed_name))
         scales = read_part(weights, f"{prefix}.weight_scale", cols, groups)
         # Symmetric checkpoints may still carry (zero) zero points; read them when present.
         if self.zero_point or weights.has(f"{prefix}.weight_zero_point"):
-            packed_zeros = read_part(
-                weights, f"{prefix}.weight_zero_point", cols.packed(PACK), groups
-            )
+            zp_name = f"{prefix}.weight_zero_point"  # packs 8 outputs a word
+            packed_zeros = read_part(weights, zp_name, cols.packed(PACK, zp_name), groups)
             zeros = unpack_rows(packed_zeros)  # [out, groups], already + 8
         else:
             zeros = torch.full_like(scales, OFFSET, dtype=torch.uint8)

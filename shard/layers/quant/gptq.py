@@ -46,7 +46,8 @@ class GptqReader:
         channel = self.group_size == -1  # one group: its scales hold for any rows we take
         group_size = rows.total if channel else self.group_size
         num_groups = self.groups(rows.total)
-        qweight = read_part(weights, f"{prefix}.qweight", rows.packed(PACK), cols)
+        qweight_name, qzeros_name = f"{prefix}.qweight", f"{prefix}.qzeros"
+        qweight = read_part(weights, qweight_name, rows.packed(PACK, qweight_name), cols)
         g_idx = self._g_idx(weights, prefix, rows)
         if channel:
             g_idx, group_size = None, rows.stop - rows.start
@@ -54,10 +55,12 @@ class GptqReader:
         elif g_idx is None or _is_sequential(g_idx, rows.start, group_size):
             g_idx = None
             whole = FeatureRange.whole(num_groups)
-            group_rows = whole if rows.is_whole else rows.packed(group_size)
+            group_rows = whole if rows.is_whole else rows.packed(group_size, qzeros_name)
         else:  # act-order: this slice's rows may belong to any group, so keep all of them
             group_rows = FeatureRange.whole(num_groups)
-        packed_zeros = read_part(weights, f"{prefix}.qzeros", group_rows, cols.packed(PACK))
+        # qweight packs the inputs, but qzeros packs 8 outputs a word: column pieces (fused q/k/v,
+        # gate/up, a shard's outputs) must be whole words of it.
+        packed_zeros = read_part(weights, qzeros_name, group_rows, cols.packed(PACK, qzeros_name))
         scales = read_part(weights, f"{prefix}.scales", group_rows, cols)
         if self.v1_zeros:
             # v1 subtracted 1 from every zero point as one word-wide subtraction (GPTQModel's

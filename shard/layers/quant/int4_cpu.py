@@ -11,6 +11,8 @@ time and running a dense GEMM is faster; `DENSE_MIN_ROWS` is that crossover, mea
 
 from __future__ import annotations
 
+from functools import cache
+
 import torch
 import torch.nn.functional as F
 
@@ -24,9 +26,22 @@ CPU_GROUP_SIZES = (256, 128, 64, 32)
 DENSE_MIN_ROWS = 160
 # Output features dequantized at once: bounds the temporary dense slice (1024 x K floats).
 DEQUANT_CHUNK = 1024
-# torch's CPU int4 layout: blocks of 64 output rows, each byte holding rows j and j + 32 of
-# the block at one input position. Checked against the real kernel at load (see CpuInt4).
-_CPU_BLOCK_N = 64
+# torch's CPU int4 layout: blocks of B output rows, each byte holding rows j and j + B/2 of the
+# block at one input position; B is 64 where torch was built for AVX-512 and the CPU has it, 32
+# on AVX2 (seen on an EPYC without AVX-512). Probed once; checked against the real kernel at
+# load too (see CpuInt4).
+_CPU_BLOCK_SIZES = (64, 32)
+
+
+@cache
+def _cpu_block_n() -> int | None:
+    """The block size of torch's CPU int4 packing on this machine, or None if it is neither."""
+    codes = torch.arange(64 * 64, dtype=torch.int32).reshape(64, 64) % 16
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+    for block in _CPU_BLOCK_SIZES:
+        if torch.equal(_unpack_cpu_layout(packed, 64, block), codes.to(torch.uint8)):
+            return block
+    return None
 
 
 def dequantize(
@@ -101,10 +116,10 @@ def cpu_group_size(qw: QuantizedWeight) -> int | None:
     return None
 
 
-def _unpack_cpu_layout(packed: torch.Tensor, k: int) -> torch.Tensor:
-    """torch's CPU int4 layout [n, K / 2] uint8 -> [n, K] codes (n a multiple of 64)."""
+def _unpack_cpu_layout(packed: torch.Tensor, k: int, block: int) -> torch.Tensor:
+    """torch's CPU int4 layout [n, K / 2] uint8 -> [n, K] codes (n a multiple of `block`)."""
     n = packed.shape[0]
-    blocks = packed.view(n // _CPU_BLOCK_N, k, _CPU_BLOCK_N // 2)
+    blocks = packed.view(n // block, k, block // 2)
     both = torch.cat([blocks & 0xF, blocks >> 4], dim=-1)  # [n / 64, K, 64]
     return both.transpose(1, 2).reshape(n, k)
 
@@ -125,27 +140,30 @@ class CpuInt4(DequantizingInt4):
         zeros = qw.zeros.float().repeat_interleave(repeat, dim=0)
         scale_zero = torch.stack([scales, (8 - zeros) * scales], dim=-1)
         self.register_buffer("scale_zero", scale_zero.to(torch.bfloat16).contiguous())
-        # Packed DEQUANT_CHUNK output rows at a time (the layout is local to blocks of 64 rows,
+        # DEQUANT_CHUNK rows packed at once (the layout is local to blocks of 64 or 32 rows,
         # so the pieces are the whole tensor's rows): the kernel's packer wants int32 codes,
         # 8x the packed bytes, and unpacking goes through int32 too. Whole-tensor temporaries
         # (~270 MB for a 2048x16384 gate_up) made the 1.1B Llama's load peak at 1.9 GB for
         # 0.77 GB of weights, and glibc kept ~600 MB of those freed blocks afterwards.
         n, k = self.out_features, self.in_features
         self.register_buffer("packed", torch.empty(n, k // 2, dtype=torch.uint8))
-        self.own_layout = n % _CPU_BLOCK_N == 0
+        self.block = _cpu_block_n()
+        self.own_layout = self.block is not None and n % self.block == 0
         for start in range(0, n, DEQUANT_CHUNK):
             stop = min(start + DEQUANT_CHUNK, n)
             codes = unpack_rows(qw.qweight[:, start:stop]).T.contiguous()  # [c, K]
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.int(), 1)
             self.packed[start:stop] = packed
-            self.own_layout = self.own_layout and torch.equal(_unpack_cpu_layout(packed, k), codes)
+            self.own_layout = self.own_layout and torch.equal(
+                _unpack_cpu_layout(packed, k, self.block), codes  # type: ignore[arg-type]
+            )
         if self.own_layout:
             self.qweight = None  # the kernel's copy serves the dense path too
 
     def codes(self, start: int, stop: int) -> torch.Tensor:
         if not self.own_layout:
             return super().codes(start, stop)
-        return _unpack_cpu_layout(self.packed[start:stop], self.in_features)
+        return _unpack_cpu_layout(self.packed[start:stop], self.in_features, self.block)  # type: ignore[arg-type]
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]

@@ -30,12 +30,14 @@ class FeatureRange:
     def is_whole(self) -> bool:
         return self.start == 0 and self.stop == self.total
 
-    def packed(self, factor: int) -> FeatureRange:
-        """The same range in units of `factor` features (an int32 word, a group)."""
+    def packed(self, factor: int, tensor: str) -> FeatureRange:
+        """The same range in units of `factor` features (an int32 word, a group) of `tensor`,
+        which the error names when the range cuts one of those units."""
         if self.start % factor or self.stop % factor:
             raise WeightsError(
-                f"features {self.start}:{self.stop} do not fall on boundaries of {factor} "
-                "(packed words or quantization groups)"
+                f"{tensor}: features {self.start}:{self.stop} (of {self.total}) do not fall on "
+                f"boundaries of {factor} (its packed words or quantization groups), so this "
+                "shard's part cannot be cut out of it"
             )
         return FeatureRange(self.start // factor, self.stop // factor, -(-self.total // factor))
 

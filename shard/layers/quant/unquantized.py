@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from shard.layers import matmul_amx
+from shard.layers.activation import SILU
 from shard.layers.matmul import dense, linear, prepare_weight
 from shard.layers.quant.base import LinearWeight, Piece
 from shard.weights import Weights
@@ -27,10 +28,10 @@ class DenseWeight(LinearWeight):
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return linear(x, self.weight, bias)
 
-    def silu_mul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if matmul_amx.is_packed(self.weight):  # SwiGLU in the tile kernel's epilogue
+    def gated(self, x: torch.Tensor, bias: torch.Tensor | None, act: str) -> torch.Tensor:
+        if act == SILU and matmul_amx.is_packed(self.weight):  # SwiGLU in the tile epilogue
             return matmul_amx.linear_silu_mul(x, self.weight, bias)
-        return super().silu_mul(x, bias)
+        return super().gated(x, bias, act)
 
 
 class UnquantizedMethod:

@@ -1,4 +1,5 @@
-"""The Llama family's decode step on the CPU, eager mode, as a flat loop of native kernel calls.
+"""The decode step on the CPU, eager mode, as a flat loop of native kernel calls over whatever
+the shared blocks describe (shard/models/blocks.py: every architecture gets it).
 
 Why: a decode step's kernels are short (a 16-row step of the SmolLM2 shape: ~13 ms for 30
 layers), and the module forward wraps each in layers of Python: nn.Module calls, per-call
@@ -8,11 +9,13 @@ when it is built, and keeps for each layer the tensors and kernels its forward e
 It is to the CPU decode step what a captured CUDA graph is to a GPU one: the same kernels, in
 the same order, on the same inputs, without the Python around them.
 
-It computes exactly what LlamaForCausalLM.forward computes (tests/shard/test_llama_decode.py
-compares them bit for bit): every sub-step that is not plain here (a quantized or oneDNN
-weight, Qwen3's q/k norms) calls the module that owns it. It runs decode-only steps; prefill
-and chunked steps run the module forward. A step whose tokens use adapters runs a second copy
-of the loop whose linears add their LoRA terms, as the modules do.
+It computes exactly what DecoderModel.forward computes (tests/shard/test_cpu_decode.py compares
+them bit for bit, for every architecture): every sub-step that is not plain here (a quantized or
+oneDNN weight, q/k norms, a rotary that is not the whole-head position-only rotation, a norm
+whose weight is not in the model's dtype, a gated activation other than SwiGLU, the sandwich
+norms) calls the module that owns it. It runs decode-only steps; prefill and chunked steps run
+the module forward. A step whose tokens use adapters runs a second copy of the loop whose
+linears add their LoRA terms, as the modules do.
 """
 
 from __future__ import annotations
@@ -26,68 +29,75 @@ import torch
 from shard.attention import AttentionMetadata, StepMetadata
 from shard.attention.torch_backend import TorchAttentionBackend
 from shard.layers import matmul_amx
-from shard.layers.linear import ColumnParallelLinear, RowParallelLinear
+from shard.layers.activation import SILU
+from shard.layers.linear import ColumnParallelLinear, MergedColumnParallelLinear, RowParallelLinear
 from shard.layers.lora import LoraStep
+from shard.layers.norm import RMSNorm
 from shard.layers.quant.unquantized import DenseWeight
-from shard.layers.rotary import MAX_NATIVE_HEAD_DIM
-from shard.models.llama import LlamaDecoderLayer, LlamaForCausalLM
+from shard.models.blocks import Attention, DecoderLayer, DecoderModel
 from shard.native import build as native
 from shard.native.eager import KERNEL_DTYPES, heads_contiguous
+from shard.platforms.cpu import MAX_NATIVE_HEAD_DIM
 
 log = logging.getLogger(__name__)
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
+Norm = Callable[[torch.Tensor], torch.Tensor]
+AddNorm = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+Rotate = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], tuple[torch.Tensor, ...]]
 
 
 @dataclass(frozen=True, slots=True)
 class _Layer:
     """One decoder layer as the loop calls it."""
 
-    input_norm: torch.Tensor  # weights of the two RMSNorms
-    post_norm: torch.Tensor
-    input_eps: float
-    post_eps: float
+    first_norm: Norm  # the input norm of the first layer, whose input is the stream itself
+    input_norm: AddNorm  # (hidden, residual) -> (norm(hidden + residual), hidden + residual)
+    pre_mlp_norm: AddNorm
+    post_attention_norm: Norm | None  # the sandwich norms (Gemma), else None
+    post_mlp_norm: Norm | None
     qkv: Linear
     o_proj: Linear
-    gate_up_silu: Linear  # silu(gate) * up of the fused gate_up projection
+    gate_up: Linear  # act(gate) * up of the fused gate_up projection
     down_proj: Linear
     # q, k, v of the qkv product, rotated: the fused native rotation of q and k's neighbouring
-    # heads, or the modules' (split, Qwen3's norms, rotary) where that does not apply.
-    rotate: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
+    # heads, or the modules' (split, q/k norms, rotary) where that does not apply.
+    rotate: Rotate
     scale: float
     window: int  # 0: full attention
+    softcap: float  # 0: none
 
 
-class LlamaDecodePath:
+class CpuDecodePath:
     """Callable as the model is (input_ids, positions, kv_caches, meta) -> final hidden
     states, for the steps `applies` accepts."""
 
-    def __init__(self, model: LlamaForCausalLM, lora: LoraStep | None) -> None:
+    def __init__(self, model: DecoderModel, lora: LoraStep | None) -> None:
         self.model = model
         self.lora = lora
-        self.add_rms_norm = native.add_rms_norm_kernel()
-        self.rms_norm = native.rms_norm_kernel()
         self.store_kv = native.store_kv_kernel()
         self.paged_decode = native.paged_decode_kernel()
-        self.layers = [self._layer(layer, lora=False) for layer in model.layers]
+        self.final_norm = _add_norm(model.norm, model.dtype)
+        dtype = model.dtype
+        self.layers = [self._layer(layer, dtype, lora=False) for layer in model.layers]
         self.lora_layers = self.layers
         if lora is not None:
-            self.lora_layers = [self._layer(layer, lora=True) for layer in model.layers]
+            self.lora_layers = [self._layer(layer, dtype, lora=True) for layer in model.layers]
 
     @classmethod
-    def build(cls, model: torch.nn.Module, lora: LoraStep | None) -> LlamaDecodePath | None:
+    def build(cls, model: torch.nn.Module, lora: LoraStep | None) -> CpuDecodePath | None:
         """The path for `model`, or None (and why, logged) where it cannot run."""
         reason = cls._unsupported(model)
         if reason is not None:
             log.info("decode steps run the module forward: %s", reason)
             return None
-        assert isinstance(model, LlamaForCausalLM)
+        assert isinstance(model, DecoderModel)
         return cls(model, lora)
 
     @staticmethod
     def _unsupported(model: torch.nn.Module) -> str | None:
-        if not isinstance(model, LlamaForCausalLM):
-            return f"{type(model).__name__} is not of the Llama family"
+        if not isinstance(model, DecoderModel):
+            return f"{type(model).__name__} is not composed of the shared decoder blocks"
         if model.device.type != "cpu":
             return f"the model is on {model.device.type}, not the CPU"
         if model.dtype not in KERNEL_DTYPES:
@@ -96,13 +106,6 @@ class LlamaDecodePath:
             return f"the native kernels are not built ({native.unavailable_reason() or 'failed'})"
         if not model.layers:
             return "the model has no layers"
-        norms = [model.norm] + [
-            norm
-            for layer in model.layers
-            for norm in (layer.input_layernorm, layer.post_attention_layernorm)
-        ]
-        if any(norm.weight.dtype != model.dtype for norm in norms):
-            return "a norm's weight is not in the model's dtype"
         attention = model.layers[0].self_attn
         if not (isinstance(attention.backend, TorchAttentionBackend) and attention.backend.native):
             return "the attention backend is not the native torch one"
@@ -126,7 +129,7 @@ class LlamaDecodePath:
         kv_caches: list[torch.Tensor],
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        add_rms_norm, store_kv, paged_decode = self.add_rms_norm, self.store_kv, self.paged_decode
+        store_kv, paged_decode = self.store_kv, self.paged_decode
         positions = positions.to(torch.int64).contiguous()  # what the rotary kernel reads
         slots, tables, lens = meta.slot_mapping, meta.block_tables, meta.context_lens
         adapters = self.lora is not None and self.lora.token_slots is not None
@@ -134,38 +137,67 @@ class LlamaDecodePath:
         hidden = None
         for layer, kv in zip(self.lora_layers if adapters else self.layers, kv_caches, strict=True):
             if hidden is None:  # the first layer: its input is the stream itself
-                x = self.rms_norm(residual, layer.input_norm, layer.input_eps)
+                x = layer.first_norm(residual)
             else:
-                x, residual = add_rms_norm(hidden, residual, layer.input_norm, layer.input_eps)
-            q, k, v = layer.rotate(layer.qkv(x), positions)
+                x, residual = layer.input_norm(hidden, residual)
+            q, k, v = layer.rotate(layer.qkv(x), positions, meta)
             store_kv(k, v, kv, slots)
-            out = paged_decode(q, kv[0], kv[1], tables, lens, layer.scale, layer.window)
-            x, residual = add_rms_norm(
-                layer.o_proj(out.flatten(1)), residual, layer.post_norm, layer.post_eps
+            out = paged_decode(
+                q, kv[0], kv[1], tables, lens, layer.scale, layer.window, layer.softcap
             )
-            hidden = layer.down_proj(layer.gate_up_silu(x))
-        norm = self.model.norm  # a model without layers gets no loop (`_unsupported`)
-        return add_rms_norm(hidden, residual, norm.weight, norm.eps)[0]
+            x = layer.o_proj(out.flatten(1))
+            if layer.post_attention_norm is not None:
+                x = layer.post_attention_norm(x)
+            x, residual = layer.pre_mlp_norm(x, residual)
+            hidden = layer.down_proj(layer.gate_up(x))
+            if layer.post_mlp_norm is not None:
+                hidden = layer.post_mlp_norm(hidden)
+        # a model without layers gets no loop (`_unsupported`)
+        return self.final_norm(hidden, residual)[0]  # type: ignore[arg-type]
 
     # -- building ------------------------------------------------------------------------
 
     @staticmethod
-    def _layer(layer: LlamaDecoderLayer, *, lora: bool) -> _Layer:
+    def _layer(layer: DecoderLayer, dtype: torch.dtype, *, lora: bool) -> _Layer:
         """The layer's loop entry; with `lora`, its linears add their LoRA terms."""
         attention, mlp = layer.self_attn, layer.mlp
+        post_attention, post_mlp = layer.post_attention_norm, layer.post_mlp_norm
         return _Layer(
-            input_norm=layer.input_layernorm.weight,
-            post_norm=layer.post_attention_layernorm.weight,
-            input_eps=layer.input_layernorm.eps,
-            post_eps=layer.post_attention_layernorm.eps,
+            first_norm=_norm(layer.input_layernorm, dtype),
+            input_norm=_add_norm(layer.input_layernorm, dtype),
+            pre_mlp_norm=_add_norm(layer.pre_mlp_layernorm, dtype),
+            post_attention_norm=None if post_attention is None else _norm(post_attention, dtype),
+            post_mlp_norm=None if post_mlp is None else _norm(post_mlp, dtype),
             qkv=_linear(attention.qkv_proj, lora),
             o_proj=_linear(attention.o_proj, lora),
-            gate_up_silu=_gate_up_silu(mlp.gate_up_proj, lora),
+            gate_up=_gate_up(mlp.gate_up_proj, mlp.act, lora),
             down_proj=_linear(mlp.down_proj, lora),
             rotate=_rotation(attention),
             scale=attention.scale,
             window=attention.window or 0,
+            softcap=attention.softcap or 0.0,
         )
+
+
+def _native_weight(norm: RMSNorm, dtype: torch.dtype) -> bool:
+    """Whether the native norm kernels compute what `norm` does: they scale in the dtype."""
+    return norm.weight.dtype == dtype
+
+
+def _norm(norm: RMSNorm, dtype: torch.dtype) -> Norm:
+    kernel = native.rms_norm_kernel()
+    if kernel is None or not _native_weight(norm, dtype):
+        return norm  # type: ignore[return-value]
+    weight, eps = norm.weight, norm.eps
+    return lambda x: kernel(x, weight, eps)
+
+
+def _add_norm(norm: RMSNorm, dtype: torch.dtype) -> AddNorm:
+    kernel = native.add_rms_norm_kernel()
+    if kernel is None or not _native_weight(norm, dtype):
+        return norm  # type: ignore[return-value]
+    weight, eps = norm.weight, norm.eps
+    return lambda x, residual: kernel(x, residual, weight, eps)
 
 
 def _tile_weight(linear: ColumnParallelLinear | RowParallelLinear) -> torch.Tensor | None:
@@ -202,34 +234,42 @@ def _linear(linear: ColumnParallelLinear | RowParallelLinear, lora: bool) -> Lin
     return call
 
 
-def _gate_up_silu(linear: ColumnParallelLinear, lora: bool) -> Linear:
-    """x -> silu(gate) * up: SwiGLU in the tile kernel's epilogue, or after the product and its
+def _gate_up(linear: MergedColumnParallelLinear, act: str, lora: bool) -> Linear:
+    """x -> act(gate) * up: SwiGLU in the tile kernel's epilogue, or after the product and its
     LoRA term (with `lora`, as the module computes it), or the module."""
     packed, kernel = _tile_weight(linear), native.amx_linear_silu_mul_kernel()
-    if packed is None or kernel is None or packed.shape[0] % 2:
-        return linear.silu_and_mul  # type: ignore[attr-defined]
+    if act != SILU or packed is None or kernel is None or packed.shape[0] % 2:
+        return lambda x: linear.act_and_mul(x, act)
     bias, term, weight = _bias(linear), linear.lora, linear.weight
     if lora and term is not None:
-        return lambda x: term.linear(weight, x, bias, gated=True)
+        return lambda x: term.linear(weight, x, bias, gated=act)
     return lambda x: kernel(x, packed, bias)
 
 
-def _rotation(attention) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]:  # type: ignore[no-untyped-def]
-    """(qkv product, positions) -> q, k (rotated) and v, each [T, heads, D]."""
+def _rotation(attention: Attention) -> Rotate:
+    """(qkv product, positions, meta) -> q, k (rotated) and v, each [T, heads, D]."""
     proj, rotary = attention.qkv_proj, attention.rotary
     heads, kv_heads, d = proj.num_heads, proj.num_kv_heads, proj.head_dim
-    if attention.q_norm is not None:  # Qwen3: the modules, norms between split and rotary
+    kernel = native.rotary_kernel()
+    if attention.q_norm is not None or not rotary.plain or kernel is None:
+        # the modules: q/k norms between split and rotary, or a rotation the kernel lacks
 
-        def modules(qkv: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        def modules(
+            qkv: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+        ) -> tuple[torch.Tensor, ...]:
             q, k, v = proj.split(qkv)
-            q, k = rotary(positions, attention.q_norm(q), attention.k_norm(k))
+            if attention.q_norm is not None:
+                q, k = attention.q_norm(q), attention.k_norm(k)
+            q, k = rotary(positions, q, k, meta)
             return q if heads_contiguous(q) else q.contiguous(), k, v
 
         return modules
-    kernel, cos, sin = native.rotary_kernel(), rotary.cos, rotary.sin
+    cos, sin = rotary.cos, rotary.sin
     qk_cols, joint = (heads + kv_heads) * d, heads + kv_heads
 
-    def fused(qkv: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def fused(
+        qkv: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> tuple[torch.Tensor, ...]:
         # q's and k's heads are neighbours in each row of the fused product: one rotation
         rows = qkv.shape[0]
         rotated = kernel(qkv[:, :qk_cols].view(rows, joint, d), cos, sin, positions)

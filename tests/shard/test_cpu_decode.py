@@ -1,6 +1,7 @@
-"""The flat decode loop (shard/models/llama_decode.py) computes what the module forward does, bit
-for bit, on every tiny model shape and dtype; the runner takes it for decode-only steps and
-the module forward for every other step; and it is not built where its kernels cannot run."""
+"""The flat decode loop (shard/models/cpu_decode.py) computes what the module forward does, bit
+for bit, on every tiny model shape, architecture and dtype; the runner takes it for decode-only
+steps and the module forward for every other step; and it is not built where its kernels
+cannot run."""
 
 import pytest
 import torch
@@ -13,12 +14,12 @@ from shard.distributed import Distributed
 from shard.layers import lora_amx
 from shard.layers.lora_amx import kernel_for
 from shard.models import load_model
-from shard.models.llama_decode import LlamaDecodePath
+from shard.models.cpu_decode import CpuDecodePath
 from shard.native.build import amx_linear_kernel
 from shard.settings import ShardSettings
 from shard.startup import build_service
 from tests.shard.test_lora_vs_peft import lora_service, serve_mixed
-from tests.shard.tiny_model_cases import TINY_MODELS
+from tests.shard.tiny_model_cases import NEW_ARCH_MODELS, TINY_MODELS
 
 CPU = torch.device("cpu")
 PROMPTS = [torch.arange(5, 26), torch.arange(40, 77) * 3 % 500, torch.arange(7, 10)]
@@ -30,10 +31,10 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
-@pytest.mark.parametrize("name", sorted(TINY_MODELS))
+@pytest.mark.parametrize("name", sorted(TINY_MODELS) + sorted(NEW_ARCH_MODELS))
 def test_decode_steps_equal_the_module_forward(tiny_model, name, dtype):
     model = load_model(tiny_model(name), dtype=dtype, device=CPU, dist=Distributed())
-    path = LlamaDecodePath.build(model, None)
+    path = CpuDecodePath.build(model, None)
     assert path is not None
     if dtype == torch.bfloat16 and amx_linear_kernel() is not None:  # the tile kernel, direct
         assert not isinstance(path.layers[0].qkv, torch.nn.Module)
@@ -47,7 +48,7 @@ def test_decode_steps_equal_the_module_forward(tiny_model, name, dtype):
 class Spy:
     """The runner's decode path, counting the steps it ran."""
 
-    def __init__(self, path: LlamaDecodePath) -> None:
+    def __init__(self, path: CpuDecodePath) -> None:
         self.path, self.calls = path, 0
 
     def applies(self, meta) -> bool:
@@ -117,7 +118,7 @@ def test_not_built_without_the_native_kernels(tiny_model, monkeypatch):
     model = load_model(tiny_model("llama_gqa_llama3"), dtype=torch.float32, device=CPU,
                        dist=Distributed())  # fmt: skip
     monkeypatch.setenv("SWITCHYARD_CPU_KERNELS", "0")
-    assert LlamaDecodePath.build(model, None) is None
+    assert CpuDecodePath.build(model, None) is None
 
 
 def test_not_built_under_compile(servicer_model_dir):

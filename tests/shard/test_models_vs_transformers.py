@@ -1,4 +1,5 @@
-"""Our paged Llama/Mistral/Qwen2 against transformers on the same tiny checkpoints (float32)."""
+"""Our paged models (every served architecture) against transformers on the same tiny checkpoints
+(float32)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from shard.distributed import Distributed
 from shard.models import load_model
-from tests.shard.tiny_model_cases import TINY_MODELS
+from tests.shard.tiny_model_cases import NEW_ARCH_MODELS, TINY_MODELS
 
 CPU = torch.device("cpu")
 STEPS = 5
@@ -30,7 +31,9 @@ def ref_logits(ref: torch.nn.Module, ids: list[int]) -> torch.Tensor:
     return ref(torch.tensor([ids])).logits[0].float()
 
 
-@pytest.mark.parametrize("name", [n for n in TINY_MODELS if n != "llama_odd_vocab"])
+@pytest.mark.parametrize(
+    "name", [n for n in TINY_MODELS if n != "llama_odd_vocab"] + list(NEW_ARCH_MODELS)
+)
 def test_prefill_and_decode_logits_and_greedy_tokens(tiny_model, name):
     path = tiny_model(name)
     ours = load_model(path, dtype=torch.float32, device=CPU, dist=Distributed())

@@ -1,0 +1,72 @@
+"""Gemma 2 and Phi-3 end to end: the real launcher with two shards, prefix caching on and a
+small prefill budget (prompts chunked across 16-token blocks), serving prompts that share
+prefixes; greedy ids and logprobs equal transformers.
+
+Gemma 2's windows (7 tokens) are shorter than every prompt and its soft-caps small enough to
+matter; Phi-3's longrope boundary (32 tokens) falls between the short and the long prompts, so
+a long prompt must not reuse the blocks a short one computed with the short tables, while two
+long prompts share theirs.
+"""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+import torch
+from reference import greedy
+from server_process import LauncherProcess
+
+from launcher.tiny_models import build_model
+from tests.shard.tiny_model_cases import NEW_ARCH_MODELS
+
+pytestmark = pytest.mark.slow
+LOGPROB_TOLERANCE = 1e-3
+SHARED = "Platform four for the express says "  # 26 tokens: one whole 16-token block
+PROMPTS = [
+    SHARED + "nine.",  # 30 tokens: under Phi-3's 32-token boundary
+    SHARED + "ten, unless the freight train from the north yard is late again today.",  # 72
+    # 87, sharing the long prompt's first four blocks
+    SHARED + "ten, unless the freight train from the north yard is late again tonight, or "
+    "the signals fail.",
+    SHARED + "nine.",  # the first again: all but its last token from the cache
+]
+
+
+@pytest.fixture(scope="module", params=["gemma2_softcap_alternating", "phi3_partial_longrope"])
+def served(request, tmp_path_factory):
+    architecture, overrides = NEW_ARCH_MODELS[request.param]
+    model_dir = build_model(tmp_path_factory.mktemp(request.param), architecture, **overrides)
+    args = ("--num-shard", "2", "--dtype", "float32", "--prefix-caching",
+            "--max-batch-prefill-tokens", "24", "--max-batch-total-tokens", "2048")  # fmt: skip
+    env = {"CUDA_VISIBLE_DEVICES": ""} if torch.cuda.device_count() < 2 else None
+    with LauncherProcess(model_dir, *args, env=env) as server:
+        yield server, model_dir, architecture
+
+
+def generate(url: str, prompt: str, n: int) -> tuple[dict, int]:
+    body = {"inputs": prompt, "parameters": {"max_new_tokens": n, "details": True}}
+    response = requests.post(f"{url}/generate", json=body, timeout=300)
+    assert response.status_code == 200, response.text
+    return response.json()["details"], int(response.headers["x-prompt-cached-tokens"])
+
+
+def test_two_shards_with_prefix_caching_and_chunks_equal_transformers(served):
+    server, model_dir, architecture = served
+    cached = []
+    for prompt in PROMPTS:  # one at a time: each finds the blocks of those before it
+        details, hits = generate(server.url, prompt, 10)
+        cached.append(hits)
+        ref = greedy(model_dir, prompt, 10)
+        assert [t["id"] for t in details["tokens"]] == ref.token_ids, prompt
+        for token, expected in zip(details["tokens"], ref.logprobs, strict=True):
+            assert token["logprob"] == pytest.approx(expected, abs=LOGPROB_TOLERANCE), prompt
+    assert cached[0] == 0 and cached[3] > 0  # the same prompt again comes from the cache
+    assert cached[2] >= 64  # the two long prompts share their common blocks
+    # the first long prompt shares the short one's first block, but for longrope: there the
+    # short prompt computed it with the short tables
+    assert cached[1] == (0 if architecture == "Phi3ForCausalLM" else 16)
+    # and all four at once, batched with chunks interleaved
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        results = list(pool.map(lambda p: generate(server.url, p, 10)[0], PROMPTS))
+    for prompt, details in zip(PROMPTS, results, strict=True):
+        assert [t["id"] for t in details["tokens"]] == greedy(model_dir, prompt, 10).token_ids

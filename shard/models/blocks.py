@@ -1,0 +1,344 @@
+"""The shared blocks every decoder-only architecture is composed of.
+
+A model file names its checkpoint tensors (a `Names` table) and maps its config.json onto
+`ModelConfig`; the blocks below read their options from that config and nothing else:
+- `Attention`: fused q/k/v (three checkpoint tensors or one fused), optional q/k norms of the
+  model's norm kind, rotary per layer (its own base and scaling, partial rotary), a sliding
+  window per layer, the query scale, attention-logit soft-capping, q/k/v and o biases.
+- `GatedMLP`: a fused gate_up product (two tensors or one fused), act(gate) * up with the
+  activation from shard/layers/activation.py's table, down projection.
+- `DecoderLayer`: two norms (before attention, before the MLP: Llama, Qwen, Phi-3), or with
+  `sandwich_norms` four (also after each: Gemma 2 and 3).
+- `DecoderModel`: embedding (optionally scaled), the layers, the final norm, the LM head (tied
+  or not), final-logit soft-capping. Architectures subclass it with their names and config.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from shard.attention import AttentionBackend, StepMetadata, attend, get_attention_backend
+from shard.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from shard.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from shard.layers.norm import NORMS, RMSNorm
+from shard.layers.quant.config import QuantizationConfig
+from shard.layers.rotary import RopeConfig, RotaryEmbedding
+from shard.models.base import CausalLM
+from shard.models.config import ModelConfig
+from shard.weights import Weights
+
+# Our module names -> checkpoint prefixes ("{i}" = layer index), the table Llama's checkpoints
+# follow. Fused modules map to several prefixes, or to one where the checkpoint fuses them.
+LLAMA_NAMES: dict[str, tuple[str, ...]] = {
+    "embed_tokens": ("model.embed_tokens",),
+    "norm": ("model.norm",),
+    "lm_head": ("lm_head",),
+    "input_layernorm": ("model.layers.{i}.input_layernorm",),
+    "post_attention_layernorm": ("model.layers.{i}.post_attention_layernorm",),
+    "qkv_proj": (
+        "model.layers.{i}.self_attn.q_proj",
+        "model.layers.{i}.self_attn.k_proj",
+        "model.layers.{i}.self_attn.v_proj",
+    ),
+    "o_proj": ("model.layers.{i}.self_attn.o_proj",),
+    "q_norm": ("model.layers.{i}.self_attn.q_norm",),
+    "k_norm": ("model.layers.{i}.self_attn.k_norm",),
+    "gate_up_proj": ("model.layers.{i}.mlp.gate_proj", "model.layers.{i}.mlp.up_proj"),
+    "down_proj": ("model.layers.{i}.mlp.down_proj",),
+}
+
+
+@dataclass(frozen=True)
+class Names:
+    """Resolves our names to checkpoint prefixes for one layer."""
+
+    table: dict[str, tuple[str, ...]]
+    layer: int = -1
+
+    def many(self, ours: str) -> list[str]:
+        return [name.format(i=self.layer) for name in self.table[ours]]
+
+    def one(self, ours: str) -> str:
+        (name,) = self.many(ours)
+        return name
+
+
+def load_norm(weights: Weights, prefix: str, config: ModelConfig) -> RMSNorm:
+    return NORMS[config.norm].load(weights, prefix, config.rms_norm_eps)
+
+
+class Attention(nn.Module):
+    def __init__(
+        self,
+        qkv_proj: QKVParallelLinear,
+        o_proj: RowParallelLinear,
+        rotary: RotaryEmbedding,
+        backend: AttentionBackend,
+        *,
+        scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
+        qk_norms: tuple[RMSNorm, RMSNorm] | None = None,
+    ) -> None:
+        super().__init__()
+        self.qkv_proj = qkv_proj
+        self.o_proj = o_proj
+        # Qwen3, Gemma 3: each head's query and key are normalised over head_dim before rotary.
+        self.q_norm, self.k_norm = qk_norms or (None, None)
+        self.rotary = rotary
+        self.backend = backend
+        self.scale = scale
+        self.window = window  # sliding-window layer: attends to the last `window` positions
+        self.softcap = softcap
+
+    @classmethod
+    def load(
+        cls,
+        weights: Weights,
+        names: Names,
+        config: ModelConfig,
+        rotary: RotaryEmbedding,
+        backend: AttentionBackend,
+    ) -> Attention:
+        qkv = QKVParallelLinear.load_qkv(
+            weights,
+            names.many("qkv_proj"),
+            num_heads=config.num_heads,
+            num_kv_heads=config.num_kv_heads,
+            head_dim=config.head_dim,
+            bias=config.qkv_bias,
+        )
+        o_proj = RowParallelLinear.load(weights, names.one("o_proj"), bias=config.o_bias)
+        qk_norms = None
+        if config.qk_norm:
+            qk_norms = (
+                load_norm(weights, names.one("q_norm"), config),
+                load_norm(weights, names.one("k_norm"), config),
+            )
+        scale = config.attention_scale or config.head_dim**-0.5
+        return cls(
+            qkv,
+            o_proj,
+            rotary,
+            backend,
+            scale=scale,
+            window=config.layer_windows[names.layer],
+            softcap=config.attn_softcap,
+            qk_norms=qk_norms,
+        )
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: StepMetadata,
+    ) -> torch.Tensor:
+        q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k, meta)
+        out = attend(self.backend, q, k, v, kv_cache, meta, self.scale, self.window, self.softcap)
+        return self.o_proj(out.flatten(1))
+
+
+class GatedMLP(nn.Module):
+    def __init__(
+        self, gate_up_proj: MergedColumnParallelLinear, down_proj: RowParallelLinear, act: str
+    ) -> None:
+        super().__init__()
+        self.gate_up_proj = gate_up_proj
+        self.down_proj = down_proj
+        self.act = act  # a name of shard/layers/activation.py's GATED_ACTIVATIONS
+
+    @classmethod
+    def load(cls, weights: Weights, names: Names, config: ModelConfig) -> GatedMLP:
+        gate_up = MergedColumnParallelLinear.load_merged(
+            weights, names.many("gate_up_proj"), bias=config.mlp_bias, num_blocks=2
+        )
+        down = RowParallelLinear.load(weights, names.one("down_proj"), bias=config.mlp_bias)
+        return cls(gate_up, down, config.hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.gate_up_proj.act_and_mul(x, self.act))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm attention and MLP, each added to the residual stream; with `sandwich_norms`
+    their outputs are normed too before the add (Gemma 2/3's post_attention_layernorm and
+    post_feedforward_layernorm; its pre_feedforward_layernorm is the MLP's input norm)."""
+
+    def __init__(
+        self,
+        input_layernorm: RMSNorm,
+        self_attn: Attention,
+        pre_mlp_layernorm: RMSNorm,
+        mlp: GatedMLP,
+        post_attention_norm: RMSNorm | None = None,
+        post_mlp_norm: RMSNorm | None = None,
+    ) -> None:
+        super().__init__()
+        self.input_layernorm = input_layernorm
+        self.self_attn = self_attn
+        self.pre_mlp_layernorm = pre_mlp_layernorm
+        self.mlp = mlp
+        self.post_attention_norm = post_attention_norm
+        self.post_mlp_norm = post_mlp_norm
+
+    @classmethod
+    def load(
+        cls,
+        weights: Weights,
+        names: Names,
+        config: ModelConfig,
+        rotary: RotaryEmbedding,
+        backend: AttentionBackend,
+    ) -> DecoderLayer:
+        def norm(ours: str) -> RMSNorm:
+            return load_norm(weights, names.one(ours), config)
+
+        attention = Attention.load(weights, names, config, rotary, backend)
+        mlp = GatedMLP.load(weights, names, config)
+        if not config.sandwich_norms:
+            return cls(norm("input_layernorm"), attention, norm("post_attention_layernorm"), mlp)
+        return cls(
+            norm("input_layernorm"),
+            attention,
+            norm("pre_feedforward_layernorm"),
+            mlp,
+            post_attention_norm=norm("post_attention_layernorm"),
+            post_mlp_norm=norm("post_feedforward_layernorm"),
+        )
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: StepMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's last output, the residual stream it is still to be added to): each
+        residual add happens in the norm after it (RMSNorm with `residual`), the last one in
+        the model's final norm. `residual` is None at the first layer, whose input is the
+        stream itself."""
+        if residual is None:
+            residual, x = hidden, self.input_layernorm(hidden)
+        else:
+            x, residual = self.input_layernorm(hidden, residual)
+        x = self.self_attn(x, positions, kv_cache, meta)
+        if self.post_attention_norm is not None:
+            x = self.post_attention_norm(x)
+        x, residual = self.pre_mlp_layernorm(x, residual)
+        x = self.mlp(x)
+        if self.post_mlp_norm is not None:
+            x = self.post_mlp_norm(x)
+        return x, residual
+
+
+class DecoderModel(CausalLM):
+    """A decoder-only model over the shared blocks. An architecture subclasses it with its
+    checkpoint `NAMES` and, where its config.json differs from Llama's, `config_from_dict`."""
+
+    NAMES: ClassVar[dict[str, tuple[str, ...]]] = LLAMA_NAMES
+    # ModelConfig.from_dict's architecture defaults (qkv_bias_default, qk_norm)
+    CONFIG_DEFAULTS: ClassVar[dict[str, Any]] = {}
+
+    @classmethod
+    def config_from_dict(
+        cls,
+        raw: dict[str, Any],
+        *,
+        architecture: str,
+        eos_token_ids: list[int],
+        quantization: QuantizationConfig | None,
+    ) -> ModelConfig:
+        """config.json (with transformers' defaults filled in) -> the blocks' options."""
+        config = ModelConfig.from_dict(
+            raw,
+            architecture=architecture,
+            eos_token_ids=eos_token_ids,
+            quantization=quantization,
+            **cls.CONFIG_DEFAULTS,
+        )
+        return cls.adapt_config(raw, config)
+
+    @classmethod
+    def adapt_config(cls, raw: dict[str, Any], config: ModelConfig) -> ModelConfig:
+        """The architecture's own fields on top of the Llama-shaped ones; raises ValueError for
+        a config the blocks cannot serve, naming the field."""
+        return config
+
+    @classmethod
+    def names_for(cls, weights: Weights) -> dict[str, tuple[str, ...]]:
+        """The checkpoint names of this checkpoint: `NAMES`, unless the architecture's
+        checkpoints come in several layouts (Phi-3's fused or split gate/up)."""
+        return cls.NAMES
+
+    def __init__(self, config: ModelConfig, weights: Weights, attention: str = "torch") -> None:
+        super().__init__()
+        table = self.names_for(weights)
+        names = Names(table)
+        backend = get_attention_backend(attention)
+        # One table per distinct rope (Gemma 3's local and global layers differ), shared by
+        # the layers that use it: the tables cost a row per position.
+        ropes: dict[RopeConfig, RotaryEmbedding] = {}
+        for layer in range(config.num_layers):
+            rope = config.rope_of(layer)
+            ropes.setdefault(rope, RotaryEmbedding(rope, weights.device))
+        self.config = config
+        self.embed_tokens = VocabParallelEmbedding.load(
+            weights, f"{names.one('embed_tokens')}.weight", config.vocab_size, config.embed_scale
+        )
+        self.layers = nn.ModuleList(
+            DecoderLayer.load(weights, Names(table, i), config, ropes[config.rope_of(i)], backend)
+            for i in range(config.num_layers)
+        )
+        self.norm = load_norm(weights, names.one("norm"), config)
+        lm_head = f"{names.one('lm_head')}.weight"
+        if config.tie_word_embeddings:
+            if weights.has(lm_head):  # some exports save the tied copy too; it is the same data
+                weights.mark_consumed(lm_head)
+            self.lm_head = ParallelLMHead.tied(self.embed_tokens)
+        else:
+            self.lm_head = ParallelLMHead.load(weights, lm_head, config.vocab_size)
+        self.final_softcap = config.final_softcap
+
+        self.num_layers = config.num_layers
+        self.num_kv_heads = self.layers[0].self_attn.qkv_proj.num_kv_heads if self.layers else 0
+        self.head_dim = config.head_dim
+        self.vocab_size = config.vocab_size
+        self.max_position_embeddings = config.max_position_embeddings
+        self.eos_token_ids = list(config.eos_token_ids)
+        self.dtype = weights.dtype
+        self.device = weights.device
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        meta: StepMetadata,
+    ) -> torch.Tensor:
+        hidden, residual = self.embed_tokens(input_ids), None
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            hidden, residual = layer(hidden, residual, positions, kv_cache, meta)
+        return self.norm(hidden) if residual is None else self.norm(hidden, residual)[0]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(hidden)
+        if self.final_softcap is None:
+            return logits
+        # in float32 (transformers caps in the model's dtype; float32 is the closer to exact)
+        cap = self.final_softcap
+        return torch.tanh(logits / cap) * cap
+
+
+def sqrt_hidden(config: dict[str, Any]) -> float:
+    """Gemma's embedding scale."""
+    return math.sqrt(config["hidden_size"])

@@ -1,0 +1,33 @@
+"""config.json's `architectures[0]` -> the module and class that serve it, imported on first use
+(vLLM's registry shape): adding an architecture is its model file and one line here.
+
+Torch-free, so that a process can check a checkpoint's architecture without loading models.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from shard.models.blocks import DecoderModel
+
+ARCHITECTURES: dict[str, tuple[str, str]] = {
+    "LlamaForCausalLM": ("shard.models.llama", "LlamaForCausalLM"),
+    "MistralForCausalLM": ("shard.models.llama", "LlamaForCausalLM"),
+    # Mistral with per-layer attention types (transformers loads a Mistral config that has
+    # layer_types as Ministral; ModelConfig.layer_windows follows layer_types).
+    "MinistralForCausalLM": ("shard.models.llama", "LlamaForCausalLM"),
+    "Qwen2ForCausalLM": ("shard.models.qwen2", "Qwen2ForCausalLM"),
+    "Qwen3ForCausalLM": ("shard.models.qwen3", "Qwen3ForCausalLM"),
+    "Gemma2ForCausalLM": ("shard.models.gemma2", "Gemma2ForCausalLM"),
+    "Gemma3ForCausalLM": ("shard.models.gemma3", "Gemma3ForCausalLM"),
+    "Phi3ForCausalLM": ("shard.models.phi3", "Phi3ForCausalLM"),
+}
+SUPPORTED_ARCHITECTURES = tuple(sorted(ARCHITECTURES))
+
+
+def model_class(architecture: str) -> type[DecoderModel]:
+    """The class serving `architecture`; KeyError for one the registry lacks."""
+    module, name = ARCHITECTURES[architecture]
+    return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]

@@ -1,0 +1,95 @@
+"""The operations table every platform fills: each returns its kernel's result, or None where the
+platform has none for these inputs (the caller then computes the torch reference form)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from shard.platforms import host_memory
+
+if TYPE_CHECKING:
+    from shard.kv_cache import KvCacheSettings
+
+
+class Platform:
+    name = "torch"
+    # the collective backend of its process group, and the attention backend a shard takes
+    # when --attention is not given
+    dist_backend = "gloo"
+    default_attention = "torch"
+    # `--dtype auto` for an int4 checkpoint where the platform's int4 kernel takes one
+    # activation dtype only; None: the checkpoint's dtype
+    int4_activation_dtype: torch.dtype | None = None
+
+    # -- the process and its memory ------------------------------------------------------
+
+    def bind(self, device: torch.device, local_rank: int) -> torch.device:
+        """The device this process computes on, made current where the platform has that."""
+        return device
+
+    def threads(self, world_size: int) -> None:
+        """Sizes the host's thread pool for `world_size` shards on one machine."""
+
+    def warm(self, attention: str) -> None:
+        """Builds (or finds) the kernels a shard needs before it reports ready."""
+
+    def check_alive(self, device: torch.device) -> None:
+        """Raises if the device is gone (Health)."""
+
+    def reset_peak_memory(self, device: torch.device) -> None:
+        """Starts measuring the peak memory a warmup step takes."""
+
+    def release_cached_memory(self, device: torch.device) -> None:
+        """Returns memory the allocator keeps but nothing holds."""
+
+    def kv_cache_budget(
+        self, device: torch.device, settings: KvCacheSettings, reserved_bytes: int
+    ) -> tuple[float, float]:
+        """(bytes the KV cache may take by default, the most it can take at all): host memory,
+        a share of what the OS reports available (shard/platforms/host_memory.py says why) or the
+        --cpu-kv-cache-gb budget."""
+        available = host_memory.available_host_memory()
+        if settings.cpu_kv_cache_gb is not None:
+            return settings.cpu_kv_cache_gb * host_memory.GIB, available
+        share = available * host_memory.CPU_DEFAULT_SHARE
+        return min(share, host_memory.CPU_DEFAULT_CAP_BYTES), available
+
+    # -- operations ----------------------------------------------------------------------
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
+        """x * rsqrt(mean(x^2) + eps), rounded to x's dtype, times weight (Llama's rounding)."""
+        return None
+
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(rms_norm(x + residual), x + residual), the sum rounded to the dtype first."""
+        return None
+
+    def silu_and_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
+        """silu(gate) * up of two [T, I] halves."""
+        return None
+
+    def swiglu(self, product: torch.Tensor) -> torch.Tensor | None:
+        """silu(gate) * up of a fused gate_up product [T, 2I] (gate first)."""
+        return None
+
+    def rotate(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        joint: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        rows: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """q [T, H, D] and k [T, Hkv, D] rotated by the neox tables (whole-head width, or the
+        rotated leading dims only) at table rows `rows`; `joint`: q and k as one [T, H + Hkv, D]
+        view where k's heads follow q's in the same rows (the fused qkv product), else None."""
+        return None
+
+    def argmax(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Row-wise argmax of [N, V] float32 logits, first index on ties, as torch.argmax."""
+        return None

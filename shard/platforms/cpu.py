@@ -1,0 +1,98 @@
+"""The CPU platform: the native kernels (shard/native/, built on first use), in eager mode, on
+float tensors of the dtypes they compute in (under --compile inductor fuses the torch forms
+itself, and an opaque call would stop it)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from shard.native import build as native
+from shard.native.eager import eager_cpu_kernel, heads_contiguous
+from shard.platforms.base import Platform
+
+MAX_NATIVE_HEAD_DIM = 512  # elementwise.cpp's kMaxHeadDim
+
+
+class CpuPlatform(Platform):
+    name = "cpu"
+    int4_activation_dtype = torch.bfloat16  # torch's CPU int4 matmul (quant/int4_cpu.py)
+
+    def threads(self, world_size: int) -> None:
+        if world_size > 1:
+            # CPU shards share the machine's cores; one OpenMP pool each the size of the
+            # machine would oversubscribe it N times.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+
+    def warm(self, attention: str) -> None:
+        if attention == "torch":
+            native.paged_decode_kernel()  # built (once per machine) or found before ready
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
+        kernel = eager_cpu_kernel(native.rms_norm_kernel, x)
+        if kernel is None or x.dim() not in (2, 3) or x.stride(-1) != 1 or weight.dtype != x.dtype:
+            return None
+        return kernel(x, weight, eps)  # type: ignore[no-any-return]
+
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        kernel = eager_cpu_kernel(native.add_rms_norm_kernel, x)
+        if (
+            kernel is None
+            or x.dim() != 2
+            or x.shape != residual.shape
+            or x.stride(-1) != 1
+            or residual.stride(-1) != 1
+            or not x.dtype == residual.dtype == weight.dtype
+        ):
+            return None
+        return kernel(x, residual, weight, eps)  # type: ignore[no-any-return]
+
+    def silu_and_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
+        kernel = eager_cpu_kernel(native.silu_mul_kernel, gate)
+        if (
+            kernel is None
+            or gate.dim() != 2
+            or gate.shape != up.shape
+            or gate.dtype != up.dtype
+            or gate.stride(1) != 1
+            or up.stride(1) != 1
+        ):
+            return None
+        return kernel(gate, up)  # type: ignore[no-any-return]
+
+    def swiglu(self, product: torch.Tensor) -> torch.Tensor | None:
+        return self.silu_and_mul(*product.chunk(2, dim=-1))
+
+    def rotate(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        joint: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        rows: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        kernel = eager_cpu_kernel(native.rotary_kernel, q)
+        if (
+            kernel is None
+            or rows.dtype != torch.int64
+            or q.dtype != k.dtype
+            or q.shape[-1] > MAX_NATIVE_HEAD_DIM
+        ):
+            return None
+        rows = rows.contiguous()
+        if joint is not None:
+            rotated = kernel(joint, cos, sin, rows)
+            return rotated[:, : q.shape[1]], rotated[:, q.shape[1] :]
+        if not (heads_contiguous(q) and heads_contiguous(k)):
+            return None
+        return kernel(q, cos, sin, rows), kernel(k, cos, sin, rows)
+
+    def argmax(self, x: torch.Tensor) -> torch.Tensor | None:
+        kernel = eager_cpu_kernel(native.argmax_kernel, x)
+        if kernel is None or x.dtype != torch.float32 or x.dim() != 2 or x.stride(1) != 1:
+            return None
+        return kernel(x)  # type: ignore[no-any-return]

@@ -1,0 +1,78 @@
+"""Whole models of the new architectures with the Triton attention backend (compiled on a GPU,
+interpreted on a CPU) against transformers: soft-capped scores in the prefill and decode
+kernels (Gemma 2), a replicated KV head with q/k norms and per-type ropes (Gemma 3), partial
+longrope (Phi-3), windows shorter than the prompts in every sliding layer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_cases import DEVICE
+
+from launcher.tiny_models import build_model
+from shard.distributed import Distributed
+from shard.models import load_model
+from tests.shard.paged_helpers import run_paged
+from tests.shard.tiny_model_cases import NEW_ARCH_MODELS
+
+STEPS = 3
+# The kernels' head sizes start at 64 (tests/kernels/kernel_cases.py HEAD_DIMS): two heads of
+# 64 over a hidden size of 128, otherwise each case's own overrides.
+SHAPE = {"hidden_size": 128, "num_attention_heads": 2, "head_dim": 64}
+CASES = {
+    "gemma2_softcap_alternating": {"num_key_value_heads": 1, "query_pre_attn_scalar": 48},
+    "gemma3_qk_norm_local_rope": {"num_key_value_heads": 1},
+    "phi3_partial_longrope": {"num_key_value_heads": 2},
+}
+# Phi-3's longrope factors, one per rotated frequency: 64 * 0.75 / 2 of them at this head size
+FREQUENCIES = 24
+
+
+def _longrope(rope: dict) -> dict:
+    return {
+        **rope,
+        "short_factor": [1.0 + i / 48 for i in range(FREQUENCIES)],
+        "long_factor": [2.0 + i / 4 for i in range(FREQUENCIES)],
+    }
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    built = {}
+    for name, extra in CASES.items():
+        architecture, overrides = NEW_ARCH_MODELS[name]
+        overrides = {**overrides, **SHAPE, **extra}
+        if architecture == "Phi3ForCausalLM":
+            overrides.pop("head_dim")  # Phi-3's head size is hidden / heads, never configured
+            overrides["rope_parameters"] = _longrope(overrides["rope_parameters"])
+        built[name] = build_model(tmp_path_factory.mktemp(name), architecture, **overrides)
+    return built
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_greedy_ids_and_logits_equal_transformers(checkpoints, name):
+    from transformers import AutoModelForCausalLM
+
+    path = checkpoints[name]
+    ours = load_model(
+        path, dtype=torch.float32, device=DEVICE, dist=Distributed(), attention="triton"
+    )
+    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(2)
+    batch = [torch.randint(3, ours.vocab_size, (n,), generator=gen) for n in (21, 37)]
+    logits, tokens = run_paged(ours, [p.to(DEVICE) for p in batch], STEPS, seed=4)
+    start = 0
+    for row, prompt in enumerate(batch):
+        with torch.inference_mode():
+            expected = ref(torch.tensor([tokens[row]])).logits[0]
+        got = logits[0][start : start + len(prompt)].cpu()
+        torch.testing.assert_close(got, expected[: len(prompt)], atol=1e-4, rtol=0)
+        for step in range(1, STEPS + 1):
+            want = expected[len(prompt) + step - 1]
+            torch.testing.assert_close(logits[step][row].cpu(), want, atol=1e-4, rtol=0)
+        start += len(prompt)
+        with torch.inference_mode():
+            out = ref.generate(prompt[None], max_new_tokens=STEPS + 1, do_sample=False,
+                               attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                               pad_token_id=0)  # fmt: skip
+        assert tokens[row][len(prompt) :] == out[0, len(prompt) :].tolist()

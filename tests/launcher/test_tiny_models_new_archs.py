@@ -1,0 +1,192 @@
+"""launcher.tiny_models' Gemma 2, Gemma 3 and Phi-3 checkpoints (NEW_ARCH_MODELS) as transformers
+reads them: every weight used, norms random around their identity, config values as given, and
+each case's features visible in the logits, so that the shard tests comparing against
+transformers on these cases test what their names say."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from launcher.tiny_models import build_model
+from tests.shard.tiny_model_cases import NEW_ARCH_MODELS
+
+PROMPT_LENS = (21, 37)  # the shard tests' prompts: Phi-3's longrope switches at 32 between them
+# Norms per layer (and the final one): Gemma 2 has four, Gemma 3 those and q/k norms.
+NORMS_PER_LAYER = {"Gemma2ForCausalLM": 4, "Gemma3ForCausalLM": 6, "Phi3ForCausalLM": 2}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Callable[..., Path]:
+    """name, **changes -> the case's checkpoint with `changes` on top of its overrides. The seed
+    is the builder's, so a variant differing only in config values has the same weights."""
+    cache: dict[tuple, Path] = {}
+
+    def get(name: str, **changes: object) -> Path:
+        key = (name, json.dumps(changes, sort_keys=True))
+        if key not in cache:
+            architecture, overrides = NEW_ARCH_MODELS[name]
+            root = tmp_path_factory.mktemp(name)
+            cache[key] = build_model(root, architecture, **{**overrides, **changes})
+        return cache[key]
+
+    return get
+
+
+def _load(path: Path) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def _prompts(vocab_size: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)  # tests/shard's prompts()
+    return [torch.randint(3, vocab_size, (n,), generator=gen) for n in PROMPT_LENS]
+
+
+@torch.inference_mode()
+def _logits(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [model(p[None]).logits[0] for p in _prompts(model.config.vocab_size)]
+
+
+def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return max((x - y).abs().max().item() for x, y in zip(a, b, strict=True))
+
+
+def _contains(actual: object, expected: object) -> bool:
+    """`expected` within `actual`: dicts may have gained keys (transformers fills in rope
+    defaults), everything else is equal."""
+    if isinstance(expected, dict):
+        return isinstance(actual, dict) and all(
+            k in actual and _contains(actual[k], v) for k, v in expected.items()
+        )
+    return actual == expected
+
+
+@pytest.mark.parametrize("name", sorted(NEW_ARCH_MODELS))
+def test_loads_in_transformers_with_every_weight_and_generates(built, name):
+    model, info = AutoModelForCausalLM.from_pretrained(
+        built(name), dtype=torch.float32, output_loading_info=True
+    )
+    assert info["missing_keys"] == set() and info["unexpected_keys"] == set()
+    assert info["mismatched_keys"] == set() and info["error_msgs"] == []
+    assert type(model).__name__ == NEW_ARCH_MODELS[name][0]
+    prompt = _prompts(model.config.vocab_size)[0]
+    with torch.inference_mode():
+        out = model.eval().generate(
+            prompt[None],
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=4,
+            do_sample=False,
+        )
+    assert out.shape == (1, len(prompt) + 4)
+
+
+@pytest.mark.parametrize("name", sorted(NEW_ARCH_MODELS))
+def test_config_round_trips_the_overrides(built, name):
+    architecture, overrides = NEW_ARCH_MODELS[name]
+    path = built(name)
+    raw = json.loads((path / "config.json").read_text())  # what the server reads
+    loaded = AutoConfig.from_pretrained(path).to_dict()
+    for key, value in overrides.items():
+        assert _contains(raw[key], value), (key, raw[key])
+        assert _contains(loaded[key], value), (key, loaded[key])
+    assert raw["architectures"] == [architecture] and raw["pad_token_id"] is None
+    assert raw["max_position_embeddings"] <= 512  # rotary tables stay small
+
+
+@pytest.mark.parametrize("name", sorted(NEW_ARCH_MODELS))
+def test_norms_are_random_around_their_identity_and_matter(built, name):
+    architecture, _ = NEW_ARCH_MODELS[name]
+    identity = 0.0 if architecture.startswith("Gemma") else 1.0  # Gemma: x * (1 + w)
+    model = _load(built(name))
+    norms = {k: v for k, v in model.state_dict().items() if "norm" in k}
+    layers = model.config.num_hidden_layers
+    assert len(norms) == NORMS_PER_LAYER[architecture] * layers + 1
+    for key, w in norms.items():
+        assert abs(w.mean().item() - identity) < 0.1, key
+        assert 0.04 < w.std().item() < 0.2, key  # N(identity, 0.1): 16 or 64 draws
+    assert len({tuple(w.tolist()) for w in norms.values()}) == len(norms)  # each its own draw
+
+    before = _logits(model)
+    with torch.no_grad():
+        for w in norms.values():
+            w.fill_(identity)
+    assert _max_diff(before, _logits(model)) > 1e-2
+
+
+def test_older_architectures_keep_norms_at_their_init(tmp_path):
+    """Their checkpoints stay byte-identical to those the older tests were written against."""
+    model = _load(build_model(tmp_path, "LlamaForCausalLM"))
+    norms = [v for k, v in model.state_dict().items() if "norm" in k]
+    assert norms and all(torch.equal(w, torch.ones_like(w)) for w in norms)
+
+
+@pytest.mark.parametrize(
+    "architecture, expected",
+    [
+        (
+            "Gemma2ForCausalLM",
+            dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
+                 max_position_embeddings=512),
+        ),
+        (
+            "Gemma3ForCausalLM",
+            dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
+                 max_position_embeddings=512),
+        ),
+        (
+            "Phi3ForCausalLM",
+            dict(max_position_embeddings=512, original_max_position_embeddings=512),
+        ),
+    ],
+)  # fmt: skip
+def test_builder_defaults_are_tiny(tmp_path, architecture, expected):
+    path = build_model(tmp_path, architecture)
+    config = json.loads((path / "config.json").read_text())
+    assert {k: config[k] for k in expected} == expected
+    assert config["vocab_size"] == 512 and config["pad_token_id"] is None
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    assert head_dim == 16
+    # An override of head_dim carries into the default attention scale.
+    if architecture.startswith("Gemma"):
+        other = build_model(tmp_path / "hd32", architecture, head_dim=32)
+        assert json.loads((other / "config.json").read_text())["query_pre_attn_scalar"] == 32
+
+
+def test_gemma2_softcaps_change_the_logits(built):
+    name = "gemma2_softcap_alternating"
+    capped = _logits(_load(built(name)))
+    no_attn_cap = _logits(_load(built(name, attn_logit_softcapping=None)))
+    no_final_cap = _logits(_load(built(name, final_logit_softcapping=None)))
+    # Far above the shard tests' 1e-4, so a model ignoring either cap fails them.
+    assert _max_diff(capped, no_attn_cap) > 5e-3
+    assert _max_diff(capped, no_final_cap) > 0.1
+    assert max(x.abs().max().item() for x in capped) < 3.0  # tanh's bound
+
+
+def test_gemma3_each_layer_type_has_its_own_rotary(built):
+    name = "gemma3_qk_norm_local_rope"
+    rope = NEW_ARCH_MODELS[name][1]["rope_parameters"]
+    logits = _logits(_load(built(name)))
+    unscaled = {**rope, "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0}}
+    same_theta = {**rope, "sliding_attention": {"rope_type": "default", "rope_theta": 1e6}}
+    assert _max_diff(logits, _logits(_load(built(name, rope_parameters=unscaled)))) > 0.1
+    assert _max_diff(logits, _logits(_load(built(name, rope_parameters=same_theta)))) > 0.1
+
+
+@torch.inference_mode()
+def test_phi3_prompts_straddle_the_longrope_switch(built):
+    """transformers picks short or long factors per forward, by its longest position: prompts
+    up to original_max_position_embeddings (32) get the short ones, longer ones the long ones
+    at every position (and tokens already cached keep the rotation they were given)."""
+    model = _load(built("phi3_partial_longrope"))
+    prompt = _prompts(model.config.vocab_size)[1]  # 37 tokens
+    alone = model(prompt[None, :21]).logits[0]
+    in_32 = model(prompt[None, :32]).logits[0, :21]
+    in_37 = model(prompt[None]).logits[0, :21]
+    torch.testing.assert_close(alone, in_32, atol=1e-5, rtol=0)
+    assert (alone - in_37).abs().max().item() > 1e-2

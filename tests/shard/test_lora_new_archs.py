@@ -1,0 +1,185 @@
+"""PEFT adapters on the architectures beyond the Llama family, against transformers + peft
+alone (float32): greedy ids equal, logprobs within 1e-4, several adapters and the base model in
+one batch, whole and chunked prompts; and bf16 serving on Phi-3 (as test_lora_bf16_vs_peft.py).
+
+- Gemma 2 has Llama's module names; its gate_up term goes through GeGLU (gelu-tanh) and its
+  attention and final logits are soft-capped. Gemma 3 the same, with q/k norms after the q/k
+  terms and one KV head.
+- Phi-3's checkpoint fuses q/k/v into one qkv_proj and gate/up into one gate_up_proj tensor,
+  and PEFT targets those fused modules: one A each, B split like the weight's rows
+  (lora_fixtures.PHI3_ADAPTERS: all linears, each fused module alone, the row layers alone).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from lora_fixtures import ADAPTERS, ALL, PHI3_ADAPTERS, PHI3_ALL, make_adapter, peft_reference
+from transformers import AutoModelForCausalLM
+
+from shard.distributed import Distributed
+from shard.layers import lora_amx
+from shard.layers.lora_amx import kernel_for
+from shard.lora.adapter import AdapterError
+from shard.lora.manager import LoraManager, LoraSettings
+from shard.models import load_model
+from shard.native.build import amx_linear_kernel
+from tests.shard.servicer_helpers import prompts
+from tests.shard.test_lora_bf16_vs_peft import (
+    FLOOR,
+    MEAN_TIMES_PEFT_BF16,
+    TIMES_PEFT_BF16,
+    _teacher_forced,
+)
+from tests.shard.test_lora_vs_peft import LOGPROB_ATOL, NEW_TOKENS, lora_service, serve_mixed
+
+CPU = torch.device("cpu")
+# model -> the adapters served on it
+CASES = {
+    "gemma2_softcap_alternating": ADAPTERS,
+    "gemma3_qk_norm_local_rope": ADAPTERS,
+    "phi3_partial_longrope": PHI3_ADAPTERS,
+}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def setup(request, tiny_model, tmp_path_factory):
+    """The model's name, its adapters (name -> dir), a servicer with all of them, and the
+    references (name -> model, "" the base), each loaded once for the module's tests."""
+    base = tiny_model(request.param)
+    root = tmp_path_factory.mktemp("adapters")
+    configs = CASES[request.param]
+    adapters = {
+        name: make_adapter(base, root / name, seed=40 + i, **config)
+        for i, (name, config) in enumerate(configs.items())
+    }
+    service = lora_service(base, adapters, max_loras=len(adapters))
+    references = {name: peft_reference(base, path) for name, path in adapters.items()}
+    references[""] = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    return request.param, adapters, service, references
+
+
+def _greedy(model, prompt: list[int]) -> tuple[list[int], list[float]]:
+    """Greedy ids and logprobs, the whole sequence recomputed each step as test_lora_vs_peft's
+    reference does. For Phi-3's longrope that is what the shard serves too: a sequence that
+    grows past original_max_position_embeddings is recomputed whole with the long factors
+    (shard/runner.py), and one of the prompts here (29 tokens) crosses the 32-token boundary."""
+    ids = list(prompt)
+    logprobs = []
+    with torch.no_grad():
+        for _ in range(NEW_TOKENS):
+            logits = model(torch.tensor([ids])).logits[0, -1].float()
+            token = int(logits.argmax())
+            logprobs.append(float(torch.log_softmax(logits, -1)[token]))
+            ids.append(token)
+    return ids[len(prompt) :], logprobs
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_adapters_mixed_with_the_base_model_equal_peft_alone(setup, chunked):
+    _, adapters, service, references = setup
+    first = next(iter(adapters))
+    names = ["", *adapters, first]  # the base model, every adapter, one adapter twice
+    texts, got = serve_mixed(service, names, seed=3, chunk=7 if chunked else None)
+    for i, (name, prompt) in enumerate(zip(names, texts, strict=True)):
+        want_ids, want_lps = _greedy(references[name], prompt)
+        assert [t for t, _ in got[i][:NEW_TOKENS]] == want_ids, f"request {i} ({name or 'base'})"
+        lps = torch.tensor([lp for _, lp in got[i][:NEW_TOKENS]])
+        torch.testing.assert_close(lps, torch.tensor(want_lps), atol=LOGPROB_ATOL, rtol=0)
+
+
+def test_every_adapter_changes_the_output(setup):
+    """Guards the test above against adapters too weak to matter: each target set, the fused
+    modules alone included, moves the logprobs."""
+    _, adapters, _, references = setup
+    prompt = [3 + t % 300 for t in prompts(1, seed=9)[0]]
+    plain = _greedy(references[""], prompt)[1]
+    for name in adapters:
+        assert _greedy(references[name], prompt)[1] != pytest.approx(plain, abs=1e-3), name
+
+
+def test_the_fused_terms_have_one_sub_module_per_checkpoint_module(setup):
+    """Phi-3's fused q/k/v and gate/up are one sub-module each (their adapter's one A shrinks
+    once); Gemma's come from three and two tensors, as Llama's."""
+    model, _, service, _ = setup
+    layer = service.runner.model.layers[0]
+    qkv, gate_up = layer.self_attn.qkv_proj.lora, layer.mlp.gate_up_proj.lora
+    fused = model.startswith("phi3")
+    assert len(qkv.out_slices) == (1 if fused else 3)
+    assert len(gate_up.out_slices) == (1 if fused else 2)
+    assert qkv.lora_a.shape[1] == len(qkv.out_slices)
+
+
+def test_llama_names_on_a_fused_checkpoint_are_refused_naming_them(tiny_model, tmp_path):
+    """An adapter with separate q_proj ... up_proj weights cannot be for Phi-3's checkpoint
+    (PEFT finds no such module in it), nor one with qkv_proj for Llama's: refused at load,
+    naming the modules, never skipped."""
+    llama = tiny_model("llama_gqa_llama3")  # the Phi-3s' hidden and intermediate sizes
+    path = make_adapter(llama, tmp_path / "llama", seed=0, r=4, target_modules=ALL)
+    model = load_model(tiny_model("phi3_gqa"), dtype=torch.float32, device=CPU, dist=Distributed())
+    settings = LoraSettings(adapters={"llama": path}, max_loras=1)
+    with pytest.raises(AdapterError, match=r"adapter 'llama': target_modules .*'q_proj'.*fuses"):
+        LoraManager(model, settings)
+    # target_modules as a regex (no list to check against): the first such module is named.
+    config_file = path / "adapter_config.json"
+    config = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps({**config, "target_modules": ".*_proj"}))
+    with pytest.raises(AdapterError, match=r"module 'model\.layers\.0\.mlp\.gate_proj'.*fuses"):
+        LoraManager(model, settings)
+    # and the other way round: a Phi-3 adapter on a checkpoint with separate projections
+    phi3 = make_adapter(
+        tiny_model("phi3_gqa"), tmp_path / "phi3", seed=0, r=4, target_modules=PHI3_ALL
+    )
+    llama_model = load_model(llama, dtype=torch.float32, device=CPU, dist=Distributed())
+    with pytest.raises(
+        AdapterError, match=r"'qkv_proj'.*has separate q_proj/k_proj/v_proj; .* gate_proj/up_proj"
+    ):
+        LoraManager(llama_model, LoraSettings(adapters={"phi3": phi3}, max_loras=1))
+
+
+def test_bf16_fused_adapters_track_peft(tiny_model, tmp_path, monkeypatch):
+    """bf16 serving of the fused-module adapters on Phi-4-mini's shape (GQA), as
+    test_lora_bf16_vs_peft.py checks the Llama family's: each served token's logprob within a
+    few times PEFT's own bf16 error of PEFT float32 after the same prefix (plain rotary, so the
+    whole sequence recomputed is the reference), the base model alone as negative control. The
+    fused terms (one sub-module over all of qkv_proj's or gate_up_proj's outputs, SwiGLU in the
+    epilogue) take the AMX tile kernel where it is built."""
+    tile_calls = []
+
+    def counted(weight, out_slices):
+        kernel = kernel_for(weight, out_slices)
+        return None if kernel is None else (lambda *a: tile_calls.append(1) or kernel(*a))
+
+    monkeypatch.setattr(lora_amx, "kernel_for", counted)
+    base = tiny_model("phi3_gqa")
+    adapters = {
+        name: make_adapter(base, tmp_path / name, seed=50 + i, **config)
+        for i, (name, config) in enumerate(PHI3_ADAPTERS.items())
+    }
+    service = lora_service(base, adapters, max_loras=len(adapters), dtype="bfloat16")
+    names = ["", *adapters]
+    texts, got = serve_mixed(service, names, seed=11)
+    plain = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    served_errors, peft_errors = [], []
+    for i, (name, prompt) in enumerate(zip(names, texts, strict=True)):
+        served = [t for t, _ in got[i][:NEW_TOKENS]]
+        served_lps = torch.tensor([lp for _, lp in got[i][:NEW_TOKENS]])
+        reference = peft_reference(base, adapters[name]) if name else plain
+        want, margin = _teacher_forced(reference, prompt, served)
+        want_bf16, _ = _teacher_forced(copy.deepcopy(reference).to(torch.bfloat16), prompt, served)
+        want, want_bf16 = torch.tensor(want), torch.tensor(want_bf16)
+        bound = max(FLOOR, TIMES_PEFT_BF16 * float((want_bf16 - want).abs().max()))
+        served_errors += (served_lps - want).abs().tolist()
+        peft_errors += (want_bf16 - want).abs().tolist()
+        label = name or "base"
+        assert float((served_lps - want).abs().max()) <= bound, label
+        assert max(margin) <= bound, (label, margin, bound)
+        if name:  # the same comparison against the base model alone fails: the term counts
+            without, _ = _teacher_forced(plain, prompt, served)
+            assert float((served_lps - torch.tensor(without)).abs().max()) > 2 * bound, label
+    served_mean, peft_mean = torch.tensor(served_errors).mean(), torch.tensor(peft_errors).mean()
+    assert served_mean <= MEAN_TIMES_PEFT_BF16 * peft_mean, (served_mean, peft_mean)
+    assert bool(tile_calls) == (amx_linear_kernel() is not None)
