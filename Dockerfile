@@ -16,7 +16,7 @@ ENV PYTHONUNBUFFERED=1 \
     TORCH_EXTENSIONS_DIR=/data/torch_extensions
 
 # A compiler at runtime: Triton builds a small C helper on GPUs; on CPUs the shard builds its
-# native kernels once (shard/native/build.py, kept under
+# native kernels once (shard/platforms/cpu/native/build.py, kept under
 # TORCH_EXTENSIONS_DIR on the volume) and `--compile` (inductor) builds C++ kernels. Unpinned: the base image's Debian release fixes their versions.
 # hadolint ignore=DL3008
 RUN apt-get update && apt-get install -y --no-install-recommends g++ libc6-dev \

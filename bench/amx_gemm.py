@@ -7,7 +7,7 @@ weight from DRAM. Both paths here run the SmolLM2-135M shape's four layer weight
 fused gate_up, down), interleaved as a forward pass meets them, over as many distinct layers as
 make `--weights-mib` (default 1 GiB: over twice this machine's 480 MiB shared L3, so no weight
 is still cached when it comes round again). Each path holds its own packed copies, made as the
-shard makes them (shard/layers/matmul.py): oneDNN's blocked layout, and the tile kernel's.
+shard makes them (shard/platforms/cpu/matmul.py): oneDNN's blocked layout, and the tile kernel's.
 Prints the time per 30 layers (the model's count), the weight read rate, and oneDNN / AMX. The
 AMX column is the kernel itself at every row count; the shard hands steps of
 `matmul_amx.ONEDNN_ROWS` rows or more to oneDNN instead.
@@ -42,8 +42,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
 
-    from shard.layers import matmul_amx
-    from shard.native.build import amx_linear_kernel
+    from shard.platforms.cpu import matmul_amx
+    from shard.platforms.cpu.native.build import amx_linear_kernel
 
     kernel = amx_linear_kernel()
     if kernel is None:

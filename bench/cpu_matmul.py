@@ -9,8 +9,8 @@ GEMM can be several times slower than fp32 once B grows, which then bounds every
 
 The second table is what a decode step sees: `--layers` distinct weights of each shape (one per
 layer, so each is read from DRAM rather than cache), multiplied plainly (F.linear) and packed
-once into oneDNN's layout as the shard does (shard/layers/matmul.py `prepare_weight`), in bf16
-and fp32, with the plain/packed ratio.
+once into oneDNN's layout as the shard does (shard/platforms/cpu/matmul.py `prepare_weight`), in
+bf16 and fp32, with the plain/packed ratio.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def cold_weights(row_counts: list[int], layers: int) -> None:
-    from shard.layers.matmul import linear, prepare_weight
+    from shard.platforms.cpu.matmul import linear, prepare_weight
 
     print(f"\n{layers} distinct weights per shape (read from DRAM), ms for all of them")
     header = ["shape", "rows", "bf16", "bf16 pack", "ratio", "fp32", "fp32 pack", "ratio"]

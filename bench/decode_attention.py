@@ -7,7 +7,7 @@ heads, head_dim 64), block size 16, each sequence's blocks scattered through the
 "matmul" is the first path: gathered K/V widened to fp32 heads-first copies, two batched
 matmuls and a softmax between. "sdpa" is the backend's torch path: the gathered rows go to SDPA
 as strided 4-D views (its CPU flash kernel). "native" is `TorchAttentionBackend.decode` as it
-runs where its kernel builds (shard/native/build.py): the cache read in place through
+runs where its kernel builds (shard/platforms/cpu/native/build.py): the cache read in place through
 the block tables (the column is blank where it cannot be built). Each row prints the median time
 of a layer's call, sdpa / native, and every path's largest error against a float64 computation
 of the same attention (all round to the model dtype once at the end; bf16's own rounding of the
@@ -29,7 +29,7 @@ BLOCK_SIZE = 16
 
 def matmul_decode(torch, q, kv_cache, meta, scale):  # type: ignore[no-untyped-def]
     """The former decode path (before SDPA), kept here as the baseline it is measured against."""
-    from shard.attention.torch_backend import _decode_gather_index, _slot_rows
+    from shard.platforms.cpu.attention import _decode_gather_index, _slot_rows
 
     keys, values = _slot_rows(kv_cache)
     flat, bias = _decode_gather_index(meta, kv_cache.shape[2], None, torch.float32)
@@ -93,8 +93,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
 
     import torch
 
-    from shard.attention import torch_backend
-    from shard.native.build import paged_decode_kernel
+    from shard.platforms.cpu import attention as torch_backend
+    from shard.platforms.cpu.native.build import paged_decode_kernel
 
     backend = torch_backend.TorchAttentionBackend()
     torch_path = torch_backend.TorchAttentionBackend(native=False)

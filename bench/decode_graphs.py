@@ -11,7 +11,7 @@ bf16 weights generated on the device (no checkpoint on disk: a 7B one would take
 and read back). Each batch size prefills `batch` requests of `--context` random tokens, then
 times `--steps` whole decode steps (forward, sampling, the tokens back on the host) eagerly and
 replayed from the graphs, in one run on the same cache. --smoke replays with the eager stand-in
-for a graph (shard.cuda_graphs.EagerReplayer): its timings mean nothing.
+for a graph (shard.platforms.cuda.graphs.EagerReplayer): its timings mean nothing.
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ def measure_shape(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
 
     from bench.inprocess import build_shard, prefilled_batch
     from bench.shard_batches import blocks_per_request
-    from shard.cuda_graphs import DecodeGraphs
+    from shard.platforms.cuda.graphs import DecodeGraphs
 
     batches = [int(b) for b in args.batches.split(",")]
     config = hf_config(SHAPES[name])
@@ -220,7 +220,7 @@ def measure_shape(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
             svc = build_shard(Path(tmp), "bfloat16", cuda_graphs=graphs)
     runner = svc.runner
     if args.smoke:
-        from shard.cuda_graphs import EagerReplayer
+        from shard.platforms.cuda.graphs import EagerReplayer
 
         runner.graphs = DecodeGraphs(runner.model, batches, device, replayer=EagerReplayer())
     runner.decode_path = None  # a GPU has none; on the smoke CPU, compare the module forward

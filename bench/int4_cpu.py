@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from shard.layers.quant.int4 import QuantizedWeight, pack_rows
-from shard.layers.quant.int4_cpu import CpuInt4, DequantizingInt4
+from shard.layers.quant.int4_cpu import CpuInt4
+from shard.layers.quant.int4_dequant import DequantizingInt4
 
 ROWS = (1, 4, 16, 64, 160, 256, 384, 512)
 

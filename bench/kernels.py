@@ -83,7 +83,7 @@ def sdpa(q, k, v, causal: bool):
 def bench_decode(s, bench, device, batch, context, name, splits=None, sweep=False, window=None):
     """With `window`, each query sees its last `window` tokens: the bytes read, and SDPA's
     dense K/V, are the window's."""
-    from shard.kernels.decode import (
+    from shard.platforms.cuda.kernels.decode import (
         DecodeConfig,
         choose_num_splits,
         num_sms,
@@ -130,7 +130,7 @@ def bench_decode(s, bench, device, batch, context, name, splits=None, sweep=Fals
 
 
 def bench_prefill(s, bench, device, sweep=False):
-    from shard.kernels.prefill import PrefillConfig, varlen_prefill
+    from shard.platforms.cuda.kernels.prefill import PrefillConfig, varlen_prefill
 
     t = s.prefill_tokens
     q = torch.randn(t, s.heads, s.head_dim, dtype=s.dtype, device=device)
@@ -179,7 +179,7 @@ def bench_prefill(s, bench, device, sweep=False):
 
 
 def bench_kv_write(s, bench, device):
-    from shard.kernels.kv_write import kv_write
+    from shard.platforms.cuda.kernels.kv_write import kv_write
 
     t = s.prefill_tokens
     key = torch.randn(t, s.kv_heads, s.head_dim, dtype=s.dtype, device=device)
@@ -209,7 +209,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     if args.smoke:
-        # Before the first import of triton (shard.kernels imports it).
+        # Before the first import of triton (shard.platforms.cuda.kernels imports it).
         os.environ["TRITON_INTERPRET"] = "1"
     elif not torch.cuda.is_available():
         print(

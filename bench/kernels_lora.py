@@ -83,9 +83,9 @@ def make_layer(name: str, k: int, out_slices: tuple[int, ...], device, gen) -> L
 
 
 def bench_step(bench, layer: Layer, step: str, tokens: int, runs: int, gen) -> Result:
-    from shard.kernels.lora_expand import lora_expand
-    from shard.kernels.lora_shrink import lora_shrink
-    from shard.kernels.lora_tiles import default_block_m, slot_tiles
+    from shard.platforms.cuda.kernels.lora_expand import lora_expand
+    from shard.platforms.cuda.kernels.lora_shrink import lora_shrink
+    from shard.platforms.cuda.kernels.lora_tiles import default_block_m, slot_tiles
 
     device, (n, k) = layer.a.device, layer.weight.shape
     n_sub = len(layer.out_slices)

@@ -41,7 +41,7 @@ def random_int4(k: int, n: int, device: torch.device, gen: torch.Generator):
 def bench_w4a16(
     bench: Callable[[Callable[[], object]], float], device: torch.device, smoke: bool, sweep: bool
 ) -> list[Result]:
-    from shard.kernels.w4a16 import w4a16_matmul
+    from shard.platforms.cuda.kernels.w4a16 import w4a16_matmul
 
     gen = torch.Generator().manual_seed(0)
     results = []
@@ -71,7 +71,7 @@ def bench_w4a16(
 
 
 def sweep_w4a16(bench, ours, m: int, work: float, flops: float) -> list[Result]:
-    from shard.kernels.w4a16_config import W4A16Config
+    from shard.platforms.cuda.kernels.w4a16_config import W4A16Config
 
     if m <= 16:
         candidates = [W4A16Config(16, 64, 128, 4, 4, split_k=s, scale_after_dot=True)

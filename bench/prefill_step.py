@@ -38,9 +38,9 @@ def main(argv: list[str] | None = None) -> None:
     from bench.inprocess import build_shard, model_dir_or_default
     from bench.shard_batches import cache_tokens_needed, make_batch
     from shard import wire
-    from shard.attention import torch_backend
     from shard.layers.activation import silu_and_mul
     from shard.layers.linear import MergedColumnParallelLinear
+    from shard.platforms.cpu import attention as torch_backend
 
     fused = MergedColumnParallelLinear.act_and_mul
     cells = torch_backend.NATIVE_PREFILL_CELLS, torch_backend.AMX_PREFILL_CELLS

@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.compile:
         # Compiled first: dynamo must not trace the clock. The graph calls the terms through
-        # an opaque op (shard/compiled.py), which then finds the clocked forward.
+        # an opaque op (shard/platforms/cpu/compiled.py), which then finds the clocked forward.
         run(0)
     LoraTerm.forward = clock.wrap(LoraTerm.forward)  # type: ignore[method-assign]
     print(

@@ -47,7 +47,7 @@ def read_bandwidth(torch, gib: float, repeats: int) -> float:  # type: ignore[no
 def gemm_rate(torch, m: int, k: int, n: int, dtype, repeats: int) -> float:  # type: ignore[no-untyped-def]
     """FLOP/s of the shard's own matmul at [m, k] x [k, n], its weight [n, k] in the layout the
     shard gives it (packed where it packs), the same weight every call: cache-hot, the best case."""
-    from shard.layers.matmul import linear, prepare_weight
+    from shard.platforms.cpu.matmul import linear, prepare_weight
 
     x = torch.randn(m, k).to(dtype)
     w = prepare_weight(torch.randn(n, k).to(dtype))

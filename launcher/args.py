@@ -53,7 +53,7 @@ class LauncherConfig:
     block_size: int
     cuda_memory_fraction: float | None
     cpu_kv_cache_gb: float | None
-    compile: bool  # torch.compile the shards' forward pass (shard/compiled.py)
+    compile: bool  # torch.compile the shards' forward pass (shard/platforms/cpu/compiled.py)
     cuda_graphs: str | None  # decode batch sizes to capture, "0" none; None: the shard's default
     shard_startup_timeout: float
     # Router settings (None: not forwarded, the router's default applies)

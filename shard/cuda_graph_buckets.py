@@ -1,5 +1,5 @@
-"""`--cuda-graphs`: which decode batch sizes get a CUDA graph (shard/cuda_graphs.py). Apart from
-it, without torch, so that the launcher checks the flag before it starts anything."""
+"""`--cuda-graphs`: which decode batch sizes get a CUDA graph (shard/platforms/cuda/graphs.py).
+Apart from it, without torch, so that the launcher checks the flag before it starts anything."""
 
 from __future__ import annotations
 

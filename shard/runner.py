@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import torch
 
 from shard.batch import Batch, PromptScores
-from shard.cuda_graphs import DecodeGraphs
 from shard.distributed import Distributed
 from shard.layers.lora import LoraStep
+from shard.platforms.cuda.graphs import DecodeGraphs
 from shard.requests import Generation, Tokens
 from shard.sampling.sampler import SampleOutput, sample
 from shard.sampling.token_masks import TokenMasks, gather_token_masks

@@ -20,10 +20,10 @@ import torch
 
 from shard import wire
 from shard.batch import Batch
-from shard.cuda_graphs import block_table_width
 from shard.kv_cache import KvCacheSettings, plan_num_blocks
 from shard.lora.manager import LoraManager
 from shard.platforms import platform_of
+from shard.platforms.cuda.graphs import block_table_width
 from shard.requests import NewRequest
 from shard.runner import ModelRunner, StepTimings
 from shard.sockets import shard_url
@@ -74,7 +74,7 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
         return generate_pb2.InfoResponse(
             model_id=self.identity.model_id,
             dtype=self.identity.dtype,
-            device_type=self.runner.device.type,
+            device_type=platform_of(self.runner.device).name,
             block_size=self.runner.block_size,
             world_size=self.runner.dist.world_size,
             vocab_size=model.vocab_size,

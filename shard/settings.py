@@ -26,7 +26,8 @@ class ShardSettings:
     max_loras: int = 4
     max_cpu_loras: int | None = None
     max_lora_rank: int = 64
-    # torch.compile the forward pass (shard/compiled.py): CPU, one shard, dense weights, no LoRA.
+    # torch.compile the forward pass (shard/platforms/cpu/compiled.py): CPU, one shard, dense
+    # weights, no LoRA.
     compile: bool = False
     # CUDA graphs' batch-size buckets for decode: None, the default on a GPU (none on a CPU);
     # () none (--cuda-graphs 0).

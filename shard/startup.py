@@ -8,8 +8,6 @@ from pathlib import Path
 import torch
 
 from shard.attention import get_attention_backend
-from shard.compiled import CompiledForward, check_supported
-from shard.cuda_graphs import DecodeGraphs, buckets_for
 from shard.distributed import init_distributed
 from shard.kv_cache import KvCacheSettings
 from shard.layers.lora import LoraStep
@@ -18,8 +16,10 @@ from shard.layers.quant.unquantized import DenseWeight
 from shard.lora.manager import LoraManager, LoraSettings
 from shard.models import load_model
 from shard.models.config import read_quantization
-from shard.models.cpu_decode import CpuDecodePath
 from shard.platforms import platform_of, shard_device
+from shard.platforms.cpu.compiled import CompiledForward, check_supported
+from shard.platforms.cpu.decode_loop import CpuDecodePath
+from shard.platforms.cuda.graphs import DecodeGraphs, buckets_for
 from shard.rank_env import DistributedEnv
 from shard.runner import ModelRunner
 from shard.server import ShardIdentity, TextGenerationService

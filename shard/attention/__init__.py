@@ -1,6 +1,8 @@
 """Attention over the paged KV cache: the per-step metadata (metadata.py), the backend
-interface and `attend` (backend.py), the torch backend (torch_backend.py, CPU) and the Triton
-one (triton_backend.py, CUDA or interpreted), loaded only when chosen."""
+interface, `attend` and the registry of backends by name (backend.py). The backends belong to
+their platforms: "torch" (shard/platforms/cpu/attention.py: the reference in torch, with the
+CPU's native kernels) and "triton" (shard/platforms/cuda/attention.py: CUDA, or interpreted),
+each loaded only when chosen."""
 
 from shard.attention.backend import AttentionBackend, attend, get_attention_backend
 from shard.attention.metadata import AttentionMetadata, MixedMetadata, StepMetadata

@@ -3,12 +3,23 @@ registry of backends by the name `--attention` takes."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
 
 from shard.attention.metadata import AttentionMetadata, StepMetadata
-from shard.attention.torch_backend import TorchAttentionBackend
+
+# What `attend` becomes inside a graph traced for --compile: one opaque op that reads the step's
+# metadata, registered by shard/platforms/cpu/compiled.py (which owns it) when it is imported,
+# so that this module imports no platform.
+_graph_attend: Callable[..., torch.Tensor] | None = None
+
+
+def register_graph_attend(op: Callable[..., torch.Tensor]) -> None:
+    global _graph_attend
+    _graph_attend = op
+
 
 
 def attend(
@@ -28,9 +39,8 @@ def attend(
     softmax (Gemma 2)."""
     softcap = softcap or None  # 0 means off, as the kernels take it: one spelling from here on
     if torch.compiler.is_compiling():  # --compile: one opaque op reading the step's metadata
-        from shard.compiled import attend_in_graph
-
-        return attend_in_graph(q, k, v, kv_cache, scale, window, softcap)
+        assert _graph_attend is not None, "a traced attend needs --compile's op registered"
+        return _graph_attend(q, k, v, kv_cache, scale, window, softcap)
     backend.store_kv(k, v, kv_cache, meta.slot_mapping)
     if isinstance(meta, AttentionMetadata):
         if meta.is_prefill:
@@ -88,12 +98,14 @@ class AttentionBackend(Protocol):
 
 def get_attention_backend(name: str) -> AttentionBackend:
     if name == "torch":
+        from shard.platforms.cpu.attention import TorchAttentionBackend
+
         return TorchAttentionBackend()
     if name == "triton":
         # Imported on demand: triton is only a dependency where this backend is used, and
         # TRITON_INTERPRET must be set before triton is first imported.
         try:
-            from shard.attention.triton_backend import TritonAttentionBackend
+            from shard.platforms.cuda.attention import TritonAttentionBackend
         except ImportError as e:
             raise ValueError(f"attention backend 'triton' needs the triton package: {e}") from e
         return TritonAttentionBackend()

@@ -27,8 +27,8 @@ class AttentionMetadata:
     # it is computed in chunks (longrope picks its tables by it, shard/layers/rotary.py). None:
     # context_lens for prefill, position + 1 for decode (what every row at its last token has).
     seq_lens: torch.Tensor | None = None
-    # Decode captured in a CUDA graph (shard/cuda_graphs.py): the tensors are the graph's static
-    # buffers, whose values change from replay to replay, so no backend may read them on the
+    # Decode captured in a CUDA graph (shard/platforms/cuda/graphs.py): the tensors are the graph's
+    # static buffers, whose values change from replay to replay, so no backend may read them on the
     # host or size anything from them; only their shapes (bucket x widest block table) hold.
     captured: bool = False
     # What a backend derives from the metadata once per step and every layer reuses (the torch

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shard.distributed import Distributed
-from shard.layers.matmul import linear, prepare_weight
+from shard.platforms import platform_of
 from shard.weights import Weights, WeightsError
 
 
@@ -76,7 +76,9 @@ class ParallelLMHead(nn.Module):
         super().__init__()
         # A tied head packs a copy of the embedding's weight (both are read-only after load);
         # where nothing is packed it holds the embedding's Parameter itself.
-        packed = prepare_weight(weight.data if isinstance(weight, nn.Parameter) else weight)
+        self.ops = platform_of(weight.device)
+        plain = weight.data if isinstance(weight, nn.Parameter) else weight
+        packed = self.ops.prepare_weight(plain)
         if isinstance(weight, nn.Parameter) and packed is weight.data:
             self.weight = weight
         else:
@@ -94,5 +96,5 @@ class ParallelLMHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> float32 [N, vocab_size], the full vocabulary on every rank."""
-        logits = self.dist.all_gather(linear(hidden, self.weight), dim=-1)
+        logits = self.dist.all_gather(self.ops.linear(hidden, self.weight), dim=-1)
         return logits[:, : self.vocab_size].float()

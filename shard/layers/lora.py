@@ -17,13 +17,13 @@ Which token uses which slot is per step: the runner sets it once on the shared `
 
 On CPU, terms work on packed copies of the slots, in which every slot's weights are one
 contiguous block. A step of up to NATIVE_TOKENS_PER_SLOT adapter tokens a slot it uses (at most
-NATIVE_MAX_TOKENS) runs the native kernel (shard/native/lora.cpp) where it was built: tokens
-grouped by slot, each slot's rows read once for all its tokens, one call per linear; or, for a
-bf16 linear whose weight the AMX tile kernel holds, the base product and the terms in one call
-of that kernel (`LoraTerm.linear`, shard/layers/lora_amx.py, up to TILE_MAX_TOKENS). Otherwise,
-or without the kernel, the torch path. Its matmuls are tiny (a decode step's few rows, rank 16),
-so on CPU they cost per call more than per FLOP. A small step computes every slot it uses for
-all its tokens at once (the "dense" shape: one shrink GEMM, a mask that keeps each token's own
+NATIVE_MAX_TOKENS) runs the native kernel (shard/platforms/cpu/native/lora.cpp) where it was built:
+tokens grouped by slot, each slot's rows read once for all its tokens, one call per linear; or, for
+a bf16 linear whose weight the AMX tile kernel holds, the base product and the terms in one call
+of that kernel (`LoraTerm.linear`, shard/platforms/cpu/lora_amx.py, up to TILE_MAX_TOKENS).
+Otherwise, or without the kernel, the torch path. Its matmuls are tiny (a decode step's few rows,
+rank 16), so on CPU they cost per call more than per FLOP. A small step computes every slot it uses
+for all its tokens at once (the "dense" shape: one shrink GEMM, a mask that keeps each token's own
 slot with its scaling, one expand GEMM per sub-module, whatever the number of adapters); a step
 using one slot is exact that way at any size. A large step over several slots would multiply its
 FLOPs by their count, so it goes slot by slot over each slot's tokens (the "grouped" shape). A
@@ -42,13 +42,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shard.compiled import lora_in_graph, register_lora_term
-from shard.layers import lora_amx
 from shard.layers.activation import SILU, act_and_mul
 from shard.layers.lora_chunks import ChunkedB
-from shard.layers.matmul import linear, prepare_weight
 from shard.layers.quant.base import LinearWeight
 from shard.layers.quant.unquantized import DenseWeight
+from shard.platforms.cpu import lora_amx
+from shard.platforms.cpu.compiled import lora_in_graph, register_lora_term
+from shard.platforms.cpu.matmul import linear, prepare_weight
 
 # Adapter tokens up to which a CPU step runs the native kernel: NATIVE_TOKENS_PER_SLOT for each
 # slot the step uses, at most NATIVE_MAX_TOKENS. Past them, one slot's oneDNN GEMM wins, or the
@@ -87,7 +87,8 @@ class LoraStep:
     scaling: torch.Tensor  # [S] fp32 on the device (the kernels read it there)
     scaling_host: list[float]  # the same, for the torch path's per-slot calls
     triton: bool = False  # the Triton shrink/expand kernels (CUDA, or interpreted in tests)
-    native: Callable[..., None] | None = None  # the native CPU kernel (shard/native/build.py)
+    # the native CPU kernel (shard/platforms/cpu/native/build.py)
+    native: Callable[..., None] | None = None
     dtype: torch.dtype = torch.float32  # the LoRA weights' (the model's): the dense mask's too
     token_slots: torch.Tensor | None = None  # [T] int32, -1: no adapter
     # The native kernel: the adapter tokens grouped by slot (order [U] int64) and each group's
@@ -114,7 +115,7 @@ class LoraStep:
     def slot_tiles(self) -> object:
         """The Triton kernels' tiles of this step's tokens (token_slots set), built once."""
         if self.tiles is None:
-            from shard.kernels.lora_tiles import default_block_m, slot_tiles
+            from shard.platforms.cuda.kernels.lora_tiles import default_block_m, slot_tiles
 
             assert self.token_slots is not None, "no adapter token this step"
             slots = self.token_slots.int()
@@ -188,7 +189,8 @@ class LoraTerm(nn.Module):
         self._tile_base: torch.Tensor | None = None
         self._tile_kernel: Callable[..., torch.Tensor] | None = None
         # --compile calls this term through an opaque op that names it by this id
-        # (shard/compiled.py): the slots and the step's mapping stay outside the graph.
+        # (shard/platforms/cpu/compiled.py): the slots and the step's mapping stay outside the
+        # graph.
         self.term_id = register_lora_term(self)
 
     def fill(self, slot: int, parts: list[tuple[torch.Tensor, torch.Tensor] | None]) -> None:
@@ -283,8 +285,8 @@ class LoraTerm(nn.Module):
             return
         step = self.step
         if step.triton:
-            from shard.kernels.lora_expand import lora_expand
-            from shard.kernels.lora_shrink import lora_shrink
+            from shard.platforms.cuda.kernels.lora_expand import lora_expand
+            from shard.platforms.cuda.kernels.lora_shrink import lora_shrink
 
             slots = step.token_slots.int()
             tiles = step.slot_tiles()
@@ -360,7 +362,7 @@ class _Packed:
     `select` gives the same for a subset of the slots (views when they are consecutive, else a
     compact copy), built once and kept while steps keep using that subset (a slot's fill drops
     them all with the packed copy). `a_mm` and `b_mm` are the two in the layout the CPU GEMM
-    reads fastest (shard/layers/matmul.py): 20-35% less time per term than F.linear and addmm
+    reads fastest (shard/platforms/cpu/matmul.py): 20-35% less time per term than F.linear and addmm
     on the plain ones (measured at decode shapes, 1-12 slots), but packing a term's pair costs
     as much as ~15 such calls, so a subset is packed only once it has served PACK_AFTER_USES
     steps: with many adapters the subset a step uses changes every few steps."""

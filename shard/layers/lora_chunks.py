@@ -1,5 +1,5 @@
 """B of a LoRA term's slots in column chunks, the layout the native CPU kernel's expand reads
-(shard/native/lora.cpp, `kExpandCols`).
+(shard/platforms/cpu/native/lora.cpp, `kExpandCols`).
 
 The torch path keeps B as rows of B^T ([S * n_sub * r, N], `_Packed` in lora.py): one GEMM
 expands every sub-module. The native kernel's expand works on 64-column tiles, and on those

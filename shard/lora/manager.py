@@ -36,7 +36,7 @@ from shard.layers.linear import ColumnParallelLinear, RowParallelLinear
 from shard.layers.lora import LoraStep, LoraTerm
 from shard.layers.quant.base import Piece
 from shard.lora.adapter import AdapterError, LoraAdapter, read_adapter
-from shard.native.build import lora_kernel
+from shard.platforms import platform_of
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +92,9 @@ class LoraManager:
             scaling=torch.zeros(settings.max_loras, device=model.device),
             scaling_host=[0.0] * settings.max_loras,
             triton=triton,
-            # On CPU, small steps' terms run natively where the kernels could be built.
-            native=lora_kernel() if model.device.type == "cpu" and not triton else None,
+            # The platform's kernel for small steps' terms where it has one (the CPU's native
+            # one, where it could be built), unless the Triton kernels take them all.
+            native=None if triton else platform_of(model.device).lora_kernel(),
             dtype=model.dtype,
         )
         self.layers = _attach(model, self.step, settings, model.dtype, model.device)

@@ -4,8 +4,10 @@ hold no device checks: they ask `platform_of(tensor)` (or of their weights' devi
 call what it has; an operation returns None where its platform has no kernel for those inputs,
 and the layer computes the torch reference form, which is the same values.
 
-- `cpu` (shard/platforms/cpu.py): the native kernels (shard/native/), in eager mode.
-- `cuda` (shard/platforms/cuda.py): the Triton kernels (shard/kernels/).
+- `cpu` (shard/platforms/cpu/): the native kernels (native/) in eager mode, oneDNN and AMX
+  matmuls, the torch attention backend with its native kernels, --compile, the decode loop.
+- `cuda` (shard/platforms/cuda/): the Triton kernels (kernels/), the Triton attention backend,
+  CUDA graphs.
 A device type without a platform of its own (mps, xpu...) gets the base table: torch everywhere.
 """
 
@@ -30,7 +32,9 @@ def _build(device_type: str) -> Platform:
         from shard.platforms.cuda import CudaPlatform
 
         return CudaPlatform()
-    return Platform()
+    platform = Platform()
+    platform.name = device_type  # torch's own ops there, under the device's name
+    return platform
 
 
 def platform_of(where: torch.Tensor | torch.device) -> Platform:

@@ -3,9 +3,11 @@ platform has none for these inputs (the caller then computes the torch reference
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 
 from shard.platforms import host_memory
 
@@ -19,8 +21,11 @@ class Platform:
     # when --attention is not given
     dist_backend = "gloo"
     default_attention = "torch"
-    # `--dtype auto` for an int4 checkpoint where the platform's int4 kernel takes one
-    # activation dtype only; None: the checkpoint's dtype
+    # The int4 GEMM of shard/layers/quant/int4_linear.py this platform runs: "cpu" (torch's CPU
+    # int4 kernel), "triton" (the Triton W4A16 GEMM), None (dequantize + GEMM); and `--dtype
+    # auto` for an int4 checkpoint where that kernel takes one activation dtype only (None: the
+    # checkpoint's dtype).
+    int4_kernel: str | None = None
     int4_activation_dtype: torch.dtype | None = None
 
     # -- the process and its memory ------------------------------------------------------
@@ -57,6 +62,33 @@ class Platform:
         return min(share, host_memory.CPU_DEFAULT_CAP_BYTES), available
 
     # -- operations ----------------------------------------------------------------------
+
+    def prepare_weight(self, weight: torch.Tensor) -> torch.Tensor:
+        """`weight` [out, in] in the layout `linear` multiplies fastest here (a new tensor where
+        it is repacked, so a weight shared with an embedding keeps its rows)."""
+        return weight
+
+    def dense(self, weight: torch.Tensor) -> torch.Tensor:
+        """The plain [out, in] tensor behind a weight `prepare_weight` returned."""
+        return weight
+
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """x @ weight.T + bias for a weight `prepare_weight` returned."""
+        return F.linear(x, weight, bias)
+
+    def gated_linear(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str
+    ) -> torch.Tensor | None:
+        """act(gate) * up of a fused gate_up product in one kernel (the activation in its
+        epilogue), for a weight `prepare_weight` returned; None where there is none."""
+        return None
+
+    def lora_kernel(self) -> Callable[..., None] | None:
+        """A kernel adding small steps' LoRA terms, all slots in one call
+        (shard/layers/lora.py: LoraStep.native), or None: torch's GEMMs."""
+        return None
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
         """x * rsqrt(mean(x^2) + eps), rounded to x's dtype, times weight (Llama's rounding)."""

@@ -2,7 +2,7 @@
 computation from the block tables gives, for every case, and it reports one row per case."""
 
 from bench import decode_attention
-from shard.native.build import unavailable_reason
+from shard.platforms.cpu.native.build import unavailable_reason
 
 
 def test_every_path_matches_float64_on_every_case(capsys):

@@ -26,7 +26,7 @@ from gpu_compile_lora import compile_lora  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from shard.kernels import (  # noqa: E402
+from shard.platforms.cuda.kernels import (  # noqa: E402
     decode,
     decode_reduce,
     dot_options,
@@ -37,7 +37,7 @@ from shard.kernels import (  # noqa: E402
     prefill,
     w4a16,
 )
-from shard.kernels.w4a16_config import W4A16Config, default_config  # noqa: E402
+from shard.platforms.cuda.kernels.w4a16_config import W4A16Config, default_config  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
 H100_SHARED_BYTES = 227 * 1024

@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 import torch
 
-from shard.kernels import dot_options, lora_expand, lora_shrink
-from shard.kernels.lora_expand import default_expand_config
-from shard.kernels.lora_shrink import default_shrink_config
+from shard.platforms.cuda.kernels import dot_options, lora_expand, lora_shrink
+from shard.platforms.cuda.kernels.lora_expand import default_expand_config
+from shard.platforms.cuda.kernels.lora_shrink import default_shrink_config
 
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 METADATA = ("order_ptr", "tile_slot_ptr", "tile_begin_ptr", "tile_end_ptr")

@@ -12,8 +12,8 @@ import torch
 pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[dev]' on Linux)")
 
 from shard.attention.metadata import AttentionMetadata  # noqa: E402
-from shard.attention.torch_backend import TorchAttentionBackend  # noqa: E402
-from shard.kernels import interpreting  # noqa: E402
+from shard.platforms.cpu.attention import TorchAttentionBackend  # noqa: E402
+from shard.platforms.cuda.kernels import interpreting  # noqa: E402
 
 DEVICE = torch.device("cpu" if interpreting() else "cuda")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)

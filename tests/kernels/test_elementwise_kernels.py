@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from kernel_cases import DEVICE
 
-from shard.kernels import interpreting
-from shard.kernels.elementwise import rms_norm, rotary_, silu_mul
 from shard.layers.rotary import _rotate
+from shard.platforms.cuda.kernels import interpreting
+from shard.platforms.cuda.kernels.elementwise import rms_norm, rotary_, silu_mul
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 

@@ -15,7 +15,7 @@ from kernel_cases import (
     randn,
 )
 
-from shard.kernels.decode import (
+from shard.platforms.cuda.kernels.decode import (
     MAX_SPLITS,
     MIN_TOKENS_PER_SPLIT,
     choose_num_splits,

@@ -6,7 +6,7 @@ import pytest
 import torch
 from kernel_cases import DEVICE, DTYPES, REFERENCE, PagedBatch, randn
 
-from shard.kernels.kv_write import kv_write
+from shard.platforms.cuda.kernels.kv_write import kv_write
 
 
 @pytest.mark.parametrize("head_dim", [64, 80])

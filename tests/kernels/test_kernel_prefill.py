@@ -16,7 +16,7 @@ from kernel_cases import (
     randn,
 )
 
-from shard.kernels.prefill import PrefillConfig, varlen_prefill
+from shard.platforms.cuda.kernels.prefill import PrefillConfig, varlen_prefill
 
 
 def run_prefill(

@@ -21,9 +21,9 @@ import pytest
 import torch
 from kernel_cases import DEVICE
 
-from shard.kernels.lora_expand import ExpandConfig, lora_expand
-from shard.kernels.lora_shrink import ShrinkConfig, lora_shrink
-from shard.kernels.lora_tiles import max_tiles, slot_tiles
+from shard.platforms.cuda.kernels.lora_expand import ExpandConfig, lora_expand
+from shard.platforms.cuda.kernels.lora_shrink import ShrinkConfig, lora_shrink
+from shard.platforms.cuda.kernels.lora_tiles import max_tiles, slot_tiles
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 H_TOL = dict(atol=1e-5, rtol=1e-5)

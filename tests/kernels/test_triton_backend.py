@@ -8,7 +8,7 @@ import torch
 from kernel_cases import DEVICE, REFERENCE, TOLERANCES, PagedBatch, as_float, fill_cache, randn
 
 from shard.attention import MixedMetadata, attend, get_attention_backend
-from shard.attention.triton_backend import TritonAttentionBackend
+from shard.platforms.cuda.attention import TritonAttentionBackend
 
 
 def test_prefill_then_decode_through_the_interface():

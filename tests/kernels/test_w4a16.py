@@ -23,10 +23,11 @@ import triton
 import triton.language as tl
 from kernel_cases import DEVICE
 
-from shard.kernels import w4a16 as w4a16_module
-from shard.kernels.int4_dequant import EXPONENT_2P23, codes_minus_zeros
-from shard.kernels.w4a16 import w4a16_matmul
-from shard.kernels.w4a16_config import (
+from shard.layers.quant.int4 import QuantizedWeight, pack_rows, unpack_rows
+from shard.platforms.cuda.kernels import w4a16 as w4a16_module
+from shard.platforms.cuda.kernels.int4_dequant import EXPONENT_2P23, codes_minus_zeros
+from shard.platforms.cuda.kernels.w4a16 import w4a16_matmul
+from shard.platforms.cuda.kernels.w4a16_config import (
     MAX_SPLIT_K,
     WAVES,
     W4A16Config,
@@ -34,7 +35,6 @@ from shard.kernels.w4a16_config import (
     choose_split_k,
     default_config,
 )
-from shard.layers.quant.int4 import QuantizedWeight, pack_rows, unpack_rows
 
 TOLERANCES = {
     torch.float32: dict(atol=1e-5, rtol=1e-5),
@@ -250,7 +250,7 @@ def test_tiles_too_small_for_a_gpu_are_refused_there_and_never_chosen(monkeypatc
     check_tile(tiny, compiled=False)
     check_tile(W4A16Config(16, 16, 32, 1, 1), compiled=True)  # 64 words: right on the H100
     # Every config default_config picks for a GPU is large enough.
-    monkeypatch.setattr("shard.kernels.w4a16_config.interpreting", lambda: False)
+    monkeypatch.setattr("shard.platforms.cuda.kernels.w4a16_config.interpreting", lambda: False)
     for dtype in DTYPES:
         for m in (1, 7, 16, 17, 64, 65, 256, 4096):
             for group_size in (16, 32, 48, 64, 128):

@@ -167,7 +167,8 @@ def test_compile_reaches_the_shard_command_line():
     assert "--compile" in shard.argv
     plain = parse_args(["--shard-uds-path", "/tmp/s"], CPU_ENV)
     assert "--compile" not in build_plan(plain, Path("/m"), Programs()).shards[0].argv
-    # LoRA terms run beside the compiled graph (shard/compiled.py), so adapters go with it.
+    # LoRA terms run beside the compiled graph (shard/platforms/cpu/compiled.py), so adapters go
+    # with it.
     argv = ["--compile", "--lora-adapters", "a=/adapters/a", "--shard-uds-path", "/tmp/s"]
     adapters = (LoraAdapter("a", Path("/adapters/a")),)
     shard = build_plan(parse_args(argv, CPU_ENV), Path("/m"), Programs(), adapters).shards[0]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from shard.attention import AttentionMetadata
-from shard.native.build import unavailable_reason
+from shard.platforms.cpu.native.build import unavailable_reason
 
 # The native paged attention kernels' tests: their tolerance against float64, by dtype (fp32's
 # accumulation error, else the output's rounding), and their skip where they cannot be built.

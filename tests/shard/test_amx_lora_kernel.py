@@ -1,4 +1,5 @@
-"""The tile kernel's linear with LoRA terms (shard/native/amx_lora.cpp, shard/layers/lora_amx.py)
+"""The tile kernel's linear with LoRA terms (shard/platforms/cpu/native/amx_lora.cpp,
+shard/platforms/cpu/lora_amx.py)
 against a float64 reference: one to three sub-modules, slots of different ranks (some below,
 some above 16, some the padded maximum), tokens without an adapter, one to three 16-row tiles
 and their tails, the SwiGLU epilogue, biases, strided rows; the tiles' refill of one slot; and
@@ -9,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shard.layers import lora_amx, matmul_amx
 from shard.layers.activation import swiglu
-from shard.native.build import amx_lora_linear_kernel
+from shard.platforms.cpu import lora_amx, matmul_amx
+from shard.platforms.cpu.native.build import amx_lora_linear_kernel
 
 KERNEL = amx_lora_linear_kernel()
 pytestmark = pytest.mark.skipif(

@@ -23,7 +23,7 @@ from paged_helpers import NATIVE_REASON, PagedLayout
 
 from shard.attention import MixedMetadata, attend, torch_backend
 from shard.attention.metadata import AttentionMetadata, StepMetadata
-from shard.attention.torch_backend import TorchAttentionBackend
+from shard.platforms.cpu.attention import TorchAttentionBackend
 
 BLOCK = 16
 SCALE, SOFTCAP = 0.125, 3.0
@@ -236,8 +236,8 @@ def test_no_cap_is_the_uncapped_path(native):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_triton_backend(kind, window, dtype):
     pytest.importorskip("triton", reason="triton is not installed")
-    from shard.attention.triton_backend import TritonAttentionBackend
-    from shard.kernels import interpreting
+    from shard.platforms.cuda.attention import TritonAttentionBackend
+    from shard.platforms.cuda.kernels import interpreting
 
     device = torch.device("cpu" if interpreting() else "cuda")
     step = _step(*STEPS[kind], dtype, seed=4).to(device)
@@ -248,7 +248,7 @@ def test_triton_backend(kind, window, dtype):
 def test_the_compiled_op_carries_the_cap(kind):
     """--compile: attend() becomes switchyard::attend, whose schema carries the cap to the
     backend (traced by dynamo, run eagerly: no inductor build needed to check the plumbing)."""
-    from shard import compiled
+    from shard.platforms.cpu import compiled
 
     step = _step(*STEPS[kind], torch.float32, seed=5)
     backend = TorchAttentionBackend()

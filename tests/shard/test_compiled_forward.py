@@ -1,6 +1,6 @@
-"""--compile (shard/compiled.py): the servicer's steps through torch.compile give transformers'
-tokens and logprobs, in prefill, decode, one-token and mixed chunked steps, with one graph in
-all when the worst case fits the small-step class and two when larger steps have their own;
+"""--compile (shard/platforms/cpu/compiled.py): the servicer's steps through torch.compile give
+transformers' tokens and logprobs, in prefill, decode, one-token and mixed chunked steps, with one
+graph in all when the worst case fits the small-step class and two when larger steps have their own;
 and what it cannot serve is refused by name."""
 
 from collections import defaultdict
@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch._dynamo
 
-from shard.compiled import check_supported
+from shard.platforms.cpu.compiled import check_supported
 from shard.settings import ShardSettings
 from shard.startup import build_service
 from switchyard_pb import generate_pb2
@@ -32,7 +32,7 @@ def service(request, servicer_model_dir):
     limit = SIZE_CLASSES[request.param]
     with pytest.MonkeyPatch.context() as patch:
         if limit is not None:
-            patch.setattr("shard.compiled.SMALL_STEP_TOKENS", limit)
+            patch.setattr("shard.platforms.cpu.compiled.SMALL_STEP_TOKENS", limit)
         torch._dynamo.reset()
         torch._dynamo.utils.counters.clear()
         settings = ShardSettings(
@@ -133,6 +133,6 @@ def test_what_compile_cannot_serve_is_refused_by_name(change, reason):
 
 
 def test_compile_without_a_cpp_compiler_is_refused_by_name(monkeypatch):
-    monkeypatch.setattr("shard.compiled.shutil.which", lambda name: None)
+    monkeypatch.setattr("shard.platforms.cpu.compiled.shutil.which", lambda name: None)
     with pytest.raises(ValueError, match="--compile: .*no C\\+\\+ compiler"):
         check_supported(world_size=1, device=CPU, attention="torch", quantized=False)

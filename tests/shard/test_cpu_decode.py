@@ -1,5 +1,5 @@
-"""The flat decode loop (shard/models/cpu_decode.py) computes what the module forward does, bit
-for bit, on every tiny model shape, architecture and dtype; the runner takes it for decode-only
+"""The flat decode loop (shard/platforms/cpu/decode_loop.py) computes what the module forward does,
+bit for bit, on every tiny model shape, architecture and dtype; the runner takes it for decode-only
 steps and the module forward for every other step; and it is not built where its kernels
 cannot run."""
 
@@ -11,11 +11,11 @@ from paged_helpers import NATIVE_REASON, run_paged
 from bench.shard_batches import cache_tokens_needed, make_batch
 from shard import wire
 from shard.distributed import Distributed
-from shard.layers import lora_amx
-from shard.layers.lora_amx import kernel_for
 from shard.models import load_model
-from shard.models.cpu_decode import CpuDecodePath
-from shard.native.build import amx_linear_kernel
+from shard.platforms.cpu import lora_amx
+from shard.platforms.cpu.decode_loop import CpuDecodePath
+from shard.platforms.cpu.lora_amx import kernel_for
+from shard.platforms.cpu.native.build import amx_linear_kernel
 from shard.settings import ShardSettings
 from shard.startup import build_service
 from tests.shard.test_lora_vs_peft import lora_service, serve_mixed
@@ -85,7 +85,7 @@ def test_steps_mixing_adapters_and_the_base_model_equal_the_module_forward(
     base-model rows in one batch, prefill and chunked steps by the module forward, decode
     steps by the loop; the same ids and logprobs as with the module forward alone. In bf16
     where the tile kernel runs, both take the linears' products with their LoRA terms from it
-    (shard/layers/lora_amx.py)."""
+    (shard/platforms/cpu/lora_amx.py)."""
     tile_calls = []
 
     def counted(weight, out_slices):

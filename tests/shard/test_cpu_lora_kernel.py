@@ -1,6 +1,6 @@
-"""The native CPU LoRA kernel (shard/native/lora.cpp) called directly, against a float64
-reference: every dtype, widths on and off its 16-lane vectors and 64-column tiles, slots with 1
-to 70 tokens (its 4-token tiles, its 16- and 64-token blocks and their tails), strided rows,
+"""The native CPU LoRA kernel (shard/platforms/cpu/native/lora.cpp) called directly, against a
+float64 reference: every dtype, widths on and off its 16-lane vectors and 64-column tiles, slots
+with 1 to 70 tokens (its 4-token tiles, its 16- and 64-token blocks and their tails), strided rows,
 tokens left alone, both of its schedules (many slots: whole slots a thread; few: rows split
 over the threads) on one, two and four threads; and its refusals of a bad plan, which leave y
 untouched."""
@@ -15,7 +15,12 @@ import pytest
 import torch
 
 from shard.layers.lora_chunks import ChunkedB, chunk_rows
-from shard.native.build import BF16_DOTS_ENV, has_bf16_dots, lora_kernel, unavailable_reason
+from shard.platforms.cpu.native.build import (
+    BF16_DOTS_ENV,
+    has_bf16_dots,
+    lora_kernel,
+    unavailable_reason,
+)
 
 REASON = unavailable_reason()
 pytestmark = pytest.mark.skipif(

@@ -1,4 +1,4 @@
-"""The native CPU paged decode kernel (shard/native/paged_decode.cpp) against float64
+"""The native CPU paged decode kernel (shard/platforms/cpu/native/paged_decode.cpp) against float64
 attention and against the torch backend's own SDPA path: every dtype, head sizes on and off its
 AVX-512 path, MHA / GQA / MQA and a group too large for its registers, windows, soft-capped
 scores (Gemma 2), one-row batches (split by KV head) and a cache whose unwritten slots are NaN;
@@ -10,8 +10,8 @@ import pytest
 import torch
 from paged_helpers import NATIVE_REASON, NATIVE_TOL, PagedLayout, needs_native_kernel
 
-from shard.attention.torch_backend import TorchAttentionBackend
-from shard.native.build import paged_decode_kernel, store_kv_kernel
+from shard.platforms.cpu.attention import TorchAttentionBackend
+from shard.platforms.cpu.native.build import paged_decode_kernel, store_kv_kernel
 
 BLOCK = 16
 TOL, REASON, needs_kernel = NATIVE_TOL, NATIVE_REASON, needs_native_kernel

@@ -1,10 +1,10 @@
-"""The native CPU paged prefill kernels (shard/native/paged_prefill.cpp, and its bf16 form on the
-AMX tile unit, paged_prefill_amx.cpp) against float64 causal attention and against the torch
-backend's SDPA path: every dtype, head sizes on and off a multiple of 16 (and of the tile unit's
-32), MHA / GQA / MQA and groups wider than a head tile, fresh prompts and chunks that continue a
-cached prefix, windows, soft-capped scores (Gemma 2), odd token counts (a tile of one token), a
-subset of the step's sequences (the others' rows untouched), q as a view into fused rows, a
-NaN-poisoned cache (no position outside a sequence's reach is read), and their refusals."""
+"""The native CPU paged prefill kernels (shard/platforms/cpu/native/paged_prefill.cpp, and its bf16
+form on the AMX tile unit, paged_prefill_amx.cpp) against float64 causal attention and against the
+torch backend's SDPA path: every dtype, head sizes on and off a multiple of 16 (and of the tile
+unit's 32), MHA / GQA / MQA and groups wider than a head tile, fresh prompts and chunks that
+continue a cached prefix, windows, soft-capped scores (Gemma 2), odd token counts (a tile of one
+token), a subset of the step's sequences (the others' rows untouched), q as a view into fused rows,
+a NaN-poisoned cache (no position outside a sequence's reach is read), and their refusals."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 import torch
 from paged_helpers import NATIVE_REASON, NATIVE_TOL, PagedLayout, needs_native_kernel
 
-from shard.attention import torch_backend
-from shard.attention.torch_backend import TorchAttentionBackend
-from shard.native.build import amx_paged_prefill_kernel, paged_prefill_kernel
+from shard.platforms.cpu import attention as torch_backend
+from shard.platforms.cpu.attention import TorchAttentionBackend
+from shard.platforms.cpu.native.build import amx_paged_prefill_kernel, paged_prefill_kernel
 
 BLOCK = 16
 TOL, REASON, needs_kernel = NATIVE_TOL, NATIVE_REASON, needs_native_kernel

@@ -1,4 +1,5 @@
-"""Decode steps replayed from graphs (shard/cuda_graphs.py) give what the eager steps give.
+"""Decode steps replayed from graphs (shard/platforms/cuda/graphs.py) give what the eager steps
+give.
 
 Each case serves the same requests twice through the servicer (Prefill, Decode, FilterBatch),
 with graphs and without, and compares every token and logprob. The schedule makes the graphs'
@@ -15,7 +16,7 @@ import torch
 from lora_fixtures import ADAPTERS, make_adapter
 
 from shard.cuda_graph_buckets import CudaGraphsError, parse_buckets
-from shard.cuda_graphs import DecodeGraphs, EagerReplayer, buckets_for
+from shard.platforms.cuda.graphs import DecodeGraphs, EagerReplayer, buckets_for
 from shard.settings import ShardSettings
 from shard.startup import build_service
 from switchyard_pb import generate_pb2 as pb

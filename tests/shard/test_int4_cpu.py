@@ -8,7 +8,8 @@ import torch
 from quant_fixtures import SERVED, fixture, quant_config, reference_weights, weights_at
 
 from shard.layers.linear import ColumnParallelLinear, RowParallelLinear
-from shard.layers.quant.int4_cpu import DENSE_MIN_ROWS, CpuInt4, DequantizingInt4
+from shard.layers.quant.int4_cpu import DENSE_MIN_ROWS, CpuInt4
+from shard.layers.quant.int4_dequant import DequantizingInt4
 
 KERNEL_READY = [n for n in SERVED if not quant_config(n).get("desc_act")]
 ACT_ORDER = [n for n in SERVED if quant_config(n).get("desc_act")]

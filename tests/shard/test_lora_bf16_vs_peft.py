@@ -2,8 +2,8 @@
 logprob is the reference's for that token after the same served prefix, within a few times the
 error PEFT itself makes in bf16 on the same tokens, and the served token is (up to that error)
 the reference's greedy choice. Decode steps
-take the LoRA terms from the AMX tile kernel where it is built (shard/layers/lora_amx.py), from
-the native per-slot kernel elsewhere; an independent check of either against PEFT itself."""
+take the LoRA terms from the AMX tile kernel where it is built (shard/platforms/cpu/lora_amx.py),
+from the native per-slot kernel elsewhere; an independent check of either against PEFT itself."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import torch
 from lora_fixtures import ADAPTERS, make_adapter, peft_reference
 from transformers import AutoModelForCausalLM
 
-from shard.layers import lora_amx
-from shard.layers.lora_amx import kernel_for
-from shard.native.build import amx_linear_kernel
+from shard.platforms.cpu import lora_amx
+from shard.platforms.cpu.lora_amx import kernel_for
+from shard.platforms.cpu.native.build import amx_linear_kernel
 from tests.shard.test_lora_vs_peft import NEW_TOKENS, lora_service, serve_mixed
 
 # The allowed logprob error per token: this many times PEFT's own bf16 error against its float32

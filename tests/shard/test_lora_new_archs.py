@@ -21,12 +21,12 @@ from lora_fixtures import ADAPTERS, ALL, PHI3_ADAPTERS, PHI3_ALL, make_adapter, 
 from transformers import AutoModelForCausalLM
 
 from shard.distributed import Distributed
-from shard.layers import lora_amx
-from shard.layers.lora_amx import kernel_for
 from shard.lora.adapter import AdapterError
 from shard.lora.manager import LoraManager, LoraSettings
 from shard.models import load_model
-from shard.native.build import amx_linear_kernel
+from shard.platforms.cpu import lora_amx
+from shard.platforms.cpu.lora_amx import kernel_for
+from shard.platforms.cpu.native.build import amx_linear_kernel
 from tests.shard.servicer_helpers import prompts
 from tests.shard.test_lora_bf16_vs_peft import (
     FLOOR,

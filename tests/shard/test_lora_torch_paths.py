@@ -13,7 +13,7 @@ import torch
 
 from shard.layers import lora as lora_mod
 from shard.layers.lora import LoraStep, LoraTerm
-from shard.native.build import lora_kernel, unavailable_reason
+from shard.platforms.cpu.native.build import lora_kernel, unavailable_reason
 
 K, OUT_SLICES, MAX_RANK, SLOTS = 40, (24, 8, 8), 16, 4
 NATIVE_REASON = unavailable_reason()

@@ -25,8 +25,8 @@ BASES = ["llama_gqa_llama3", "awq_gemm_g64_llama"]
 
 
 # The torch path on both bases; the Triton kernels (attention, LoRA shrink/expand) on one,
-# compiled on a GPU machine, interpreted otherwise; and --compile (shard/compiled.py: the
-# terms run beside the graph) on the float base.
+# compiled on a GPU machine, interpreted otherwise; and --compile (shard/platforms/cpu/compiled.py:
+# the terms run beside the graph) on the float base.
 SETUPS = [(name, "torch", False) for name in BASES] + [
     ("qwen2_bias", "torch", False),  # biases on q/k/v: the term adds to a biased product
     ("qwen3_qk_norm_sliding", "torch", False),  # per-head q/k norms after the q/k terms

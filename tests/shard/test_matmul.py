@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from shard.layers import matmul
+from shard.platforms.cpu import matmul
 from tests.shard.rounding import assert_rounded_once
 
 

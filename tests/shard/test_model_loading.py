@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from shard.distributed import Distributed
-from shard.layers.matmul import dense
 from shard.models import CausalLM, UnsupportedArchitectureError, load_model
+from shard.platforms.cpu.matmul import dense
 from shard.weights import WeightsError
 
 CPU = torch.device("cpu")

@@ -1,12 +1,13 @@
-"""The AMX tile kernel for bf16 linears (shard/native/amx_gemm.cpp, shard/layers/matmul_amx.py):
-its layout, its sums against float64, and which weights the shard hands it."""
+"""The AMX tile kernel for bf16 linears (shard/platforms/cpu/native/amx_gemm.cpp,
+shard/platforms/cpu/matmul_amx.py): its layout, its sums against float64, and which weights the
+shard hands it."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from shard.layers import matmul, matmul_amx
-from shard.native.build import AMX_ENV, amx_linear_kernel
+from shard.platforms.cpu import matmul, matmul_amx
+from shard.platforms.cpu.native.build import AMX_ENV, amx_linear_kernel
 from tests.shard.rounding import assert_rounded_once
 
 needs_amx = pytest.mark.skipif(

@@ -6,11 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from shard.layers import matmul_amx
 from shard.layers.activation import act_and_mul, silu_and_mul
 from shard.layers.linear import MergedColumnParallelLinear
 from shard.layers.quant.unquantized import DenseWeight
-from shard.native.build import amx_linear_silu_mul_kernel
+from shard.platforms.cpu import matmul_amx
+from shard.platforms.cpu.native.build import amx_linear_silu_mul_kernel
 
 needs_amx = pytest.mark.skipif(
     amx_linear_silu_mul_kernel() is None,

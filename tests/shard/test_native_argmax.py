@@ -1,5 +1,5 @@
-"""The native greedy choice (shard/native/argmax.cpp) must be torch.argmax's, index for index:
-ties go to the first maximum, a NaN beats every number (the first NaN wins), and rows of
+"""The native greedy choice (shard/platforms/cpu/native/argmax.cpp) must be torch.argmax's, index
+for index: ties go to the first maximum, a NaN beats every number (the first NaN wins), and rows of
 -inf or +inf pick as torch picks."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import shard.native.build
-from shard.native.build import argmax_kernel, unavailable_reason
+import shard.platforms.cpu.native.build
+from shard.platforms.cpu.native.build import argmax_kernel, unavailable_reason
 from shard.sampling.sampler import greedy_ids
 
 REASON = unavailable_reason()
@@ -53,7 +53,8 @@ def test_argmax_refuses_what_it_cannot_take():
 def test_sampler_takes_the_native_choice(monkeypatch):
     real, calls = argmax_kernel(), []
     monkeypatch.setattr(
-        shard.native.build, "argmax_kernel", lambda: lambda x: calls.append(x) or real(x)
+        shard.platforms.cpu.native.build, "argmax_kernel", lambda: lambda x: calls.append(x) or
+        real(x)
     )
     x = _rows(100)
     assert torch.equal(greedy_ids(x), x.argmax(dim=1)) and len(calls) == 1

@@ -1,5 +1,5 @@
-"""The native CPU elementwise kernels (shard/native/elementwise.cpp) against float64, and the
-layers' choice between them and their torch forms.
+"""The native CPU elementwise kernels (shard/platforms/cpu/native/elementwise.cpp) against float64,
+and the layers' choice between them and their torch forms.
 
 RMSNorm and SiLU compute one fp32 intermediate differently from torch (a sum's order; exp), so
 they are held to where that intermediate's fp32 error can take them: with the intermediate
@@ -13,11 +13,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import shard.native.build
+import shard.platforms.cpu.native.build
 from shard.layers.activation import silu_and_mul
 from shard.layers.norm import RMSNorm
 from shard.layers.rotary import RopeConfig, RotaryEmbedding, _rotate
-from shard.native.build import (
+from shard.platforms.cpu.native.build import (
     add_rms_norm_kernel,
     rms_norm_kernel,
     rotary_kernel,
@@ -225,10 +225,10 @@ def _counting(monkeypatch, module, name):
 
 
 def test_layers_take_the_native_kernels_in_eager_cpu_steps(monkeypatch):
-    norm_calls = _counting(monkeypatch, shard.native.build, "rms_norm_kernel")
-    add_norm_calls = _counting(monkeypatch, shard.native.build, "add_rms_norm_kernel")
-    silu_calls = _counting(monkeypatch, shard.native.build, "silu_mul_kernel")
-    rope_calls = _counting(monkeypatch, shard.native.build, "rotary_kernel")
+    norm_calls = _counting(monkeypatch, shard.platforms.cpu.native.build, "rms_norm_kernel")
+    add_norm_calls = _counting(monkeypatch, shard.platforms.cpu.native.build, "add_rms_norm_kernel")
+    silu_calls = _counting(monkeypatch, shard.platforms.cpu.native.build, "silu_mul_kernel")
+    rope_calls = _counting(monkeypatch, shard.platforms.cpu.native.build, "rotary_kernel")
     x = torch.randn(4, 32).bfloat16()
     RMSNorm(torch.randn(32).bfloat16(), 1e-5)(x)
     gate_up = torch.randn(4, 64)
@@ -248,10 +248,10 @@ def test_layers_take_the_native_kernels_in_eager_cpu_steps(monkeypatch):
 
 
 ACCESSORS = (
-    (shard.native.build, "rms_norm_kernel"),
-    (shard.native.build, "add_rms_norm_kernel"),
-    (shard.native.build, "silu_mul_kernel"),
-    (shard.native.build, "rotary_kernel"),
+    (shard.platforms.cpu.native.build, "rms_norm_kernel"),
+    (shard.platforms.cpu.native.build, "add_rms_norm_kernel"),
+    (shard.platforms.cpu.native.build, "silu_mul_kernel"),
+    (shard.platforms.cpu.native.build, "rotary_kernel"),
 )
 
 

@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM
 from shard.distributed import Distributed
 from shard.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from shard.layers.quant.base import Piece
-from shard.layers.quant.int4_cpu import DequantizingInt4
+from shard.layers.quant.int4_dequant import DequantizingInt4
 from shard.layers.quant.select import linear_method
 from shard.models import load_config, load_model
 from shard.models.blocks import LLAMA_NAMES

@@ -15,11 +15,11 @@ from transformers.models.llama.modeling_llama import (
     apply_rotary_pos_emb,
 )
 
-import shard.native.build
+import shard.platforms.cpu.native.build
 from shard.layers.linear import QKVParallelLinear
 from shard.layers.norm import RMSNorm
 from shard.layers.rotary import RopeConfig, RotaryEmbedding
-from shard.native.build import unavailable_reason
+from shard.platforms.cpu.native.build import unavailable_reason
 
 _NO_KERNELS = unavailable_reason()
 
@@ -41,7 +41,7 @@ _NO_KERNELS = unavailable_reason()
 def rotary_path(request, monkeypatch):
     """Which path RotaryEmbedding takes on the CPU: its torch form, or the native kernel."""
     if request.param == "torch":
-        monkeypatch.setattr(shard.native.build, "rotary_kernel", lambda: None)
+        monkeypatch.setattr(shard.platforms.cpu.native.build, "rotary_kernel", lambda: None)
     return request.param
 
 
@@ -51,7 +51,7 @@ def rotary_path(request, monkeypatch):
     [(7, 32, 3.0), (16, 576, 40.0), (3, 1000, 1e-3), (1, 4096, 1.0)],
 )
 def test_rmsnorm_torch_path_matches_llama(dtype, rows, hidden, magnitude, monkeypatch):
-    monkeypatch.setattr(shard.native.build, "rms_norm_kernel", lambda: None)
+    monkeypatch.setattr(shard.platforms.cpu.native.build, "rms_norm_kernel", lambda: None)
     torch.manual_seed(hidden)
     weight = torch.randn(hidden).to(dtype)
     x = (torch.randn(rows, hidden) * magnitude).to(dtype)

@@ -17,11 +17,11 @@ from transformers.models.gemma3 import modeling_gemma3
 from transformers.models.phi3 import modeling_phi3
 
 import shard.layers.rotary
-import shard.native.build
+import shard.platforms.cpu.native.build
 from shard.attention.metadata import AttentionMetadata, MixedMetadata
 from shard.batch import Batch
 from shard.layers.rotary import RopeConfig, RotaryEmbedding
-from shard.native.build import unavailable_reason
+from shard.platforms.cpu.native.build import unavailable_reason
 from shard.requests import NewRequest
 from shard.sampling.params import SamplingParams
 from shard.step_inputs import build_step_inputs, step_lengths
@@ -48,7 +48,7 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 def rotary_path(request, monkeypatch):
     """Which path RotaryEmbedding takes on the CPU: its torch form, or the native kernel."""
     if request.param == "torch":
-        monkeypatch.setattr(shard.native.build, "rotary_kernel", lambda: None)
+        monkeypatch.setattr(shard.platforms.cpu.native.build, "rotary_kernel", lambda: None)
     return request.param
 
 
@@ -459,8 +459,8 @@ def test_phi3_config_json_fields_are_read_as_transformers_reads_them():
 @pytest.mark.parametrize("partial", [0.5, 0.75, 1.0])
 def test_triton_rotary_takes_partial_tables_and_longrope_rows(partial, dtype):
     pytest.importorskip("triton", reason="triton is not installed")
-    from shard.kernels import interpreting
-    from shard.kernels.elementwise import rotary_
+    from shard.platforms.cuda.kernels import interpreting
+    from shard.platforms.cuda.kernels.elementwise import rotary_
 
     device = CPU if interpreting() else torch.device("cuda")
     ours = _ours(_phi3(partial, longrope=True))

@@ -19,7 +19,7 @@ from shard.distributed import Distributed, init_distributed
 from shard.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from shard.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from shard.models import load_model
-from shard.models.cpu_decode import CpuDecodePath
+from shard.platforms.cpu.decode_loop import CpuDecodePath
 from shard.sampling.params import SamplingParams
 from shard.sampling.sampler import SamplingTensors, sample
 from shard.weights import Weights

@@ -14,7 +14,7 @@ from shard.layers.linear import (
     RowParallelLinear,
     head_range,
 )
-from shard.layers.matmul import dense
+from shard.platforms.cpu.matmul import dense
 from shard.weights import Weights, WeightsError
 
 CPU = torch.device("cpu")

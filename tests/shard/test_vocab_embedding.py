@@ -9,7 +9,7 @@ from safetensors.torch import save_file
 
 from shard.distributed import Distributed
 from shard.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from shard.layers.matmul import dense, is_packed
+from shard.platforms.cpu.matmul import dense, is_packed
 from shard.weights import Weights
 
 CPU = torch.device("cpu")

@@ -38,7 +38,7 @@ def mapped_files() -> str:
 
 
 def owns_its_memory(t: torch.Tensor) -> bool:
-    if t.is_mkldnn:  # packed for the CPU GEMM (shard/layers/matmul.py): a new oneDNN buffer
+    if t.is_mkldnn:  # packed for the CPU GEMM (shard/platforms/cpu/matmul.py): a new oneDNN buffer
         return True
     return t.is_contiguous() and t.untyped_storage().nbytes() == t.numel() * t.element_size()
 

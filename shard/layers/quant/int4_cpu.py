@@ -14,18 +14,14 @@ from __future__ import annotations
 from functools import cache
 
 import torch
-import torch.nn.functional as F
 
-from shard.layers.matmul import linear
-from shard.layers.quant.base import LinearWeight
 from shard.layers.quant.int4 import QuantizedWeight, unpack_rows
+from shard.layers.quant.int4_dequant import DEQUANT_CHUNK, DequantizingInt4
 
 CPU_GROUP_SIZES = (256, 128, 64, 32)
 # Rows of x from which dequantize + GEMM beats the int4 kernel: 2048x8192, one thread, bf16:
 # 54.6 vs 49.3 ms at 128 rows, 80.8 vs 99.2 ms at 256 (bench/int4_cpu.py).
 DENSE_MIN_ROWS = 160
-# Output features dequantized at once: bounds the temporary dense slice (1024 x K floats).
-DEQUANT_CHUNK = 1024
 # torch's CPU int4 layout: blocks of B output rows, each byte holding rows j and j + B/2 of the
 # block at one input position; B is 64 where torch was built for AVX-512 and the CPU has it, 32
 # on AVX2 (seen on an EPYC without AVX-512). Probed once; checked against the real kernel at
@@ -42,65 +38,6 @@ def _cpu_block_n() -> int | None:
         if torch.equal(_unpack_cpu_layout(packed, 64, block), codes.to(torch.uint8)):
             return block
     return None
-
-
-def dequantize(
-    codes: torch.Tensor,
-    zeros: torch.Tensor,
-    scales: torch.Tensor,
-    group_size: int,
-    g_idx: torch.Tensor | None,
-) -> torch.Tensor:
-    """codes [c, K] (any int type), zeros/scales [G, c] -> fp32 [c, K] weight."""
-    c, k = codes.shape
-    scales = scales.T.float()  # [c, G]
-    # code * s - z * s in one fused pass (addcmul): exact in fp32 like (code - z) * s, since
-    # both products are exact (a 4-bit integer times a 16-bit scale) and so is their difference.
-    offsets = zeros.T.float() * scales
-    if g_idx is not None:
-        return torch.addcmul(-offsets[:, g_idx], codes.float(), scales[:, g_idx])
-    groups = scales.shape[1]
-    if groups * group_size != k:
-        codes = F.pad(codes, (0, groups * group_size - k))
-    grouped = codes.view(c, groups, group_size).float()
-    w = torch.empty_like(grouped)  # contiguous whatever the broadcast operands' strides
-    torch.addcmul(-offsets[..., None], grouped, scales[..., None], out=w)
-    w = w.view(c, -1)
-    return w if w.shape[1] == k else w[:, :k]
-
-
-class DequantizingInt4(LinearWeight):
-    """Keeps the weight packed; every call dequantizes it a slice of outputs at a time and runs
-    a dense GEMM in x's dtype. Exact for fp32 activations, and the path for layouts the int4
-    kernel cannot take (act-order, odd group sizes) and for many rows."""
-
-    def __init__(self, qw: QuantizedWeight) -> None:
-        super().__init__()
-        self.in_features, self.out_features = qw.in_features, qw.out_features
-        self.group_size = qw.group_size
-        self.register_buffer("qweight", qw.qweight)
-        self.register_buffer("zeros", qw.zeros)
-        self.register_buffer("scales", qw.scales)
-        self.register_buffer("g_idx", None if qw.g_idx is None else qw.g_idx.long())
-
-    def codes(self, start: int, stop: int) -> torch.Tensor:
-        """uint8 [stop - start, K] codes of those output features."""
-        return unpack_rows(self.qweight[:, start:stop]).T
-
-    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        out = torch.empty(*x.shape[:-1], self.out_features, dtype=x.dtype, device=x.device)
-        for start in range(0, self.out_features, DEQUANT_CHUNK):
-            stop = min(start + DEQUANT_CHUNK, self.out_features)
-            w = dequantize(
-                self.codes(start, stop),
-                self.zeros[:, start:stop],
-                self.scales[:, start:stop],
-                self.group_size,
-                self.g_idx,
-            )
-            b = None if bias is None else bias[start:stop]
-            out[..., start:stop] = linear(x, w.to(x.dtype), b)
-        return out
 
 
 def cpu_group_size(qw: QuantizedWeight) -> int | None:

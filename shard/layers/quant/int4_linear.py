@@ -1,8 +1,8 @@
 """The int4 LinearMethod: a format's reader for the tensors, one repacked layout, a backend.
 
 Whatever the format, the slices this rank needs become one `QuantizedWeight`; fused layers
-concatenate their pieces along the outputs, exactly as the float path does. The backend is
-picked by device and dtype: the Triton W4A16 GEMM on CUDA, torch's int4 kernel on CPU for
+concatenate their pieces along the outputs, exactly as the float path does. The backend is the
+platform's (shard/platforms/): the Triton W4A16 GEMM on CUDA, torch's int4 kernel on CPU for
 bfloat16, and dequantize + GEMM otherwise (fp32 serving, act-order, group sizes the kernel
 does not take), which is exact in fp32.
 """
@@ -17,8 +17,11 @@ import torch
 from shard.layers.quant.base import LinearWeight, Piece
 from shard.layers.quant.config import QuantizationConfig
 from shard.layers.quant.int4 import QuantizedWeight
-from shard.layers.quant.int4_cpu import CpuInt4, DequantizingInt4, cpu_group_size
+from shard.layers.quant.int4_cpu import CpuInt4, cpu_group_size
+from shard.layers.quant.int4_dequant import DequantizingInt4
+from shard.layers.quant.int4_triton import TritonInt4
 from shard.layers.quant.reader import FeatureRange
+from shard.platforms import platform_of
 from shard.weights import Weights, WeightsError
 
 
@@ -32,27 +35,14 @@ class FormatReader(Protocol):
     ) -> QuantizedWeight: ...
 
 
-class TritonInt4(DequantizingInt4):
-    """CUDA: the Triton W4A16 GEMM reads the packed layout directly (shard/kernels/w4a16.py)."""
-
-    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        from shard.kernels.w4a16 import w4a16_matmul
-
-        flat = x.reshape(-1, x.shape[-1])
-        g_idx = None if self.g_idx is None else self.g_idx.int()
-        out = w4a16_matmul(flat, self.qweight, self.scales, self.zeros, g_idx, self.group_size)
-        if bias is not None:
-            out += bias
-        return out.reshape(*x.shape[:-1], self.out_features)
-
-
 def int4_weight(qw: QuantizedWeight, dtype: torch.dtype, triton: bool) -> LinearWeight:
-    if qw.qweight.device.type == "cuda" or triton:
-        if qw.g_idx is not None:
-            qw.g_idx = qw.g_idx.int()
+    """The int4 GEMM the platform names for this device (`Platform.int4_kernel`); with `triton`
+    (the Triton backend, interpreted on a CPU in tests) the Triton GEMM whatever the device."""
+    kernel = "triton" if triton else platform_of(qw.qweight.device).int4_kernel
+    if kernel == "triton":
         return TritonInt4(qw)
-    group_size = cpu_group_size(qw)
-    if dtype == torch.bfloat16 and group_size is not None:
+    group_size = cpu_group_size(qw) if kernel == "cpu" else None
+    if dtype == torch.bfloat16 and group_size is not None:  # the CPU kernel's only fast case
         return CpuInt4(qw, group_size)
     return DequantizingInt4(qw)
 

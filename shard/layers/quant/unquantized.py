@@ -7,10 +7,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from shard.layers import matmul_amx
-from shard.layers.activation import SILU
-from shard.layers.matmul import dense, linear, prepare_weight
 from shard.layers.quant.base import LinearWeight, Piece
+from shard.platforms import platform_of
 from shard.weights import Weights
 
 
@@ -18,20 +16,21 @@ class DenseWeight(LinearWeight):
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        self.weight = nn.Parameter(prepare_weight(weight), requires_grad=False)
+        # the platform's layout: packed for the CPU's oneDNN or AMX tile kernel, else as read
+        self.ops = platform_of(weight.device)
+        self.weight = nn.Parameter(self.ops.prepare_weight(weight), requires_grad=False)
 
     def unpack(self) -> None:
-        """The plain weight again, for torch.compile (shard/compiled.py), which packs it itself
-        and cannot trace oneDNN's opaque packed tensors."""
-        self.weight = nn.Parameter(dense(self.weight.data), requires_grad=False)
+        """The plain weight again, for torch.compile (shard/platforms/cpu/compiled.py), which packs
+        it itself and cannot trace oneDNN's opaque packed tensors."""
+        self.weight = nn.Parameter(self.ops.dense(self.weight.data), requires_grad=False)
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return linear(x, self.weight, bias)
+        return self.ops.linear(x, self.weight, bias)
 
     def gated(self, x: torch.Tensor, bias: torch.Tensor | None, act: str) -> torch.Tensor:
-        if act == SILU and matmul_amx.is_packed(self.weight):  # SwiGLU in the tile epilogue
-            return matmul_amx.linear_silu_mul(x, self.weight, bias)
-        return super().gated(x, bias, act)
+        fused = self.ops.gated_linear(x, self.weight, bias, act)
+        return super().gated(x, bias, act) if fused is None else fused
 
 
 class UnquantizedMethod:

@@ -57,7 +57,7 @@ def attend_tile(
     dtype = q.dtype
     k = k.to(dtype)
     v = v.to(dtype)
-    if DOT_UPCAST:  # interpreter only, see shard.kernels.dot_options
+    if DOT_UPCAST:  # interpreter only, see shard.platforms.cuda.kernels.dot_options
         q = q.to(tl.float32)
         k = k.to(tl.float32)
         v = v.to(tl.float32)

@@ -1,6 +1,6 @@
 """The reference attention backend in plain torch (the CPU path): correct everywhere, fast
 nowhere in particular; on the CPU its decode, and the prefill of short prompts and chunks, run
-native kernels where they could be built (shard/native/build.py)."""
+native kernels where they could be built (shard/platforms/cpu/native/build.py)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import torch
 import torch.nn.functional as F
 
 from shard.attention.metadata import AttentionMetadata
-from shard.native.build import (
+from shard.platforms.cpu.native.build import (
     amx_paged_prefill_kernel,
     paged_decode_kernel,
     paged_prefill_kernel,
     store_kv_kernel,
 )
-from shard.native.eager import heads_contiguous
+from shard.platforms.cpu.native.eager import heads_contiguous
 
 # A prefill sequence whose queries x keys seen is at most this runs the native kernel, all such
 # sequences of a step in one call a layer; larger ones keep SDPA, whose blocked GEMMs beat the
@@ -316,10 +316,10 @@ class TorchAttentionBackend:
         softcap: float | None = None,
     ) -> torch.Tensor:
         """One query per sequence against its context (or its window). On the CPU, the native
-        paged kernel (shard/native/build.py) where it could be built; otherwise all sequences in one
-        batched pass: every row gathers the same number of slots and masks the ones it lacks.
-        With `softcap`, the kernel caps the scores itself; the batched pass then computes its
-        scores explicitly (_softcapped_attention) instead of through SDPA, which cannot cap.
+        paged kernel (shard/platforms/cpu/native/build.py) where it could be built; otherwise all
+        sequences in one batched pass: every row gathers the same number of slots and masks the ones
+        it lacks. With `softcap`, the kernel caps the scores itself; the batched pass then computes
+        its scores explicitly (_softcapped_attention) instead of through SDPA, which cannot cap.
 
         K/V are gathered with index_select (several times faster than advanced indexing on CPU)
         and handed to SDPA as heads-first strided views of the gathered rows, 4-D, so torch's

@@ -1,4 +1,5 @@
-"""The Triton attention backend: the kernels of shard/kernels behind the AttentionBackend interface.
+"""The Triton attention backend: the kernels of shard/platforms/cuda/kernels behind the
+AttentionBackend interface.
 
 Runs on CUDA tensors, or on CPU tensors under TRITON_INTERPRET=1 (slowly; that is how the kernels
 are tested without a GPU). Metadata is used exactly as the runner builds it: the packed new keys
@@ -11,10 +12,10 @@ from __future__ import annotations
 import torch
 
 from shard.attention.metadata import AttentionMetadata
-from shard.kernels import interpreting
-from shard.kernels.decode import paged_decode
-from shard.kernels.kv_write import kv_write
-from shard.kernels.prefill import varlen_prefill
+from shard.platforms.cuda.kernels import interpreting
+from shard.platforms.cuda.kernels.decode import paged_decode
+from shard.platforms.cuda.kernels.kv_write import kv_write
+from shard.platforms.cuda.kernels.prefill import varlen_prefill
 
 
 class TritonAttentionBackend:

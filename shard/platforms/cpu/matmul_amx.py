@@ -1,4 +1,5 @@
-"""bf16 linear layers on the CPU's AMX tile unit (shard/native/amx_gemm.cpp), eager mode.
+"""bf16 linear layers on the CPU's AMX tile unit (shard/platforms/cpu/native/amx_gemm.cpp), eager
+mode.
 
 A decode step's GEMMs multiply a few rows by every weight once: they are bound by reading the
 weights, and oneDNN's packed bf16 GEMM reads them at ~20-33 GB/s here where the memory gives
@@ -19,8 +20,11 @@ from __future__ import annotations
 
 import torch
 
-from shard.layers.activation import swiglu
-from shard.native.build import amx_linear_kernel, amx_linear_silu_mul_kernel
+from shard.platforms.cpu.native.build import (
+    amx_linear_kernel,
+    amx_linear_silu_mul_kernel,
+    silu_mul_kernel,
+)
 
 BLOCK_OUT = 16  # output features per block
 BLOCK_IN = 32  # input features per block (16 VNNI pairs)
@@ -78,7 +82,7 @@ def linear_silu_mul(
     SiLU-and-mul over a 5.8 MB product). The same values as swiglu(linear(...))."""
     kernel = amx_linear_silu_mul_kernel()
     if kernel is None or x.numel() >= ONEDNN_ROWS * x.shape[-1] or packed.shape[0] % 2:
-        return swiglu(linear(x, packed, bias))
+        return _silu_mul(linear(x, packed, bias))
     return _rows_call(kernel, x, packed, bias)
 
 
@@ -91,3 +95,13 @@ def _rows_call(kernel, x, packed, bias):  # type: ignore[no-untyped-def]
         rows = rows.contiguous()
     out = kernel(rows, packed, bias)
     return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def _silu_mul(product: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of a fused product, as the layers' swiglu computes it on the CPU (the
+    native pass, or torch's two ops where it does not apply)."""
+    gate, up = product.chunk(2, dim=-1)
+    kernel = silu_mul_kernel()
+    if kernel is None or product.dim() != 2 or product.stride(-1) != 1:
+        return torch.nn.functional.silu(gate) * up
+    return kernel(gate, up)  # type: ignore[no-any-return]

@@ -1,4 +1,4 @@
-"""Tile configs and the split-K heuristic of the W4A16 GEMM (shard/kernels/w4a16.py).
+"""Tile configs and the split-K heuristic of the W4A16 GEMM (shard/platforms/cuda/kernels/w4a16.py).
 
 None of this is tuned on a GPU yet: these are starting points reasoned from the H100's numbers
 (docs/kernels.md, "W4A16 GEMM"); `bench/kernels.py --sweep` times the candidates.
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from shard.kernels import interpreting
+from shard.platforms.cuda.kernels import interpreting
 
 
 @dataclass(frozen=True)

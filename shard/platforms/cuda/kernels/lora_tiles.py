@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shard.kernels import interpreting
+from shard.platforms.cuda.kernels import interpreting
 
 # Up to this many tokens a step is decode-like: few tokens per slot, so 16-token tiles (tl.dot's
 # minimum) waste least; above it, 64-token tiles read each A/B tile a quarter as often.

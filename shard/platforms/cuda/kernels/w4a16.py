@@ -32,10 +32,15 @@ import torch
 import triton
 import triton.language as tl
 
-from shard.kernels import check_device, dot_options, interpreting
-from shard.kernels.decode import num_sms
-from shard.kernels.int4_dequant import EXPONENT_2P23, codes_minus_zeros
-from shard.kernels.w4a16_config import W4A16Config, check_tile, choose_split_k, default_config
+from shard.platforms.cuda.kernels import check_device, dot_options, interpreting
+from shard.platforms.cuda.kernels.decode import num_sms
+from shard.platforms.cuda.kernels.int4_dequant import EXPONENT_2P23, codes_minus_zeros
+from shard.platforms.cuda.kernels.w4a16_config import (
+    W4A16Config,
+    check_tile,
+    choose_split_k,
+    default_config,
+)
 
 PACK = 8  # 4-bit codes per int32 word (shard.layers.quant.int4.PACK)
 
@@ -138,7 +143,7 @@ def _w4a16_kernel(
             if not SCALE_AFTER_DOT:
                 w = w * s[:, None]
         w = w.to(xt.dtype)
-        if DOT_UPCAST:  # interpreter only, see shard.kernels.dot_options
+        if DOT_UPCAST:  # interpreter only, see shard.platforms.cuda.kernels.dot_options
             w = w.to(tl.float32)
             xt = xt.to(tl.float32)
         if SCALE_AFTER_DOT:

@@ -1,5 +1,6 @@
-"""A LoRA term's slots in the AMX tile kernel's layout (shard/native/amx_lora.cpp), so that a bf16
-linear whose weight the tile kernel multiplies adds its step's LoRA terms in the same call.
+"""A LoRA term's slots in the AMX tile kernel's layout (shard/platforms/cpu/native/amx_lora.cpp), so
+that a bf16 linear whose weight the tile kernel multiplies adds its step's LoRA terms in the same
+call.
 
 Why: at a decode step's size a term on AVX-512 (lora.cpp) costs ~20 us a linear for 16 tokens
 at rank 16, mostly arithmetic and its own pass over the output, against ~3 us to read a slot's
@@ -20,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from shard.layers import matmul_amx
-from shard.native.build import amx_lora_linear_kernel
+from shard.platforms.cpu import matmul_amx
+from shard.platforms.cpu.native.build import amx_lora_linear_kernel
 
 BLOCK = 16  # a slot's rank, rounded up to this: its rows of `a` are whole tile blocks
 COLUMNS = 32  # `b`'s columns per tile block

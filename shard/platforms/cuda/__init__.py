@@ -1,6 +1,6 @@
-"""The CUDA platform: the Triton kernels (shard/kernels/), one kernel where torch takes several
-(RMSNorm with its residual add, SwiGLU of the fused gate_up product, the joint rotation of q and
-k in place on the qkv product), rounding where the torch ops round."""
+"""The CUDA platform: the Triton kernels (shard/platforms/cuda/kernels/), one kernel where torch
+takes several (RMSNorm with its residual add, SwiGLU of the fused gate_up product, the joint
+rotation of q and k in place on the qkv product), rounding where the torch ops round."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ class CudaPlatform(Platform):
     name = "cuda"
     dist_backend = "nccl"
     default_attention = "triton"
+    int4_kernel = "triton"
 
     def bind(self, device: torch.device, local_rank: int) -> torch.device:
         # one GPU per shard: a device without an index is this rank's
@@ -53,7 +54,7 @@ class CudaPlatform(Platform):
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
         if not _rows(x) or weight.dtype != x.dtype:  # the kernel scales in the dtype, as Llama
             return None
-        from shard.kernels.elementwise import rms_norm
+        from shard.platforms.cuda.kernels.elementwise import rms_norm
 
         return rms_norm(x, weight, eps)[0]
 
@@ -62,7 +63,7 @@ class CudaPlatform(Platform):
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         if not (_rows(x) and _rows(residual)) or weight.dtype != x.dtype:
             return None
-        from shard.kernels.elementwise import rms_norm
+        from shard.platforms.cuda.kernels.elementwise import rms_norm
 
         out, summed = rms_norm(x, weight, eps, residual)
         assert summed is not None
@@ -71,7 +72,7 @@ class CudaPlatform(Platform):
     def swiglu(self, product: torch.Tensor) -> torch.Tensor | None:
         if not _rows(product):
             return None
-        from shard.kernels.elementwise import silu_mul
+        from shard.platforms.cuda.kernels.elementwise import silu_mul
 
         return silu_mul(product)
 
@@ -86,7 +87,7 @@ class CudaPlatform(Platform):
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         if joint is None:
             return None
-        from shard.kernels.elementwise import rotary_
+        from shard.platforms.cuda.kernels.elementwise import rotary_
 
         # In place: q and k are the qkv product's own rows, which nothing else reads (the dims
         # past the tables' width are left as they are).

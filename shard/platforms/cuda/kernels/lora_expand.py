@@ -26,8 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from shard.kernels import check_device, interpreting
-from shard.kernels.lora_tiles import SlotTiles, default_block_m, slot_tiles
+from shard.platforms.cuda.kernels import check_device, interpreting
+from shard.platforms.cuda.kernels.lora_tiles import SlotTiles, default_block_m, slot_tiles
 
 
 @triton.jit

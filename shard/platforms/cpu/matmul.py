@@ -8,8 +8,8 @@ thing as a half-precision GEMM, which also multiplies exact products and accumul
 only the summation order differs. Weights stay in their dtype, so memory is unchanged.
 
 Where the CPU has the AMX tile unit, bf16 weights are packed once at load for the native tile
-kernel instead (shard/layers/matmul_amx.py: a decode step's GEMMs ~1.5x faster than oneDNN's).
-Elsewhere, where the CPU does have native GEMM for the dtype (fp32 everywhere; bf16 with
+kernel instead (shard/platforms/cpu/matmul_amx.py: a decode step's GEMMs ~1.5x faster than
+oneDNN's). Elsewhere, where the CPU does have native GEMM for the dtype (fp32 everywhere; bf16 with
 AVX512-BF16), weights are packed once at load into oneDNN's blocked layout (`prepare_weight`).
 Unpacked, oneDNN re-lays a bf16 weight out on every call, which costs more than the product
 itself when the weight comes from DRAM, as every weight of a decode step does
@@ -22,7 +22,7 @@ from functools import cache
 import torch
 import torch.nn.functional as F
 
-from shard.layers import matmul_amx
+from shard.platforms.cpu import matmul_amx
 
 # Below this many rows the widening costs more than the faster GEMM saves (measured on 2 AVX2
 # cores for weights from 576x576 to 49152x576).
@@ -92,8 +92,8 @@ def is_packed(weight: torch.Tensor) -> bool:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     if torch.compiler.is_compiling():
-        # torch.compile (shard/compiled.py) packs plain weights itself; the CPU checks below
-        # cannot be traced (a cached /proc read).
+        # torch.compile (shard/platforms/cpu/compiled.py) packs plain weights itself; the CPU checks
+        # below cannot be traced (a cached /proc read).
         return F.linear(x, weight, bias)
     if weight.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")

@@ -4,7 +4,7 @@ Why: an eager CPU decode step of the SmolLM2-135M shape is ~1,600 torch calls (~
 norms, rotary, residual adds, SiLU and mul, views, the KV write) at 5-10 us each, as long as
 its 121 GEMMs; a 1,024-token prefill step spends as long in bf16 elementwise passes as in its
 GEMMs (docs/benchmarks.md). Inductor fuses those chains into C++ loops, and with `freezing` it
-packs the (constant) weights for oneDNN itself, as shard/layers/matmul.py does in eager mode.
+packs the (constant) weights for oneDNN itself, as shard/platforms/cpu/matmul.py does in eager mode.
 
 How the forward pass becomes one graph with no model file changing:
 - Attention (store K/V, then the backend's prefill/decode/mixed path, which depends on the
@@ -47,7 +47,8 @@ import torch
 import torch._inductor.config
 import torch.fx.experimental._config
 
-from shard.attention import AttentionBackend, StepMetadata
+from shard.attention import AttentionBackend, StepMetadata, attend
+from shard.attention.backend import register_graph_attend
 
 
 class _Step(threading.local):
@@ -78,8 +79,6 @@ def _attend_impl(
     window: int,
     softcap: float,
 ) -> torch.Tensor:
-    from shard.attention.backend import attend
-
     if _STEP.backend is None or _STEP.meta is None:
         raise RuntimeError("switchyard::attend called outside a compiled forward pass")
     backend, meta, n = _STEP.backend, _STEP.meta, _step_tokens()
@@ -109,7 +108,7 @@ def _(q, k, v, kv_cache, scale, window, softcap):  # type: ignore[no-untyped-def
 _attend_op = torch.ops.switchyard.attend.default
 
 
-def attend_in_graph(
+def _attend_in_graph(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -120,6 +119,9 @@ def attend_in_graph(
 ) -> torch.Tensor:
     """What `attend` becomes inside the compiled graph (window 0: none; softcap 0: none)."""
     return _attend_op(q, k, v, kv_cache, scale, window or 0, float(softcap or 0.0))
+
+
+register_graph_attend(_attend_in_graph)
 
 
 _LIBRARY.define("lora(Tensor x, Tensor(a!) y, int term) -> ()")

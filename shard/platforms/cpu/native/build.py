@@ -16,9 +16,9 @@ builder from vector.h (shared loads and stores) and each kernel's source:
 - argmax.cpp: the sampler's greedy choice, torch.argmax over each row of scores (torch's CPU
   argmax is several times slower over a vocabulary).
 - amx_gemm.cpp: bf16 linear layers on the AMX tile unit, where the CPU has one
-  (shard/layers/matmul_amx.py): at a decode step's few rows oneDNN reads the weights at well
+  (shard/platforms/cpu/matmul_amx.py): at a decode step's few rows oneDNN reads the weights at well
   under the memory's bandwidth.
-- amx_lora.cpp: such a linear and its LoRA terms in one call (shard/layers/lora_amx.py): the
+- amx_lora.cpp: such a linear and its LoRA terms in one call (shard/platforms/cpu/lora_amx.py): the
   shrink as a small tile product, the expand as more of the base product's K.
 - paged_prefill_amx.cpp: paged_prefill.cpp's attention in bf16 with its two products on the
   tile unit.
@@ -168,7 +168,7 @@ def argmax_kernel() -> Callable[..., torch.Tensor] | None:
 
 def amx_linear_kernel() -> Callable[..., torch.Tensor] | None:
     """amx_linear(x [M, K] bf16, packed [N/16, K/32, 16, 16, 2] bf16, bias [N] | None) -> [M, N]
-    (the layout is shard/layers/matmul_amx.py's); None where the CPU has no AMX-BF16, the OS
+    (the layout is shard/platforms/cpu/matmul_amx.py's); None where the CPU has no AMX-BF16, the OS
     does not lend the tiles, the kernels cannot be built, or SWITCHYARD_CPU_AMX=0."""
     if os.environ.get(AMX_ENV, "1") == "0":
         return None

@@ -27,17 +27,16 @@ from dataclasses import dataclass
 import torch
 
 from shard.attention import AttentionMetadata, StepMetadata
-from shard.attention.torch_backend import TorchAttentionBackend
-from shard.layers import matmul_amx
 from shard.layers.activation import SILU
 from shard.layers.linear import ColumnParallelLinear, MergedColumnParallelLinear, RowParallelLinear
 from shard.layers.lora import LoraStep
 from shard.layers.norm import RMSNorm
 from shard.layers.quant.unquantized import DenseWeight
 from shard.models.blocks import Attention, DecoderLayer, DecoderModel
-from shard.native import build as native
-from shard.native.eager import KERNEL_DTYPES, heads_contiguous
-from shard.platforms.cpu import MAX_NATIVE_HEAD_DIM
+from shard.platforms.cpu import MAX_NATIVE_HEAD_DIM, matmul_amx
+from shard.platforms.cpu.attention import TorchAttentionBackend
+from shard.platforms.cpu.native import build as native
+from shard.platforms.cpu.native.eager import KERNEL_DTYPES, heads_contiguous
 
 log = logging.getLogger(__name__)
 

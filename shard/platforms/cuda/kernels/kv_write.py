@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from shard.kernels import check_device, head_block
+from shard.platforms.cuda.kernels import check_device, head_block
 
 
 @triton.jit

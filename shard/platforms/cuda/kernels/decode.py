@@ -13,8 +13,9 @@ partial result that `decode_reduce` combines. `choose_num_splits` decides.
 Sliding-window layers (SLIDING) start each sequence's loop at its window's first position, so a
 long context costs only its window; the splits cut up the window.
 
-Soft-capped layers (SOFTCAP, Gemma 2) cap every score before the softmax (shard/kernels/
-softmax.py); the splits' log-sum-exps are of the capped scores, so the reduce is unchanged.
+Soft-capped layers (SOFTCAP, Gemma 2) cap every score before the softmax
+(shard/platforms/cuda/kernels/ softmax.py); the splits' log-sum-exps are of the capped scores, so
+the reduce is unchanged.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
-from shard.kernels import check_device, dot_options, head_block, interpreting
-from shard.kernels.decode_reduce import decode_reduce
-from shard.kernels.softmax import attend_tile, score_scales
+from shard.platforms.cuda.kernels import check_device, dot_options, head_block, interpreting
+from shard.platforms.cuda.kernels.decode_reduce import decode_reduce
+from shard.platforms.cuda.kernels.softmax import attend_tile, score_scales
 
 # A split shorter than this spends more on its partial write and the reduce than it saves.
 MIN_TOKENS_PER_SPLIT = 256

@@ -15,7 +15,8 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def eager_cpu_kernel(kernel: Callable[[], F | None], x: torch.Tensor) -> F | None:
-    """`kernel()` (an accessor of shard/native/build.py) where x may go through it, else None."""
+    """`kernel()` (an accessor of shard/platforms/cpu/native/build.py) where x may go through it,
+    else None."""
     if torch.compiler.is_compiling() or x.device.type != "cpu" or x.dtype not in KERNEL_DTYPES:
         return None
     return kernel()

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from shard.kernels import check_device
+from shard.platforms.cuda.kernels import check_device
 
 
 @triton.jit

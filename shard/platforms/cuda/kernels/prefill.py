@@ -16,7 +16,7 @@ than `window` positions before it. Tiles wholly before the block's first window 
 read, and the tiles where the windows of the block's rows start are masked like the diagonal.
 
 Soft-capped layers (SOFTCAP, Gemma 2): every score is capped before the masks and the softmax
-(shard/kernels/softmax.py); off, the kernel is the same as without the option.
+(shard/platforms/cuda/kernels/softmax.py); off, the kernel is the same as without the option.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-from shard.kernels import check_device, dot_options, head_block, interpreting
-from shard.kernels.softmax import attend_tile, score_scales
+from shard.platforms.cuda.kernels import check_device, dot_options, head_block, interpreting
+from shard.platforms.cuda.kernels.softmax import attend_tile, score_scales
 
 
 @triton.jit

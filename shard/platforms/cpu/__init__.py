@@ -1,22 +1,25 @@
-"""The CPU platform: the native kernels (shard/native/, built on first use), in eager mode, on
-float tensors of the dtypes they compute in (under --compile inductor fuses the torch forms
+"""The CPU platform: the native kernels (shard/platforms/cpu/native/, built on first use), in eager
+mode, on float tensors of the dtypes they compute in (under --compile inductor fuses the torch forms
 itself, and an opaque call would stop it)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 
-from shard.native import build as native
-from shard.native.eager import eager_cpu_kernel, heads_contiguous
 from shard.platforms.base import Platform
+from shard.platforms.cpu import matmul, matmul_amx
+from shard.platforms.cpu.native import build as native_build
+from shard.platforms.cpu.native.eager import eager_cpu_kernel, heads_contiguous
 
 MAX_NATIVE_HEAD_DIM = 512  # elementwise.cpp's kMaxHeadDim
 
 
 class CpuPlatform(Platform):
     name = "cpu"
+    int4_kernel = "cpu"
     int4_activation_dtype = torch.bfloat16  # torch's CPU int4 matmul (quant/int4_cpu.py)
 
     def threads(self, world_size: int) -> None:
@@ -27,10 +30,31 @@ class CpuPlatform(Platform):
 
     def warm(self, attention: str) -> None:
         if attention == "torch":
-            native.paged_decode_kernel()  # built (once per machine) or found before ready
+            native_build.paged_decode_kernel()  # built (once per machine) or found before ready
+
+    def prepare_weight(self, weight: torch.Tensor) -> torch.Tensor:
+        return matmul.prepare_weight(weight)
+
+    def dense(self, weight: torch.Tensor) -> torch.Tensor:
+        return matmul.dense(weight)
+
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return matmul.linear(x, weight, bias)
+
+    def gated_linear(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str
+    ) -> torch.Tensor | None:
+        if act != "silu" or not matmul_amx.is_packed(weight):
+            return None
+        return matmul_amx.linear_silu_mul(x, weight, bias)  # SwiGLU in the tile epilogue
+
+    def lora_kernel(self) -> Callable[..., None] | None:
+        return native_build.lora_kernel()
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
-        kernel = eager_cpu_kernel(native.rms_norm_kernel, x)
+        kernel = eager_cpu_kernel(native_build.rms_norm_kernel, x)
         if kernel is None or x.dim() not in (2, 3) or x.stride(-1) != 1 or weight.dtype != x.dtype:
             return None
         return kernel(x, weight, eps)  # type: ignore[no-any-return]
@@ -38,7 +62,7 @@ class CpuPlatform(Platform):
     def add_rms_norm(
         self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        kernel = eager_cpu_kernel(native.add_rms_norm_kernel, x)
+        kernel = eager_cpu_kernel(native_build.add_rms_norm_kernel, x)
         if (
             kernel is None
             or x.dim() != 2
@@ -51,7 +75,7 @@ class CpuPlatform(Platform):
         return kernel(x, residual, weight, eps)  # type: ignore[no-any-return]
 
     def silu_and_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
-        kernel = eager_cpu_kernel(native.silu_mul_kernel, gate)
+        kernel = eager_cpu_kernel(native_build.silu_mul_kernel, gate)
         if (
             kernel is None
             or gate.dim() != 2
@@ -75,7 +99,7 @@ class CpuPlatform(Platform):
         sin: torch.Tensor,
         rows: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        kernel = eager_cpu_kernel(native.rotary_kernel, q)
+        kernel = eager_cpu_kernel(native_build.rotary_kernel, q)
         if (
             kernel is None
             or rows.dtype != torch.int64
@@ -92,7 +116,7 @@ class CpuPlatform(Platform):
         return kernel(q, cos, sin, rows), kernel(k, cos, sin, rows)
 
     def argmax(self, x: torch.Tensor) -> torch.Tensor | None:
-        kernel = eager_cpu_kernel(native.argmax_kernel, x)
+        kernel = eager_cpu_kernel(native_build.argmax_kernel, x)
         if kernel is None or x.dtype != torch.float32 or x.dim() != 2 or x.stride(1) != 1:
             return None
         return kernel(x)  # type: ignore[no-any-return]

@@ -24,9 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
-from shard.kernels import check_device, dot_options, interpreting
-from shard.kernels.decode import num_sms
-from shard.kernels.lora_tiles import SlotTiles, default_block_m, slot_tiles
+from shard.platforms.cuda.kernels import check_device, dot_options, interpreting
+from shard.platforms.cuda.kernels.decode import num_sms
+from shard.platforms.cuda.kernels.lora_tiles import SlotTiles, default_block_m, slot_tiles
 
 MIN_K_TILES_PER_SPLIT = 2  # a pipelined loop needs a few iterations
 MAX_SPLIT_K = 16
@@ -102,7 +102,7 @@ def _lora_shrink_kernel(
         else:
             xk = tl.load(x_base + ks[None, :] * stride_xk, mask=ks[None, :] < K, other=0.0)
             ak = tl.load(a_base + ks[:, None] * stride_ak, mask=ks[:, None] < K, other=0.0)
-        if DOT_UPCAST:  # interpreter only, see shard.kernels.dot_options
+        if DOT_UPCAST:  # interpreter only, see shard.platforms.cuda.kernels.dot_options
             xk = xk.to(tl.float32)
             ak = ak.to(tl.float32)
         acc = tl.dot(xk, ak, acc, input_precision=DOT_PRECISION)
