@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+import shard.platforms.cpu.native.build
 from launcher.tiny_models import build_model
+from shard.platforms.cpu.native.build import unavailable_reason
 from tests.shard.tiny_model_cases import NEW_ARCH_MODELS, TINY_MODELS
 
 ALL_MODELS = {**TINY_MODELS, **NEW_ARCH_MODELS}
@@ -38,3 +40,25 @@ def servicer_reference(servicer_model_dir):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(servicer_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(
+    params=[
+        "torch",
+        pytest.param(
+            "native",
+            marks=pytest.mark.skipif(
+                unavailable_reason() is not None,
+                # A toolchain reason, the same on a GPU machine: the CPU kernels need a C++
+                # compiler and ninja (or were switched off), whatever the accelerator.
+                reason=f"the native CPU kernels need a C++ compiler and ninja: "
+                f"{unavailable_reason()}",
+            ),
+        ),
+    ]
+)
+def rotary_path(request, monkeypatch):
+    """Which path RotaryEmbedding takes on the CPU: its torch form, or the native kernel."""
+    if request.param == "torch":
+        monkeypatch.setattr(shard.platforms.cpu.native.build, "rotary_kernel", lambda: None)
+    return request.param

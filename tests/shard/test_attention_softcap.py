@@ -21,9 +21,11 @@ import pytest
 import torch
 from paged_helpers import NATIVE_REASON, PagedLayout
 
-from shard.attention import MixedMetadata, attend, torch_backend
+from shard.attention import MixedMetadata, attend
 from shard.attention.metadata import AttentionMetadata, StepMetadata
+from shard.platforms.cpu import attention as torch_backend
 from shard.platforms.cpu.attention import TorchAttentionBackend
+from tests.shard.test_cpu_paged_prefill import _reference as paged_reference
 
 BLOCK = 16
 SCALE, SOFTCAP = 0.125, 3.0
@@ -119,22 +121,7 @@ def _step(
 
 def _reference(step: Step, window: int | None, softcap: float | None) -> torch.Tensor:
     """float64, Gemma 2's eager order: scale, cap, mask, softmax."""
-    out, start = [], 0
-    group = HEADS // KV_HEADS
-    for (prefix, new), k, v in zip(step.spans, step.keys, step.values, strict=True):
-        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-        scores = torch.einsum("thd,khd->htk", step.q[start : start + new].double(), k) * SCALE
-        if softcap is not None:
-            scores = softcap * torch.tanh(scores / softcap)
-        q_pos = torch.arange(prefix, prefix + new)[:, None]
-        k_pos = torch.arange(prefix + new)[None, :]
-        seen = k_pos <= q_pos
-        if window is not None:
-            seen &= k_pos > q_pos - window
-        probs = scores.masked_fill(~seen, float("-inf")).softmax(-1)
-        out.append(torch.einsum("htk,khd->thd", probs, v))
-        start += new
-    return torch.cat(out)
+    return paged_reference(step.q, step.spans, step.keys, step.values, SCALE, window, softcap)
 
 
 STEPS = {

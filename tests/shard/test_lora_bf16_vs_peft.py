@@ -11,7 +11,7 @@ import copy
 
 import pytest
 import torch
-from lora_fixtures import ADAPTERS, make_adapter, peft_reference
+from lora_fixtures import ADAPTERS, PHI3_ADAPTERS, make_adapter, peft_reference
 from transformers import AutoModelForCausalLM
 
 from shard.platforms.cpu import lora_amx
@@ -43,10 +43,21 @@ def _teacher_forced(model, prompt: list[int], served: list[int]) -> tuple[list, 
     return picked.tolist(), (logprobs.max(-1).values - picked).tolist()
 
 
+# biased q/k/v; every linear biased; q/k norms; and Phi-4-mini's shape (GQA, partial rotary)
+# with adapters on its fused qkv_proj / gate_up_proj (one sub-module over all of a fused
+# module's outputs, SwiGLU in the tile kernel's epilogue where it is built)
 @pytest.mark.parametrize(
-    "model", ["llama_gqa_llama3", "qwen2_bias", "llama_tied_linear_bias", "qwen3_qk_norm_sliding"]
-)  # biased q/k/v; every linear biased; q/k norms
-def test_bf16_adapters_track_peft(tiny_model, tmp_path, monkeypatch, model):
+    ("model", "adapter_set"),
+    [
+        ("llama_gqa_llama3", ADAPTERS),
+        ("qwen2_bias", ADAPTERS),
+        ("llama_tied_linear_bias", ADAPTERS),
+        ("qwen3_qk_norm_sliding", ADAPTERS),
+        ("phi3_gqa", PHI3_ADAPTERS),
+    ],
+    ids=lambda value: value if isinstance(value, str) else "",
+)
+def test_bf16_adapters_track_peft(tiny_model, tmp_path, monkeypatch, model, adapter_set):
     tile_calls = []
 
     def counted(weight, out_slices):
@@ -57,10 +68,10 @@ def test_bf16_adapters_track_peft(tiny_model, tmp_path, monkeypatch, model):
     base = tiny_model(model)
     adapters = {
         name: make_adapter(base, tmp_path / name, seed=30 + i, **config)
-        for i, (name, config) in enumerate(ADAPTERS.items())
+        for i, (name, config) in enumerate(adapter_set.items())
     }
     service = lora_service(base, adapters, max_loras=len(adapters), dtype="bfloat16")
-    names = ["", *ADAPTERS]
+    names = ["", *adapter_set]
     texts, got = serve_mixed(service, names, seed=11)
     plain = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
     served_errors, peft_errors = [], []

@@ -12,7 +12,6 @@ one batch, whole and chunked prompts; and bf16 serving on Phi-3 (as test_lora_bf
 
 from __future__ import annotations
 
-import copy
 import json
 
 import pytest
@@ -24,16 +23,7 @@ from shard.distributed import Distributed
 from shard.lora.adapter import AdapterError
 from shard.lora.manager import LoraManager, LoraSettings
 from shard.models import load_model
-from shard.platforms.cpu import lora_amx
-from shard.platforms.cpu.lora_amx import kernel_for
-from shard.platforms.cpu.native.build import amx_linear_kernel
 from tests.shard.servicer_helpers import prompts
-from tests.shard.test_lora_bf16_vs_peft import (
-    FLOOR,
-    MEAN_TIMES_PEFT_BF16,
-    TIMES_PEFT_BF16,
-    _teacher_forced,
-)
 from tests.shard.test_lora_vs_peft import LOGPROB_ATOL, NEW_TOKENS, lora_service, serve_mixed
 
 CPU = torch.device("cpu")
@@ -138,48 +128,3 @@ def test_llama_names_on_a_fused_checkpoint_are_refused_naming_them(tiny_model, t
         AdapterError, match=r"'qkv_proj'.*has separate q_proj/k_proj/v_proj; .* gate_proj/up_proj"
     ):
         LoraManager(llama_model, LoraSettings(adapters={"phi3": phi3}, max_loras=1))
-
-
-def test_bf16_fused_adapters_track_peft(tiny_model, tmp_path, monkeypatch):
-    """bf16 serving of the fused-module adapters on Phi-4-mini's shape (GQA), as
-    test_lora_bf16_vs_peft.py checks the Llama family's: each served token's logprob within a
-    few times PEFT's own bf16 error of PEFT float32 after the same prefix (plain rotary, so the
-    whole sequence recomputed is the reference), the base model alone as negative control. The
-    fused terms (one sub-module over all of qkv_proj's or gate_up_proj's outputs, SwiGLU in the
-    epilogue) take the AMX tile kernel where it is built."""
-    tile_calls = []
-
-    def counted(weight, out_slices):
-        kernel = kernel_for(weight, out_slices)
-        return None if kernel is None else (lambda *a: tile_calls.append(1) or kernel(*a))
-
-    monkeypatch.setattr(lora_amx, "kernel_for", counted)
-    base = tiny_model("phi3_gqa")
-    adapters = {
-        name: make_adapter(base, tmp_path / name, seed=50 + i, **config)
-        for i, (name, config) in enumerate(PHI3_ADAPTERS.items())
-    }
-    service = lora_service(base, adapters, max_loras=len(adapters), dtype="bfloat16")
-    names = ["", *adapters]
-    texts, got = serve_mixed(service, names, seed=11)
-    plain = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
-    served_errors, peft_errors = [], []
-    for i, (name, prompt) in enumerate(zip(names, texts, strict=True)):
-        served = [t for t, _ in got[i][:NEW_TOKENS]]
-        served_lps = torch.tensor([lp for _, lp in got[i][:NEW_TOKENS]])
-        reference = peft_reference(base, adapters[name]) if name else plain
-        want, margin = _teacher_forced(reference, prompt, served)
-        want_bf16, _ = _teacher_forced(copy.deepcopy(reference).to(torch.bfloat16), prompt, served)
-        want, want_bf16 = torch.tensor(want), torch.tensor(want_bf16)
-        bound = max(FLOOR, TIMES_PEFT_BF16 * float((want_bf16 - want).abs().max()))
-        served_errors += (served_lps - want).abs().tolist()
-        peft_errors += (want_bf16 - want).abs().tolist()
-        label = name or "base"
-        assert float((served_lps - want).abs().max()) <= bound, label
-        assert max(margin) <= bound, (label, margin, bound)
-        if name:  # the same comparison against the base model alone fails: the term counts
-            without, _ = _teacher_forced(plain, prompt, served)
-            assert float((served_lps - torch.tensor(without)).abs().max()) > 2 * bound, label
-    served_mean, peft_mean = torch.tensor(served_errors).mean(), torch.tensor(peft_errors).mean()
-    assert served_mean <= MEAN_TIMES_PEFT_BF16 * peft_mean, (served_mean, peft_mean)
-    assert bool(tile_calls) == (amx_linear_kernel() is not None)

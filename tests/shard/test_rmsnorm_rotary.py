@@ -19,30 +19,6 @@ import shard.platforms.cpu.native.build
 from shard.layers.linear import QKVParallelLinear
 from shard.layers.norm import RMSNorm
 from shard.layers.rotary import RopeConfig, RotaryEmbedding
-from shard.platforms.cpu.native.build import unavailable_reason
-
-_NO_KERNELS = unavailable_reason()
-
-
-@pytest.fixture(
-    params=[
-        "torch",
-        pytest.param(
-            "native",
-            marks=pytest.mark.skipif(
-                _NO_KERNELS is not None,
-                # A toolchain reason, the same on a GPU machine: the CPU kernels need a C++
-                # compiler and ninja (or were switched off), whatever the accelerator.
-                reason=f"the native CPU kernels need a C++ compiler and ninja: {_NO_KERNELS}",
-            ),
-        ),
-    ]
-)
-def rotary_path(request, monkeypatch):
-    """Which path RotaryEmbedding takes on the CPU: its torch form, or the native kernel."""
-    if request.param == "torch":
-        monkeypatch.setattr(shard.platforms.cpu.native.build, "rotary_kernel", lambda: None)
-    return request.param
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -21,35 +21,14 @@ import shard.platforms.cpu.native.build
 from shard.attention.metadata import AttentionMetadata, MixedMetadata
 from shard.batch import Batch
 from shard.layers.rotary import RopeConfig, RotaryEmbedding
-from shard.platforms.cpu.native.build import unavailable_reason
 from shard.requests import NewRequest
 from shard.sampling.params import SamplingParams
 from shard.step_inputs import build_step_inputs, step_lengths
 
-_NO_KERNELS = unavailable_reason()
 CPU = torch.device("cpu")
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 32
 ORIGINAL_MAX, MAX_POS = 32, 160
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-
-
-@pytest.fixture(
-    params=[
-        "torch",
-        pytest.param(
-            "native",
-            marks=pytest.mark.skipif(
-                _NO_KERNELS is not None,
-                reason=f"the native CPU kernels need a C++ compiler and ninja: {_NO_KERNELS}",
-            ),
-        ),
-    ]
-)
-def rotary_path(request, monkeypatch):
-    """Which path RotaryEmbedding takes on the CPU: its torch form, or the native kernel."""
-    if request.param == "torch":
-        monkeypatch.setattr(shard.platforms.cpu.native.build, "rotary_kernel", lambda: None)
-    return request.param
 
 
 def _phi3(partial: float = 1.0, longrope: bool = False, **rope: object) -> Phi3Config:
