@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -46,9 +47,8 @@ from shard.layers.activation import SILU, act_and_mul
 from shard.layers.lora_chunks import ChunkedB
 from shard.layers.quant.base import LinearWeight
 from shard.layers.quant.unquantized import DenseWeight
-from shard.platforms.cpu import lora_amx
+from shard.platforms import Platform, platform_of
 from shard.platforms.cpu.compiled import lora_in_graph, register_lora_term
-from shard.platforms.cpu.matmul import linear, prepare_weight
 
 # Adapter tokens up to which a CPU step runs the native kernel: NATIVE_TOKENS_PER_SLOT for each
 # slot the step uses, at most NATIVE_MAX_TOKENS. Past them, one slot's oneDNN GEMM wins, or the
@@ -182,10 +182,12 @@ class LoraTerm(nn.Module):
         # alone). Columns past it are zero padding up to --max-lora-rank, so the torch path
         # multiplies only the first `rank` columns: 4x less work for rank 16 under the default 64.
         self.ranks = [0] * num_slots
+        # The platform's kernels: the GEMM layout of the packed copies, the tile kernel.
+        self.ops = platform_of(device)
         self._packed: _Packed | None = None  # the dense path's copies (CPU), built on first use
-        # The tile kernel's copies (lora_amx.py), built on first use, and its call for the
-        # weight `_tile_base` (None: that weight is not the tile kernel's).
-        self._tiles: lora_amx.LoraTiles | None = None
+        # The tile kernel's copies (the CPU's: shard/platforms/cpu/lora_amx.py), built on first
+        # use, and its call for the weight `_tile_base` (None: that weight is not the kernel's).
+        self._tiles: Any = None
         self._tile_base: torch.Tensor | None = None
         self._tile_kernel: Callable[..., torch.Tensor] | None = None
         # --compile calls this term through an opaque op that names it by this id
@@ -260,7 +262,7 @@ class LoraTerm(nn.Module):
             return None  # a prompt's worth: measured at decode and chunk sizes only
         if weight.weight is not self._tile_base:  # checked once per weight, not per call
             self._tile_base = weight.weight
-            self._tile_kernel = lora_amx.kernel_for(weight.weight, self.out_slices)
+            self._tile_kernel = self.ops.lora_tile_kernel(weight.weight, self.out_slices)
         if self._tile_kernel is None:
             return None
         tiles = self._tiles
@@ -268,7 +270,7 @@ class LoraTerm(nn.Module):
             rank = max(self.ranks, default=0)
             if rank == 0:  # no adapter touches this layer
                 return None
-            tiles = self._tiles = lora_amx.LoraTiles.build(self.lora_a, self.lora_b, rank)
+            tiles = self._tiles = self.ops.lora_tiles(self.lora_a, self.lora_b, rank)
         if x.dim() != 2 or x.stride(1) != 1:  # (kernel_for: every sub-module whole 16-blocks)
             return None
         return self._tile_kernel(  # type: ignore[no-any-return]
@@ -296,7 +298,7 @@ class LoraTerm(nn.Module):
         packed = self._packed
         if packed is None:  # first use since a slot was filled
             packed = self._packed = _Packed.build(
-                self.lora_a, self.lora_b, self.out_slices, self.ranks
+                self.lora_a, self.lora_b, self.out_slices, self.ranks, self.ops
             )
         if packed.rank == 0:  # no adapter touches this layer
             return
@@ -341,6 +343,7 @@ class LoraTerm(nn.Module):
             return
         packed.uses += 1
         plain = packed.uses <= PACK_AFTER_USES  # a subset that may not last: plain GEMMs
+        linear = self.ops.linear
         h = F.linear(x, packed.a) if plain else linear(x, packed.a_mm)  # [T, slots * n_sub * r]
         h.view(rows, mask.shape[1], -1).mul_(mask.view(rows, -1, 1))
         if plain:
@@ -371,6 +374,7 @@ class _Packed:
     b: torch.Tensor
     rank: int
     n_sub: int
+    ops: Platform  # whose layout a_mm and b_mm take
     subsets: dict[tuple[int, ...], _Packed] = field(default_factory=dict, repr=False)
     uses: int = 0  # steps this slot set has served (per term)
     # b in the native kernel's layout (lora_chunks.py), made by its first step.
@@ -391,19 +395,23 @@ class _Packed:
 
     @cached_property
     def a_mm(self) -> torch.Tensor:
-        return prepare_weight(self.a)
+        return self.ops.prepare_weight(self.a)
 
     @cached_property
     def b_mm(self) -> torch.Tensor:  # [N, S * n_sub * r]: the expand as a linear
-        return prepare_weight(self.b.t().contiguous())
+        return self.ops.prepare_weight(self.b.t().contiguous())
 
     @staticmethod
     def build(
-        lora_a: torch.Tensor, lora_b: torch.Tensor, out_slices: tuple[int, ...], ranks: list[int]
+        lora_a: torch.Tensor,
+        lora_b: torch.Tensor,
+        out_slices: tuple[int, ...],
+        ranks: list[int],
+        ops: Platform,
     ) -> _Packed:
         rank = max(ranks, default=0)
         a, b = _slot_rows(lora_a, lora_b, out_slices, rank)
-        return _Packed(a, b, rank, lora_a.shape[1])
+        return _Packed(a, b, rank, lora_a.shape[1], ops)
 
     def refill(
         self,
@@ -437,11 +445,16 @@ class _Packed:
                 self.b[lo * rows : (hi + 1) * rows],
                 self.rank,
                 self.n_sub,
+                self.ops,
             )
         index = torch.cat([torch.arange(s * rows, (s + 1) * rows) for s in slots])
         index = index.to(self.a.device)
         return _Packed(
-            self.a.index_select(0, index), self.b.index_select(0, index), self.rank, self.n_sub
+            self.a.index_select(0, index),
+            self.b.index_select(0, index),
+            self.rank,
+            self.n_sub,
+            self.ops,
         )
 
 

@@ -8,8 +8,9 @@ from dataclasses import replace
 from typing import Any
 
 from shard.layers.activation import gated_activation
-from shard.models.blocks import LLAMA_NAMES, DecoderModel, sqrt_hidden
+from shard.models.blocks import DecoderModel, sqrt_hidden
 from shard.models.config import ModelConfig
+from shard.models.names import LLAMA_NAMES
 
 GEMMA_NAMES = {
     **LLAMA_NAMES,

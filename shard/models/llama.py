@@ -3,7 +3,8 @@ rotary over whole heads, sliding windows where the config names them)."""
 
 from __future__ import annotations
 
-from shard.models.blocks import LLAMA_NAMES, DecoderModel
+from shard.models.blocks import DecoderModel
+from shard.models.names import LLAMA_NAMES
 
 
 class LlamaForCausalLM(DecoderModel):

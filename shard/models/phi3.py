@@ -7,7 +7,8 @@ modules while keeping qkv_proj fused, so the names follow what the checkpoint ho
 
 from __future__ import annotations
 
-from shard.models.blocks import LLAMA_NAMES, DecoderModel
+from shard.models.blocks import DecoderModel
+from shard.models.names import LLAMA_NAMES
 from shard.weights import Weights
 
 PHI3_NAMES = {

@@ -4,7 +4,7 @@ platform has none for these inputs (the caller then computes the torch reference
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -89,6 +89,18 @@ class Platform:
         """A kernel adding small steps' LoRA terms, all slots in one call
         (shard/layers/lora.py: LoraStep.native), or None: torch's GEMMs."""
         return None
+
+    def lora_tile_kernel(
+        self, weight: torch.Tensor, out_slices: tuple[int, ...]
+    ) -> Callable[..., torch.Tensor] | None:
+        """A kernel computing a linear's product and its LoRA terms in one call for a weight
+        `prepare_weight` returned (shard/layers/lora.py: LoraTerm.linear), or None."""
+        return None
+
+    def lora_tiles(self, lora_a: torch.Tensor, lora_b: torch.Tensor, rank: int) -> Any:
+        """A term's slots in the layout `lora_tile_kernel`'s kernel reads (with .a, .b, .rank
+        and .refill(slot, lora_a, lora_b))."""
+        raise NotImplementedError(f"{self.name} has no LoRA tile kernel")
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
         """x * rsqrt(mean(x^2) + eps), rounded to x's dtype, times weight (Llama's rounding)."""

@@ -23,7 +23,7 @@ from shard.layers.quant.base import Piece
 from shard.layers.quant.int4_dequant import DequantizingInt4
 from shard.layers.quant.select import linear_method
 from shard.models import load_config, load_model
-from shard.models.blocks import LLAMA_NAMES
+from shard.models.names import LLAMA_NAMES
 from shard.models.phi3 import PHI3_NAMES, Phi3ForCausalLM
 from shard.weights import Weights, WeightsError
 

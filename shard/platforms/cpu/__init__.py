@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from shard.platforms.base import Platform
-from shard.platforms.cpu import matmul, matmul_amx
+from shard.platforms.cpu import lora_amx, matmul, matmul_amx
 from shard.platforms.cpu.native import build as native_build
 from shard.platforms.cpu.native.eager import eager_cpu_kernel, heads_contiguous
 
@@ -52,6 +53,14 @@ class CpuPlatform(Platform):
 
     def lora_kernel(self) -> Callable[..., None] | None:
         return native_build.lora_kernel()
+
+    def lora_tile_kernel(
+        self, weight: torch.Tensor, out_slices: tuple[int, ...]
+    ) -> Callable[..., torch.Tensor] | None:
+        return lora_amx.kernel_for(weight, out_slices)  # the AMX tile kernel's
+
+    def lora_tiles(self, lora_a: torch.Tensor, lora_b: torch.Tensor, rank: int) -> Any:
+        return lora_amx.LoraTiles.build(lora_a, lora_b, rank)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
         kernel = eager_cpu_kernel(native_build.rms_norm_kernel, x)

@@ -1,0 +1,40 @@
+"""Our module names -> a checkpoint's tensor prefixes, the table each architecture states."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Our module names -> checkpoint prefixes ("{i}" = layer index), the table Llama's checkpoints
+# follow. Fused modules map to several prefixes, or to one where the checkpoint fuses them.
+LLAMA_NAMES: dict[str, tuple[str, ...]] = {
+    "embed_tokens": ("model.embed_tokens",),
+    "norm": ("model.norm",),
+    "lm_head": ("lm_head",),
+    "input_layernorm": ("model.layers.{i}.input_layernorm",),
+    "post_attention_layernorm": ("model.layers.{i}.post_attention_layernorm",),
+    "qkv_proj": (
+        "model.layers.{i}.self_attn.q_proj",
+        "model.layers.{i}.self_attn.k_proj",
+        "model.layers.{i}.self_attn.v_proj",
+    ),
+    "o_proj": ("model.layers.{i}.self_attn.o_proj",),
+    "q_norm": ("model.layers.{i}.self_attn.q_norm",),
+    "k_norm": ("model.layers.{i}.self_attn.k_norm",),
+    "gate_up_proj": ("model.layers.{i}.mlp.gate_proj", "model.layers.{i}.mlp.up_proj"),
+    "down_proj": ("model.layers.{i}.mlp.down_proj",),
+}
+
+
+@dataclass(frozen=True)
+class Names:
+    """Resolves our names to checkpoint prefixes for one layer."""
+
+    table: dict[str, tuple[str, ...]]
+    layer: int = -1
+
+    def many(self, ours: str) -> list[str]:
+        return [name.format(i=self.layer) for name in self.table[ours]]
+
+    def one(self, ours: str) -> str:
+        (name,) = self.many(ours)
+        return name
