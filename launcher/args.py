@@ -55,6 +55,9 @@ class LauncherConfig:
     cpu_kv_cache_gb: float | None
     compile: bool  # torch.compile the shards' forward pass (shard/platforms/cpu/compiled.py)
     cuda_graphs: str | None  # decode batch sizes to capture, "0" none; None: the shard's default
+    # Mixture-of-Experts: each shard holds E/N whole experts (vLLM's --enable-expert-parallel);
+    # off, each expert's intermediate dimension is split across the N shards (tensor parallel).
+    expert_parallel: bool
     shard_startup_timeout: float
     # Router settings (None: not forwarded, the router's default applies)
     max_input_tokens: int | None
@@ -180,6 +183,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="batch sizes whose decode steps are captured as CUDA graphs and replayed, e.g. "
         "1,2,4,8 (TGI's flag); 0 turns them off. Default on a GPU: 1,2,4,...,128; none on a CPU",
+    )
+    s.add_argument(
+        "--expert-parallel",
+        action="store_true",
+        help="Mixture-of-Experts models: give each shard E/N whole experts of the E (vLLM's "
+        "--enable-expert-parallel) instead of a 1/N slice of every expert (tensor parallel, the "
+        "default); --num-shard must then divide the number of experts",
     )
     s.add_argument(
         "--shard-uds-path",

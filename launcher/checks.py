@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from launcher.devices import visible_gpu_count
 
 
 class ShardCountError(ValueError):
-    """`--num-shard` cannot work on this machine or for this model."""
+    """`--num-shard` cannot work on this machine or for this model (with or without
+    `--expert-parallel`, which decides how a Mixture-of-Experts model's experts are split)."""
 
 
 def check_num_shard(
@@ -47,20 +49,160 @@ def check_num_shard(
         )
 
 
-def _head_counts(model_dir: Path) -> tuple[int | None, int | None]:
-    """(attention heads, KV heads) from config.json; None where the config does not say (the
-    shard then reports what it cannot load)."""
+def check_experts(expert_parallel: bool, num_shard: int, model_dir: Path) -> None:
+    """How a Mixture-of-Experts model's experts split across the shards: whole experts with
+    --expert-parallel (E/N each), else a 1/N slice of every expert's intermediate dimension.
+    Raises ShardCountError naming the flag, the config field at fault and the values that work."""
+    config = _text_config(model_dir)
+    if config is None:
+        return  # no readable config.json: the shard reports what it cannot load
+    path = model_dir / "config.json"
+    experts = _experts(config)
+    if experts is None:
+        if expert_parallel:
+            raise ShardCountError(
+                f"--expert-parallel needs a Mixture-of-Experts model; {path} has no experts "
+                "(num_local_experts/num_experts)"
+            )
+        return
+    field, count = experts
+    inter = _expert_intermediate(config)
+    heads, kv_heads = _heads_of(config)
+
+    def works(n: int, ep: bool) -> bool:
+        if heads is not None and heads % n:
+            return False
+        if kv_heads is not None and kv_heads % n and n % kv_heads:
+            return False
+        return all(size % n == 0 for _, size in _split_sizes(config, count, ep))
+
+    def pass_one_of(size: int, ep: bool) -> str:
+        ok = [str(n) for n in range(1, size + 1) if size % n == 0 and works(n, ep)]
+        return f"pass one of {', '.join(ok)}" if ok else "no --num-shard value works"
+
+    for what, size in _split_sizes(config, count, expert_parallel):
+        if size % num_shard == 0:
+            continue
+        if what == "experts":
+            instead = ""
+            if inter is not None and works(num_shard, False):
+                instead = (
+                    f"; or drop --expert-parallel to split each expert's {inter[0]} ({inter[1]}) "
+                    f"across the {num_shard} shards instead"
+                )
+            raise ShardCountError(
+                f"--expert-parallel with --num-shard {num_shard} cannot give each shard a whole "
+                f"number of the model's {count} experts ({field} in {path}): "
+                f"{pass_one_of(count, True)}{instead}"
+            )
+        if what == "expert":
+            assert inter is not None
+            instead = ""
+            if works(num_shard, True):
+                instead = (
+                    f"; or pass --expert-parallel to give each shard {count // num_shard} whole "
+                    f"experts of the {count} instead"
+                )
+            raise ShardCountError(
+                f"--num-shard {num_shard} does not divide the experts' intermediate size "
+                f"({inter[0]} {size} in {path}); without --expert-parallel each shard holds a "
+                f"slice of every expert: {pass_one_of(size, False)}{instead}"
+            )
+        if what == "shared":
+            raise ShardCountError(
+                f"--num-shard {num_shard} does not divide the shared expert's intermediate size "
+                f"(shared_expert_intermediate_size {size} in {path}); the shared expert is split "
+                f"across the shards even with --expert-parallel: "
+                f"{pass_one_of(size, expert_parallel)}"
+            )
+        raise ShardCountError(
+            f"--num-shard {num_shard} does not divide the dense layers' intermediate size "
+            f"(intermediate_size {size} in {path}, which has dense layers: "
+            f"{_dense_reason(config)}); their MLPs are split across the shards even with "
+            f"--expert-parallel: {pass_one_of(size, expert_parallel)}"
+        )
+
+
+def _text_config(model_dir: Path) -> dict[str, Any] | None:
+    """config.json, or the LM's part of it; None when it cannot be read."""
     try:
         config = json.loads((model_dir / "config.json").read_text())
     except (OSError, ValueError):
-        return None, None
+        return None
     if not isinstance(config, dict):
-        return None, None
+        return None
     config = config.get("text_config", config)  # multimodal wrappers keep the LM's config inside
+    return config if isinstance(config, dict) else None
+
+
+def _head_counts(model_dir: Path) -> tuple[int | None, int | None]:
+    """(attention heads, KV heads) from config.json; None where the config does not say (the
+    shard then reports what it cannot load)."""
+    config = _text_config(model_dir)
+    return (None, None) if config is None else _heads_of(config)
+
+
+def _heads_of(config: dict[str, Any]) -> tuple[int | None, int | None]:
     heads = config.get("num_attention_heads")
     kv_heads = config.get("num_key_value_heads", heads)
-    as_int = [v if isinstance(v, int) and v > 0 else None for v in (heads, kv_heads)]
-    return as_int[0], as_int[1]
+    return _positive(heads), _positive(kv_heads)
+
+
+def _positive(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _experts(config: dict[str, Any]) -> tuple[str, int] | None:
+    """(the config's field, the number of routed experts): Mixtral says num_local_experts,
+    Qwen2-MoE and Qwen3-MoE num_experts; None for a model without experts."""
+    for field in ("num_local_experts", "num_experts"):
+        count = _positive(config.get(field))
+        if count is not None:
+            return field, count
+    return None
+
+
+def _expert_intermediate(config: dict[str, Any]) -> tuple[str, int] | None:
+    """One expert's intermediate size: moe_intermediate_size (Qwen2-MoE, Qwen3-MoE), else
+    intermediate_size (Mixtral, whose every MLP is a set of experts)."""
+    for field in ("moe_intermediate_size", "intermediate_size"):
+        size = _positive(config.get(field))
+        if size is not None:
+            return field, size
+    return None
+
+
+def _dense_reason(config: dict[str, Any]) -> str | None:
+    """Why a Qwen2-MoE/Qwen3-MoE model has dense (non-expert) MLP layers; None when it has none."""
+    only = config.get("mlp_only_layers")
+    if isinstance(only, list) and only:
+        return f"mlp_only_layers {only}"
+    step = _positive(config.get("decoder_sparse_step"))
+    if step is not None and step > 1:
+        return f"decoder_sparse_step {step}"
+    return None
+
+
+def _split_sizes(
+    config: dict[str, Any], experts: int, expert_parallel: bool
+) -> list[tuple[str, int]]:
+    """What N shards must divide, as (kind, size): the shared expert and the dense layers'
+    intermediate sizes (always tensor parallel), then the experts themselves (--expert-parallel)
+    or each expert's intermediate size."""
+    sizes: list[tuple[str, int]] = []
+    shared = _positive(config.get("shared_expert_intermediate_size"))
+    if shared is not None:
+        sizes.append(("shared", shared))
+    dense = _positive(config.get("intermediate_size"))
+    if "moe_intermediate_size" in config and dense is not None and _dense_reason(config):
+        sizes.append(("dense", dense))
+    if expert_parallel:
+        sizes.append(("experts", experts))
+    else:
+        inter = _expert_intermediate(config)
+        if inter is not None:
+            sizes.append(("expert", inter[1]))
+    return sizes
 
 
 def _divisors(n: int) -> str:

@@ -84,6 +84,8 @@ def shard_spec(
             argv += [_flag(name), str(value)]
     if cfg.compile:
         argv.append("--compile")
+    if cfg.expert_parallel:
+        argv.append("--expert-parallel")
     argv += _lora_flags(cfg, adapters)
     env = {
         "RANK": str(rank),

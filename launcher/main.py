@@ -13,7 +13,7 @@ from typing import TextIO
 
 from launcher.adapters import AdapterError, check_served_name, resolve_adapters
 from launcher.args import LauncherConfig, parse_args
-from launcher.checks import ShardCountError, check_num_shard
+from launcher.checks import ShardCountError, check_experts, check_num_shard
 from launcher.commands import Programs, build_plan, served_model_name
 from launcher.default_model import DEFAULT_MODEL_NAME
 from launcher.env import LauncherEnv
@@ -116,6 +116,7 @@ def _launch(
         return 130
     try:
         check_num_shard(cfg.num_shard, model_dir, env.cuda_visible_devices)
+        check_experts(cfg.expert_parallel, cfg.num_shard, model_dir)
         check_quantization(cfg.quantize, cfg.num_shard, model_dir, cfg.compile)
     except (ShardCountError, QuantizationCheckError) as exc:
         log.error("%s", exc)

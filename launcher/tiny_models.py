@@ -1,5 +1,5 @@
-"""Builds small checkpoints locally (Llama family, Gemma 2/3, Phi-3): random weights and a
-byte-level BPE tokenizer.
+"""Builds small checkpoints locally (Llama family, Gemma 2/3, Phi-3, Mixtral, Qwen2/3-MoE):
+random weights and a byte-level BPE tokenizer.
 
 There is no model hub here, so every test model comes from this one builder.
 The tokenizer is byte-level, so any text (multi-byte UTF-8 included) round-trips.
@@ -40,13 +40,25 @@ ARCHITECTURES = {
     "Gemma2ForCausalLM": "Gemma2Config",
     "Gemma3ForCausalLM": "Gemma3TextConfig",  # text-only Gemma 3 (Gemma3Config is the VLM's)
     "Phi3ForCausalLM": "Phi3Config",
+    "MixtralForCausalLM": "MixtralConfig",
+    "Qwen2MoeForCausalLM": "Qwen2MoeConfig",
+    "Qwen3MoeForCausalLM": "Qwen3MoeConfig",
 }
+MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+# The router's weights spread wider than the rest: its top-k choices then have clear margins,
+# so a model that computes the layer's input within rounding picks the same experts.
+_ROUTER_SPREAD = 0.3
 
 # Where each norm's weight is its identity: Gemma norms compute x * (1 + w), others x * w. Left
 # at their init (zeros for Gemma) a norm's weight would be invisible: a model computing x * w or
 # skipping the norm would go unnoticed. Only these architectures get random norms, so the older
 # ones' checkpoints stay byte-identical to what their tests were written against.
-_NORM_IDENTITY = {"Gemma2ForCausalLM": 0.0, "Gemma3ForCausalLM": 0.0, "Phi3ForCausalLM": 1.0}
+_NORM_IDENTITY = {
+    "Gemma2ForCausalLM": 0.0,
+    "Gemma3ForCausalLM": 0.0,
+    "Phi3ForCausalLM": 1.0,
+    **dict.fromkeys(MOE_ARCHITECTURES, 1.0),
+}
 _NORM_SPREAD = 0.1
 
 
@@ -97,12 +109,15 @@ def build_model(
     num_key_value_heads: int = 2,
     seed: int = 0,
     dtype: str = "float32",
+    stacked_experts: bool = False,
     **config_overrides,
 ) -> Path:
     """Writes config, safetensors weights and tokenizer of a random model to `path`.
 
     `vocab_size` is the model's embedding size; the tokenizer may have fewer entries (the
     trainer stops when it runs out of merges), as real checkpoints often pad their vocabulary.
+    `stacked_experts`: a Mixture-of-Experts model saved as transformers 5 holds its experts
+    (stacked `experts.gate_up_proj` / `experts.down_proj`) instead of the Hub's per-expert layout.
     """
     import torch
     import transformers
@@ -134,11 +149,13 @@ def build_model(
     # token-equality tests compare real decisions rather than numerical ties.
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if "norm" not in name:
+            if name.endswith("mlp.gate.weight"):  # an MoE router
+                param.normal_(0.0, _ROUTER_SPREAD)
+            elif "norm" not in name:
                 param.normal_(0.0, 0.08 if "embed" in name or "lm_head" in name else 0.05)
             elif architecture in _NORM_IDENTITY:
                 param.normal_(_NORM_IDENTITY[architecture], _NORM_SPREAD)
-    model.save_pretrained(path, safe_serialization=True)
+    model.save_pretrained(path, safe_serialization=True, save_original_format=not stacked_experts)
     tokenizer.save_pretrained(path)
     # A generation_config with eos lets both transformers and Switchyard stop on the same token.
     (path / "generation_config.json").write_text(
@@ -169,4 +186,7 @@ def _tiny_defaults(
             "max_position_embeddings": max_positions,
             "original_max_position_embeddings": max_positions,
         }
+    if architecture in MOE_ARCHITECTURES:
+        # the defaults' 32k-131k positions would tabulate rotary tables far past any test
+        return {"max_position_embeddings": 512}
     return {}

@@ -50,6 +50,12 @@ def parse_args(argv: list[str]) -> ShardSettings:
         help="torch.compile the forward pass at warmup (CPU, one shard, dense weights, no LoRA)",
     )
     serve.add_argument(
+        "--expert-parallel",
+        action="store_true",
+        help="Mixture-of-Experts models: hold E/world_size whole experts instead of a slice of "
+        "every expert (tensor parallel, the default)",
+    )
+    serve.add_argument(
         "--cuda-graphs",
         default="",
         help="batch sizes whose decode steps are captured as CUDA graphs, e.g. 1,2,4,8 (0: none; "
@@ -91,6 +97,7 @@ def parse_args(argv: list[str]) -> ShardSettings:
         max_cpu_loras=args.max_cpu_loras,
         max_lora_rank=args.max_lora_rank,
         compile=args.compile,
+        expert_parallel=args.expert_parallel,
         cuda_graphs=cuda_graphs,
     )
 

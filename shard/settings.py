@@ -29,6 +29,9 @@ class ShardSettings:
     # torch.compile the forward pass (shard/platforms/cpu/compiled.py): CPU, one shard, dense
     # weights, no LoRA.
     compile: bool = False
+    # Mixture-of-Experts: this rank holds E/world_size whole experts (--expert-parallel) instead
+    # of a 1/world_size slice of every expert's intermediate dimension.
+    expert_parallel: bool = False
     # CUDA graphs' batch-size buckets for decode: None, the default on a GPU (none on a CPU);
     # () none (--cuda-graphs 0).
     cuda_graphs: tuple[int, ...] | None = None

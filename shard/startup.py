@@ -80,7 +80,10 @@ def _build_service(
         "loading %s as %s on %s with %s attention (rank %d of %d)",
         model_dir, dtype, device, attention, env.rank, env.world_size,
     )  # fmt: skip
-    model = load_model(model_dir, dtype=dtype, device=device, dist=dist, attention=attention)
+    model = load_model(
+        model_dir, dtype=dtype, device=device, dist=dist, attention=attention,
+        expert_parallel=settings.expert_parallel,
+    )  # fmt: skip
     platform.warm(attention)
     lora = None
     if settings.enable_lora or settings.lora_adapters:

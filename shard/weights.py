@@ -135,6 +135,7 @@ class Weights:
         dist: Distributed,
         quantization: QuantizationConfig | None = None,
         triton: bool = False,
+        expert_parallel: bool = False,
     ) -> None:
         self.model_dir = Path(model_dir)
         # How the checkpoint's linears are stored; the TP linears pick their method from it.
@@ -142,6 +143,9 @@ class Weights:
         # Quantized layers use the Triton kernels (always on CUDA; interpreted on CPU when the
         # shard runs its attention in Triton too, which is how tests run them end to end).
         self.triton = triton
+        # Mixture-of-Experts layers: each rank reads whole experts (E/N of them) instead of a
+        # slice of every expert (shard/layers/moe.py).
+        self.expert_parallel = expert_parallel
         self.dtype = dtype
         self.device = device
         self.dist = dist

@@ -21,7 +21,6 @@ def register_graph_attend(op: Callable[..., torch.Tensor]) -> None:
     _graph_attend = op
 
 
-
 def attend(
     backend: AttentionBackend,
     q: torch.Tensor,

@@ -8,24 +8,13 @@ transformers does: act(gate) in the dtype, then the product."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import partial
-
 import torch
 import torch.nn.functional as F
 
 from shard.platforms import platform_of
+from shard.platforms.activations import GATED_ACTIVATIONS, SILU
 
-# config.json's activation name -> the elementwise function of the gate (transformers' ACT2FN
-# entries whose math these are: "gelu_new" and "gelu_fast" spell the tanh form differently and
-# round differently, so they are not aliases of gelu_pytorch_tanh and stay unsupported).
-GATED_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "silu": F.silu,
-    "swish": F.silu,
-    "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"),
-    "gelu": F.gelu,
-}
-SILU = "silu"
+__all__ = ["GATED_ACTIVATIONS", "SILU", "act_and_mul", "gated_activation", "silu_and_mul", "swiglu"]
 
 
 def gated_activation(name: str) -> str:

@@ -243,7 +243,12 @@ class RowParallelLinear(nn.Module):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dist.all_reduce(self.partial(x))
+
+    def partial(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's share of the output, before the all_reduce (a caller that sums several
+        shares first reduces them once: an MoE block's shared expert and routed experts)."""
         if self.lora is None:
-            return self.dist.all_reduce(self.weight(x, self.bias))
+            return self.weight(x, self.bias)
         # this rank's share of the term joins the same all_reduce
-        return self.dist.all_reduce(self.lora.linear(self.weight, x, self.bias))
+        return self.lora.linear(self.weight, x, self.bias)

@@ -55,9 +55,15 @@ def load_model(
     device: torch.device,
     dist: Distributed,
     attention: str = "torch",
+    expert_parallel: bool = False,
 ) -> CausalLM:
     model_dir = Path(model_dir)
     config = load_config(model_dir)
+    if expert_parallel and config.moe is None:
+        raise UnsupportedArchitectureError(
+            f"--expert-parallel needs a Mixture-of-Experts model; {config.architecture} in "
+            f"{model_dir} has no experts"
+        )
     weights = Weights(
         model_dir,
         dtype=dtype,
@@ -65,6 +71,7 @@ def load_model(
         dist=dist,
         quantization=config.quantization,
         triton=attention == "triton",
+        expert_parallel=expert_parallel,
     )
     model = model_class(config.architecture)(config, weights, attention)
     weights.check_all_consumed()

@@ -5,8 +5,10 @@ A model file names its checkpoint tensors (a `Names` table) and maps its config.
 - `Attention`: fused q/k/v (three checkpoint tensors or one fused), optional q/k norms of the
   model's norm kind, rotary per layer (its own base and scaling, partial rotary), a sliding
   window per layer, the query scale, attention-logit soft-capping, q/k/v and o biases.
-- `GatedMLP`: a fused gate_up product (two tensors or one fused), act(gate) * up with the
-  activation from shard/layers/activation.py's table, down projection.
+- `GatedMLP` (shard/models/mlp.py): a fused gate_up product (two tensors or one fused),
+  act(gate) * up with the activation from shard/layers/activation.py's table, down projection.
+- `SparseMoeBlock` (shard/models/moe_block.py): the Mixture-of-Experts MLP of the layers
+  `ModelConfig.moe` makes sparse (a router, the fused experts, an optional shared expert).
 - `DecoderLayer`: two norms (before attention, before the MLP: Llama, Qwen, Phi-3), or with
   `sandwich_norms` four (also after each: Gemma 2 and 3).
 - `DecoderModel`: embedding (optionally scaled), the layers, the final norm, the LM head (tied
@@ -23,12 +25,14 @@ from torch import nn
 
 from shard.attention import AttentionBackend, StepMetadata, attend, get_attention_backend
 from shard.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from shard.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from shard.layers.linear import QKVParallelLinear, RowParallelLinear
 from shard.layers.norm import NORMS, RMSNorm
 from shard.layers.quant.config import QuantizationConfig
 from shard.layers.rotary import RopeConfig, RotaryEmbedding
 from shard.models.base import CausalLM
 from shard.models.config import ModelConfig
+from shard.models.mlp import GatedMLP
+from shard.models.moe_block import SparseMoeBlock
 from shard.models.names import LLAMA_NAMES, Names
 from shard.weights import Weights
 
@@ -112,27 +116,6 @@ class Attention(nn.Module):
         return self.o_proj(out.flatten(1))
 
 
-class GatedMLP(nn.Module):
-    def __init__(
-        self, gate_up_proj: MergedColumnParallelLinear, down_proj: RowParallelLinear, act: str
-    ) -> None:
-        super().__init__()
-        self.gate_up_proj = gate_up_proj
-        self.down_proj = down_proj
-        self.act = act  # a name of shard/layers/activation.py's GATED_ACTIVATIONS
-
-    @classmethod
-    def load(cls, weights: Weights, names: Names, config: ModelConfig) -> GatedMLP:
-        gate_up = MergedColumnParallelLinear.load_merged(
-            weights, names.many("gate_up_proj"), bias=config.mlp_bias, num_blocks=2
-        )
-        down = RowParallelLinear.load(weights, names.one("down_proj"), bias=config.mlp_bias)
-        return cls(gate_up, down, config.hidden_act)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.gate_up_proj.act_and_mul(x, self.act))
-
-
 class DecoderLayer(nn.Module):
     """Pre-norm attention and MLP, each added to the residual stream; with `sandwich_norms`
     their outputs are normed too before the add (Gemma 2/3's post_attention_layernorm and
@@ -143,7 +126,7 @@ class DecoderLayer(nn.Module):
         input_layernorm: RMSNorm,
         self_attn: Attention,
         pre_mlp_layernorm: RMSNorm,
-        mlp: GatedMLP,
+        mlp: GatedMLP | SparseMoeBlock,
         post_attention_norm: RMSNorm | None = None,
         post_mlp_norm: RMSNorm | None = None,
     ) -> None:
@@ -168,7 +151,11 @@ class DecoderLayer(nn.Module):
             return load_norm(weights, names.one(ours), config)
 
         attention = Attention.load(weights, names, config, rotary, backend)
-        mlp = GatedMLP.load(weights, names, config)
+        mlp: GatedMLP | SparseMoeBlock
+        if config.sparse_mlp(names.layer):
+            mlp = SparseMoeBlock.load(weights, names, config)
+        else:
+            mlp = GatedMLP.load(weights, names, config)
         if not config.sandwich_norms:
             return cls(norm("input_layernorm"), attention, norm("post_attention_layernorm"), mlp)
         return cls(

@@ -55,6 +55,25 @@ def read_eos_token_ids(model_dir: Path, config: dict[str, Any]) -> list[int]:
 
 
 @dataclass(frozen=True)
+class MoeConfig:
+    """A Mixture-of-Experts MLP's options (shard/models/moe_block.py)."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int  # each expert's
+    # the top-k probabilities divided by their sum (Mixtral; Qwen's norm_topk_prob)
+    renormalize: bool
+    # the top-k probabilities rounded to the model's dtype before they weight the experts'
+    # outputs (transformers' Qwen MoE blocks do; Mixtral's weights in float32)
+    round_weights: bool
+    # per layer: whether its MLP is the sparse block (Qwen's mlp_only_layers and
+    # decoder_sparse_step leave some dense, with ModelConfig.intermediate_size)
+    sparse_layers: tuple[bool, ...]
+    # Qwen2-MoE's shared expert, a gated MLP every token takes, scaled by sigmoid(gate(x)); 0: none
+    shared_expert_intermediate_size: int = 0
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     architecture: str
     vocab_size: int
@@ -91,6 +110,11 @@ class ModelConfig:
     # Per layer where the rope differs by layer type (Gemma 3's local and global bases);
     # empty: `rope` in every layer.
     layer_ropes: tuple[RopeConfig, ...] = ()
+    # The Mixture-of-Experts MLP (Mixtral, Qwen2-MoE, Qwen3-MoE); None: every MLP dense.
+    moe: MoeConfig | None = None
+
+    def sparse_mlp(self, layer: int) -> bool:
+        return self.moe is not None and self.moe.sparse_layers[layer]
 
     def rope_of(self, layer: int) -> RopeConfig:
         return self.layer_ropes[layer] if self.layer_ropes else self.rope

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # Our module names -> checkpoint prefixes ("{i}" = layer index), the table Llama's checkpoints
@@ -38,3 +39,36 @@ class Names:
     def one(self, ours: str) -> str:
         (name,) = self.many(ours)
         return name
+
+
+# Mixture-of-Experts blocks. Expert modules carry "{{e}}" (the expert's index, once the layer's
+# is filled in); one name without it is transformers 5's stacked parameter of every expert.
+QWEN_MOE_NAMES: dict[str, tuple[str, ...]] = {
+    **LLAMA_NAMES,
+    "router": ("model.layers.{i}.mlp.gate",),
+    "expert_gate_up": (
+        "model.layers.{i}.mlp.experts.{{e}}.gate_proj",
+        "model.layers.{i}.mlp.experts.{{e}}.up_proj",
+    ),
+    "expert_down": ("model.layers.{i}.mlp.experts.{{e}}.down_proj",),
+    "shared_expert_gate_up_proj": (
+        "model.layers.{i}.mlp.shared_expert.gate_proj",
+        "model.layers.{i}.mlp.shared_expert.up_proj",
+    ),
+    "shared_expert_down_proj": ("model.layers.{i}.mlp.shared_expert.down_proj",),
+    "shared_expert_gate": ("model.layers.{i}.mlp.shared_expert_gate",),
+}
+STACKED_EXPERT_NAMES: dict[str, tuple[str, ...]] = {
+    "router": ("model.layers.{i}.mlp.gate",),
+    "expert_gate_up": ("model.layers.{i}.mlp.experts.gate_up_proj",),
+    "expert_down": ("model.layers.{i}.mlp.experts.down_proj",),
+}
+
+
+def stacked_experts(has: Callable[[str], bool]) -> bool:
+    """Whether a checkpoint (`has`: Weights.has) stores its experts as transformers 5 holds
+    them, stacked, rather than as the Hub's per-expert modules."""
+    return any(has(f"model.layers.{i}.mlp.experts.gate_up_proj") for i in range(_MAX_LAYERS))
+
+
+_MAX_LAYERS = 1024

@@ -23,6 +23,9 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Gemma2ForCausalLM": ("shard.models.gemma2", "Gemma2ForCausalLM"),
     "Gemma3ForCausalLM": ("shard.models.gemma3", "Gemma3ForCausalLM"),
     "Phi3ForCausalLM": ("shard.models.phi3", "Phi3ForCausalLM"),
+    "MixtralForCausalLM": ("shard.models.mixtral", "MixtralForCausalLM"),
+    "Qwen2MoeForCausalLM": ("shard.models.qwen2_moe", "Qwen2MoeForCausalLM"),
+    "Qwen3MoeForCausalLM": ("shard.models.qwen3_moe", "Qwen3MoeForCausalLM"),
 }
 SUPPORTED_ARCHITECTURES = tuple(sorted(ARCHITECTURES))
 

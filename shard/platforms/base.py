@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from shard.platforms import host_memory
+from shard.platforms import grouped_moe, host_memory
 
 if TYPE_CHECKING:
     from shard.kv_cache import KvCacheSettings
@@ -101,6 +101,25 @@ class Platform:
         """A term's slots in the layout `lora_tile_kernel`'s kernel reads (with .a, .b, .rank
         and .refill(slot, lora_a, lora_b))."""
         raise NotImplementedError(f"{self.name} has no LoRA tile kernel")
+
+    def fused_moe(
+        self,
+        x: torch.Tensor,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        act: str,
+    ) -> torch.Tensor:
+        """The experts of a Mixture-of-Experts MLP over one step's tokens: for each token t and
+        each of its k choices e = topk_ids[t, k] (-1: an expert another rank holds, skipped),
+        topk_weights[t, k] * w2[e] @ act(gate) * up, with [gate; up] = w13[e] @ x[t], summed
+        over k. x [T, H]; w13 [E, 2I, H] (gate rows first); w2 [E, H, I]; topk_weights [T, K]
+        float32; topk_ids [T, K] int32; `act` a name of shard/layers/activation.py's table.
+        Here: grouped GEMMs, each expert once over the rows routed to it."""
+        return grouped_moe.grouped_experts(
+            x, w13, w2, topk_weights, topk_ids, act, swiglu=self.swiglu
+        )
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
         """x * rsqrt(mean(x^2) + eps), rounded to x's dtype, times weight (Llama's rounding)."""

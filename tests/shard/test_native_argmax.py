@@ -53,8 +53,9 @@ def test_argmax_refuses_what_it_cannot_take():
 def test_sampler_takes_the_native_choice(monkeypatch):
     real, calls = argmax_kernel(), []
     monkeypatch.setattr(
-        shard.platforms.cpu.native.build, "argmax_kernel", lambda: lambda x: calls.append(x) or
-        real(x)
+        shard.platforms.cpu.native.build,
+        "argmax_kernel",
+        lambda: lambda x: calls.append(x) or real(x),
     )
     x = _rows(100)
     assert torch.equal(greedy_ids(x), x.argmax(dim=1)) and len(calls) == 1

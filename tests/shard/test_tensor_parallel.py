@@ -25,6 +25,8 @@ from shard.sampling.sampler import SamplingTensors, sample
 from shard.weights import Weights
 
 WORLD = 2
+# Mixture-of-Experts models, run both tensor parallel (the default) and expert parallel.
+MOE_TP = ["mixtral_top2", "qwen2_moe_shared_dense", "qwen3_moe_stacked"]
 CPU = torch.device("cpu")
 # GQA split across ranks, one KV head replicated on both, qkv bias, and a vocab of 509 (padded).
 MODELS = [
@@ -39,6 +41,9 @@ MODELS = [
     "gemma2_softcap_alternating",
     "gemma3_qk_norm_local_rope",
     "phi3_partial_longrope",
+    # Mixture-of-Experts: every expert's intermediate split per rank (the stacked layout too);
+    # the shared expert and the routed ones reduced together
+    *MOE_TP,
 ]
 PROMPTS = [torch.arange(5, 26), torch.arange(40, 77) * 3 % 500]  # 21 and 37 tokens
 STEPS = 3
@@ -122,6 +127,16 @@ def worker(rank: int, port: int, layer_dir: str, model_dirs: dict[str, str], out
             model, PROMPTS, STEPS, seed=3, decode_forward=decode_path
         )
         results[f"{name}/sampled"] = sample_without_broadcast(logits[-1])
+        results[f"{name}/expert_elements"] = _expert_elements(model)
+    for name in MOE_TP:
+        model = load_model(
+            model_dirs[name], dtype=torch.float32, device=CPU, dist=dist, expert_parallel=True
+        )
+        with count_collectives() as counts:
+            run_paged(model, PROMPTS[:1], 0)
+        results[f"{name}/ep/collectives"] = (dict(counts), model.num_layers)
+        results[f"{name}/ep"] = run_paged(model, PROMPTS, STEPS, seed=3)
+        results[f"{name}/ep/expert_elements"] = _expert_elements(model)
     # bf16, where the flat loop calls the AMX tile kernel itself and then the all_reduce
     model = load_model(model_dirs[MODELS[0]], dtype=torch.bfloat16, device=CPU, dist=dist)
     decode_path = CpuDecodePath.build(model, None)
@@ -132,6 +147,11 @@ def worker(rank: int, port: int, layer_dir: str, model_dirs: dict[str, str], out
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     tdist.barrier()
     tdist.destroy_process_group()
+
+
+def _expert_elements(model: torch.nn.Module) -> int:
+    """The elements of the model's routed experts' weights this rank holds."""
+    return sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
 
 
 class count_collectives:
@@ -271,6 +291,30 @@ def test_two_ranks_match_one(ranks, tiny_model, name):
         assert tokens == want_tokens, f"rank {rank} diverged"
         for step, (got, want) in enumerate(zip(logits, want_logits, strict=True)):
             torch.testing.assert_close(got, want, atol=1e-5, rtol=0, msg=f"rank {rank} step {step}")
+
+
+@pytest.mark.parametrize("name", MOE_TP)
+def test_expert_parallel_ranks_match_one(ranks, tiny_model, name):
+    """Each rank holds half the experts whole, skips the other half's choices, and the one
+    all_reduce per layer sums the halves."""
+    single = load_model(tiny_model(name), dtype=torch.float32, device=CPU, dist=Distributed())
+    want_logits, want_tokens = run_paged(single, PROMPTS, STEPS, seed=3)
+    for rank, res in enumerate(ranks):
+        logits, tokens = res[f"{name}/ep"]
+        assert tokens == want_tokens, f"rank {rank} diverged"
+        for step, (got, want) in enumerate(zip(logits, want_logits, strict=True)):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=0, msg=f"rank {rank} step {step}")
+        counts, layers = res[f"{name}/ep/collectives"]
+        assert counts == {"all_reduce": 2 * layers + 1, "all_gather": 1}
+
+
+@pytest.mark.parametrize("mode", ["", "/ep"])
+@pytest.mark.parametrize("name", MOE_TP)
+def test_each_rank_holds_half_the_expert_weights(ranks, tiny_model, name, mode):
+    single = load_model(tiny_model(name), dtype=torch.float32, device=CPU, dist=Distributed())
+    whole = _expert_elements(single)
+    assert whole > 0
+    assert [res[f"{name}{mode}/expert_elements"] for res in ranks] == [whole // WORLD] * WORLD
 
 
 def test_world_size_one_needs_no_process_group(monkeypatch):

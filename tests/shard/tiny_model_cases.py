@@ -160,3 +160,45 @@ NEW_ARCH_MODELS: dict[str, tuple[str, dict]] = {
         },
     ),
 }
+
+# Mixture-of-Experts architectures: name -> (architecture, config overrides). Experts are few
+# and small, the top-k high enough that most steps leave some experts without tokens and load
+# others unevenly.
+MOE_MODELS: dict[str, tuple[str, dict]] = {
+    # Mixtral: every layer sparse, top-2 of 6 renormalised, GQA.
+    "mixtral_top2": (
+        "MixtralForCausalLM",
+        {"num_local_experts": 6, "num_experts_per_tok": 2, "intermediate_size": 48},
+    ),
+    # Qwen2-MoE: q/k/v biases, top-3 of 8 without renormalisation, a shared expert behind its
+    # sigmoid gate; the middle layer dense (mlp_only_layers) with the 128-wide MLP.
+    "qwen2_moe_shared_dense": (
+        "Qwen2MoeForCausalLM",
+        {
+            "num_hidden_layers": 3,
+            "num_experts": 8,
+            "num_experts_per_tok": 3,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 48,
+            "mlp_only_layers": [1],
+            "norm_topk_prob": False,
+        },
+    ),
+    # Qwen3-MoE: q/k norms, head_dim 32 != hidden / heads, top-4 of 8 renormalised.
+    "qwen3_moe_norm_topk": (
+        "Qwen3MoeForCausalLM",
+        {
+            "num_experts": 8,
+            "num_experts_per_tok": 4,
+            "moe_intermediate_size": 32,
+            "norm_topk_prob": True,
+            "head_dim": 32,
+        },
+    ),
+}
+# The same Qwen3-MoE saved as transformers 5 holds it (stacked experts, `save_original_format`
+# off): the layout the loader must read besides the Hub's.
+MOE_MODELS["qwen3_moe_stacked"] = (
+    "Qwen3MoeForCausalLM",
+    {**MOE_MODELS["qwen3_moe_norm_topk"][1], "stacked_experts": True},
+)

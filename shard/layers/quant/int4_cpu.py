@@ -92,7 +92,8 @@ class CpuInt4(DequantizingInt4):
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.int(), 1)
             self.packed[start:stop] = packed
             self.own_layout = self.own_layout and torch.equal(
-                _unpack_cpu_layout(packed, k, self.block), codes  # type: ignore[arg-type]
+                _unpack_cpu_layout(packed, k, self.block),
+                codes,  # type: ignore[arg-type]
             )
         if self.own_layout:
             self.qweight = None  # the kernel's copy serves the dense path too

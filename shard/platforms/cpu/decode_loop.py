@@ -13,9 +13,9 @@ It computes exactly what DecoderModel.forward computes (tests/shard/test_cpu_dec
 them bit for bit, for every architecture): every sub-step that is not plain here (a quantized or
 oneDNN weight, q/k norms, a rotary that is not the whole-head position-only rotation, a norm
 whose weight is not in the model's dtype, a gated activation other than SwiGLU, the sandwich
-norms) calls the module that owns it. It runs decode-only steps; prefill and chunked steps run
-the module forward. A step whose tokens use adapters runs a second copy of the loop whose
-linears add their LoRA terms, as the modules do.
+norms, a Mixture-of-Experts MLP) calls the module that owns it. It runs decode-only steps;
+prefill and chunked steps run the module forward. A step whose tokens use adapters runs a
+second copy of the loop whose linears add their LoRA terms, as the modules do.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from shard.layers.lora import LoraStep
 from shard.layers.norm import RMSNorm
 from shard.layers.quant.unquantized import DenseWeight
 from shard.models.blocks import Attention, DecoderLayer, DecoderModel
+from shard.models.mlp import GatedMLP
+from shard.models.moe_block import SparseMoeBlock
 from shard.platforms.cpu import MAX_NATIVE_HEAD_DIM, matmul_amx
 from shard.platforms.cpu.attention import TorchAttentionBackend
 from shard.platforms.cpu.native import build as native
@@ -57,8 +59,7 @@ class _Layer:
     post_mlp_norm: Norm | None
     qkv: Linear
     o_proj: Linear
-    gate_up: Linear  # act(gate) * up of the fused gate_up projection
-    down_proj: Linear
+    mlp: Linear  # the dense MLP's gate_up and down products, or the MoE block's module
     # q, k, v of the qkv product, rotated: the fused native rotation of q and k's neighbouring
     # heads, or the modules' (split, q/k norms, rotary) where that does not apply.
     rotate: Rotate
@@ -148,7 +149,7 @@ class CpuDecodePath:
             if layer.post_attention_norm is not None:
                 x = layer.post_attention_norm(x)
             x, residual = layer.pre_mlp_norm(x, residual)
-            hidden = layer.down_proj(layer.gate_up(x))
+            hidden = layer.mlp(x)
             if layer.post_mlp_norm is not None:
                 hidden = layer.post_mlp_norm(hidden)
         # a model without layers gets no loop (`_unsupported`)
@@ -169,8 +170,7 @@ class CpuDecodePath:
             post_mlp_norm=None if post_mlp is None else _norm(post_mlp, dtype),
             qkv=_linear(attention.qkv_proj, lora),
             o_proj=_linear(attention.o_proj, lora),
-            gate_up=_gate_up(mlp.gate_up_proj, mlp.act, lora),
-            down_proj=_linear(mlp.down_proj, lora),
+            mlp=_mlp(mlp, lora),
             rotate=_rotation(attention),
             scale=attention.scale,
             window=attention.window or 0,
@@ -231,6 +231,15 @@ def _linear(linear: ColumnParallelLinear | RowParallelLinear, lora: bool) -> Lin
         return y if reduce is None else reduce(y)
 
     return call
+
+
+def _mlp(mlp: GatedMLP | SparseMoeBlock, lora: bool) -> Linear:
+    """x -> the MLP's output: a dense one's two products as below; a Mixture-of-Experts block's
+    module (its router, its grouped experts, its all_reduce)."""
+    if not isinstance(mlp, GatedMLP):
+        return mlp
+    gate_up, down = _gate_up(mlp.gate_up_proj, mlp.act, lora), _linear(mlp.down_proj, lora)
+    return lambda x: down(gate_up(x))
 
 
 def _gate_up(linear: MergedColumnParallelLinear, act: str, lora: bool) -> Linear:

@@ -1,0 +1,213 @@
+"""The experts of a Mixture-of-Experts MLP as one layer: every expert's gate_up and down weights
+stacked ([E, 2I, H] and [E, H, I]), the router's top-k choice, and one grouped computation over
+the whole step (the platform's `fused_moe`: grouped GEMMs on the CPU, the Triton kernel on a GPU).
+
+Parallelism, from the checkpoint's own per-rank reads (each rank reads only what it keeps):
+- tensor parallel (the default): every expert on every rank, each expert's intermediate
+  dimension split across ranks (gate/up rows, down columns); a rank's output is a partial sum.
+- expert parallel (`--expert-parallel`): rank r holds experts [r E/N, (r+1) E/N) whole; a token's
+  choices of other ranks' experts are skipped here (id -1), so the output is again a partial sum.
+Either way the caller all-reduces once, as after a dense MLP's row-parallel down projection.
+
+Checkpoints come in two layouts, both read: the Hub's per-expert modules
+(`experts.{e}.gate_proj.weight` ..., Mixtral's `w1/w3/w2`), and transformers 5's own stacked
+parameters (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I]).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from shard.platforms import platform_of
+from shard.weights import Weights, WeightsError
+
+# The placeholder of a per-expert checkpoint name ("model.layers.0.mlp.experts.{e}.gate_proj").
+EXPERT = "{e}"
+
+
+def route(
+    logits: torch.Tensor, top_k: int, *, renormalize: bool, round_to: torch.dtype | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits [T, E] -> (weights [T, K] float32, expert ids [T, K] int32): softmax in
+    float32, the top k, divided by their sum with `renormalize`, rounded to `round_to` where the
+    model's reference weights its experts in its dtype (transformers' Qwen MoE blocks)."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    if round_to is not None:
+        weights = weights.to(round_to).float()
+    return weights, ids.to(torch.int32)
+
+
+class FusedMoE(nn.Module):
+    """This rank's experts: w13 [E_r, 2 I_r, H] (gate rows first), w2 [E_r, H, I_r]."""
+
+    def __init__(
+        self,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        *,
+        num_experts: int,
+        first_expert: int,
+        act: str,
+        triton: bool,
+    ) -> None:
+        super().__init__()
+        self.w13 = nn.Parameter(w13, requires_grad=False)
+        self.w2 = nn.Parameter(w2, requires_grad=False)
+        self.num_experts = num_experts  # the model's, over all ranks
+        self.first_expert = first_expert  # this rank's first (expert parallel), else 0
+        self.local_experts = w13.shape[0]
+        self.act = act  # a name of shard/platforms/activations.py's table
+        self.triton = triton  # the Triton kernel (always on CUDA; interpreted in CPU tests)
+
+    @classmethod
+    def load(
+        cls,
+        weights: Weights,
+        gate_up: list[str],
+        down: str,
+        *,
+        num_experts: int,
+        intermediate_size: int,
+        act: str,
+        expert_parallel: bool,
+    ) -> FusedMoE:
+        """`gate_up`: the gate and up modules' names with `{e}` for the expert (per-expert
+        checkpoints), or the one stacked gate_up parameter; `down` likewise."""
+        world, rank = weights.dist.world_size, weights.dist.rank
+        _refuse_quantized(weights, gate_up + [down])
+        if expert_parallel:
+            if num_experts % world:
+                raise WeightsError(
+                    f"--expert-parallel: {num_experts} experts cannot be split across "
+                    f"{world} shards; the shard count must divide the number of experts"
+                )
+            per_rank = num_experts // world
+            experts = range(rank * per_rank, (rank + 1) * per_rank)
+            cols = (0, intermediate_size)
+        else:
+            experts = range(num_experts)
+            cols = weights.shard_bounds(f"{down} (intermediate size)", 0, intermediate_size)
+        if EXPERT in down:
+            w13, w2 = _read_per_expert(
+                weights, gate_up, down, num_experts, experts, cols, intermediate_size
+            )
+        else:
+            w13, w2 = _read_stacked(weights, gate_up, down, experts, cols, intermediate_size)
+        return cls(
+            w13,
+            w2,
+            num_experts=num_experts,
+            first_expert=experts.start,
+            act=act,
+            triton=weights.triton,
+        )
+
+    def forward(
+        self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """This rank's part of sum_k w[t, k] expert_{ids[t, k]}(x[t]) (the caller all-reduces)."""
+        if self.local_experts != self.num_experts:
+            local = topk_ids - self.first_expert
+            outside = (local < 0) | (local >= self.local_experts)
+            topk_ids = local.masked_fill(outside, -1)
+        if self.triton:
+            from shard.platforms.cuda.kernels.fused_moe import fused_moe
+
+            return fused_moe(x, self.w13, self.w2, topk_weights, topk_ids, self.act)
+        return platform_of(x).fused_moe(x, self.w13, self.w2, topk_weights, topk_ids, self.act)
+
+
+def _refuse_quantized(weights: Weights, names: list[str]) -> None:
+    """Int4 experts need a grouped int4 kernel, which we do not have: refused at load, naming
+    the format and the module, rather than dequantized behind the user's back."""
+    config = weights.quantization
+    if config is None:
+        return
+    for name in names:
+        module = name.replace(EXPERT, "0")
+        if (
+            config.quantizes(module)
+            and not weights.has(f"{module}.weight")
+            and not (weights.has(module))
+        ):
+            raise WeightsError(
+                f"{config.method} int4 experts are not supported: {module} is quantized, and "
+                "Mixture-of-Experts layers serve floating-point expert weights only (a "
+                "checkpoint that leaves the experts unquantized, or the unquantized model, "
+                "serves)"
+            )
+
+
+def _read_per_expert(
+    weights: Weights,
+    gate_up: list[str],
+    down: str,
+    num_experts: int,
+    experts: range,
+    cols: tuple[int, int],
+    intermediate_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    gate, up = gate_up
+    start, stop = cols
+    w13: torch.Tensor | None = None
+    w2: torch.Tensor | None = None
+    for j, e in enumerate(experts):
+        names = [f"{m.replace(EXPERT, str(e))}.weight" for m in (gate, up, down)]
+        _check_intermediate(weights, names[2], 1, intermediate_size)
+        pair = weights.get_concat([(names[0], start, stop), (names[1], start, stop)], 0)
+        rows = weights.get_range(names[2], 1, start, stop)
+        if w13 is None or w2 is None:
+            w13 = pair.new_empty((len(experts), *pair.shape))
+            w2 = rows.new_empty((len(experts), *rows.shape))
+        w13[j], w2[j] = pair, rows
+    if w13 is None or w2 is None:
+        raise WeightsError(f"no experts to read for {down}")
+    _mark_other_experts(weights, gate_up + [down], experts, num_experts)
+    return w13, w2
+
+
+def _mark_other_experts(weights: Weights, names: list[str], experts: range, total: int) -> None:
+    """Other ranks' experts (expert parallel) are theirs to read: not unexpected tensors here."""
+    for e in range(total):
+        if e not in experts:
+            for m in names:
+                weights.mark_consumed(f"{m.replace(EXPERT, str(e))}.weight")
+
+
+def _read_stacked(
+    weights: Weights,
+    gate_up: list[str],
+    down: str,
+    experts: range,
+    cols: tuple[int, int],
+    intermediate_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    (stacked,) = gate_up
+    e_all, rows, _ = weights.shape(stacked)
+    if rows != 2 * intermediate_size:
+        raise WeightsError(
+            f"{stacked}: {rows} rows are not gate and up of intermediate size {intermediate_size}"
+        )
+    _check_intermediate(weights, down, 2, intermediate_size)
+    start, stop = cols
+    if len(experts) != e_all:  # expert parallel: this rank's experts, whole
+        w13 = weights.get_range(stacked, 0, experts.start, experts.stop)
+        w2 = weights.get_range(down, 0, experts.start, experts.stop)
+        return w13, w2
+    up = intermediate_size
+    w13 = weights.get_concat([(stacked, start, stop), (stacked, up + start, up + stop)], 1)
+    w2 = weights.get_range(down, 2, start, stop)
+    return w13, w2
+
+
+def _check_intermediate(weights: Weights, name: str, dim: int, intermediate_size: int) -> None:
+    size = weights.shape(name)[dim]
+    if size != intermediate_size:
+        raise WeightsError(
+            f"{name}: dim {dim} is {size}, not the config's expert intermediate size "
+            f"{intermediate_size}"
+        )

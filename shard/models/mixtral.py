@@ -1,0 +1,46 @@
+"""Mixtral: Mistral's attention over Mixture-of-Experts MLPs in every layer: softmax over the
+router's logits, the top k renormalised, the experts' outputs weighted in float32. The Hub's
+checkpoints name the block `block_sparse_moe` and each expert's gate, down and up w1, w2, w3;
+transformers 5 holds (and can save) them stacked under `mlp`."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from shard.models.blocks import DecoderModel
+from shard.models.config import ModelConfig, MoeConfig
+from shard.models.names import LLAMA_NAMES, STACKED_EXPERT_NAMES, stacked_experts
+from shard.models.qwen2_moe import _top_k
+from shard.weights import Weights
+
+MIXTRAL_NAMES = {
+    **LLAMA_NAMES,
+    "router": ("model.layers.{i}.block_sparse_moe.gate",),
+    "expert_gate_up": (
+        "model.layers.{i}.block_sparse_moe.experts.{{e}}.w1",
+        "model.layers.{i}.block_sparse_moe.experts.{{e}}.w3",
+    ),
+    "expert_down": ("model.layers.{i}.block_sparse_moe.experts.{{e}}.w2",),
+}
+
+
+class MixtralForCausalLM(DecoderModel):
+    NAMES = MIXTRAL_NAMES
+
+    @classmethod
+    def adapt_config(cls, raw: dict[str, Any], config: ModelConfig) -> ModelConfig:
+        experts = raw["num_local_experts"]
+        moe = MoeConfig(
+            num_experts=experts,
+            top_k=_top_k(raw, experts),
+            intermediate_size=config.intermediate_size,
+            renormalize=True,
+            round_weights=False,
+            sparse_layers=(True,) * config.num_layers,
+        )
+        return replace(config, moe=moe)
+
+    @classmethod
+    def names_for(cls, weights: Weights) -> dict[str, tuple[str, ...]]:
+        return {**cls.NAMES, **STACKED_EXPERT_NAMES} if stacked_experts(weights.has) else cls.NAMES

@@ -1,0 +1,43 @@
+"""The gated MLP block: a fused gate_up product (two checkpoint tensors or one fused), act(gate)
+* up with the activation from shard/layers/activation.py's table, the down projection. Dense
+layers' MLP, and Qwen2-MoE's shared expert (whose names carry the `shared_expert_` prefix)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from shard.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from shard.models.config import ModelConfig
+from shard.models.names import Names
+from shard.weights import Weights
+
+
+class GatedMLP(nn.Module):
+    def __init__(
+        self, gate_up_proj: MergedColumnParallelLinear, down_proj: RowParallelLinear, act: str
+    ) -> None:
+        super().__init__()
+        self.gate_up_proj = gate_up_proj
+        self.down_proj = down_proj
+        self.act = act  # a name of shard/layers/activation.py's GATED_ACTIVATIONS
+
+    @classmethod
+    def load(
+        cls, weights: Weights, names: Names, config: ModelConfig, prefix: str = ""
+    ) -> GatedMLP:
+        """`prefix`: of our names in the table (`shared_expert_gate_up_proj`...)."""
+        gate_up = MergedColumnParallelLinear.load_merged(
+            weights, names.many(f"{prefix}gate_up_proj"), bias=config.mlp_bias, num_blocks=2
+        )
+        down = RowParallelLinear.load(
+            weights, names.one(f"{prefix}down_proj"), bias=config.mlp_bias
+        )
+        return cls(gate_up, down, config.hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.gate_up_proj.act_and_mul(x, self.act))
+
+    def partial(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's share of the output, before the all_reduce."""
+        return self.down_proj.partial(self.gate_up_proj.act_and_mul(x, self.act))

@@ -1,0 +1,91 @@
+"""The Mixture-of-Experts MLP block: a router picks each token's top-k experts, the experts run
+as one fused layer (shard/layers/moe.py), and an optional shared expert every token takes
+(Qwen2-MoE: a gated MLP scaled by sigmoid(shared_expert_gate(x))) is added; the rank's partial
+outputs of both are all-reduced once, as a dense MLP's row-parallel down projection is.
+
+The router's weight is small ([E, H]) and every rank needs all of its logits: replicated."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from shard.distributed import Distributed
+from shard.layers.moe import FusedMoE, route
+from shard.models.config import ModelConfig, MoeConfig
+from shard.models.mlp import GatedMLP
+from shard.models.names import Names
+from shard.weights import Weights, WeightsError
+
+
+class SparseMoeBlock(nn.Module):
+    def __init__(
+        self,
+        router: torch.Tensor,
+        experts: FusedMoE,
+        moe: MoeConfig,
+        dist: Distributed,
+        shared_expert: GatedMLP | None = None,
+        shared_expert_gate: torch.Tensor | None = None,
+    ) -> None:
+        super().__init__()
+        self.router = nn.Parameter(router, requires_grad=False)
+        self.experts = experts
+        self.top_k = moe.top_k
+        self.renormalize = moe.renormalize
+        self.round_weights = moe.round_weights
+        self.dist = dist
+        self.shared_expert = shared_expert
+        self.shared_expert_gate = None
+        if shared_expert_gate is not None:
+            self.shared_expert_gate = nn.Parameter(shared_expert_gate, requires_grad=False)
+
+    @classmethod
+    def load(cls, weights: Weights, names: Names, config: ModelConfig) -> SparseMoeBlock:
+        moe = config.moe
+        assert moe is not None
+        experts = FusedMoE.load(
+            weights,
+            names.many("expert_gate_up"),
+            names.one("expert_down"),
+            num_experts=moe.num_experts,
+            intermediate_size=moe.intermediate_size,
+            act=config.hidden_act,
+            expert_parallel=weights.expert_parallel,
+        )
+        shared, shared_gate = None, None
+        if moe.shared_expert_intermediate_size:
+            shared = GatedMLP.load(weights, names, config, prefix="shared_expert_")
+            shared_gate = _replicated(weights, names.one("shared_expert_gate"))
+        router = _replicated(weights, names.one("router"))
+        if router.shape[0] != moe.num_experts:
+            raise WeightsError(
+                f"{names.one('router')}: {router.shape[0]} router rows for "
+                f"{moe.num_experts} experts"
+            )
+        return cls(router, experts, moe, weights.dist, shared, shared_gate)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(x, self.router)
+        round_to = x.dtype if self.round_weights else None
+        topk_weights, topk_ids = route(
+            logits, self.top_k, renormalize=self.renormalize, round_to=round_to
+        )
+        out = self.experts(x, topk_weights, topk_ids)
+        if self.shared_expert is not None:
+            shared = self.shared_expert.partial(x)
+            out = out + torch.sigmoid(F.linear(x, self.shared_expert_gate)) * shared
+        return self.dist.all_reduce(out)
+
+
+def _replicated(weights: Weights, prefix: str) -> torch.Tensor:
+    """A small linear every rank holds whole (the router, the shared expert's gate); a
+    quantized one is refused, naming the format and the module."""
+    name = f"{prefix}.weight"
+    if not weights.has(name) and weights.has_module(prefix) and weights.quantization is not None:
+        raise WeightsError(
+            f"{weights.quantization.method} int4 {prefix} is not supported: a Mixture-of-Experts "
+            "router is served in floating point"
+        )
+    return weights.get_tensor(name)

@@ -1,0 +1,66 @@
+"""A Mixture-of-Experts layer's experts as grouped GEMMs in torch: the step's (token, choice)
+pairs sorted by expert, then for each expert that has any, one gate_up GEMM over all of its
+rows, the gated activation, one down GEMM; the rows weighted and summed back per token in one
+index_add. The Python loop runs over the experts a step touches, never over its tokens.
+
+Every platform's form where it has no fused kernel (the CPU's; the CUDA platform's Triton
+kernel computes the same, shard/platforms/cuda/kernels/fused_moe.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from shard.platforms.activations import GATED_ACTIVATIONS, SILU
+
+Swiglu = Callable[[torch.Tensor], torch.Tensor | None]
+
+
+def grouped_experts(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    act: str,
+    swiglu: Swiglu | None = None,
+) -> torch.Tensor:
+    """See Platform.fused_moe. `swiglu`: the platform's fused silu(gate) * up of a [N, 2I]
+    product, or None (torch's two ops)."""
+    tokens, k = topk_ids.shape
+    out = torch.zeros_like(x)
+    if tokens == 0:
+        return out
+    flat = topk_ids.reshape(-1)
+    # -1 (another rank's expert) sorts first; those pairs are left out
+    order = torch.argsort(flat, stable=True)
+    kept = int((flat < 0).sum())
+    order = order[kept:]
+    counts = torch.bincount(flat[order], minlength=w13.shape[0]).tolist()
+    rows = order // k
+    gathered = x.index_select(0, rows)
+    results = torch.empty_like(gathered)
+    start = 0
+    for expert, count in enumerate(counts):
+        if not count:
+            continue
+        stop = start + count
+        product = torch.nn.functional.linear(gathered[start:stop], w13[expert])
+        hidden = _act_and_mul(product, act, swiglu)
+        results[start:stop] = torch.nn.functional.linear(hidden, w2[expert])
+        start = stop
+    # each row weighted in float32 and rounded once (the router has already rounded the
+    # weights to the dtype where the model's reference weights in it), then summed per token
+    weights = topk_weights.reshape(-1).index_select(0, order)
+    out.index_add_(0, rows, (results.float() * weights[:, None]).to(x.dtype))
+    return out
+
+
+def _act_and_mul(product: torch.Tensor, act: str, swiglu: Swiglu | None) -> torch.Tensor:
+    if act == SILU and swiglu is not None:
+        fused = swiglu(product)
+        if fused is not None:
+            return fused
+    gate, up = product.chunk(2, dim=-1)
+    return GATED_ACTIVATIONS[act](gate) * up
