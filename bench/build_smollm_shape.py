@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +40,11 @@ SHAPE: dict[str, Any] = {
 }
 
 
-def default_dir() -> Path:
+def default_dir(name: str = NAME) -> Path:
     # Same cache root as the launcher's default model (SWITCHYARD_CACHE, else ~/.cache/switchyard).
     root = os.environ.get("SWITCHYARD_CACHE")
     base = Path(root).expanduser() if root else Path.home() / ".cache" / "switchyard"
-    return base / NAME
+    return base / name
 
 
 def _pseudo_word_corpus(seed: int, lines: int = 20000, words_per_line: int = 20) -> list[str]:
@@ -68,18 +69,19 @@ def build_full_vocab_tokenizer(vocab_size: int, seed: int = 0):
     return fast
 
 
-def build(target: Path) -> Path:
-    """Builds the model into `target` (once, atomically; an existing build is reused)."""
-    return build_once(target, _build_into)
+def build(target: Path, shape: dict[str, Any] = SHAPE) -> Path:
+    """Builds the model of `shape` (build_model's arguments) into `target` (once, atomically;
+    an existing build is reused)."""
+    return build_once(target, partial(_build_into, shape=shape))
 
 
-def _build_into(tmp: Path) -> None:
+def _build_into(tmp: Path, shape: dict[str, Any]) -> None:
     from launcher.tiny_models import build_model
 
-    build_model(tmp, **SHAPE)
+    build_model(tmp, **shape)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         (tmp / name).unlink(missing_ok=True)
-    tokenizer = build_full_vocab_tokenizer(SHAPE["vocab_size"], SHAPE["seed"])
+    tokenizer = build_full_vocab_tokenizer(shape["vocab_size"], shape["seed"])
     tokenizer.save_pretrained(tmp)
 
 

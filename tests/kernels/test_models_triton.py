@@ -1,7 +1,8 @@
 """Whole models of the new architectures with the Triton attention backend (compiled on a GPU,
 interpreted on a CPU) against transformers: soft-capped scores in the prefill and decode
 kernels (Gemma 2), a replicated KV head with q/k norms and per-type ropes (Gemma 3), partial
-longrope (Phi-3), windows shorter than the prompts in every sliding layer."""
+longrope (Phi-3), windows shorter than the prompts in every sliding layer, the fused MoE
+kernel (Qwen2-MoE)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from launcher.tiny_models import build_model
 from shard.distributed import Distributed
 from shard.models import load_model
 from tests.shard.paged_helpers import run_paged
-from tests.shard.tiny_model_cases import NEW_ARCH_MODELS
+from tests.shard.tiny_model_cases import MOE_MODELS, NEW_ARCH_MODELS
 
 STEPS = 3
 # The kernels' head sizes start at 64 (tests/kernels/kernel_cases.py HEAD_DIMS): two heads of
@@ -23,6 +24,9 @@ CASES = {
     "gemma2_softcap_alternating": {"num_key_value_heads": 1, "query_pre_attn_scalar": 48},
     "gemma3_qk_norm_local_rope": {"num_key_value_heads": 1},
     "phi3_partial_longrope": {"num_key_value_heads": 2},
+    # the fused MoE kernel (shard/platforms/cuda/kernels/fused_moe.py) in a whole model: top-3
+    # of 8 experts, the shared expert, a dense layer between two sparse ones
+    "qwen2_moe_shared_dense": {"num_key_value_heads": 1},
 }
 # Phi-3's longrope factors, one per rotated frequency: 64 * 0.75 / 2 of them at this head size
 FREQUENCIES = 24
@@ -40,7 +44,7 @@ def _longrope(rope: dict) -> dict:
 def checkpoints(tmp_path_factory):
     built = {}
     for name, extra in CASES.items():
-        architecture, overrides = NEW_ARCH_MODELS[name]
+        architecture, overrides = {**NEW_ARCH_MODELS, **MOE_MODELS}[name]
         overrides = {**overrides, **SHAPE, **extra}
         if architecture == "Phi3ForCausalLM":
             overrides.pop("head_dim")  # Phi-3's head size is hidden / heads, never configured

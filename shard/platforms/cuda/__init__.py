@@ -76,6 +76,19 @@ class CudaPlatform(Platform):
 
         return silu_mul(product)
 
+    def fused_moe(
+        self,
+        x: torch.Tensor,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        act: str,
+    ) -> torch.Tensor:
+        from shard.platforms.cuda.kernels.fused_moe import fused_moe
+
+        return fused_moe(x, w13, w2, topk_weights, topk_ids, act)
+
     def rotate(
         self,
         q: torch.Tensor,

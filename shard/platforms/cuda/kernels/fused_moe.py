@@ -1,0 +1,396 @@
+"""A Mixture-of-Experts layer's experts in Triton: Platform.fused_moe (shard/platforms/base.py)
+for CUDA, computing what shard/platforms/grouped_moe.py computes with torch.
+
+The step's T * K (token, choice) pairs are numbered p = t * K + k. Six launches in three steps:
+
+1. align (`moe_align`, three small kernels): the pairs sorted by expert (stable: in pair order
+   within an expert), each expert's run padded with a sentinel id (T * K) to a multiple of
+   BLOCK_M, so that every BLOCK_M-row block holds one expert's rows; the expert of each block;
+   the padded total. Pairs whose id is -1 (an expert another rank holds) are placed past the
+   total, in blocks nobody computes. Everything stays on the device and every buffer is sized by
+   its static maximum (T * K pairs + (BLOCK_M - 1) padding for each of at most min(E, T * K)
+   experts with rows), so nothing is read on the host and the whole call can be captured in a
+   CUDA graph (graphs.py): blocks past the total return at once.
+2. gate_up: one grouped GEMM over the blocks, each program the matching gate and up tiles of one
+   block's rows (w13[e] rows n and I + n), writing act(gate) * up to a [T * K, I] buffer at its
+   pairs' rows.
+3. down: one grouped GEMM reading those rows back through the same blocks, each row multiplied
+   by its top-k weight, into an fp32 [T * K, H] buffer; then one reduction over k per token
+   (k in order, so results do not depend on scheduling; dropped pairs' rows are never written
+   and never read) rounded once to x's dtype.
+
+Rounding follows the torch form where it rounds on purpose: gate and up are rounded to x's dtype,
+act(gate) is rounded, and so is act(gate) * up (the intermediate is stored in the dtype, as
+torch's ops would). The GEMMs accumulate in fp32 (fp32 inputs: ieee, not TF32); the weighted
+down rows and their sum over k stay fp32 until the output (the torch form rounds each weighted
+row and the running sum to the dtype). The fp32 [T * K, H] buffer is the call's largest
+transient: 512 MiB for an 8192-token prefill of Qwen3-30B-A3B's shape (H 2048, top-8).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from shard.platforms.cuda.kernels import check_device, dot_options
+
+# Activation names (shard/platforms/activations.py) -> the epilogue's compile-time switch.
+ACTIVATIONS = {"silu": 0, "swish": 0, "gelu_pytorch_tanh": 1, "gelu": 2}
+
+ALIGN_CHUNK = 64  # pairs per program of the count and scatter kernels
+ALIGN_ROWS = 16  # chunks (or blocks) per step of the plan kernel's loops
+
+
+@dataclass(frozen=True)
+class Tiles:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def default_tiles(pairs: int, experts: int, dtype: torch.dtype) -> Tiles:
+    """Static tiles, by the average rows per expert. Up to 32 (decode, and for Qwen3-30B-A3B's
+    128 experts at top-8 every step up to 512 tokens) a 16-row block wastes least on padding
+    and an expert's few blocks still share its weight tiles in L2 (blocks of one expert are
+    neighbouring programs); above, 64-row blocks read each weight tile a quarter as often.
+    BLOCK_N = BLOCK_K = 64 in 16-bit, three stages: at most 72 KiB of shared memory, within
+    sm_80's and sm_90's. fp32 (ieee dots, on the FMA units) takes 32 x 32: its operands live
+    in registers, and 64 x 64 spilled them in the gate_up kernel's two accumulators."""
+    block_m = 16 if pairs <= 32 * experts else 64
+    if dtype == torch.float32:
+        return Tiles(block_m, 32, 32)
+    return Tiles(block_m, 64, 64)
+
+
+@dataclass(frozen=True)
+class MoeAlignment:
+    """`sorted_ids` [max_blocks * block_m] int32: pair ids by expert, each expert's run padded to a
+    multiple of block_m with `num_pairs` (the sentinel), dropped pairs after `total`, the rest
+    sentinel; `expert_ids` [max_blocks] int32: each block's expert (E past the total); `total`
+    [1] int32: the padded row count of the kept pairs (a device tensor, never read here)."""
+
+    sorted_ids: torch.Tensor
+    expert_ids: torch.Tensor
+    total: torch.Tensor
+    num_pairs: int
+    block_m: int
+
+    @property
+    def max_blocks(self) -> int:
+        return self.expert_ids.shape[0]
+
+
+@triton.jit
+def _count_kernel(ids_ptr, counts_ptr, num_pairs, num_experts, CHUNK: tl.constexpr,
+                  E_PAD: tl.constexpr):  # fmt: skip
+    """counts[c, e]: pairs of chunk c on expert e; counts[c, E]: its dropped pairs."""
+    chunk = tl.program_id(0)
+    offs = chunk * CHUNK + tl.arange(0, CHUNK)
+    in_range = offs < num_pairs
+    ids = tl.load(ids_ptr + offs, mask=in_range, other=-1).to(tl.int32)
+    kept = (ids >= 0) & (ids < num_experts)
+    experts = tl.arange(0, E_PAD)
+    hits = (ids[:, None] == experts[None, :]) & kept[:, None]
+    row = counts_ptr + chunk * (num_experts + 1)
+    tl.store(row + experts, tl.sum(hits.to(tl.int32), axis=0), mask=experts < num_experts)
+    tl.store(row + num_experts, tl.sum((in_range & ~kept).to(tl.int32), axis=0))
+
+
+@triton.jit
+def _plan_kernel(counts_ptr, sorted_ids_ptr, expert_ids_ptr, total_ptr, num_chunks, num_experts,
+                 num_pairs, max_padded, max_blocks, BLOCK_M: tl.constexpr, ROWS: tl.constexpr,
+                 COLS: tl.constexpr, FILL: tl.constexpr):  # fmt: skip
+    """One program: each expert's padded start; then, in place of each chunk's counts, the
+    slot of the chunk's first pair on each expert (the expert's start plus its pairs in earlier
+    chunks); the total; the expert of each block; the sentinel in every slot (the scatter
+    kernel, launched next, writes the pairs' own)."""
+    width = num_experts + 1
+    cols = tl.arange(0, COLS)
+    is_expert = cols < num_experts
+    totals = tl.zeros([COLS], dtype=tl.int32)
+    for c0 in range(0, num_chunks, ROWS):
+        rows = c0 + tl.arange(0, ROWS)
+        mask = (rows[:, None] < num_chunks) & (cols[None, :] < width)
+        totals += tl.sum(tl.load(counts_ptr + rows[:, None] * width + cols[None, :], mask=mask,
+                                 other=0), axis=0)  # fmt: skip
+    # Experts padded to whole blocks; the dropped pairs' bucket (column E) last, unpadded.
+    padded = tl.where(is_expert, (totals + BLOCK_M - 1) // BLOCK_M * BLOCK_M, totals)
+    ends = tl.cumsum(padded, axis=0)
+    running = ends - padded
+    tl.store(total_ptr, tl.sum(tl.where(is_expert, padded, 0), axis=0))
+    for c0 in range(0, num_chunks, ROWS):
+        rows = c0 + tl.arange(0, ROWS)
+        mask = (rows[:, None] < num_chunks) & (cols[None, :] < width)
+        ptrs = counts_ptr + rows[:, None] * width + cols[None, :]
+        tile = tl.load(ptrs, mask=mask, other=0)
+        tl.store(ptrs, running[None, :] + tl.cumsum(tile, axis=0) - tile, mask=mask)
+        running += tl.sum(tile, axis=0)
+    # A block's expert: how many experts' runs end at or before its first row (empty experts'
+    # runs are empty, so they are stepped over; E for blocks past the total).
+    for b0 in range(0, max_blocks, ROWS):
+        blocks = b0 + tl.arange(0, ROWS)
+        before = (ends[None, :] <= blocks[:, None] * BLOCK_M) & is_expert[None, :]
+        tl.store(expert_ids_ptr + blocks, tl.sum(before.to(tl.int32), axis=1),
+                 mask=blocks < max_blocks)  # fmt: skip
+    sentinel = tl.zeros([FILL], dtype=tl.int32) + num_pairs
+    for s0 in range(0, max_padded, FILL):
+        slots = s0 + tl.arange(0, FILL)
+        tl.store(sorted_ids_ptr + slots, sentinel, mask=slots < max_padded)
+
+
+@triton.jit
+def _scatter_kernel(ids_ptr, offsets_ptr, sorted_ids_ptr, num_pairs, num_experts,
+                    CHUNK: tl.constexpr):  # fmt: skip
+    """Each pair to its slot: its chunk's offset for its expert plus the number of earlier
+    pairs of the chunk on the same expert (stable, so the layout is the same every run)."""
+    chunk = tl.program_id(0)
+    lanes = tl.arange(0, CHUNK)
+    offs = chunk * CHUNK + lanes
+    in_range = offs < num_pairs
+    ids = tl.load(ids_ptr + offs, mask=in_range, other=-1).to(tl.int32)
+    key = tl.where((ids >= 0) & (ids < num_experts), ids, num_experts)
+    earlier = (key[:, None] == key[None, :]) & (lanes[None, :] < lanes[:, None])
+    rank = tl.sum(earlier.to(tl.int32), axis=1)
+    base = tl.load(offsets_ptr + chunk * (num_experts + 1) + key, mask=in_range, other=0)
+    tl.store(sorted_ids_ptr + base + rank, offs, mask=in_range)
+
+
+def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeAlignment:
+    """The pairs of topk_ids [T, K] (any integer dtype, values in [-1, E)) sorted and padded per
+    expert to block_m rows; see MoeAlignment. No host synchronisation."""
+    ids = topk_ids.reshape(-1).contiguous()
+    pairs = ids.numel()
+    device = ids.device
+    # Each expert with rows pads at most block_m - 1; whole blocks, so every block's ids load.
+    max_blocks = triton.cdiv(pairs + min(num_experts, pairs) * (block_m - 1), block_m)
+    max_padded = max_blocks * block_m
+    chunks = triton.cdiv(pairs, ALIGN_CHUNK)
+    offsets = torch.empty(chunks, num_experts + 1, dtype=torch.int32, device=device)
+    sorted_ids = torch.empty(max_padded, dtype=torch.int32, device=device)
+    expert_ids = torch.empty(max_blocks, dtype=torch.int32, device=device)
+    total = torch.empty(1, dtype=torch.int32, device=device)
+    if pairs:
+        e_pad = max(16, triton.next_power_of_2(num_experts))
+        _count_kernel[(chunks,)](ids, offsets, pairs, num_experts, CHUNK=ALIGN_CHUNK, E_PAD=e_pad)
+        _plan_kernel[(1,)](
+            offsets, sorted_ids, expert_ids, total, chunks, num_experts, pairs, max_padded,
+            max_blocks, BLOCK_M=block_m, ROWS=ALIGN_ROWS,
+            COLS=max(16, triton.next_power_of_2(num_experts + 1)), FILL=1024,
+        )  # fmt: skip
+        _scatter_kernel[(chunks,)](ids, offsets, sorted_ids, pairs, num_experts, CHUNK=ALIGN_CHUNK)
+    else:
+        total.zero_()
+    return MoeAlignment(sorted_ids, expert_ids, total, pairs, block_m)
+
+
+@triton.jit
+def _activation(g, ACT: tl.constexpr):
+    """The gate's activation in fp32 (ACTIVATIONS): silu, gelu's tanh form, gelu (erf)."""
+    if ACT == 0:
+        out = g / (1.0 + tl.exp(-g))
+    elif ACT == 1:
+        inner = 0.7978845608028654 * (g + 0.044715 * g * g * g)  # sqrt(2 / pi)
+        # tanh through exp (triton has no portable tanh): right at both infinities, and its
+        # absolute error near 0 is fp32's, which is what 1 + tanh keeps.
+        out = 0.5 * g * (2.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0))
+    else:
+        out = 0.5 * g * (1.0 + tl.erf(g * 0.7071067811865476))  # 1 / sqrt(2)
+    return out
+
+
+@triton.jit
+def _block_rows(sorted_ids_ptr, expert_ids_ptr, total_ptr, num_pairs, BLOCK_M: tl.constexpr):
+    """This program's block: (whether it is past the total, its expert, its pair ids, which
+    of them are real). Padding rows take the block's first pair (the smallest id: a block below
+    the total starts with a real pair, the sentinel is larger than any): they load rows that
+    are real and written, and are never stored, so the GEMMs' row loads need no mask."""
+    pid_m = tl.program_id(0)
+    past = pid_m * BLOCK_M >= tl.load(total_ptr)
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    pairs = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = pairs < num_pairs
+    pairs = tl.where(valid, pairs, tl.min(pairs, axis=0))
+    return past, expert, pairs.to(tl.int64), valid
+
+
+@triton.jit
+def _gate_up_kernel(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, total_ptr, num_pairs,
+                    inter, hidden, stride_xt, stride_xh, stride_we, stride_wn, stride_wk,
+                    stride_ot, TOP_K: tl.constexpr, ACT: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                    DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr):  # fmt: skip
+    """out[p, n] = act(gate) * up for the block's pairs p, columns n of this program's tile."""
+    past, expert, pairs, valid = _block_rows(
+        sorted_ids_ptr, expert_ids_ptr, total_ptr, num_pairs, BLOCK_M
+    )
+    if past:
+        return
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.minimum(offs_n, inter - 1).to(tl.int64)  # clamped: read, never stored
+    offs_k = tl.arange(0, BLOCK_K)
+    x_rows = x_ptr + (pairs // TOP_K)[:, None] * stride_xt
+    gate_cols = w_ptr + expert * stride_we + cols[None, :] * stride_wn
+    up_cols = gate_cols + inter * stride_wn
+    acc_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, hidden, BLOCK_K):
+        ks = k0 + offs_k
+        if EVEN_K:
+            a = tl.load(x_rows + ks[None, :] * stride_xh)
+            g = tl.load(gate_cols + ks[:, None] * stride_wk)
+            u = tl.load(up_cols + ks[:, None] * stride_wk)
+        else:  # past H both operands read 0: nothing is added, whatever lies there
+            a = tl.load(x_rows + ks[None, :] * stride_xh, mask=ks[None, :] < hidden, other=0.0)
+            g = tl.load(gate_cols + ks[:, None] * stride_wk, mask=ks[:, None] < hidden, other=0.0)
+            u = tl.load(up_cols + ks[:, None] * stride_wk, mask=ks[:, None] < hidden, other=0.0)
+        if DOT_UPCAST:  # interpreter only, see shard.platforms.cuda.kernels.dot_options
+            a = a.to(tl.float32)
+            g = g.to(tl.float32)
+            u = u.to(tl.float32)
+        acc_gate = tl.dot(a, g, acc_gate, input_precision=DOT_PRECISION)
+        acc_up = tl.dot(a, u, acc_up, input_precision=DOT_PRECISION)
+    # Rounded where torch rounds: the product's halves, act(gate), and act(gate) * up.
+    dtype = out_ptr.dtype.element_ty
+    gate = acc_gate.to(dtype).to(tl.float32)
+    up = acc_up.to(dtype).to(tl.float32)
+    hidden_act = _activation(gate, ACT).to(dtype).to(tl.float32) * up
+    mask = valid[:, None] & (offs_n[None, :] < inter)
+    tl.store(out_ptr + pairs[:, None] * stride_ot + offs_n[None, :], hidden_act.to(dtype),
+             mask=mask)  # fmt: skip
+
+
+@triton.jit
+def _down_kernel(h_ptr, w_ptr, weights_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, total_ptr,
+                 num_pairs, hidden, inter, stride_ht, stride_we, stride_wn, stride_wk, stride_ot,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 DOT_UPCAST: tl.constexpr):  # fmt: skip
+    """out[p, n] = topk_weight[p] * (w2[e] @ h[p])[n] in fp32, for the block's pairs p."""
+    past, expert, pairs, valid = _block_rows(
+        sorted_ids_ptr, expert_ids_ptr, total_ptr, num_pairs, BLOCK_M
+    )
+    if past:
+        return
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.minimum(offs_n, hidden - 1).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    h_rows = h_ptr + pairs[:, None] * stride_ht
+    w_cols = w_ptr + expert * stride_we + cols[None, :] * stride_wn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, inter, BLOCK_K):
+        ks = k0 + offs_k
+        if EVEN_K:
+            a = tl.load(h_rows + ks[None, :])
+            b = tl.load(w_cols + ks[:, None] * stride_wk)
+        else:
+            a = tl.load(h_rows + ks[None, :], mask=ks[None, :] < inter, other=0.0)
+            b = tl.load(w_cols + ks[:, None] * stride_wk, mask=ks[:, None] < inter, other=0.0)
+        if DOT_UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    acc *= tl.load(weights_ptr + pairs)[:, None]
+    mask = valid[:, None] & (offs_n[None, :] < hidden)
+    tl.store(out_ptr + pairs[:, None] * stride_ot + offs_n[None, :], acc, mask=mask)
+
+
+@triton.jit
+def _sum_kernel(rows_ptr, ids_ptr, out_ptr, hidden, num_experts, stride_ot, TOP_K: tl.constexpr,
+                BLOCK: tl.constexpr):  # fmt: skip
+    """out[t] = sum over k, in order, of the kept pairs' weighted down rows (fp32 [T * K, H])."""
+    token = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    in_row = offs < hidden
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for k in tl.static_range(TOP_K):
+        expert = tl.load(ids_ptr + token * TOP_K + k)
+        # A dropped pair's row was never written: masked off (its width taken as 0), not
+        # multiplied by 0 (NaN * 0).
+        width = tl.where((expert >= 0) & (expert < num_experts), hidden, 0)
+        acc += tl.load(rows_ptr + (token * TOP_K + k) * hidden + offs, mask=offs < width,
+                       other=0.0)  # fmt: skip
+    tl.store(out_ptr + token * stride_ot + offs, acc.to(out_ptr.dtype.element_ty), mask=in_row)
+
+
+def _check(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+           topk_ids: torch.Tensor) -> None:  # fmt: skip
+    """The kernels trust shapes and dtypes (a wrong one reads out of bounds): say it here."""
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"x must be fp32, fp16 or bf16, got {x.dtype}")
+    if w13.dtype != x.dtype or w2.dtype != x.dtype:
+        raise ValueError(f"weights {w13.dtype}, {w2.dtype} for x in {x.dtype}: one dtype")
+    if x.dim() != 2 or w13.dim() != 3 or w13.shape[1] % 2:
+        raise ValueError(f"x {tuple(x.shape)} and w13 {tuple(w13.shape)}: want [T, H], [E, 2I, H]")
+    experts, two_i, hidden = w13.shape
+    if hidden != x.shape[1] or w2.shape != (experts, hidden, two_i // 2):
+        raise ValueError(
+            f"x {tuple(x.shape)}, w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}: want [T, H], "
+            "[E, 2I, H], [E, H, I]"
+        )
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0] or topk_ids.dtype.is_floating_point:
+        raise ValueError(f"topk_ids {topk_ids.dtype} {tuple(topk_ids.shape)}: want integer [T, K]")
+    if topk_weights.shape != topk_ids.shape or topk_weights.dtype != torch.float32:
+        raise ValueError(
+            f"topk_weights {topk_weights.dtype} {tuple(topk_weights.shape)}: want float32 "
+            f"{tuple(topk_ids.shape)}"
+        )
+
+
+def fused_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    act: str,
+    *,
+    tiles: Tiles | None = None,
+) -> torch.Tensor:
+    """See Platform.fused_moe: x [T, H]; w13 [E, 2I, H] (gate rows first); w2 [E, H, I];
+    topk_weights [T, K] float32; topk_ids [T, K] in [-1, E) (-1: skipped) -> [T, H] in x's
+    dtype. `tiles`: a fixed tile config (tests), else default_tiles."""
+    code = ACTIVATIONS.get(act)
+    if code is None:
+        raise ValueError(f"fused_moe: no activation {act!r} (have {sorted(ACTIVATIONS)})")
+    _check(x, w13, w2, topk_weights, topk_ids)
+    check_device(x, w13, w2, topk_weights, topk_ids)
+    tokens, hidden = x.shape
+    experts, inter = w13.shape[0], w2.shape[2]
+    top_k = topk_ids.shape[1]
+    out = torch.empty_like(x)
+    if not tokens * hidden:
+        return out
+    if not inter * top_k:
+        return out.zero_()
+    pairs = tokens * top_k
+    # pair p = t * K + k: the flat row-major views, copied only where they are not one
+    ids = topk_ids.reshape(-1).contiguous()
+    weights = topk_weights.reshape(-1).contiguous()
+    cfg = tiles or default_tiles(pairs, experts, x.dtype)
+    plan = moe_align(ids, experts, cfg.block_m)
+    options = dot_options(x.dtype)
+    launch = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    blocks = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k)
+
+    hidden_act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
+    _gate_up_kernel[(plan.max_blocks, triton.cdiv(inter, cfg.block_n))](
+        x, w13, hidden_act, plan.sorted_ids, plan.expert_ids, plan.total, pairs, inter, hidden,
+        *x.stride(), *w13.stride(), hidden_act.stride(0), TOP_K=top_k, ACT=code, **blocks,
+        EVEN_K=hidden % cfg.block_k == 0, **options, **launch,
+    )  # fmt: skip
+    rows = torch.empty(pairs, hidden, dtype=torch.float32, device=x.device)
+    _down_kernel[(plan.max_blocks, triton.cdiv(hidden, cfg.block_n))](
+        hidden_act, w2, weights, rows, plan.sorted_ids, plan.expert_ids,
+        plan.total, pairs, hidden, inter, hidden_act.stride(0), *w2.stride(), rows.stride(0),
+        **blocks, EVEN_K=inter % cfg.block_k == 0, **options, **launch,
+    )  # fmt: skip
+    block = min(1024, triton.next_power_of_2(hidden))
+    _sum_kernel[(tokens, triton.cdiv(hidden, block))](
+        rows, ids, out, hidden, experts, out.stride(0), TOP_K=top_k, BLOCK=block
+    )
+    return out
