@@ -49,15 +49,24 @@ def check_num_shard(
         )
 
 
-def check_experts(expert_parallel: bool, num_shard: int, model_dir: Path) -> None:
+def check_experts(
+    expert_parallel: bool, num_shard: int, model_dir: Path, compiled: bool = False
+) -> None:
     """How a Mixture-of-Experts model's experts split across the shards: whole experts with
     --expert-parallel (E/N each), else a 1/N slice of every expert's intermediate dimension.
-    Raises ShardCountError naming the flag, the config field at fault and the values that work."""
+    Raises ShardCountError naming the flag, the config field at fault and the values that work
+    (and for --compile, which serves no MoE model)."""
     config = _text_config(model_dir)
     if config is None:
         return  # no readable config.json: the shard reports what it cannot load
     path = model_dir / "config.json"
     experts = _experts(config)
+    if experts is not None and compiled:
+        raise ShardCountError(
+            f"--compile does not serve Mixture-of-Experts models ({path} has {experts[1]} "
+            f"experts, {experts[0]}): their grouped experts' shapes follow each step's routing; "
+            "serve it without --compile"
+        )
     if experts is None:
         if expert_parallel:
             raise ShardCountError(

@@ -116,7 +116,7 @@ def _launch(
         return 130
     try:
         check_num_shard(cfg.num_shard, model_dir, env.cuda_visible_devices)
-        check_experts(cfg.expert_parallel, cfg.num_shard, model_dir)
+        check_experts(cfg.expert_parallel, cfg.num_shard, model_dir, cfg.compile)
         check_quantization(cfg.quantize, cfg.num_shard, model_dir, cfg.compile)
     except (ShardCountError, QuantizationCheckError) as exc:
         log.error("%s", exc)

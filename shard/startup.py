@@ -11,6 +11,7 @@ from shard.attention import get_attention_backend
 from shard.distributed import init_distributed
 from shard.kv_cache import KvCacheSettings
 from shard.layers.lora import LoraStep
+from shard.layers.moe import FusedMoE
 from shard.layers.quant.base import LinearWeight
 from shard.layers.quant.unquantized import DenseWeight
 from shard.lora.manager import LoraManager, LoraSettings
@@ -143,6 +144,13 @@ def compiled_forward(
     quantized = any(
         isinstance(m, LinearWeight) and not isinstance(m, DenseWeight) for m in model.modules()
     )
-    check_supported(world_size=world_size, device=device, attention=attention, quantized=quantized)
+    experts = any(isinstance(m, FusedMoE) for m in model.modules())
+    check_supported(
+        world_size=world_size,
+        device=device,
+        attention=attention,
+        quantized=quantized,
+        experts=experts,
+    )
     log.info("--compile: the forward pass is compiled with torch.compile (inductor) at warmup")
     return CompiledForward(model, get_attention_backend(attention))

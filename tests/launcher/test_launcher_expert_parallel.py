@@ -231,3 +231,15 @@ def test_launcher_exits_1_before_spawning(tmp_path, monkeypatch, capsys):
         launcher_main.main(["--model-id", str(model(tmp_path, MIXTRAL)), "--num-shard", "4"]) == 1
     )
     assert "or pass --expert-parallel to give each shard 2 whole experts" in capsys.readouterr().err
+
+
+def test_compile_refuses_moe_models_and_takes_dense_ones(tmp_path, monkeypatch, capsys):
+    (tmp_path / "dense").mkdir()
+    check_experts(False, 1, model(tmp_path / "dense", DENSE), True)
+    with pytest.raises(ShardCountError, match="--compile does not serve Mixture-of-Experts"):
+        check_experts(False, 1, model(tmp_path, QWEN3_MOE), True)
+    monkeypatch.setattr(launcher_main, "Supervisor", lambda *_a, **_k: pytest.fail("spawned"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    path = model(tmp_path, MIXTRAL)
+    assert launcher_main.main(["--model-id", str(path), "--compile"]) == 1
+    assert "serve it without --compile" in capsys.readouterr().err

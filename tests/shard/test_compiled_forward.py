@@ -123,6 +123,7 @@ def test_steps_run_the_graph_of_their_size_class(service):
         ({"device": torch.device("cuda")}, "CPU only"),
         ({"attention": "triton"}, "torch attention backend"),
         ({"quantized": True}, "quantized checkpoints"),
+        ({"experts": True}, "Mixture-of-Experts models"),
     ],
 )
 def test_what_compile_cannot_serve_is_refused_by_name(change, reason):

@@ -162,7 +162,12 @@ def lora_in_graph(x: torch.Tensor, y: torch.Tensor, term: int) -> None:
 
 
 def check_supported(
-    *, world_size: int, device: torch.device, attention: str, quantized: bool
+    *,
+    world_size: int,
+    device: torch.device,
+    attention: str,
+    quantized: bool,
+    experts: bool = False,
 ) -> None:
     """Raises ValueError naming --compile and the reason when this shard cannot compile."""
     reasons = []
@@ -174,6 +179,9 @@ def check_supported(
         reasons.append(f"it needs the torch attention backend (--attention {attention})")
     if quantized:
         reasons.append("quantized checkpoints are not supported with it")
+    if experts:
+        # the grouped experts' shapes follow each step's routing: a graph per routing
+        reasons.append("Mixture-of-Experts models are not supported with it")
     if device.type == "cpu" and not any(shutil.which(cxx) for cxx in ("g++", "c++", "clang++")):
         reasons.append("inductor builds C++ kernels and no C++ compiler is on PATH")
     if reasons:
