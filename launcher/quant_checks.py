@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from launcher.checks import _dense_reason, _experts, _positive
 from shard.layers.quant.config import (
     QuantizationConfig,
     QuantizationConfigError,
@@ -69,18 +70,39 @@ def _read_config(model_dir: Path) -> dict[str, Any]:
 
 
 def _splits(config: dict[str, Any], quant: QuantizationConfig, n: int) -> bool:
-    """Whether every quantized linear of a Llama-family model splits across n shards."""
+    """Whether every quantized tensor-parallel linear of a Llama-family model (or of a
+    Mixture-of-Experts one's attention, shared expert and dense layers) splits across n shards."""
     try:
         heads = int(config["num_attention_heads"])
         kv_heads = int(config.get("num_key_value_heads") or heads)
         head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
-        intermediate = int(config["intermediate_size"])
+        intermediates = _mlp_sizes(config)
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return True  # not a shape we know: the shard's loader checks every tensor
     if heads % n or (kv_heads % n and n % kv_heads):
         return False  # launcher/checks.py has already named this problem for --num-shard
     kv_per_shard = max(1, kv_heads // n)
-    column_outputs = (heads // n * head_dim, kv_per_shard * head_dim, intermediate // n)
-    if intermediate % n or any(out % PACK_OUTPUTS for out in column_outputs):
+    column_outputs = (
+        heads // n * head_dim,
+        kv_per_shard * head_dim,
+        *(i // n for i in intermediates),
+    )
+    if any(i % n for i in intermediates) or any(out % PACK_OUTPUTS for out in column_outputs):
         return False
-    return quant.row_split_ok(heads * head_dim, n) and quant.row_split_ok(intermediate, n)
+    return quant.row_split_ok(heads * head_dim, n) and all(
+        quant.row_split_ok(i, n) for i in intermediates
+    )
+
+
+def _mlp_sizes(config: dict[str, Any]) -> list[int]:
+    """The intermediate sizes of the MLPs that quantized tensor-parallel linears hold. Not a
+    Mixture-of-Experts model's routed experts: the shard refuses int4 experts at any shard
+    count, naming them, and float ones are split as launcher/checks.py check_experts checks.
+    So Mixtral's intermediate_size (its experts') is not one; a Qwen-MoE's is where some layers
+    stay dense, and its shared expert's shared_expert_intermediate_size is."""
+    if _experts(config) is None:
+        return [int(config["intermediate_size"])]
+    sizes = [_positive(config.get("shared_expert_intermediate_size"))]
+    if "moe_intermediate_size" in config and _dense_reason(config):
+        sizes.append(_positive(config.get("intermediate_size")))
+    return [size for size in sizes if size is not None]

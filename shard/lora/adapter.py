@@ -49,6 +49,8 @@ def read_adapter(
     rank = config.get("r")
     if not isinstance(rank, int) or rank < 1:
         raise AdapterError(f"adapter {name!r}: r = {rank!r} is not a positive integer")
+    if config.get("target_parameters"):
+        _refuse_moe_parameters(name, config, path, _model_targets(module_shapes))
     _refuse_unsupported(name, config)
     alpha = config.get("lora_alpha", 8)
     if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not math.isfinite(alpha):
@@ -69,6 +71,8 @@ def read_adapter(
     for module, ab in sorted(pairs.items()):
         if module not in module_shapes:
             leaf = module.rsplit(".", 1)[-1]
+            if moe := _moe_part(module):
+                raise AdapterError(_moe_refusal(name, module, moe, supported))
             raise AdapterError(
                 f"adapter {name!r}: module {module!r} ({leaf}) cannot take a LoRA here; "
                 f"supported: {', '.join(supported)}{_fused_hint([leaf], supported)}"
@@ -223,11 +227,73 @@ def _refuse_unknown_targets(
     leaves = [(t, t.rsplit(".", 1)[-1]) for t in targets]
     unknown = [t for t, leaf in leaves if leaf not in supported and leaf in named]
     if unknown:
+        unknown_leaves = {t.rsplit(".", 1)[-1] for t in unknown}
+        for module in sorted(m["module"] for key in tensors if (m := _KEY.match(key))):
+            if module.rsplit(".", 1)[-1] in unknown_leaves and (moe := _moe_part(module)):
+                raise AdapterError(_moe_refusal(name, module, moe, supported))
         hint = _fused_hint([t.rsplit(".", 1)[-1] for t in unknown], supported)
         raise AdapterError(
             f"adapter {name!r}: target_modules {unknown} cannot take a LoRA here; "
             f"supported: {', '.join(supported)}{hint}"
         )
+
+
+def _moe_part(module: str) -> str | None:
+    """What an adapter's module is, in the refusal's words, where it is a part of a
+    Mixture-of-Experts block we hold outside our tensor-parallel linears: the routed experts
+    (the Hub's per-expert `experts.3.gate_proj` / `experts.3.w1`, as PEFT wrote them on
+    transformers 4; transformers 5's stacked `experts`), the router (`mlp.gate`, Mixtral's
+    `block_sparse_moe.gate`), or Qwen2-MoE's shared-expert gate. The shared expert itself is a
+    plain MLP and takes LoRA."""
+    parts = [p for p in module.split(".") if p != "base_layer"]  # PEFT's nested ParamWrappers
+    if parts[-1] == "experts":
+        return "holds the routed experts"
+    if "experts" in parts:
+        return "is a routed expert"
+    if parts[-1] in ("gate", "router") and len(parts) > 1 and parts[-2] in _MOE_BLOCKS:
+        return "is the router"
+    if parts[-1] == "shared_expert_gate":
+        return "is the shared expert's gate"
+    return None
+
+
+_MOE_BLOCKS = ("mlp", "block_sparse_moe")
+
+
+def _moe_refusal(name: str, module: str, part: str, supported: tuple[str, ...]) -> str:
+    return (
+        f"adapter {name!r}: module {module!r} {part} of a Mixture-of-Experts block: the "
+        "routed experts and the router of a Mixture-of-Experts block (and its shared-expert "
+        "gate) take no LoRA adapters here, only the attention projections and dense or "
+        f"shared-expert MLPs do; supported: {', '.join(supported)}"
+    )
+
+
+def _refuse_moe_parameters(name: str, config: dict, path: Path, supported: tuple[str, ...]) -> None:
+    """PEFT on transformers 5 puts a LoRA on the stacked expert parameters and the router with
+    target_parameters (and turns target_modules such as w1 or gate_proj on Mixtral and
+    Qwen3-MoE into them): name the Mixture-of-Experts module its weights are for. Any other
+    target_parameters adapter (and one in a .bin file, which PEFT does not write for these)
+    gets the plain refusal of `_refuse_unsupported`."""
+    for module in sorted(m["module"] for key in _tensor_names(path) if (m := _KEY.match(key))):
+        if moe := _moe_part(module):
+            clean = ".".join(p for p in module.split(".") if p != "base_layer")
+            raise AdapterError(
+                f"{_moe_refusal(name, clean, moe, supported)} (LoRA on parameters: "
+                f"target_parameters = {config['target_parameters']!r})"
+            )
+
+
+def _tensor_names(path: Path) -> list[str]:
+    """The adapter's tensor names, read from the safetensors header alone (nothing where there
+    is none to read: the tensors' own reading reports that)."""
+    try:
+        from safetensors import safe_open
+
+        with safe_open(path / "adapter_model.safetensors", "pt") as file:
+            return list(file.keys())
+    except Exception:  # noqa: BLE001 - a missing or foreign file is refused when it is read
+        return []
 
 
 def _read_tensors(name: str, path: Path) -> dict[str, torch.Tensor]:

@@ -1,0 +1,157 @@
+"""An int4 Mixture-of-Experts checkpoint as gptqmodel writes it (tests/quant_fixtures/
+gptq_g32_sym_qwen3_moe: attention and every routed expert quantized, the router kept in fp16; see
+build_moe.py) is refused at load with a WeightsError naming the format and the first expert
+module, never dequantized behind the user's back; the launcher lets it through to the shard, whose
+one-line refusal the user sees, rather than misreporting a shard-count problem. The launcher's
+split check counts a Mixture-of-Experts model's quantized MLPs: its shared expert and dense layers,
+not its routed experts."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from quant_fixtures import CPU, SERVED, checkpoint_keys, fixture, quant_config
+from safetensors.torch import load_file, save_file
+
+import launcher.main as launcher_main
+from launcher.quant_checks import QuantizationCheckError, check_quantization
+from shard.distributed import Distributed
+from shard.models import load_model
+from shard.weights import WeightsError
+
+MOE = "gptq_g32_sym_qwen3_moe"
+EXPERTS_REFUSED = (
+    r"^gptq int4 experts are not supported: model\.layers\.0\.mlp\.experts\.0\.gate_proj is "
+    r"quantized, and Mixture-of-Experts layers serve floating-point expert weights only"
+)
+
+
+def load(path: Path, rank: int = 0, world: int = 1, expert_parallel: bool = False):
+    dist = Distributed(rank=rank, world_size=world)
+    return load_model(
+        path, dtype=torch.float32, device=CPU, dist=dist, expert_parallel=expert_parallel
+    )
+
+
+def test_gptqmodel_quantized_the_experts_and_kept_the_router_in_floating_point():
+    """The premise of the refusals below, and the fixture is not among the served ones."""
+    keys = checkpoint_keys(MOE)
+    assert quant_config(MOE)["quant_method"] == "gptq" and quant_config(MOE)["bits"] == 4
+    for layer in (0, 1):
+        for expert in range(4):
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                module = f"model.layers.{layer}.mlp.experts.{expert}.{proj}"
+                assert {f"{module}.qweight", f"{module}.scales"} <= keys
+                assert f"{module}.weight" not in keys
+        assert f"model.layers.{layer}.self_attn.q_proj.qweight" in keys
+        assert f"model.layers.{layer}.mlp.gate.weight" in keys
+    assert MOE not in SERVED
+
+
+@pytest.mark.parametrize(
+    ("rank", "world", "expert_parallel"),
+    [(0, 1, False), (1, 2, False), (1, 2, True)],
+    ids=["one-shard", "tensor-parallel-rank-1", "expert-parallel-rank-1"],
+)
+def test_int4_experts_are_refused_naming_the_format_and_the_module(rank, world, expert_parallel):
+    with pytest.raises(WeightsError, match=EXPERTS_REFUSED):
+        load(fixture(MOE), rank, world, expert_parallel)
+
+
+def test_a_quantized_router_is_refused_naming_it(tmp_path):
+    """The fixture with float experts and its router's weight swapped for GPTQ tensors (only
+    their presence matters: the router is refused before any is read)."""
+    out = tmp_path / MOE
+    shutil.copytree(fixture(MOE), out)
+    state = load_file(out / "model.safetensors")
+    for key in [k for k in state if ".mlp.experts." in k]:
+        module, leaf = key.rsplit(".", 1)
+        del state[key]
+        if leaf == "qweight":  # a float weight of the expert's shape, (out, in)
+            shape = (128, 64) if module.endswith("down_proj") else (64, 128)
+            state[f"{module}.weight"] = torch.zeros(shape, dtype=torch.float16)
+    router = state.pop("model.layers.0.mlp.gate.weight")
+    state["model.layers.0.mlp.gate.qweight"] = torch.zeros((16, 4), dtype=torch.int32)
+    state["model.layers.0.mlp.gate.scales"] = torch.ones((4, 4), dtype=router.dtype)
+    save_file(state, out / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(WeightsError, match=r"gptq int4 model\.layers\.0\.mlp\.gate is not supp"):
+        load(out)
+
+
+# -- the launcher ------------------------------------------------------------------------
+
+
+def test_the_launcher_leaves_the_refusal_to_the_shard_which_names_it(monkeypatch, caplog):
+    """The user's path: the launcher's checks pass (shard counts that split every quantized
+    linear are not the problem), it hands the shard its command line, and the shard exits 1
+    with one error line naming the format and the module, not a traceback."""
+    from shard.__main__ import main as shard_main
+
+    for num_shard in (1, 2, 4):
+        check_quantization(None, num_shard, fixture(MOE))
+    check_quantization("gptq", 1, fixture(MOE))
+
+    class ShardOnly:  # runs each shard's command line in this process instead of spawning it
+        def __init__(self, plan, _settings) -> None:
+            self.plan = plan
+
+        def request_stop(self) -> None:
+            pass
+
+        def run(self) -> int:
+            codes = [shard_main(list(s.argv[s.argv.index("serve") :])) for s in self.plan.shards]
+            return max(codes)
+
+    monkeypatch.setattr(launcher_main, "Supervisor", ShardOnly)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    argv = ["--model-id", str(fixture(MOE)), "--dtype", "float32", "--quantize", "gptq"]
+    with caplog.at_level("ERROR"):
+        assert launcher_main.main(argv) == 1
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and errors[0].exc_info is None
+    assert errors[0].getMessage().startswith("cannot start: gptq int4 experts are not supported")
+    assert "model.layers.0.mlp.experts.0.gate_proj" in errors[0].getMessage()
+
+
+def _moe_config(tmp_path: Path, **fields) -> Path:
+    """The fixture's config.json (GPTQ, group 32, 4 heads of 32, 2 KV heads) with `fields`."""
+    config = json.loads((fixture(MOE) / "config.json").read_text())
+    config.update(fields)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return tmp_path
+
+
+def test_an_intermediate_size_no_layer_uses_does_not_refuse_a_shard_count(tmp_path):
+    """Qwen3-MoE with every layer sparse: intermediate_size (for dense layers) is never loaded,
+    so a value that 2 shards could not split on group boundaries (96 / 2 = 48) is no reason to
+    refuse --num-shard 2; once a layer is dense (mlp_only_layers), it is."""
+    check_quantization(None, 2, _moe_config(tmp_path, intermediate_size=96))
+    with pytest.raises(QuantizationCheckError, match=r"--num-shard 2 .*values that work: 1$"):
+        check_quantization(
+            None, 2, _moe_config(tmp_path, intermediate_size=96, mlp_only_layers=[1])
+        )
+
+
+def test_mixtral_experts_intermediate_size_is_not_a_quantized_linears(tmp_path):
+    """Mixtral's intermediate_size is its experts': int4 experts are refused at any shard
+    count by the shard (above), so --num-shard 2 is not refused as a split problem."""
+    path = _moe_config(
+        tmp_path, architectures=["MixtralForCausalLM"], model_type="mixtral", intermediate_size=96
+    )
+    check_quantization(None, 2, path)
+
+
+def test_a_shared_expert_that_cannot_split_is_refused(tmp_path):
+    """Qwen2-MoE's shared expert is a quantized gated MLP split like a dense one: 96 / 2 = 48
+    inputs of its down_proj per shard cut a group of 32."""
+    qwen2_moe = dict(architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe")
+    path = _moe_config(tmp_path, **qwen2_moe, shared_expert_intermediate_size=96)
+    with pytest.raises(QuantizationCheckError, match=r"--num-shard 2 .*values that work: 1$"):
+        check_quantization(None, 2, path)
+    check_quantization(
+        None, 2, _moe_config(tmp_path, **qwen2_moe, shared_expert_intermediate_size=128)
+    )
