@@ -53,7 +53,8 @@ def grouped_experts(
     # each row weighted in float32 and rounded once (the router has already rounded the
     # weights to the dtype where the model's reference weights in it), then summed per token
     weights = topk_weights.reshape(-1).index_select(0, order)
-    out.index_add_(0, rows, (results.float() * weights[:, None]).to(x.dtype))
+    wide = results.to(torch.promote_types(results.dtype, weights.dtype))
+    out.index_add_(0, rows, (wide * weights[:, None]).to(x.dtype))
     return out
 
 
