@@ -15,6 +15,7 @@ import torch
 from shard.platforms.activations import GATED_ACTIVATIONS, SILU
 
 Swiglu = Callable[[torch.Tensor], torch.Tensor | None]
+Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def grouped_experts(
@@ -25,9 +26,10 @@ def grouped_experts(
     topk_ids: torch.Tensor,
     act: str,
     swiglu: Swiglu | None = None,
+    linear: Linear = torch.nn.functional.linear,
 ) -> torch.Tensor:
     """See Platform.fused_moe. `swiglu`: the platform's fused silu(gate) * up of a [N, 2I]
-    product, or None (torch's two ops)."""
+    product, or None (torch's two ops); `linear`: the platform's x @ w.T of a plain weight."""
     tokens, k = topk_ids.shape
     out = torch.zeros_like(x)
     if tokens == 0:
@@ -46,9 +48,9 @@ def grouped_experts(
         if not count:
             continue
         stop = start + count
-        product = torch.nn.functional.linear(gathered[start:stop], w13[expert])
+        product = linear(gathered[start:stop], w13[expert])
         hidden = _act_and_mul(product, act, swiglu)
-        results[start:stop] = torch.nn.functional.linear(hidden, w2[expert])
+        results[start:stop] = linear(hidden, w2[expert])
         start = stop
     # each row weighted in float32 and rounded once (the router has already rounded the
     # weights to the dtype where the model's reference weights in it), then summed per token

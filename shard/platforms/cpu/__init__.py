@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from shard.platforms import grouped_moe
 from shard.platforms.base import Platform
 from shard.platforms.cpu import lora_amx, matmul, matmul_amx
 from shard.platforms.cpu.native import build as native_build
@@ -43,6 +44,21 @@ class CpuPlatform(Platform):
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         return matmul.linear(x, weight, bias)
+
+    def fused_moe(
+        self,
+        x: torch.Tensor,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        act: str,
+    ) -> torch.Tensor:
+        # the grouped GEMMs through this CPU's matmul (half-precision weights widened to fp32
+        # for the experts with rows enough, where the CPU has no native half GEMM)
+        return grouped_moe.grouped_experts(
+            x, w13, w2, topk_weights, topk_ids, act, swiglu=self.swiglu, linear=matmul.linear
+        )
 
     def gated_linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str
