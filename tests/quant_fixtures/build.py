@@ -180,17 +180,17 @@ def _versions(*names: str) -> dict:
     return out
 
 
+def shape(spec: dict) -> dict:
+    """SHAPE, with what the spec's `config` changes of it, then the rest of that config."""
+    return {**SHAPE, **spec.get("config", {})}
+
+
 def build_float(spec: dict, path: Path) -> Path:
     """The float32 source model, from the project's own tiny-model builder."""
     from launcher.tiny_models import build_model
 
     return build_model(
-        path,
-        spec["arch"],
-        seed=spec["seed"],
-        tie_word_embeddings=spec["tie"],
-        **SHAPE,
-        **spec.get("config", {}),
+        path, spec["arch"], seed=spec["seed"], tie_word_embeddings=spec["tie"], **shape(spec)
     )
 
 
@@ -337,8 +337,7 @@ def base_provenance(name: str, spec: dict) -> dict:
             architecture=spec["arch"],
             tie_word_embeddings=spec["tie"],
             seed=spec["seed"],
-            **SHAPE,
-            **spec.get("config", {}),
+            **shape(spec),
         ),
         calibration=f"{N_CALIB} lines of launcher/tiny_models._corpus(), tokenized by the fixture's "
         "tokenizer, at most 64 tokens each",
@@ -671,9 +670,14 @@ def _reference_weight(ref: dict, prefix: str):
     raise KeyError(prefix)
 
 
-def _selected() -> list[str]:
+# Served fixtures that build_moe.py builds (reference/ included); `verify` checks them too.
+BUILT_BY_MOE = ("gptq_g32_sym_qwen3_moe_float_experts",)
+
+
+def _selected(verifying: bool = False) -> list[str]:
     only = os.environ.get("ONLY")  # optional: comma-separated fixture names
-    return [n for n in FIXTURES if not only or n in only.split(",")]
+    names = [*FIXTURES, *(BUILT_BY_MOE if verifying else ())]
+    return [n for n in names if not only or n in only.split(",")]
 
 
 def layouts() -> None:
@@ -683,7 +687,7 @@ def layouts() -> None:
     import torch
     from safetensors.torch import load_file
 
-    for name in _selected():
+    for name in _selected(verifying=True):
         fx = HERE / name
         q = load_file(fx / "model.safetensors")
         r = load_file(fx / "reference" / "model.safetensors")
@@ -739,7 +743,7 @@ def verify() -> None:
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    for name in _selected():
+    for name in _selected(verifying=True):
         fx = HERE / name
         if not (fx / "reference").exists():
             print(f"{name}: missing")

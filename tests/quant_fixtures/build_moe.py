@@ -1,5 +1,6 @@
 # ruff: noqa: E501 - long provenance strings are kept whole
-"""Builds the int4 Mixture-of-Experts fixture, gptq_g32_sym_qwen3_moe, with gptqmodel itself.
+"""Builds the int4 Mixture-of-Experts fixtures, gptq_g32_sym_qwen3_moe and (--float-experts)
+gptq_g32_sym_qwen3_moe_float_experts, with gptqmodel itself.
 
 A tiny Qwen3-MoE (launcher/tiny_models.build_model, 4 experts, top 2) quantized by gptqmodel
 7.7.0's own MoE support (its `qwen3_moe` definition: attention and every routed expert's
@@ -11,9 +12,17 @@ tool's own checks instead: that gptqmodel calibrated every expert, that its own 
 close to the float source, and that its expert tensors unpack by the same GPTQ layout as the
 dense fixtures' (README.md), exactly.
 
+--float-experts builds the same model with gptqmodel's common MoE recipe, the `dynamic` rule
+`{"-:.*\\.experts\\..*": {}}`: attention int4, every routed expert left in fp16 (and saved so).
+That checkpoint serves, so it has a `reference/` like the dense fixtures' (gptqmodel's own
+dequantization of the attention modules; everything else the checkpoint's fp16 cast to fp32),
+and `build.py verify` writes its expected.json. tests/shard/test_quantized_moe.py serves it.
+
 Same venv as build.py's gptq stage (its docstring has the install commands). From the repo root:
 
   GPTQMODEL_CPU_WORKERS=2 /tmp/qtools/bin/python tests/quant_fixtures/build_moe.py   # ~20 s
+  GPTQMODEL_CPU_WORKERS=2 /tmp/qtools/bin/python tests/quant_fixtures/build_moe.py --float-experts
+  ONLY=gptq_g32_sym_qwen3_moe_float_experts .venv/bin/python tests/quant_fixtures/build.py verify
 """
 
 from __future__ import annotations
@@ -32,6 +41,9 @@ sys.path.insert(0, str(HERE))
 import build  # noqa: E402 - the dense fixtures' helpers, next to this file
 
 NAME = "gptq_g32_sym_qwen3_moe"
+FLOAT_EXPERTS = "gptq_g32_sym_qwen3_moe_float_experts"
+# gptqmodel's `dynamic`: a `-:` key is a regex (re.match) of modules it leaves unquantized.
+EXPERTS_UNQUANTIZED = {"-:.*\\.experts\\..*": {}}
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True)
 SPEC = dict(
     tool="gptq",
@@ -45,16 +57,20 @@ SPEC = dict(
     format="gptq",
     config=MOE,
 )
+# --float-experts: the same builder, seed and calibration at half the width (hidden 64, so
+# head_dim 16; experts' intermediate 32), since its reference/ holds every expert in fp32 and
+# the whole directory should stay under 1 MB.
+FLOAT_EXPERTS_SPEC = dict(SPEC, config=dict(MOE, hidden_size=64, moe_intermediate_size=32))
 
 
-def quantize(work: Path) -> Path:
+def quantize(work: Path, name: str, spec: dict, dynamic: dict | None) -> Path:
     import torch
     from gptqmodel import GPTQModel, QuantizeConfig
 
-    fx = HERE / NAME
+    fx = HERE / name
     if fx.exists():
         shutil.rmtree(fx)
-    float_dir = build.build_float(SPEC, work / "float")
+    float_dir = build.build_float(spec, work / "float")
     # As build.py: gptqmodel's tokenizer helper gets a copy whose pad token is '<unk>' (id 0).
     tool_dir = work / "float_for_tool"
     shutil.copytree(float_dir, tool_dir)
@@ -69,6 +85,7 @@ def quantize(work: Path) -> Path:
         format=SPEC["format"],
         act_group_aware=False,
         offload_to_disk=False,
+        dynamic=dynamic,
     )
     model = GPTQModel.load(str(tool_dir), qc, dtype=torch.float16)
     ids = build.calib_ids(float_dir)
@@ -79,34 +96,58 @@ def quantize(work: Path) -> Path:
     return float_dir
 
 
-def checks(fx: Path, float_dir: Path) -> list[dict]:
-    import torch
-    from gptqmodel import BACKEND, GPTQModel
-    from gptqmodel.nn_modules.qlinear import BaseQuantLinear
+def what_was_quantized(fx: Path, float_experts: bool) -> dict:
+    """Which modules gptqmodel quantized (the experts, or with --float-experts none of them)."""
     from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM
 
-    found = []
     sd = load_file(fx / "model.safetensors")
-    experts = sorted(k for k in sd if ".mlp.experts." in k and k.endswith(".qweight"))
+    experts = [
+        f"model.layers.{i}.mlp.experts.{e}.{proj}"
+        for i in range(2)
+        for e in range(MOE["num_experts"])
+        for proj in ("gate_proj", "up_proj", "down_proj")
+    ]
     router = sorted(k for k in sd if k.endswith(".mlp.gate.weight"))
+    attention = sorted(k for k in sd if ".self_attn." in k and k.endswith(".qweight"))
     with open(fx / "quant_log.csv") as f:
         samples = {(r["layer"], r["module"]): int(r["samples"]) for r in csv.DictReader(f)}
     expert_samples = {k: v for k, v in samples.items() if ".experts." in k[1]}
-    assert len(experts) == 2 * MOE["num_experts"] * 3, experts
-    assert min(expert_samples.values()) > 0, expert_samples
-    found.append(
-        dict(
-            check="what gptqmodel quantized",
-            quantized_expert_modules=len(experts),
-            router=f"{router} kept as {sd[router[0]].dtype}",
-            calibration_tokens_per_expert_module=dict(
-                min=min(expert_samples.values()), max=max(expert_samples.values())
-            ),
+    assert len(attention) == 2 * 4, attention
+    found = dict(
+        check="what gptqmodel quantized",
+        quantized_attention_modules=len(attention),
+        router=f"{router} kept as {sd[router[0]].dtype}",
+    )
+    if float_experts:
+        assert all(f"{m}.weight" in sd and f"{m}.qweight" not in sd for m in experts)
+        dtypes = {str(sd[f"{m}.weight"].dtype) for m in experts}
+        assert dtypes == {"torch.float16"} and not expert_samples, (dtypes, expert_samples)
+        dynamic = json.loads((fx / "config.json").read_text())["quantization_config"]["dynamic"]
+        assert dynamic == EXPERTS_UNQUANTIZED, dynamic
+        return dict(
+            found,
+            float_expert_modules=f"{len(experts)}, saved as `.weight` {sorted(dtypes)}",
+            quantization_config_dynamic=dynamic,
+            quant_log_expert_rows=len(expert_samples),
         )
+    assert all(f"{m}.qweight" in sd and f"{m}.weight" not in sd for m in experts)
+    assert min(expert_samples.values()) > 0, expert_samples
+    return dict(
+        found,
+        quantized_expert_modules=len(experts),
+        calibration_tokens_per_expert_module=dict(
+            min=min(expert_samples.values()), max=max(expert_samples.values())
+        ),
     )
 
-    # gptqmodel's own dequantization of every quantized module, and its own forward.
+
+def tool_dequant(fx: Path) -> tuple[dict, list]:
+    """gptqmodel's own dequantization of every quantized module ((out, in) fp32, scales in
+    fp32 so that scale * (q - z) is exact), and its own fp16 forward on build.LOGIT_PROBE."""
+    import torch
+    from gptqmodel import BACKEND, GPTQModel
+    from gptqmodel.nn_modules.qlinear import BaseQuantLinear
+
     qm = GPTQModel.load(str(fx), backend=BACKEND.GPTQ_TORCH, device="cpu", dtype=torch.float16)
     dequant, tool_logits = {}, []
     with torch.no_grad():
@@ -119,24 +160,39 @@ def checks(fx: Path, float_dir: Path) -> list[dict]:
         for ids in build.LOGIT_PROBE:
             tool_logits.append(qm.model(torch.tensor([ids])).logits[0].float())
     del qm
-    # The README's GPTQ layout, in plain torch, on every expert and attention module.
+    return dequant, tool_logits
+
+
+def layout_check(fx: Path, dequant: dict) -> dict:
+    """The README's GPTQ layout, in plain torch, on every quantized module, == gptqmodel's."""
+    from safetensors.torch import load_file
+
+    sd = load_file(fx / "model.safetensors")
     worst, n = 0.0, 32 // SPEC["bits"]
-    for key in (k for k in sd if k.endswith(".qweight")):
+    keys = [k for k in sd if k.endswith(".qweight")]
+    for key in keys:
         p = key.rsplit(".", 1)[0]
         iw = build._fields(sd[p + ".qweight"], SPEC["bits"], n).permute(0, 2, 1).flatten(0, 1)
         iz = build._fields(sd[p + ".qzeros"], SPEC["bits"], n).flatten(1)
         gi = sd[p + ".g_idx"].long()
         w = ((iw - (iz[gi] + 1)) * sd[p + ".scales"].float()[gi]).t()
         worst = max(worst, (w - dequant[p]).abs().max().item())
-    assert worst == 0.0, worst
-    found.append(
-        dict(
-            check="README.md's GPTQ (v1) layout unpacked in plain torch == gptqmodel dequantize_weight()",
-            modules=len(dequant),
-            max_abs_diff=worst,
-        )
+    assert worst == 0.0 and len(keys) == len(dequant), (worst, len(keys), len(dequant))
+    return dict(
+        check="README.md's GPTQ (v1) layout unpacked in plain torch == gptqmodel dequantize_weight()",
+        modules=len(dequant),
+        max_abs_diff=worst,
     )
 
+
+def checks(fx: Path, float_dir: Path) -> list[dict]:
+    """The int4-experts fixture (no reference/): the tool against the float source."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    found = [what_was_quantized(fx, float_experts=False)]
+    dequant, tool_logits = tool_dequant(fx)
+    found.append(layout_check(fx, dequant))
     source = AutoModelForCausalLM.from_pretrained(float_dir, dtype=torch.float32).eval()
     with torch.no_grad():
         float_logits = [source(torch.tensor([ids])).logits[0] for ids in build.LOGIT_PROBE]
@@ -175,19 +231,61 @@ def checks(fx: Path, float_dir: Path) -> list[dict]:
     return found
 
 
-def main() -> None:
+def reference_and_checks(fx: Path, float_dir: Path) -> list[dict]:
+    """--float-experts: reference/ as build.py's gptq stage writes it (gptqmodel's dequantized
+    attention; the fp16 experts, router, norms, embeddings cast to fp32), then the dense
+    fixtures' checks against it."""
+    found = [what_was_quantized(fx, float_experts=True)]
+    dequant, tool_logits = tool_dequant(fx)
+    found.append(layout_check(fx, dequant))
+    build.write_reference(fx, dequant)
+    found.append(build.float_vs_ref(fx, float_dir))
+    found.append(
+        build.compare(fx, tool_logits, "gptqmodel GPTQModel.load(backend=gptq_torch) fp16 forward")
+    )
+    try:
+        found.append(
+            build.compare(
+                fx,
+                build.transformers_on_quant_dir(fx),
+                "transformers AutoModelForCausalLM fp32 on the quantized dir (optimum + gptqmodel auto kernel)",
+            )
+        )
+    except Exception as e:  # noqa: BLE001 - recorded, not fatal
+        found.append(dict(against="transformers on the quantized dir", error=repr(e)[:500]))
+    for c in found:
+        print(" ", c)
+    return found
+
+
+def main(argv: list[str]) -> None:
     import gptqmodel
 
+    float_experts = argv == ["--float-experts"]
+    if argv and not float_experts:
+        sys.exit(f"usage: build_moe.py [--float-experts], not {argv}")
+    name = FLOAT_EXPERTS if float_experts else NAME
+    dynamic = EXPERTS_UNQUANTIZED if float_experts else None
     work = Path(tempfile.mkdtemp(prefix="quant_moe_"))
     os.chdir(work)  # gptqmodel writes its logs/ under the working directory: not in the repo
     try:
-        float_dir = quantize(work)
-        fx = HERE / NAME
-        prov = build.base_provenance(NAME, SPEC)
+        spec = FLOAT_EXPERTS_SPEC if float_experts else SPEC
+        float_dir = quantize(work, name, spec, dynamic)
+        fx = HERE / name
+        prov = build.base_provenance(name, spec)
+        if float_experts:
+            modules = (
+                "q/k/v/o_proj only: the dynamic rule leaves every mlp.experts.{e}.gate/up/down_proj "
+                "in fp16, and mlp.gate is not quantized"
+            )
+        else:
+            modules = (
+                "q/k/v/o_proj and every mlp.experts.{e}.gate/up/down_proj; mlp.gate not quantized"
+            )
         prov.update(
             tool=dict(name="gptqmodel", version=gptqmodel.__version__),
             function="gptqmodel.GPTQModel.load(float_dir, QuantizeConfig(...), dtype=float16) -> .quantize(calib) -> .save() "
-            "(gptqmodel/models/definitions/qwen3_moe.py: q/k/v/o_proj and every mlp.experts.{e}.gate/up/down_proj; mlp.gate not quantized)",
+            f"(gptqmodel/models/definitions/qwen3_moe.py: {modules})",
             parameters=dict(
                 bits=SPEC["bits"],
                 group_size=SPEC["group_size"],
@@ -197,19 +295,42 @@ def main() -> None:
                 act_group_aware=False,
                 pack_dtype="int32",
                 lm_head_quantized=False,
+                dynamic=dynamic,
             ),
             versions=build._versions("gptqmodel", "optimum", "defuser"),
-            notes=[
-                "No reference/: Switchyard refuses int4 experts at load (shard/layers/moe.py _refuse_quantized), "
-                "and tests/shard/quant_fixtures.py serves every fixture that has a reference/.",
-                "gptqmodel 7.7.0 requires torch>=2.14.1 on paper; installed with --no-deps on torch 2.13.0+cpu and ran on CPU.",
-            ],
-            checks=checks(fx, float_dir),
         )
+        if float_experts:
+            prov.update(
+                reference=dict(
+                    function="gptqmodel GPTQModel.load(quant_dir, backend=BACKEND.GPTQ_TORCH); per quant module: "
+                    "dequantize_weight() (gptqmodel/nn_modules/qlinear/__init__.py PackableQuantLinear) with scales "
+                    "cast to fp32, transposed; every other tensor (the fp16 experts included) cast to fp32",
+                    dtype="float32",
+                ),
+                notes=[
+                    "The builder, seed and calibration of gptq_g32_sym_qwen3_moe at half its width (hidden_size 64, moe_intermediate_size 32: "
+                    "the fp32 reference/ of float experts stays small); QuantizeConfig differs only by `dynamic`.",
+                    "transformers (+ optimum + gptqmodel) cannot load the quantized dir: gptqmodel itself warns that "
+                    "per-module `dynamic` is 'not yet available in hf transformers', which builds GPTQ linears for the "
+                    "experts too, reports their qweight/qzeros/scales/g_idx MISSING and the fp16 expert weights "
+                    "UNEXPECTED, and fails on the uninitialised g_idx (the recorded error).",
+                    "gptqmodel 7.7.0 requires torch>=2.14.1 on paper; installed with --no-deps on torch 2.13.0+cpu and ran on CPU.",
+                ],
+                checks=reference_and_checks(fx, float_dir),
+            )
+        else:
+            prov.update(
+                notes=[
+                    "No reference/: Switchyard refuses int4 experts at load (shard/layers/moe.py _refuse_quantized), "
+                    "and tests/shard/quant_fixtures.py serves every fixture that has a reference/.",
+                    "gptqmodel 7.7.0 requires torch>=2.14.1 on paper; installed with --no-deps on torch 2.13.0+cpu and ran on CPU.",
+                ],
+                checks=checks(fx, float_dir),
+            )
         build.write_provenance(fx, prov)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -12,14 +12,29 @@ from shard.distributed import Distributed
 from shard.weights import Weights
 
 ROOT = Path(__file__).resolve().parents[1] / "quant_fixtures"
-# Every fixture we serve (8-bit GPTQ is refused by name; tests/shard/test_quantized_errors.py).
-SERVED = sorted(
-    p.name
-    for p in ROOT.iterdir()
-    if (p / "reference").is_dir()
-    and json.loads((p / "config.json").read_text())["quantization_config"].get("bits", 4) == 4
-)
 CPU = torch.device("cpu")
+
+
+def _served(moe: bool) -> list[str]:
+    """The fixtures with a reference/ (8-bit GPTQ is refused by name, test_quantized_errors.py),
+    dense or Mixture-of-Experts."""
+    names = []
+    for p in ROOT.iterdir():
+        if not (p / "reference").is_dir():
+            continue
+        config = json.loads((p / "config.json").read_text())
+        experts = any(k in config for k in ("num_experts", "num_local_experts"))
+        if config["quantization_config"].get("bits", 4) == 4 and experts == moe:
+            names.append(p.name)
+    return sorted(names)
+
+
+# Every dense fixture we serve: test_quantized_models.py and test_int4_cpu.py load their MLPs'
+# gate/up/down as int4 linears.
+SERVED = _served(moe=False)
+# Mixture-of-Experts fixtures we serve (int4 attention, floating-point experts), which have no
+# MLP linears: test_quantized_moe.py serves them.
+SERVED_MOE = _served(moe=True)
 
 
 def fixture(name: str) -> Path:

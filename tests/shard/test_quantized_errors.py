@@ -1,4 +1,5 @@
-"""Broken or unsupported int4 checkpoints fail at load, naming the tensor or the config field."""
+"""Broken or unsupported int4 checkpoints fail at load, naming the tensor or the config field;
+GPTQ's per-module `dynamic` rules are read as gptqmodel reads them, or refused naming the rule."""
 
 from __future__ import annotations
 
@@ -98,3 +99,73 @@ def test_act_order_without_g_idx_is_named(tmp_path):
     )
     with pytest.raises(WeightsError, match=rf"missing tensor '{LAYER}\.mlp\.up_proj\.g_idx'"):
         load(path)
+
+
+GPTQ_G32 = {"quant_method": "gptq", "bits": 4, "group_size": 32, "sym": True, "desc_act": False}
+EXPERTS = {"-:.*\\.experts\\..*": {}}  # gptqmodel's MoE recipe: routed experts left in fp16
+EXPERT_0_KEPT = {"+:.*\\.experts\\.0\\.": {"bits": 4, "group_size": 32}, "-:.*\\.experts": {}}
+L1 = "model.layers.1"
+
+
+@pytest.mark.parametrize(
+    ("dynamic", "module", "quantized"),
+    [
+        (EXPERTS, f"{L1}.mlp.experts.3.down_proj", False),
+        (EXPERTS, f"{L1}.mlp.experts.gate_up_proj", False),  # transformers 5's stacked parameter
+        (EXPERTS, f"{L1}.self_attn.q_proj", True),
+        (EXPERTS, f"{L1}.mlp.gate", True),  # the router
+        (EXPERTS, f"{L1}.mlp.shared_expert.down_proj", True),
+        # re.match: anchored at the start of the name, not at its end, and not a search
+        ({"-:model\\.layers\\.1\\.": {}}, f"{L1}.mlp.down_proj", False),
+        ({"-:model\\.layers\\.1\\.": {}}, "model.layers.11.mlp.down_proj", True),
+        ({"-:layers\\.1\\.": {}}, f"{L1}.mlp.down_proj", True),
+        ({"-:lm_head": {}}, "lm_head_2", False),
+        ({"-:^lm_head$": {}}, "lm_head_2", True),
+        ({"-:a|.*o_proj": {}}, f"{L1}.self_attn.o_proj", False),  # the alternation stays whole
+        # The first rule that matches decides: a positive rule before a negative one keeps the
+        # modules it matches quantized; after it, it changes nothing.
+        (EXPERT_0_KEPT, f"{L1}.mlp.experts.0.up_proj", True),
+        (EXPERT_0_KEPT, f"{L1}.mlp.experts.1.up_proj", False),
+        (dict(reversed(EXPERT_0_KEPT.items())), f"{L1}.mlp.experts.0.up_proj", False),
+    ],
+)
+def test_gptq_dynamic_leaves_unquantized_what_gptqmodel_leaves(dynamic, module, quantized):
+    """gptqmodel decides a module by its first matching rule, by `re.match` (its own
+    `_resolve_dynamic_override`; these cases agree with its `dynamic_get`)."""
+    config = parse_quantization_config({**GPTQ_G32, "dynamic": dynamic})
+    assert config.quantizes(module) is quantized
+
+
+def test_gptq_dynamic_keeps_modules_to_not_convert_and_the_settings():
+    config = parse_quantization_config(
+        {**GPTQ_G32, "dynamic": EXPERTS, "modules_to_not_convert": ["mlp.gate"]}
+    )
+    plain = parse_quantization_config(GPTQ_G32)
+    assert config.group_size == 32 and not config.zero_point and not config.desc_act
+    assert not config.quantizes(f"{L1}.mlp.gate")
+    assert not config.quantizes(f"{L1}.mlp.experts.0.up_proj")
+    # A positive rule that restates every global setting changes nothing.
+    same = {"+:.*": {"bits": 4, "group_size": 32, "sym": True, "desc_act": False}}
+    assert parse_quantization_config({**GPTQ_G32, "dynamic": same}) == plain
+
+
+@pytest.mark.parametrize(
+    ("dynamic", "message"),
+    [
+        ({"+:.*down_proj": {"bits": 8}}, "dynamic['+:.*down_proj'] sets bits = 8, but "
+         "quantization_config.bits is 4: per-module GPTQ settings are not supported"),
+        ({".*down_proj": {"group_size": 128}}, "dynamic['.*down_proj'] sets group_size = 128, "
+         "but quantization_config.group_size is 32"),  # no prefix: a positive rule
+        ({**EXPERTS, "+:.*q_proj": {"sym": False}}, "dynamic['+:.*q_proj'] sets sym = False, "
+         "but quantization_config.sym is True"),
+        ({"+:.*": {"desc_act": True}}, "dynamic['+:.*'] sets desc_act = True, but "),
+        ({"+:.*": {"damp_percent": 0.1}}, "dynamic['+:.*'] sets damp_percent = 0.1: "
+         "per-module GPTQ settings are not supported (only '-:' rules"),
+        ({"-:.*experts(": {}}, "dynamic['-:.*experts(']: not a regular expression"),
+        ({"+:.*": 4}, "dynamic['+:.*'] must be an object of settings"),
+    ],
+)  # fmt: skip
+def test_gptq_dynamic_overrides_are_refused_naming_the_rule_and_the_setting(dynamic, message):
+    with pytest.raises(QuantizationConfigError) as err:
+        parse_quantization_config({**GPTQ_G32, "dynamic": dynamic})
+    assert str(err.value).startswith(f"quantization_config.{message}")

@@ -4,7 +4,11 @@ build_moe.py) is refused at load with a WeightsError naming the format and the f
 module, never dequantized behind the user's back; the launcher lets it through to the shard, whose
 one-line refusal the user sees, rather than misreporting a shard-count problem. The launcher's
 split check counts a Mixture-of-Experts model's quantized MLPs: its shared expert and dense layers,
-not its routed experts."""
+not its routed experts.
+
+The same recipe with gptqmodel's `dynamic` rule that leaves the experts in fp16
+(gptq_g32_sym_qwen3_moe_float_experts, int4 attention) serves: against transformers on its
+reference/ (gptqmodel's dequantization), on one shard and per rank of two."""
 
 from __future__ import annotations
 
@@ -14,16 +18,25 @@ from pathlib import Path
 
 import pytest
 import torch
-from quant_fixtures import CPU, SERVED, checkpoint_keys, fixture, quant_config
+from paged_helpers import assert_equals_reference, run_paged
+from quant_fixtures import CPU, SERVED, SERVED_MOE, checkpoint_keys, fixture, quant_config
 from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
 
 import launcher.main as launcher_main
 from launcher.quant_checks import QuantizationCheckError, check_quantization
 from shard.distributed import Distributed
+from shard.layers.moe import FusedMoE
+from shard.layers.quant.config import parse_quantization_config
+from shard.layers.quant.int4_dequant import DequantizingInt4
 from shard.models import load_model
 from shard.weights import WeightsError
 
 MOE = "gptq_g32_sym_qwen3_moe"
+FLOAT_EXPERTS = "gptq_g32_sym_qwen3_moe_float_experts"
+# test_quantized_models.py's: fp32 against the library-dequantized model in transformers.
+STEPS, ATOL = 4, 1e-4
+GATE_UP = ("gate_proj", "up_proj")
 EXPERTS_REFUSED = (
     r"^gptq int4 experts are not supported: model\.layers\.0\.mlp\.experts\.0\.gate_proj is "
     r"quantized, and Mixture-of-Experts layers serve floating-point expert weights only"
@@ -82,6 +95,84 @@ def test_a_quantized_router_is_refused_naming_it(tmp_path):
         load(out)
 
 
+# -- int4 attention, floating-point experts: served ---------------------------------------
+
+
+def test_gptqmodel_left_the_experts_in_floating_point_by_its_dynamic_rule():
+    """The premise of the serving tests below: gptqmodel's MoE recipe saved every routed expert
+    as an fp16 `.weight`, attention as GPTQ, and our config reads its rule as gptqmodel does."""
+    assert SERVED_MOE == [FLOAT_EXPERTS] and FLOAT_EXPERTS not in SERVED
+    raw = quant_config(FLOAT_EXPERTS)
+    assert raw["dynamic"] == {"-:.*\\.experts\\..*": {}}
+    config, keys = parse_quantization_config(raw), checkpoint_keys(FLOAT_EXPERTS)
+    for layer in (0, 1):
+        for expert in range(4):
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                module = f"model.layers.{layer}.mlp.experts.{expert}.{proj}"
+                assert f"{module}.weight" in keys and f"{module}.qweight" not in keys
+                assert not config.quantizes(module)
+        for proj in "qkvo":
+            module = f"model.layers.{layer}.self_attn.{proj}_proj"
+            assert f"{module}.qweight" in keys and config.quantizes(module)
+
+
+def _prompts(vocab_size: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    return [torch.randint(3, vocab_size, (n,), generator=gen) for n in (19, 33)]
+
+
+@pytest.mark.parametrize("name", SERVED_MOE)
+def test_logits_and_greedy_ids_match_transformers_on_the_library_dequantized_model(name):
+    ours = load(fixture(name))
+    for layer in ours.layers:
+        attn, experts = layer.self_attn, layer.mlp.experts
+        assert isinstance(attn.qkv_proj.weight, DequantizingInt4)
+        assert isinstance(attn.o_proj.weight, DequantizingInt4)
+        assert isinstance(experts, FusedMoE) and experts.w13.dtype == torch.float32
+    ref = AutoModelForCausalLM.from_pretrained(fixture(name) / "reference", dtype=torch.float32)
+    batch = _prompts(ours.vocab_size)
+    logits, tokens = run_paged(ours, batch, STEPS, seed=3)
+    assert_equals_reference(ref, batch, logits, tokens, ATOL)
+
+
+def _dense(linear) -> torch.Tensor:
+    """An int4 linear's weight, dequantized: its matmul applied to the identity, (out, in)."""
+    return linear.weight(torch.eye(linear.weight.in_features)).T
+
+
+@pytest.mark.parametrize("name", SERVED_MOE)
+@pytest.mark.parametrize(
+    ("rank", "world", "expert_parallel"),
+    [(0, 1, False), (1, 2, False), (1, 2, True)],
+    ids=["one-shard", "tensor-parallel-rank-1", "expert-parallel-rank-1"],
+)
+def test_each_rank_holds_exactly_its_slice_of_the_reference(name, rank, world, expert_parallel):
+    """Attention: its q/k/v heads and o_proj input columns, int4, equal to gptqmodel's
+    dequantization; experts: every expert's intermediate slice (tensor parallel) or its experts
+    whole (expert parallel), the checkpoint's fp16 exactly."""
+    ref = load_file(fixture(name) / "reference" / "model.safetensors")
+    ours = load(fixture(name), rank, world, expert_parallel)
+    num_experts = 4
+    for i, layer in enumerate(ours.layers):
+        attn, mlp = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
+        qkv = torch.cat([ref[f"{attn}.{p}_proj.weight"].chunk(world)[rank] for p in "qkv"])
+        assert torch.equal(_dense(layer.self_attn.qkv_proj), qkv)
+        o = ref[f"{attn}.o_proj.weight"].chunk(world, dim=1)[rank]
+        assert torch.equal(_dense(layer.self_attn.o_proj), o)
+        if expert_parallel:  # this rank's experts, whole
+            per_rank = num_experts // world
+            experts, part, parts = range(rank * per_rank, (rank + 1) * per_rank), 0, 1
+        else:  # every expert, this rank's part of its intermediate dimension
+            experts, part, parts = range(num_experts), rank, world
+        gate_up = [
+            torch.cat([ref[f"{mlp}.experts.{e}.{p}.weight"].chunk(parts)[part] for p in GATE_UP])
+            for e in experts
+        ]
+        down = [ref[f"{mlp}.experts.{e}.down_proj.weight"].chunk(parts, 1)[part] for e in experts]
+        w13, w2 = torch.stack(gate_up), torch.stack(down)
+        assert torch.equal(layer.mlp.experts.w13, w13) and torch.equal(layer.mlp.experts.w2, w2)
+
+
 # -- the launcher ------------------------------------------------------------------------
 
 
@@ -115,6 +206,45 @@ def test_the_launcher_leaves_the_refusal_to_the_shard_which_names_it(monkeypatch
     assert len(errors) == 1 and errors[0].exc_info is None
     assert errors[0].getMessage().startswith("cannot start: gptq int4 experts are not supported")
     assert "model.layers.0.mlp.experts.0.gate_proj" in errors[0].getMessage()
+
+
+@pytest.mark.parametrize(
+    "flags", [[], ["--num-shard", "2"], ["--num-shard", "2", "--expert-parallel"]]
+)
+def test_the_launcher_spawns_the_shards_of_float_experts(monkeypatch, flags):
+    """Every pre-spawn check passes (shard counts, experts, quantization) and the shards get
+    their command lines."""
+
+    class Spawned:  # records the plan instead of spawning it
+        plan = None
+
+        def __init__(self, plan, _settings) -> None:
+            Spawned.plan = plan
+
+        def request_stop(self) -> None:
+            pass
+
+        def run(self) -> int:
+            return 0
+
+    monkeypatch.setattr(launcher_main, "Supervisor", Spawned)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    argv = ["--model-id", str(fixture(FLOAT_EXPERTS)), "--quantize", "gptq", *flags]
+    assert launcher_main.main(argv) == 0
+    num_shard = int(flags[1]) if flags else 1
+    assert len(Spawned.plan.shards) == num_shard
+    assert all("--quantize" in shard.argv for shard in Spawned.plan.shards)
+
+
+def test_the_launcher_splits_float_experts_on_the_attention_groups_only():
+    """Hidden size 64, group 32: o_proj's inputs split on group boundaries across 1 or 2
+    shards, not 4 (16 per shard); the experts, floating point, constrain nothing here."""
+    path = fixture(FLOAT_EXPERTS)
+    for num_shard in (1, 2):
+        check_quantization(None, num_shard, path)
+    check_quantization("gptq", 1, path)
+    with pytest.raises(QuantizationCheckError, match=r"--num-shard 4 .*values that work: 1, 2$"):
+        check_quantization(None, 4, path)
 
 
 def _moe_config(tmp_path: Path, **fields) -> Path:

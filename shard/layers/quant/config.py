@@ -31,7 +31,8 @@ class QuantizationConfig:
     # GPTQ: "gptq" stores zero points minus one (the original AutoGPTQ quirk); "gptq_v2" does not.
     checkpoint_format: str = "gptq"
     # Modules left in floating point: exact names or "re:" patterns (compressed-tensors `ignore`,
-    # AWQ `modules_to_not_convert` substrings are turned into patterns).
+    # GPTQ `modules_to_not_convert`; AWQ's substrings and GPTQ `dynamic`'s `-:` rules are turned
+    # into patterns).
     ignore: tuple[str, ...] = ()
 
     @property
@@ -128,20 +129,75 @@ def _gptq(raw: dict[str, Any]) -> QuantizationConfig:
             f"quantization_config.checkpoint_format = {fmt!r} is not supported "
             "(supported: gptq, gptq_v2)"
         )
-    if raw.get("dynamic"):
-        raise QuantizationConfigError(
-            "quantization_config.dynamic (per-module GPTQ settings) is not supported"
-        )
+    settings = {  # what a positive `dynamic` rule may restate
+        "bits": bits,
+        "group_size": raw.get("group_size", 128),
+        "sym": raw.get("sym", True),
+        "desc_act": raw.get("desc_act", False),
+    }
+    skipped = tuple(raw.get("modules_to_not_convert") or ())
     return QuantizationConfig(
         method="gptq",
         bits=bits,
-        group_size=_group_size(raw.get("group_size", 128), "quantization_config.group_size", bits),
+        group_size=_group_size(settings["group_size"], "quantization_config.group_size", bits),
         # Symmetric GPTQ still stores zero points (all the midpoint); they are read either way.
-        zero_point=not raw.get("sym", True),
-        desc_act=bool(raw.get("desc_act", False)),
+        zero_point=not settings["sym"],
+        desc_act=bool(settings["desc_act"]),
         checkpoint_format=fmt,
-        ignore=tuple(raw.get("modules_to_not_convert") or ()),
+        ignore=skipped + _gptq_dynamic(raw.get("dynamic"), settings),
     )
+
+
+def _gptq_dynamic(rules: Any, settings: dict[str, Any]) -> tuple[str, ...]:
+    """gptqmodel's per-module rules as `ignore` patterns. Each key is a regex over module names,
+    `-:` (leave the module unquantized), `+:` or no prefix (quantize it with the value's
+    overrides). gptqmodel decides a module by the FIRST rule, in order, whose regex matches it
+    with `re.match` (anchored at the start only; gptqmodel/quantization/config.py
+    `_resolve_dynamic_override`). A `-:` rule therefore becomes `(?:regex).*` for our
+    `re.fullmatch`, behind a guard `(?!earlier)` for every positive rule before it (a module
+    such a rule matched first is quantized). Positive rules may only restate `settings`: the
+    checkpoint has one packed layout for every quantized module."""
+    if not rules:
+        return ()
+    if not isinstance(rules, dict):
+        raise QuantizationConfigError("quantization_config.dynamic must be an object")
+    ignore: list[str] = []
+    earlier: list[str] = []  # the regexes of positive rules so far
+    for key, overrides in rules.items():
+        where = f"quantization_config.dynamic[{key!r}]"
+        regex = key[2:] if key.startswith(("-:", "+:")) else key
+        if key.startswith("-:"):
+            guards = "".join(f"(?!{p})" for p in earlier)
+            ignore.append(_compiled(f"re:{guards}(?:{regex}).*", where))
+            continue
+        _compiled(regex, where)
+        if not isinstance(overrides, dict):
+            raise QuantizationConfigError(f"{where} must be an object of settings")
+        for field, value in overrides.items():
+            if field not in settings:
+                raise QuantizationConfigError(
+                    f"{where} sets {field} = {value!r}: per-module GPTQ settings are not "
+                    "supported (only '-:' rules, which leave modules unquantized, and rules "
+                    f"that restate {', '.join(settings)})"
+                )
+            if value != settings[field]:
+                raise QuantizationConfigError(
+                    f"{where} sets {field} = {value!r}, but quantization_config.{field} is "
+                    f"{settings[field]!r}: per-module GPTQ settings are not supported (one "
+                    "packed layout for every quantized module)"
+                )
+        earlier.append(regex)
+    return tuple(ignore)
+
+
+def _compiled(pattern: str, where: str) -> str:
+    try:
+        re.compile(pattern.removeprefix("re:"))
+    except re.error as exc:
+        raise QuantizationConfigError(
+            f"{where}: not a regular expression Python reads ({exc})"
+        ) from None
+    return pattern
 
 
 def _compressed_tensors(raw: dict[str, Any]) -> QuantizationConfig:
