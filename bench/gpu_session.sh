@@ -62,6 +62,13 @@ transformers, peft; print('torch', torch.__version__, 'cuda', torch.version.cuda
 torch.cuda.get_device_name()); print('triton', triton.__version__, 'protobuf', pb.__version__, \
 'grpcio', grpc.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__); \
 import switchyard_pb.generate_pb2\""
+# The model seam's and MoE's GPU points first (issues 45 and 46): soft-capped prefill/decode,
+# partial/longrope rotary, whole new-architecture models with Triton, the fused MoE kernel
+# compiled and captured in a CUDA graph, MoE models in decode graphs; then its benchmark.
+step seam_moe_tests 150 "${PYTEST[@]}" tests/kernels/test_fused_moe.py \
+    tests/kernels/test_models_triton.py tests/shard/test_attention_softcap.py \
+    tests/shard/test_rotary_partial_longrope.py tests/shard/test_cuda_graphs.py -k "not adapter"
+step moe_bench 90 "$PY" bench/moe_kernel_gpu.py
 step graph_tests 120 "${PYTEST[@]}" tests/shard/test_cuda_graphs.py \
     tests/kernels/test_elementwise_kernels.py tests/kernels/test_kernel_decode.py \
     -k "graphs or per_sequence or elementwise"
