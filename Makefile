@@ -34,8 +34,14 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(VENV)/bin/launcher --port $(PORT)
 
+# Two pytest-xdist workers, one per core of a CI machine; each takes whole files (pyproject's
+# --dist loadfile), so a module's server starts once. With a GPU, one process (0): tests size KV
+# caches from the device's free memory and time kernels, which assumes they have it to themselves.
+# Override either way, e.g. `make test TEST_WORKERS=4`.
+TEST_WORKERS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),0,2)
+
 test: $(STAMP)
-	$(VENV_PY) -m pytest -q
+	$(VENV_PY) -m pytest -q -n $(TEST_WORKERS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -12,6 +12,7 @@ import requests
 from it_cases import PROMPTS, TINY_MODELS
 from reference import greedy
 from server_process import LauncherProcess
+from test_prefix_caching import check_shared_prefixes
 
 pytestmark = pytest.mark.slow
 LOGPROB_TOLERANCE = 1e-3
@@ -115,3 +116,13 @@ def test_seeded_sampling_is_reproducible_and_reports_its_seed(served):
     assert [t["id"] for t in unseeded["details"]["tokens"]] == [
         t["id"] for t in replay["details"]["tokens"]
     ]
+
+
+# This module's Mistral server is the one test_prefix_caching.py would start for caching on (the
+# router's default; the check fails if nothing is read from the cache): the check runs here, on
+# that server alone, rather than on a second one. An indirect parameter of the same value: pytest
+# orders this test with the module's other Mistral tests and reuses their server.
+@pytest.mark.parametrize("served", ["mistral"], indirect=True)
+def test_shared_prefixes_equal_transformers_with_caching(served):
+    server, model_dir = served
+    check_shared_prefixes(server, model_dir, caching=True)

@@ -4,6 +4,10 @@ prompt tokens from the cache.
 
 The model is the sliding-window Mistral (window 12, shorter than the shared prefixes), served
 with a small prefill budget so that prompts are chunked across 16-token blocks too.
+
+With caching on (the router's default) that server is test_generate_vs_transformers.py's Mistral
+server, flag for flag: the check runs there (test_shared_prefixes_equal_transformers_with_caching)
+rather than on a second server started the same way; this file starts the one with caching off.
 """
 
 from concurrent.futures import ThreadPoolExecutor
@@ -22,18 +26,17 @@ SYSTEM = (
 )
 
 
-@pytest.fixture(scope="module", params=["--prefix-caching", "--no-prefix-caching"])
-def served(request, tiny_model_dirs):
+@pytest.fixture(scope="module")
+def served(tiny_model_dirs):
     model_dir = tiny_model_dirs["mistral"]
-    assert TINY_MODELS["mistral"]["sliding_window"] < len(SYSTEM) // 4
     with LauncherProcess(
         model_dir,
         "--dtype", "float32",
         "--max-batch-total-tokens", "4096",
         "--max-batch-prefill-tokens", "24",
-        request.param,
+        "--no-prefix-caching",
     ) as server:  # fmt: skip
-        yield server, model_dir, request.param == "--prefix-caching"
+        yield server, model_dir
 
 
 def generate(server, prompt: str, n: int) -> tuple[dict, int]:
@@ -51,8 +54,10 @@ def check(model_dir, prompt: str, out: dict, n: int) -> None:
         assert token["logprob"] == pytest.approx(expected, abs=LOGPROB_TOLERANCE), prompt
 
 
-def test_shared_prefixes_equal_transformers_with_and_without_caching(served):
-    server, model_dir, caching = served
+def check_shared_prefixes(server, model_dir, caching: bool) -> None:
+    """Prompts sharing prefixes, one after another and at once, equal transformers; with
+    caching, later ones read their shared blocks from the cache, without it none do."""
+    assert TINY_MODELS["mistral"]["sliding_window"] < len(SYSTEM) // 4
     cached = {}
     # The same system prompt, two questions.
     for q in ("Which platform for the 9:15?", "Is the express late?"):
@@ -82,3 +87,8 @@ def test_shared_prefixes_equal_transformers_with_and_without_caching(served):
         assert all(n % 16 == 0 for n in cached.values())
     else:
         assert set(cached.values()) == {0}
+
+
+def test_shared_prefixes_equal_transformers_without_caching(served):
+    server, model_dir = served
+    check_shared_prefixes(server, model_dir, caching=False)
