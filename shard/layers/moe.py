@@ -97,10 +97,6 @@ class FusedMoE(nn.Module):
             )
         else:
             w13, w2 = _read_stacked(weights, gate_up, down, experts, cols, intermediate_size)
-        if not weights.triton:  # the platform's layout for its fused_moe (the CPU: fp32 on
-            # a CPU without native half GEMM); the Triton kernel reads the checkpoint's dtype
-            platform = platform_of(weights.device)
-            w13, w2 = platform.prepare_experts(w13), platform.prepare_experts(w2)
         return cls(
             w13,
             w2,

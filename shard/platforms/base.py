@@ -72,11 +72,6 @@ class Platform:
         """The plain [out, in] tensor behind a weight `prepare_weight` returned."""
         return weight
 
-    def prepare_experts(self, weight: torch.Tensor) -> torch.Tensor:
-        """Stacked expert weights [E, out, in] as `fused_moe` multiplies them fastest here
-        (possibly in a wider dtype; `fused_moe` rounds its output to x's dtype either way)."""
-        return weight
-
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:

@@ -48,12 +48,9 @@ def grouped_experts(
         if not count:
             continue
         stop = start + count
-        # in the weights' dtype (wider than x's where the platform holds experts widened),
-        # the gated product rounded to x's dtype as the unwidened product would be
-        rows_in = gathered[start:stop].to(w13.dtype)
-        product = linear(rows_in, w13[expert]).to(x.dtype)
+        product = linear(gathered[start:stop], w13[expert])
         hidden = _act_and_mul(product, act, swiglu)
-        results[start:stop] = linear(hidden.to(w2.dtype), w2[expert])
+        results[start:stop] = linear(hidden, w2[expert])
         start = stop
     # each row weighted in float32 and rounded once (the router has already rounded the
     # weights to the dtype where the model's reference weights in it), then summed per token

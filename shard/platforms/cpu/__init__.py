@@ -45,9 +45,6 @@ class CpuPlatform(Platform):
     ) -> torch.Tensor:
         return matmul.linear(x, weight, bias)
 
-    def prepare_experts(self, weight: torch.Tensor) -> torch.Tensor:
-        return matmul.prepare_experts(weight)
-
     def fused_moe(
         self,
         x: torch.Tensor,
@@ -57,8 +54,8 @@ class CpuPlatform(Platform):
         topk_ids: torch.Tensor,
         act: str,
     ) -> torch.Tensor:
-        # the grouped GEMMs through this CPU's matmul (experts held in fp32 where the CPU has
-        # no native half-precision GEMM: matmul.prepare_experts)
+        # the grouped GEMMs through this CPU's matmul (half-precision weights widened to fp32
+        # for the experts with rows enough, where the CPU has no native half GEMM)
         return grouped_moe.grouped_experts(
             x, w13, w2, topk_weights, topk_ids, act, swiglu=self.swiglu, linear=matmul.linear
         )

@@ -17,15 +17,12 @@ itself when the weight comes from DRAM, as every weight of a decode step does
 reorders; it computes the same sums (bf16 results are bit-identical here).
 """
 
-import logging
 from functools import cache
 
 import torch
 import torch.nn.functional as F
 
 from shard.platforms.cpu import matmul_amx
-
-log = logging.getLogger(__name__)
 
 # Below this many rows the widening costs more than the faster GEMM saves (measured on 2 AVX2
 # cores for weights from 576x576 to 49152x576).
@@ -79,28 +76,6 @@ def prepare_weight(weight: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_ROWS_HINT)
     except RuntimeError:  # oneDNN refuses the dtype on this CPU (fp16 needs AVX512-FP16)
         return weight
-
-
-def prepare_experts(weight: torch.Tensor) -> torch.Tensor:
-    """Mixture-of-Experts weights [E, out, in], widened to fp32 once at load on a CPU without
-    native half-precision GEMM. A decode step gives each expert a row or two, too few for
-    `linear` to widen per call, and torch's half GEMM at one or two rows spends its time
-    converting the whole weight on every call; held in fp32, the same product reads twice the
-    bytes and converts nothing (bench/serve.py on the Qwen3-MoE shape: docs/benchmarks.md).
-    The cost: the experts take twice their checkpoint's memory on such CPUs (logged at load)."""
-    if weight.device.type != "cpu" or not _widen_on_cpu(weight.dtype):
-        return weight
-    _log_widened_experts(weight.dtype)
-    return weight.float()
-
-
-@cache
-def _log_widened_experts(dtype: torch.dtype) -> None:
-    log.info(
-        "Mixture-of-Experts weights are held in float32 (this CPU has no native %s GEMM): "
-        "twice their checkpoint's memory, for decode steps several times faster",
-        dtype,
-    )
 
 
 def dense(weight: torch.Tensor) -> torch.Tensor:
