@@ -89,8 +89,9 @@ def test_prefill_after_cached_prefix(tiny_model):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_precision_tracks_float32(tiny_model, dtype):
-    path = tiny_model("qwen2_bias")
+@pytest.mark.parametrize("name", ["qwen2_bias", "qwen2_moe_shared_dense"])
+def test_half_precision_tracks_float32(tiny_model, dtype, name):
+    path = tiny_model(name)
     ours = load_model(path, dtype=dtype, device=CPU, dist=Distributed())
     assert all(p.dtype == dtype for p in ours.parameters())
     assert all(c.dtype == dtype for c in ours.allocate_kv_cache(2, 16))
