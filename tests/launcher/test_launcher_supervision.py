@@ -134,6 +134,7 @@ EXIT_AFTER_DEATH_S = 2.0
 
 
 @pytest.mark.parametrize("num_shard", [1, 2])
+@pytest.mark.serial  # a time goal: run alone, after the parallel part of `make test`
 def test_shard_death_exits_within_2_s_with_one_line_then_its_last_log_lines(
     model_dir, sock_prefix, standin_env, num_shard
 ):
