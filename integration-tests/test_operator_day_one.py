@@ -136,3 +136,15 @@ def test_two_shards_one_dies_mid_request(tiny_model_dirs):
     assert "failed on shard" in body["error"] and "gloo" not in r.text and "Error" not in r.text
     detail = [line for line in log.splitlines() if body["request_id"] in line]
     assert detail and "failed on shard" in detail[0], log
+
+
+def test_the_router_killed_stops_the_shards_within_2_s(first):
+    # Last in the module: it ends the shared server.
+    shard = first.child_pid("shard 0")
+    elapsed = kill_and_time_exit(first, "router")
+    log = first.log_text()
+    assert first.proc.returncode == 1, log
+    assert elapsed < EXIT_AFTER_DEATH_S, f"exit {elapsed:.2f} s after the kill\n{log}"
+    assert_death_report(log, "router")
+    with pytest.raises(ProcessLookupError):
+        os.kill(shard, 0)

@@ -34,6 +34,10 @@ ROUTER_INT_FLAGS = (
     "max_waiting_tokens",
     "max_batch_size",
     "payload_limit",
+    "max_stop_sequence_length",
+    "max_grammar_size",
+    "max_header_size",
+    "max_headers",
 )
 
 
@@ -69,11 +73,16 @@ class LauncherConfig:
     max_stop_sequences: int | None
     max_best_of: int | None
     waiting_served_ratio: float | None
+    shard_step_timeout: float | None
     max_waiting_tokens: int | None
     max_batch_size: int | None
     prefill_chunking: bool | None
     prefix_caching: bool | None
     payload_limit: int | None
+    max_stop_sequence_length: int | None
+    max_grammar_size: int | None
+    max_header_size: int | None
+    max_headers: int | None
     max_top_n_tokens: int | None
     api_key: str | None  # handed to the router in its environment, never on its command line
     cors_allow_origin: tuple[str, ...] | None
@@ -212,6 +221,13 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ROUTER_INT_FLAGS:
         r.add_argument("--" + name.replace("_", "-"), type=_positive_int, default=None)
     r.add_argument("--waiting-served-ratio", type=_bounded(float, 0.0), default=None)
+    r.add_argument(
+        "--shard-step-timeout",
+        type=_bounded(float, 0.0),
+        default=None,
+        help="seconds a decode step may take before the shards are declared hung and the server "
+        "stops, scaled up for prefills and the first steps (router default: 60; 0: never)",
+    )
     r.add_argument("--max-top-n-tokens", type=_bounded(int, 0), default=None)
     r.add_argument(
         "--prefill-chunking",

@@ -118,7 +118,12 @@ def router_spec(
         "--served-model-name",
         served_name,
     ]
-    for name in (*ROUTER_INT_FLAGS, "waiting_served_ratio", "max_top_n_tokens"):
+    for name in (
+        *ROUTER_INT_FLAGS,
+        "waiting_served_ratio",
+        "shard_step_timeout",
+        "max_top_n_tokens",
+    ):
         value = getattr(cfg, name)
         if value is not None:
             argv += [_flag(name), str(value)]

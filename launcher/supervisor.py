@@ -67,6 +67,21 @@ def describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
+# How the router states why it gave up, last on its stderr (router/__main__.py): e.g. which
+# shard stopped answering a step.
+ROUTER_ERROR = "router: error: "
+# The router's exit status then (router/__main__.py: EXIT_SHARDS_LOST).
+ROUTER_SHARDS_LOST = 4
+
+
+def router_reason(router: Child) -> str:
+    """': <why>' from the router's last error line, or '' when it wrote none."""
+    for line in reversed(router.tail(5)):
+        if line.startswith(ROUTER_ERROR):
+            return ": " + line.removeprefix(ROUTER_ERROR)
+    return ""
+
+
 def format_tail(child: Child, n: int) -> str:
     lines = child.tail(n)
     if not lines:
@@ -188,7 +203,10 @@ class Supervisor:
             when = "before it became ready" if during_startup else "unexpectedly"
             error = StartupFailed if during_startup else ChildExited
             # Even exit code 0 is a failure: a server process has no reason to finish on its own.
-            raise error(f"{child.name} {describe_exit(code)} {when}", blame=[child])
+            summary = f"{child.name} {describe_exit(code)} {when}"
+            if child is self._router and code == ROUTER_SHARDS_LOST:
+                summary += router_reason(child)
+            raise error(summary, blame=[child])
 
     def _stop_children(self, grace_s: float, *, all_at_once: bool) -> None:
         # A requested stop takes the router first, so it stops taking requests before the shards

@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass, field
 
 from router.adapters import AdapterSpecError, LoraAdapter, parse_adapters
+from router.api.fields import MAX_MODEL_NAME_CHARS
+from router.step_deadlines import DEFAULT_STEP_TIMEOUT_S
 
 # The launcher hands the API key over in the environment, not on a command line that `ps` and
 # the launcher's own log would show.
@@ -19,6 +21,17 @@ API_KEY_ENV = "SWITCHYARD_API_KEY"
 DEFAULT_PAYLOAD_LIMIT = 2_000_000
 # Distinct LoRA adapters the shards hold on the device at once (the launcher's default too).
 DEFAULT_MAX_LORAS = 4
+# Input bounds beyond TGI's flags (docs/architecture.md, "Bounded input").
+# Every step scans a window as long as the longest stop sequence: one request must not make every
+# step of the batch slow (TGI has no such bound; no real stop sequence comes close).
+DEFAULT_MAX_STOP_SEQUENCE_LENGTH = 1024
+# A grammar's text in bytes (a JSON schema as JSON, a regex, the choices). OpenAI bounds a schema
+# at 5000 properties and 120,000 characters of names and enum values; a 300 KB schema compiles in
+# about 0.5 s on a CPU core, and llguidance refuses schemas past about 600 KB itself.
+DEFAULT_MAX_GRAMMAR_SIZE = 256 * 1024
+# aiohttp's own: the request line and each header field (nginx's buffer is 8 KiB too).
+DEFAULT_MAX_HEADER_SIZE = 8190
+DEFAULT_MAX_HEADERS = 128  # aiohttp's (hyper, under TGI, allows 100)
 
 
 @dataclass(frozen=True)
@@ -36,6 +49,9 @@ class RouterArgs:
     max_best_of: int = 2
     waiting_served_ratio: float = 0.3
     max_waiting_tokens: int = 20
+    # Seconds a decode step may take before the shards are declared hung; scaled per step
+    # (router/step_deadlines.py). 0 on the command line: never.
+    shard_step_timeout: float | None = DEFAULT_STEP_TIMEOUT_S
     max_batch_size: int | None = None
     prefill_chunking: bool = True
     prefill_chunk_tokens: int | None = None
@@ -43,6 +59,10 @@ class RouterArgs:
     prefix_caching: bool = True
     max_top_n_tokens: int = 5
     payload_limit: int = DEFAULT_PAYLOAD_LIMIT
+    max_stop_sequence_length: int = DEFAULT_MAX_STOP_SEQUENCE_LENGTH
+    max_grammar_size: int = DEFAULT_MAX_GRAMMAR_SIZE
+    max_header_size: int = DEFAULT_MAX_HEADER_SIZE
+    max_headers: int = DEFAULT_MAX_HEADERS
     api_key: str | None = None
     cors_allow_origin: tuple[str, ...] = field(default_factory=tuple)
     served_model_name: str | None = None
@@ -99,6 +119,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--waiting-served-ratio", type=_non_negative_float, default=0.3)
     p.add_argument("--max-waiting-tokens", type=_non_negative_int, default=20)
     p.add_argument(
+        "--shard-step-timeout",
+        type=_non_negative_float,
+        default=DEFAULT_STEP_TIMEOUT_S,
+        help="seconds a decode step may take before the shards are declared hung and the server "
+        "stops (503 on /health, an error to every request); one more such budget per 1024 "
+        "prompt tokens in the step, and 10x for the first 10 steps; 0: never (default: "
+        f"{DEFAULT_STEP_TIMEOUT_S:g})",
+    )
+    p.add_argument(
         "--max-batch-size", type=_positive_int, default=None, help="requests per batch (unbounded)"
     )
     p.add_argument(
@@ -126,6 +155,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-top-n-tokens", type=_non_negative_int, default=5)
     p.add_argument(
         "--payload-limit", type=_positive_int, default=DEFAULT_PAYLOAD_LIMIT, help="bytes"
+    )
+    p.add_argument(
+        "--max-stop-sequence-length",
+        type=_positive_int,
+        default=DEFAULT_MAX_STOP_SEQUENCE_LENGTH,
+        help="characters of one stop sequence",
+    )
+    p.add_argument(
+        "--max-grammar-size",
+        type=_positive_int,
+        default=DEFAULT_MAX_GRAMMAR_SIZE,
+        help="bytes of a structured-output grammar (a JSON schema as JSON text, a regex, the "
+        "choices)",
+    )
+    p.add_argument(
+        "--max-header-size",
+        type=_positive_int,
+        default=DEFAULT_MAX_HEADER_SIZE,
+        help="bytes of the request line and of each header field (else 431)",
+    )
+    p.add_argument(
+        "--max-headers",
+        type=_positive_int,
+        default=DEFAULT_MAX_HEADERS,
+        help="header fields in one request (else 431)",
     )
     p.add_argument(
         "--api-key",
@@ -184,8 +238,12 @@ def parse_args(argv: list[str] | None = None) -> RouterArgs:
     if values["enable_lora_runtime_loading"] and values["lora_dir"] is None:
         # Without it any file of the host could be handed to the shards to read.
         parser.error("--enable-lora-runtime-loading needs --lora-dir DIR (where adapters may be)")
+    if len(model_name) > MAX_MODEL_NAME_CHARS:  # OpenAI's `model` could not name it
+        parser.error(f"the served model name must be at most {MAX_MODEL_NAME_CHARS} characters")
     if values["max_batch_total_tokens"] == 0:
         values["max_batch_total_tokens"] = None
+    if values["shard_step_timeout"] == 0:
+        values["shard_step_timeout"] = None
     if values["api_key"] is None:
         values["api_key"] = os.environ.get(API_KEY_ENV) or None
     origins = [o.strip() for arg in values["cors_allow_origin"] or [] for o in arg.split(",")]

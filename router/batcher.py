@@ -21,18 +21,20 @@ from dataclasses import dataclass
 
 from router.adapters import LiveAdapters
 from router.block_allocator import BlockAllocator
-from router.client import ShardClient
+from router.client import ShardClient, ShardsLost
 from router.entry import Entry
 from router.errors import (
     GenerationError,
     IncompleteGenerationError,
     RouterError,
+    ServerStoppingError,
     internal_failure,
 )
 from router.metrics import Metrics
 from router.policies import ChunkedPolicy, SchedulingPolicy, WholePromptPolicy
 from router.queue import Queue
 from router.results import Results
+from router.step_deadlines import DEFAULT_STEP_TIMEOUT_S, StepDeadlines
 from router.step_trace import StepTrace
 from router.tokenizer import Tokenizer
 from switchyard_pb import generate_pb2 as pb
@@ -53,6 +55,8 @@ class SchedulerConfig:
     prefill_chunking: bool = True
     prefill_chunk_tokens: int | None = None  # None: max_batch_prefill_tokens
     max_loras: int = 4  # distinct LoRA adapters live on the shards at once (router/adapters.py)
+    # --shard-step-timeout (router/step_deadlines.py); None: steps are never timed out.
+    shard_step_timeout: float | None = DEFAULT_STEP_TIMEOUT_S
 
 
 class Batcher:
@@ -85,6 +89,7 @@ class Batcher:
         # Held for each step, never while waiting for work: whoever holds it between steps sees
         # the shards' cached batches hold exactly `entries` (a runtime adapter unload needs that).
         self.between_steps = asyncio.Lock()
+        self.deadlines = StepDeadlines(config.shard_step_timeout)
 
     # -- loop ---------------------------------------------------------------------------------
 
@@ -101,7 +106,7 @@ class Batcher:
     async def _guarded_step(self) -> None:
         try:
             await self.step()
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, ShardsLost):
             raise
         except Exception as err:  # a bug must cost its batch, never the server
             log.exception(
@@ -185,11 +190,14 @@ class Batcher:
         ids = [rid for b in cached_batches for rid in b.request_ids] + [e.id for e in entries]
         masks = await self._token_masks(ids)
         self.metrics.step_started("prefill")
-        self._trace_begin("prefill", ids, chunks, len(entries))
+        tokens = self._trace_begin("prefill", ids, chunks, len(entries))
         try:
-            response = await self.client.prefill(batch, cached_batches, chunks or {}, masks)
+            response = await self.client.prefill(
+                batch, cached_batches, chunks or {}, masks, self.deadlines.next_step(tokens)
+            )
         except Exception as err:
             self.trace.failed()
+            self._lost_if_fatal(err)
             # Every request of the step fails, like a failed Decode: the shards' copy of the
             # cached batch can no longer be trusted.
             self._fail_internal(f"prefill of batch {batch.id}", ids, err)
@@ -217,11 +225,14 @@ class Batcher:
         ids = [rid for b in batches for rid in b.request_ids]
         masks = await self._token_masks(ids)
         self.metrics.step_started("decode")
-        self._trace_begin("decode", ids, chunks, 0)
+        tokens = self._trace_begin("decode", ids, chunks, 0)
         try:
-            response = await self.client.decode(batches, chunks or {}, masks)
+            response = await self.client.decode(
+                batches, chunks or {}, masks, self.deadlines.next_step(tokens)
+            )
         except Exception as err:
             self.trace.failed()
+            self._lost_if_fatal(err)
             self._fail_internal(f"decode of batches {[b.id for b in batches]}", ids, err)
             for b in batches:
                 await self._clear(b.id)
@@ -255,9 +266,10 @@ class Batcher:
 
     def _trace_begin(
         self, kind: str, ids: Sequence[int], chunks: dict[int, int] | None, new: int
-    ) -> None:
+    ) -> int:
         """A step's shape for the timeline: rows still in their prompt compute their chunk
-        (default: the rest of it), the others decode one token."""
+        (default: the rest of it), the others decode one token. Returns the tokens it
+        computes."""
         prefill_tokens = decode_rows = 0
         for rid in ids:
             entry = self.entries.get(rid)
@@ -269,6 +281,7 @@ class Batcher:
             else:
                 decode_rows += 1
         self.trace.begin(kind, prefill_tokens, decode_rows, new)
+        return prefill_tokens + decode_rows
 
     def _record_prompt_progress(self, chunks: dict[int, int] | None, started: list[Entry]) -> None:
         """What the shards computed of each prompt: the chunks, else the started prompts whole."""
@@ -311,20 +324,23 @@ class Batcher:
         keep = [rid for rid in cached.request_ids if rid in self.entries]
         if len(keep) == len(cached.request_ids):
             return cached
+        deadline = self.deadlines.between_steps_s
         try:
             if not keep:
-                await self.client.clear_cache(cached.id)
+                await self.client.clear_cache(cached.id, deadline)
                 return None
-            return await self.client.filter_batch(cached.id, keep)
+            return await self.client.filter_batch(cached.id, keep, deadline)
         except Exception as err:
+            self._lost_if_fatal(err)
             self._fail_internal(f"filtering batch {cached.id}", keep, err)
             await self._clear(cached.id)
             return None
 
     async def _clear(self, batch_id: int | None) -> None:
         try:
-            await self.client.clear_cache(batch_id)
+            await self.client.clear_cache(batch_id, self.deadlines.between_steps_s)
         except Exception as err:  # the shard may be gone; its requests already failed
+            self._lost_if_fatal(err)
             log.warning("ClearCache(%s) failed: %s", batch_id, err)
 
     # -- results ------------------------------------------------------------------------------
@@ -392,6 +408,24 @@ class Batcher:
                     self.metrics.request_failed(error.error_type)
                 entry.fail(error)
                 self._release(entry)
+
+    def _lost_if_fatal(self, err: BaseException) -> None:
+        """When the shards can no longer serve (a step past its deadline, a shard that stopped
+        itself): every request fails, now and from here on, and the loop ends with ShardsLost
+        (router/infer.py stops the router, the launcher the pod)."""
+        if not isinstance(err, ShardsLost):
+            return
+        log.error(
+            "the shards can no longer serve: %s%s; failing request(s) %s and stopping",
+            err, f" ({err.detail})" if err.detail else "", self._request_ids(self.entries),
+        )  # fmt: skip
+        self.queue.closed = ServerStoppingError(f"the server is stopping: {err}")
+        error = GenerationError(f"{err}; the server is stopping")
+        self._fail(list(self.entries), error)
+        for entry in self.queue.drain():
+            entry.fail(error)
+        self.running = None
+        raise err
 
     async def _reset(self, error: RouterError) -> None:
         self._fail(list(self.entries), error)

@@ -30,6 +30,9 @@ CHANNEL_OPTIONS = [
 class ShardError(Exception):
     """An RPC failed on at least one shard."""
 
+    # The shards cannot go on serving (ShardsLost); else the failure costs its batch only.
+    fatal = False
+
     def __init__(self, method: str, rank: int, cause: BaseException) -> None:
         detail = cause.details() if isinstance(cause, grpc.aio.AioRpcError) else str(cause)
         super().__init__(f"{method} failed on shard {rank}: {detail or type(cause).__name__}")
@@ -38,6 +41,26 @@ class ShardError(Exception):
         self.cause = cause
         # What the client is told; the cause (e.g. gloo's RuntimeError text) goes to the log.
         self.summary = f"{method} failed on shard {rank}"
+
+
+class ShardsLost(ShardError):
+    """A shard stopped itself (ABORTED: its forward pass failed with several ranks, which may
+    no longer be in step), or a step did not finish within its deadline: nothing more can be
+    served, and the router stops (router/batcher.py)."""
+
+    fatal = True
+
+    def __init__(self, method: str, rank: int, reason: str, detail: str = "") -> None:
+        Exception.__init__(self, reason)
+        self.method = method
+        self.rank = rank
+        self.cause = None
+        self.summary = reason  # for clients too
+        self.detail = detail  # the shard's own words, for the log only
+
+
+def _stopped_itself(error: BaseException) -> bool:
+    return isinstance(error, grpc.aio.AioRpcError) and error.code() == grpc.StatusCode.ABORTED
 
 
 def _as_target(url: str) -> str:
@@ -101,6 +124,71 @@ class ShardClient:
                 raise ShardError(method, rank, result) from result
         return results
 
+    async def _step(self, method: str, request, deadline_s: float | None) -> list:
+        """A call that runs on the shards' torch threads, bounded by `deadline_s` (None: none).
+
+        Waits for every shard (they step in lock-step), but not past the deadline, nor once a
+        shard has stopped itself: its peers may never answer then (ShardsLost)."""
+        calls = {
+            asyncio.ensure_future(getattr(s, method)(request)): r for r, s in enumerate(self._stubs)
+        }
+        pending = set(calls)
+        loop = asyncio.get_running_loop()
+        end = None if deadline_s is None else loop.time() + deadline_s
+        try:
+            while pending:
+                left = None if end is None else max(0.0, end - loop.time())
+                done, pending = await asyncio.wait(
+                    pending, timeout=left, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not done:
+                    ranks = sorted(calls[c] for c in pending)
+                    raise ShardsLost(method, ranks[0], await self._hang(method, ranks, deadline_s))
+                for call in done:
+                    error = call.exception()
+                    if error is not None and _stopped_itself(error):
+                        rank = calls[call]
+                        reason = (
+                            f"{method} failed on shard {rank}, which stopped: with several "
+                            "shards, the ranks may no longer be in step"
+                        )
+                        raise ShardsLost(method, rank, reason, error.details())
+        finally:
+            for call in pending:
+                call.cancel()
+        return await self._every_result(method, list(calls))
+
+    @staticmethod
+    async def _every_result(method: str, calls: list[asyncio.Future]) -> list:
+        for rank, call in enumerate(calls):
+            error = call.exception()
+            if error is not None:
+                raise ShardError(method, rank, error) from error
+        return [call.result() for call in calls]
+
+    async def _hang(self, method: str, ranks: list[int], deadline_s: float | None) -> str:
+        """Names the shards a step waits for, and which of them no longer answer at all (a
+        stopped or frozen process) rather than only the step (a step that never returns, or
+        a collective waiting for a peer that does)."""
+
+        async def answers(rank: int) -> bool:
+            try:
+                await self._stubs[rank].Health(pb.HealthRequest(), timeout=1.0)
+            except Exception:
+                return False
+            return True
+
+        alive = await asyncio.gather(*(answers(r) for r in ranks))
+        silent = [r for r, ok in zip(ranks, alive, strict=True) if not ok]
+        which = ", ".join(map(str, ranks))
+        reason = (
+            f"{method} did not finish within {round(deadline_s or 0, 1):g} s on shard(s) {which}"
+        )
+        if silent:
+            named = ", ".join(map(str, silent))
+            return f"{reason}; shard(s) {named} do not answer Health either (stopped or frozen)"
+        return f"{reason}; they still answer Health: a step that never returns"
+
     async def _outcomes(
         self, method: str, request, ranks: Sequence[int] | None = None
     ) -> dict[int, ShardError | None]:
@@ -142,6 +230,7 @@ class ShardClient:
         cached_batches: Sequence[pb.CachedBatch] = (),
         chunks: Mapping[int, int] | None = None,
         token_masks: Mapping[int, bytes] | None = None,
+        deadline_s: float | None = None,
     ) -> pb.PrefillResponse:
         request = pb.PrefillRequest(
             batch=batch,
@@ -149,7 +238,7 @@ class ShardClient:
             prefill_chunks=chunks or {},
             token_masks=token_masks or {},
         )
-        answers = await self._every("Prefill", request)
+        answers = await self._step("Prefill", request, deadline_s)
         check_agreement("Prefill", answers)  # a divergence fails the batch: 424, ClearCache
         return answers[0]
 
@@ -158,18 +247,23 @@ class ShardClient:
         batches: Sequence[pb.CachedBatch],
         chunks: Mapping[int, int] | None = None,
         token_masks: Mapping[int, bytes] | None = None,
+        deadline_s: float | None = None,
     ) -> pb.DecodeResponse:
         request = pb.DecodeRequest(
             batches=list(batches), prefill_chunks=chunks or {}, token_masks=token_masks or {}
         )
-        answers = await self._every("Decode", request)
+        answers = await self._step("Decode", request, deadline_s)
         check_agreement("Decode", answers)
         return answers[0]
 
-    async def filter_batch(self, batch_id: int, request_ids: Sequence[int]) -> pb.CachedBatch:
+    async def filter_batch(
+        self, batch_id: int, request_ids: Sequence[int], deadline_s: float | None = None
+    ) -> pb.CachedBatch:
         req = pb.FilterBatchRequest(batch_id=batch_id, request_ids=list(request_ids))
-        return (await self._all("FilterBatch", req)).batch
+        return (await self._step("FilterBatch", req, deadline_s))[0].batch
 
-    async def clear_cache(self, batch_id: int | None = None) -> None:
+    async def clear_cache(
+        self, batch_id: int | None = None, deadline_s: float | None = None
+    ) -> None:
         req = pb.ClearCacheRequest() if batch_id is None else pb.ClearCacheRequest(id=batch_id)
-        await self._all("ClearCache", req)
+        await self._step("ClearCache", req, deadline_s)

@@ -119,8 +119,16 @@ class UnhealthyError(RouterError):
     status = 503
     error_type = "healthcheck"
 
-    def __init__(self) -> None:
-        super().__init__("unhealthy")
+    def __init__(self, reason: str = "unhealthy") -> None:
+        super().__init__(reason)
+
+
+class ServerStoppingError(RouterError):
+    """The shards can no longer serve (one hung, or stopped itself): the router is stopping, and
+    the launcher will restart nothing; the orchestrator restarts the pod."""
+
+    status = 503
+    error_type = "unavailable"
 
 
 class UnauthorizedError(RouterError):
@@ -143,6 +151,14 @@ class PayloadTooLargeError(RouterError):
         super().__init__(
             f"Payload too large: the request body exceeds {limit} bytes (--payload-limit)"
         )
+
+
+class HeaderTooLargeError(RouterError):
+    """A request line or header past --max-header-size bytes, or more header fields than
+    --max-headers (431, RFC 6585), refused by the HTTP parser before any route runs."""
+
+    status = 431
+    error_type = "header_too_large"
 
 
 class UnsupportedMediaTypeError(RouterError):

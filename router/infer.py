@@ -16,7 +16,7 @@ from router.adapters import AdapterRegistry
 from router.args import RouterArgs
 from router.batcher import Batcher, SchedulerConfig
 from router.block_allocator import BlockAllocator
-from router.client import ShardClient
+from router.client import ShardClient, ShardsLost
 from router.generations import ConcurrencyLimit, Generations, ModelInfo, stop_token_ids
 from router.limits import RESERVED_BLOCKS, Limits
 from router.lora_runtime import LoraRuntime
@@ -69,6 +69,8 @@ class Infer:
                 max_best_of=args.max_best_of,
                 max_top_n_tokens=args.max_top_n_tokens,
                 vocab_size=model.vocab_size,
+                max_stop_sequence_length=args.max_stop_sequence_length,
+                max_grammar_size=args.max_grammar_size,
             ),
             self.adapters,
             Grammars(tokenizer.decoder, stop_token_ids(model, tokenizer)),
@@ -103,6 +105,7 @@ class Infer:
                 prefill_chunking=args.prefill_chunking,
                 prefill_chunk_tokens=limits.prefill_chunk_tokens,
                 max_loras=args.max_loras,
+                shard_step_timeout=args.shard_step_timeout,
             ),
             self.metrics,
         )
@@ -114,10 +117,25 @@ class Infer:
         )
         self.started_at = int(time.time())  # OpenAI's `created` of the model
         self._task: asyncio.Task[None] | None = None
+        # Why the shards can no longer serve (None: they can); `lost` is set with it.
+        self.failure: str | None = None
+        self.lost = asyncio.Event()
 
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self.batcher.run_forever())
+            self._task.add_done_callback(self._scheduler_ended)
+
+    def _scheduler_ended(self, task: asyncio.Task[None]) -> None:
+        """The loop only ends on its own when the shards are lost (router/batcher.py): from then
+        on /health answers 503 and the router stops (router/server.py)."""
+        if task.cancelled():
+            return
+        error = task.exception()
+        self.failure = str(error) if error is not None else "the scheduler stopped"
+        if not isinstance(error, ShardsLost):
+            log.error("the scheduler stopped", exc_info=error)
+        self.lost.set()
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -126,6 +144,8 @@ class Infer:
                 await self._task
             except asyncio.CancelledError:
                 pass
+            except ShardsLost:
+                pass  # already reported: self.failure
             self._task = None
 
     @property
@@ -160,6 +180,8 @@ class Infer:
         return {"switchyard_prefix_cache_evictions": cache.evictions if cache else 0}
 
     async def healthy(self) -> bool:
+        if self.failure is not None:
+            return False
         try:
             await self.client.health()
         except Exception as err:

@@ -14,6 +14,8 @@ from router.errors import AdapterRequestError
 
 # What shard/lora/adapter.py opens inside an adapter's directory.
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
+# Linux's PATH_MAX (4096) less the terminating NUL: no longer path can be opened.
+MAX_LORA_PATH_BYTES = 4095
 
 
 def _inside(path: str, root: str) -> bool:
@@ -26,6 +28,11 @@ def resolve_lora_path(lora_path: object, lora_dir: str) -> str:
     `lora_dir` is already a real path (router/args.py resolves it)."""
     if not isinstance(lora_path, str) or not lora_path:
         raise AdapterRequestError("`lora_path` must be a non-empty string")
+    size = len(lora_path.encode("utf-8", "surrogatepass"))
+    if size > MAX_LORA_PATH_BYTES:  # before any message below echoes it
+        raise AdapterRequestError(
+            f"`lora_path` must be at most {MAX_LORA_PATH_BYTES} bytes (PATH_MAX). Given: {size}"
+        )
     try:
         real = os.path.realpath(os.path.join(lora_dir, lora_path))
     except ValueError:  # an embedded NUL byte

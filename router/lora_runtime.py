@@ -30,6 +30,7 @@ from router.client import ShardError
 from router.errors import AdapterNotFoundError, AdapterRequestError, RouterError
 from router.keyed_lock import KeyedLock
 from router.lora_paths import resolve_lora_path
+from shard.lora.names import MAX_ADAPTER_NAME_CHARS
 
 if TYPE_CHECKING:
     from router.infer import Infer
@@ -43,6 +44,10 @@ UNLOAD_POLL_S = 0.02
 def lora_name(value: object) -> str:
     if not isinstance(value, str) or not value:
         raise AdapterRequestError("`lora_name` must be a non-empty string")
+    if len(value) > MAX_ADAPTER_NAME_CHARS:  # also on unload, whose 404 would echo it
+        raise AdapterRequestError(
+            f"`lora_name` must be at most {MAX_ADAPTER_NAME_CHARS} characters. Given: {len(value)}"
+        )
     return value
 
 

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from router.adapters import AdmissionGate
 from router.block_allocator import BlockAllocator
 from router.entry import Entry
+from router.errors import RouterError
 from router.prefix_cache import reusable_prompt
 
 
@@ -24,6 +25,8 @@ class Queue:
     def __init__(self) -> None:
         self._entries: deque[Entry] = deque()
         self._arrived = asyncio.Event()
+        # Set once nothing more can be served (the shards are lost): new requests get it.
+        self.closed: RouterError | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -32,6 +35,8 @@ class Queue:
         return iter(self._entries)
 
     def append(self, entry: Entry) -> None:
+        if self.closed is not None:
+            raise self.closed
         self._entries.append(entry)
         self._arrived.set()
 

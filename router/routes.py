@@ -14,7 +14,7 @@ from router.api.chat import ChatRequest
 from router.api.lora import LoadLoraAdapter, UnloadLoraAdapter
 from router.api.openai import CompletionRequest
 from router.api.tgi import GenerateRequest, TokenizeRequest
-from router.handlers.debug import debug_steps
+from router.handlers.debug import MAX_STEP, debug_steps
 from router.handlers.generate import generate
 from router.handlers.lora_admin import load_lora_adapter, unload_lora_adapter
 from router.handlers.misc import (
@@ -71,6 +71,6 @@ ROUTES = (
     Route("GET", "/metrics", metrics, "Prometheus metrics", "Server", answers=(TEXT,)),
     Route("GET", "/debug/steps", debug_steps, "The scheduler's step timeline", "Server",
           query=({"name": "since", "in": "query", "required": False,
-                  "schema": {"type": "integer", "minimum": 0}},)),
+                  "schema": {"type": "integer", "minimum": 0, "maximum": MAX_STEP}},)),
     Route("GET", "/openapi.json", openapi_json, "This document", "Server"),
 )  # fmt: skip

@@ -21,11 +21,15 @@ from router.errors import (
 )
 from router.handlers.common import GENERATIONS, INFER, error_response
 from router.handlers.misc import OPENAPI
+from router.http_refusals import RouterRunner, handler_args
 from router.infer import Infer
 from router.request_ids import add_request_id_header, request_id
 from router.routes import ROUTES
 
 log = logging.getLogger(__name__)
+
+# After the shards are lost: how long the failed requests' handlers get to answer.
+LOST_FLUSH_S = 0.5
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 GENERATE_PATHS = frozenset(
@@ -73,7 +77,11 @@ def create_app(infer: Infer) -> web.Application:
     if cors is not None:
         middlewares.insert(0, cors.preflight)
     # aiohttp refuses a body of client_max_size bytes or more; the limit itself is allowed.
-    app = web.Application(middlewares=middlewares, client_max_size=args.payload_limit + 1)
+    app = web.Application(
+        middlewares=middlewares,
+        client_max_size=args.payload_limit + 1,
+        handler_args=handler_args(args),  # header limits: served by RouterRunner they are JSON
+    )
     app.on_response_prepare.append(add_request_id_header)
     if cors is not None:
         app.on_response_prepare.append(cors.add_headers)
@@ -97,11 +105,12 @@ def create_app(infer: Infer) -> web.Application:
     return app
 
 
-async def serve(app: web.Application, host: str, port: int) -> None:
-    """Serves until SIGINT or SIGTERM, then shuts down cleanly."""
+async def serve(app: web.Application, host: str, port: int) -> str | None:
+    """Serves until SIGINT or SIGTERM, then shuts down cleanly; or until the shards are lost
+    (router/infer.py), when it returns why, once every client has had its error."""
     # handler_cancellation: a vanished /generate client cancels its handler, so its request
     # is dropped at the next step instead of running to max_new_tokens.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = RouterRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
@@ -110,8 +119,20 @@ async def serve(app: web.Application, host: str, port: int) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    infer = app[INFER]
+    stopped = asyncio.ensure_future(stop.wait())
+    lost = asyncio.ensure_future(infer.lost.wait())
     try:
-        await stop.wait()
-        log.info("shutting down")
+        await asyncio.wait({stopped, lost}, return_when=asyncio.FIRST_COMPLETED)
+        if infer.failure is None:
+            log.info("shutting down")
+            return None
+        log.error("stopping: %s", infer.failure)
+        # The failed requests' handlers are awake; let them write their errors (a stream's
+        # last event) before the connections close.
+        await asyncio.sleep(LOST_FLUSH_S)
+        return infer.failure
     finally:
+        stopped.cancel()
+        lost.cancel()
         await runner.cleanup()

@@ -72,9 +72,15 @@ class Grammars:
                 grammar = llguidance.LLMatcher.grammar_from_regex(spec.value)
             else:
                 grammar = llguidance.LLMatcher.grammar_from_lark(spec.value)
-        except ValueError as err:
+            matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
+        except ValueError as err:  # llguidance's refusal, its own limits included
             raise ValidationError(f"`{spec.field}` is not valid: {err}") from None
-        matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
+        except Exception as err:
+            # Still about this grammar, which the client wrote: its error, not the server's.
+            log.warning("llguidance failed on a grammar (%s)", spec.field, exc_info=True)
+            raise ValidationError(
+                f"`{spec.field}` cannot be compiled by llguidance ({type(err).__name__})"
+            ) from None
         # Some grammars fail only when asked for a first token (a regex no text matches): that
         # is the caller's error too, found now rather than as a failed generation. The mask is
         # every request's first one, kept for its first step.

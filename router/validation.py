@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from router.adapters import AdapterRegistry
+from router.args import DEFAULT_MAX_GRAMMAR_SIZE, DEFAULT_MAX_STOP_SEQUENCE_LENGTH
 from router.errors import ValidationError
 from router.request import GenerationRequest, SamplingParams, ValidRequest
 from router.structured import CompiledGrammar, Grammars
@@ -30,6 +31,8 @@ DEFAULT_GENERATION_LENGTH = 1024
 # logits / temperature overflow to inf (NaN probabilities) for the smallest temperatures.
 GREEDY_BELOW_TEMPERATURE = 1e-5
 MAX_TOP_N_TOKENS = 5
+# What a grammar's size is measured on, by GrammarSpec.kind.
+_GRAMMAR_TEXT = {"json": "JSON text", "regex": "a regex", "lark": "a grammar"}
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,8 @@ class ValidationLimits:
     max_best_of: int = 2
     max_top_n_tokens: int = MAX_TOP_N_TOKENS
     vocab_size: int | None = None  # the model's logits; None: token ids are not checked
+    max_stop_sequence_length: int = DEFAULT_MAX_STOP_SEQUENCE_LENGTH  # characters
+    max_grammar_size: int = DEFAULT_MAX_GRAMMAR_SIZE  # bytes
 
 
 def _reject_constant(name: str) -> Any:
@@ -106,6 +111,12 @@ class Validator:
             raise ValidationError(
                 f"`stop` supports up to {lim.max_stop_sequences} stop sequences. Given: {len(stop)}"
             )
+        longest = max(map(len, stop), default=0)
+        if longest > lim.max_stop_sequence_length:
+            raise ValidationError(
+                f"`stop` sequences must be at most {lim.max_stop_sequence_length} characters "
+                f"long. Given: {longest}"
+            )
         top_n = request.top_n_tokens
         if top_n is not None and not 0 <= top_n <= lim.max_top_n_tokens:
             raise ValidationError(
@@ -147,6 +158,12 @@ class Validator:
             return None
         if self.grammars is None:
             raise ValidationError(f"`{spec.field}` is not supported by this server")
+        size, limit = len(spec.value.encode()), self.limits.max_grammar_size
+        if size > limit:  # compiling takes time and memory that grow with it
+            raise ValidationError(
+                f"`{spec.field}` must be at most {limit} bytes as {_GRAMMAR_TEXT[spec.kind]}. "
+                f"Given: {size}"
+            )
         # A large schema takes a while to build (llguidance releases the GIL meanwhile).
         return await asyncio.to_thread(self.grammars.compile, spec)
 
@@ -166,9 +183,9 @@ class Validator:
 
     async def _input_ids(self, request: GenerationRequest) -> list[int]:
         name, limit = request.names.inputs, self.limits.max_input_tokens
+        vocab = self.limits.vocab_size
         if request.input_ids is not None:
             ids = list(request.input_ids)
-            vocab = self.limits.vocab_size
             outside = [i for i in ids if vocab is not None and i >= vocab]
             if outside:
                 raise ValidationError(
@@ -180,6 +197,14 @@ class Validator:
                 request.inputs, add_special_tokens=request.add_special_tokens
             )
             ids = encoding.ids
+            # A tokenizer may know more tokens than the model has embeddings (tokens added
+            # after training): the shards would refuse the step.
+            if vocab is not None and ids and max(ids) >= vocab:
+                outside = sorted({i for i in ids if i >= vocab})[:5]
+                raise ValidationError(
+                    f"`{name}` tokenizes to token id(s) {outside} that the tokenizer knows but the "
+                    f"model's vocabulary of {vocab} tokens does not"
+                )
         if request.truncate is not None and len(ids) > request.truncate:
             ids = ids[-request.truncate :]  # keep the end of the prompt, next to what is generated
         if not ids:

@@ -15,6 +15,9 @@ from shard.rank_env import DistributedEnv
 from shard.settings import ShardSettings
 from shard.sockets import shard_socket
 
+# The shard stopped serving on its own (shard/server.py: ShardStopped); the launcher stops the pod.
+EXIT_STOPPED = 3
+
 
 def parse_args(argv: list[str]) -> ShardSettings:
     parser = argparse.ArgumentParser(prog="python -m shard")
@@ -128,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         level=os.environ.get("LOG_LEVEL", "INFO"),
         format=f"%(asctime)s %(levelname)s shard{rank} %(name)s: %(message)s",
     )
-    from shard.server import serve
+    from shard.server import ShardStopped, serve
     from shard.startup import build_service
 
     try:
@@ -150,6 +153,13 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         asyncio.run(run())
+    except ShardStopped as exc:
+        logging.getLogger(__name__).error("stopping: %s", exc)
+        socket_path.unlink(missing_ok=True)
+        logging.shutdown()
+        # Not a normal exit: the torch thread may be stuck in a collective with a failed peer,
+        # and the interpreter would wait for it forever.
+        os._exit(EXIT_STOPPED)
     finally:
         socket_path.unlink(missing_ok=True)
     return 0

@@ -16,6 +16,7 @@ import torch
 
 from shard.batch import Batch, PromptScores
 from shard.distributed import Distributed
+from shard.faults import Faults
 from shard.layers.lora import LoraStep
 from shard.platforms.cuda.graphs import DecodeGraphs
 from shard.requests import Generation, Tokens
@@ -24,6 +25,11 @@ from shard.sampling.token_masks import TokenMasks, gather_token_masks
 from shard.step_inputs import StepInputs, build_step_inputs, step_lengths, step_starts
 
 log = logging.getLogger(__name__)
+
+
+class ForwardFailed(RuntimeError):
+    """A step failed inside the model's forward pass or its logits, where the ranks run their
+    collectives: with several shards, a peer may be left waiting in one (shard/server.py)."""
 
 
 @dataclass(frozen=True)
@@ -51,11 +57,14 @@ class ModelRunner:
         self.device = device
         self.block_size = block_size
         self.kv_caches: list[torch.Tensor] | None = None
+        self.num_blocks = 0  # of the KV cache allocated (0: none yet)
         self.lora = lora  # the per-step LoRA context every LoRA term reads, when adapters exist
         self.graphs = graphs
         # Longrope's original_max_position_embeddings (0: none): a row whose sequence grows past
         # it is recomputed whole in that step (shard/step_inputs.py: step_starts).
         self.rope_regime_boundary: int = model.config.rope_regime_boundary
+        # Faults injected on purpose (shard/faults.py); the servicer arms them after Warmup.
+        self.faults: Faults | None = None
 
     @property
     def compiled(self) -> bool:
@@ -66,10 +75,12 @@ class ModelRunner:
         if self.graphs is not None:
             self.graphs.release()  # they write into the cache
         self.kv_caches = None
+        self.num_blocks = 0
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         self.free_kv_cache()  # the old cache goes before the new one is allocated
         self.kv_caches = self.model.allocate_kv_cache(num_blocks, self.block_size)
+        self.num_blocks = num_blocks
 
     @torch.inference_mode()
     def capture_graphs(self, block_table_width: int) -> int:
@@ -103,9 +114,14 @@ class ModelRunner:
         inputs = build_step_inputs(batch, q_lens, starts)
         if self.lora is not None:
             self.lora.set_tokens(batch.lora_slots[inputs.token_rows])
-        hidden = self._forward(inputs)
-        self._gather_prompt_logprobs(batch, inputs, hidden)
-        logits = self.model.compute_logits(hidden[inputs.sample_index])
+        try:
+            if self.faults is not None:
+                self.faults.before_forward()
+            hidden = self._forward(inputs)
+            self._gather_prompt_logprobs(batch, inputs, hidden)
+            logits = self.model.compute_logits(hidden[inputs.sample_index])
+        except Exception as err:
+            raise ForwardFailed(f"{type(err).__name__}: {err}") from err
         # cache_lens + q_lens but for a row recomputed from 0, whose cache now ends where its
         # known tokens do, as any decoding row's.
         batch.cache_lens = ends

@@ -20,16 +20,22 @@ import torch
 
 from shard import wire
 from shard.batch import Batch
+from shard.faults import Faults
 from shard.kv_cache import KvCacheSettings, plan_num_blocks
 from shard.lora.manager import LoraManager
 from shard.platforms import platform_of
 from shard.platforms.cuda.graphs import block_table_width
+from shard.request_checks import CacheShape, check_distinct, check_new_requests
 from shard.requests import NewRequest
-from shard.runner import ModelRunner, StepTimings
+from shard.runner import ForwardFailed, ModelRunner, StepTimings
 from shard.sockets import shard_url
 from switchyard_pb import generate_pb2, generate_pb2_grpc
 
 log = logging.getLogger(__name__)
+
+
+class ShardStopped(RuntimeError):
+    """The shard cannot go on serving (its reason: TextGenerationService.fatal)."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,7 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
         kv_settings: KvCacheSettings,
         torch_thread: ThreadPoolExecutor | None = None,
         lora: LoraManager | None = None,
+        faults: Faults | None = None,
     ) -> None:
         self.runner = runner
         self.identity = identity
@@ -55,19 +62,48 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
         self.lora = lora
         self.cache: dict[int, Batch] = {}
         self.torch_thread = torch_thread or ThreadPoolExecutor(1, thread_name_prefix="torch")
+        # Faults injected on purpose (shard/faults.py), armed once Warmup is done.
+        self.faults = faults
+        # Set when this shard must stop serving (see _abort_on_error), with why.
+        self.stopped = asyncio.Event()
+        self.fatal: str | None = None
 
     async def _run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.torch_thread, fn, *args)
 
     async def _abort_on_error(self, context, fn, *args):
-        """Runs a step; a failure becomes a gRPC error carrying the message, never a crash."""
+        """Runs a step; a failure becomes a gRPC error carrying the message, never a crash.
+
+        A refusal (ValueError, KeyError: a malformed request, refused the same way on every
+        rank before any collective) and, with one shard, any failure cost the RPC alone. With
+        several shards, a failure inside the forward pass may have left a peer waiting in a
+        collective that will never complete: the ranks can no longer be trusted to be in step,
+        so this shard answers ABORTED and stops, and the launcher stops the pod."""
         try:
             return await self._run(fn, *args)
+        except ForwardFailed as e:
+            if self.runner.dist.world_size > 1:
+                reason = self._stop_diverged(e)
+                await context.abort(grpc.StatusCode.ABORTED, reason)
+            log.exception("step failed")
+            await context.abort(grpc.StatusCode.INTERNAL, str(e))
         except (ValueError, KeyError) as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except Exception as e:  # the router turns this into an error for the affected batch only
             log.exception("step failed")
             await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+
+    def _stop_diverged(self, error: ForwardFailed) -> str:
+        dist = self.runner.dist
+        reason = (
+            f"shard {dist.rank}: the forward pass failed ({error}); with {dist.world_size} shards "
+            "the ranks may no longer be in step, so this shard stops"
+        )
+        log.error("%s", reason, exc_info=error)
+        self.fatal = reason
+        # After the answer has gone out: serve() ends and the process exits (shard/__main__.py).
+        asyncio.get_running_loop().call_later(0.1, self.stopped.set)
+        return reason
 
     async def Info(self, request, context):
         model = self.runner.model
@@ -106,6 +142,9 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
 
     async def FilterBatch(self, request, context):
         def filter_batch():
+            if not request.request_ids:
+                raise ValueError("FilterBatch needs request ids to keep (ClearCache drops a batch)")
+            check_distinct(list(request.request_ids), "FilterBatch's request ids")
             kept = self._cached(request.batch_id).filter(list(request.request_ids))
             self.cache[kept.id] = kept
             return generate_pb2.FilterBatchResponse(batch=wire.cached_batch(kept))
@@ -114,6 +153,7 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
 
     def _take(self, cached: list[generate_pb2.CachedBatch]) -> list[Batch]:
         """Removes cached batches for a step; a bad id leaves the cache intact."""
+        check_distinct([b.id for b in cached], "the cached batches of a step")
         batches = [self._cached(b.id) for b in cached]
         for b in cached:
             del self.cache[b.id]
@@ -122,6 +162,8 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
     def _step(
         self, batch: Batch, chunks, token_masks
     ) -> tuple[list[generate_pb2.Generation], StepTimings]:
+        if self.runner.faults is not None:
+            self.runner.faults.before_step()
         generations, timings = self.runner.step(batch, dict(chunks), dict(token_masks))
         self.cache[batch.id] = batch
         return [wire.generation(g) for g in generations], timings
@@ -131,8 +173,13 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             start = time.perf_counter_ns()
             if request.batch.id in self.cache and not request.cached_batches:
                 raise ValueError(f"batch {request.batch.id} is already cached on this shard")
+            if not request.batch.requests and not request.cached_batches:
+                raise ValueError("Prefill needs new requests or cached batches")
             requests = [wire.new_request(r) for r in request.batch.requests]
-            self._check_logit_bias(requests)
+            for b in request.cached_batches:
+                self._cached(b.id)
+            live = [r.id for b in self.cache.values() for r in b.requests]
+            check_new_requests(requests, self._cache_shape(), live)
             requests, slots, failures = self._assign_adapters(requests)
             new = []
             if requests:  # else every new request failed for its adapter
@@ -155,14 +202,9 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
 
         return await self._abort_on_error(context, prefill)
 
-    def _check_logit_bias(self, requests: list[NewRequest]) -> None:
-        """The router checks the ids; past the vocabulary, the scatter would fail the step (on
-        a GPU, the device)."""
-        vocab = self.runner.model.vocab_size
-        for r in requests:
-            bias = r.sampling.logit_bias
-            if bias and not 0 <= bias[0][0] <= bias[-1][0] < vocab:
-                raise ValueError(f"request {r.id}: logit_bias names tokens outside [0, {vocab})")
+    def _cache_shape(self) -> CacheShape:
+        runner = self.runner
+        return CacheShape(runner.model.vocab_size, runner.num_blocks, runner.block_size)
 
     def _lora_stats(self) -> generate_pb2.LoraStats | None:
         if self.lora is None:
@@ -274,6 +316,7 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             runner.allocate_kv_cache(num_blocks)
             runner.capture_graphs(width)
             log.info("KV cache: %d blocks of %d tokens", num_blocks, runner.block_size)
+            runner.faults = self.faults
             return generate_pb2.WarmupResponse(
                 max_supported_total_tokens=num_blocks * runner.block_size, num_blocks=num_blocks
             )
@@ -319,4 +362,12 @@ async def serve(service: TextGenerationService, rank: int) -> None:
     server.add_insecure_port(url)
     await server.start()
     log.info("shard %d serving on %s", rank, url)
-    await server.wait_for_termination()
+    stopped = asyncio.ensure_future(service.stopped.wait())
+    terminated = asyncio.ensure_future(server.wait_for_termination())
+    try:
+        await asyncio.wait({stopped, terminated}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        terminated.cancel()
+    if service.fatal is not None:
+        raise ShardStopped(service.fatal)

@@ -9,6 +9,7 @@ import torch
 
 from shard.attention import get_attention_backend
 from shard.distributed import init_distributed
+from shard.faults import Faults
 from shard.kv_cache import KvCacheSettings
 from shard.layers.lora import LoraStep
 from shard.layers.moe import FusedMoE
@@ -120,7 +121,10 @@ def _build_service(
         cuda_memory_fraction=settings.cuda_memory_fraction,
         cpu_kv_cache_gb=settings.cpu_kv_cache_gb,
     )
-    return TextGenerationService(runner, identity, kv_settings, torch_thread, lora)
+    faults = Faults.from_env(env.rank)
+    if faults is not None:
+        log.warning("faults will be injected on purpose: %s", faults)
+    return TextGenerationService(runner, identity, kv_settings, torch_thread, lora, faults)
 
 
 def decode_graphs(

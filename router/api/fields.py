@@ -1,7 +1,8 @@
 """Fields more than one API declares: each once, with its limits and what its errors say.
 
 Limits that depend on the server's flags (stop sequences, top-n tokens, prompt and total
-lengths, best_of) are checked by router/validation.py; their descriptions say which flag.
+lengths, best_of, grammar sizes) are checked by router/validation.py; their descriptions say
+which flag.
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field
 
 from router.api.says import Says
+from shard.lora.names import MAX_ADAPTER_NAME_CHARS
 
 # The shards compute in 32-bit floats: a larger value would become infinity there.
 F32_MAX = 3.4028234663852886e38
-# Every step scans a window as long as the longest stop sequence: bound it so one request cannot
-# make every step of the batch slow (TGI has no such bound; no real stop sequence comes close).
-MAX_STOP_SEQUENCE_CHARS = 1024
+# OpenAI's `model` names the served model, whose name defaults to its directory: PATH_MAX.
+MAX_MODEL_NAME_CHARS = 4096
 
 # Bodies are JSON: no type coercion ("5" is not 5, 1 is not true), and a misspelled field is an
 # error (unlike TGI, which ignores unknown fields): a typo such as `max_new_token` must not
@@ -95,17 +96,28 @@ Seed = wire_int(
     description="Random seed; random when unset",
     below="must be an integer >= 0, got {value}",
 )
-StopSequence = Annotated[str, Field(min_length=1, max_length=MAX_STOP_SEQUENCE_CHARS)]
+# Their length is bounded by --max-stop-sequence-length (router/validation.py).
+StopSequence = Annotated[str, Field(min_length=1)]
 STOP_SAYS = Says(
     kind="a list of strings",
-    rules={
-        "string_too_short": "sequences must not be empty strings",
-        "string_too_long": f"sequences must be at most {MAX_STOP_SEQUENCE_CHARS} characters long. "
-        "Given: {length}",
-    },
+    rules={"string_too_short": "sequences must not be empty strings"},
 )
-Stop = Annotated[
-    list[StopSequence],
-    Field(description="Stop when one is generated; at most --max-stop-sequences"),
-    STOP_SAYS,
-]
+STOP_DESCRIPTION = (
+    "Stop when one is generated; at most --max-stop-sequences, each at most "
+    "--max-stop-sequence-length characters"
+)
+Stop = Annotated[list[StopSequence], Field(description=STOP_DESCRIPTION), STOP_SAYS]
+
+
+def bounded_name(limit: int, description: str) -> Any:
+    """A name the server looks up (a model, an adapter): refused past `limit` characters, so that
+    no error or log line echoes a longer one."""
+    return Annotated[
+        str,
+        Field(max_length=limit, description=f"{description}; at most {limit} characters"),
+        Says(rules={"string_too_long": f"must be at most {limit} characters. Given: {{length}}"}),
+    ]
+
+
+AdapterName = bounded_name(MAX_ADAPTER_NAME_CHARS, "A loaded LoRA adapter; empty: the base model")
+ModelName = bounded_name(MAX_MODEL_NAME_CHARS, "The served model or a LoRA adapter")

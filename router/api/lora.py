@@ -5,12 +5,25 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from router.lora_paths import MAX_LORA_PATH_BYTES
+from shard.lora.names import MAX_ADAPTER_NAME_CHARS
+
 
 class UnloadLoraAdapter(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    lora_name: str = Field(description="The adapter's name, as requests will use it")
+    lora_name: str = Field(
+        min_length=1,
+        max_length=MAX_ADAPTER_NAME_CHARS,
+        description="The adapter's name, as requests will use it (printable characters, none "
+        "of `,= `)",
+    )
 
 
 class LoadLoraAdapter(UnloadLoraAdapter):
-    lora_path: str = Field(description="A PEFT adapter directory under --lora-dir")
+    lora_path: str = Field(
+        min_length=1,
+        max_length=MAX_LORA_PATH_BYTES,
+        description=f"A PEFT adapter directory under --lora-dir; at most {MAX_LORA_PATH_BYTES} "
+        "bytes",
+    )

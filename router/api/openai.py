@@ -15,9 +15,11 @@ from pydantic import AfterValidator, BaseModel, Field, PlainValidator, WithJsonS
 
 from router.api.fields import (
     BODY,
+    STOP_DESCRIPTION,
     STOP_SAYS,
     FrequencyPenalty,
     MaxNewTokens,
+    ModelName,
     PresencePenalty,
     RepetitionPenalty,
     Seed,
@@ -56,6 +58,9 @@ LOGIT_BIAS_LIMIT = 100.0
 # Entries per request: each step pads every row to the largest (OpenAI documents no limit;
 # banning or favouring a few hundred tokens is the use).
 MAX_LOGIT_BIAS_TOKENS = 1024
+# Digits of a token id key: vocabularies stay far below 10**10 tokens (and Python refuses to
+# convert more than 4300 digits at all).
+MAX_TOKEN_ID_DIGITS = 10
 
 
 def _token_biases(value: dict[str, float]) -> tuple[tuple[int, float], ...]:
@@ -65,8 +70,12 @@ def _token_biases(value: dict[str, float]) -> tuple[tuple[int, float], ...]:
         raise field_error(f" may bias at most {MAX_LOGIT_BIAS_TOKENS} tokens. Given: {len(value)}")
     pairs = {}
     for key, bias in value.items():
-        if not (key.isascii() and key.isdigit()):
-            raise field_error(f" keys must be token ids (decimal integers). Given: {key!r}")
+        if not (key.isascii() and key.isdigit() and len(key) <= MAX_TOKEN_ID_DIGITS):
+            shown = key if len(key) <= 32 else f"{key[:32]}..."
+            raise field_error(
+                f" keys must be token ids (decimal integers of at most {MAX_TOKEN_ID_DIGITS} "
+                f"digits). Given: {shown!r}"
+            )
         if not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
             raise field_error(f" values must be >= -100 and <= 100. Given: {bias} for token {key}")
         pairs[int(key)] = float(bias)  # "07" and "7" are one token: the last one given wins
@@ -80,7 +89,7 @@ LogitBias = Annotated[
         {
             "type": "object",
             "description": "Token id -> bias added to its logit (OpenAI)",
-            "propertyNames": {"pattern": "^[0-9]+$"},
+            "propertyNames": {"pattern": f"^[0-9]{{1,{MAX_TOKEN_ID_DIGITS}}}$"},
             "additionalProperties": {
                 "type": "number",
                 "minimum": -LOGIT_BIAS_LIMIT,
@@ -105,7 +114,7 @@ class OpenAIRequest(BaseModel):
 
     model_config = BODY
 
-    model: Annotated[str, Field(description="The served model or a LoRA adapter")] | None = None
+    model: ModelName | None = None
     frequency_penalty: FrequencyPenalty | None = None
     presence_penalty: PresencePenalty | None = None
     logit_bias: LogitBias | None = None
@@ -121,7 +130,7 @@ class OpenAIRequest(BaseModel):
     stop: (
         Annotated[
             StopSequence | list[StopSequence],
-            Field(description="Stop when one is generated; at most --max-stop-sequences"),
+            Field(description=STOP_DESCRIPTION),
             AfterValidator(_as_list),
             Says(kind="a string or a list of strings", rules=STOP_SAYS.rules),
         ]

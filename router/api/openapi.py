@@ -23,6 +23,7 @@ ERROR = {
 }
 # What a failure may answer on any route (router/errors.py); the body is always ERROR.
 ERRORS = {
+    "400": "Malformed HTTP: a body that does not follow its Content-Encoding or framing",
     "401": "--api-key is set and the request does not carry it",
     "404": "Unknown route, model or adapter",
     "413": "Body larger than --payload-limit",
@@ -30,6 +31,8 @@ ERRORS = {
     "422": "A field fails validation; the message names it as sent, and the limit",
     "424": "A shard failed during generation",
     "429": "More than --max-concurrent-requests in flight",
+    "431": "The request line or a header longer than --max-header-size bytes, or more header "
+    "fields than --max-headers",
     "500": "Internal error; the server log has it under the request id",
 }
 # What only some routes answer (Route.errors names them).

@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 
 from router.api.fields import (
     BODY,
+    AdapterName,
     FrequencyPenalty,
     MaxNewTokens,
     RepetitionPenalty,
@@ -65,9 +66,7 @@ class GenerateParameters(BaseModel):
         Annotated[int, Field(description="Alternatives per token; 0..--max-top-n-tokens")] | None
     ) = None
     grammar: TgiGrammar | None = None
-    adapter_id: Annotated[str, Field(description="A loaded LoRA adapter; empty: base")] | None = (
-        None
-    )
+    adapter_id: AdapterName | None = None
 
 
 class TokenizeRequest(BaseModel):

@@ -7,9 +7,15 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from router.entry import Entry, ErrorEvent, Finished
-from router.errors import PayloadTooLargeError, RouterError, UnsupportedMediaTypeError
+from router.errors import (
+    HttpError,
+    PayloadTooLargeError,
+    RouterError,
+    UnsupportedMediaTypeError,
+)
 from router.generations import Generations
 from router.infer import Infer
 from router.request import ValidRequest
@@ -50,6 +56,13 @@ async def read_json(request: web.Request) -> dict[str, Any]:
     except web.HTTPRequestEntityTooLarge:
         # aiohttp stops reading at the app's client_max_size (set from --payload-limit).
         raise PayloadTooLargeError(infer_of(request).args.payload_limit) from None
+    except web.RequestPayloadError as err:  # e.g. a Content-Encoding the body does not follow
+        # Done with the body: aiohttp would otherwise read it again after the answer, and log
+        # the same error as an unhandled exception with its traceback.
+        request.content.feed_eof()
+        cause = err.__cause__  # aiohttp's parser error; its own text is "400, message: ..."
+        why = cause.message if isinstance(cause, HttpProcessingError) else "malformed framing"
+        raise HttpError(400, f"Bad Request: the body cannot be read: {why}") from None
     return parse_json_body(body)
 
 

@@ -67,9 +67,10 @@ async def openapi_json(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    if await infer_of(request).healthy():
+    infer = infer_of(request)
+    if await infer.healthy():
         return web.Response(status=200)
-    return error_response(request, UnhealthyError())
+    return error_response(request, UnhealthyError(infer.failure or "unhealthy"))
 
 
 async def metrics(request: web.Request) -> web.Response:

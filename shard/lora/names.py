@@ -12,6 +12,9 @@ from collections.abc import Iterable, Sequence
 BASE_LABEL = "base"
 # Names travel in `NAME=DIR,NAME=DIR` lists and in metric labels.
 FORBIDDEN_NAME_CHARS = frozenset(",= \t\n")
+# Names are echoed in errors, log lines and metric labels: a hub id ("org/name", each part at
+# most 96 characters) fits with room to spare.
+MAX_ADAPTER_NAME_CHARS = 256
 
 
 class AdapterListError(ValueError):
@@ -42,9 +45,16 @@ def check_adapter_names(names: Sequence[str], served_name: str | None = None) ->
     """Names must say unambiguously which weights a request gets."""
     seen: set[str] = set()
     for name in names:
+        if len(name) > MAX_ADAPTER_NAME_CHARS:  # first: the messages below echo the name
+            raise AdapterListError(
+                f"adapter name {name[:32]!r}... is {len(name)} characters; at most "
+                f"{MAX_ADAPTER_NAME_CHARS} are allowed"
+            )
         bad = sorted(FORBIDDEN_NAME_CHARS.intersection(name))
         if not name or bad:
             raise AdapterListError(f"adapter name {name!r} must be non-empty, without {bad}")
+        if not name.isprintable():  # control characters would garble log lines
+            raise AdapterListError(f"adapter name {name!r} must hold printable characters only")
         if name == BASE_LABEL:
             raise AdapterListError(f"adapter name {name!r} is reserved for the base model")
         if served_name is not None and name == served_name:

@@ -75,6 +75,8 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
     # Test knobs.
     fail_prefill_token: int | None = None  # Prefill fails when a prompt holds this token
     fail_next_decode: bool = False
+    hang_next_decode: bool = False  # the next Decode never answers (Health still does)
+    stop_next_decode: bool = False  # the next Decode answers ABORTED, as a shard that stops
     healthy: bool = True
     decode_delay: float = 0.0
     script: tuple[int, ...] = ()  # the ids every request generates, in order (else last + 1)
@@ -378,6 +380,10 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
         if self.fail_next_decode:
             self.fail_next_decode = False
             await context.abort(grpc.StatusCode.INTERNAL, "injected decode failure")
+        if self.hang_next_decode:
+            await asyncio.Event().wait()
+        if self.stop_next_decode:
+            await context.abort(grpc.StatusCode.ABORTED, "injected forward failure; stopping")
         merged = self._take(list(request.batches))
         batch_id = request.batches[0].id
         self.batches[batch_id] = merged

@@ -19,6 +19,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from router.__main__ import build_infer
 from router.args import RouterArgs
+from router.http_refusals import RouterRunner
 from router.infer import Infer
 from router.server import create_app
 from shard.sockets import shard_url
@@ -36,6 +37,14 @@ class RouterEnv:
 
     def violations(self) -> list[str]:
         return [v for s in self.shards for v in s.violations]
+
+
+class RouterTestServer(TestServer):
+    """aiohttp's test server over the router's own runner (router/http_refusals.py), so that
+    requests its HTTP parser refuses are answered as in production."""
+
+    async def _make_runner(self, **kwargs: Any) -> RouterRunner:
+        return RouterRunner(self.app, **kwargs)
 
 
 @asynccontextmanager
@@ -86,7 +95,7 @@ async def _router(
     infer = client = None
     try:
         infer = await build_infer(RouterArgs(model_id=str(model_dir), shard_uds_path=uds, **args))
-        client = TestClient(TestServer(create_app(infer), handler_cancellation=True))
+        client = TestClient(RouterTestServer(create_app(infer), handler_cancellation=True))
         await client.start_server()
         yield RouterEnv(client, infer, shards)
     finally:

@@ -241,3 +241,22 @@ async def test_bodies_not_declared_as_json_are_415(model_dir):
             r = await env.client.post(GEN, data=body, headers={"Content-Type": content_type})
             assert r.status == 200, (content_type, await r.text())
         assert env.shards[0].prefilled and env.violations() == []
+
+
+@async_test
+async def test_a_prompt_tokenizing_past_the_models_vocabulary_is_422(model_dir, tokenizer):
+    # The tokenizer knows 512 tokens, the model only 300: a prompt whose tokens include ids
+    # past 300 would fail the shards' step (and everyone's in it).
+    text = "zebra quantum Ünïcödé 🚀"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert max(ids) >= 300 and min(ids) < 300, ids
+    async with router_env(model_dir, shard={"vocab_size": 300}) as env:
+        r = await env.client.post("/generate", json={"inputs": text})
+        assert r.status == 422
+        body = await r.json()
+        assert "model's vocabulary of 300" in body["error"] and "`inputs`" in body["error"]
+        assert not [c for s in env.shards for c in s.calls if c == "Prefill"]
+        ok = await env.client.post(
+            "/generate", json={"inputs": "a", "parameters": {"max_new_tokens": 2}}
+        )
+        assert ok.status == 200, await ok.text()
