@@ -8,12 +8,15 @@ FROM python:${PYTHON_VERSION}-slim
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 
+# Every cache the server writes is under /data (the rest goes to /tmp), so that the root
+# filesystem can be read-only (deploy/).
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     HF_HOME=/data/huggingface \
     SWITCHYARD_CACHE=/data/switchyard \
-    TORCH_EXTENSIONS_DIR=/data/torch_extensions
+    TORCH_EXTENSIONS_DIR=/data/torch_extensions \
+    TRITON_CACHE_DIR=/data/triton
 
 # A compiler at runtime: Triton builds a small C helper on GPUs; on CPUs the shard builds its
 # native kernels once (shard/platforms/cpu/native/build.py, kept under
@@ -39,4 +42,9 @@ RUN pip install . && useradd --create-home --uid 1000 switchyard \
 USER 1000
 VOLUME /data
 EXPOSE 3000
+# For `docker run` (Kubernetes uses deploy/'s probes): healthy once every shard answers. The
+# start period covers a first download. It asks port 3000: a `--port` given to `docker run`
+# leaves it failing.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=30m \
+    CMD ["python", "-c", "import urllib.request as u; u.urlopen('http://127.0.0.1:3000/health', timeout=4)"]
 ENTRYPOINT ["launcher", "--hostname", "0.0.0.0", "--port", "3000"]

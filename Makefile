@@ -18,7 +18,7 @@ install: $(STAMP)
 
 # Re-runs only when the dependency list changes. torch goes in first so that the project's
 # unpinned `torch` requirement is already satisfied and pulls nothing more.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml tests/deploy/checkov_env.py
 	test -x $(VENV_PY) || $(PYTHON) -m venv $(VENV)
 	if ! command -v nvidia-smi >/dev/null 2>&1; then \
 		$(VENV_PY) -m pip install "torch==$(TORCH_VERSION)" \
@@ -29,6 +29,9 @@ $(STAMP): pyproject.toml
 	# huggingface-hub<1.0, which transformers 5 cannot import with (it only needs aiohttp and
 	# pydantic, which are installed).
 	$(VENV_PY) -m pip install --no-deps "text-generation>=0.7"
+	# checkov, for deploy/'s checks, in an environment of its own (.venv/checkov): its pins
+	# conflict with the project's (tests/deploy/checkov_env.py says which).
+	$(VENV_PY) -m tests.deploy.checkov_env
 	touch $@
 
 serve: $(STAMP)

@@ -14,7 +14,7 @@ README = (ROOT / "README.md").read_text()
 
 
 def deployment_container() -> dict:
-    deployment = yaml.safe_load((ROOT / "deploy" / "deployment.yaml").read_text())
+    deployment = yaml.safe_load((ROOT / "deploy" / "base" / "deployment.yaml").read_text())
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     return container
 
