@@ -116,8 +116,23 @@ def latency_verdict(outcomes: Sequence[Outcome], first: range, last: range) -> V
     ratio = b / a if a > 0 else float("nan")
     detail = f"p99 {a * 1000:.0f} ms (#{first.start}-{first.stop - 1}) -> {b * 1000:.0f} ms "
     detail += f"(#{last.start}-{last.stop - 1}), x{ratio:.3f}"
-    figures = {"first_p99_s": a, "last_p99_s": b, "ratio": ratio}
+    figures = {
+        "first_p99_s": a,
+        "last_p99_s": b,
+        "ratio": ratio,
+        # Whether the whole distribution moved, or only its tail: and a trend between.
+        "first_p50_s": median(window_latencies(outcomes, first.start, first.stop)),
+        "last_p50_s": median(window_latencies(outcomes, last.start, last.stop)),
+        "p99_every_window_s": [
+            p99(window_latencies(outcomes, lo, lo + len(first)))
+            for lo in range(first.start, last.stop, len(first))
+        ],
+    }
     return Verdict("latency", ratio <= 1 + P99_GROWTH, detail, figures)
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
 
 
 def rss_verdict(samples: Sequence[RssSample], first: range, last: range) -> Verdict:
