@@ -30,9 +30,6 @@ CHANNEL_OPTIONS = [
 class ShardError(Exception):
     """An RPC failed on at least one shard."""
 
-    # The shards cannot go on serving (ShardsLost); else the failure costs its batch only.
-    fatal = False
-
     def __init__(self, method: str, rank: int, cause: BaseException) -> None:
         detail = cause.details() if isinstance(cause, grpc.aio.AioRpcError) else str(cause)
         super().__init__(f"{method} failed on shard {rank}: {detail or type(cause).__name__}")
@@ -48,8 +45,6 @@ class ShardsLost(ShardError):
     no longer be in step), or a step did not finish within its deadline: nothing more can be
     served, and the router stops (router/batcher.py)."""
 
-    fatal = True
-
     def __init__(self, method: str, rank: int, reason: str, detail: str = "") -> None:
         Exception.__init__(self, reason)
         self.method = method
@@ -61,6 +56,16 @@ class ShardsLost(ShardError):
 
 def _stopped_itself(error: BaseException) -> bool:
     return isinstance(error, grpc.aio.AioRpcError) and error.code() == grpc.StatusCode.ABORTED
+
+
+def _answers(method: str, results: list) -> list:
+    """Every rank's answer, in rank order; the first rank's failure raised as a ShardError."""
+    for rank, result in enumerate(results):
+        if isinstance(result, BaseException):
+            if isinstance(result, asyncio.CancelledError):
+                raise result
+            raise ShardError(method, rank, result) from result
+    return results
 
 
 def _as_target(url: str) -> str:
@@ -116,13 +121,7 @@ class ShardClient:
 
     async def _every(self, method: str, request, timeout: float | None = None) -> list:
         calls = [getattr(stub, method)(request, timeout=timeout) for stub in self._stubs]
-        results = await asyncio.gather(*calls, return_exceptions=True)
-        for rank, result in enumerate(results):
-            if isinstance(result, BaseException):
-                if isinstance(result, asyncio.CancelledError):
-                    raise result
-                raise ShardError(method, rank, result) from result
-        return results
+        return _answers(method, await asyncio.gather(*calls, return_exceptions=True))
 
     async def _step(self, method: str, request, deadline_s: float | None) -> list:
         """A call that runs on the shards' torch threads, bounded by `deadline_s` (None: none).
@@ -156,15 +155,7 @@ class ShardClient:
         finally:
             for call in pending:
                 call.cancel()
-        return await self._every_result(method, list(calls))
-
-    @staticmethod
-    async def _every_result(method: str, calls: list[asyncio.Future]) -> list:
-        for rank, call in enumerate(calls):
-            error = call.exception()
-            if error is not None:
-                raise ShardError(method, rank, error) from error
-        return [call.result() for call in calls]
+        return _answers(method, [call.exception() or call.result() for call in calls])
 
     async def _hang(self, method: str, ranks: list[int], deadline_s: float | None) -> str:
         """Names the shards a step waits for, and which of them no longer answer at all (a

@@ -176,8 +176,6 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             if not request.batch.requests and not request.cached_batches:
                 raise ValueError("Prefill needs new requests or cached batches")
             requests = [wire.new_request(r) for r in request.batch.requests]
-            for b in request.cached_batches:
-                self._cached(b.id)
             live = [r.id for b in self.cache.values() for r in b.requests]
             check_new_requests(requests, self._cache_shape(), live)
             requests, slots, failures = self._assign_adapters(requests)
