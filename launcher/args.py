@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from launcher.adapters import AdapterSpec, parse_specs
 from launcher.devices import default_num_shard
 from launcher.env import LauncherEnv
+from router.args import add_chat_parser_flags
 from shard.cuda_graph_buckets import CudaGraphsError, parse_buckets
 from shard.layers.quant.config import METHODS as QUANTIZE_METHODS
 from shard.sockets import shard_socket
@@ -87,6 +88,10 @@ class LauncherConfig:
     api_key: str | None  # handed to the router in its environment, never on its command line
     cors_allow_origin: tuple[str, ...] | None
     served_model_name: str | None
+    # Tool calling and reasoning (router/chat_features.py), forwarded when given.
+    tool_call_parser: str | None
+    enable_auto_tool_choice: bool | None
+    reasoning_parser: str | None
     # LoRA adapters (launcher/adapters.py); the other three flags matter only with adapters.
     lora_adapters: tuple[AdapterSpec, ...]
     max_loras: int
@@ -229,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
         "stops, scaled up for prefills and the first steps (router default: 60; 0: never)",
     )
     r.add_argument("--max-top-n-tokens", type=_bounded(int, 0), default=None)
+    add_chat_parser_flags(r)
     r.add_argument(
         "--prefill-chunking",
         action=argparse.BooleanOptionalAction,
@@ -342,6 +348,8 @@ def _check_consistency(parser: argparse.ArgumentParser, ns: argparse.Namespace) 
         parser.error(
             f"--max-cpu-loras ({ns.max_cpu_loras}) must be >= --max-loras ({ns.max_loras})"
         )
+    if ns.enable_auto_tool_choice and ns.tool_call_parser is None:
+        parser.error("--enable-auto-tool-choice needs --tool-call-parser (the model's format)")
     if ns.enable_lora_runtime_loading and ns.lora_dir is None:
         # The route would otherwise let a key holder make the shards read any file of the host.
         parser.error("--enable-lora-runtime-loading needs --lora-dir DIR (where adapters may be)")

@@ -131,6 +131,11 @@ def router_spec(
         argv.append("--prefill-chunking" if cfg.prefill_chunking else "--no-prefill-chunking")
     if cfg.prefix_caching is not None:
         argv.append("--prefix-caching" if cfg.prefix_caching else "--no-prefix-caching")
+    for name in ("tool_call_parser", "reasoning_parser"):
+        if getattr(cfg, name) is not None:
+            argv += [_flag(name), getattr(cfg, name)]
+    if cfg.enable_auto_tool_choice:
+        argv.append("--enable-auto-tool-choice")
     for origin in cfg.cors_allow_origin or ():
         argv += ["--cors-allow-origin", origin]
     if adapters:

@@ -110,6 +110,7 @@ def build_model(
     seed: int = 0,
     dtype: str = "float32",
     stacked_experts: bool = False,
+    chat_family: str | None = None,
     **config_overrides,
 ) -> Path:
     """Writes config, safetensors weights and tokenizer of a random model to `path`.
@@ -118,6 +119,9 @@ def build_model(
     trainer stops when it runs out of merges), as real checkpoints often pad their vocabulary.
     `stacked_experts`: a Mixture-of-Experts model saved as transformers 5 holds its experts
     (stacked `experts.gate_up_proj` / `experts.down_proj`) instead of the Hub's per-expert layout.
+    `chat_family`: the tokenizer and chat template of a `launcher.chat_families` family (tool
+    calls, reasoning); the embedding then grows to cover its added tokens when they pass
+    `vocab_size`.
     """
     import torch
     import transformers
@@ -126,7 +130,13 @@ def build_model(
         raise ValueError(f"unknown architecture {architecture!r}; one of {sorted(ARCHITECTURES)}")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(vocab_size)
+    if chat_family is None:
+        tokenizer = build_tokenizer(vocab_size)
+    else:
+        from launcher.chat_families import family_tokenizer
+
+        tokenizer = family_tokenizer(chat_family, vocab_size)
+        vocab_size = max(vocab_size, len(tokenizer))
     config_cls = getattr(transformers, ARCHITECTURES[architecture])
     defaults = _tiny_defaults(architecture, hidden_size, num_attention_heads, config_overrides)
     config_overrides = {**defaults, **config_overrides}
@@ -158,8 +168,13 @@ def build_model(
     model.save_pretrained(path, safe_serialization=True, save_original_format=not stacked_experts)
     tokenizer.save_pretrained(path)
     # A generation_config with eos lets both transformers and Switchyard stop on the same token.
+    eos_token_id = config.eos_token_id
+    if chat_family is not None:  # a family may end turns with several tokens (Llama 3's eom)
+        from launcher.chat_families import family_eos_ids
+
+        eos_token_id = family_eos_ids(chat_family, tokenizer)
     (path / "generation_config.json").write_text(
-        json.dumps({"bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id})
+        json.dumps({"bos_token_id": config.bos_token_id, "eos_token_id": eos_token_id})
     )
     return path
 

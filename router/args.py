@@ -32,6 +32,10 @@ DEFAULT_MAX_GRAMMAR_SIZE = 256 * 1024
 # aiohttp's own: the request line and each header field (nginx's buffer is 8 KiB too).
 DEFAULT_MAX_HEADER_SIZE = 8190
 DEFAULT_MAX_HEADERS = 128  # aiohttp's (hyper, under TGI, allows 100)
+# The parsers' names, as vLLM's flags take them (the registries import the parsers only when
+# one is chosen; tests/router/test_chat_flags.py checks both lists against them).
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic")
+REASONING_PARSERS = ("deepseek_r1", "qwen3")
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,10 @@ class RouterArgs:
     # POST /v1/load_lora_adapter and /v1/unload_lora_adapter; paths only under lora_dir.
     enable_lora_runtime_loading: bool = False
     lora_dir: str | None = None  # a real path (symlinks resolved)
+    # Tool calling and reasoning on /v1/chat/completions (router/chat_features.py).
+    tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool = False
+    reasoning_parser: str | None = None
 
     @property
     def model_name(self) -> str:
@@ -219,7 +227,33 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="the only directory runtime-loaded adapters may come from (its subdirectories)",
     )
+    add_chat_parser_flags(p)
     return p
+
+
+def add_chat_parser_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """vLLM's flags for tool calling and reasoning (the launcher offers the same)."""
+    p.add_argument(
+        "--tool-call-parser",
+        choices=TOOL_CALL_PARSERS,
+        default=None,
+        help="the model's tool-call format, for `tools` on /v1/chat/completions: hermes (Qwen2.5, "
+        "Qwen3, Hermes), llama3_json (Llama 3.1-3.3), mistral, pythonic (Llama 4); needed for "
+        "tool_choice required or a named function",
+    )
+    p.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        default=None,
+        help="let the model decide whether to call tools (tool_choice auto, OpenAI's default "
+        "with tools); needs --tool-call-parser",
+    )
+    p.add_argument(
+        "--reasoning-parser",
+        choices=REASONING_PARSERS,
+        default=None,
+        help="the model's think block goes to `reasoning_content`: deepseek_r1, qwen3",
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> RouterArgs:
@@ -238,6 +272,9 @@ def parse_args(argv: list[str] | None = None) -> RouterArgs:
     if values["enable_lora_runtime_loading"] and values["lora_dir"] is None:
         # Without it any file of the host could be handed to the shards to read.
         parser.error("--enable-lora-runtime-loading needs --lora-dir DIR (where adapters may be)")
+    values["enable_auto_tool_choice"] = bool(values["enable_auto_tool_choice"])
+    if values["enable_auto_tool_choice"] and values["tool_call_parser"] is None:
+        parser.error("--enable-auto-tool-choice needs --tool-call-parser (the model's format)")
     if len(model_name) > MAX_MODEL_NAME_CHARS:  # OpenAI's `model` could not name it
         parser.error(f"the served model name must be at most {MAX_MODEL_NAME_CHARS} characters")
     if values["max_batch_total_tokens"] == 0:

@@ -10,6 +10,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 
 from router.adapters import AdapterRegistry
+from router.chat_features import ChatFeatures
 from router.detokenizer import IncrementalDetokenizer
 from router.entry import Entry
 from router.errors import OverloadedError
@@ -82,6 +83,8 @@ class Generations:
         self._adapters = adapters
         self._metrics = metrics
         self.eos_token_ids = stop_token_ids(model, tokenizer)
+        # Tool-call and reasoning parsers (router/chat_features.py): none unless turned on.
+        self.chat = ChatFeatures()
         self._ids = itertools.count(1)
 
     async def validate(self, request: GenerationRequest) -> ValidRequest:

@@ -16,6 +16,7 @@ from router.adapters import AdapterRegistry
 from router.args import RouterArgs
 from router.batcher import Batcher, SchedulerConfig
 from router.block_allocator import BlockAllocator
+from router.chat_features import chat_features
 from router.client import ShardClient, ShardsLost
 from router.generations import ConcurrencyLimit, Generations, ModelInfo, stop_token_ids
 from router.limits import RESERVED_BLOCKS, Limits
@@ -80,6 +81,12 @@ class Infer:
         self.limit = ConcurrencyLimit(args.max_concurrent_requests)
         self.generations = Generations(
             model, tokenizer, validator, self.limit, self.queue, self.adapters, self.metrics
+        )
+        self.generations.chat = chat_features(
+            tokenizer.decoder,
+            args.tool_call_parser,
+            args.enable_auto_tool_choice,
+            args.reasoning_parser,
         )
         self.metrics.watch(self.gauges, self.counters)
         self.metrics.track_adapters(self.adapters.names)

@@ -24,6 +24,7 @@ import llguidance
 import llguidance.hf
 
 from router.errors import GenerationError, ValidationError
+from router.regex_dialect import ecma_schema_text, to_ecma
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +65,14 @@ class Grammars:
         if self._tokenizer is None:
             raise ValidationError(f"`{spec.field}` is not supported: {self.unavailable}")
         try:
+            # Regexes and schema patterns read as JSON Schema's (ECMA-262) `\d \w \s`, not as
+            # the Rust crate's Unicode ones (router/regex_dialect.py).
             if spec.kind == "json":
                 grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                    spec.value, defaults=JSON_DEFAULTS
+                    ecma_schema_text(spec.value), defaults=JSON_DEFAULTS
                 )
             elif spec.kind == "regex":
-                grammar = llguidance.LLMatcher.grammar_from_regex(spec.value)
+                grammar = llguidance.LLMatcher.grammar_from_regex(to_ecma(spec.value))
             else:
                 grammar = llguidance.LLMatcher.grammar_from_lark(spec.value)
             matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)

@@ -67,22 +67,38 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return bool(getattr(self._encoder, "chat_template", None))
 
-    def _render_chat(self, messages: list[dict[str, Any]], variables: dict[str, Any]) -> str:
+    def chat_template_reads(self, name: str, tools: list[dict[str, Any]] | None) -> bool:
+        """Whether the chat template chosen for a conversation (with or without tools: a
+        tokenizer may have a `tool_use` template of its own) mentions `name` at all (`tools`,
+        `tool_calls`): a template that does not would drop it without a word."""
+        source = self._encoder.get_chat_template(None, tools)
+        return name in source
+
+    def _render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        variables: dict[str, Any],
+        tools: list[dict[str, Any]] | None,
+    ) -> str:
         return self._encoder.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True, **variables
+            messages, tools=tools, tokenize=False, add_generation_prompt=True, **variables
         )
 
     async def apply_chat_template(
-        self, messages: list[dict[str, Any]], variables: dict[str, Any] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        variables: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """The prompt for a conversation, rendered by the tokenizer's own (Jinja) chat template;
-        `variables` are extra template variables (e.g. Qwen3's `enable_thinking`).
+        `variables` are extra template variables (e.g. Qwen3's `enable_thinking`), `tools` the
+        functions offered (OpenAI's shape, as transformers' templates take them).
 
         Raises what the template raises (jinja2.TemplateError, e.g. on a role order it refuses).
         """
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
-            self._pool, self._render_chat, messages, dict(variables or {})
+            self._pool, self._render_chat, messages, dict(variables or {}), tools
         )
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:

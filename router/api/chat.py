@@ -1,4 +1,4 @@
-"""OpenAI's /v1/chat/completions body: messages, tools (refused), logprobs, template variables."""
+"""OpenAI's /v1/chat/completions body: messages, tools, logprobs, template variables."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidato
 from router.api.fields import MaxNewTokens
 from router.api.openai import OpenAIRequest
 from router.api.says import Says, Unsupported, field_error
+from router.api.tools import MessageToolCall, ToolChoice, ToolDefinition
 from router.errors import ValidationError
 from router.request import FieldNames, GenerationRequest
+from router.structured import GrammarSpec
 
 # OpenAI's roles; any other is refused as OpenAI does, not handed to a template that might drop
 # the message or render the unknown name as text.
@@ -58,13 +60,14 @@ Content = Annotated[
 ]  # fmt: skip
 
 
-# Tools and other output formats: accepted only with the values that ask for none of them.
-NoTools = Annotated[Any, Unsupported([], None)]
-ChoiceNone = Annotated[Any, Unsupported("none", "auto", None)]
+# OpenAI's deprecated function calling: accepted only with the values that ask for nothing.
+LEGACY = ": OpenAI's deprecated function calling; send `tools` and `tool_choice`"
+NoFunctions = Annotated[Any, Unsupported([], None, why=LEGACY)]
+FunctionCallNone = Annotated[Any, Unsupported("none", "auto", None, why=LEGACY)]
 
 
 class ChatMessage(BaseModel):
-    # Other members (`name`, `tool_call_id`...) do not reach the template.
+    # Other members (a `reasoning_content` echoed back...) do not reach the template.
     model_config = ConfigDict(strict=True, extra="ignore")
 
     role: Annotated[
@@ -72,7 +75,26 @@ class ChatMessage(BaseModel):
         Says(f"must be one of {', '.join(ROLES)}. Given: {{given!r}}"),
     ]
     content: Content = ""
-    tool_calls: NoTools = None
+    name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None  # an assistant turn's calls
+    tool_call_id: str | None = None  # a tool turn: the call it answers
+
+    def for_template(self, index: int) -> dict[str, Any]:
+        """The message as chat templates read it (transformers' conventions)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_calls:
+            where = f"messages[{index}].tool_calls"
+            try:
+                out["tool_calls"] = [
+                    c.for_template(f"{where}[{i}]") for i, c in enumerate(self.tool_calls)
+                ]
+            except ValueError as err:
+                raise ValidationError(str(err)) from None
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
 def _no_reserved(variables: dict[str, Any]) -> dict[str, Any]:
@@ -91,17 +113,27 @@ class ChatRequest(OpenAIRequest):
     ) = None
     # vLLM's: extra variables for the chat template, such as Qwen3's `enable_thinking`.
     chat_template_kwargs: Annotated[dict[str, Any], AfterValidator(_no_reserved)] | None = None
-    tools: NoTools = None
-    functions: NoTools = None
-    tool_choice: ChoiceNone = None
-    function_call: ChoiceNone = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # OpenAI's default: true
+    functions: NoFunctions = None
+    function_call: FunctionCallNone = None
     modalities: Annotated[Any, Unsupported(["text"], None)] = None
 
-    def to_request(self, prompt: str) -> GenerationRequest:
-        """`prompt`: the messages through the model's chat template."""
+    def to_request(self, prompt: str, tool_grammar: GrammarSpec | None) -> GenerationRequest:
+        """`prompt`: the messages through the model's chat template; `tool_grammar`: what an
+        enforced `tool_choice` allows (router/tool_calls/choice.py)."""
         if self.top_logprobs is not None and not self.logprobs:
             raise ValidationError("`top_logprobs` requires `logprobs` to be true")
         given = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+        shared = self.shared()
+        if tool_grammar is not None:
+            if shared["grammar"] is not None:
+                raise ValidationError(
+                    f"`tool_choice` {self.tool_choice_name} enforces the calls' format: it "
+                    f"cannot be combined with `{shared['grammar'].field.split('.')[0]}`"
+                )
+            shared["grammar"] = tool_grammar
         return GenerationRequest(
             inputs=prompt,
             names=FieldNames("messages", given, "top_logprobs", adapter="model"),
@@ -109,5 +141,13 @@ class ChatRequest(OpenAIRequest):
             add_special_tokens=False,
             max_new_tokens=self.max_completion_tokens or self.max_tokens,
             top_n_tokens=self.top_logprobs or None,
-            **self.shared(),
+            **shared,
         )
+
+    @property
+    def tool_choice_name(self) -> str:
+        """`tool_choice` as errors quote it: auto (OpenAI's default with tools), none..."""
+        choice = self.tool_choice
+        if choice is None:
+            return '"auto"' if self.tools else '"none"'
+        return f'"{choice}"' if isinstance(choice, str) else f"{{function: {choice.function.name}}}"

@@ -2,8 +2,10 @@
 
 Fields are named as the caller spelled them, relative to the object the caller thinks in: TGI's
 `parameters` and OpenAI's `stream_options` are option objects whose members are named alone
-(`temperature`), list items by their index (`messages[0].role`). Unknown fields come first, as
-a typo explains any other error; then the first field in declaration order.
+(`temperature`), list items by their index (`messages[0].role`); a model that sets
+`named_in_full = True` is named by its whole path instead (`tools[0].function.name`). Unknown
+fields come first, as a typo explains any other error; then the first field in declaration
+order.
 """
 
 from __future__ import annotations
@@ -104,7 +106,11 @@ class _Where:
             value = value.get(step) if isinstance(value, dict) else None
             where.value = value
             nested = _nested_model(annotation)
-            direct = nested is not None and not _is_list(annotation)
+            direct = (
+                nested is not None
+                and not _is_list(annotation)
+                and not getattr(nested, "named_in_full", False)
+            )
             current = nested
         return where
 

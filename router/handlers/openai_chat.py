@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -13,6 +14,7 @@ from router.api.parsing import parse
 from router.entry import Entry, Finished, Token, TokenEvent
 from router.errors import RouterError, ValidationError
 from router.generations import Generations
+from router.handlers.chat_answer import AnswerShape
 from router.handlers.choices import Submitted, check_count, submit_all
 from router.handlers.common import generations_of, read_json
 from router.handlers.openai_common import (
@@ -25,10 +27,12 @@ from router.handlers.openai_common import (
     stream_tail,
     trim_stop,
     usage,
-    visible,
     whole_answer,
 )
 from router.handlers.sse import serve_sse
+from router.reasoning.gate import AfterReasoning, opened_in
+from router.request import ValidRequest
+from router.tool_calls.choice import ToolPlan, plan_tools
 
 
 def token_logprob(gens: Generations, token: Token, top: tuple[Token, ...]) -> dict[str, Any]:
@@ -45,23 +49,29 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = parse(ChatRequest, await read_json(request))
     if not gens.tokenizer.has_chat_template:
         raise ValidationError("the model's tokenizer has no chat template; use /v1/completions")
-    messages = [{"role": m.role, "content": m.content} for m in body.messages]
+    plan = plan_tools(body, gens.chat)
+    messages = [m.for_template(i) for i, m in enumerate(body.messages)]
+    _check_template_reads(gens, plan, messages)
     try:
-        prompt = await gens.tokenizer.apply_chat_template(messages, body.chat_template_kwargs or {})
+        prompt = await gens.tokenizer.apply_chat_template(
+            messages, body.chat_template_kwargs or {}, plan.template_tools
+        )
     except (jinja2.TemplateError, ValueError, TypeError, KeyError) as err:
         raise ValidationError(f"`messages` rejected by the model's chat template: {err}") from None
     n = body.n or 1
     check_count(gens, n, "`n`")
-    valid = await gens.validate(body.to_request(prompt))
+    valid = await gens.validate(body.to_request(prompt, plan.grammar))
+    shape = _shape(gens, plan, prompt)
+    valid = _after_reasoning(gens, valid, shape)
     with gens.permit(n):
         sent = submit_all(request, [valid], n, received)
         if body.stream:
-            stream = ChatStream(gens, sent, body.logprobs, body.include_usage)
+            stream = ChatStream(gens, sent, body.logprobs, body.include_usage, shape)
             headers = {"x-compute-type": gens.model.device_type or "unknown"}
             return await serve_sse(request, sent.entries, headers, stream)
         finished = await sent.finished()
     choices = [
-        _choice(gens, index, entry, finished[entry.id], body.logprobs)
+        _choice(gens, index, entry, finished[entry.id], body.logprobs, shape)
         for index, entry in enumerate(sent.entries)
     ]
     first = sent.entries[0]
@@ -76,15 +86,57 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     )
 
 
+def _check_template_reads(gens: Generations, plan: ToolPlan, messages: list[dict]) -> None:
+    """Tools, and calls in the history, reach the model only through the template: one that
+    never reads them would drop them silently, so they are refused instead."""
+    tools = plan.template_tools
+    if tools and not gens.tokenizer.chat_template_reads("tools", tools):
+        raise ValidationError(
+            "`tools`: the model's chat template does not render tools, so the model would never "
+            "see them; send the request without `tools`, or serve the model with a chat "
+            "template that renders them"
+        )
+    if any("tool_calls" in m for m in messages) and not gens.tokenizer.chat_template_reads(
+        "tool_calls", tools
+    ):
+        raise ValidationError(
+            "`messages`: the model's chat template does not render an assistant's `tool_calls`, "
+            "so the model would never see those calls"
+        )
+
+
+def _shape(gens: Generations, plan: ToolPlan, prompt: str) -> AnswerShape:
+    reasoning = gens.chat.reasoning
+    opened = reasoning is not None and opened_in(prompt, reasoning.start, reasoning.end)
+    return AnswerShape(reasoning, opened, plan.parser, gens.chat.markers)
+
+
+def _after_reasoning(gens: Generations, valid: ValidRequest, shape: AnswerShape) -> ValidRequest:
+    """With a reasoning parser, a grammar constrains the answer after the think block."""
+    tokens = gens.chat.reasoning_tokens
+    if valid.grammar is None or shape.reasoning is None or tokens is None:
+        return valid
+    # Qwen3 thinks only when the answer opens with <think>; DeepSeek-R1's answers start in it.
+    optional = shape.reasoning.name == "qwen3"
+    gate = AfterReasoning(valid.grammar, tokens.start, tokens.end, shape.opened, optional)
+    return dataclasses.replace(valid, grammar=gate)
+
+
 def _choice(
-    gens: Generations, index: int, entry: Entry, finished: Finished, logprobs: bool
+    gens: Generations,
+    index: int,
+    entry: Entry,
+    finished: Finished,
+    logprobs: bool,
+    shape: AnswerShape,
 ) -> dict[str, Any]:
-    content = trim_stop(finished.generated_text, entry.request.stop)
+    text = trim_stop(shape.text(entry.tokens, finished.generated_text), entry.request.stop)
+    message = shape.message(text)
     choice = {
         "index": index,
-        "message": {"role": "assistant", "content": content},
+        "message": message,
         "logprobs": None,
-        "finish_reason": finish_reason(finished),
+        "finish_reason": "tool_calls" if "tool_calls" in message else finish_reason(finished),
     }
     if logprobs:
         steps = zip(entry.tokens, entry.top_tokens, strict=True)
@@ -99,14 +151,20 @@ class ChatStream:
     prefix = b"data: "
 
     def __init__(
-        self, gens: Generations, sent: Submitted, logprobs: bool, include_usage: bool
+        self,
+        gens: Generations,
+        sent: Submitted,
+        logprobs: bool,
+        include_usage: bool,
+        shape: AnswerShape,
     ) -> None:
-        self.gens, self.sent = gens, sent
+        self.gens, self.sent, self.shape = gens, sent, shape
         self.entries = entries = sent.entries
         self.logprobs, self.include_usage = logprobs, include_usage
         self.id, self.created = new_id("chatcmpl"), int(time.time())
         self.trimmers = [StopTrimmer(e.request.stop) for e in entries]
         self.started = [False] * len(entries)
+        self.answers = [shape.stream() for _ in entries]
 
     def chunk(
         self, index: int, delta: dict[str, Any], logprobs: Any = None, finish: str | None = None
@@ -130,16 +188,23 @@ class ChatStream:
         if not self.started[index]:
             self.started[index] = True
             out.append(self.chunk(index, {"role": "assistant", "content": ""}))
-        text = self.trimmers[index].push(visible(event.token))
+        trimmer, answer = self.trimmers[index], self.answers[index]
+        text = trimmer.push(self.shape.piece(event.token))
         if event.end is not None:
-            text += self.trimmers[index].flush()
-        lp = None
+            text += trimmer.flush()
+        deltas = answer.push(text)
+        if event.end is not None:
+            deltas += answer.finish()
         if self.logprobs:
             lp = {"content": [token_logprob(self.gens, event.token, event.top_tokens)]}
-        if text or lp:
-            out.append(self.chunk(index, {"content": text}, lp))
+            # The token's logprobs ride on its first delta (an empty one while text is held).
+            first = deltas[0] if deltas else {"content": ""}
+            out.append(self.chunk(index, first, lp))
+            deltas = deltas[1:]
+        out += [self.chunk(index, delta) for delta in deltas]
         if event.end is not None:
-            out.append(self.chunk(index, {}, finish=finish_reason(event.end)))
+            finish = "tool_calls" if answer.called else finish_reason(event.end)
+            out.append(self.chunk(index, {}, finish=finish))
         return out
 
     def on_error(self, error: RouterError) -> list[Any]:

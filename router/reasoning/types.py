@@ -1,0 +1,43 @@
+"""What every reasoning parser shares."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+
+@dataclass(frozen=True)
+class Split:
+    """A whole answer: its reasoning and its content (None where there is none)."""
+
+    reasoning: str | None
+    content: str | None
+
+
+@dataclass(frozen=True)
+class ReasoningDelta:
+    text: str  # `delta.reasoning_content`
+
+
+@dataclass(frozen=True)
+class ContentDelta:
+    text: str  # `delta.content` (what a tool-call parser, if any, reads next)
+
+
+class ReasoningStream(Protocol):
+    def push(self, text: str) -> list[ReasoningDelta | ContentDelta]:
+        """More text; a tail that may be the start of a marker is held back."""
+
+    def finish(self) -> list[ReasoningDelta | ContentDelta]: ...
+
+
+class ReasoningParser(Protocol):
+    name: ClassVar[str]  # as --reasoning-parser names it (vLLM's names)
+    start: ClassVar[str]  # "<think>"
+    end: ClassVar[str]  # "</think>"
+
+    def parse(self, text: str, opened: bool) -> Split:
+        """`opened`: the prompt itself ends inside a think block (its last `start` comes after
+        its last `end`, as DeepSeek-R1's template opens one): the answer begins in reasoning."""
+
+    def stream(self, opened: bool) -> ReasoningStream: ...

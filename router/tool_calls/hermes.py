@@ -1,0 +1,72 @@
+"""Hermes-style calls (Qwen2.5, Qwen3, Hermes 2/3): each call a block
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+with free whitespace around the JSON; several blocks may follow each other, and text before,
+between or after them is content. A block that is not closed, or whose JSON is not a call, stays
+content as written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from router.tool_calls.common import (
+    Piece,
+    ScanParser,
+    call_from_object,
+    calls_rules,
+    json_term,
+    lark,
+    literal,
+    load_json,
+    name_literal,
+    partial_marker,
+)
+from router.tool_calls.types import MarkerTerm, Tool
+
+OPEN = "<tool_call>"
+CLOSE = "</tool_call>"
+
+
+class HermesParser(ScanParser):
+    name: ClassVar[str] = "hermes"
+    # `<tool_call>` is an added token that is not special in Qwen's tokenizers: its text is
+    # already in the answer's text.
+    markers: ClassVar[tuple[str, ...]] = ()
+
+    def scan(self, text: str, at_start: bool, final: bool) -> tuple[list[Piece], int]:
+        pieces: list[Piece] = []
+        pos = 0
+        while True:
+            start = text.find(OPEN, pos)
+            if start < 0:
+                # No block opens: all is content but a tail that may be the start of one.
+                end = len(text) if final else len(text) - partial_marker(text[pos:], (OPEN,))
+                pieces.append(text[pos:end])
+                return pieces, end
+            pieces.append(text[pos:start])
+            close = text.find(CLOSE, start + len(OPEN))
+            if close < 0:
+                if not final:
+                    return pieces, start  # the block may still close
+                pieces.append(text[start:])  # never closed: content
+                return pieces, len(text)
+            pos = close + len(CLOSE)
+            call = call_from_object(load_json(text[start + len(OPEN) : close]))
+            pieces.append(call if call is not None else text[start:pos])
+
+    def grammar(self, tools: Sequence[Tool], parallel: bool, marker: MarkerTerm) -> str:
+        # Each block as Qwen's chat template shows a call: the JSON on a line of its own.
+        head, middle, tail = literal('\n{"name": '), literal(', "arguments": '), literal("}\n")
+
+        def call(tool: Tool) -> str:
+            return (
+                f"{marker(OPEN)} {head} {name_literal(tool.name)} {middle} "
+                f"{json_term(tool.parameters)} {tail} {marker(CLOSE)}"
+            )
+
+        return lark(calls_rules(tools, call, parallel, separator=literal("\n")))

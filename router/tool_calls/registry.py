@@ -1,0 +1,25 @@
+"""The tool-call parsers by the names `--tool-call-parser` takes (vLLM's)."""
+
+from __future__ import annotations
+
+from router.tool_calls.hermes import HermesParser
+from router.tool_calls.llama3_json import Llama3JsonParser
+from router.tool_calls.mistral import MistralParser
+from router.tool_calls.pythonic import PythonicParser
+from router.tool_calls.types import ToolParser
+
+TOOL_PARSERS: dict[str, type[ToolParser]] = {
+    parser.name: parser
+    for parser in (HermesParser, Llama3JsonParser, MistralParser, PythonicParser)
+}
+
+
+def tool_parser(name: str) -> ToolParser:
+    """A parser by name; ValueError naming the choices for an unknown one."""
+    try:
+        parser = TOOL_PARSERS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown tool-call parser {name!r}; choose one of: {', '.join(sorted(TOOL_PARSERS))}"
+        ) from None
+    return parser()

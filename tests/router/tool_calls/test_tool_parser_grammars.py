@@ -1,0 +1,235 @@
+"""The parsers' grammars under llguidance: they compile, take what the parser reads as calls,
+and whatever a random walk through them writes parses into calls that follow the schemas."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import jsonschema
+import llguidance
+import llguidance.hf
+import pytest
+from tokenizers import AddedToken
+
+from launcher.tiny_models import build_tokenizer
+from router.tool_calls.hermes import CLOSE, OPEN
+from router.tool_calls.registry import TOOL_PARSERS, tool_parser
+from router.tool_calls.types import Tool, ToolParser
+from tests.router.tool_calls.checks import check_stream
+
+EOS = 2
+WEATHER_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 6},
+        "days": {"type": "integer", "minimum": 0, "maximum": 99},
+        "unit": {"enum": ["c", "f"]},
+        "note": {"type": "string", "maxLength": 4},
+    },
+    "required": ["city", "days", "unit"],
+    "additionalProperties": False,
+}
+PING_SCHEMA = {"type": "object", "properties": {}, "additionalProperties": False}
+TOOLS = [Tool("get_weather", "The weather", WEATHER_SCHEMA), Tool("ping", None, PING_SCHEMA)]
+SCHEMAS = {tool.name: tool.parameters for tool in TOOLS}
+
+# Texts each grammar must take (all tools, parallel), in the format's layout of JSON.
+ARGS = '{"city": "Paris", "days": 3, "unit": "c"}'
+ACCEPTED = {
+    "hermes": [
+        f'<tool_call>\n{{"name": "get_weather", "arguments": {ARGS}}}\n</tool_call>',
+        '<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "get_weather", "arguments": '
+        '{"city": "Oslo", "days": 0, "unit": "f", "note": "ok"}}\n</tool_call>',
+    ],
+    "llama3_json": [
+        f'{{"name": "get_weather", "parameters": {ARGS}}}',
+        f'{{"name": "ping", "parameters": {{}}}}; {{"name": "get_weather", "parameters": {ARGS}}}',
+    ],
+    "mistral": [
+        f'[TOOL_CALLS][{{"name": "get_weather", "arguments": {ARGS}}}]',
+        f'[TOOL_CALLS][{{"name": "ping", "arguments": {{}}}}, '
+        f'{{"name": "get_weather", "arguments": {ARGS}}}]',
+    ],
+    "mistral_args": [
+        f"[TOOL_CALLS]get_weather[ARGS]{ARGS}",
+        f"[TOOL_CALLS]ping[ARGS]{{}}[TOOL_CALLS]get_weather[ARGS]{ARGS}",
+    ],
+    "pythonic": [
+        '[get_weather(city="Paris", days=3, unit="c")]',
+        '[ping(), get_weather(city="Oslo", days=0, unit="f", note="ok")]',
+    ],
+}
+# Variants: which parser, and which markers the tokenizer does not hold as one token.
+VARIANTS = {
+    "hermes": ("hermes", set()),
+    "llama3_json": ("llama3_json", set()),
+    "mistral": ("mistral", {"[ARGS]"}),  # a v3 tokenizer: the list form
+    "mistral_args": ("mistral", set()),  # `[ARGS]` is a token: the newer form
+    "pythonic": ("pythonic", set()),
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    tok = build_tokenizer(512)
+    # As in Qwen's tokenizers: `<tool_call>` and `</tool_call>` are added tokens, not special.
+    tok.add_tokens([AddedToken(m, special=False, normalized=False) for m in (OPEN, CLOSE)])
+    special = {m for parser in TOOL_PARSERS.values() for m in parser.markers}
+    tok.add_special_tokens({"additional_special_tokens": sorted(special)})
+    return tok
+
+
+@pytest.fixture(scope="module")
+def ll_tokenizer(tokenizer):
+    return llguidance.hf.from_tokenizer(tokenizer, eos_token=[EOS])
+
+
+def marker_of(tokenizer, text_only: set[str]):
+    def marker(text: str) -> str:
+        token_id = tokenizer.convert_tokens_to_ids(text)
+        if text not in text_only and tokenizer.convert_ids_to_tokens(token_id) == text:
+            return f"<[{token_id}]>"
+        return json.dumps(text)
+
+    return marker
+
+
+def grammar_of(tokenizer, variant: str, tools=TOOLS, parallel=True) -> tuple[ToolParser, str]:
+    name, text_only = VARIANTS[variant]
+    parser = tool_parser(name)
+    return parser, parser.grammar(tools, parallel, marker_of(tokenizer, text_only))
+
+
+def matcher(ll_tokenizer, grammar: str) -> llguidance.LLMatcher:
+    found = llguidance.LLMatcher(ll_tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar))
+    assert not found.is_error(), found.get_error()
+    return found
+
+
+def takes(ll_tokenizer, tokenizer, grammar: str, text: str) -> bool:
+    found = matcher(ll_tokenizer, grammar)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return found.consume_tokens(ids) and found.is_accepting()
+
+
+def check_calls(parser: ToolParser, text: str, most: int | None = None) -> None:
+    """`text` is calls only, each of a tool and following its schema; so is its stream."""
+    parsed = parser.parse(text)
+    assert parsed.content is None, text
+    assert parsed.calls and (most is None or len(parsed.calls) <= most), text
+    for call in parsed.calls:
+        jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+    check_stream(parser, text, list(text))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("parallel", [True, False])
+def test_grammar_compiles(tokenizer, ll_tokenizer, variant, parallel):
+    _, grammar = grammar_of(tokenizer, variant, parallel=parallel)
+    lark = llguidance.LLMatcher.grammar_from_lark(grammar)
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(lark, ll_tokenizer)
+    assert not is_error, messages
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_grammar_takes_what_the_parser_reads(tokenizer, ll_tokenizer, variant):
+    parser, grammar = grammar_of(tokenizer, variant)
+    for text in ACCEPTED[variant]:
+        check_calls(parser, text)
+        assert takes(ll_tokenizer, tokenizer, grammar, text), text
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_grammar_refuses_what_it_must(tokenizer, ll_tokenizer, variant):
+    parser, single = grammar_of(tokenizer, variant, parallel=False)
+    one, two = ACCEPTED[variant]
+    assert takes(ll_tokenizer, tokenizer, single, one)
+    assert not takes(ll_tokenizer, tokenizer, single, two)  # two calls, one allowed
+    assert not takes(ll_tokenizer, tokenizer, single, one.replace("get_weather", "get_weathe"))
+    assert not takes(ll_tokenizer, tokenizer, single, one.replace('"c"', '"k"'))  # not in enum
+    # A named choice offers its tool only.
+    _, named = grammar_of(tokenizer, variant, tools=[TOOLS[1]], parallel=False)
+    assert not takes(ll_tokenizer, tokenizer, named, one)
+
+
+def walk(tokenizer, ll_tokenizer, grammar: str, seed: int) -> str:
+    """A random answer under `grammar`: random allowed tokens, stopping at random where it may
+    stop (never over 300 tokens)."""
+    rng = random.Random(seed)
+    found = matcher(ll_tokenizer, grammar)
+    tokens: list[int] = []
+    while not found.is_stopped() and len(tokens) < 300:
+        if found.is_accepting() and rng.random() < 0.5:
+            break
+        bias = found.compute_logit_bias()
+        allowed = [i for i, b in enumerate(bias) if b and i != EOS]
+        if not allowed:
+            break
+        tokens.append(rng.choice(allowed))
+        assert found.consume_token(tokens[-1]), found.get_error()
+    assert found.is_accepting(), tokenizer.decode(tokens)
+    return tokenizer.decode(tokens)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("parallel", [True, False])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_walks_parse_into_valid_calls(tokenizer, ll_tokenizer, variant, parallel, seed):
+    parser, grammar = grammar_of(tokenizer, variant, parallel=parallel)
+    text = walk(tokenizer, ll_tokenizer, grammar, seed)
+    check_calls(parser, text, most=None if parallel else 1)
+
+
+def test_pythonic_any_object_takes_any_keywords(tokenizer, ll_tokenizer):
+    # No `properties`: any keyword arguments, any JSON values.
+    parser, grammar = grammar_of(tokenizer, "pythonic", tools=[Tool("f")], parallel=False)
+    for text in ("[f()]", '[f(a=1, b_2="x", c=[true, null])]'):
+        assert takes(ll_tokenizer, tokenizer, grammar, text), text
+        assert parser.parse(text).calls
+    assert not takes(ll_tokenizer, tokenizer, grammar, "[f(1)]")
+
+
+def test_pythonic_optional_properties_in_order(tokenizer, ll_tokenizer):
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "integer"},
+            "b": {"type": "integer"},
+            "c": {"type": "integer"},
+        },
+        "required": ["b"],
+    }
+    _, grammar = grammar_of(tokenizer, "pythonic", tools=[Tool("f", None, schema)], parallel=False)
+    for text, ok in [
+        ("[f(b=1)]", True),
+        ("[f(a=1, b=2)]", True),
+        ("[f(b=2, c=3)]", True),
+        ("[f(a=1, b=2, c=3)]", True),
+        ("[f()]", False),
+        ("[f(a=1)]", False),
+        ("[f(b=2, a=1)]", False),
+        ("[f(, b=2)]", False),
+    ]:
+        assert takes(ll_tokenizer, tokenizer, grammar, text) is ok, text
+
+
+def test_pythonic_refs_resolve_in_property_schemas(tokenizer, ll_tokenizer):
+    schema = {
+        "type": "object",
+        "$defs": {"unit": {"enum": ["c", "f"]}},
+        "properties": {"unit": {"$ref": "#/$defs/unit"}},
+        "required": ["unit"],
+    }
+    _, grammar = grammar_of(tokenizer, "pythonic", tools=[Tool("f", None, schema)], parallel=False)
+    assert takes(ll_tokenizer, tokenizer, grammar, '[f(unit="c")]')
+    assert not takes(ll_tokenizer, tokenizer, grammar, '[f(unit="k")]')
+
+
+def test_names_are_exact_literals(tokenizer, ll_tokenizer):
+    odd = Tool('say "hi"\\', None, PING_SCHEMA)
+    for variant in ("hermes", "llama3_json", "mistral"):
+        parser, grammar = grammar_of(tokenizer, variant, tools=[odd], parallel=False)
+        text = walk(tokenizer, ll_tokenizer, grammar, 0)
+        assert [c.name for c in parser.parse(text).calls] == [odd.name]
