@@ -30,7 +30,7 @@ from router.handlers.openai_common import (
     whole_answer,
 )
 from router.handlers.sse import serve_sse
-from router.reasoning.gate import AfterReasoning, opened_in
+from router.reasoning.gate import AfterReasoning, first_state, opened_in
 from router.request import ValidRequest
 from router.tool_calls.choice import ToolPlan, plan_tools
 
@@ -62,7 +62,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     check_count(gens, n, "`n`")
     valid = await gens.validate(body.to_request(prompt, plan.grammar))
     shape = _shape(gens, plan, prompt)
-    valid = _after_reasoning(gens, valid, shape)
+    valid = _after_reasoning(gens, valid, shape, prompt)
     with gens.permit(n):
         sent = submit_all(request, [valid], n, received)
         if body.stream:
@@ -111,14 +111,15 @@ def _shape(gens: Generations, plan: ToolPlan, prompt: str) -> AnswerShape:
     return AnswerShape(reasoning, opened, plan.parser, gens.chat.markers)
 
 
-def _after_reasoning(gens: Generations, valid: ValidRequest, shape: AnswerShape) -> ValidRequest:
+def _after_reasoning(
+    gens: Generations, valid: ValidRequest, shape: AnswerShape, prompt: str
+) -> ValidRequest:
     """With a reasoning parser, a grammar constrains the answer after the think block."""
     tokens = gens.chat.reasoning_tokens
     if valid.grammar is None or shape.reasoning is None or tokens is None:
         return valid
-    # Qwen3 thinks only when the answer opens with <think>; DeepSeek-R1's answers start in it.
-    optional = shape.reasoning.name == "qwen3"
-    gate = AfterReasoning(valid.grammar, tokens.start, tokens.end, shape.opened, optional)
+    state = first_state(prompt, shape.reasoning)
+    gate = AfterReasoning(valid.grammar, tokens.start, tokens.end, state)
     return dataclasses.replace(valid, grammar=gate)
 
 
@@ -136,12 +137,18 @@ def _choice(
         "index": index,
         "message": message,
         "logprobs": None,
-        "finish_reason": "tool_calls" if "tool_calls" in message else finish_reason(finished),
+        "finish_reason": _finish(finish_reason(finished), "tool_calls" in message),
     }
     if logprobs:
         steps = zip(entry.tokens, entry.top_tokens, strict=True)
         choice["logprobs"] = {"content": [token_logprob(gens, t, top) for t, top in steps]}
     return choice
+
+
+def _finish(reason: str, called: bool) -> str:
+    """OpenAI's `tool_calls` for an answer that ended after making calls; an answer cut by the
+    length limit says so, calls or not (its last call may be the one cut, left as text)."""
+    return "tool_calls" if called and reason == "stop" else reason
 
 
 class ChatStream:
@@ -203,7 +210,7 @@ class ChatStream:
             deltas = deltas[1:]
         out += [self.chunk(index, delta) for delta in deltas]
         if event.end is not None:
-            finish = "tool_calls" if answer.called else finish_reason(event.end)
+            finish = _finish(finish_reason(event.end), answer.called)
             out.append(self.chunk(index, {}, finish=finish))
         return out
 

@@ -9,6 +9,7 @@ allows the start marker beside what the grammar allows.
 
 from __future__ import annotations
 
+from router.reasoning.types import ReasoningParser
 from router.structured import CompiledGrammar, TokenConstraint
 
 
@@ -17,17 +18,26 @@ def opened_in(prompt: str, start: str, end: str) -> bool:
     return prompt.rfind(start) > prompt.rfind(end)
 
 
+def first_state(prompt: str, parser: ReasoningParser) -> str:
+    """Where a request's answer starts: "reasoning" (the prompt opened the block, or the model
+    always reasons first), "answer" (the template closed an empty block just before the answer,
+    as Qwen3's does with enable_thinking false: no more thinking), or "first" (the model thinks
+    only if its first token opens the block)."""
+    if opened_in(prompt, parser.start, parser.end):
+        return "reasoning"
+    if prompt.rstrip().endswith(parser.end):
+        return "answer"
+    return "first" if parser.optional else "reasoning"
+
+
 class AfterReasoning:
     """A CompiledGrammar stand-in: every request started from it waits for the end of reasoning."""
 
-    def __init__(
-        self, grammar: CompiledGrammar, start_id: int, end_id: int, opened: bool, optional: bool
-    ) -> None:
-        """`opened`: the prompt opened the think block. `optional`: the answer thinks only if it
-        begins with the start marker (else it starts in reasoning, closed by `end_id`)."""
+    def __init__(self, grammar: CompiledGrammar, start_id: int, end_id: int, state: str) -> None:
+        """`state`: where the answer starts (`first_state`)."""
         self._grammar = grammar
         self._start_id, self._end_id = start_id, end_id
-        self._state = "reasoning" if opened or not optional else "first"
+        self._state = state
 
     def start(self) -> ReasoningGate:
         return ReasoningGate(self._grammar.start(), self._start_id, self._end_id, self._state)

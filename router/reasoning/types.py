@@ -35,6 +35,9 @@ class ReasoningParser(Protocol):
     name: ClassVar[str]  # as --reasoning-parser names it (vLLM's names)
     start: ClassVar[str]  # "<think>"
     end: ClassVar[str]  # "</think>"
+    # Whether the model may answer without a think block (Qwen3: it thinks only when its answer
+    # opens one); else an answer starts in reasoning (DeepSeek-R1).
+    optional: ClassVar[bool]
 
     def parse(self, text: str, opened: bool) -> Split:
         """`opened`: the prompt itself ends inside a think block (its last `start` comes after

@@ -97,12 +97,25 @@ async def test_a_grammar_applies_after_the_reasoning(families):
             assert message["reasoning_content"] == "hmm", message
             jsonschema.validate(json.loads(message["content"]), FORECAST_PARAMETERS)
             assert env.violations() == []
+    # Qwen3 told not to think (its template closes an empty block before the answer): the
+    # grammar holds from the first token, which may not open another block.
+    path, tok = families["qwen"]
+    answer = "<think>\nhmm\n</think>\n\nnot json at all"
+    async with router_env(path, 1, scripted(tok, answer), reasoning_parser="qwen3") as env:
+        no_think = {"chat_template_kwargs": {"enable_thinking": False}}
+        status, text = await post(env, response_format=SCHEMA, **no_think)
+        assert status == 200, text
+        message = json.loads(text)["choices"][0]["message"]
+        assert message["reasoning_content"] is None, message
+        jsonschema.validate(json.loads(message["content"]), FORECAST_PARAMETERS)
     # And under an enforced tool choice, with the calls streamed after the reasoning.
     path, tok = families["qwen"]
     answer = "<think>\nAn alarm.\n</think>\n\nnope"
     flags = {"reasoning_parser": "qwen3", "tool_call_parser": "hermes"}
     async with router_env(path, 1, scripted(tok, answer), **flags) as env:
-        status, text = await post(env, stream=True, tools=[ALARM], tool_choice="required")
+        status, text = await post(
+            env, stream=True, tools=[ALARM], tool_choice="required", parallel_tool_calls=False
+        )
         assert status == 200, text
         deltas, finishes = stream_deltas(text)
         assert "".join(d.get("reasoning_content") or "" for d in deltas) == "An alarm."
