@@ -33,7 +33,7 @@ DEFAULT_MAX_GRAMMAR_SIZE = 256 * 1024
 DEFAULT_MAX_HEADER_SIZE = 8190
 DEFAULT_MAX_HEADERS = 128  # aiohttp's (hyper, under TGI, allows 100)
 # The parsers' names, as vLLM's flags take them (the registries import the parsers only when
-# one is chosen; tests/router/test_chat_flags.py checks both lists against them).
+# one is chosen; tests/launcher/test_launcher_chat_parsers.py checks both lists against them).
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic")
 REASONING_PARSERS = ("deepseek_r1", "qwen3")
 

@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from router.tool_calls.hermes import HermesParser
 from router.tool_calls.types import Parsed, TextDelta, ToolCall
-from tests.router.tool_calls.checks import check_all_splits, check_stream, cut, cut_points
 
 PARSER = HermesParser()
 WEATHER = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
@@ -44,31 +39,10 @@ MALFORMED = [
 ]
 
 
-@pytest.mark.parametrize(("text", "expected"), WHOLE)
-def test_parse_whole(text, expected):
-    assert PARSER.parse(text) == expected
-
-
-@pytest.mark.parametrize("text", MALFORMED)
-def test_malformed_stays_text(text):
-    assert PARSER.parse(text) == Parsed(text, [])
-
-
 def test_malformed_next_to_good_call():
     bad = "<tool_call>{not json}</tool_call>"
     found = PARSER.parse(f"{bad}\n{WEATHER}")
     assert found == Parsed(bad, [WEATHER_CALL])
-
-
-@pytest.mark.parametrize("text", [t for t, _ in WHOLE] + MALFORMED)
-def test_stream_every_split(text):
-    check_all_splits(PARSER, text)
-
-
-@settings(max_examples=40, deadline=None)
-@given(data=st.data(), text=st.sampled_from([t for t, _ in WHOLE] + MALFORMED))
-def test_stream_random_splits(data, text):
-    check_stream(PARSER, text, cut(text, data.draw(cut_points(text))))
 
 
 def test_content_flows_before_a_marker_is_complete():
