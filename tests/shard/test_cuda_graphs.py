@@ -27,6 +27,9 @@ NO_CUDA = "CUDA graphs are captured by torch.cuda, which needs a CUDA device"
 BUCKETS = (1, 2, 4)
 MAX_TOTAL_TOKENS = 96  # the block table width the graphs hold: 6 blocks
 
+# The Triton LoRA kernels run in the interpreter on a CPU: large tiles (see the fixture).
+pytestmark = pytest.mark.usefixtures("large_lora_tiles")
+
 
 def service(model_dir, attention: str, graphs: str, adapters: dict | None = None):
     """A warmed-up float32 servicer; graphs "eager" (EagerReplayer), "cuda" or "off"."""
