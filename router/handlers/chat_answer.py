@@ -30,7 +30,10 @@ class AnswerShape:
     """How one request's answers are taken apart."""
 
     reasoning: ReasoningParser | None
-    opened: bool  # the prompt opened a think block
+    # Where the answer starts (router/reasoning/gate.py first_state): "reasoning" (the prompt
+    # opened a think block), "answer" (the prompt closed one just before it: nothing to split),
+    # or "first" (the answer reasons only if it opens a block, or always, as its parser says).
+    start: str
     tools: ToolParser | None
     markers: frozenset[str]  # special tokens the parsers must see
 
@@ -51,8 +54,10 @@ class AnswerShape:
     def message(self, text: str) -> dict[str, Any]:
         """The whole answer as OpenAI's `message`."""
         message: dict[str, Any] = {"role": "assistant", "content": text}
-        if self.reasoning is not None:
-            split = self.reasoning.parse(text, self.opened)
+        if self.reasoning is not None and self.start == "answer":
+            message["reasoning_content"] = None
+        elif self.reasoning is not None:
+            split = self.reasoning.parse(text, self.start == "reasoning")
             message["reasoning_content"] = split.reasoning
             message["content"] = text = split.content
         if self.tools is not None and text is not None:
@@ -80,7 +85,8 @@ class AnswerStream:
 
     def __init__(self, shape: AnswerShape) -> None:
         self.shape = shape
-        self._reasoning = shape.reasoning.stream(shape.opened) if shape.reasoning else None
+        reasoning = shape.reasoning if shape.start != "answer" else None
+        self._reasoning = reasoning.stream(shape.start == "reasoning") if reasoning else None
         self._tools = shape.tools.stream() if shape.tools else None
         self._ids: dict[int, str] = {}
 

@@ -30,7 +30,7 @@ from router.handlers.openai_common import (
     whole_answer,
 )
 from router.handlers.sse import serve_sse
-from router.reasoning.gate import AfterReasoning, first_state, opened_in
+from router.reasoning.gate import AfterReasoning, first_state
 from router.request import ValidRequest
 from router.tool_calls.choice import ToolPlan, plan_tools
 
@@ -62,7 +62,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     check_count(gens, n, "`n`")
     valid = await gens.validate(body.to_request(prompt, plan.grammar))
     shape = _shape(gens, plan, prompt)
-    valid = _after_reasoning(gens, valid, shape, prompt)
+    valid = _after_reasoning(gens, valid, shape)
     with gens.permit(n):
         sent = submit_all(request, [valid], n, received)
         if body.stream:
@@ -107,19 +107,16 @@ def _check_template_reads(gens: Generations, plan: ToolPlan, messages: list[dict
 
 def _shape(gens: Generations, plan: ToolPlan, prompt: str) -> AnswerShape:
     reasoning = gens.chat.reasoning
-    opened = reasoning is not None and opened_in(prompt, reasoning.start, reasoning.end)
-    return AnswerShape(reasoning, opened, plan.parser, gens.chat.markers)
+    start = first_state(prompt, reasoning) if reasoning is not None else "answer"
+    return AnswerShape(reasoning, start, plan.parser, gens.chat.markers)
 
 
-def _after_reasoning(
-    gens: Generations, valid: ValidRequest, shape: AnswerShape, prompt: str
-) -> ValidRequest:
+def _after_reasoning(gens: Generations, valid: ValidRequest, shape: AnswerShape) -> ValidRequest:
     """With a reasoning parser, a grammar constrains the answer after the think block."""
     tokens = gens.chat.reasoning_tokens
     if valid.grammar is None or shape.reasoning is None or tokens is None:
         return valid
-    state = first_state(prompt, shape.reasoning)
-    gate = AfterReasoning(valid.grammar, tokens.start, tokens.end, state)
+    gate = AfterReasoning(valid.grammar, tokens.start, tokens.end, shape.start)
     return dataclasses.replace(valid, grammar=gate)
 
 
