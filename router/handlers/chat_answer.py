@@ -12,7 +12,8 @@ from typing import Any
 
 from router.entry import Token
 from router.reasoning.types import ContentDelta, ReasoningDelta, ReasoningParser
-from router.tool_calls.types import CallDelta, TextDelta, ToolCall, ToolParser
+from router.tool_calls.enforced_stream import ARGUMENT_HEADS, EnforcedCallStream
+from router.tool_calls.types import CallDelta, TextDelta, ToolCall, ToolParser, ToolStream
 
 _ALNUM = string.ascii_letters + string.digits
 
@@ -36,6 +37,7 @@ class AnswerShape:
     start: str
     tools: ToolParser | None
     markers: frozenset[str]  # special tokens the parsers must see
+    enforced: bool = False  # the calls follow a grammar (tool_choice required or named)
 
     @property
     def plain(self) -> bool:
@@ -79,6 +81,15 @@ class AnswerShape:
         return AnswerStream(self)
 
 
+def _tool_stream(shape: AnswerShape) -> ToolStream | None:
+    """Enforced calls stream their arguments as written (router/tool_calls/enforced_stream.py);
+    others are told once complete, by the parser's own stream."""
+    if shape.tools is None:
+        return None
+    head = ARGUMENT_HEADS.get(shape.tools.name) if shape.enforced else None
+    return EnforcedCallStream(head) if head is not None else shape.tools.stream()
+
+
 class AnswerStream:
     """Text in, OpenAI `delta` objects out; held-back text (a marker not yet complete, a call
     not yet closed) is told at `finish`."""
@@ -87,7 +98,7 @@ class AnswerStream:
         self.shape = shape
         reasoning = shape.reasoning if shape.start != "answer" else None
         self._reasoning = reasoning.stream(shape.start == "reasoning") if reasoning else None
-        self._tools = shape.tools.stream() if shape.tools else None
+        self._tools = _tool_stream(shape)
         self._ids: dict[int, str] = {}
 
     @property

@@ -108,7 +108,8 @@ def _check_template_reads(gens: Generations, plan: ToolPlan, messages: list[dict
 def _shape(gens: Generations, plan: ToolPlan, prompt: str) -> AnswerShape:
     reasoning = gens.chat.reasoning
     start = first_state(prompt, reasoning) if reasoning is not None else "answer"
-    return AnswerShape(reasoning, start, plan.parser, gens.chat.markers)
+    enforced = plan.grammar is not None
+    return AnswerShape(reasoning, start, plan.parser, gens.chat.markers, enforced)
 
 
 def _after_reasoning(gens: Generations, valid: ValidRequest, shape: AnswerShape) -> ValidRequest:

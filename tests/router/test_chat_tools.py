@@ -136,6 +136,8 @@ async def test_auto_finds_calls_whole_and_streamed(qwen):
         assert content == "Let me look."  # no markup leaks
         (streamed,) = joined_calls(deltas)
         assert streamed["name"] == "get_weather" and streamed["id"].startswith("call_")
+        # Under auto a call is told once complete and checked: its name, then its arguments.
+        assert len([p for d in deltas for p in d.get("tool_calls") or []]) == 2
         assert json.loads(streamed["arguments"]) == {"city": "Paris", "unit": "c"}
         assert finishes[-1] == "tool_calls"
         assert env.violations() == []
@@ -200,6 +202,9 @@ async def test_required_and_named_choices_are_enforced_by_a_grammar(qwen):
                 if stream:
                     deltas, finishes = stream_deltas(text)
                     calls = joined_calls(deltas)
+                    # Enforced calls cannot be malformed: arguments stream as they are written.
+                    parts = [p for d in deltas for p in d.get("tool_calls") or []]
+                    assert len(parts) > 3 and "name" in parts[0]["function"]
                     assert not "".join(d.get("content") or "" for d in deltas).strip()
                     assert finishes[-1] == "tool_calls"
                 else:

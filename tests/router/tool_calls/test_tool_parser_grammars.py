@@ -13,9 +13,10 @@ import pytest
 from tokenizers import AddedToken
 
 from launcher.tiny_models import build_tokenizer
+from router.tool_calls.enforced_stream import ARGUMENT_HEADS, EnforcedCallStream
 from router.tool_calls.hermes import CLOSE, OPEN
 from router.tool_calls.registry import TOOL_PARSERS, tool_parser
-from router.tool_calls.types import Tool, ToolParser
+from router.tool_calls.types import CallDelta, Tool, ToolParser
 from tests.router.tool_calls.checks import check_stream
 
 EOS = 2
@@ -182,6 +183,42 @@ def test_random_walks_parse_into_valid_calls(tokenizer, ll_tokenizer, variant, p
     check_calls(parser, text, most=None if parallel else 1)
 
 
+def streamed_calls(parser: ToolParser, text: str, cuts: list[int]) -> list[tuple[str, dict]]:
+    """The calls an enforced request's stream tells for `text` pushed in pieces, put together
+    as a client does: by index, the name from the first delta, arguments joined."""
+    stream = EnforcedCallStream(ARGUMENT_HEADS[parser.name])
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    deltas = [d for piece in pieces for d in stream.push(piece)] + stream.finish()
+    assert all(isinstance(d, CallDelta) for d in deltas), "an enforced answer is calls only"
+    calls: dict[int, list] = {}
+    for d in deltas:
+        call = calls.setdefault(d.index, [None, ""])
+        if d.name is not None:
+            assert call[0] is None and call[1] == "", "the name comes first, once"
+            call[0] = d.name
+        call[1] += d.arguments
+    return [(name, json.loads(arguments)) for name, arguments in calls.values()]
+
+
+JSON_VARIANTS = [v for v, (name, _) in VARIANTS.items() if name in ARGUMENT_HEADS]
+
+
+@pytest.mark.parametrize("variant", JSON_VARIANTS)
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_enforced_calls_stream_their_arguments_in_fragments(tokenizer, ll_tokenizer, variant, seed):
+    """Whatever the grammar lets a model write, cut anywhere: the names and arguments the
+    stream tells are the calls parse() finds in the whole."""
+    parser, grammar = grammar_of(tokenizer, variant, parallel=True)
+    rng = random.Random(seed)
+    for text in [*ACCEPTED[variant], walk(tokenizer, ll_tokenizer, grammar, seed)]:
+        whole = [(c.name, json.loads(c.arguments)) for c in parser.parse(text).calls]
+        assert whole, text
+        every_char = list(range(1, len(text)))
+        at_random = sorted(rng.sample(every_char, min(len(every_char), rng.randint(1, 8))))
+        for cuts in (every_char, at_random, []):
+            assert streamed_calls(parser, text, cuts) == whole, (text, cuts)
+
+
 def test_pythonic_any_object_takes_any_keywords(tokenizer, ll_tokenizer):
     # No `properties`: any keyword arguments, any JSON values.
     parser, grammar = grammar_of(tokenizer, "pythonic", tools=[Tool("f")], parallel=False)
@@ -233,3 +270,13 @@ def test_names_are_exact_literals(tokenizer, ll_tokenizer):
         parser, grammar = grammar_of(tokenizer, variant, tools=[odd], parallel=False)
         text = walk(tokenizer, ll_tokenizer, grammar, 0)
         assert [c.name for c in parser.parse(text).calls] == [odd.name]
+
+
+def test_enforced_stream_follows_strings_and_nesting():
+    """Braces, brackets and escaped quotes inside strings do not end the arguments."""
+    tricky = '{"city": "a}\\"{[", "days": 1, "unit": "c", "note": "]]\\\\"}'
+    text = f'<tool_call>\n{{"name": "get_weather", "arguments": {tricky}}}\n</tool_call>'
+    parser = tool_parser("hermes")
+    assert [c.name for c in parser.parse(text).calls] == ["get_weather"]
+    for cuts in (list(range(1, len(text))), []):
+        assert streamed_calls(parser, text, cuts) == [("get_weather", json.loads(tricky))]
