@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from router.limits import ConfigError
 from router.reasoning.types import ReasoningParser
@@ -28,14 +28,15 @@ class ChatFeatures:
     reasoning: ReasoningParser | None = None
     reasoning_tokens: ReasoningTokens | None = None
     marker: MarkerTerm = json.dumps  # how grammars name a marker (its token where it is one)
+    markers: frozenset[str] = field(init=False)  # what the parsers must see (set below)
 
-    @property
-    def markers(self) -> frozenset[str]:
-        """Special tokens whose text the parsers must see in the answer."""
+    def __post_init__(self) -> None:
+        """Special tokens whose text the parsers must see in the answer: derived once, read
+        by every chat request."""
         found = set(self.tool_parser.markers if self.tool_parser else ())
         if self.reasoning is not None:
             found.update((self.reasoning.start, self.reasoning.end))
-        return frozenset(found)
+        object.__setattr__(self, "markers", frozenset(found))
 
 
 def single_token(tokenizer, text: str) -> int | None:

@@ -50,6 +50,7 @@ class ReasoningGate:
         self._inner = inner
         self._start_id, self._end_id = start_id, end_id
         self._state = state  # "first" (may open a think block), "reasoning", "answer"
+        self._any: bytes | None = None  # the all-allowing mask of the reasoning steps
 
     @property
     def ended(self) -> bool:
@@ -57,7 +58,9 @@ class ReasoningGate:
 
     def mask(self) -> bytes:
         if self._state == "reasoning":
-            return b"\xff" * len(self._inner.mask())
+            if self._any is None:  # built once: every reasoning step of the request sends it
+                self._any = b"\xff" * len(self._inner.mask())
+            return self._any
         mask = self._inner.mask()
         if self._state == "first":
             mask = bytearray(mask)
