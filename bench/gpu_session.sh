@@ -62,6 +62,20 @@ transformers, peft; print('torch', torch.__version__, 'cuda', torch.version.cuda
 torch.cuda.get_device_name()); print('triton', triton.__version__, 'protobuf', pb.__version__, \
 'grpcio', grpc.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__); \
 import switchyard_pb.generate_pb2\""
+# Issue 50 first: no synchronisation in a step's launch (torch's sync debug mode, eager and
+# replayed), steps queued ahead equal steps on request, the static-shape sampler; which int4
+# GEMM per M (tinygemm, our Triton, dense cuBLAS); the decode step against its roofline.
+step issue50_tests 170 "${PYTEST[@]}" -n 4 tests/shard/test_step_host_syncs.py \
+    tests/shard/test_steps_ahead.py tests/shard/test_sampling_static.py \
+    tests/shard/test_cuda_graphs.py tests/shard/test_server_steps.py
+step int4_kernels 100 "$PY" bench/int4_kernels_gpu.py
+step decode_graphs_50 150 "$PY" -m bench.decode_graphs --out "$RESULTS"
+# Serving on the device with steps queued ahead and without (issue 50, 2 and 3): the
+# SmolLM2-135M shape, random weights, at concurrency 1 and 16 (prepared, not yet run).
+step serve_overlap 260 bash -c "for o in off on; do \
+    \"$PY\" -m bench.serve --servers switchyard --baseline switchyard --random-weights \
+    --ignore-eos --concurrency 1 16 --switchyard-args \"--overlap-schedule \$o\" \
+    --out \"$RESULTS/serve_\$o\" | tail -6; done"
 # The model seam's and MoE's GPU points first (issues 45 and 46): soft-capped prefill/decode,
 # partial/longrope rotary, whole new-architecture models with Triton, the fused MoE kernel
 # compiled and captured in a CUDA graph, MoE models in decode graphs; then its benchmark.

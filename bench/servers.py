@@ -107,8 +107,14 @@ def switchyard(model_dir: Path, extra_args: list[str], *, ignore_eos: bool = Tru
     port = free_port()
     # Private socket path and rendezvous port: other Switchyards may be running on this machine.
     sockets = Path(tempfile.gettempdir()) / f"sy-bench-{secrets.token_hex(4)}-shard"
+    # The installed console script, else the same entry point through this python (a GPU
+    # machine runs the checkout without installing it).
+    script = BIN / "launcher"
+    launcher = [str(script)] if script.exists() else [
+        sys.executable, "-c", "import sys; from launcher.main import main; sys.exit(main())"
+    ]  # fmt: skip
     argv = [
-        str(BIN / "launcher"),
+        *launcher,
         "--model-id", str(model_dir),
         "--dtype", "bfloat16",
         "--hostname", "127.0.0.1",

@@ -86,6 +86,10 @@ def ids(details: dict) -> list[int]:
 
 def serve(model_dir: Path, num_shard: int) -> Served:
     args = ("--num-shard", str(num_shard), "--dtype", "float32")
+    if num_shard > 1:
+        # The two shards also queue each decode step ahead (shard/steps_ahead.py, a GPU's
+        # default): the ids must still be one shard's without it, rank 0's broadcast included.
+        args += ("--overlap-schedule", "on")
     # Two shards need two GPUs (the launcher refuses fewer); short of that, both servers run
     # on the CPU with gloo, which is the path this file is about, also on a one-GPU machine.
     env = {"CUDA_VISIBLE_DEVICES": ""} if torch.cuda.device_count() < 2 else None

@@ -29,6 +29,10 @@ def test_short_soak_has_no_errors_leaks_or_lost_requests(tiny_model_dirs, tmp_pa
         "--adapter-dir", str(tmp_path / "lora"),
         "--out", str(tmp_path / "results"),
         "--rss-interval", "1",
+        # As on a GPU, each decode step is queued before the router reads the one before
+        # (shard/steps_ahead.py): stops, drops and filters then discard tokens already computed,
+        # and every block must still come back.
+        "--switchyard-args", "--overlap-schedule on",
     ]  # fmt: skip
     result, verdicts = soak(argv)
     by_name = {v.name: v for v in verdicts}

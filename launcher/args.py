@@ -60,6 +60,9 @@ class LauncherConfig:
     cpu_kv_cache_gb: float | None
     compile: bool  # torch.compile the shards' forward pass (shard/platforms/cpu/compiled.py)
     cuda_graphs: str | None  # decode batch sizes to capture, "0" none; None: the shard's default
+    # Each decode step's successor queued before the router asks (shard/steps_ahead.py): "on",
+    # "off", "auto"; None: the shard's default (auto: on a GPU).
+    overlap_schedule: str | None
     # Mixture-of-Experts: each shard holds E/N whole experts (vLLM's --enable-expert-parallel);
     # off, each expert's intermediate dimension is split across the N shards (tensor parallel).
     expert_parallel: bool
@@ -197,6 +200,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="batch sizes whose decode steps are captured as CUDA graphs and replayed, e.g. "
         "1,2,4,8 (TGI's flag); 0 turns them off. Default on a GPU: 1,2,4,...,128; none on a CPU",
+    )
+    s.add_argument(
+        "--overlap-schedule",
+        choices=("auto", "on", "off"),
+        default=None,
+        help="queue each decode step's successor on the device before the router has read the "
+        "answer to the one before (SGLang's overlap scheduler, vLLM's async scheduling). auto, "
+        "the default: on with a GPU, off on a CPU, where it would delay every answer by a step",
     )
     s.add_argument(
         "--expert-parallel",

@@ -78,7 +78,11 @@ def shard_spec(
         "--block-size",
         str(cfg.block_size),
     ]
-    for name in ("quantize", "attention", "cuda_memory_fraction", "cpu_kv_cache_gb", "cuda_graphs"):
+    forwarded = (
+        "quantize", "attention", "cuda_memory_fraction", "cpu_kv_cache_gb", "cuda_graphs",
+        "overlap_schedule",
+    )  # fmt: skip
+    for name in forwarded:
         value = getattr(cfg, name)
         if value is not None:
             argv += [_flag(name), str(value)]

@@ -12,7 +12,7 @@ from shard.cuda_graph_buckets import CudaGraphsError, parse_buckets
 from shard.layers.quant.config import METHODS as QUANTIZE_METHODS
 from shard.lora.names import AdapterListError, check_adapter_names, split_adapter_list
 from shard.rank_env import DistributedEnv
-from shard.settings import ShardSettings
+from shard.settings import OVERLAP_CHOICES, ShardSettings
 from shard.sockets import shard_socket
 
 # The shard stopped serving on its own (shard/server.py: ShardStopped); the launcher stops the pod.
@@ -64,6 +64,13 @@ def parse_args(argv: list[str]) -> ShardSettings:
         help="batch sizes whose decode steps are captured as CUDA graphs, e.g. 1,2,4,8 (0: none; "
         "default 1,2,4,...,128 on a GPU)",
     )
+    serve.add_argument(
+        "--overlap-schedule",
+        choices=OVERLAP_CHOICES,
+        default="auto",
+        help="queue each decode step's successor on the device before the router asks for it "
+        "(auto: on a GPU, off on a CPU, where it would delay every answer by a step)",
+    )
     args = parser.parse_args(argv)
     try:
         cuda_graphs = parse_buckets(args.cuda_graphs)
@@ -102,6 +109,7 @@ def parse_args(argv: list[str]) -> ShardSettings:
         compile=args.compile,
         expert_parallel=args.expert_parallel,
         cuda_graphs=cuda_graphs,
+        overlap_schedule=args.overlap_schedule,
     )
 
 

@@ -4,6 +4,12 @@ Everything a step needs is kept as padded [B, ...] tensors so that building the 
 a handful of gathers, not a Python loop over requests. `filter` and `concat` keep those tensors
 in step with the list of requests.
 
+What the host plans a step from lives on the host (the lengths, the KV slots, the adapters'
+slots): it changes in ways the host knows without asking the device (one more cached position,
+one more token per sampled row), so a step starts without reading the device
+(shard/step_inputs.py). What the device computes with lives there: the token history (the
+sampler writes each new token into it), the block tables, the sampling parameters.
+
 A row is decoding when all but its last known token have KV in the cache
 (cache_lens == history_lens - 1); before that it is still in its prompt, which chunked prefill
 computes over several steps.
@@ -64,15 +70,17 @@ class PromptScores:
 class Batch:
     id: int
     requests: list[RequestInfo]
+    # On the device:
     block_tables: torch.Tensor  # [B, max_blocks] int32
+    history: torch.Tensor  # [B, max_positions + 1] int64: prompt + generated ids
+    sampling: SamplingTensors
+    # On the host:
     slots: torch.Tensor  # [B, max_positions] int64: slots[i, p] = KV slot of position p
-    history: torch.Tensor  # [B, max_positions] int64: prompt + generated ids
     history_lens: torch.Tensor  # [B] int64: valid entries of `history`
     # [B] int64: each request's prompt length (RequestInfo.input_len), for the steps' gathers
     # (shard/step_inputs.py: a longrope row recomputed when its sequence crosses the boundary).
     input_lens: torch.Tensor
     cache_lens: torch.Tensor  # [B] int64: leading positions whose K/V are in the cache
-    sampling: SamplingTensors
     # [B] int32: the device slot of each request's LoRA adapter, -1 for the base model
     # (shard/lora/manager.py assigns them when the batch arrives).
     lora_slots: torch.Tensor
@@ -102,23 +110,22 @@ class Batch:
                 )
             )
         # History holds one more id than there are slots: the last sampled token never needs KV.
-        history = _pad_rows([r.input_ids for r in new], torch.int64, device)
         width = max(len(r.slots) for r in new) + 1
-        history = torch.nn.functional.pad(history, (0, width - history.shape[1]))
+        history = pad_rows([r.input_ids for r in new], torch.int64, min_width=width)
         return cls(
             id=batch_id,
             requests=requests,
             block_tables=_pad_rows([r.blocks for r in new], torch.int32, device),
-            slots=_pad_rows([r.slots for r in new], torch.int64, device),
-            history=history,
-            history_lens=torch.tensor([len(r.input_ids) for r in new], device=device),
-            input_lens=torch.tensor([len(r.input_ids) for r in new], device=device),
-            # A cached prefix (router/prefix_cache.py) is already in the request's blocks.
-            cache_lens=torch.tensor([r.prefix_len for r in new], dtype=torch.int64, device=device),
+            history=history.to(device),
             sampling=SamplingTensors.from_params(
                 [r.sampling for r in new], [len(r.input_ids) for r in new], device
             ),
-            lora_slots=torch.full((len(new),), -1, dtype=torch.int32, device=device),
+            slots=pad_rows([r.slots for r in new], torch.int64, min_width=1),
+            history_lens=torch.tensor([len(r.input_ids) for r in new]),
+            input_lens=torch.tensor([len(r.input_ids) for r in new]),
+            # A cached prefix (router/prefix_cache.py) is already in the request's blocks.
+            cache_lens=torch.tensor([r.prefix_len for r in new], dtype=torch.int64),
+            lora_slots=torch.full((len(new),), -1, dtype=torch.int32),
         )
 
     def __len__(self) -> int:
@@ -132,31 +139,25 @@ class Batch:
     def max_tokens(self) -> int:
         return sum(r.capacity for r in self.requests)
 
-    def append_tokens(self, next_ids: torch.Tensor, rows: torch.Tensor | None = None) -> None:
-        """Records the token sampled for each of `rows` (default: all) at its next position."""
-        if rows is None:
-            rows = torch.arange(len(self.requests), device=self.history.device)
-        self.history[rows, self.history_lens[rows]] = next_ids
-        self.history_lens[rows] += 1
-
     def filter(self, request_ids: list[int]) -> "Batch":
         position = {r.id: i for i, r in enumerate(self.requests)}
         missing = [rid for rid in request_ids if rid not in position]
         if missing:
             raise ValueError(f"batch {self.id} has no requests {missing}")
         keep_list = [position[rid] for rid in request_ids]
-        keep = torch.tensor(keep_list, dtype=torch.int64, device=self.history.device)
+        keep = torch.tensor(keep_list, dtype=torch.int64)
+        on_device = keep.to(self.history.device)
         kept_ids = set(request_ids)
         return Batch(
             id=self.id,
             requests=[self.requests[i] for i in keep_list],
-            block_tables=self.block_tables[keep],
+            block_tables=self.block_tables[on_device],
+            history=self.history[on_device],
+            sampling=self.sampling.index(keep),
             slots=self.slots[keep],
-            history=self.history[keep],
             history_lens=self.history_lens[keep],
             input_lens=self.input_lens[keep],
             cache_lens=self.cache_lens[keep],
-            sampling=self.sampling.index(keep),
             lora_slots=self.lora_slots[keep],
             prompt_logprobs={
                 rid: lps for rid, lps in self.prompt_logprobs.items() if rid in kept_ids
@@ -174,12 +175,12 @@ class Batch:
             id=batches[0].id,
             requests=[r for b in batches for r in b.requests],
             block_tables=cat_padded([b.block_tables for b in batches]),
-            slots=cat_padded([b.slots for b in batches]),
             history=cat_padded([b.history for b in batches]),
+            sampling=SamplingTensors.concat([b.sampling for b in batches]),
+            slots=cat_padded([b.slots for b in batches]),
             history_lens=torch.cat([b.history_lens for b in batches]),
             input_lens=torch.cat([b.input_lens for b in batches]),
             cache_lens=torch.cat([b.cache_lens for b in batches]),
-            sampling=SamplingTensors.concat([b.sampling for b in batches]),
             lora_slots=torch.cat([b.lora_slots for b in batches]),
             prompt_logprobs={k: v for b in batches for k, v in b.prompt_logprobs.items()},
         )

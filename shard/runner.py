@@ -6,21 +6,24 @@ the loop that remains hands each sampled row's results out as plain `Generation`
 servicer, shard/server.py, alone turns them into protobuf).
 """
 
+from __future__ import annotations
+
 import logging
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 
+from shard import prompt_logprobs
 from shard.batch import Batch, PromptScores
 from shard.distributed import Distributed
 from shard.faults import Faults
 from shard.layers.lora import LoraStep
 from shard.platforms.cuda.graphs import DecodeGraphs
 from shard.requests import Generation, Tokens
-from shard.sampling.sampler import SampleOutput, sample
+from shard.sampling.sampler import SampleOutput, SamplingTensors, sample
 from shard.sampling.token_masks import TokenMasks, gather_token_masks
 from shard.step_inputs import StepInputs, build_step_inputs, step_lengths, step_starts
 
@@ -30,6 +33,37 @@ log = logging.getLogger(__name__)
 class ForwardFailed(RuntimeError):
     """A step failed inside the model's forward pass or its logits, where the ranks run their
     collectives: with several shards, a peer may be left waiting in one (shard/server.py)."""
+
+
+# A step's sampled rows' output on the device and, with several shards, this rank's own ids
+# before rank 0's replaced them.
+Sampled = tuple[SampleOutput, torch.Tensor | None]
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A step queued on the device whose answers the host has not read yet."""
+
+    sample_rows: list[int]  # batch rows it samples, ascending
+    sampled: Sampled | None
+    prompt_rows: prompt_logprobs.PromptRows | None
+    prompt_scores: prompt_logprobs.PromptScoresOnDevice | None
+    started: int  # perf_counter_ns when it was planned
+    forward_done: int  # and when its forward pass was queued
+
+    def keep(self, rows: torch.Tensor) -> InFlight:
+        """The step of a filtered batch (FilterBatch), for a step that sampled every row:
+        the kept rows' answers, in the new row order (rows: host indices into the old)."""
+        assert self.prompt_rows is None and self.sampled is not None
+        assert self.sample_rows == list(range(len(self.sample_rows))), "every row samples"
+        out, local_ids = self.sampled
+        on_device = rows.to(out.next_ids.device)
+        kept = SampleOutput(*(getattr(out, f.name)[on_device] for f in fields(out)))
+        return replace(
+            self,
+            sample_rows=list(range(len(rows))),
+            sampled=(kept, None if local_ids is None else local_ids[on_device]),
+        )
 
 
 @dataclass(frozen=True)
@@ -104,39 +138,90 @@ class ModelRunner:
         request id; default the whole rest) for rows in their prompt; samples the rows whose
         known tokens are then all in the cache, constrained ones within their `token_masks`
         (by request id)."""
+        return self.finish(batch, self.launch(batch, chunks, token_masks))
+
+    @torch.inference_mode()
+    def launch(
+        self,
+        batch: Batch,
+        chunks: Mapping[int, int] | None = None,
+        token_masks: Mapping[int, bytes] | None = None,
+    ) -> InFlight | None:
+        """The first half of `step`: plans the step on the host (shard/step_inputs.py), queues
+        it whole on the device and advances the batch's host state as the step will (None: the
+        step runs no token). On a GPU this returns while the device is still computing."""
         starts = step_starts(batch, self.rope_regime_boundary)
         q_lens = step_lengths(batch, chunks or {}, starts)
         ends = starts + q_lens
         self._check_capacity(batch, ends)
         if int(q_lens.sum()) == 0:
-            return [], StepTimings(0, 0)
+            return None
         start = time.perf_counter_ns()
-        inputs = build_step_inputs(batch, q_lens, starts)
+        inputs = build_step_inputs(batch, q_lens, starts, self.device)
+        sample_rows = inputs.host.sample_rows.tolist()
+        masks = self._token_masks(batch, sample_rows, token_masks or {}, self.device)
+        prompt_rows = prompt_logprobs.plan(batch, inputs.host, self.device)
+        # The sampled rows' parameters, chosen on the host (every row's in a decode step).
+        sampling = batch.sampling
+        if len(sample_rows) < len(batch):
+            sampling = batch.sampling.index(inputs.host.sample_rows)
+        sampled, scores, forward_done = self._launch(batch, inputs, masks, prompt_rows, sampling)
+        in_flight = InFlight(sample_rows, sampled, prompt_rows, scores, start, forward_done)
+        # cache_lens + q_lens but for a row recomputed from 0, whose cache now ends where its
+        # known tokens do, as any decoding row's; one more known token for each sampled row.
+        batch.cache_lens = ends
+        batch.history_lens[inputs.host.sample_rows] += 1
+        return in_flight
+
+    @torch.inference_mode()
+    def finish(
+        self, batch: Batch, in_flight: InFlight | None
+    ) -> tuple[list[Generation], StepTimings]:
+        """The second half of `step`: the step's answers, in one copy from the device (the one
+        wait of a decode step)."""
+        if in_flight is None:
+            return [], StepTimings(0, 0)
+        generations: list[Generation] = []
+        answers = self._fetch(*in_flight.sampled) if in_flight.sampled is not None else []
+        if in_flight.prompt_rows is not None and in_flight.prompt_scores is not None:
+            prompt_logprobs.record(batch, in_flight.prompt_rows, in_flight.prompt_scores)
+        if in_flight.sampled is not None:
+            generations = self._generations(batch, answers, in_flight.sample_rows)
+        end = time.perf_counter_ns()
+        forward_ns = in_flight.forward_done - in_flight.started
+        return generations, StepTimings(forward_ns, end - in_flight.forward_done)
+
+    def _launch(
+        self,
+        batch: Batch,
+        inputs: StepInputs,
+        masks: TokenMasks | None,
+        prompt_rows: prompt_logprobs.PromptRows | None,
+        sampling: SamplingTensors,
+    ) -> tuple[Sampled | None, prompt_logprobs.PromptScoresOnDevice | None, int]:
+        """Queues the step on the device: the forward pass, the logits, the prompt tokens'
+        scores, the sampling and each sampled token written into the device history. Nothing
+        here reads the device on the host (tests/shard/test_step_host_syncs.py holds it to
+        that), so on a GPU the host runs ahead and the device never waits for it."""
         if self.lora is not None:
-            self.lora.set_tokens(batch.lora_slots[inputs.token_rows])
+            self.lora.set_tokens(inputs.token_lora_slots)
         try:
             if self.faults is not None:
                 self.faults.before_forward()
             hidden = self._forward(inputs)
-            self._gather_prompt_logprobs(batch, inputs, hidden)
+            scores = None
+            if prompt_rows is not None:
+                scores = prompt_logprobs.score(self.model, hidden, batch, prompt_rows)
             logits = self.model.compute_logits(hidden[inputs.sample_index])
         except Exception as err:
             raise ForwardFailed(f"{type(err).__name__}: {err}") from err
-        # cache_lens + q_lens but for a row recomputed from 0, whose cache now ends where its
-        # known tokens do, as any decoding row's.
-        batch.cache_lens = ends
         forward_done = time.perf_counter_ns()
-        generations: list[Generation] = []
-        if len(inputs.sample_rows):
-            everyone = len(inputs.sample_rows) == len(batch)
-            rows = None if everyone else inputs.sample_rows
-            sample_rows = inputs.sample_rows.tolist()
-            masks = self._token_masks(batch, sample_rows, token_masks or {}, logits.device)
-            out = self._sample(logits, batch, rows, masks)
-            batch.append_tokens(out.next_ids, rows)
-            generations = self._generations(batch, out, sample_rows)
-        end = time.perf_counter_ns()
-        return generations, StepTimings(forward_done - start, end - forward_done)
+        sampled = None
+        if len(inputs.host.sample_rows):
+            out, local_ids = self._sample(logits, batch, inputs, masks, sampling)
+            batch.history[inputs.sample_rows, inputs.sample_lens] = out.next_ids
+            sampled = (out, local_ids)
+        return sampled, scores, forward_done
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         """The step's final hidden states: from a CUDA graph where one holds the step, the CPU
@@ -158,41 +243,6 @@ class ModelRunner:
         ]
         if overflow:
             raise ValueError(f"requests {overflow} have used all the KV slots the router gave them")
-
-    def _gather_prompt_logprobs(
-        self, batch: Batch, inputs: StepInputs, hidden: torch.Tensor
-    ) -> None:
-        """Keeps the logprob of every prompt token this step predicts, for requests that asked:
-        position p predicts token p + 1 under the raw distribution (as TGI reports it)."""
-        if not any(r.prefill_logprobs for r in batch.requests):
-            return
-        device = inputs.positions.device
-        wants = torch.tensor([r.prefill_logprobs for r in batch.requests], device=device)
-        # Only rows still in their prompt: a longrope row recomputed past its boundary
-        # (step_starts) runs its prompt again, whose logprobs went out with its first token.
-        wants &= batch.history_lens == batch.input_lens
-        rows, pos = inputs.token_rows, inputs.positions
-        index = (wants[rows] & (pos + 1 < batch.input_lens[rows])).nonzero().squeeze(1)
-        if not len(index):
-            return
-        rows, pos = rows[index], pos[index]
-        logits = self.model.compute_logits(hidden[index])
-        targets = batch.history[rows, pos + 1]
-        all_logprobs = torch.log_softmax(logits, -1)
-        logprobs = all_logprobs.gather(1, targets[:, None]).squeeze(1).tolist()
-        rows_list = rows.tolist()
-        top_n = [batch.requests[row].top_n_tokens for row in rows_list]
-        top_ids = top_lps = None
-        if max(top_n):  # the alternatives too (OpenAI's echo with logprobs)
-            top = all_logprobs.topk(min(max(top_n), all_logprobs.shape[-1]), dim=-1)
-            top_ids, top_lps = top.indices.tolist(), top.values.tolist()
-        # Tokens are packed row by row in position order, so appending keeps each list in order.
-        for i, (row, logprob) in enumerate(zip(rows_list, logprobs, strict=True)):
-            scores = batch.prompt_logprobs.setdefault(batch.requests[row].id, PromptScores())
-            scores.logprobs.append(logprob)
-            n = top_n[i]
-            if n and top_ids is not None and top_lps is not None:
-                scores.top.append(Tokens(ids=top_ids[i][:n], logprobs=top_lps[i][:n]))
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -216,45 +266,62 @@ class ModelRunner:
         self,
         logits: torch.Tensor,
         batch: Batch,
-        rows: torch.Tensor | None,
-        masks: TokenMasks | None = None,
-    ) -> SampleOutput:
-        """Samples one token for each of `rows` (None: every row of the batch)."""
-        if rows is None:
-            sampling, history, lens = batch.sampling, batch.history, batch.history_lens
-        else:
-            sampling, history, lens = (
-                batch.sampling.index(rows), batch.history[rows], batch.history_lens[rows]
-            )  # fmt: skip
-        out = sample(logits, sampling, history, lens, batch.max_top_n, masks)
+        inputs: StepInputs,
+        masks: TokenMasks | None,
+        sampling: SamplingTensors,
+    ) -> tuple[SampleOutput, torch.Tensor | None]:
+        """Samples one token for each of the step's sampled rows (`sampling`: their parameters),
+        on the device; with several shards also the ids this rank chose before rank 0's
+        replaced them."""
+        history = batch.history
+        if len(inputs.host.sample_rows) < len(batch):
+            history = batch.history[inputs.sample_rows]
+        out = sample(logits, sampling, history, inputs.sample_lens, batch.max_top_n, masks)
         if self.dist.world_size > 1:
             # Logits are all-gathered and sampling is deterministic, so ranks agree already;
-            # the broadcast makes agreement a guarantee rather than a consequence.
+            # the broadcast makes agreement a guarantee rather than a consequence (and
+            # `_fetch` checks it).
             local = out.next_ids.clone()
             self.dist.broadcast(out.next_ids, src=0)
-            if not torch.equal(local, out.next_ids):
+            return out, local
+        return out, None
+
+    def _fetch(self, out: SampleOutput, local_ids: torch.Tensor | None) -> list[list[float]]:
+        """Each sampled row's [id, logprob, top ids..., top logprobs...] on the host: every
+        result in one copy (float64 holds token ids exactly)."""
+        columns = [out.next_ids[:, None], out.logprobs[:, None], out.top_ids, out.top_logprobs]
+        if local_ids is not None:
+            columns.append(local_ids[:, None])
+        rows = torch.cat([c.double() for c in columns], dim=1).cpu().tolist()
+        if local_ids is not None:
+            ours = [row.pop() for row in rows]
+            theirs = [row[0] for row in rows]
+            if ours != theirs:
                 # Rank 0's tokens win and serving goes on, but ranks saw different logits:
                 # a non-deterministic collective or kernel that deserves a look.
                 log.warning(
                     "rank %d sampled %s where rank 0 sampled %s; using rank 0's",
                     self.dist.rank,
-                    local.tolist(),
-                    out.next_ids.tolist(),
+                    [int(i) for i in ours],
+                    [int(i) for i in theirs],
                 )
-        return out
+        return rows
 
-    def _generations(self, batch: Batch, out: SampleOutput, rows: list[int]) -> list[Generation]:
-        ids = out.next_ids.tolist()
-        logprobs = out.logprobs.tolist()
-        top_ids = out.top_ids.tolist() if out.top_ids.numel() else None
-        top_lps = out.top_logprobs.tolist() if out.top_logprobs.numel() else None
+    def _generations(
+        self, batch: Batch, answers: list[list[float]], rows: list[int]
+    ) -> list[Generation]:
+        """answers: `_fetch`'s rows, one per sampled row (`rows`)."""
+        width = (len(answers[0]) - 2) // 2 if answers else 0
         generations = []
-        for i, row in enumerate(rows):
+        for answer, row in zip(answers, rows, strict=True):
             request = batch.requests[row]
             top = prefill = prefill_top = None
-            if request.top_n_tokens and top_ids is not None:
+            if request.top_n_tokens:
                 n = request.top_n_tokens
-                top = Tokens(ids=top_ids[i][:n], logprobs=top_lps[i][:n])
+                top = Tokens(
+                    ids=[int(i) for i in answer[2 : 2 + n]],
+                    logprobs=answer[2 + width : 2 + width + n],
+                )
             if request.prefill_logprobs and int(batch.history_lens[row]) == request.input_len + 1:
                 # The request's first token: its prompt's logprobs go with it. The first prompt
                 # token has no prediction.
@@ -265,7 +332,6 @@ class ModelRunner:
                 )
                 if request.top_n_tokens:
                     prefill_top = [Tokens([], []), *scores.top]
-            generations.append(
-                Generation(request.id, Tokens([ids[i]], [logprobs[i]]), top, prefill, prefill_top)
-            )
+            token = Tokens([int(answer[0])], [answer[1]])
+            generations.append(Generation(request.id, token, top, prefill, prefill_top))
         return generations

@@ -29,6 +29,7 @@ from shard.request_checks import CacheShape, check_distinct, check_new_requests
 from shard.requests import NewRequest
 from shard.runner import ForwardFailed, ModelRunner, StepTimings
 from shard.sockets import shard_url
+from shard.steps_ahead import StepsAhead
 from switchyard_pb import generate_pb2, generate_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -55,12 +56,15 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
         torch_thread: ThreadPoolExecutor | None = None,
         lora: LoraManager | None = None,
         faults: Faults | None = None,
+        overlap: bool = False,
     ) -> None:
         self.runner = runner
         self.identity = identity
         self.kv_settings = kv_settings
         self.lora = lora
         self.cache: dict[int, Batch] = {}
+        # Decode steps queued before the router asked for them (shard/steps_ahead.py).
+        self.ahead = StepsAhead(runner, overlap)
         self.torch_thread = torch_thread or ThreadPoolExecutor(1, thread_name_prefix="torch")
         # Faults injected on purpose (shard/faults.py), armed once Warmup is done.
         self.faults = faults
@@ -131,8 +135,10 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
     async def ClearCache(self, request, context):
         if request.HasField("id"):
             self.cache.pop(request.id, None)
+            self.ahead.drop(request.id)
         else:
             self.cache.clear()
+            self.ahead.drop()
         return generate_pb2.ClearCacheResponse()
 
     def _cached(self, batch_id: int) -> Batch:
@@ -145,7 +151,12 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             if not request.request_ids:
                 raise ValueError("FilterBatch needs request ids to keep (ClearCache drops a batch)")
             check_distinct(list(request.request_ids), "FilterBatch's request ids")
-            kept = self._cached(request.batch_id).filter(list(request.request_ids))
+            batch = self._cached(request.batch_id)
+            kept = batch.filter(list(request.request_ids))
+            if self.ahead.has(batch.id):
+                position = {r.id: i for i, r in enumerate(batch.requests)}
+                rows = torch.tensor([position[rid] for rid in request.request_ids])
+                self.ahead.filter(batch.id, kept.id, rows)
             self.cache[kept.id] = kept
             return generate_pb2.FilterBatchResponse(batch=wire.cached_batch(kept))
 
@@ -160,13 +171,41 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
         return batches
 
     def _step(
-        self, batch: Batch, chunks, token_masks
-    ) -> tuple[list[generate_pb2.Generation], StepTimings]:
+        self, batches: list[Batch], chunks, token_masks
+    ) -> tuple[list[generate_pb2.Generation], StepTimings, Batch]:
+        """One step over `batches` as one batch (the first one's id): those with a step queued
+        ahead (shard/steps_ahead.py) answer from it, the others run a step now. The result is
+        cached, and its next step queued ahead where it can be."""
         if self.runner.faults is not None:
             self.runner.faults.before_step()
-        generations, timings = self.runner.step(batch, dict(chunks), dict(token_masks))
+        ahead = [b for b in batches if self.ahead.has(b.id)]
+        now = [b for b in batches if not self.ahead.has(b.id)]
+        chunks, token_masks = dict(chunks), dict(token_masks)
+        known = {r.id for b in batches for r in b.requests}
+        unknown = set(chunks) - known
+        if unknown:
+            raise ValueError(f"prefill_chunks name requests {sorted(unknown)} not in this step")
+        generations, forward_ns, decode_ns = [], 0, 0
+        for batch in ahead:
+            gens, timings = self.ahead.take(batch)
+            generations += gens
+            forward_ns, decode_ns = forward_ns + timings.forward_ns, decode_ns + timings.decode_ns
+        if now:
+            stepped = Batch.concat(now)
+            ids = {r.id for r in stepped.requests}
+            gens, timings = self.runner.step(
+                stepped,
+                {k: v for k, v in chunks.items() if k in ids},
+                {k: v for k, v in token_masks.items() if k in ids},
+            )
+            generations += gens
+            forward_ns, decode_ns = forward_ns + timings.forward_ns, decode_ns + timings.decode_ns
+            ahead.append(stepped)
+        batch = Batch.concat(ahead)
+        batch.id = batches[0].id
         self.cache[batch.id] = batch
-        return [wire.generation(g) for g in generations], timings
+        self.ahead.launch(batch)
+        return [wire.generation(g) for g in generations], StepTimings(forward_ns, decode_ns), batch
 
     async def Prefill(self, request, context):
         def prefill():
@@ -190,8 +229,7 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             if batches:
                 failed = {rid for f in failures for rid in f.request_ids}
                 chunks = {k: v for k, v in request.prefill_chunks.items() if k not in failed}
-                batch = Batch.concat(batches)
-                generations, timings = self._step(batch, chunks, request.token_masks)
+                generations, timings, batch = self._step(batches, chunks, request.token_masks)
                 response.generations.extend(generations)
                 response.batch.CopyFrom(wire.cached_batch(batch))
                 response.forward_ns, response.decode_ns = timings.forward_ns, timings.decode_ns
@@ -271,9 +309,11 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             start = time.perf_counter_ns()
             if not request.batches:
                 raise ValueError("Decode needs at least one cached batch")
-            batch = Batch.concat(self._take(list(request.batches)))
+            batches = self._take(list(request.batches))
             concat_done = time.perf_counter_ns()
-            generations, timings = self._step(batch, request.prefill_chunks, request.token_masks)
+            generations, timings, batch = self._step(
+                batches, request.prefill_chunks, request.token_masks
+            )
             return generate_pb2.DecodeResponse(
                 generations=generations,
                 batch=wire.cached_batch(batch),
@@ -290,6 +330,7 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
         def warmup():
             runner = self.runner
             self.cache.clear()
+            self.ahead.drop()
             # The worst-case batch only needs blocks up to the highest id it references.
             highest = max((b for r in request.batch.requests for b in r.blocks), default=0)
             runner.allocate_kv_cache(highest + 1)

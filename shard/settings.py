@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 import torch
 
+OVERLAP_CHOICES = ("auto", "on", "off")  # --overlap-schedule
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -35,3 +36,6 @@ class ShardSettings:
     # CUDA graphs' batch-size buckets for decode: None, the default on a GPU (none on a CPU);
     # () none (--cuda-graphs 0).
     cuda_graphs: tuple[int, ...] | None = None
+    # Queue each decode step's successor before the router asks for it (shard/steps_ahead.py):
+    # "auto" where the device computes apart from the host (CUDA), "on", "off".
+    overlap_schedule: str = "auto"

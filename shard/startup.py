@@ -26,6 +26,7 @@ from shard.rank_env import DistributedEnv
 from shard.runner import ModelRunner
 from shard.server import ShardIdentity, TextGenerationService
 from shard.settings import DTYPES, ShardSettings
+from shard.steps_ahead import overlap_enabled
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,12 @@ def _build_service(
     faults = Faults.from_env(env.rank)
     if faults is not None:
         log.warning("faults will be injected on purpose: %s", faults)
-    return TextGenerationService(runner, identity, kv_settings, torch_thread, lora, faults)
+    overlap = overlap_enabled(settings, device)
+    if overlap:
+        log.info("overlap scheduling: each decode step's successor is queued ahead")
+    return TextGenerationService(
+        runner, identity, kv_settings, torch_thread, lora, faults, overlap=overlap
+    )
 
 
 def decode_graphs(

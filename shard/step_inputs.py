@@ -15,7 +15,12 @@ transformers' Phi3ForCausalLM.prepare_inputs_for_generation drops its cache ther
 samples as any decoding row does. The router keeps such requests' blocks private
 (router/prefix_cache.py), since this rewrites them in place.
 
-Built from gathers on the batch's padded tensors: no Python loop over requests or tokens.
+Planned on the host, from the lengths the batch keeps there (shard/batch.py), with gathers on
+its padded tensors and no Python loop over requests or tokens; every index and length the
+device needs goes in one host buffer (pinned where the platform pins) and reaches the device in
+one copy, queued without waiting (`Platform.upload`). The token ids themselves are gathered on
+the device from the batch's device history, which the step before wrote its sampled tokens
+into: nothing of the device is read to start a step.
 """
 
 from __future__ import annotations
@@ -27,18 +32,37 @@ import torch
 
 from shard.attention import AttentionMetadata, MixedMetadata, StepMetadata
 from shard.batch import Batch
+from shard.platforms import platform_of
+
+
+@dataclass(frozen=True)
+class HostStep:
+    """What the host knows of a step without asking the device: for the work around it (the
+    answers, the prompt logprobs, the tokens' adapters)."""
+
+    token_rows: torch.Tensor  # [T] batch row of each packed token
+    positions: torch.Tensor  # [T]
+    sample_rows: torch.Tensor  # [S] ascending
 
 
 @dataclass(frozen=True)
 class StepInputs:
+    """The step's model inputs on the device."""
+
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
     meta: StepMetadata
     token_rows: torch.Tensor  # [T] batch row of each packed token
-    # Rows that run their last known token, so a new one is sampled for them (ascending), and
-    # the packed index of that last token.
+    # Rows that run their last known token, so a new one is sampled for them (ascending), the
+    # packed index of that last token, and how many tokens each knows: where its new token goes
+    # in the history, and the step number of its random draw.
     sample_rows: torch.Tensor  # [S]
     sample_index: torch.Tensor  # [S]
+    sample_lens: torch.Tensor  # [S]
+    # [T] int32 the LoRA slot of each token (-1: the base model); None when no token of the
+    # step uses an adapter.
+    token_lora_slots: torch.Tensor | None
+    host: HostStep
 
 
 def step_starts(batch: Batch, rope_regime_boundary: int = 0) -> torch.Tensor:
@@ -69,7 +93,7 @@ def step_lengths(
     unknown = set(chunks) - set(ids)
     if unknown:
         raise ValueError(f"prefill_chunks name requests {sorted(unknown)} not in batch {batch.id}")
-    asked = torch.tensor([chunks.get(i, -1) for i in ids], device=remaining.device)
+    asked = torch.tensor([chunks.get(i, -1) for i in ids])
     # In its prompt by the cache, not by the start: a recomputed row is decoding, runs whole
     # and samples, whatever chunk it might be named with.
     in_prompt = (batch.history_lens - batch.cache_lens > 1) & (asked >= 0)
@@ -77,92 +101,141 @@ def step_lengths(
 
 
 def build_step_inputs(
-    batch: Batch, q_lens: torch.Tensor, starts: torch.Tensor | None = None
+    batch: Batch,
+    q_lens: torch.Tensor,
+    starts: torch.Tensor | None = None,
+    device: torch.device | None = None,
 ) -> StepInputs:
     """The packed inputs of a step where each row runs q_lens tokens from `starts` (its
-    cache length unless `step_starts` said otherwise)."""
-    device = q_lens.device
+    cache length unless `step_starts` said otherwise), on `device` (default: the batch's)."""
+    device = batch.history.device if device is None else device
     starts = batch.cache_lens if starts is None else starts
     rows_p = (q_lens > 1).nonzero().squeeze(1)
     rows_d = (q_lens == 1).nonzero().squeeze(1)
     last = torch.full_like(q_lens, -1)
-    ids, positions, slots, token_rows = [], [], [], []
+    positions, slots, token_rows = [], [], []
+    parts: dict[str, torch.Tensor] = {}  # what else the device needs, uploaded with them
 
-    prefill = None
+    prefill_shape = (0, 0)  # the longest query and context of the prefill part
     num_prefill_tokens = 0
     if len(rows_p):
         lens = q_lens[rows_p]
         start = starts[rows_p]
         width = int(lens.max())
-        columns = torch.arange(width, device=device)
+        columns = torch.arange(width)
         # Row-major boolean indexing packs the chunks one after another: the varlen layout.
         mask = columns[None, :] < lens[:, None]
         pos = start[:, None] + columns[None, :]
-        history = batch.history[rows_p]
         row_slots = batch.slots[rows_p]
         # Padded columns may point past a row's end; clamp to gather, then the mask drops them.
-        ids.append(history.gather(1, pos.clamp(max=history.shape[1] - 1))[mask])
         slots.append(row_slots.gather(1, pos.clamp(max=row_slots.shape[1] - 1))[mask])
         positions.append(pos[mask])
         token_rows.append(rows_p[:, None].expand(-1, width)[mask])
-        cu_seqlens = torch.zeros(len(rows_p) + 1, dtype=torch.int32, device=device)
+        cu_seqlens = torch.zeros(len(rows_p) + 1, dtype=torch.int64)
         cu_seqlens[1:] = torch.cumsum(lens, 0)
         context = start + lens
-        prefill = AttentionMetadata(
-            is_prefill=True,
-            slot_mapping=slots[-1],
-            block_tables=batch.block_tables[rows_p],
-            context_lens=context.to(torch.int32),
-            cu_seqlens_q=cu_seqlens,
-            max_seqlen_q=width,
-            max_seqlen_k=int(context.max()),
-            # The whole prompt, not the context after this chunk: a chunked prompt's rotary
-            # (longrope) is the one the prompt computed at once has.
-            seq_lens=batch.history_lens[rows_p].to(torch.int32),
-        )
+        prefill_shape = (width, int(context.max()))
         num_prefill_tokens = int(cu_seqlens[-1])
-        last[rows_p] = cu_seqlens[1:].to(last.dtype) - 1
+        last[rows_p] = cu_seqlens[1:] - 1
+        # The whole prompt as seq_lens, not the context after this chunk: a chunked prompt's
+        # rotary (longrope) is the one the prompt computed at once has.
+        parts.update(
+            prefill_rows=rows_p,
+            prefill_cu_seqlens=cu_seqlens,
+            prefill_context=context,
+            prefill_seq_lens=batch.history_lens[rows_p],
+        )
 
-    decode = None
     if len(rows_d):
-        everyone = len(rows_d) == len(batch)
         pos_d = starts[rows_d]
-        ids.append(batch.history[rows_d, pos_d])
         slots.append(batch.slots[rows_d, pos_d])
         positions.append(pos_d)
         token_rows.append(rows_d)
+        last[rows_d] = num_prefill_tokens + torch.arange(len(rows_d))
+        # seq_lens: position + 1 but for a one-token chunk in the middle of a prompt, which is
+        # in the decode part too and must rotate as the rest of its prompt does.
+        parts.update(
+            decode_rows=rows_d, decode_context=pos_d + 1, decode_seq_lens=batch.history_lens[rows_d]
+        )
+
+    sample_rows = ((q_lens > 0) & (starts + q_lens == batch.history_lens)).nonzero().squeeze(1)
+    host = HostStep(token_rows=_cat(token_rows), positions=_cat(positions), sample_rows=sample_rows)
+    token_lora_slots = batch.lora_slots[host.token_rows]
+    uses_adapters = bool((token_lora_slots >= 0).any())
+    on_device = upload(
+        {
+            "positions": host.positions,
+            "slot_mapping": _cat(slots),
+            "token_rows": host.token_rows,
+            "sample_rows": sample_rows,
+            "sample_index": last[sample_rows],
+            "sample_lens": batch.history_lens[sample_rows],
+            **parts,
+            **({"token_lora_slots": token_lora_slots} if uses_adapters else {}),
+        },
+        device,
+    )
+    return StepInputs(
+        input_ids=batch.history[on_device["token_rows"], on_device["positions"]],
+        positions=on_device["positions"],
+        meta=_metadata(batch, on_device, num_prefill_tokens, prefill_shape),
+        token_rows=on_device["token_rows"],
+        sample_rows=on_device["sample_rows"],
+        sample_index=on_device["sample_index"],
+        sample_lens=on_device["sample_lens"],
+        token_lora_slots=(on_device["token_lora_slots"].to(torch.int32) if uses_adapters else None),
+        host=host,
+    )
+
+
+def _metadata(
+    batch: Batch,
+    on_device: Mapping[str, torch.Tensor],
+    num_prefill_tokens: int,
+    prefill_shape: tuple[int, int],
+) -> StepMetadata:
+    """The attention metadata of the step's parts, from their uploaded indices."""
+    slot_mapping = on_device["slot_mapping"]
+    prefill = decode = None
+    if "prefill_rows" in on_device:
+        prefill = AttentionMetadata(
+            is_prefill=True,
+            slot_mapping=slot_mapping[:num_prefill_tokens],
+            block_tables=batch.block_tables[on_device["prefill_rows"]],
+            context_lens=on_device["prefill_context"].to(torch.int32),
+            cu_seqlens_q=on_device["prefill_cu_seqlens"].to(torch.int32),
+            max_seqlen_q=prefill_shape[0],
+            max_seqlen_k=prefill_shape[1],
+            seq_lens=on_device["prefill_seq_lens"].to(torch.int32),
+        )
+    if "decode_rows" in on_device:
+        rows = on_device["decode_rows"]
+        everyone = len(rows) == len(batch)
         decode = AttentionMetadata(
             is_prefill=False,
-            slot_mapping=slots[-1],
-            block_tables=batch.block_tables if everyone else batch.block_tables[rows_d],
-            context_lens=(pos_d + 1).to(torch.int32),
-            # position + 1 but for a one-token chunk in the middle of a prompt, which is in the
-            # decode part too and must rotate as the rest of its prompt does.
-            seq_lens=(batch.history_lens if everyone else batch.history_lens[rows_d]).to(
-                torch.int32
-            ),
+            slot_mapping=slot_mapping[num_prefill_tokens:],
+            block_tables=batch.block_tables if everyone else batch.block_tables[rows],
+            context_lens=on_device["decode_context"].to(torch.int32),
+            seq_lens=on_device["decode_seq_lens"].to(torch.int32),
         )
-        last[rows_d] = num_prefill_tokens + torch.arange(len(rows_d), device=device)
-
     if decode is None or prefill is None:
-        meta: StepMetadata = decode if prefill is None else prefill  # type: ignore[assignment]
-    else:
-        meta = MixedMetadata(
-            slot_mapping=_cat(slots),
-            prefill=prefill,
-            decode=decode,
-            num_prefill_tokens=num_prefill_tokens,
-        )
-    sample_rows = ((q_lens > 0) & (starts + q_lens == batch.history_lens)).nonzero()
-    sample_rows = sample_rows.squeeze(1)
-    return StepInputs(
-        input_ids=_cat(ids),
-        positions=_cat(positions),
-        meta=meta,
-        token_rows=_cat(token_rows),
-        sample_rows=sample_rows,
-        sample_index=last[sample_rows],
+        return decode if prefill is None else prefill  # type: ignore[return-value]
+    return MixedMetadata(
+        slot_mapping=slot_mapping,
+        prefill=prefill,
+        decode=decode,
+        num_prefill_tokens=num_prefill_tokens,
     )
+
+
+def upload(parts: Mapping[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """Host integer tensors on `device` as int64 views of one buffer, copied there at once."""
+    platform = platform_of(device)
+    sizes = [p.numel() for p in parts.values()]
+    buffer = platform.host_buffer(sum(sizes), torch.int64)
+    torch.cat([p.reshape(-1).to(torch.int64) for p in parts.values()], out=buffer)
+    on_device = platform.upload(buffer, device)
+    return dict(zip(parts, on_device.split(sizes), strict=True))
 
 
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:

@@ -127,11 +127,16 @@ class LoraStep:
         self.groups, self.tiles, self.dense_slots = [], None, None
         self.mask = self.mask32 = self.order = self.segments = None
         self.adapter_tokens = 0
-        if token_slots is None or not bool((token_slots >= 0).any()):
-            self.token_slots = None  # base model only: the terms skip themselves
-            return
+        if token_slots is None:
+            return  # base model only: the terms skip themselves
         if self.triton:
-            return  # tiles on first use (slot_tiles)
+            # Tiles on first use (slot_tiles); base-model tokens are skipped there. Not asking
+            # the device whether any token uses an adapter: the runner passes None when none
+            # does (the host knows, shard/step_inputs.py).
+            return
+        if not bool((token_slots >= 0).any()):
+            self.token_slots = None
+            return
         rows = (token_slots >= 0).nonzero().squeeze(1)
         slots = token_slots[rows].long()
         self.adapter_tokens = len(rows)

@@ -27,6 +27,19 @@ class Platform:
     # checkpoint's dtype).
     int4_kernel: str | None = None
     int4_activation_dtype: torch.dtype | None = None
+    # Whether a step's work on this device must keep every shape fixed by the batch alone: no
+    # row subset chosen by the data (`nonzero`, a boolean index, a loop until a check holds),
+    # since choosing one reads the device from the host, which stalls the host on everything
+    # queued before it, and a CUDA graph cannot hold it. Where the host is the device, reading
+    # it costs nothing and the sampler takes its data-dependent shortcuts.
+    static_shapes = False
+    # Whether host buffers bound for the device are page-locked, so one copy of a step's
+    # inputs runs without the host waiting for it (`upload`).
+    pinned_uploads = False
+    # Whether the device computes apart from the host, so that queuing the next decode step
+    # before the router asks for it overlaps the two (shard/steps_ahead.py): the default of
+    # --overlap-schedule.
+    overlaps_steps = False
 
     # -- the process and its memory ------------------------------------------------------
 
@@ -60,6 +73,19 @@ class Platform:
             return settings.cpu_kv_cache_gb * host_memory.GIB, available
         share = available * host_memory.CPU_DEFAULT_SHARE
         return min(share, host_memory.CPU_DEFAULT_CAP_BYTES), available
+
+    # -- host <-> device -------------------------------------------------------------------
+
+    def host_buffer(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """An empty host tensor for inputs bound for this device (page-locked where uploads
+        are: a pinned buffer is copied without the host waiting, and torch's caching host
+        allocator reuses it once that copy is done)."""
+        return torch.empty(numel, dtype=dtype, pin_memory=self.pinned_uploads)
+
+    def upload(self, host: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """`host` on `device`: one copy, queued without waiting where it is pinned; the same
+        tensor where the device is the host."""
+        return host.to(device, non_blocking=self.pinned_uploads)
 
     # -- operations ----------------------------------------------------------------------
 

@@ -17,6 +17,15 @@ than everything else, so neither is on the common path:
 - Gumbel noise is drawn for each row's HEAD_SIZE most likely tokens only; the rest are
   drawn from by inverting their cumulative distribution, and only when a per-row draw lands
   in their probability mass (`_draw`).
+
+Both shortcuts choose rows by the data, which the host must read: free where the host is the
+device, but on a GPU each read makes the host wait for everything queued, and a step captured
+as a CUDA graph cannot hold one. Where the platform says shapes are static
+(`Platform.static_shapes`), sample() reads nothing back and every shape follows from the
+batch alone: truncated rows are warped on their whole sorted row in one group, and every
+sampled row's tail is inverted, the draw then selecting between head and tail. The random
+numbers are the same, so are the ids (up to the order of tied logits) and the distribution.
+Which rows are dense or truncated is the host's to know (shard/sampling/tensors.py).
 """
 
 from __future__ import annotations
@@ -28,11 +37,13 @@ import torch
 from torch import Tensor
 
 from shard.platforms import platform_of
-from shard.ragged import cat_padded, pad_rows
 from shard.sampling import random_hash
-from shard.sampling.params import SamplingParams
+from shard.sampling.tensors import SamplingFlags, SamplingTensors
 from shard.sampling.token_masks import TokenMasks, apply_token_masks
-from shard.sampling.truncation import Warpers, candidate_groups
+from shard.sampling.truncation import Warpers, candidate_groups, full_width_group
+
+# SamplingTensors and SamplingFlags live in tensors.py; callers import them from here too.
+__all__ = ["SampleOutput", "SamplingFlags", "SamplingTensors", "greedy_ids", "sample"]
 
 NEG_INF = float("-inf")
 # Where a repetition penalty's result saturates: no model's logit comes near it, and divided
@@ -44,194 +55,6 @@ PENALIZED_LOGIT_LIMIT = 1e30
 HEAD_SIZE = 128
 # Columns per block of the tail's two-level inversion (`_invert_tail`).
 TAIL_BLOCK = 256
-
-
-@dataclass(frozen=True)
-class SamplingFlags:
-    """Host-side summary of a batch, so that sample() skips unused stages without a sync.
-
-    Warper flags count do_sample rows only: greedy rows never see the warpers.
-    """
-
-    any_temperature: bool = False
-    any_top_k: bool = False
-    any_top_p: bool = False
-    any_typical: bool = False
-    any_min_p: bool = False
-    any_repetition: bool = False
-    any_frequency: bool = False
-    any_presence: bool = False
-    any_logit_bias: bool = False
-    max_top_k: int = 0
-
-    @property
-    def any_penalty(self) -> bool:
-        return self.any_repetition or self.any_frequency or self.any_presence
-
-    @classmethod
-    def of_rows(cls, rows: dict[str, Tensor]) -> SamplingFlags:
-        """Flags of per-row tensors; one device sync when they are not on the CPU."""
-        sample = rows["do_sample"]
-        if sample.numel() == 0:
-            return cls()
-        top_k = torch.where(sample, rows["top_k"], 0)
-        *stats, max_top_k = torch.stack(
-            [
-                (sample & (rows["temperature"] != 1)).any(),
-                (top_k > 0).any(),
-                (sample & (rows["top_p"] < 1)).any(),
-                (sample & (rows["typical_p"] < 1)).any(),
-                (sample & (rows["min_p"] > 0)).any(),
-                (rows["repetition_penalty"] != 1).any(),
-                (rows["frequency_penalty"] != 0).any(),
-                (rows["presence_penalty"] != 0).any(),
-                (rows["bias_values"] != 0).any(),
-                top_k.max(),
-            ]
-        ).tolist()
-        return cls(*(bool(s) for s in stats), max_top_k=max_top_k)
-
-    def merge(self, other: SamplingFlags) -> SamplingFlags:
-        """Flags of the concatenation of two batches."""
-        merged = {
-            f.name: getattr(self, f.name) or getattr(other, f.name)
-            for f in fields(self)
-            if f.name != "max_top_k"
-        }
-        return SamplingFlags(**merged, max_top_k=max(self.max_top_k, other.max_top_k))
-
-
-def _truncates(rows: dict[str, Tensor]) -> Tensor:
-    """Rows whose sampled distribution is cut by top-k, top-p, min-p or typical-p."""
-    cut = (rows["top_k"] > 0) | (rows["top_p"] < 1) | (rows["typical_p"] < 1) | (rows["min_p"] > 0)
-    return rows["do_sample"] & cut
-
-
-@dataclass(frozen=True)
-class SamplingTensors:
-    """Per-request parameters as [B] tensors, built once per batch composition.
-
-    The rows are also split by how they are sampled: "dense" rows (greedy, or sampling from
-    the whole vocabulary) and "truncated" rows (sampling after top-k/top-p/typical-p).
-    """
-
-    temperature: Tensor  # float32
-    top_k: Tensor  # int64, 0 = off
-    top_p: Tensor  # float32
-    typical_p: Tensor  # float32
-    min_p: Tensor  # float32, 0 = off
-    do_sample: Tensor  # bool
-    seed_lo: Tensor  # int64, low 32 bits of the seed
-    seed_hi: Tensor  # int64, high 32 bits (seeds are taken modulo 2**64)
-    repetition_penalty: Tensor  # float32
-    frequency_penalty: Tensor  # float32
-    presence_penalty: Tensor  # float32
-    # int64: the history position of each row's first generated id (its prompt length), where
-    # the frequency and presence penalties start counting.
-    output_start: Tensor
-    # [B, K]: each row's logit_bias, padded with (token 0, bias 0.0), which adds nothing.
-    bias_ids: Tensor  # int64
-    bias_values: Tensor  # float32
-    dense_rows: Tensor  # int64 row indices, ascending
-    dense_sampled: Tensor  # int64 positions in dense_rows of the do_sample rows
-    truncated_rows: Tensor  # int64 row indices, ascending
-    flags: SamplingFlags
-
-    @classmethod
-    def from_params(
-        cls, params: list[SamplingParams], prompt_lens: list[int], device: torch.device | str
-    ) -> SamplingTensors:
-        seeds = [random_hash.split_seed(p.seed) for p in params]
-
-        def column(values: list, dtype: torch.dtype) -> Tensor:
-            return torch.tensor(values, dtype=dtype)
-
-        # Built on the CPU first: the flags then come from the float32 values the kernels
-        # see (a top_p of 1 - 1e-9 rounds to 1.0), without a device sync.
-        rows = {
-            "temperature": column([p.temperature for p in params], torch.float32),
-            "top_k": column([p.top_k for p in params], torch.int64),
-            "top_p": column([p.top_p for p in params], torch.float32),
-            "typical_p": column([p.typical_p for p in params], torch.float32),
-            "min_p": column([p.min_p for p in params], torch.float32),
-            "do_sample": column([p.do_sample for p in params], torch.bool),
-            "seed_lo": column([lo for lo, _ in seeds], torch.int64),
-            "seed_hi": column([hi for _, hi in seeds], torch.int64),
-            "repetition_penalty": column([p.repetition_penalty for p in params], torch.float32),
-            "frequency_penalty": column([p.frequency_penalty for p in params], torch.float32),
-            "presence_penalty": column([p.presence_penalty for p in params], torch.float32),
-            "output_start": column(list(prompt_lens), torch.int64),
-            "bias_ids": pad_rows([[i for i, _ in p.logit_bias] for p in params], torch.int64),
-            "bias_values": pad_rows([[b for _, b in p.logit_bias] for p in params], torch.float32),
-        }
-        return cls._of_rows(rows).to(device)
-
-    @classmethod
-    def _of_rows(cls, rows: dict[str, Tensor]) -> SamplingTensors:
-        truncated = _truncates(rows)
-        dense_rows = (~truncated).nonzero().squeeze(1)
-        return cls(
-            **rows,
-            dense_rows=dense_rows,
-            dense_sampled=rows["do_sample"][dense_rows].nonzero().squeeze(1),
-            truncated_rows=truncated.nonzero().squeeze(1),
-            flags=SamplingFlags.of_rows(rows),
-        )
-
-    def _rows(self) -> dict[str, Tensor]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _DERIVED}
-
-    def __len__(self) -> int:
-        return self.do_sample.shape[0]
-
-    @property
-    def device(self) -> torch.device:
-        return self.do_sample.device
-
-    def to(self, device: torch.device | str) -> SamplingTensors:
-        moved = {
-            f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name != "flags"
-        }
-        return SamplingTensors(**moved, flags=self.flags)
-
-    def index(self, keep: Tensor) -> SamplingTensors:
-        """The rows selected by keep (int64 indices or a bool mask), e.g. for FilterBatch."""
-        keep = keep.to(self.device)
-        return self._of_rows({name: t[keep] for name, t in self._rows().items()})
-
-    @classmethod
-    def concat(cls, parts: list[SamplingTensors]) -> SamplingTensors:
-        """The rows of every part, in order, e.g. when Decode receives several batches."""
-        if not parts:
-            raise ValueError("concat needs at least one part")
-        if len(parts) == 1:
-            return parts[0]
-        names = parts[0]._rows().keys()
-        rows = {name: _cat_rows([getattr(p, name) for p in parts]) for name in names}
-        dense_rows, dense_sampled, truncated_rows = [], [], []
-        row_offset, dense_offset, flags = 0, 0, SamplingFlags()
-        for part in parts:
-            dense_rows.append(part.dense_rows + row_offset)
-            dense_sampled.append(part.dense_sampled + dense_offset)
-            truncated_rows.append(part.truncated_rows + row_offset)
-            row_offset += len(part)
-            dense_offset += part.dense_rows.shape[0]
-            flags = flags.merge(part.flags)
-        return cls(
-            **rows,
-            dense_rows=torch.cat(dense_rows),
-            dense_sampled=torch.cat(dense_sampled),
-            truncated_rows=torch.cat(truncated_rows),
-            flags=flags,
-        )
-
-
-_DERIVED = frozenset({"dense_rows", "dense_sampled", "truncated_rows", "flags"})
-
-
-def _cat_rows(tensors: list[Tensor]) -> Tensor:
-    """Concatenates rows; [B_i, K_i] parts are zero-padded to the widest first."""
-    return torch.cat(tensors) if tensors[0].dim() == 1 else cat_padded(tensors)
 
 
 @dataclass(frozen=True)
@@ -329,10 +152,11 @@ def greedy_ids(x: Tensor) -> Tensor:
 def _sample_truncated(
     scores: Tensor, tensors: SamplingTensors, keys: Tensor, top_n: int
 ) -> Iterator[tuple[Tensor, SampleOutput]]:
-    """Sampled rows with top-k/top-p/typical-p, computed on candidate logits only.
+    """Sampled rows with top-k/top-p/typical-p: on candidate logits only, or where shapes must
+    not depend on the data, on whole sorted rows.
 
     Yields (positions in tensors.truncated_rows, their outputs), one group per candidate
-    width that was needed.
+    width that was needed (one group on whole rows).
     """
     rows = tensors.truncated_rows
     if rows.shape[0] == 0:
@@ -346,15 +170,16 @@ def _sample_truncated(
         min_p=tensors.min_p[rows],
     )
     flags = tensors.flags
-    groups = candidate_groups(
-        raw,
-        warpers,
-        top_k=flags.any_top_k,
-        top_p=flags.any_top_p,
-        typical=flags.any_typical,
-        min_p=flags.any_min_p,
-        min_width=max(top_n, flags.max_top_k + 1),
-    )
+    used = {
+        "top_k": flags.any_top_k,
+        "top_p": flags.any_top_p,
+        "typical": flags.any_typical,
+        "min_p": flags.any_min_p,
+    }
+    if platform_of(scores).static_shapes:
+        groups = [full_width_group(raw, warpers, **used)]
+    else:
+        groups = candidate_groups(raw, warpers, **used, min_width=max(top_n, flags.max_top_k + 1))
     for group in groups:
         # Removed candidates are -inf: they drop out of the normalizer and the draw.
         lse = group.logits.logsumexp(dim=1)
@@ -462,26 +287,35 @@ def _draw(values: Tensor, lse: Tensor, keys: Tensor, ids: Tensor | None = None) 
     # over [R, V]; the tail's probability is then off by float32 rounding (~1e-6) at most.
     head_mass = (head_vals.double() - lse.double()[:, None]).exp().sum(dim=1)
     choose_tail = _row_uniform(keys, random_hash.ROW_COUNTER) < 1 - head_mass
+    if platform_of(values).static_shapes:
+        # Every row's tail is inverted and the choice is a selection: the same ids, since a
+        # row's uniforms depend on its key alone, and no row subset for the host to size.
+        target = _row_uniform(keys, random_hash.TAIL_COUNTER)
+        cols = _invert_tail(values, head_cols, lse, target)
+        return torch.where(choose_tail & (cols >= 0), cols, picked)
     tail_rows = choose_tail.nonzero().squeeze(1)
     if tail_rows.shape[0] == 0:
         return picked
     target = _row_uniform(keys[tail_rows], random_hash.TAIL_COUNTER)
-    cols = _invert_tail(values, tail_rows, head_cols[tail_rows], lse[tail_rows], target)
+    cols = _invert_tail(
+        values.index_select(0, tail_rows), head_cols[tail_rows], lse[tail_rows], target
+    )
     # -1 where the tail held removed tokens only (rounding made its mass look positive):
     # those rows keep the head's pick.
     picked[tail_rows] = torch.where(cols >= 0, cols, picked[tail_rows])
     return picked
 
 
-def _invert_tail(values: Tensor, rows: Tensor, head_cols: Tensor, lse: Tensor, u: Tensor) -> Tensor:
-    """For each of `rows`, the column whose cumulative probability over the tail (every column
-    but head_cols, in column order) first exceeds the fraction u [R] of the tail's mass; -1
-    where the tail has no mass. Two levels (blocks of TAIL_BLOCK columns, then within the
-    chosen block), so no cumulative sum runs over a whole row: CPU cumsum is sequential."""
-    n, width = len(rows), values.shape[1]
+def _invert_tail(values: Tensor, head_cols: Tensor, lse: Tensor, u: Tensor) -> Tensor:
+    """For each row of values [R, W], the column whose cumulative probability over the tail
+    (every column but head_cols, in column order) first exceeds the fraction u [R] of the
+    tail's mass; -1 where the tail has no mass. Two levels (blocks of TAIL_BLOCK columns, then
+    within the chosen block), so no cumulative sum runs over a whole row: CPU cumsum is
+    sequential."""
+    n, width = values.shape
     blocks = -(-width // TAIL_BLOCK)
     tail = values.new_full((n, blocks * TAIL_BLOCK), NEG_INF)
-    tail[:, :width] = values.index_select(0, rows)
+    tail[:, :width] = values
     tail.scatter_(1, head_cols, NEG_INF)
     probs = tail.sub_(lse[:, None]).exp_().view(n, blocks, TAIL_BLOCK)  # removed, head: 0
     mass = probs.sum(dim=2).double()  # [n, blocks]

@@ -9,6 +9,11 @@ outcome lies past them. Every step checks that (a strict gap between what it kee
 largest logit left out); rows that fail are redone with GROWTH times as many candidates, up
 to the whole row, where the check always holds.
 
+That check is read on the host and picks a subset of rows: free on the CPU, but on a device it
+makes the host wait, and a captured graph cannot hold it. Where the platform keeps shapes
+static (`Platform.static_shapes`), `full_width_group` starts from the whole row, sorted (as
+vLLM does on GPUs, where a sort of the vocabulary is cheap), and skips the check.
+
 Ties at a boundary are kept together, where HF's sort would split them arbitrarily.
 """
 
@@ -100,21 +105,11 @@ def candidate_groups(
 
     pending = torch.arange(rows_total, device=raw.device)
     width = min(vocab, max(CANDIDATES, min_width))
+    used = _Used(top_k, top_p, typical, min_p)
     while True:
         raw_vals, ids = raw.topk(width, dim=1)
-        # Dividing by t > 0 keeps the order, and gives bit for bit the tempered logits.
-        vals = raw_vals / warpers.temperature[:, None]
         whole_row = width == vocab
-        cut = _Cut.start(vals, whole_row)
-        if top_k:
-            _cut_top_k(cut, warpers.top_k)
-        if top_p:
-            _cut_top_p(cut, warpers.top_p, warpers.lse)
-        if min_p:
-            _cut_min_p(cut, warpers.min_p)
-        if typical:
-            _cut_typical(cut, warpers.typical_p, warpers.lse, warpers.entropy)
-        vals.masked_fill_(~cut.keep, NEG_INF)
+        vals, cut = _warp(raw_vals, warpers, whole_row, used)
 
         # A row no warper cut (not expected from callers) is only exact as the whole row.
         ok = cut.ok & cut.contained
@@ -127,6 +122,46 @@ def candidate_groups(
         retry = (~ok).nonzero().squeeze(1)
         pending, raw, warpers = pending[retry], raw[retry], warpers.select(retry)
         width = min(vocab, width * GROWTH)
+
+
+def full_width_group(
+    raw: Tensor, warpers: Warpers, *, top_k: bool, top_p: bool, typical: bool, min_p: bool = False
+) -> CandidateGroup:
+    """candidate_groups' result on whole sorted rows, for a device whose shapes must not depend
+    on the data: every row's candidates are all its logits, so no check can fail, and there is
+    nothing to read back and no row to redo. The kept sets are the same (ties aside: a sort
+    and topk may order equal logits differently); whole-row statistics come from the
+    candidates then, so the cut-offs may differ from the other path's in float32 rounding."""
+    raw_vals, ids = raw.sort(dim=1, descending=True)
+    vals, _ = _warp(raw_vals, warpers, True, _Used(top_k, top_p, typical, min_p))
+    return CandidateGroup(torch.arange(raw.shape[0], device=raw.device), vals, ids)
+
+
+@dataclass(frozen=True)
+class _Used:
+    """Which warpers any row uses (host flags, to skip the others)."""
+
+    top_k: bool
+    top_p: bool
+    typical: bool
+    min_p: bool
+
+
+def _warp(raw_vals: Tensor, warpers: Warpers, whole_row: bool, used: _Used) -> tuple[Tensor, _Cut]:
+    """Tempered candidates raw_vals [R, K] (descending) with what the warpers removed at -inf,
+    and the cut that says whether the candidates sufficed."""
+    # Dividing by t > 0 keeps the order, and gives bit for bit the tempered logits.
+    vals = raw_vals / warpers.temperature[:, None]
+    cut = _Cut.start(vals, whole_row)
+    if used.top_k:
+        _cut_top_k(cut, warpers.top_k)
+    if used.top_p:
+        _cut_top_p(cut, warpers.top_p, warpers.lse)
+    if used.min_p:
+        _cut_min_p(cut, warpers.min_p)
+    if used.typical:
+        _cut_typical(cut, warpers.typical_p, warpers.lse, warpers.entropy)
+    return vals.masked_fill_(~cut.keep, NEG_INF), cut
 
 
 def _entropy(x: Tensor) -> Tensor:

@@ -175,6 +175,20 @@ def test_compile_reaches_the_shard_command_line():
     assert "--compile" in shard.argv and "--lora-adapters" in shard.argv
 
 
+def test_overlap_schedule_reaches_the_shards_only_when_given(capsys):
+    base = ["--model-id", "org/model", "--shard-uds-path", "/tmp/switchyard-server"]
+    programs = Programs(shard=("S",), router=("R",))
+    for value in ("on", "off", "auto"):
+        cfg = parse_args([*base, "--num-shard", "2", "--overlap-schedule", value], CPU_ENV)
+        for shard in build_plan(cfg, Path("/m"), programs).shards:
+            assert shard.argv[shard.argv.index("--overlap-schedule") + 1] == value
+    plan = build_plan(parse_args(base, CPU_ENV), Path("/m"), programs)
+    assert "--overlap-schedule" not in plan.shards[0].argv  # the shard's default: its device's
+    with pytest.raises(SystemExit):
+        parse_args([*base, "--overlap-schedule", "always"], CPU_ENV)
+    assert "--overlap-schedule" in capsys.readouterr().err
+
+
 def test_cuda_graphs_reach_the_shards_and_a_bad_list_names_the_flag(capsys):
     base = ["--model-id", "org/model", "--shard-uds-path", "/tmp/switchyard-server"]
     for value, forwarded in (("1, 2,8", "1, 2,8"), ("0", "0")):

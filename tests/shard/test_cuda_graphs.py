@@ -44,6 +44,9 @@ def service(model_dir, attention: str, graphs: str, adapters: dict | None = None
             max_loras=max(1, len(adapters)),
             max_lora_rank=16,
             cuda_graphs=BUCKETS if graphs == "cuda" else (),
+            # Steps on request only, so each decode step replays once (the steps queued ahead,
+            # a GPU's default: tests/shard/test_steps_ahead.py).
+            overlap_schedule="off",
         )
     )
     runner = svc.runner

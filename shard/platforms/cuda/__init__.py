@@ -24,6 +24,9 @@ class CudaPlatform(Platform):
     dist_backend = "nccl"
     default_attention = "triton"
     int4_kernel = "triton"
+    static_shapes = True
+    pinned_uploads = True
+    overlaps_steps = True
 
     def bind(self, device: torch.device, local_rank: int) -> torch.device:
         # one GPU per shard: a device without an index is this rank's

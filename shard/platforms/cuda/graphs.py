@@ -260,9 +260,10 @@ class DecodeGraphs:
         if rows < size:
             for buffer in (self.input_ids, self.positions, self.slot_mapping):
                 buffer[rows:size].zero_()
-            self.block_tables[rows:size, 0] = 0
-            self.context_lens[rows:size] = 1
-            self.token_slots[rows:size] = -1
+            # fill_, not item assignment: a Python value there becomes a host tensor first
+            self.block_tables[rows:size, 0].fill_(0)
+            self.context_lens[rows:size].fill_(1)
+            self.token_slots[rows:size].fill_(-1)
 
 
 def block_table_width(max_total_tokens: int, block_size: int) -> int:
