@@ -63,11 +63,13 @@ torch.cuda.get_device_name()); print('triton', triton.__version__, 'protobuf', p
 'grpcio', grpc.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__); \
 import switchyard_pb.generate_pb2\""
 # Issue 50 first: no synchronisation in a step's launch (torch's sync debug mode, eager and
-# replayed), steps queued ahead equal steps on request, the static-shape sampler; which int4
-# GEMM per M (tinygemm, our Triton, dense cuBLAS); the decode step against its roofline.
+# replayed), steps queued ahead equal steps on request, the static-shape sampler, tinygemm for
+# decode rows (first run pending); which int4 GEMM per M (tinygemm, our Triton, dense cuBLAS);
+# the decode step against its roofline.
 step issue50_tests 170 "${PYTEST[@]}" -n 4 tests/shard/test_step_host_syncs.py \
     tests/shard/test_steps_ahead.py tests/shard/test_sampling_static.py \
-    tests/shard/test_cuda_graphs.py tests/shard/test_server_steps.py
+    tests/shard/test_cuda_graphs.py tests/shard/test_server_steps.py \
+    tests/kernels/test_int4_tinygemm.py
 step int4_kernels 100 "$PY" bench/int4_kernels_gpu.py
 step decode_graphs_50 150 "$PY" -m bench.decode_graphs --out "$RESULTS"
 # Serving on the device with steps queued ahead and without (issue 50, 2 and 3): the

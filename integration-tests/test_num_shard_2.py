@@ -131,6 +131,7 @@ def test_two_shards_equal_one_shard_and_transformers(model_dirs, name):
         refs = [greedy(model_dir, prompt, max_new) for prompt, max_new in GREEDY]
         two, one = two_shards.result(), one_shard.result()
     assert "all 2 shard(s) ready" in two.log
+    assert two.log.count("overlap scheduling: each decode step's successor") == 2  # both ranks
 
     for (prompt, _), ref, got, single in zip(GREEDY, refs, two.greedy, one.greedy, strict=True):
         assert ids(got) == ref.token_ids, f"{prompt!r}: 2 shards differ from transformers"

@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 
 def auto_dtype(model_dir: Path, device: torch.device) -> torch.dtype:
     """`--dtype auto`: the checkpoint's dtype, except for int4 checkpoints where the platform's
-    int4 kernel takes one activation dtype only (the CPU's: bfloat16, see quant/int4_cpu.py)."""
+    int4 kernel takes one activation dtype only (bfloat16: the CPU's, see quant/int4_cpu.py, and
+    CUDA's tinygemm for decode, quant/int4_cuda.py)."""
     int4_dtype = platform_of(device).int4_activation_dtype
     if int4_dtype is not None and read_quantization(model_dir) is not None:
         return int4_dtype

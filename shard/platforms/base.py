@@ -22,7 +22,8 @@ class Platform:
     dist_backend = "gloo"
     default_attention = "torch"
     # The int4 GEMM of shard/layers/quant/int4_linear.py this platform runs: "cpu" (torch's CPU
-    # int4 kernel), "triton" (the Triton W4A16 GEMM), None (dequantize + GEMM); and `--dtype
+    # int4 kernel), "triton" (the Triton W4A16 GEMM), "tinygemm+triton" (torch's CUDA int4
+    # kernel for decode-sized row counts, Triton beyond), None (dequantize + GEMM); and `--dtype
     # auto` for an int4 checkpoint where that kernel takes one activation dtype only (None: the
     # checkpoint's dtype).
     int4_kernel: str | None = None

@@ -3,8 +3,8 @@
 torch's `_weight_int4pack_mm_for_cpu` reads the packed weight directly, which is what makes
 int4 pay on a CPU: decode there is bound by the bytes of weight read per token. It is only fast
 for bfloat16 activations (fp32 and fp16 take a reference path ~30x slower; bench/int4_cpu.py),
-wants groups of 32-256 consecutive input rows, and computes (code - 8) * scale + zero per group:
-our integer zero point z folds in as zero = (8 - z) * scale. Each row of x is a separate pass
+wants groups of 32-256 consecutive input rows, and computes (code - 8) * scale + zero per group
+(shard/layers/quant/tinygemm.py). Each row of x is a separate pass
 over the weight, so for many rows (long prefill chunks) dequantizing a slice of the weight at a
 time and running a dense GEMM is faster; `DENSE_MIN_ROWS` is that crossover, measured.
 """
@@ -15,10 +15,10 @@ from functools import cache
 
 import torch
 
+from shard.layers.quant import tinygemm
 from shard.layers.quant.int4 import QuantizedWeight, unpack_rows
 from shard.layers.quant.int4_dequant import DEQUANT_CHUNK, DequantizingInt4
 
-CPU_GROUP_SIZES = (256, 128, 64, 32)
 # Rows of x from which dequantize + GEMM beats the int4 kernel: 2048x8192, one thread, bf16:
 # 54.6 vs 49.3 ms at 128 rows, 80.8 vs 99.2 ms at 256 (bench/int4_cpu.py).
 DENSE_MIN_ROWS = 160
@@ -37,19 +37,6 @@ def _cpu_block_n() -> int | None:
     for block in _CPU_BLOCK_SIZES:
         if torch.equal(_unpack_cpu_layout(packed, 64, block), codes.to(torch.uint8)):
             return block
-    return None
-
-
-def cpu_group_size(qw: QuantizedWeight) -> int | None:
-    """The group size torch's kernel can run this weight with, or None. A per-channel weight
-    runs as groups that repeat its one scale."""
-    k = qw.in_features
-    if qw.bits != 4 or qw.g_idx is not None or qw.out_features % 16:
-        return None
-    if qw.group_size in CPU_GROUP_SIZES and k % qw.group_size == 0:
-        return qw.group_size
-    if qw.group_size >= k:
-        return next((g for g in CPU_GROUP_SIZES if k % g == 0), None)
     return None
 
 
@@ -72,10 +59,7 @@ class CpuInt4(DequantizingInt4):
     def __init__(self, qw: QuantizedWeight, group_size: int) -> None:
         super().__init__(qw)
         self.kernel_group_size = group_size
-        repeat = qw.group_size // group_size if qw.group_size >= qw.in_features else 1
-        scales = qw.scales.float().repeat_interleave(repeat, dim=0)
-        zeros = qw.zeros.float().repeat_interleave(repeat, dim=0)
-        scale_zero = torch.stack([scales, (8 - zeros) * scales], dim=-1)
+        scale_zero = tinygemm.scale_zero(qw, group_size)
         self.register_buffer("scale_zero", scale_zero.to(torch.bfloat16).contiguous())
         # DEQUANT_CHUNK rows packed at once (the layout is local to blocks of 64 or 32 rows,
         # so the pieces are the whole tensor's rows): the kernel's packer wants int32 codes,

@@ -2,8 +2,9 @@
 
 Whatever the format, the slices this rank needs become one `QuantizedWeight`; fused layers
 concatenate their pieces along the outputs, exactly as the float path does. The backend is the
-platform's (shard/platforms/): the Triton W4A16 GEMM on CUDA, torch's int4 kernel on CPU for
-bfloat16, and dequantize + GEMM otherwise (fp32 serving, act-order, group sizes the kernel
+platform's (shard/platforms/): on CUDA torch's tinygemm for decode-sized row counts and the
+Triton W4A16 GEMM beyond (int4_cuda.py), torch's int4 kernel on CPU for bfloat16, and
+dequantize + GEMM otherwise (fp32 serving, act-order, group sizes the kernel
 does not take), which is exact in fp32.
 """
 
@@ -14,10 +15,12 @@ from typing import Protocol
 
 import torch
 
+from shard.layers.quant import tinygemm
 from shard.layers.quant.base import LinearWeight, Piece
 from shard.layers.quant.config import QuantizationConfig
 from shard.layers.quant.int4 import QuantizedWeight
-from shard.layers.quant.int4_cpu import CpuInt4, cpu_group_size
+from shard.layers.quant.int4_cpu import CpuInt4
+from shard.layers.quant.int4_cuda import CudaInt4
 from shard.layers.quant.int4_dequant import DequantizingInt4
 from shard.layers.quant.int4_triton import TritonInt4
 from shard.layers.quant.reader import FeatureRange
@@ -41,7 +44,9 @@ def int4_weight(qw: QuantizedWeight, dtype: torch.dtype, triton: bool) -> Linear
     kernel = "triton" if triton else platform_of(qw.qweight.device).int4_kernel
     if kernel == "triton":
         return TritonInt4(qw)
-    group_size = cpu_group_size(qw) if kernel == "cpu" else None
+    if kernel == "tinygemm+triton":
+        return CudaInt4(qw)
+    group_size = tinygemm.group_size(qw) if kernel == "cpu" else None
     if dtype == torch.bfloat16 and group_size is not None:  # the CPU kernel's only fast case
         return CpuInt4(qw, group_size)
     return DequantizingInt4(qw)

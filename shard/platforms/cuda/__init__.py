@@ -23,7 +23,9 @@ class CudaPlatform(Platform):
     name = "cuda"
     dist_backend = "nccl"
     default_attention = "triton"
-    int4_kernel = "triton"
+    int4_kernel = "tinygemm+triton"
+    # tinygemm, the decode-sized int4 GEMM, takes bf16 only (shard/layers/quant/int4_cuda.py)
+    int4_activation_dtype = torch.bfloat16
     static_shapes = True
     pinned_uploads = True
     overlaps_steps = True
