@@ -100,7 +100,12 @@ def sample(
     scores = _apply_penalties(_apply_logit_bias(logits, tensors), tensors, history, history_lens)
     scores = apply_token_masks(scores, masks, owned=scores is not logits)
     owned = scores is not logits
-    keys = random_hash.stream_keys(tensors.seed_lo, tensors.seed_hi, history_lens)
+    # The rows' random streams, for the rows that draw (greedy batches skip some 35 small ops,
+    # each a kernel launch on a GPU).
+    draws = tensors.dense_sampled.shape[0] + tensors.truncated_rows.shape[0]
+    keys = None
+    if draws:
+        keys = random_hash.stream_keys(tensors.seed_lo, tensors.seed_hi, history_lens)
 
     dense_rows, truncated_rows = tensors.dense_rows, tensors.truncated_rows
     if dense_rows.shape[0] == batch:
@@ -114,7 +119,7 @@ def sample(
 
 
 def _sample_dense(
-    scores: Tensor, owned: bool, tensors: SamplingTensors, keys: Tensor, top_n: int
+    scores: Tensor, owned: bool, tensors: SamplingTensors, keys: Tensor | None, top_n: int
 ) -> SampleOutput:
     """Greedy rows, and sampled rows without truncation (their distribution spans the whole
     vocabulary, so they need the full log_softmax anyway)."""
@@ -130,6 +135,7 @@ def _sample_dense(
     logprobs = torch.log_softmax(x, dim=-1)
     next_ids = greedy_ids(x)
     if sampled.shape[0] > 0:
+        assert keys is not None, "sampled rows have their random streams"
         # log_softmax's normalizer, recovered exactly where x is largest (x - max == 0 there).
         lse = x.gather(1, next_ids[:, None]) - logprobs.gather(1, next_ids[:, None])
         values = x if sampled.shape[0] == rows.shape[0] else x.index_select(0, sampled)
@@ -137,6 +143,10 @@ def _sample_dense(
         next_ids.index_copy_(0, sampled, picked)
 
     chosen = logprobs.gather(1, next_ids[:, None]).squeeze(1)
+    if not top_n:  # no kernel for nothing
+        rows_out = logprobs.shape[0]
+        no_ids = logprobs.new_empty((rows_out, 0), dtype=torch.int64)
+        return SampleOutput(next_ids, chosen, no_ids, logprobs.new_empty((rows_out, 0)))
     top_logprobs, top_ids = logprobs.topk(top_n, dim=-1)
     return SampleOutput(next_ids, chosen, top_ids, top_logprobs)
 
@@ -150,7 +160,7 @@ def greedy_ids(x: Tensor) -> Tensor:
 
 
 def _sample_truncated(
-    scores: Tensor, tensors: SamplingTensors, keys: Tensor, top_n: int
+    scores: Tensor, tensors: SamplingTensors, keys: Tensor | None, top_n: int
 ) -> Iterator[tuple[Tensor, SampleOutput]]:
     """Sampled rows with top-k/top-p/typical-p: on candidate logits only, or where shapes must
     not depend on the data, on whole sorted rows.
@@ -161,6 +171,7 @@ def _sample_truncated(
     rows = tensors.truncated_rows
     if rows.shape[0] == 0:
         return
+    assert keys is not None, "sampled rows have their random streams"
     raw = scores if rows.shape[0] == scores.shape[0] else scores.index_select(0, rows)
     warpers = Warpers(
         temperature=tensors.temperature[rows],
