@@ -63,8 +63,7 @@ def _check_prompt(r: NewRequest, vocab_size: int) -> None:
     if max(r.input_ids) >= vocab_size:
         outside = sorted({t for t in r.input_ids if t >= vocab_size})[:5]
         raise ValueError(
-            f"request {r.id}: token id(s) {outside} outside the model's vocabulary of "
-            f"{vocab_size}"
+            f"request {r.id}: token id(s) {outside} outside the model's vocabulary of {vocab_size}"
         )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -23,7 +23,7 @@ from shard.faults import Faults
 from shard.layers.lora import LoraStep
 from shard.platforms.cuda.graphs import DecodeGraphs
 from shard.requests import Generation, Tokens
-from shard.sampling.sampler import SampleOutput, SamplingTensors, sample
+from shard.sampling.sampler import SampleOutput, SamplingTensors, greedy_ids, sample
 from shard.sampling.token_masks import TokenMasks, gather_token_masks
 from shard.step_inputs import StepInputs, build_step_inputs, step_lengths, step_starts
 
@@ -208,20 +208,52 @@ class ModelRunner:
         try:
             if self.faults is not None:
                 self.faults.before_forward()
-            hidden = self._forward(inputs)
-            scores = None
-            if prompt_rows is not None:
-                scores = prompt_logprobs.score(self.model, hidden, batch, prompt_rows)
-            logits = self.model.compute_logits(hidden[inputs.sample_index])
+            scores = logits = None
+            greedy = self._greedy_from_graph(batch, inputs, masks, prompt_rows, sampling)
+            if greedy is None:
+                hidden = self._forward(inputs)
+                if prompt_rows is not None:
+                    scores = prompt_logprobs.score(self.model, hidden, batch, prompt_rows)
+                logits = self.model.compute_logits(hidden[inputs.sample_index])
         except Exception as err:
             raise ForwardFailed(f"{type(err).__name__}: {err}") from err
         forward_done = time.perf_counter_ns()
         sampled = None
-        if len(inputs.host.sample_rows):
-            out, local_ids = self._sample(logits, batch, inputs, masks, sampling)
-            batch.history[inputs.sample_rows, inputs.sample_lens] = out.next_ids
-            sampled = (out, local_ids)
+        if greedy is not None:
+            sampled = (greedy, self._agree(greedy))
+        elif logits is not None and len(inputs.host.sample_rows):
+            out = self._sample(logits, batch, inputs, masks, sampling)
+            sampled = (out, self._agree(out))
+        if sampled is not None:
+            batch.history[inputs.sample_rows, inputs.sample_lens] = sampled[0].next_ids
         return sampled, scores, forward_done
+
+    def _greedy_from_graph(
+        self,
+        batch: Batch,
+        inputs: StepInputs,
+        masks: TokenMasks | None,
+        prompt_rows: prompt_logprobs.PromptRows | None,
+        sampling: SamplingTensors,
+    ) -> SampleOutput | None:
+        """The step's tokens from a decode graph that ends with the greedy choice (the logits
+        and the sampling inside the graph), for a step every row of which samples greedily with
+        nothing else asked of the sampler; None where the step is not such a one."""
+        graphs = self.graphs
+        if graphs is None or graphs.head is None or masks is not None or prompt_rows is not None:
+            return None
+        flags = sampling.flags
+        draws = sampling.dense_sampled.shape[0] + sampling.truncated_rows.shape[0]
+        if draws or flags.any_penalty or flags.any_logit_bias or batch.max_top_n:
+            return None
+        if len(inputs.host.sample_rows) != len(batch):
+            return None
+        got = graphs.replay(inputs.input_ids, inputs.positions, inputs.meta, head=True)
+        if got is None:
+            return None
+        ids, logprobs = got
+        none = logprobs.new_empty((len(batch), 0))
+        return SampleOutput(ids, logprobs, none.new_empty(none.shape, dtype=torch.int64), none)
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         """The step's final hidden states: from a CUDA graph where one holds the step, the CPU
@@ -229,6 +261,7 @@ class ModelRunner:
         if self.graphs is not None:
             hidden = self.graphs.replay(inputs.input_ids, inputs.positions, inputs.meta)
             if hidden is not None:
+                assert isinstance(hidden, torch.Tensor)
                 return hidden
         forward = self.forward
         if self.decode_path is not None and self.decode_path.applies(inputs.meta):
@@ -269,22 +302,24 @@ class ModelRunner:
         inputs: StepInputs,
         masks: TokenMasks | None,
         sampling: SamplingTensors,
-    ) -> tuple[SampleOutput, torch.Tensor | None]:
+    ) -> SampleOutput:
         """Samples one token for each of the step's sampled rows (`sampling`: their parameters),
-        on the device; with several shards also the ids this rank chose before rank 0's
-        replaced them."""
+        on the device."""
         history = batch.history
         if len(inputs.host.sample_rows) < len(batch):
             history = batch.history[inputs.sample_rows]
-        out = sample(logits, sampling, history, inputs.sample_lens, batch.max_top_n, masks)
-        if self.dist.world_size > 1:
-            # Logits are all-gathered and sampling is deterministic, so ranks agree already;
-            # the broadcast makes agreement a guarantee rather than a consequence (and
-            # `_fetch` checks it).
-            local = out.next_ids.clone()
-            self.dist.broadcast(out.next_ids, src=0)
-            return out, local
-        return out, None
+        return sample(logits, sampling, history, inputs.sample_lens, batch.max_top_n, masks)
+
+    def _agree(self, out: SampleOutput) -> torch.Tensor | None:
+        """With several shards, rank 0's ids replace this rank's in `out`; returns this rank's
+        own (None with one shard). Logits are all-gathered and sampling is deterministic, so
+        ranks agree already; the broadcast makes agreement a guarantee rather than a
+        consequence (and `_fetch` checks it)."""
+        if self.dist.world_size == 1:
+            return None
+        local = out.next_ids.clone()
+        self.dist.broadcast(out.next_ids, src=0)
+        return local
 
     def _fetch(self, out: SampleOutput, local_ids: torch.Tensor | None) -> list[list[float]]:
         """Each sampled row's [id, logprob, top ids..., top logprobs...] on the host: every
@@ -335,3 +370,17 @@ class ModelRunner:
             token = Tokens([int(answer[0])], [answer[1]])
             generations.append(Generation(request.id, token, top, prefill, prefill_top))
         return generations
+
+
+def greedy_head(model) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """The end of a greedy decode step as a CUDA graph holds it (shard/platforms/cuda/graphs.py):
+    the logits, each row's greedy token and its logprob, the same operations `sample` runs for
+    a greedy row that asks nothing else of it."""
+
+    def head(hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = model.compute_logits(hidden).float()
+        logprobs = torch.log_softmax(x, dim=-1)
+        ids = greedy_ids(x)
+        return ids, logprobs.gather(1, ids[:, None]).squeeze(1)
+
+    return head

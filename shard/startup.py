@@ -23,7 +23,7 @@ from shard.platforms.cpu.compiled import CompiledForward, check_supported
 from shard.platforms.cpu.decode_loop import CpuDecodePath
 from shard.platforms.cuda.graphs import DecodeGraphs, buckets_for
 from shard.rank_env import DistributedEnv
-from shard.runner import ModelRunner
+from shard.runner import ModelRunner, greedy_head
 from shard.server import ShardIdentity, TextGenerationService
 from shard.settings import DTYPES, ShardSettings
 from shard.steps_ahead import overlap_enabled
@@ -145,7 +145,7 @@ def decode_graphs(
     buckets = buckets_for(device, asked, world_size)
     if not buckets:
         return None
-    return DecodeGraphs(model, buckets, device, lora)
+    return DecodeGraphs(model, buckets, device, lora, head=greedy_head(model))
 
 
 def compiled_forward(

@@ -11,7 +11,11 @@ How:
 - A decode step of B rows replays the smallest bucket >= B: its inputs are copied into the
   buffers, the rows past B are padding (token 0 at position 0, writing its K/V into block 0,
   which the router never hands out, and attending over that one slot), and the first B rows of
-  the graph's output are the step's hidden states. Logits and sampling run eagerly after it.
+  the graph's output are the step's hidden states. Logits and sampling run eagerly after it,
+  but for greedy steps: with a `head` (the logits and the greedy choice, shard/runner.py's
+  `greedy_head`), each bucket has a second graph that ends with each row's token and its
+  logprob, for steps whose rows all choose greedily with nothing else asked of the sampler
+  (no penalty, bias, grammar mask or alternatives).
 - Steps with prompt tokens, more rows than the largest bucket or a wider block table run
   eagerly; so do steps whose tokens use adapters when the LoRA terms are the torch ones (their
   grouping is built on the host). With the Triton LoRA kernels each bucket has a second graph
@@ -68,6 +72,10 @@ def buckets_for(
     return ()
 
 
+# What a captured function returns: the hidden states, or a head's tensors.
+Output = torch.Tensor | tuple[torch.Tensor, ...]
+
+
 class Graph(Protocol):
     def replay(self) -> None: ...
 
@@ -75,7 +83,7 @@ class Graph(Protocol):
 class Replayer(Protocol):
     """Captures `fn` (which returns the static output tensor) and replays it."""
 
-    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Graph, torch.Tensor]: ...
+    def capture(self, fn: Callable[[], Output]) -> tuple[Graph, Output]: ...
 
     def memory_bytes(self) -> int: ...
 
@@ -88,7 +96,7 @@ class CudaReplayer:
         self.device = device
         self.pool = torch.cuda.graph_pool_handle()
 
-    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Graph, torch.Tensor]:
+    def capture(self, fn: Callable[[], Output]) -> tuple[Graph, Output]:
         # Run once outside the graph first, on a side stream as torch's docs ask: Triton
         # compiles and cuBLAS picks its workspaces there, not during capture.
         stream = torch.cuda.Stream(self.device)
@@ -106,18 +114,24 @@ class CudaReplayer:
 
 
 class EagerReplayer:
-    """Captures by keeping the function; a replay runs it again, into the same output. Where
-    there is no CUDA (tests, the benchmark's smoke run), it checks the static buffers, the
-    padding and the captured metadata: all of the above but CUDA's capture itself."""
+    """Captures by keeping the function; a replay runs it again, into the same output (a tensor
+    or a tuple of them). Where there is no CUDA (tests, the benchmark's smoke run), it checks
+    the static buffers, the padding and the captured metadata: all of the above but CUDA's
+    capture itself."""
 
     class Graph:
-        def __init__(self, fn: Callable[[], torch.Tensor], out: torch.Tensor) -> None:
+        def __init__(self, fn: Callable[[], Output], out: Output) -> None:
             self.fn, self.out = fn, out
 
         def replay(self) -> None:
-            self.out.copy_(self.fn())
+            new = self.fn()
+            if isinstance(self.out, torch.Tensor):
+                self.out.copy_(new)  # type: ignore[arg-type]
+                return
+            for kept, value in zip(self.out, new, strict=True):
+                kept.copy_(value)
 
-    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Graph, torch.Tensor]:
+    def capture(self, fn: Callable[[], Output]) -> tuple[Graph, Output]:
         out = fn()
         return self.Graph(fn, out), out
 
@@ -127,7 +141,8 @@ class EagerReplayer:
 
 class DecodeGraphs:
     """Callable as `replay(input_ids, positions, meta)` -> hidden [B, hidden] or None (the step
-    is not one a graph holds: run it eagerly)."""
+    is not one a graph holds: run it eagerly); with `head=True`, the head's outputs' first B
+    rows instead."""
 
     def __init__(
         self,
@@ -136,6 +151,7 @@ class DecodeGraphs:
         device: torch.device,
         lora: LoraStep | None = None,
         replayer: Replayer | None = None,
+        head: Callable[[torch.Tensor], tuple[torch.Tensor, ...]] | None = None,
     ) -> None:
         if not buckets:
             raise ValueError("DecodeGraphs needs at least one bucket")
@@ -144,8 +160,9 @@ class DecodeGraphs:
         self.device = device
         self.lora = lora
         self.replayer = replayer
-        # (bucket, with the LoRA terms) -> the graph and its output [bucket, hidden]
-        self.graphs: dict[tuple[int, bool], tuple[Graph, torch.Tensor]] = {}
+        self.head = head
+        # (bucket, with the LoRA terms, with the head) -> the graph and its output
+        self.graphs: dict[tuple[int, bool, bool], tuple[Graph, Output]] = {}
         self.block_table_width = 0
         self.memory_bytes = 0  # what the last capture took
 
@@ -176,9 +193,10 @@ class DecodeGraphs:
         try:
             for size in reversed(self.sizes):
                 for with_lora in (False, True) if self.captures_lora else (False,):
-                    self.graphs[size, with_lora] = replayer.capture(
-                        lambda s=size, w=with_lora: self._run(s, kv_caches, w)
-                    )
+                    for with_head in (False, True) if self.head is not None else (False,):
+                        self.graphs[size, with_lora, with_head] = replayer.capture(
+                            lambda s=size, w=with_lora, h=with_head: self._run(s, kv_caches, w, h)
+                        )
         finally:
             if self.lora is not None:
                 self.lora.set_tokens(None)  # capture left the graphs' buffers there
@@ -186,11 +204,14 @@ class DecodeGraphs:
         log.info(
             "CUDA graphs: decode captured for batch sizes %s%s (%.1f MiB)",
             ",".join(map(str, self.sizes)),
-            " with and without LoRA" if self.captures_lora else "",
+            (" with and without LoRA" if self.captures_lora else "")
+            + (", each also with the greedy head" if self.head is not None else ""),
             self.memory_bytes / 2**20,
         )
 
-    def _run(self, size: int, kv_caches: list[torch.Tensor], with_lora: bool) -> torch.Tensor:
+    def _run(
+        self, size: int, kv_caches: list[torch.Tensor], with_lora: bool, with_head: bool = False
+    ) -> Output:
         lora = self.lora
         if lora is not None:
             lora.set_tokens(None)
@@ -205,7 +226,11 @@ class DecodeGraphs:
             context_lens=self.context_lens[:size],
             captured=True,
         )
-        return self.forward(self.input_ids[:size], self.positions[:size], kv_caches, meta)
+        hidden = self.forward(self.input_ids[:size], self.positions[:size], kv_caches, meta)
+        if with_head:
+            assert self.head is not None
+            return self.head(hidden)
+        return hidden
 
     def release(self) -> None:
         """Drops the graphs and their pool (before the KV cache they write into is freed)."""
@@ -219,9 +244,11 @@ class DecodeGraphs:
     # -- replay --------------------------------------------------------------------------
 
     def replay(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: object
-    ) -> torch.Tensor | None:
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: object, head: bool = False
+    ) -> Output | None:
         if not self.graphs or not isinstance(meta, AttentionMetadata) or meta.is_prefill:
+            return None
+        if head and self.head is None:
             return None
         rows, width = meta.block_tables.shape
         if rows > self.max_size or width > self.block_table_width:
@@ -233,9 +260,11 @@ class DecodeGraphs:
             token_slots = self.lora.token_slots
         size = next(s for s in self.sizes if s >= rows)
         self._fill(rows, size, input_ids, positions, meta, token_slots)
-        graph, hidden = self.graphs[size, token_slots is not None]
+        graph, out = self.graphs[size, token_slots is not None, head]
         graph.replay()
-        return hidden[:rows]
+        if isinstance(out, torch.Tensor):
+            return out[:rows]
+        return tuple(t[:rows] for t in out)
 
     def _fill(
         self,
