@@ -176,9 +176,10 @@ def time_steps(torch, runner, state, steps: int) -> float:  # type: ignore[no-un
 
 
 def time_replay(torch, graphs, batch: int, repeats: int = 20) -> float:  # type: ignore[no-untyped-def]
-    """Seconds of one replay of `batch`'s graph alone, back to back: the step's forward on the
-    device, without the host's work around it."""
-    graph, _ = graphs.graphs[batch, False]
+    """Seconds of one replay of `batch`'s graph alone, back to back: what the step runs on the
+    device in its graph (the forward and, for these greedy steps, the logits and the choice
+    where the graphs have the greedy head), without the host's work around it."""
+    graph, _ = graphs.graphs[batch, False, graphs.head is not None]
     with torch.inference_mode():  # as the runner replays (the CPU stand-in writes tensors)
         graph.replay()
         sync(torch, graphs.device)
@@ -221,8 +222,11 @@ def measure_shape(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     runner = svc.runner
     if args.smoke:
         from shard.platforms.cuda.graphs import EagerReplayer
+        from shard.runner import greedy_head
 
-        runner.graphs = DecodeGraphs(runner.model, batches, device, replayer=EagerReplayer())
+        runner.graphs = DecodeGraphs(
+            runner.model, batches, device, replayer=EagerReplayer(), head=greedy_head(runner.model)
+        )
     runner.decode_path = None  # a GPU has none; on the smoke CPU, compare the module forward
     graphs = runner.graphs
     bandwidth = device_bandwidth(torch, device)
