@@ -139,12 +139,16 @@ class Batch:
     def max_tokens(self) -> int:
         return sum(r.capacity for r in self.requests)
 
-    def filter(self, request_ids: list[int]) -> "Batch":
+    def rows(self, request_ids: list[int]) -> list[int]:
+        """The rows of these requests, in their order."""
         position = {r.id: i for i, r in enumerate(self.requests)}
         missing = [rid for rid in request_ids if rid not in position]
         if missing:
             raise ValueError(f"batch {self.id} has no requests {missing}")
-        keep_list = [position[rid] for rid in request_ids]
+        return [position[rid] for rid in request_ids]
+
+    def filter(self, request_ids: list[int]) -> "Batch":
+        keep_list = self.rows(request_ids)
         keep = torch.tensor(keep_list, dtype=torch.int64)
         on_device = keep.to(self.history.device)
         kept_ids = set(request_ids)

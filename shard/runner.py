@@ -71,6 +71,10 @@ class StepTimings:
     forward_ns: int
     decode_ns: int
 
+    def __add__(self, other: StepTimings) -> StepTimings:
+        """Two steps answered by one RPC (a step queued ahead and one run now)."""
+        return StepTimings(self.forward_ns + other.forward_ns, self.decode_ns + other.decode_ns)
+
 
 class ModelRunner:
     def __init__(
@@ -243,17 +247,14 @@ class ModelRunner:
         if graphs is None or graphs.head is None or masks is not None or prompt_rows is not None:
             return None
         flags = sampling.flags
-        draws = sampling.dense_sampled.shape[0] + sampling.truncated_rows.shape[0]
-        if draws or flags.any_penalty or flags.any_logit_bias or batch.max_top_n:
+        if sampling.draws or flags.any_penalty or flags.any_logit_bias or batch.max_top_n:
             return None
         if len(inputs.host.sample_rows) != len(batch):
             return None
         got = graphs.replay(inputs.input_ids, inputs.positions, inputs.meta, head=True)
         if got is None:
             return None
-        ids, logprobs = got
-        none = logprobs.new_empty((len(batch), 0))
-        return SampleOutput(ids, logprobs, none.new_empty(none.shape, dtype=torch.int64), none)
+        return SampleOutput.chosen_only(*got)
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         """The step's final hidden states: from a CUDA graph where one holds the step, the CPU

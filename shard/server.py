@@ -154,8 +154,7 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             batch = self._cached(request.batch_id)
             kept = batch.filter(list(request.request_ids))
             if self.ahead.has(batch.id):
-                position = {r.id: i for i, r in enumerate(batch.requests)}
-                rows = torch.tensor([position[rid] for rid in request.request_ids])
+                rows = torch.tensor(batch.rows(list(request.request_ids)))
                 self.ahead.filter(batch.id, kept.id, rows)
             self.cache[kept.id] = kept
             return generate_pb2.FilterBatchResponse(batch=wire.cached_batch(kept))
@@ -185,27 +184,25 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
         unknown = set(chunks) - known
         if unknown:
             raise ValueError(f"prefill_chunks name requests {sorted(unknown)} not in this step")
-        generations, forward_ns, decode_ns = [], 0, 0
+        generations, timings = [], StepTimings(0, 0)
         for batch in ahead:
-            gens, timings = self.ahead.take(batch)
-            generations += gens
-            forward_ns, decode_ns = forward_ns + timings.forward_ns, decode_ns + timings.decode_ns
+            gens, taken = self.ahead.take(batch)
+            generations, timings = generations + gens, timings + taken
         if now:
             stepped = Batch.concat(now)
             ids = {r.id for r in stepped.requests}
-            gens, timings = self.runner.step(
+            gens, ran = self.runner.step(
                 stepped,
                 {k: v for k, v in chunks.items() if k in ids},
                 {k: v for k, v in token_masks.items() if k in ids},
             )
-            generations += gens
-            forward_ns, decode_ns = forward_ns + timings.forward_ns, decode_ns + timings.decode_ns
+            generations, timings = generations + gens, timings + ran
             ahead.append(stepped)
         batch = Batch.concat(ahead)
         batch.id = batches[0].id
         self.cache[batch.id] = batch
         self.ahead.launch(batch)
-        return [wire.generation(g) for g in generations], StepTimings(forward_ns, decode_ns), batch
+        return [wire.generation(g) for g in generations], timings, batch
 
     async def Prefill(self, request, context):
         def prefill():

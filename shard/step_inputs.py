@@ -160,8 +160,12 @@ def build_step_inputs(
 
     sample_rows = ((q_lens > 0) & (starts + q_lens == batch.history_lens)).nonzero().squeeze(1)
     host = HostStep(token_rows=_cat(token_rows), positions=_cat(positions), sample_rows=sample_rows)
-    token_lora_slots = batch.lora_slots[host.token_rows]
-    uses_adapters = bool((token_lora_slots >= 0).any())
+    # The tokens' adapters, gathered only when a row of the batch has one.
+    token_lora_slots = None
+    uses_adapters = bool((batch.lora_slots >= 0).any())
+    if uses_adapters:
+        token_lora_slots = batch.lora_slots[host.token_rows]
+        uses_adapters = bool((token_lora_slots >= 0).any())
     on_device = upload(
         {
             "positions": host.positions,

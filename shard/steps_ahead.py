@@ -73,7 +73,7 @@ class StepsAhead:
         self.runner = runner
         self.enabled = enabled
         self.steps: dict[int, Ahead] = {}
-        self.taken = 0  # steps whose answers a later RPC took (metrics, tests)
+        self.taken = 0  # steps whose answers a later RPC took (the tests count them)
 
     def launch(self, batch: Batch) -> None:
         """Queues `batch`'s next step when overlap is on and the host can plan it alone."""

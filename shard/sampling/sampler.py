@@ -73,6 +73,17 @@ class SampleOutput:
             top_logprobs=torch.empty((batch, top_n), dtype=torch.float32, device=device),
         )
 
+    @classmethod
+    def chosen_only(cls, next_ids: Tensor, logprobs: Tensor) -> SampleOutput:
+        """The output of rows that asked for no alternatives: empty [B, 0] columns, no kernel."""
+        rows = logprobs.shape[0]
+        return cls(
+            next_ids,
+            logprobs,
+            logprobs.new_empty((rows, 0), dtype=torch.int64),
+            logprobs.new_empty((rows, 0)),
+        )
+
     def write(self, rows: Tensor, part: SampleOutput) -> None:
         """Store part's rows at the given row indices."""
         for f in fields(self):
@@ -102,9 +113,8 @@ def sample(
     owned = scores is not logits
     # The rows' random streams, for the rows that draw (greedy batches skip some 35 small ops,
     # each a kernel launch on a GPU).
-    draws = tensors.dense_sampled.shape[0] + tensors.truncated_rows.shape[0]
     keys = None
-    if draws:
+    if tensors.draws:
         keys = random_hash.stream_keys(tensors.seed_lo, tensors.seed_hi, history_lens)
 
     dense_rows, truncated_rows = tensors.dense_rows, tensors.truncated_rows
@@ -144,9 +154,7 @@ def _sample_dense(
 
     chosen = logprobs.gather(1, next_ids[:, None]).squeeze(1)
     if not top_n:  # no kernel for nothing
-        rows_out = logprobs.shape[0]
-        no_ids = logprobs.new_empty((rows_out, 0), dtype=torch.int64)
-        return SampleOutput(next_ids, chosen, no_ids, logprobs.new_empty((rows_out, 0)))
+        return SampleOutput.chosen_only(next_ids, chosen)
     top_logprobs, top_ids = logprobs.topk(top_n, dim=-1)
     return SampleOutput(next_ids, chosen, top_ids, top_logprobs)
 

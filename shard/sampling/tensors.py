@@ -182,6 +182,11 @@ class SamplingTensors:
         return self.do_sample.device
 
     @property
+    def draws(self) -> int:
+        """Rows that draw at random (do_sample): the others choose greedily."""
+        return self.dense_sampled.shape[0] + self.truncated_rows.shape[0]
+
+    @property
     def host(self) -> SamplingTensors:
         """The same rows, derived rows and flags on the CPU (self where the device is the CPU)."""
         return self._host
