@@ -64,7 +64,7 @@ def main() -> None:
             x = torch.randn(m, k, generator=gen).bfloat16().to(device)
             x16 = x.half()
 
-            def tiny(x=x):
+            def tiny(x=x, packed=packed, scales_zeros=scales_zeros):
                 return torch.ops.aten._weight_int4pack_mm(x, packed, GROUP, scales_zeros)
 
             want = x.float() @ dense_bf16.float().T
@@ -72,10 +72,12 @@ def main() -> None:
             error = ((got - want).norm() / want.norm()).item()
             assert error < 2e-2, f"tinygemm K={k} N={n} M={m}: relative error {error:.3g}"
             times = {
-                "dense": do_bench_cudagraph(lambda x=x: x @ dense_bf16.T),
+                "dense": do_bench_cudagraph(lambda x=x, w=dense_bf16: x @ w.T),
                 "tinygemm": do_bench_cudagraph(tiny),
                 "triton": do_bench_cudagraph(
-                    lambda x16=x16: w4a16_matmul(x16, qw.qweight, qw.scales, qw.zeros, None, GROUP)
+                    lambda x16=x16, qw=qw: w4a16_matmul(
+                        x16, qw.qweight, qw.scales, qw.zeros, None, GROUP
+                    )
                 ),
             }
             d = times["dense"]

@@ -6,6 +6,10 @@ cover the partitioned paths: KV heads split across ranks (llama), a single KV he
 on both ranks (mistral), and an odd vocabulary padded to an even split, with qkv biases and
 tied embeddings (qwen2).
 
+For one model both servers also speculate (n-gram proposals of 3 tokens): every shard
+verifies the same proposals and answers the same accepted runs, and greedy ids still equal
+transformers' token for token (speculation is exact), with grammars too.
+
 Rank agreement is visible from outside: the router compares every shard's tokens at every step
 and fails the batch with a 424 on any difference, so each 200 from the 2-shard server is a step
 sequence on which both ranks agreed.
@@ -40,6 +44,9 @@ MODELS = {
         tie_word_embeddings=True,
     ),
 }
+# The model whose servers speculate (instead of the 2-shard one queuing steps ahead: the
+# launcher refuses both at once).
+SPECULATING = "llama_split_kv"
 # Different lengths, so the batch shrinks (FilterBatch on both shards) as requests finish.
 GREEDY = [("Hello", 12), ("The quick brown fox jumps over the lazy dog.", 20), ("日本語 🚀", 16)]
 SEEDED = [
@@ -63,6 +70,7 @@ class Served:
     seeded_again: list[list[int]]  # the same requests, sent again
     constrained: list[dict]  # details of each CONSTRAINED request
     log: str
+    metrics: str  # the router's /metrics after the requests
 
 
 def generate(url: str, prompt: str, max_new_tokens: int, **params) -> dict:
@@ -84,9 +92,12 @@ def ids(details: dict) -> list[int]:
     return [t["id"] for t in details["tokens"]]
 
 
-def serve(model_dir: Path, num_shard: int) -> Served:
+def serve(model_dir: Path, num_shard: int, speculate: bool = False) -> Served:
     args = ("--num-shard", str(num_shard), "--dtype", "float32")
-    if num_shard > 1:
+    if speculate:  # short n-grams, so the tiny model's short answers find matches
+        config = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}'
+        args += ("--speculative-config", config)
+    elif num_shard > 1:
         # The two shards also queue each decode step ahead (shard/steps_ahead.py, a GPU's
         # default): the ids must still be one shard's without it, rank 0's broadcast included.
         args += ("--overlap-schedule", "on")
@@ -108,6 +119,7 @@ def serve(model_dir: Path, num_shard: int) -> Served:
             seeded_again=[ids(d) for d in again],
             constrained=results[-len(CONSTRAINED) :],
             log=server.log_path.read_text(errors="replace"),
+            metrics=requests.get(f"{server.url}/metrics", timeout=30).text,
         )
 
 
@@ -115,6 +127,12 @@ def serve(model_dir: Path, num_shard: int) -> Served:
 def model_dirs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tp-models")
     return {name: build_model(root / name, **kw) for name, kw in MODELS.items()}
+
+
+def _counter(metrics: str, name: str) -> float:
+    match = re.search(rf"^{name}(?:_total)? (\S+)$", metrics, re.MULTILINE)
+    assert match, f"{name} is not in /metrics"
+    return float(match.group(1))
 
 
 def assert_logprobs_close(got: list[dict], want: list[float], what: str) -> None:
@@ -125,13 +143,19 @@ def assert_logprobs_close(got: list[dict], want: list[float], what: str) -> None
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_two_shards_equal_one_shard_and_transformers(model_dirs, name):
     model_dir = model_dirs[name]
+    speculate = name == SPECULATING
     # Both servers and the reference at once: starting a server is mostly waiting on imports.
     with ThreadPoolExecutor(2) as pool:
-        two_shards, one_shard = pool.submit(serve, model_dir, 2), pool.submit(serve, model_dir, 1)
+        two_shards = pool.submit(serve, model_dir, 2, speculate)
+        one_shard = pool.submit(serve, model_dir, 1, speculate)
         refs = [greedy(model_dir, prompt, max_new) for prompt, max_new in GREEDY]
         two, one = two_shards.result(), one_shard.result()
     assert "all 2 shard(s) ready" in two.log
-    assert two.log.count("overlap scheduling: each decode step's successor") == 2  # both ranks
+    if speculate:  # proposals were verified, and some accepted, on both servers
+        for served in (two, one):
+            assert _counter(served.metrics, "switchyard_spec_decode_num_accepted_tokens") > 0
+    else:
+        assert two.log.count("overlap scheduling: each decode step's successor") == 2  # ranks
 
     for (prompt, _), ref, got, single in zip(GREEDY, refs, two.greedy, one.greedy, strict=True):
         assert ids(got) == ref.token_ids, f"{prompt!r}: 2 shards differ from transformers"

@@ -11,6 +11,8 @@ from launcher.adapters import AdapterSpec, parse_specs
 from launcher.devices import default_num_shard
 from launcher.env import LauncherEnv
 from router.args import add_chat_parser_flags
+from router.speculation.config import CONFIG_FLAG, SPECULATE_FLAG, SpeculativeConfig
+from router.speculation.flags import add_speculation_flags, resolve_speculation
 from shard.cuda_graph_buckets import CudaGraphsError, parse_buckets
 from shard.layers.quant.config import METHODS as QUANTIZE_METHODS
 from shard.sockets import shard_socket
@@ -61,7 +63,7 @@ class LauncherConfig:
     compile: bool  # torch.compile the shards' forward pass (shard/platforms/cpu/compiled.py)
     cuda_graphs: str | None  # decode batch sizes to capture, "0" none; None: the shard's default
     # Each decode step's successor queued before the router asks (shard/steps_ahead.py): "on",
-    # "off", "auto"; None: the shard's default (auto: on a GPU).
+    # "off", "auto"; None: the shard's default (auto: on a GPU). "off" with speculative decoding.
     overlap_schedule: str | None
     # Mixture-of-Experts: each shard holds E/N whole experts (vLLM's --enable-expert-parallel);
     # off, each expert's intermediate dimension is split across the N shards (tensor parallel).
@@ -95,6 +97,9 @@ class LauncherConfig:
     tool_call_parser: str | None
     enable_auto_tool_choice: bool | None
     reasoning_parser: str | None
+    # Speculative decoding (router/speculation/): --speculate N or --speculative-config JSON,
+    # forwarded to the router as --speculative-config.
+    speculative_config: SpeculativeConfig | None
     # LoRA adapters (launcher/adapters.py); the other three flags matter only with adapters.
     lora_adapters: tuple[AdapterSpec, ...]
     max_loras: int
@@ -246,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--max-top-n-tokens", type=_bounded(int, 0), default=None)
     add_chat_parser_flags(r)
+    add_speculation_flags(r)
     r.add_argument(
         "--prefill-chunking",
         action=argparse.BooleanOptionalAction,
@@ -309,7 +315,10 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: Sequence[str] | None, env: LauncherEnv) -> LauncherConfig:
     parser = build_parser()
     ns = parser.parse_args(argv)
+    ns.speculative_config = resolve_speculation(parser, ns)
     _check_consistency(parser, ns)
+    if ns.speculative_config is not None:
+        ns.overlap_schedule = "off"  # whatever the device (auto would be on with a GPU)
     if ns.num_shard is None:
         ns.num_shard = default_num_shard(env.cuda_visible_devices)
     if ns.cors_allow_origin is not None:
@@ -366,6 +375,15 @@ def _check_consistency(parser: argparse.ArgumentParser, ns: argparse.Namespace) 
         parser.error("--enable-lora-runtime-loading needs --lora-dir DIR (where adapters may be)")
     if ns.lora_dir is not None and not os.path.isdir(os.path.expanduser(ns.lora_dir)):
         parser.error(f"--lora-dir: {ns.lora_dir} is not a directory")
+    if ns.speculative_config is not None:
+        # Overlap queues each decode step before the router has read the last answer, so before
+        # it knows the tokens to propose for it: the shards step without the router in between.
+        if ns.overlap_schedule == "on":
+            parser.error(
+                f"--overlap-schedule on cannot be used with speculative decoding "
+                f"({SPECULATE_FLAG} / {CONFIG_FLAG}): overlap queues each step before the "
+                "router's proposals for it exist; leave --overlap-schedule out (it is then off)"
+            )
     if ns.max_total_tokens is not None and ns.max_batch_total_tokens is not None:
         if ns.max_batch_total_tokens < ns.max_total_tokens:
             parser.error(

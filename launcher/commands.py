@@ -140,6 +140,9 @@ def router_spec(
             argv += [_flag(name), getattr(cfg, name)]
     if cfg.enable_auto_tool_choice:
         argv.append("--enable-auto-tool-choice")
+    if cfg.speculative_config is not None:
+        # One form whichever flag was given (--speculate N is its shorthand).
+        argv += ["--speculative-config", cfg.speculative_config.to_json()]
     for origin in cfg.cors_allow_origin or ():
         argv += ["--cors-allow-origin", origin]
     if adapters:

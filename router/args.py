@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 from router.adapters import AdapterSpecError, LoraAdapter, parse_adapters
 from router.api.fields import MAX_MODEL_NAME_CHARS
+from router.speculation.config import SpeculativeConfig
+from router.speculation.flags import add_speculation_flags, resolve_speculation
 from router.step_deadlines import DEFAULT_STEP_TIMEOUT_S
 
 # The launcher hands the API key over in the environment, not on a command line that `ps` and
@@ -79,6 +81,8 @@ class RouterArgs:
     tool_call_parser: str | None = None
     enable_auto_tool_choice: bool = False
     reasoning_parser: str | None = None
+    # Speculative decoding (router/speculation/): --speculate N or --speculative-config JSON.
+    speculative_config: SpeculativeConfig | None = None
 
     @property
     def model_name(self) -> str:
@@ -228,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the only directory runtime-loaded adapters may come from (its subdirectories)",
     )
     add_chat_parser_flags(p)
+    add_speculation_flags(p)
     return p
 
 
@@ -259,7 +264,9 @@ def add_chat_parser_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) 
 def parse_args(argv: list[str] | None = None) -> RouterArgs:
     parser = build_parser()
     ns = parser.parse_args(argv)
+    speculative_config = resolve_speculation(parser, ns)
     values = vars(ns)
+    values["speculative_config"] = speculative_config
     model_name = values["served_model_name"] or values["model_id"]
     try:
         values["lora_adapters"] = parse_adapters(values["lora_adapters"] or (), model_name)

@@ -34,6 +34,8 @@ from router.metrics import Metrics
 from router.policies import ChunkedPolicy, SchedulingPolicy, WholePromptPolicy
 from router.queue import Queue
 from router.results import Results
+from router.speculation.grammar import check_drafts
+from router.speculation.speculator import Speculator
 from router.step_deadlines import DEFAULT_STEP_TIMEOUT_S, StepDeadlines
 from router.step_trace import StepTrace
 from router.tokenizer import Tokenizer
@@ -68,6 +70,7 @@ class Batcher:
         tokenizer: Tokenizer,
         config: SchedulerConfig,
         metrics: Metrics | None = None,
+        speculator: Speculator | None = None,
     ) -> None:
         self.client = client
         self.queue = queue
@@ -77,6 +80,8 @@ class Batcher:
         self.metrics = metrics or Metrics()
         self.trace = StepTrace()  # the step timeline GET /debug/steps serves
         self.results = Results(tokenizer, self.metrics)
+        # Speculative decoding (router/speculation/); None: off.
+        self.speculator = speculator
         self.entries: dict[int, Entry] = {}  # admitted requests, by id
         self.adapters = LiveAdapters(config.max_loras)  # the adapters of `entries`
         self.running: pb.CachedBatch | None = None
@@ -117,6 +122,8 @@ class Batcher:
             except Exception:
                 log.exception("scheduler reset failed")
                 self.entries.clear()
+                if self.speculator is not None:
+                    self.speculator.clear()
                 self.adapters.clear()
                 self.running = None
 
@@ -189,11 +196,19 @@ class Batcher:
         cached_batches = [cached] if cached is not None else []
         ids = [rid for b in cached_batches for rid in b.request_ids] + [e.id for e in entries]
         masks = await self._token_masks(ids)
+        # The cached batch's decoding rows may take proposals; the new requests are in their
+        # prompt.
+        proposals = await self._proposals(ids)
         self.metrics.step_started("prefill")
-        tokens = self._trace_begin("prefill", ids, chunks, len(entries))
+        tokens = self._trace_begin("prefill", ids, chunks, len(entries), proposals)
         try:
             response = await self.client.prefill(
-                batch, cached_batches, chunks or {}, masks, self.deadlines.next_step(tokens)
+                batch,
+                cached_batches,
+                chunks or {},
+                masks,
+                self.deadlines.next_step(tokens),
+                proposals=proposals,
             )
         except Exception as err:
             self.trace.failed()
@@ -224,11 +239,16 @@ class Batcher:
     ) -> pb.CachedBatch | None:
         ids = [rid for b in batches for rid in b.request_ids]
         masks = await self._token_masks(ids)
+        proposals = await self._proposals(ids)
         self.metrics.step_started("decode")
-        tokens = self._trace_begin("decode", ids, chunks, 0)
+        tokens = self._trace_begin("decode", ids, chunks, 0, proposals)
         try:
             response = await self.client.decode(
-                batches, chunks or {}, masks, self.deadlines.next_step(tokens)
+                batches,
+                chunks or {},
+                masks,
+                self.deadlines.next_step(tokens),
+                proposals=proposals,
             )
         except Exception as err:
             self.trace.failed()
@@ -264,12 +284,49 @@ class Batcher:
             self._fail([entry.id], error)
         return masks
 
+    async def _proposals(self, ids: Sequence[int]) -> dict[int, pb.Proposal]:
+        """Speculative decoding: the tokens proposed after each decoding request's last one
+        (router/speculation/). A constrained request's proposal is cut at the first token its
+        grammar refuses and carries the masks that follow each token, computed off the event
+        loop like `_token_masks`; a request whose grammar fails there fails alone."""
+        if self.speculator is None:
+            return {}
+        live = [e for rid in ids if (e := self.entries.get(rid)) is not None]
+        drafts = self.speculator.draft(live)
+        constrained = [
+            (self.entries[rid], d) for rid, d in drafts.items() if self.entries[rid].constraint
+        ]
+        checked: dict[int, tuple[list[int], list[bytes]]] = {}
+        if constrained:
+            checked, failures = await asyncio.to_thread(check_drafts, constrained)
+            for entry, error in failures:
+                log.error("request %s: %s", entry.request_id, error)
+                self._fail([entry.id], error)
+        proposals: dict[int, pb.Proposal] = {}
+        for rid, draft in drafts.items():
+            entry = self.entries.get(rid)
+            if entry is None:  # failed above
+                continue
+            if entry.constraint is None:
+                proposals[rid] = pb.Proposal(ids=draft)
+                continue
+            kept, masks = checked[rid]
+            if kept:
+                proposals[rid] = pb.Proposal(ids=kept, token_masks=masks)
+        self.speculator.sent(proposals)
+        return proposals
+
     def _trace_begin(
-        self, kind: str, ids: Sequence[int], chunks: dict[int, int] | None, new: int
+        self,
+        kind: str,
+        ids: Sequence[int],
+        chunks: dict[int, int] | None,
+        new: int,
+        proposals: dict[int, pb.Proposal] | None = None,
     ) -> int:
         """A step's shape for the timeline: rows still in their prompt compute their chunk
-        (default: the rest of it), the others decode one token. Returns the tokens it
-        computes."""
+        (default: the rest of it), the others decode one token and the tokens proposed after
+        it. Returns the tokens it computes."""
         prefill_tokens = decode_rows = 0
         for rid in ids:
             entry = self.entries.get(rid)
@@ -280,8 +337,9 @@ class Batcher:
                 prefill_tokens += min(left, (chunks or {}).get(rid, left))
             else:
                 decode_rows += 1
-        self.trace.begin(kind, prefill_tokens, decode_rows, new)
-        return prefill_tokens + decode_rows
+        proposed = sum(len(p.ids) for p in (proposals or {}).values())
+        self.trace.begin(kind, prefill_tokens, decode_rows, new, proposed)
+        return prefill_tokens + decode_rows + proposed
 
     def _record_prompt_progress(self, chunks: dict[int, int] | None, started: list[Entry]) -> None:
         """What the shards computed of each prompt: the chunks, else the started prompts whole."""
@@ -355,6 +413,8 @@ class Batcher:
                 self.metrics.cancellations.inc()
                 continue
             try:
+                if self.speculator is not None:
+                    self.trace.accepted(self.speculator.verify(entry, gen))
                 finished = self.results.apply(entry, gen)
             except Exception as err:  # one bad answer costs its request only
                 log.exception("handling the generation of request %s failed", entry.request_id)
@@ -370,6 +430,8 @@ class Batcher:
     def _release(self, entry: Entry) -> None:
         if self.entries.pop(entry.id, None) is not None:
             self.adapters.release(entry.request.adapter_id)
+        if self.speculator is not None:
+            self.speculator.forget(entry.id)
         entry.done = True
         if entry.allocation is not None:
             self.allocator.free(entry.allocation.blocks)

@@ -222,12 +222,14 @@ class ShardClient:
         chunks: Mapping[int, int] | None = None,
         token_masks: Mapping[int, bytes] | None = None,
         deadline_s: float | None = None,
+        proposals: Mapping[int, pb.Proposal] | None = None,
     ) -> pb.PrefillResponse:
         request = pb.PrefillRequest(
             batch=batch,
             cached_batches=list(cached_batches),
             prefill_chunks=chunks or {},
             token_masks=token_masks or {},
+            proposals=proposals or {},
         )
         answers = await self._step("Prefill", request, deadline_s)
         check_agreement("Prefill", answers)  # a divergence fails the batch: 424, ClearCache
@@ -239,9 +241,13 @@ class ShardClient:
         chunks: Mapping[int, int] | None = None,
         token_masks: Mapping[int, bytes] | None = None,
         deadline_s: float | None = None,
+        proposals: Mapping[int, pb.Proposal] | None = None,
     ) -> pb.DecodeResponse:
         request = pb.DecodeRequest(
-            batches=list(batches), prefill_chunks=chunks or {}, token_masks=token_masks or {}
+            batches=list(batches),
+            prefill_chunks=chunks or {},
+            token_masks=token_masks or {},
+            proposals=proposals or {},
         )
         answers = await self._step("Decode", request, deadline_s)
         check_agreement("Decode", answers)

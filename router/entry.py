@@ -90,6 +90,10 @@ class Entry:
     cached_tokens: int = 0
     # Structured output: where the request is in its grammar (router/structured.py).
     constraint: TokenConstraint | None = None
+    # Speculative decoding (router/speculation/): tokens proposed for this request over its
+    # steps, and how many of them the shards accepted.
+    proposed_tokens: int = 0
+    accepted_tokens: int = 0
     cancelled: bool = False
     done: bool = False
 

@@ -24,6 +24,7 @@ from router.lora_runtime import LoraRuntime
 from router.metrics import Metrics
 from router.prefix_cache import PrefixCache
 from router.queue import Queue
+from router.speculation.speculator import Speculator
 from router.structured import Grammars
 from router.tokenizer import Tokenizer
 from router.validation import ValidationLimits, Validator
@@ -115,6 +116,9 @@ class Infer:
                 shard_step_timeout=args.shard_step_timeout,
             ),
             self.metrics,
+            Speculator(args.speculative_config, self.metrics, model.rope_regime_boundary)
+            if args.speculative_config is not None
+            else None,
         )
         # POST /v1/load_lora_adapter and /v1/unload_lora_adapter; None: off (404).
         self.lora_runtime = (

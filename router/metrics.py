@@ -185,6 +185,34 @@ class Metrics:
             "tgi_batch_inference_duration", "Whole step on the shard", STEP_BUCKETS, method
         )
 
+        # Speculative decoding (router/speculation/), vLLM's spec_decode names under our prefix.
+        # Mean accepted run: accepted / drafts; tokens per verifying step: emitted / drafts.
+        self.spec_drafts = Counter(
+            "switchyard_spec_decode_num_drafts",
+            "Proposals sent: one per request and step that had proposed tokens",
+            registry=r,
+        )
+        self.spec_draft_tokens = Counter(
+            "switchyard_spec_decode_num_draft_tokens", "Proposed tokens sent", registry=r
+        )
+        self.spec_accepted_tokens = Counter(
+            "switchyard_spec_decode_num_accepted_tokens",
+            "Proposed tokens the shards' samples agreed with",
+            registry=r,
+        )
+        self.spec_accepted_per_pos = Counter(
+            "switchyard_spec_decode_num_accepted_tokens_per_pos",
+            "Proposed tokens accepted, by their index in the proposal (0: the first)",
+            ["position"],
+            registry=r,
+        )
+        self.spec_emitted_tokens = Counter(
+            "switchyard_spec_decode_num_emitted_tokens",
+            "Tokens the steps with a proposal produced for it: the accepted ones and the token "
+            "sampled after them",
+            registry=r,
+        )
+
     def watch(
         self,
         read_gauges: Callable[[], dict[str, float]],
@@ -210,6 +238,12 @@ class Metrics:
                 counter.remove(name)
             except KeyError:
                 pass
+
+    def track_speculation(self, num_speculative_tokens: int) -> None:
+        """Every position's series exists from the start, at 0 (the label's values are bounded
+        by num_speculative_tokens)."""
+        for position in range(num_speculative_tokens):
+            self.spec_accepted_per_pos.labels(position=str(position))
 
     def shard_lora(self, stats: pb.LoraStats) -> None:
         if self._shard_lora.stats is None:
@@ -253,6 +287,15 @@ class Metrics:
         self.generated_tokens.inc()
         self.adapter_tokens.labels(adapter=adapter_label(adapter_id)).inc()
         (self.ttft if first else self.itl).observe(since_previous_s)
+
+    def speculated(self, proposed: int, accepted: int, emitted: int) -> None:
+        """One request's proposal in a step and the shards' verdict on it."""
+        self.spec_drafts.inc()
+        self.spec_draft_tokens.inc(proposed)
+        self.spec_accepted_tokens.inc(accepted)
+        self.spec_emitted_tokens.inc(emitted)
+        for position in range(accepted):
+            self.spec_accepted_per_pos.labels(position=str(position)).inc()
 
     def finished(
         self,

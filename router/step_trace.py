@@ -29,6 +29,10 @@ class StepRecord:
     forward_s: float = 0.0
     sample_s: float = 0.0
     router_s: float = 0.0  # answer to the end of its handling: tokens, stops, streaming, filter
+    # Speculative decoding: tokens proposed for the decoding rows (each computed beside the
+    # row's own token), and how many of them the shards' samples agreed with.
+    proposed_tokens: int = 0
+    accepted_tokens: int = 0
 
 
 class StepTrace:
@@ -38,12 +42,26 @@ class StepTrace:
         self._open: StepRecord | None = None
         self._last_end: float | None = None
 
-    def begin(self, kind: str, prefill_tokens: int, decode_rows: int, new_requests: int) -> None:
+    def begin(
+        self,
+        kind: str,
+        prefill_tokens: int,
+        decode_rows: int,
+        new_requests: int,
+        proposed_tokens: int = 0,
+    ) -> None:
         now = time.monotonic()
         self._finish(now)
         idle = 0.0 if self._last_end is None else now - self._last_end
         self._open = StepRecord(
-            self._count, kind, now, prefill_tokens, decode_rows, new_requests, idle
+            self._count,
+            kind,
+            now,
+            prefill_tokens,
+            decode_rows,
+            new_requests,
+            idle,
+            proposed_tokens=proposed_tokens,
         )
         self._count += 1
 
@@ -55,6 +73,11 @@ class StepTrace:
         record.shard_s, record.forward_s, record.sample_s = (
             total_ns / 1e9, forward_ns / 1e9, decode_ns / 1e9
         )  # fmt: skip
+
+    def accepted(self, tokens: int) -> None:
+        """Proposed tokens of the open step that a request's answer accepted."""
+        if self._open is not None:
+            self._open.accepted_tokens += tokens
 
     def handled(self) -> None:
         """The step's answer is fully handled: the scheduler is free for the next one."""
@@ -86,5 +109,7 @@ class StepTrace:
                 "steps": len(records),
                 "prefill_tokens": sum(r.prefill_tokens for r in records),
                 "decode_rows": sum(r.decode_rows for r in records),
+                "proposed_tokens": sum(r.proposed_tokens for r in records),
+                "accepted_tokens": sum(r.accepted_tokens for r in records),
             },
         }

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -137,6 +137,44 @@ class TokenConstraint:
                 raise GenerationError(f"the output grammar failed: {_first_line(self._matcher)}")
             self._mask = mask
         return self._mask
+
+    def check_proposal(self, ids: Sequence[int]) -> tuple[list[int], list[bytes]]:
+        """Speculative decoding (router/speculation/): the longest head of the proposed tokens
+        that the grammar allows from here, and after each of them the mask of what may follow
+        (the shards sample there too). The matcher is walked forward and rolled back: its
+        state, and the mask kept for the next sample, are unchanged afterwards.
+
+        EOS is never proposed: llguidance does not count a consumed EOS as a token, so it
+        could not be rolled back, and proposing it saves nothing (the step samples EOS at that
+        position by itself when the model ends there). A token after which nothing at all may
+        follow ends the proposal before it (the shards refuse an empty mask)."""
+        if self.ended:
+            return [], []
+        head: list[int] = []
+        for token in ids:
+            if token in self._eos:
+                break
+            head.append(token)
+        allowed = self._matcher.validate_tokens(head) if head else 0
+        masks: list[bytes] = []
+        consumed = 0
+        try:
+            for token in head[:allowed]:
+                if not self._matcher.consume_token(token):
+                    break
+                consumed += 1
+                mask = self._matcher.compute_bitmask()
+                if self._matcher.is_error() or not any(mask):
+                    break
+                masks.append(mask)
+        finally:
+            restored = self._matcher.rollback(consumed) if consumed else True
+        if not restored or self._matcher.is_error():
+            raise GenerationError(
+                f"the output grammar failed while checking proposed tokens: "
+                f"{_first_line(self._matcher)}"
+            )
+        return head[: len(masks)], masks
 
     def accept(self, token_id: int) -> None:
         self._mask = None

@@ -38,8 +38,10 @@ class Generation:
     """One request's token from one step, with what it asked to see alongside."""
 
     request_id: int
-    token: Tokens  # the sampled token (one id, its logprob)
-    top_tokens: Tokens | None = None  # the top_n_tokens most likely, when asked
+    # The sampled token (one id, its logprob); with speculative decoding, the tokens the step
+    # verified and the one after them (shard/speculation.py).
+    token: Tokens
+    top_tokens: list[Tokens] | None = None  # per token: the top_n_tokens most likely, when asked
     prefill_tokens: Tokens | None = None  # the prompt and its logprobs, with the first token
     # With prefill_tokens and top_n_tokens: each prompt position's alternatives (first empty).
     prefill_top: list[Tokens] | None = None

@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 
 import torch
 
-from shard import prompt_logprobs
+from shard import prompt_logprobs, speculation
 from shard.batch import Batch, PromptScores
 from shard.distributed import Distributed
 from shard.faults import Faults
@@ -25,7 +25,13 @@ from shard.platforms.cuda.graphs import DecodeGraphs
 from shard.requests import Generation, Tokens
 from shard.sampling.sampler import SampleOutput, SamplingTensors, greedy_ids, sample
 from shard.sampling.token_masks import TokenMasks, gather_token_masks
-from shard.step_inputs import StepInputs, build_step_inputs, step_lengths, step_starts
+from shard.step_inputs import (
+    HostStep,
+    StepInputs,
+    build_step_inputs,
+    step_lengths,
+    step_starts,
+)
 
 log = logging.getLogger(__name__)
 
@@ -44,18 +50,24 @@ Sampled = tuple[SampleOutput, torch.Tensor | None]
 class InFlight:
     """A step queued on the device whose answers the host has not read yet."""
 
-    sample_rows: list[int]  # batch rows it samples, ascending
+    sample_rows: list[int]  # batch rows it samples, ascending (once per sample)
     sampled: Sampled | None
     prompt_rows: prompt_logprobs.PromptRows | None
     prompt_scores: prompt_logprobs.PromptScoresOnDevice | None
     started: int  # perf_counter_ns when it was planned
     forward_done: int  # and when its forward pass was queued
+    drafts: speculation.Drafts | None = None  # the proposals it verifies
+
+    @property
+    def every_row_once(self) -> bool:
+        """Whether it samples every row of its batch once (a plain decode step)."""
+        return self.drafts is None and self.sample_rows == list(range(len(self.sample_rows)))
 
     def keep(self, rows: torch.Tensor) -> InFlight:
         """The step of a filtered batch (FilterBatch), for a step that sampled every row:
         the kept rows' answers, in the new row order (rows: host indices into the old)."""
         assert self.prompt_rows is None and self.sampled is not None
-        assert self.sample_rows == list(range(len(self.sample_rows))), "every row samples"
+        assert self.every_row_once, "every row samples once"
         out, local_ids = self.sampled
         on_device = rows.to(out.next_ids.device)
         kept = SampleOutput(*(getattr(out, f.name)[on_device] for f in fields(out)))
@@ -137,12 +149,17 @@ class ModelRunner:
         batch: Batch,
         chunks: Mapping[int, int] | None = None,
         token_masks: Mapping[int, bytes] | None = None,
+        proposals: Mapping[int, Sequence[int]] | None = None,
+        proposal_masks: Mapping[int, Sequence[bytes]] | None = None,
     ) -> tuple[list[Generation], StepTimings]:
         """Runs one step: a token for every decoding row, the next prompt chunk (`chunks`, by
         request id; default the whole rest) for rows in their prompt; samples the rows whose
         known tokens are then all in the cache, constrained ones within their `token_masks`
-        (by request id)."""
-        return self.finish(batch, self.launch(batch, chunks, token_masks))
+        (by request id). Decoding rows with `proposals` (by request id) verify them
+        (shard/speculation.py), constrained ones with `proposal_masks`, the mask after each."""
+        return self.finish(
+            batch, self.launch(batch, chunks, token_masks, proposals, proposal_masks)
+        )
 
     @torch.inference_mode()
     def launch(
@@ -150,29 +167,48 @@ class ModelRunner:
         batch: Batch,
         chunks: Mapping[int, int] | None = None,
         token_masks: Mapping[int, bytes] | None = None,
+        proposals: Mapping[int, Sequence[int]] | None = None,
+        proposal_masks: Mapping[int, Sequence[bytes]] | None = None,
     ) -> InFlight | None:
         """The first half of `step`: plans the step on the host (shard/step_inputs.py), queues
         it whole on the device and advances the batch's host state as the step will (None: the
-        step runs no token). On a GPU this returns while the device is still computing."""
+        step runs no token). On a GPU this returns while the device is still computing. Rows
+        verifying proposals advance in `finish`, once the host knows how many were right."""
         starts = step_starts(batch, self.rope_regime_boundary)
         q_lens = step_lengths(batch, chunks or {}, starts)
+        drafts = speculation.plan(
+            batch,
+            proposals or {},
+            proposal_masks or {},
+            starts,
+            self.model.vocab_size,
+            self.rope_regime_boundary,
+        )
+        proposed = None
+        if drafts is not None:
+            proposed = drafts.counts
+            q_lens = q_lens + proposed
+            speculation.write(batch, drafts, self.device)
         ends = starts + q_lens
         self._check_capacity(batch, ends)
         if int(q_lens.sum()) == 0:
             return None
         start = time.perf_counter_ns()
-        inputs = build_step_inputs(batch, q_lens, starts, self.device)
+        inputs = build_step_inputs(batch, q_lens, starts, self.device, proposed)
         sample_rows = inputs.host.sample_rows.tolist()
-        masks = self._token_masks(batch, sample_rows, token_masks or {}, self.device)
+        masks = self._token_masks(batch, inputs.host, token_masks or {}, drafts)
         prompt_rows = prompt_logprobs.plan(batch, inputs.host, self.device)
         # The sampled rows' parameters, chosen on the host (every row's in a decode step).
         sampling = batch.sampling
-        if len(sample_rows) < len(batch):
+        if drafts is not None or len(sample_rows) < len(batch):
             sampling = batch.sampling.index(inputs.host.sample_rows)
-        sampled, scores, forward_done = self._launch(batch, inputs, masks, prompt_rows, sampling)
-        in_flight = InFlight(sample_rows, sampled, prompt_rows, scores, start, forward_done)
+        sampled, scores, forward_done = self._launch(
+            batch, inputs, masks, prompt_rows, sampling, drafts is not None
+        )
+        in_flight = InFlight(sample_rows, sampled, prompt_rows, scores, start, forward_done, drafts)
         # cache_lens + q_lens but for a row recomputed from 0, whose cache now ends where its
-        # known tokens do, as any decoding row's; one more known token for each sampled row.
+        # known tokens do, as any decoding row's; one more known token for each sampled row
+        # (rows verifying proposals: set in `finish`).
         batch.cache_lens = ends
         batch.history_lens[inputs.host.sample_rows] += 1
         return in_flight
@@ -190,7 +226,8 @@ class ModelRunner:
         if in_flight.prompt_rows is not None and in_flight.prompt_scores is not None:
             prompt_logprobs.record(batch, in_flight.prompt_rows, in_flight.prompt_scores)
         if in_flight.sampled is not None:
-            generations = self._generations(batch, answers, in_flight.sample_rows)
+            runs = self._runs(batch, answers, in_flight.sample_rows, in_flight.drafts)
+            generations = self._generations(batch, runs)
         end = time.perf_counter_ns()
         forward_ns = in_flight.forward_done - in_flight.started
         return generations, StepTimings(forward_ns, end - in_flight.forward_done)
@@ -202,6 +239,7 @@ class ModelRunner:
         masks: TokenMasks | None,
         prompt_rows: prompt_logprobs.PromptRows | None,
         sampling: SamplingTensors,
+        verifies: bool = False,
     ) -> tuple[Sampled | None, prompt_logprobs.PromptScoresOnDevice | None, int]:
         """Queues the step on the device: the forward pass, the logits, the prompt tokens'
         scores, the sampling and each sampled token written into the device history. Nothing
@@ -226,9 +264,11 @@ class ModelRunner:
         if greedy is not None:
             sampled = (greedy, self._agree(greedy))
         elif logits is not None and len(inputs.host.sample_rows):
-            out = self._sample(logits, batch, inputs, masks, sampling)
+            out = self._sample(logits, batch, inputs, masks, sampling, verifies)
             sampled = (out, self._agree(out))
         if sampled is not None:
+            # A row verifying proposals writes each sample after the history it saw: past the
+            # accepted ones, over tokens nobody reads (shard/speculation.py).
             batch.history[inputs.sample_rows, inputs.sample_lens] = sampled[0].next_ids
         return sampled, scores, forward_done
 
@@ -249,7 +289,9 @@ class ModelRunner:
         flags = sampling.flags
         if sampling.draws or flags.any_penalty or flags.any_logit_bias or batch.max_top_n:
             return None
-        if len(inputs.host.sample_rows) != len(batch):
+        # Every token samples (a decode step; verifying rows too, one sample per token), so
+        # the graph's per-token answers are the samples, in order.
+        if len(inputs.host.sample_rows) != len(inputs.host.token_rows):
             return None
         got = graphs.replay(inputs.input_ids, inputs.positions, inputs.meta, head=True)
         if got is None:
@@ -285,15 +327,28 @@ class ModelRunner:
             raise RuntimeError("the KV cache is not allocated yet: Warmup must run first")
         return self.kv_caches
 
-    @staticmethod
     def _token_masks(
-        batch: Batch, rows: list[int], masks: Mapping[int, bytes], device: torch.device
+        self,
+        batch: Batch,
+        step: HostStep,
+        masks: Mapping[int, bytes],
+        drafts: speculation.Drafts | None,
     ) -> TokenMasks | None:
+        """The masks of the step's constrained samples: the step's own for a row's first, the
+        mask after each proposal for the samples after it."""
         if not masks and not any(r.constrained for r in batch.requests):
             return None  # the common case: nobody asked for structured output
+        rows = step.sample_rows.tolist()
         requests = [batch.requests[row] for row in rows]
+        after = None
+        if drafts is not None:
+            # The j-th sample of a row (j from 0) follows j proposals.
+            offsets = [0] * len(rows)
+            for i in range(1, len(rows)):
+                offsets[i] = offsets[i - 1] + 1 if rows[i] == rows[i - 1] else 0
+            after = [drafts.masks.get(row, ()) for row in rows], offsets
         return gather_token_masks(
-            [r.id for r in requests], [r.constrained for r in requests], masks, device
+            [r.id for r in requests], [r.constrained for r in requests], masks, self.device, after
         )
 
     def _sample(
@@ -303,11 +358,12 @@ class ModelRunner:
         inputs: StepInputs,
         masks: TokenMasks | None,
         sampling: SamplingTensors,
+        verifies: bool = False,
     ) -> SampleOutput:
-        """Samples one token for each of the step's sampled rows (`sampling`: their parameters),
-        on the device."""
+        """Samples one token for each of the step's samples (`sampling`: their parameters), on
+        the device."""
         history = batch.history
-        if len(inputs.host.sample_rows) < len(batch):
+        if verifies or len(inputs.host.sample_rows) < len(batch):
             history = batch.history[inputs.sample_rows]
         return sample(logits, sampling, history, inputs.sample_lens, batch.max_top_n, masks)
 
@@ -343,21 +399,52 @@ class ModelRunner:
                 )
         return rows
 
+    @staticmethod
+    def _runs(
+        batch: Batch,
+        answers: list[list[float]],
+        rows: list[int],
+        drafts: speculation.Drafts | None,
+    ) -> list[tuple[int, list[list[float]]]]:
+        """Each sampled row and the answers it emits (`_fetch`'s, one per sample of `rows`):
+        one, or for a row verifying proposals those up to the first that differs from them
+        (its host lengths are settled here)."""
+        if drafts is None:
+            return [(row, [answer]) for row, answer in zip(rows, answers, strict=True)]
+        runs: list[tuple[int, list[list[float]]]] = []
+        i = 0
+        while i < len(rows):
+            row = rows[i]
+            k = int(drafts.counts[row])
+            if k == 0:
+                runs.append((row, [answers[i]]))
+                i += 1
+                continue
+            samples = answers[i : i + k + 1]
+            n = speculation.accepted(drafts, row, [int(a[0]) for a in samples])
+            speculation.settle(batch, drafts, row, n)
+            runs.append((row, samples[: n + 1]))
+            i += k + 1
+        return runs
+
     def _generations(
-        self, batch: Batch, answers: list[list[float]], rows: list[int]
+        self, batch: Batch, runs: list[tuple[int, list[list[float]]]]
     ) -> list[Generation]:
-        """answers: `_fetch`'s rows, one per sampled row (`rows`)."""
-        width = (len(answers[0]) - 2) // 2 if answers else 0
+        """runs: each sampled row and its answers (`_runs`)."""
+        width = (len(runs[0][1][0]) - 2) // 2 if runs else 0
         generations = []
-        for answer, row in zip(answers, rows, strict=True):
+        for row, answers in runs:
             request = batch.requests[row]
             top = prefill = prefill_top = None
             if request.top_n_tokens:
                 n = request.top_n_tokens
-                top = Tokens(
-                    ids=[int(i) for i in answer[2 : 2 + n]],
-                    logprobs=answer[2 + width : 2 + width + n],
-                )
+                top = [
+                    Tokens(
+                        ids=[int(i) for i in answer[2 : 2 + n]],
+                        logprobs=answer[2 + width : 2 + width + n],
+                    )
+                    for answer in answers
+                ]
             if request.prefill_logprobs and int(batch.history_lens[row]) == request.input_len + 1:
                 # The request's first token: its prompt's logprobs go with it. The first prompt
                 # token has no prediction.
@@ -368,7 +455,7 @@ class ModelRunner:
                 )
                 if request.top_n_tokens:
                     prefill_top = [Tokens([], []), *scores.top]
-            token = Tokens([int(answer[0])], [answer[1]])
+            token = Tokens([int(a[0]) for a in answers], [a[1] for a in answers])
             generations.append(Generation(request.id, token, top, prefill, prefill_top))
         return generations
 

@@ -170,11 +170,13 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
         return batches
 
     def _step(
-        self, batches: list[Batch], chunks, token_masks
+        self, batches: list[Batch], chunks, token_masks, proposals=None
     ) -> tuple[list[generate_pb2.Generation], StepTimings, Batch]:
         """One step over `batches` as one batch (the first one's id): those with a step queued
-        ahead (shard/steps_ahead.py) answer from it, the others run a step now. The result is
-        cached, and its next step queued ahead where it can be."""
+        ahead (shard/steps_ahead.py) answer from it, the others run a step now, verifying
+        `proposals` (a proto map of Proposal by request id; speculative decoding). The result
+        is cached, and its next step queued ahead where it can be. A batch answered from a step
+        ahead answers its one token: proposals for its rows are not verified."""
         if self.runner.faults is not None:
             self.runner.faults.before_step()
         ahead = [b for b in batches if self.ahead.has(b.id)]
@@ -184,6 +186,10 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
         unknown = set(chunks) - known
         if unknown:
             raise ValueError(f"prefill_chunks name requests {sorted(unknown)} not in this step")
+        proposals = dict(proposals or {})
+        unknown = set(proposals) - known
+        if unknown:
+            raise ValueError(f"proposals name requests {sorted(unknown)} not in this step")
         generations, timings = [], StepTimings(0, 0)
         for batch in ahead:
             gens, taken = self.ahead.take(batch)
@@ -195,13 +201,16 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
                 stepped,
                 {k: v for k, v in chunks.items() if k in ids},
                 {k: v for k, v in token_masks.items() if k in ids},
+                {k: list(p.ids) for k, p in proposals.items() if k in ids},
+                {k: list(p.token_masks) for k, p in proposals.items() if k in ids},
             )
             generations, timings = generations + gens, timings + ran
             ahead.append(stepped)
         batch = Batch.concat(ahead)
         batch.id = batches[0].id
         self.cache[batch.id] = batch
-        self.ahead.launch(batch)
+        if not proposals:  # a router that speculates sends the next step's proposals
+            self.ahead.launch(batch)
         return [wire.generation(g) for g in generations], timings, batch
 
     async def Prefill(self, request, context):
@@ -226,7 +235,9 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             if batches:
                 failed = {rid for f in failures for rid in f.request_ids}
                 chunks = {k: v for k, v in request.prefill_chunks.items() if k not in failed}
-                generations, timings, batch = self._step(batches, chunks, request.token_masks)
+                generations, timings, batch = self._step(
+                    batches, chunks, request.token_masks, request.proposals
+                )
                 response.generations.extend(generations)
                 response.batch.CopyFrom(wire.cached_batch(batch))
                 response.forward_ns, response.decode_ns = timings.forward_ns, timings.decode_ns
@@ -309,7 +320,7 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             batches = self._take(list(request.batches))
             concat_done = time.perf_counter_ns()
             generations, timings, batch = self._step(
-                batches, request.prefill_chunks, request.token_masks
+                batches, request.prefill_chunks, request.token_masks, request.proposals
             )
             return generate_pb2.DecodeResponse(
                 generations=generations,

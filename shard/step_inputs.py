@@ -6,6 +6,9 @@ router left waiting. Rows that run more than one token form the prefill part (va
 earlier chunks read from the cache); rows that run exactly one form the decode part (paged
 attention). The packed token order is the prefill part, then the decode part.
 
+A decoding row verifying k proposed tokens (speculative decoding, shard/speculation.py) runs
+k + 1 tokens as k + 1 rows of the decode part, and samples at each.
+
 Longrope (Phi-3, Phi-3.5, Phi-4-mini) rotates a sequence's tokens with its short tables while
 the sequence is at most B = original_max_position_embeddings long and with the long ones past
 it. A row whose prompt is at most B long and that runs its token at position B (B positions
@@ -105,13 +108,21 @@ def build_step_inputs(
     q_lens: torch.Tensor,
     starts: torch.Tensor | None = None,
     device: torch.device | None = None,
+    proposed: torch.Tensor | None = None,
 ) -> StepInputs:
     """The packed inputs of a step where each row runs q_lens tokens from `starts` (its
-    cache length unless `step_starts` said otherwise), on `device` (default: the batch's)."""
+    cache length unless `step_starts` said otherwise), on `device` (default: the batch's).
+
+    `proposed` [B]: tokens proposed after each row's known ones (speculative decoding,
+    shard/speculation.py), already in the device history and counted in q_lens; such a row
+    samples at its last known token and after each proposal: it appears in sample_rows once
+    per sample, at consecutive packed indices and history lengths."""
     device = batch.history.device if device is None else device
     starts = batch.cache_lens if starts is None else starts
-    rows_p = (q_lens > 1).nonzero().squeeze(1)
-    rows_d = (q_lens == 1).nonzero().squeeze(1)
+    # A row verifying proposals runs as one decode row per token (`_decode_rows`).
+    verifying = proposed > 0 if proposed is not None else torch.zeros_like(q_lens, dtype=torch.bool)
+    rows_p = ((q_lens > 1) & ~verifying).nonzero().squeeze(1)
+    rows_d, offsets_d = _decode_rows((q_lens == 1) | verifying, proposed)
     last = torch.full_like(q_lens, -1)
     positions, slots, token_rows = [], [], []
     parts: dict[str, torch.Tensor] = {}  # what else the device needs, uploaded with them
@@ -147,18 +158,27 @@ def build_step_inputs(
         )
 
     if len(rows_d):
-        pos_d = starts[rows_d]
+        pos_d = starts[rows_d] + offsets_d
         slots.append(batch.slots[rows_d, pos_d])
         positions.append(pos_d)
         token_rows.append(rows_d)
+        # A row's last token (its decode rows are consecutive, in position order).
         last[rows_d] = num_prefill_tokens + torch.arange(len(rows_d))
         # seq_lens: position + 1 but for a one-token chunk in the middle of a prompt, which is
         # in the decode part too and must rotate as the rest of its prompt does.
         parts.update(
-            decode_rows=rows_d, decode_context=pos_d + 1, decode_seq_lens=batch.history_lens[rows_d]
+            decode_rows=rows_d,
+            decode_context=pos_d + 1,
+            decode_seq_lens=batch.history_lens[rows_d] + offsets_d,
         )
 
-    sample_rows = ((q_lens > 0) & (starts + q_lens == batch.history_lens)).nonzero().squeeze(1)
+    known = batch.history_lens if proposed is None else batch.history_lens + proposed
+    sample_rows = ((q_lens > 0) & (starts + q_lens == known)).nonzero().squeeze(1)
+    sample_index, sample_lens = last[sample_rows], batch.history_lens[sample_rows]
+    if proposed is not None:
+        sample_rows, sample_index, sample_lens = _verified(
+            sample_rows, proposed[sample_rows], sample_index, sample_lens
+        )
     host = HostStep(token_rows=_cat(token_rows), positions=_cat(positions), sample_rows=sample_rows)
     # The tokens' adapters, gathered only when a row of the batch has one.
     token_lora_slots = None
@@ -172,8 +192,8 @@ def build_step_inputs(
             "slot_mapping": _cat(slots),
             "token_rows": host.token_rows,
             "sample_rows": sample_rows,
-            "sample_index": last[sample_rows],
-            "sample_lens": batch.history_lens[sample_rows],
+            "sample_index": sample_index,
+            "sample_lens": sample_lens,
             **parts,
             **({"token_lora_slots": token_lora_slots} if uses_adapters else {}),
         },
@@ -182,7 +202,9 @@ def build_step_inputs(
     return StepInputs(
         input_ids=batch.history[on_device["token_rows"], on_device["positions"]],
         positions=on_device["positions"],
-        meta=_metadata(batch, on_device, num_prefill_tokens, prefill_shape),
+        meta=_metadata(
+            batch, on_device, num_prefill_tokens, prefill_shape, once_per_row=proposed is None
+        ),
         token_rows=on_device["token_rows"],
         sample_rows=on_device["sample_rows"],
         sample_index=on_device["sample_index"],
@@ -192,11 +214,49 @@ def build_step_inputs(
     )
 
 
+def _decode_rows(
+    decoding: torch.Tensor, proposed: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The decode part's rows, one per token, and each token's offset from its row's start.
+
+    A row verifying k proposals is k + 1 decode rows over the same block table, the j-th at
+    position start + j with a context of start + j + 1: the step stores every new token's K/V
+    before any token attends (shard/attention/backend.py), so each one sees the proposals
+    before it, as a causal prompt chunk would. As decode rows, verification runs the decode
+    kernels, the CPU decode loop and the CUDA decode graphs of a batch of that many rows."""
+    rows = decoding.nonzero().squeeze(1)
+    if proposed is None:
+        return rows, torch.zeros_like(rows)
+    return _expand(rows, proposed[rows] + 1)
+
+
+def _verified(
+    rows: torch.Tensor, proposed: torch.Tensor, last: torch.Tensor, lens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sample rows, packed indices and history lengths of rows verifying `proposed` tokens
+    each: row r with k proposals samples k + 1 times, at its last k + 1 packed tokens, the j-th
+    one as a row of history length lens + j would."""
+    counts = proposed + 1
+    expanded, j = _expand(rows, counts)
+    each = _expand(counts, counts)[0]
+    lasts, lens = _expand(last, counts)[0], _expand(lens, counts)[0]
+    return expanded, lasts - (each - 1 - j), lens + j
+
+
+def _expand(values: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """values[i] repeated counts[i] times, and each repeat's index 0..counts[i] - 1."""
+    total = int(counts.sum())
+    first = torch.cumsum(counts, 0) - counts
+    offsets = torch.arange(total) - first.repeat_interleave(counts, output_size=total)
+    return values.repeat_interleave(counts, output_size=total), offsets
+
+
 def _metadata(
     batch: Batch,
     on_device: Mapping[str, torch.Tensor],
     num_prefill_tokens: int,
     prefill_shape: tuple[int, int],
+    once_per_row: bool = True,
 ) -> StepMetadata:
     """The attention metadata of the step's parts, from their uploaded indices."""
     slot_mapping = on_device["slot_mapping"]
@@ -214,7 +274,8 @@ def _metadata(
         )
     if "decode_rows" in on_device:
         rows = on_device["decode_rows"]
-        everyone = len(rows) == len(batch)
+        # The batch's own tables when every row decodes once, in order.
+        everyone = once_per_row and len(rows) == len(batch)
         decode = AttentionMetadata(
             is_prefill=False,
             slot_mapping=slot_mapping[num_prefill_tokens:],

@@ -65,7 +65,7 @@ def _tokens(t: Tokens) -> pb.Tokens:
 def generation(g: Generation) -> pb.Generation:
     out = pb.Generation(request_id=g.request_id, tokens=_tokens(g.token))
     if g.top_tokens is not None:
-        out.top_tokens.append(_tokens(g.top_tokens))
+        out.top_tokens.extend(_tokens(t) for t in g.top_tokens)
     if g.prefill_tokens is not None:
         out.prefill_tokens.CopyFrom(_tokens(g.prefill_tokens))
     if g.prefill_top is not None:

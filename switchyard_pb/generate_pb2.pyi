@@ -192,7 +192,7 @@ class FilterBatchResponse(_message.Message):
     def __init__(self, batch: _Optional[_Union[CachedBatch, _Mapping]] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("batch", "cached_batches", "prefill_chunks", "token_masks")
+    __slots__ = ("batch", "cached_batches", "prefill_chunks", "token_masks", "proposals")
     class PrefillChunksEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -207,15 +207,32 @@ class PrefillRequest(_message.Message):
         key: int
         value: bytes
         def __init__(self, key: _Optional[int] = ..., value: _Optional[bytes] = ...) -> None: ...
+    class ProposalsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: Proposal
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[_Union[Proposal, _Mapping]] = ...) -> None: ...
     BATCH_FIELD_NUMBER: _ClassVar[int]
     CACHED_BATCHES_FIELD_NUMBER: _ClassVar[int]
     PREFILL_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_MASKS_FIELD_NUMBER: _ClassVar[int]
+    PROPOSALS_FIELD_NUMBER: _ClassVar[int]
     batch: Batch
     cached_batches: _containers.RepeatedCompositeFieldContainer[CachedBatch]
     prefill_chunks: _containers.ScalarMap[int, int]
     token_masks: _containers.ScalarMap[int, bytes]
-    def __init__(self, batch: _Optional[_Union[Batch, _Mapping]] = ..., cached_batches: _Optional[_Iterable[_Union[CachedBatch, _Mapping]]] = ..., prefill_chunks: _Optional[_Mapping[int, int]] = ..., token_masks: _Optional[_Mapping[int, bytes]] = ...) -> None: ...
+    proposals: _containers.MessageMap[int, Proposal]
+    def __init__(self, batch: _Optional[_Union[Batch, _Mapping]] = ..., cached_batches: _Optional[_Iterable[_Union[CachedBatch, _Mapping]]] = ..., prefill_chunks: _Optional[_Mapping[int, int]] = ..., token_masks: _Optional[_Mapping[int, bytes]] = ..., proposals: _Optional[_Mapping[int, Proposal]] = ...) -> None: ...
+
+class Proposal(_message.Message):
+    __slots__ = ("ids", "token_masks")
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_MASKS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    token_masks: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., token_masks: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class LoraStats(_message.Message):
     __slots__ = ("slots_in_use", "host_cache_hits", "host_cache_misses", "host_cache_evictions")
@@ -258,7 +275,7 @@ class AdapterFailure(_message.Message):
     def __init__(self, adapter_id: _Optional[str] = ..., reason: _Optional[str] = ..., request_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
-    __slots__ = ("batches", "prefill_chunks", "token_masks")
+    __slots__ = ("batches", "prefill_chunks", "token_masks", "proposals")
     class PrefillChunksEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -273,13 +290,22 @@ class DecodeRequest(_message.Message):
         key: int
         value: bytes
         def __init__(self, key: _Optional[int] = ..., value: _Optional[bytes] = ...) -> None: ...
+    class ProposalsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: Proposal
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[_Union[Proposal, _Mapping]] = ...) -> None: ...
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     PREFILL_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_MASKS_FIELD_NUMBER: _ClassVar[int]
+    PROPOSALS_FIELD_NUMBER: _ClassVar[int]
     batches: _containers.RepeatedCompositeFieldContainer[CachedBatch]
     prefill_chunks: _containers.ScalarMap[int, int]
     token_masks: _containers.ScalarMap[int, bytes]
-    def __init__(self, batches: _Optional[_Iterable[_Union[CachedBatch, _Mapping]]] = ..., prefill_chunks: _Optional[_Mapping[int, int]] = ..., token_masks: _Optional[_Mapping[int, bytes]] = ...) -> None: ...
+    proposals: _containers.MessageMap[int, Proposal]
+    def __init__(self, batches: _Optional[_Iterable[_Union[CachedBatch, _Mapping]]] = ..., prefill_chunks: _Optional[_Mapping[int, int]] = ..., token_masks: _Optional[_Mapping[int, bytes]] = ..., proposals: _Optional[_Mapping[int, Proposal]] = ...) -> None: ...
 
 class DecodeResponse(_message.Message):
     __slots__ = ("generations", "batch", "concat_ns", "forward_ns", "decode_ns", "total_ns", "lora")

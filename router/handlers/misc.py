@@ -43,6 +43,8 @@ async def info(request: web.Request) -> web.Response:
         "max_waiting_tokens": args.max_waiting_tokens,
         "max_batch_size": args.max_batch_size,
         "max_top_n_tokens": args.max_top_n_tokens,
+        # TGI's field: tokens proposed per step by speculative decoding (0: off).
+        "speculate": spec.num_speculative_tokens if (spec := args.speculative_config) else 0,
         "lora_adapters": infer.adapters.names,
         "max_loras": args.max_loras,
         "max_client_batch_size": 1,

@@ -39,8 +39,13 @@ def gather_token_masks(
     constrained: Sequence[bool],
     masks: Mapping[int, bytes],
     device: torch.device,
+    after_proposals: tuple[Sequence[Sequence[bytes]], Sequence[int]] | None = None,
 ) -> TokenMasks | None:
     """The masks of the sampled rows that are constrained (row i samples for request_ids[i]).
+
+    `after_proposals` (speculative decoding, shard/speculation.py): for each row, the masks
+    after its request's proposed tokens and how many proposals precede the row's sample; a
+    sample after j > 0 of them takes the j-th of those masks instead of the step's.
 
     A constrained row without a mask, or with one that allows nothing, fails the step: sampling
     it unconstrained would silently break the request's grammar."""
@@ -49,6 +54,8 @@ def gather_token_masks(
         if not needs:
             continue
         mask = masks.get(rid)
+        if after_proposals is not None and after_proposals[1][row] > 0:
+            mask = after_proposals[0][row][after_proposals[1][row] - 1]
         if mask is None:
             raise ValueError(f"request {rid} is constrained but the step carries no token mask")
         if len(mask) % 4 or not any(mask):

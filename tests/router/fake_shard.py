@@ -6,6 +6,12 @@ against the protocol rules the router must follow (block/slot consistency, no st
 max_new_tokens, batch bookkeeping); violations are recorded in `violations` for the tests to
 assert on.
 
+Speculative decoding: a decoding request's `proposals` entry is verified as the real shard does
+it: the fake samples (its deterministic next token, inside the masks) at the fed token and after
+each proposed one, and answers the tokens up to and including the first that differs from the
+proposal; the proposed positions' K/V are written with the proposed tokens, as a forward pass
+over them writes them.
+
 The KV cache is modelled: each written slot remembers the adapter and the token ids up to its
 position, which is what the real K/V depend on, and with a `rope_regime_boundary` (longrope)
 whether the token was rotated with the long tables (its sequence's known length past it; a
@@ -104,6 +110,8 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
     step_generated: list[list[int]] = field(default_factory=list)  # ids given a token, per step
     prompt_chunks: list[dict[int, int]] = field(default_factory=list)  # chunks computed, per step
     step_adapters: list[frozenset[str]] = field(default_factory=list)  # non-empty ids, per step
+    step_proposals: list[dict[int, list[int]]] = field(default_factory=list)  # proposed, per step
+    step_decoding: list[int] = field(default_factory=list)  # rows past their prompt, per step
     loaded: dict[str, str] = field(default_factory=dict)  # runtime adapters: name -> path
 
     def _check(self, ok: bool, message: str) -> None:
@@ -145,9 +153,7 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
             return self.script[req.generated % len(self.script)]
         return (req.ids[-1] + 1) % self.vocab_size
 
-    def _generation(
-        self, req: FakeRequest, prefill_logprobs: bool = False, mask: bytes | None = None
-    ) -> pb.Generation:
+    def _sample(self, req: FakeRequest, mask: bytes | None) -> int:
         self._check(req.generated < req.max_new, f"req {req.id}: step past max_new_tokens")
         token = self._next(req)
         if req.constrained:
@@ -155,18 +161,56 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
             token = _first_allowed(mask or b"", token)
         req.ids.append(token)
         req.generated += 1
-        gen = pb.Generation(
+        return token
+
+    def _answer(self, req: FakeRequest, tokens: list[int]) -> pb.Generation:
+        return pb.Generation(
             request_id=req.id,
-            tokens=pb.Tokens(ids=[token], logprobs=[-0.1 * (token % 10) - 0.01]),
+            tokens=pb.Tokens(ids=tokens, logprobs=[-0.1 * (t % 10) - 0.01 for t in tokens]),
             top_tokens=[
                 pb.Tokens(
-                    ids=[(token + k) % self.vocab_size for k in range(req.top_n)],
+                    ids=[(t + k) % self.vocab_size for k in range(req.top_n)],
                     logprobs=[-0.1 * (k + 1) for k in range(req.top_n)],
                 )
+                for t in tokens
             ]
             if req.top_n
             else [],
         )
+
+    def _verify(self, req: FakeRequest, proposal: pb.Proposal, mask: bytes | None) -> pb.Generation:
+        """The fed token and the proposed ones in one pass: samples at each position, up to and
+        including the first that differs from the proposal."""
+        draft, masks = list(proposal.ids), list(proposal.token_masks)
+        p = len(req.ids) - 1  # the fed token's position
+        room = req.max_new - req.generated
+        self._check(len(draft) <= room, f"req {req.id}: {len(draft)} proposed, {room} slots left")
+        if req.constrained:
+            self._check(len(masks) == len(draft), f"req {req.id}: {len(masks)} masks")
+        boundary = self.rope_regime_boundary
+        crosses = 0 < boundary and len(req.ids) - req.generated <= boundary
+        self._check(
+            not (crosses and p <= boundary <= p + len(draft)),
+            f"req {req.id}: proposal over the rope boundary at {p}..{p + len(draft)}",
+        )
+        known, prompt_len = list(req.ids), len(req.ids) - req.generated
+        for i in range(min(len(draft), len(req.slots) - p - 1)):
+            q = p + 1 + i  # holds the K/V of the proposed token draft[i]
+            long = req.crossed or 0 < boundary < max(prompt_len, q + 1)
+            self._write(req, [q], (req.adapter_id, long, tuple(known + draft[: i + 1])))
+        tokens = []
+        for i in range(len(draft) + 1):
+            at = mask if i == 0 else masks[i - 1] if i <= len(masks) else None
+            token = self._sample(req, at)
+            tokens.append(token)
+            if i == len(draft) or token != draft[i]:
+                break
+        return self._answer(req, tokens)
+
+    def _generation(
+        self, req: FakeRequest, prefill_logprobs: bool = False, mask: bytes | None = None
+    ) -> pb.Generation:
+        gen = self._answer(req, [self._sample(req, mask)])
         if prefill_logprobs:
             prompt = req.ids[:-1]
             gen.prefill_tokens.CopyFrom(
@@ -183,11 +227,19 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
                 )
         return gen
 
-    def _step(self, reqs: list[FakeRequest], chunks, masks=None) -> list[pb.Generation]:
-        """One step like the real shard's: decoding rows get a token; rows in their prompt compute
-        their chunk (default: the rest) and get their first token once it is all computed."""
+    def _step(
+        self, reqs: list[FakeRequest], chunks, masks=None, proposals=None
+    ) -> list[pb.Generation]:
+        """One step like the real shard's: decoding rows get a token (and verify their proposed
+        tokens); rows in their prompt compute their chunk (default: the rest) and get their first
+        token once it is all computed."""
         known = {r.id for r in reqs}
+        proposals = proposals or {}
         self._check(set(chunks) <= known, f"chunks for unknown requests {set(chunks) - known}")
+        unknown = set(proposals) - known
+        self._check(not unknown, f"proposals for unknown requests {unknown}")
+        self.step_proposals.append({rid: list(p.ids) for rid, p in proposals.items()})
+        self.step_decoding.append(sum(1 for r in reqs if r.prompt_left == 0))
         adapters = frozenset(r.adapter_id for r in reqs if r.adapter_id)
         self.step_adapters.append(adapters)
         if self.max_loras is not None:
@@ -195,6 +247,7 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
         gens, tokens, computed = [], 0, {}
         for req in reqs:
             if req.prompt_left > 0:
+                self._check(req.id not in proposals, f"req {req.id}: proposal in its prompt")
                 n = min(chunks.get(req.id, req.prompt_left), req.prompt_left)
                 self._write(req, range(req.computed, req.computed + n))
                 req.computed += n
@@ -214,7 +267,12 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
                     self._write(req, range(p + 1))
                 else:
                     self._write(req, [p])
-                gens.append(self._generation(req, mask=(masks or {}).get(req.id)))
+                mask = (masks or {}).get(req.id)
+                if req.id in proposals:
+                    tokens += len(proposals[req.id].ids)
+                    gens.append(self._verify(req, proposals[req.id], mask))
+                else:
+                    gens.append(self._generation(req, mask=mask))
         self.step_tokens.append(tokens)
         self.step_generated.append([g.request_id for g in gens])
         self.prompt_chunks.append(computed)
@@ -227,12 +285,12 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
         long = req.crossed or 0 < self.rope_regime_boundary < known
         return req.adapter_id, long, tuple(req.ids[: p + 1])
 
-    def _write(self, req: FakeRequest, positions) -> None:
+    def _write(self, req: FakeRequest, positions, content=None) -> None:
         for p in positions:
             block = req.blocks[p // self.block_size]
             others = self.owner.get(block, set()) - {req.id}
             self._check(not others, f"req {req.id} writes block {block} shared with {others}")
-            self.kv[req.slots[p]] = self._content(req, p)
+            self.kv[req.slots[p]] = content or self._content(req, p)
 
     def _hold(self, r: pb.Request, req: FakeRequest) -> None:
         """Takes the request's blocks; only its cached prefix may be held by others too, and
@@ -348,7 +406,7 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
         batch_id = request.cached_batches[0].id if request.cached_batches else batch.id
         self.batches[batch_id] = merged
         chunks = {k: v for k, v in request.prefill_chunks.items() if k not in failed}
-        gens = self._step(merged, chunks, dict(request.token_masks))
+        gens = self._step(merged, chunks, dict(request.token_masks), dict(request.proposals))
         return pb.PrefillResponse(
             generations=gens, batch=self._cached(batch_id), adapter_failures=failures
         )
@@ -389,7 +447,12 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
         self.batches[batch_id] = merged
         self.max_batch_size_seen = max(self.max_batch_size_seen, len(merged))
         self.decode_sizes.append(len(merged))
-        gens = self._step(merged, dict(request.prefill_chunks), dict(request.token_masks))
+        gens = self._step(
+            merged,
+            dict(request.prefill_chunks),
+            dict(request.token_masks),
+            dict(request.proposals),
+        )
         return pb.DecodeResponse(generations=gens, batch=self._cached(batch_id))
 
     async def FilterBatch(self, request, context):

@@ -9,7 +9,8 @@ the whole launch, forward pass included, eager and replayed from CUDA graphs.
 
 The schedule has every kind of row a decode step can hold: greedy, seeded temperature,
 top-k/top-p/min-p/typical-p, penalties, a logit bias, alternatives (top_n_tokens), a filter
-between steps, a request joining (a mixed step where only some rows sample), and the ids it
+between steps, a request joining (a mixed step where only some rows sample), rows verifying
+proposed tokens (speculative decoding), and the ids it
 gives are those of the same schedule served without the guard and with the CPU's own shortcuts.
 """
 
@@ -73,10 +74,12 @@ def _service(model_dir, graphs: str, overlap: str = "off"):
     return svc
 
 
-def _serve(svc) -> dict[int, list[tuple[int, float, list[int]]]]:
+def _serve(svc, speculate: bool = True) -> dict[int, list[tuple[int, float, list[int]]]]:
     """The rows above prefilled and decoded, one dropped, one more joining in chunks, two of
     them with their prompt's logprobs: each request's (id, logprob, top ids) per token, and
-    (-prompt length, the prompt logprobs' sum, the prompt ids) for a prompt's logprobs."""
+    (-prompt length, the prompt logprobs' sum, the prompt ids) for a prompt's logprobs. With
+    `speculate`, two last steps verify proposed tokens (a step queued ahead answers without
+    them: the launcher never runs speculation with overlap)."""
     pool = BlockPool(64, seed=5)
     got: dict[int, list[tuple[int, float, list[int]]]] = {}
 
@@ -91,8 +94,9 @@ def _serve(svc) -> dict[int, list[tuple[int, float, list[int]]]]:
             if g.prefill_tokens.ids:
                 ids, lps = list(g.prefill_tokens.ids), list(g.prefill_tokens.logprobs)
                 got.setdefault(g.request_id, []).append((-len(ids), sum(lps[1:]), ids))
-            top = list(g.top_tokens[0].ids) if g.top_tokens else []
-            got.setdefault(g.request_id, []).append((g.tokens.ids[0], g.tokens.logprobs[0], top))
+            for i, (token, logprob) in enumerate(zip(g.tokens.ids, g.tokens.logprobs, strict=True)):
+                top = list(g.top_tokens[i].ids) if g.top_tokens else []
+                got.setdefault(g.request_id, []).append((token, logprob, top))
         return resp.batch
 
     prompts = [[3 + (7 * i + 5 * j) % 200 for j in range(9 + 3 * i)] for i in range(len(ROWS))]
@@ -111,6 +115,11 @@ def _serve(svc) -> dict[int, list[tuple[int, float, list[int]]]]:
     batch = record(run(svc.Prefill(joined, FakeContext())))
     for _ in range(4):
         batch = record(run(svc.Decode(pb.DecodeRequest(batches=[batch]), FakeContext())))
+    # Speculative decoding: rows verifying proposed tokens (shard/speculation.py).
+    for proposed in ([5, 6, 7], [8]) if speculate else ():
+        proposals = {0: pb.Proposal(ids=proposed), 4: pb.Proposal(ids=proposed[:2])}
+        step = pb.DecodeRequest(batches=[batch], proposals=proposals)
+        batch = record(run(svc.Decode(step, FakeContext())))
     run(svc.ClearCache(pb.ClearCacheRequest(), FakeContext()))
     return got
 
@@ -161,7 +170,7 @@ def test_a_launch_reads_nothing_of_the_device(servicer_model_dir, graphs, monkey
     svc = _service(servicer_model_dir, graphs)
     guards = _guard_launches(svc.runner, HostSyncGuard, exempt_forward=True)
     _assert_same(_serve(svc), want)
-    assert len(guards) == 2 + 3 + 4  # every step ran under the guard
+    assert len(guards) == 2 + 3 + 4 + 2  # every step ran under the guard
     if graphs == "eager":
         assert svc.runner.graphs.graphs  # and decode steps replayed graphs
 
@@ -204,7 +213,8 @@ def _one_launch(svc):
 @pytest.mark.parametrize("overlap", ["off", "on"])
 @pytest.mark.parametrize("graphs", ["off", "cuda"])
 def test_no_cuda_synchronisation_in_a_launch(servicer_model_dir, graphs, overlap):
-    want = _serve(_service(servicer_model_dir, graphs))
+    speculate = overlap == "off"
+    want = _serve(_service(servicer_model_dir, graphs), speculate)
     svc = _service(servicer_model_dir, graphs, overlap)
 
     class SyncDebugError:
@@ -216,8 +226,8 @@ def test_no_cuda_synchronisation_in_a_launch(servicer_model_dir, graphs, overlap
             torch.cuda.set_sync_debug_mode("default")
 
     guards = _guard_launches(svc.runner, SyncDebugError)
-    _assert_same(_serve(svc), want)
+    _assert_same(_serve(svc, speculate), want)
     if overlap == "off":
-        assert len(guards) == 2 + 3 + 4
+        assert len(guards) == 2 + 3 + 4 + 2
     else:  # and the steps queued ahead, each decode step's successor
         assert len(guards) > 2 + 3 + 4 and svc.ahead.taken > 0

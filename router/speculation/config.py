@@ -1,0 +1,161 @@
+"""What speculative decoding does, from vLLM's `--speculative-config` JSON or TGI's `--speculate N`.
+
+Only vLLM's "ngram" method (prompt lookup: router/speculation/ngram.py) is implemented. Its keys
+keep vLLM's names, defaults and checks, so a vLLM command line works unchanged: prompt_lookup_min
+and prompt_lookup_max default to 5 when neither is given and to each other when one is, both are
+at least 1 and min <= max, num_speculative_tokens is required and positive, and
+disable_by_batch_size is at least 2. Every other method, and any key this router would ignore,
+is refused: a setting silently dropped would make a benchmark measure something else than asked.
+
+`--speculate N` is TGI's shorthand, here exactly `{"method": "ngram", "num_speculative_tokens": N}`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+SPECULATE_FLAG = "--speculate"
+CONFIG_FLAG = "--speculative-config"
+SUPPORTED_METHODS = ("ngram",)
+# vLLM's spelling of the method by its former `model` value.
+NGRAM_ALIASES = ("ngram", "[ngram]")
+# vLLM's other methods: named in the refusal so that it says "not implemented", not "unknown".
+OTHER_VLLM_METHODS = (
+    "draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "mtp", "suffix", "ngram_gpu",
+    "deepseek_mtp",
+)  # fmt: skip
+KEYS = (
+    "method",
+    "model",  # vLLM's older way to say the method: "ngram" or "[ngram]" only
+    "num_speculative_tokens",
+    "prompt_lookup_min",
+    "prompt_lookup_max",
+    "disable_by_batch_size",
+)
+# Proposed tokens per request and step. Each is one more position the verifying step computes
+# for its row (a decode row becomes a 1 + k token prefill-like row), one more KV slot written
+# and, for structured output, one more vocabulary-sized mask on the wire; prompt lookup rarely
+# gets more than a few in a row accepted, so a larger k mostly buys wasted compute. The cap also
+# bounds the widest step the shards must plan for.
+MAX_SPECULATIVE_TOKENS = 16
+# vLLM's default n-gram window when neither bound is given ("arbitrarily chosen" there).
+DEFAULT_PROMPT_LOOKUP = 5
+# Each generated token adds one n-gram per window size to the request's lookup tables (keyed
+# by the n tokens), so memory and per-token work grow with the window; past a few dozen tokens a
+# match is a verbatim copy that a shorter window finds as well.
+MAX_PROMPT_LOOKUP = 64
+
+
+class SpeculativeConfigError(ValueError):
+    """A speculative-decoding setting that cannot be served; the message names the key."""
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    num_speculative_tokens: int
+    method: str = "ngram"
+    prompt_lookup_min: int = DEFAULT_PROMPT_LOOKUP
+    prompt_lookup_max: int = DEFAULT_PROMPT_LOOKUP
+    # No proposals in a step whose decoding requests are at least this many (None: always):
+    # a large batch is compute-bound, and verifying k extra positions per row costs real time
+    # there instead of riding along a memory-bound step for free.
+    disable_by_batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.method not in SUPPORTED_METHODS:
+            raise SpeculativeConfigError(_method_refusal(self.method))
+        _check_int("num_speculative_tokens", self.num_speculative_tokens, 1, MAX_SPECULATIVE_TOKENS)
+        _check_int("prompt_lookup_min", self.prompt_lookup_min, 1, MAX_PROMPT_LOOKUP)
+        _check_int("prompt_lookup_max", self.prompt_lookup_max, 1, MAX_PROMPT_LOOKUP)
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise SpeculativeConfigError(
+                f"prompt_lookup_min={self.prompt_lookup_min} must be <= "
+                f"prompt_lookup_max={self.prompt_lookup_max}"
+            )
+        if self.disable_by_batch_size is not None:
+            # vLLM's bound: 1 would disable speculation for every step.
+            _check_int("disable_by_batch_size", self.disable_by_batch_size, 2, None)
+
+    def to_json(self) -> str:
+        """The --speculative-config value that reads back as this config (the launcher forwards
+        it to the router in this form)."""
+        fields: dict[str, Any] = {
+            "method": self.method,
+            "num_speculative_tokens": self.num_speculative_tokens,
+            "prompt_lookup_min": self.prompt_lookup_min,
+            "prompt_lookup_max": self.prompt_lookup_max,
+        }
+        if self.disable_by_batch_size is not None:
+            fields["disable_by_batch_size"] = self.disable_by_batch_size
+        return json.dumps(fields, separators=(",", ":"))
+
+
+def speculate(num_tokens: int) -> SpeculativeConfig:
+    """TGI's `--speculate N`."""
+    return SpeculativeConfig(num_speculative_tokens=num_tokens)
+
+
+def parse_speculative_config(text: str) -> SpeculativeConfig:
+    """vLLM's `--speculative-config` JSON object."""
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SpeculativeConfigError(f"not valid JSON ({err})") from None
+    if not isinstance(raw, dict):
+        raise SpeculativeConfigError(f"must be a JSON object, got {type(raw).__name__}")
+    unknown = [key for key in raw if key not in KEYS]
+    if unknown:
+        raise SpeculativeConfigError(
+            f"key {unknown[0]!r} is not supported (supported keys: {', '.join(KEYS)})"
+        )
+    method = raw.get("method")
+    model = raw.get("model")
+    if model is not None and model not in NGRAM_ALIASES:
+        # vLLM reads any other model as a draft model's name.
+        raise SpeculativeConfigError(
+            f"model {model!r} is not supported: draft models are not implemented "
+            f"(model may only be {' or '.join(map(repr, NGRAM_ALIASES))}; "
+            f"supported methods: {', '.join(SUPPORTED_METHODS)})"
+        )
+    if method is None:
+        if model is None:
+            raise SpeculativeConfigError(
+                f"method is required (supported: {', '.join(SUPPORTED_METHODS)})"
+            )
+        method = "ngram"
+    if method in NGRAM_ALIASES:
+        method = "ngram"
+    if method not in SUPPORTED_METHODS:
+        raise SpeculativeConfigError(_method_refusal(method))
+    if "num_speculative_tokens" not in raw:
+        raise SpeculativeConfigError("num_speculative_tokens is required for method 'ngram'")
+    low, high = raw.get("prompt_lookup_min"), raw.get("prompt_lookup_max")
+    if low is None and high is None:
+        low = high = DEFAULT_PROMPT_LOOKUP
+    elif low is None:
+        low = high
+    elif high is None:
+        high = low
+    return SpeculativeConfig(
+        method=method,
+        num_speculative_tokens=raw["num_speculative_tokens"],
+        prompt_lookup_min=low,
+        prompt_lookup_max=high,
+        disable_by_batch_size=raw.get("disable_by_batch_size"),
+    )
+
+
+def _method_refusal(method: object) -> str:
+    known = "is not implemented" if method in OTHER_VLLM_METHODS else "is not a known method"
+    return f"method {method!r} {known} (supported: {', '.join(SUPPORTED_METHODS)})"
+
+
+def _check_int(key: str, value: object, low: int, high: int | None) -> None:
+    # JSON's true is an int to Python; a float or a string is a typo worth naming.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise SpeculativeConfigError(f"{key} must be an integer, got {value!r}")
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"between {low} and {high}"
+        raise SpeculativeConfigError(f"{key} must be {bound}, got {value}")
