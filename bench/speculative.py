@@ -12,8 +12,12 @@ model's own stop (EOS):
 - chat: open questions, whose answers have little of the prompt in them.
 For each workload and concurrency level the servers answer the same requests; the benchmark
 prints output tokens per second for each, their ratio (speculative / plain), the acceptance the
-speculative server reports on /metrics, and checks that every answer's text is identical (greedy
-speculation is exact; a difference is a bug and fails the run). The servers run one at a time.
+speculative server reports on /metrics, and how many answers have the same text on both. At
+concurrency 1 every answer must be identical (greedy speculation is exact, and the CPU's rows
+kernel gives a row the same logits in a verify step as alone): a difference fails the run. With
+several requests in flight, rows share steps with other rows' prompt chunks, whose half-precision
+sums depend on the batch (as in any server), so a near-tie may go either way on either server;
+those counts are reported, not required. The servers run one at a time.
 """
 
 from __future__ import annotations
@@ -215,12 +219,13 @@ def _report(args, model_name, servers, cells, results, acceptance) -> int:
         print(f"  {name}: launcher {' '.join(flags) or '(defaults)'}")
     print(f"\n{'workload':<10}{'conc':>5}{'plain tok/s':>13}{'spec tok/s':>12}{'ratio':>8}"
           f"{'accept':>9}{'same text':>11}")  # fmt: skip
-    rows, mismatches = [], 0
+    rows, mismatches = [], 0  # at concurrency 1
     for workload, concurrency in cells:
         plain = results["plain"][(workload, concurrency)]
         spec = results["speculative"][(workload, concurrency)]
         same = [a.text == b.text for a, b in zip(plain.answers, spec.answers, strict=True)]
-        mismatches += same.count(False)
+        if concurrency == 1:
+            mismatches += same.count(False)
         counts = acceptance[f"{workload}@{concurrency}"]["speculative"]
         rate = counts["accepted_tokens"] / counts["draft_tokens"] if counts["draft_tokens"] else 0
         ratio = spec.tok_s / plain.tok_s if plain.tok_s else 0.0
@@ -234,7 +239,7 @@ def _report(args, model_name, servers, cells, results, acceptance) -> int:
     out.write_text(json.dumps({"model": model_name, "servers": servers, "rows": rows}, indent=2))
     print(f"\nresults: {out}")
     if mismatches:
-        print(f"FAIL: {mismatches} answer(s) differ between the plain and speculative servers")
+        print(f"FAIL: {mismatches} answer(s) at concurrency 1 differ between the servers")
         return 1
     return 0
 

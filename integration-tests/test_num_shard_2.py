@@ -95,7 +95,10 @@ def ids(details: dict) -> list[int]:
 def serve(model_dir: Path, num_shard: int, speculate: bool = False) -> Served:
     args = ("--num-shard", str(num_shard), "--dtype", "float32")
     if speculate:  # short n-grams, so the tiny model's short answers find matches
-        config = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}'
+        config = (  # and at any batch size (the default stops at 8 decoding requests)
+            '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, '
+            '"disable_by_batch_size": null}'
+        )
         args += ("--speculative-config", config)
     elif num_shard > 1:
         # The two shards also queue each decode step ahead (shard/steps_ahead.py, a GPU's

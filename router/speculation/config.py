@@ -4,7 +4,10 @@ Only vLLM's "ngram" method (prompt lookup: router/speculation/ngram.py) is imple
 keep vLLM's names, defaults and checks, so a vLLM command line works unchanged: prompt_lookup_min
 and prompt_lookup_max default to 5 when neither is given and to each other when one is, both are
 at least 1 and min <= max, num_speculative_tokens is required and positive, and
-disable_by_batch_size is at least 2. Every other method, and any key this router would ignore,
+disable_by_batch_size is at least 2. One default is ours: without disable_by_batch_size,
+speculation stops at DEFAULT_DISABLE_BY_BATCH_SIZE decoding requests (vLLM never stops; JSON
+null asks for that here). Measured on the demo model on a CPU (docs/benchmarks.md), a batch of 16
+lost 16% of its output rate to verifying proposals; below 8 it gains. Every other method, and any key this router would ignore,
 is refused: a setting silently dropped would make a benchmark measure something else than asked.
 
 `--speculate N` is TGI's shorthand, here exactly `{"method": "ngram", "num_speculative_tokens": N}`.
@@ -46,6 +49,8 @@ DEFAULT_PROMPT_LOOKUP = 5
 # by the n tokens), so memory and per-token work grow with the window; past a few dozen tokens a
 # match is a verbatim copy that a shorter window finds as well.
 MAX_PROMPT_LOOKUP = 64
+# Ours (vLLM's is never): see the module's docstring.
+DEFAULT_DISABLE_BY_BATCH_SIZE = 8
 
 
 class SpeculativeConfigError(ValueError):
@@ -58,10 +63,10 @@ class SpeculativeConfig:
     method: str = "ngram"
     prompt_lookup_min: int = DEFAULT_PROMPT_LOOKUP
     prompt_lookup_max: int = DEFAULT_PROMPT_LOOKUP
-    # No proposals in a step whose decoding requests are at least this many (None: always):
-    # a large batch is compute-bound, and verifying k extra positions per row costs real time
-    # there instead of riding along a memory-bound step for free.
-    disable_by_batch_size: int | None = None
+    # No proposals in a step whose decoding requests are at least this many (None: always
+    # propose): a large batch is compute-bound, and verifying k extra positions per row costs
+    # real time there instead of riding along a memory-bound step for free.
+    disable_by_batch_size: int | None = DEFAULT_DISABLE_BY_BATCH_SIZE
 
     def __post_init__(self) -> None:
         if self.method not in SUPPORTED_METHODS:
@@ -87,8 +92,7 @@ class SpeculativeConfig:
             "prompt_lookup_min": self.prompt_lookup_min,
             "prompt_lookup_max": self.prompt_lookup_max,
         }
-        if self.disable_by_batch_size is not None:
-            fields["disable_by_batch_size"] = self.disable_by_batch_size
+        fields["disable_by_batch_size"] = self.disable_by_batch_size  # null: never
         return json.dumps(fields, separators=(",", ":"))
 
 
@@ -143,7 +147,7 @@ def parse_speculative_config(text: str) -> SpeculativeConfig:
         num_speculative_tokens=raw["num_speculative_tokens"],
         prompt_lookup_min=low,
         prompt_lookup_max=high,
-        disable_by_batch_size=raw.get("disable_by_batch_size"),
+        disable_by_batch_size=raw.get("disable_by_batch_size", DEFAULT_DISABLE_BY_BATCH_SIZE),
     )
 
 

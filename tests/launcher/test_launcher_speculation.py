@@ -36,6 +36,7 @@ def test_both_flags_reach_the_router_as_one_config_and_turn_overlap_off():
         "num_speculative_tokens": 3,
         "prompt_lookup_min": 5,
         "prompt_lookup_max": 5,
+        "disable_by_batch_size": 8,  # ours: router/speculation/config.py
     }
     assert "--speculate" not in shorthand.router.argv
     text = json.dumps(
@@ -43,7 +44,7 @@ def test_both_flags_reach_the_router_as_one_config_and_turn_overlap_off():
             "method": "ngram",
             "num_speculative_tokens": 2,
             "prompt_lookup_max": 4,
-            "disable_by_batch_size": 8,
+            "disable_by_batch_size": None,  # vLLM's "never", kept
         }
     )
     full = plan("--speculative-config", text, "--overlap-schedule", "auto")
@@ -52,7 +53,7 @@ def test_both_flags_reach_the_router_as_one_config_and_turn_overlap_off():
         "num_speculative_tokens": 2,
         "prompt_lookup_min": 4,
         "prompt_lookup_max": 4,
-        "disable_by_batch_size": 8,
+        "disable_by_batch_size": None,
     }
     for p in (shorthand, full, plan("--speculate", "1", "--overlap-schedule", "off")):
         for shard in p.shards:

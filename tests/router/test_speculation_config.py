@@ -40,6 +40,11 @@ def test_vllm_defaults_for_the_lookup_window():
         disable_by_batch_size=8,
     )
     assert full == SpeculativeConfig(7, "ngram", 1, 3, 8)
+    # Ours: without disable_by_batch_size, 8; null keeps vLLM's "never".
+    assert spec(method="ngram", num_speculative_tokens=3).disable_by_batch_size == 8
+    never = spec(method="ngram", num_speculative_tokens=3, disable_by_batch_size=None)
+    assert never.disable_by_batch_size is None
+    assert parse_speculative_config(never.to_json()) == never
     # vLLM's older spelling: the method as the model's name.
     assert spec(model="[ngram]", num_speculative_tokens=2).method == "ngram"
     assert spec(method="[ngram]", model="ngram", num_speculative_tokens=2).method == "ngram"

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from shard.platforms.cpu import matmul
+from shard.platforms.cpu.native import build as native
 from tests.shard.rounding import assert_rounded_once
 
 
@@ -25,7 +26,8 @@ def test_widened_linear_matches_fp32_math_rounded_to_dtype(
     b = torch.randn(out_features).to(dtype)
     got = matmul.linear(x, w, b)
     assert got.dtype == dtype and got.shape == (rows, out_features)
-    if rows >= matmul.WIDEN_MIN_ROWS:
+    rows_kernel = native.rows_linear_kernel() is not None and rows <= matmul.ROWS_KERNEL_MAX
+    if rows >= matmul.WIDEN_MIN_ROWS or rows_kernel:
         # Exact products of the half-precision values, accumulated in fp32, rounded once.
         assert_rounded_once(got, x, w, b)
     else:

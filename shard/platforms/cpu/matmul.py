@@ -2,8 +2,13 @@
 
 On a CPU without native half-precision dot products (no AVX512-BF16/FP16 or AMX), torch's
 bf16/fp16 GEMM runs several times slower than fp32 (bench/cpu_matmul.py: 11-20 vs 70-140
-GFLOP/s on an AVX2 machine). There, for more than a few rows, the weight is widened to fp32 one
-slice at a time for the duration of the call and the result rounded back. It computes the same
+GFLOP/s on an AVX2 machine), and its cost grows with the rows even at a decode step's few. There,
+up to ROWS_KERNEL_MAX rows, the native rows kernel (native/rows_gemm.cpp, AVX2) reads each
+weight row once for all rows: 1.3-1.8x torch at one row, 3.5-5x at 4-8 (the SmolLM2 shapes on 2
+EPYC cores), and each row's result independent of the rows beside it, so a decode or verify step
+of several rows gives each the ids it gets alone. Beyond, or without the kernel, for more than a
+few rows the weight is widened to fp32 one slice at a time for the duration of the call and the
+result rounded back. It computes the same
 thing as a half-precision GEMM, which also multiplies exact products and accumulates in fp32;
 only the summation order differs. Weights stay in their dtype, so memory is unchanged.
 
@@ -23,10 +28,14 @@ import torch
 import torch.nn.functional as F
 
 from shard.platforms.cpu import matmul_amx
+from shard.platforms.cpu.native import build as native
 
 # Below this many rows the widening costs more than the faster GEMM saves (measured on 2 AVX2
 # cores for weights from 576x576 to 49152x576).
 WIDEN_MIN_ROWS = 4
+# Up to this many rows the rows kernel runs where it can (at 32 it still matched the widening
+# path on the SmolLM2 MLP's down projection, and beat it elsewhere).
+ROWS_KERNEL_MAX = 32
 # Output features widened at once: the fp32 slice stays cache-sized, which matters for the LM
 # head (a 49152x576 weight widened whole is several times slower to convert).
 WIDEN_CHUNK = 1024
@@ -100,7 +109,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if matmul_amx.is_packed(weight):
         return matmul_amx.linear(x, weight, bias)
     rows = x.numel() // x.shape[-1] if x.numel() else 0
-    if weight.device.type != "cpu" or rows < WIDEN_MIN_ROWS or not _widen_on_cpu(weight.dtype):
+    if weight.device.type != "cpu" or not _widen_on_cpu(weight.dtype):
+        return F.linear(x, weight, bias)
+    if 0 < rows <= ROWS_KERNEL_MAX and weight.stride(-1) == 1:
+        kernel = native.rows_linear_kernel()
+        if kernel is not None:
+            out = kernel(x.reshape(rows, x.shape[-1]), weight, bias)
+            return out.reshape(*x.shape[:-1], weight.shape[0])
+    if rows < WIDEN_MIN_ROWS:
         return F.linear(x, weight, bias)
     x32 = x.reshape(rows, x.shape[-1]).float()
     out = torch.empty(rows, weight.shape[0], dtype=x.dtype, device=x.device)

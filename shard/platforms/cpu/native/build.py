@@ -22,6 +22,9 @@ builder from vector.h (shared loads and stores) and each kernel's source:
   shrink as a small tile product, the expand as more of the base product's K.
 - paged_prefill_amx.cpp: paged_prefill.cpp's attention in bf16 with its two products on the
   tile unit.
+- rows_gemm.cpp: bf16/fp16 linear layers of a few rows on a CPU with AVX2 but no half-precision
+  dot products (shard/platforms/cpu/matmul.py), where torch's GEMM costs grow with the rows:
+  each weight read once for all rows, each row's sums the same whatever rows are beside it.
 
 The build needs a C++ compiler and ninja, takes ~30 s once per machine and torch version, and is
 cached by torch (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions). Where it cannot be
@@ -57,6 +60,7 @@ SOURCES = [
         "amx_gemm.cpp",
         "amx_lora.cpp",
         "paged_prefill_amx.cpp",
+        "rows_gemm.cpp",
     )
 ]
 FUNCTIONS = [
@@ -74,6 +78,7 @@ FUNCTIONS = [
     "amx_linear_silu_mul",
     "amx_lora_linear",
     "amx_paged_prefill",
+    "rows_linear",
 ]
 SWITCH_ENV = "SWITCHYARD_CPU_KERNELS"  # "0": the torch path only
 # "0": build without the CPU's bf16 dot products even where it has them (how the tests reach the
@@ -190,6 +195,16 @@ def amx_lora_linear_kernel() -> Callable[..., torch.Tensor] | None:
     if amx_linear_kernel() is None:
         return None
     return _function("amx_lora_linear")
+
+
+@functools.cache
+def rows_linear_kernel() -> Callable[..., torch.Tensor] | None:
+    """rows_linear(x [M, K], w [N, K] bf16/fp16 with contiguous rows, bias [N] | None) -> [M, N]
+    in x's dtype (rows_gemm.cpp); None where the CPU lacks AVX2, FMA or F16C or the kernels cannot
+    be built."""
+    if not {"avx2", "fma", "f16c"} <= _cpu_flags():
+        return None
+    return _function("rows_linear")
 
 
 def amx_paged_prefill_kernel() -> Callable[..., None] | None:
