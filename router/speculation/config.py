@@ -7,8 +7,9 @@ at least 1 and min <= max, num_speculative_tokens is required and positive, and
 disable_by_batch_size is at least 2. One default is ours: without disable_by_batch_size,
 speculation stops at DEFAULT_DISABLE_BY_BATCH_SIZE decoding requests (vLLM never stops; JSON
 null asks for that here). Measured on the demo model on a CPU (docs/benchmarks.md), a batch of 16
-lost 16% of its output rate to verifying proposals; below 8 it gains. Every other method, and any key this router would ignore,
-is refused: a setting silently dropped would make a benchmark measure something else than asked.
+lost up to 16% of its output rate to verifying proposals; below 8 it gains. Every other method,
+and any key this router would ignore, is refused: a setting silently dropped would make a
+benchmark measure something else than asked.
 
 `--speculate N` is TGI's shorthand, here exactly `{"method": "ngram", "num_speculative_tokens": N}`.
 """
