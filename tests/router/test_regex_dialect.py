@@ -129,7 +129,10 @@ def sequence(draw: st.DrawFn) -> tuple[str, str]:
     return "".join(t + q for (t, _), q in parts), "".join(f"(?:{r}){q}" for (_, r), q in parts)
 
 
-@settings(max_examples=150, deadline=None)
+# Derandomized: nested quantifiers such as ((a*)*)* make Python's backtracking `re` (both sides
+# of the comparison) exponential on a text it cannot match, and a random run once drew one that
+# held a CI worker for over ten minutes; the fixed examples finish in seconds.
+@settings(max_examples=150, deadline=None, derandomize=True)
 @given(pair=sequence(), texts=st.lists(st.text(ALPHABET, max_size=5), min_size=1, max_size=10))
 def test_random_regexes(pair: tuple[str, str], texts: list[str]) -> None:
     regex, reference = pair

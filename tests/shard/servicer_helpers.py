@@ -80,3 +80,17 @@ def run(coro):
 def prompts(n: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(3, 500) for _ in range(rng.randrange(5, 40))] for _ in range(n)]
+
+
+def assert_same_tokens(got: dict, want: dict, atol: float = 1e-5) -> None:
+    """Two runs' tokens per request, each (id, logprob, alternatives): ids and alternatives
+    equal, logprobs within atol."""
+    assert got.keys() == want.keys()
+    for rid in want:
+        assert [(t, top) for t, _, top in got[rid]] == [(t, top) for t, _, top in want[rid]], rid
+        torch.testing.assert_close(
+            torch.tensor([lp for _, lp, _ in got[rid]]),
+            torch.tensor([lp for _, lp, _ in want[rid]]),
+            atol=atol,
+            rtol=0,
+        )

@@ -14,12 +14,11 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from shard.settings import ShardSettings
 from shard.startup import build_service
 from switchyard_pb import generate_pb2 as pb
-from tests.shard.servicer_helpers import AbortError, BlockPool, FakeContext, run
+from tests.shard.servicer_helpers import AbortError, BlockPool, FakeContext, assert_same_tokens, run
 
 MAX_NEW = 20
 
@@ -142,18 +141,6 @@ def _serve(d: Driver) -> dict:
     return {rid: toks[:MAX_NEW] for rid, toks in d.got.items()}
 
 
-def _assert_same(got, want) -> None:
-    assert got.keys() == want.keys()
-    for rid in want:
-        assert [(t, top) for t, _, top in got[rid]] == [(t, top) for t, _, top in want[rid]], rid
-        torch.testing.assert_close(
-            torch.tensor([lp for _, lp, _ in got[rid]]),
-            torch.tensor([lp for _, lp, _ in want[rid]]),
-            atol=1e-4,
-            rtol=0,
-        )
-
-
 def _room(d: Driver, rid: int) -> int:
     """Proposals the request's reserved slots hold: prompt + MAX_NEW - its history length."""
     return MAX_NEW - len(d.got[rid])
@@ -184,7 +171,7 @@ def reference(svc):
 def test_verified_proposals_give_the_tokens_of_steps_one_at_a_time(svc, reference, propose):
     assert all(t % 2 == 0 for t, _, _ in reference[30])
     d = Driver(svc, reference, propose)
-    _assert_same(_serve(d), reference)
+    assert_same_tokens(_serve(d), reference, atol=1e-4)
     plain = Driver(svc)
     _serve(plain)
     assert d.steps < plain.steps  # accepted runs took fewer steps
@@ -195,7 +182,7 @@ def test_wrong_proposals_cost_nothing_but_their_positions(svc, reference):
         return [(t + 2) % 200 for t in ahead[: min(3, _room(d, rid))]]
 
     d = Driver(svc, reference, wrong)
-    _assert_same(_serve(d), reference)
+    assert_same_tokens(_serve(d), reference, atol=1e-4)
 
 
 def test_proposals_past_the_reserved_slots_or_for_a_prompt_are_refused(svc):

@@ -28,7 +28,7 @@ from shard.settings import ShardSettings
 from shard.startup import build_service
 from switchyard_pb import generate_pb2 as pb
 from tests.host_sync_guard import HostSyncError, HostSyncGuard
-from tests.shard.servicer_helpers import BlockPool, FakeContext, run
+from tests.shard.servicer_helpers import BlockPool, FakeContext, assert_same_tokens, run
 
 CUDA = torch.cuda.is_available()
 NO_CUDA = "torch.cuda.set_sync_debug_mode watches CUDA's synchronisations: it needs a CUDA device"
@@ -124,18 +124,6 @@ def _serve(svc, speculate: bool = True) -> dict[int, list[tuple[int, float, list
     return got
 
 
-def _assert_same(got, want) -> None:
-    assert got.keys() == want.keys()
-    for rid in want:
-        assert [(t, top) for t, _, top in got[rid]] == [(t, top) for t, _, top in want[rid]]
-        torch.testing.assert_close(
-            torch.tensor([lp for _, lp, _ in got[rid]]),
-            torch.tensor([lp for _, lp, _ in want[rid]]),
-            atol=1e-5,
-            rtol=0,
-        )
-
-
 def _guard_launches(runner, guard_for, exempt_forward: bool = False) -> list:
     """Wraps every launch of `runner` in the guard `guard_for()` makes, the model's forward pass
     paused under it where `exempt_forward` (HostSyncGuard on a CPU); returns the guards."""
@@ -169,7 +157,7 @@ def test_a_launch_reads_nothing_of_the_device(servicer_model_dir, graphs, monkey
     monkeypatch.setattr(platform_of(torch.device("cpu")), "static_shapes", True)
     svc = _service(servicer_model_dir, graphs)
     guards = _guard_launches(svc.runner, HostSyncGuard, exempt_forward=True)
-    _assert_same(_serve(svc), want)
+    assert_same_tokens(_serve(svc), want)
     assert len(guards) == 2 + 3 + 4 + 2  # every step ran under the guard
     if graphs == "eager":
         assert svc.runner.graphs.graphs  # and decode steps replayed graphs
@@ -226,7 +214,7 @@ def test_no_cuda_synchronisation_in_a_launch(servicer_model_dir, graphs, overlap
             torch.cuda.set_sync_debug_mode("default")
 
     guards = _guard_launches(svc.runner, SyncDebugError)
-    _assert_same(_serve(svc, speculate), want)
+    assert_same_tokens(_serve(svc, speculate), want)
     if overlap == "off":
         assert len(guards) == 2 + 3 + 4 + 2
     else:  # and the steps queued ahead, each decode step's successor

@@ -22,7 +22,7 @@ from shard.settings import ShardSettings
 from shard.startup import build_service
 from shard.steps_ahead import can_run_ahead, overlap_enabled
 from switchyard_pb import generate_pb2 as pb
-from tests.shard.servicer_helpers import AbortError, BlockPool, FakeContext, run
+from tests.shard.servicer_helpers import AbortError, BlockPool, FakeContext, assert_same_tokens, run
 
 MAX_NEW = 24
 
@@ -117,22 +117,10 @@ def _serve(svc) -> dict:
     return s.got
 
 
-def _assert_same(got, want) -> None:
-    assert got.keys() == want.keys()
-    for rid in want:
-        assert [(t, top) for t, _, top in got[rid]] == [(t, top) for t, _, top in want[rid]], rid
-        torch.testing.assert_close(
-            torch.tensor([lp for _, lp, _ in got[rid]]),
-            torch.tensor([lp for _, lp, _ in want[rid]]),
-            atol=1e-5,
-            rtol=0,
-        )
-
-
 def test_steps_ahead_give_the_answers_steps_on_request_give(servicer_model_dir):
     want = _serve(_service(servicer_model_dir, "off"))
     svc = _service(servicer_model_dir, "on")
-    _assert_same(_serve(svc), want)
+    assert_same_tokens(_serve(svc), want)
     # Every Decode of a batch whose rows all decode, and the join, answered from a step ahead.
     assert svc.ahead.taken >= 12
     assert not svc.ahead.steps  # ClearCache dropped the last ones
