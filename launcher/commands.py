@@ -65,6 +65,7 @@ def shard_spec(
     rank: int,
     program: tuple[str, ...],
     adapters: tuple[LoraAdapter, ...] = (),
+    draft_model_dir: Path | None = None,
 ) -> ChildSpec:
     argv = [
         *program,
@@ -91,6 +92,8 @@ def shard_spec(
     if cfg.expert_parallel:
         argv.append("--expert-parallel")
     argv += _lora_flags(cfg, adapters)
+    if draft_model_dir is not None:  # speculative decoding's draft model (shard/draft.py)
+        argv += ["--draft-model", str(draft_model_dir)]
     env = {
         "RANK": str(rank),
         "WORLD_SIZE": str(cfg.num_shard),
@@ -163,13 +166,15 @@ def build_plan(
     model_dir: Path,
     programs: Programs,
     adapters: tuple[LoraAdapter, ...] = (),
+    draft_model_dir: Path | None = None,
 ) -> LaunchPlan:
     if cfg.shard_uds_path is None:
         # launcher.main gives every launcher its own directory first (launcher/sockets.py).
         raise ValueError("the shards' socket prefix must be chosen before building the plan")
     return LaunchPlan(
         shards=tuple(
-            shard_spec(cfg, model_dir, r, programs.shard, adapters) for r in range(cfg.num_shard)
+            shard_spec(cfg, model_dir, r, programs.shard, adapters, draft_model_dir)
+            for r in range(cfg.num_shard)
         ),
         shard_sockets=tuple(Path(cfg.shard_socket(r)) for r in range(cfg.num_shard)),
         router=router_spec(cfg, model_dir, programs.router, adapters),

@@ -95,6 +95,19 @@ def _preflight(cfg: LauncherConfig) -> bool:
     return True
 
 
+def resolve_draft_model(cfg: LauncherConfig, env: LauncherEnv) -> Path | None:
+    """--speculative-config's draft model (method draft_model), resolved as --model-id is (a
+    directory, a GGUF file converted once, a hub id), for the shards' --draft-model."""
+    spec = cfg.speculative_config
+    if spec is None or spec.method != "draft_model":
+        return None
+    assert spec.model is not None  # the config requires it for this method
+    try:
+        return resolve_model(spec.model, env)
+    except ModelResolutionError as exc:
+        raise ModelResolutionError(f"--speculative-config model: {exc}") from exc
+
+
 def _launch(
     cfg: LauncherConfig,
     env: LauncherEnv,
@@ -106,6 +119,7 @@ def _launch(
         check_served_name(cfg.lora_adapters, served_model_name(cfg))
         adapters = resolve_adapters(cfg.lora_adapters, env)
         model_dir = resolve_model(cfg.model_id, env)
+        draft_dir = resolve_draft_model(cfg, env)
     except (ModelResolutionError, AdapterError) as exc:
         log.error("%s", exc)
         return 1
@@ -118,6 +132,9 @@ def _launch(
         check_num_shard(cfg.num_shard, model_dir, env.cuda_visible_devices)
         check_experts(cfg.expert_parallel, cfg.num_shard, model_dir, cfg.compile)
         check_quantization(cfg.quantize, cfg.num_shard, model_dir, cfg.compile)
+        if draft_dir is not None:  # sharded over the same ranks; its checkpoint says its format
+            check_num_shard(cfg.num_shard, draft_dir, env.cuda_visible_devices)
+            check_quantization(None, cfg.num_shard, draft_dir, False)
     except (ShardCountError, QuantizationCheckError) as exc:
         log.error("%s", exc)
         return 1
@@ -132,7 +149,9 @@ def _launch(
         settings = SupervisorSettings(startup_timeout_s=cfg.shard_startup_timeout)
     if adapters:
         log.info("LoRA adapters: %s", ", ".join(f"{a.name} -> {a.path}" for a in adapters))
-    supervisor = Supervisor(build_plan(cfg, model_dir, programs, adapters), settings)
+    if draft_dir is not None:
+        log.info("speculative decoding with the draft model %s", draft_dir)
+    supervisor = Supervisor(build_plan(cfg, model_dir, programs, adapters, draft_dir), settings)
     with _stop_on_signals(supervisor.request_stop):
         return supervisor.run()
 

@@ -27,11 +27,22 @@ async def build_infer(args: RouterArgs) -> Infer:
     client = await ShardClient.connect(args.shard_uds_path)
     try:
         info = await client.info()
+        check_draft_model(args, info)
         limits = await warm_up(client, args, info)
     except BaseException:
         await client.close()
         raise
     return Infer(args, limits, model_info(info, args.model_name), client, tokenizer)
+
+
+def check_draft_model(args: RouterArgs, info) -> None:
+    """Speculation with a draft model needs shards that hold one (the launcher starts them so)."""
+    config = args.speculative_config
+    if config is not None and config.method == "draft_model" and not info.draft_model_id:
+        raise ConfigError(
+            f"--speculative-config: method 'draft_model' ({config.model}), but the shards hold no "
+            "draft model (start them with --draft-model; the launcher does)"
+        )
 
 
 class ShardsLostExit(Exception):

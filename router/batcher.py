@@ -199,6 +199,7 @@ class Batcher:
         # The cached batch's decoding rows may take proposals; the new requests are in their
         # prompt.
         proposals = await self._proposals(ids)
+        draft_tokens = self._draft_tokens(ids)
         self.metrics.step_started("prefill")
         tokens = self._trace_begin("prefill", ids, chunks, len(entries), proposals)
         try:
@@ -209,6 +210,7 @@ class Batcher:
                 masks,
                 self.deadlines.next_step(tokens),
                 proposals=proposals,
+                draft_tokens=draft_tokens,
             )
         except Exception as err:
             self.trace.failed()
@@ -240,6 +242,7 @@ class Batcher:
         ids = [rid for b in batches for rid in b.request_ids]
         masks = await self._token_masks(ids)
         proposals = await self._proposals(ids)
+        draft_tokens = self._draft_tokens(ids)
         self.metrics.step_started("decode")
         tokens = self._trace_begin("decode", ids, chunks, 0, proposals)
         try:
@@ -249,6 +252,7 @@ class Batcher:
                 masks,
                 self.deadlines.next_step(tokens),
                 proposals=proposals,
+                draft_tokens=draft_tokens,
             )
         except Exception as err:
             self.trace.failed()
@@ -315,6 +319,13 @@ class Batcher:
                 proposals[rid] = pb.Proposal(ids=kept, token_masks=masks)
         self.speculator.sent(proposals)
         return proposals
+
+    def _draft_tokens(self, ids: Sequence[int]) -> int:
+        """Speculative decoding with a draft model: the guesses the step asks of the shards'
+        draft model for each request that then decodes (0: none)."""
+        if self.speculator is None:
+            return 0
+        return self.speculator.draft_tokens([e for rid in ids if (e := self.entries.get(rid))])
 
     def _trace_begin(
         self,

@@ -223,6 +223,7 @@ class ShardClient:
         token_masks: Mapping[int, bytes] | None = None,
         deadline_s: float | None = None,
         proposals: Mapping[int, pb.Proposal] | None = None,
+        draft_tokens: int = 0,
     ) -> pb.PrefillResponse:
         request = pb.PrefillRequest(
             batch=batch,
@@ -230,6 +231,7 @@ class ShardClient:
             prefill_chunks=chunks or {},
             token_masks=token_masks or {},
             proposals=proposals or {},
+            draft_tokens=draft_tokens,
         )
         answers = await self._step("Prefill", request, deadline_s)
         check_agreement("Prefill", answers)  # a divergence fails the batch: 424, ClearCache
@@ -242,12 +244,14 @@ class ShardClient:
         token_masks: Mapping[int, bytes] | None = None,
         deadline_s: float | None = None,
         proposals: Mapping[int, pb.Proposal] | None = None,
+        draft_tokens: int = 0,
     ) -> pb.DecodeResponse:
         request = pb.DecodeRequest(
             batches=list(batches),
             prefill_chunks=chunks or {},
             token_masks=token_masks or {},
             proposals=proposals or {},
+            draft_tokens=draft_tokens,
         )
         answers = await self._step("Decode", request, deadline_s)
         check_agreement("Decode", answers)

@@ -71,6 +71,12 @@ def parse_args(argv: list[str]) -> ShardSettings:
         help="queue each decode step's successor on the device before the router asks for it "
         "(auto: on a GPU, off on a CPU, where it would delay every answer by a step)",
     )
+    serve.add_argument(
+        "--draft-model",
+        default=None,
+        help="speculative decoding: a local model directory with the model's vocabulary whose "
+        "greedy guesses the router proposes (steps ask for them with draft_tokens)",
+    )
     args = parser.parse_args(argv)
     try:
         cuda_graphs = parse_buckets(args.cuda_graphs)
@@ -84,6 +90,11 @@ def parse_args(argv: list[str]) -> ShardSettings:
         parser.error(f"--cpu-kv-cache-gb must be positive, got {args.cpu_kv_cache_gb}")
     if not Path(args.model_id).is_dir():
         parser.error(f"--model-id {args.model_id} is not a directory")
+    if args.draft_model is not None:
+        if not Path(args.draft_model).is_dir():
+            parser.error(f"--draft-model {args.draft_model} is not a directory")
+        if args.overlap_schedule == "on":
+            parser.error("--overlap-schedule on cannot be used with --draft-model")
     try:
         adapters = split_adapter_list([args.lora_adapters])
         check_adapter_names([name for name, _ in adapters])
@@ -110,6 +121,7 @@ def parse_args(argv: list[str]) -> ShardSettings:
         expert_parallel=args.expert_parallel,
         cuda_graphs=cuda_graphs,
         overlap_schedule=args.overlap_schedule,
+        draft_model=args.draft_model,
     )
 
 

@@ -86,6 +86,11 @@ class Batch:
     lora_slots: torch.Tensor
     # Prompt logprobs gathered chunk by chunk, by request id, until the prompt is complete.
     prompt_logprobs: dict[int, PromptScores] = field(default_factory=dict)
+    # Speculative decoding with a draft model (shard/draft.py), on the host: [B] int64 leading
+    # positions whose K/V are in the draft's cache (set by `start`), and the last draft
+    # phase's guesses by request id, with the history length they follow.
+    draft_lens: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
+    guesses: dict[int, tuple[int, list[int]]] = field(default_factory=dict)
 
     @classmethod
     def start(cls, batch_id: int, new: list[NewRequest], device: torch.device) -> "Batch":
@@ -126,6 +131,8 @@ class Batch:
             # A cached prefix (router/prefix_cache.py) is already in the request's blocks.
             cache_lens=torch.tensor([r.prefix_len for r in new], dtype=torch.int64),
             lora_slots=torch.full((len(new),), -1, dtype=torch.int32),
+            # A cached prefix holds the draft's K/V too: prompt blocks always do (shard/draft.py).
+            draft_lens=torch.tensor([r.prefix_len for r in new], dtype=torch.int64),
         )
 
     def __len__(self) -> int:
@@ -166,6 +173,8 @@ class Batch:
             prompt_logprobs={
                 rid: lps for rid, lps in self.prompt_logprobs.items() if rid in kept_ids
             },
+            draft_lens=self.draft_lens[keep],
+            guesses={rid: g for rid, g in self.guesses.items() if rid in kept_ids},
         )
 
     @classmethod
@@ -187,4 +196,6 @@ class Batch:
             cache_lens=torch.cat([b.cache_lens for b in batches]),
             lora_slots=torch.cat([b.lora_slots for b in batches]),
             prompt_logprobs={k: v for b in batches for k, v in b.prompt_logprobs.items()},
+            draft_lens=torch.cat([b.draft_lens for b in batches]),
+            guesses={k: v for b in batches for k, v in b.guesses.items()},
         )

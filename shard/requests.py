@@ -45,3 +45,5 @@ class Generation:
     prefill_tokens: Tokens | None = None  # the prompt and its logprobs, with the first token
     # With prefill_tokens and top_n_tokens: each prompt position's alternatives (first empty).
     prefill_top: list[Tokens] | None = None
+    # The draft model's guesses of the tokens after this one (shard/draft.py), when asked.
+    draft_ids: list[int] | None = None

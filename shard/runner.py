@@ -19,6 +19,7 @@ import torch
 from shard import prompt_logprobs, speculation
 from shard.batch import Batch, PromptScores
 from shard.distributed import Distributed
+from shard.draft import DraftModel
 from shard.faults import Faults
 from shard.layers.lora import LoraStep
 from shard.platforms.cuda.graphs import DecodeGraphs
@@ -99,6 +100,7 @@ class ModelRunner:
         forward=None,  # the model's forward pass another way (--compile); default the model
         decode_path=None,  # the decode steps' forward pass where it applies (cpu_decode.py)
         graphs: DecodeGraphs | None = None,  # CUDA graphs of decode steps (--cuda-graphs)
+        draft: DraftModel | None = None,  # speculative decoding's draft model (--draft-model)
     ) -> None:
         self.model = model
         self.forward = forward or model
@@ -110,6 +112,7 @@ class ModelRunner:
         self.num_blocks = 0  # of the KV cache allocated (0: none yet)
         self.lora = lora  # the per-step LoRA context every LoRA term reads, when adapters exist
         self.graphs = graphs
+        self.draft = draft
         # Longrope's original_max_position_embeddings (0: none): a row whose sequence grows past
         # it is recomputed whole in that step (shard/step_inputs.py: step_starts).
         self.rope_regime_boundary: int = model.config.rope_regime_boundary
@@ -125,12 +128,21 @@ class ModelRunner:
         if self.graphs is not None:
             self.graphs.release()  # they write into the cache
         self.kv_caches = None
+        if self.draft is not None:
+            self.draft.free_kv_cache()
         self.num_blocks = 0
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         self.free_kv_cache()  # the old cache goes before the new one is allocated
         self.kv_caches = self.model.allocate_kv_cache(num_blocks, self.block_size)
+        if self.draft is not None:  # the same blocks, addressed by the same tables
+            self.draft.allocate_kv_cache(num_blocks)
         self.num_blocks = num_blocks
+
+    def kv_cache_bytes_per_token(self) -> int:
+        """One token's K/V on this rank: the model's, and the draft model's beside it."""
+        draft = self.draft.kv_cache_bytes_per_token() if self.draft is not None else 0
+        return self.model.kv_cache_bytes_per_token() + draft
 
     @torch.inference_mode()
     def capture_graphs(self, block_table_width: int) -> int:
@@ -151,15 +163,41 @@ class ModelRunner:
         token_masks: Mapping[int, bytes] | None = None,
         proposals: Mapping[int, Sequence[int]] | None = None,
         proposal_masks: Mapping[int, Sequence[bytes]] | None = None,
+        draft_tokens: int = 0,
     ) -> tuple[list[Generation], StepTimings]:
         """Runs one step: a token for every decoding row, the next prompt chunk (`chunks`, by
         request id; default the whole rest) for rows in their prompt; samples the rows whose
         known tokens are then all in the cache, constrained ones within their `token_masks`
         (by request id). Decoding rows with `proposals` (by request id) verify them
-        (shard/speculation.py), constrained ones with `proposal_masks`, the mask after each."""
-        return self.finish(
+        (shard/speculation.py), constrained ones with `proposal_masks`, the mask after each.
+        With a draft model, each row that then decodes gets up to `draft_tokens` guesses of
+        what follows (shard/draft.py)."""
+        generations, timings = self.finish(
             batch, self.launch(batch, chunks, token_masks, proposals, proposal_masks)
         )
+        if self.draft is None:
+            if draft_tokens:
+                raise ValueError("draft_tokens asked of a shard without a draft model")
+            return generations, timings
+        return self._guess(batch, draft_tokens, generations, timings)
+
+    def _guess(
+        self, batch: Batch, k: int, generations: list[Generation], timings: StepTimings
+    ) -> tuple[list[Generation], StepTimings]:
+        """The draft model's phase after a step: the guesses go with the generations."""
+        assert self.draft is not None
+        start = time.perf_counter_ns()
+        rows = {r.id: row for row, r in enumerate(batch.requests)}
+        emitted = {rows[g.request_id]: g.token.ids for g in generations}
+        try:
+            guesses = self.draft.propose(batch, k, emitted)
+        except Exception as err:  # its forward pass runs collectives too
+            raise ForwardFailed(f"draft model: {type(err).__name__}: {err}") from err
+        if guesses:
+            by_id = {batch.requests[row].id: ids for row, ids in guesses.items()}
+            generations = [replace(g, draft_ids=by_id.get(g.request_id)) for g in generations]
+        took = time.perf_counter_ns() - start
+        return generations, timings + StepTimings(took, 0)
 
     @torch.inference_mode()
     def launch(

@@ -122,6 +122,7 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             attention_impl=self.identity.attention,
             eos_token_ids=model.eos_token_ids,
             rope_regime_boundary=model.config.rope_regime_boundary,
+            draft_model_id=self.runner.draft.model_id if self.runner.draft is not None else "",
         )
 
     async def Health(self, request, context):
@@ -170,13 +171,14 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
         return batches
 
     def _step(
-        self, batches: list[Batch], chunks, token_masks, proposals=None
+        self, batches: list[Batch], chunks, token_masks, proposals=None, draft_tokens: int = 0
     ) -> tuple[list[generate_pb2.Generation], StepTimings, Batch]:
         """One step over `batches` as one batch (the first one's id): those with a step queued
         ahead (shard/steps_ahead.py) answer from it, the others run a step now, verifying
-        `proposals` (a proto map of Proposal by request id; speculative decoding). The result
-        is cached, and its next step queued ahead where it can be. A batch answered from a step
-        ahead answers its one token: proposals for its rows are not verified."""
+        `proposals` (a proto map of Proposal by request id; speculative decoding) and, with a
+        draft model, guessing `draft_tokens` for the next. The result is cached, and its next
+        step queued ahead where it can be. A batch answered from a step ahead answers its one
+        token: proposals for its rows are not verified."""
         if self.runner.faults is not None:
             self.runner.faults.before_step()
         ahead = [b for b in batches if self.ahead.has(b.id)]
@@ -190,6 +192,7 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
         unknown = set(proposals) - known
         if unknown:
             raise ValueError(f"proposals name requests {sorted(unknown)} not in this step")
+        check_draft_tokens(draft_tokens, self.runner)
         generations, timings = [], StepTimings(0, 0)
         for batch in ahead:
             gens, taken = self.ahead.take(batch)
@@ -203,13 +206,14 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
                 {k: v for k, v in token_masks.items() if k in ids},
                 {k: list(p.ids) for k, p in proposals.items() if k in ids},
                 {k: list(p.token_masks) for k, p in proposals.items() if k in ids},
+                draft_tokens,
             )
             generations, timings = generations + gens, timings + ran
             ahead.append(stepped)
         batch = Batch.concat(ahead)
         batch.id = batches[0].id
         self.cache[batch.id] = batch
-        if not proposals:  # a router that speculates sends the next step's proposals
+        if not proposals and not draft_tokens:  # the router sends the next step's proposals
             self.ahead.launch(batch)
         return [wire.generation(g) for g in generations], timings, batch
 
@@ -236,7 +240,7 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
                 failed = {rid for f in failures for rid in f.request_ids}
                 chunks = {k: v for k, v in request.prefill_chunks.items() if k not in failed}
                 generations, timings, batch = self._step(
-                    batches, chunks, request.token_masks, request.proposals
+                    batches, chunks, request.token_masks, request.proposals, request.draft_tokens
                 )
                 response.generations.extend(generations)
                 response.batch.CopyFrom(wire.cached_batch(batch))
@@ -320,7 +324,11 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             batches = self._take(list(request.batches))
             concat_done = time.perf_counter_ns()
             generations, timings, batch = self._step(
-                batches, request.prefill_chunks, request.token_masks, request.proposals
+                batches,
+                request.prefill_chunks,
+                request.token_masks,
+                request.proposals,
+                request.draft_tokens,
             )
             return generate_pb2.DecodeResponse(
                 generations=generations,
@@ -354,7 +362,7 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             gc.collect()
             platform_of(runner.device).release_cached_memory(runner.device)
             num_blocks = plan_num_blocks(
-                runner.model.kv_cache_bytes_per_token(),
+                runner.kv_cache_bytes_per_token(),
                 self.kv_settings,
                 runner.device,
                 request.max_batch_total_tokens,
@@ -369,6 +377,17 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             )
 
         return await self._abort_on_error(context, warmup)
+
+
+# The most guesses a step may ask of the draft model: the router's cap on proposals.
+MAX_DRAFT_TOKENS = 16
+
+
+def check_draft_tokens(draft_tokens: int, runner: ModelRunner) -> None:
+    if draft_tokens and runner.draft is None:
+        raise ValueError("draft_tokens asked of a shard without a draft model (--draft-model)")
+    if draft_tokens > MAX_DRAFT_TOKENS:
+        raise ValueError(f"draft_tokens must be at most {MAX_DRAFT_TOKENS}, got {draft_tokens}")
 
 
 def graph_table_width(max_total_tokens: int, runner: ModelRunner) -> int:

@@ -39,3 +39,6 @@ class ShardSettings:
     # Queue each decode step's successor before the router asks for it (shard/steps_ahead.py):
     # "auto" where the device computes apart from the host (CUDA), "on", "off".
     overlap_schedule: str = "auto"
+    # Speculative decoding with a draft model (shard/draft.py): its directory, loaded beside the
+    # model with the same shards, attention and (for --dtype auto, its own checkpoint's) dtype.
+    draft_model: str | None = None

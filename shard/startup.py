@@ -9,6 +9,7 @@ import torch
 
 from shard.attention import get_attention_backend
 from shard.distributed import init_distributed
+from shard.draft import DraftModel
 from shard.faults import Faults
 from shard.kv_cache import KvCacheSettings
 from shard.layers.lora import LoraStep
@@ -17,7 +18,7 @@ from shard.layers.quant.base import LinearWeight
 from shard.layers.quant.unquantized import DenseWeight
 from shard.lora.manager import LoraManager, LoraSettings
 from shard.models import load_model
-from shard.models.config import read_quantization
+from shard.models.config import UnsupportedArchitectureError, read_quantization
 from shard.platforms import platform_of, shard_device
 from shard.platforms.cpu.compiled import CompiledForward, check_supported
 from shard.platforms.cpu.decode_loop import CpuDecodePath
@@ -108,9 +109,12 @@ def _build_service(
     graphs = decode_graphs(
         model, device, settings.cuda_graphs, lora.step if lora else None, env.world_size
     )
+    draft = None
+    if settings.draft_model is not None:
+        draft = load_draft(settings, model, dist, device, attention)
     runner = ModelRunner(
         model, dist, device, settings.block_size, lora.step if lora else None, forward,
-        decode_path, graphs,
+        decode_path, graphs, draft,
     )  # fmt: skip
     identity = ShardIdentity(
         model_id=settings.model_id,
@@ -132,6 +136,31 @@ def _build_service(
     return TextGenerationService(
         runner, identity, kv_settings, torch_thread, lora, faults, overlap=overlap
     )
+
+
+def load_draft(
+    settings: ShardSettings, model: torch.nn.Module, dist, device: torch.device, attention: str
+) -> DraftModel:
+    """--draft-model: loaded as the model is, sharded over the same ranks; its own checkpoint
+    decides its quantization and, under --dtype auto, its dtype (an int4 draft beside a bf16 or
+    fp16 model takes the platform's int4 activation dtype)."""
+    assert settings.draft_model is not None
+    draft_dir = Path(settings.draft_model)
+    if settings.dtype == "auto":
+        dtype = auto_dtype(draft_dir, device)
+    else:
+        dtype = DTYPES[settings.dtype]
+    log.info("loading the draft model %s as %s", draft_dir, dtype)
+    draft = load_model(draft_dir, dtype=dtype, device=device, dist=dist, attention=attention)
+    if draft.vocab_size > model.vocab_size:
+        raise UnsupportedArchitectureError(
+            f"--draft-model {draft_dir}: its vocabulary ({draft.vocab_size} tokens) is larger "
+            f"than the model's ({model.vocab_size}); the draft must share the model's tokenizer"
+        )
+    return DraftModel(
+        draft, dist, device, settings.block_size, str(draft_dir), model.vocab_size,
+        CpuDecodePath.build(draft, None),
+    )  # fmt: skip
 
 
 def decode_graphs(

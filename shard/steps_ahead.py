@@ -49,7 +49,10 @@ class Ahead:
 
 
 def overlap_enabled(settings: ShardSettings, device: torch.device) -> bool:
-    """--overlap-schedule: "auto" is the platform's choice."""
+    """--overlap-schedule: "auto" is the platform's choice, off with a draft model (its phase
+    follows each step, shard/draft.py, so no step runs ahead of the router)."""
+    if settings.draft_model is not None:
+        return False
     if settings.overlap_schedule == "auto":
         return platform_of(device).overlaps_steps
     return settings.overlap_schedule == "on"

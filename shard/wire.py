@@ -70,4 +70,6 @@ def generation(g: Generation) -> pb.Generation:
         out.prefill_tokens.CopyFrom(_tokens(g.prefill_tokens))
     if g.prefill_top is not None:
         out.prefill_top_tokens.extend(_tokens(t) for t in g.prefill_top)
+    if g.draft_ids:
+        out.draft_ids.extend(g.draft_ids)
     return out

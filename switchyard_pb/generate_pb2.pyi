@@ -19,7 +19,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model_id", "dtype", "device_type", "block_size", "world_size", "vocab_size", "max_position_embeddings", "attention_impl", "eos_token_ids", "rope_regime_boundary")
+    __slots__ = ("model_id", "dtype", "device_type", "block_size", "world_size", "vocab_size", "max_position_embeddings", "attention_impl", "eos_token_ids", "rope_regime_boundary", "draft_model_id")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,7 @@ class InfoResponse(_message.Message):
     ATTENTION_IMPL_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     ROPE_REGIME_BOUNDARY_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     dtype: str
     device_type: str
@@ -40,7 +41,8 @@ class InfoResponse(_message.Message):
     attention_impl: str
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
     rope_regime_boundary: int
-    def __init__(self, model_id: _Optional[str] = ..., dtype: _Optional[str] = ..., device_type: _Optional[str] = ..., block_size: _Optional[int] = ..., world_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_position_embeddings: _Optional[int] = ..., attention_impl: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., rope_regime_boundary: _Optional[int] = ...) -> None: ...
+    draft_model_id: str
+    def __init__(self, model_id: _Optional[str] = ..., dtype: _Optional[str] = ..., device_type: _Optional[str] = ..., block_size: _Optional[int] = ..., world_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_position_embeddings: _Optional[int] = ..., attention_impl: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., rope_regime_boundary: _Optional[int] = ..., draft_model_id: _Optional[str] = ...) -> None: ...
 
 class ServiceDiscoveryRequest(_message.Message):
     __slots__ = ()
@@ -164,18 +166,20 @@ class Tokens(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Generation(_message.Message):
-    __slots__ = ("request_id", "prefill_tokens", "tokens", "top_tokens", "prefill_top_tokens")
+    __slots__ = ("request_id", "prefill_tokens", "tokens", "top_tokens", "prefill_top_tokens", "draft_ids")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOP_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_TOP_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_IDS_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     prefill_tokens: Tokens
     tokens: Tokens
     top_tokens: _containers.RepeatedCompositeFieldContainer[Tokens]
     prefill_top_tokens: _containers.RepeatedCompositeFieldContainer[Tokens]
-    def __init__(self, request_id: _Optional[int] = ..., prefill_tokens: _Optional[_Union[Tokens, _Mapping]] = ..., tokens: _Optional[_Union[Tokens, _Mapping]] = ..., top_tokens: _Optional[_Iterable[_Union[Tokens, _Mapping]]] = ..., prefill_top_tokens: _Optional[_Iterable[_Union[Tokens, _Mapping]]] = ...) -> None: ...
+    draft_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[int] = ..., prefill_tokens: _Optional[_Union[Tokens, _Mapping]] = ..., tokens: _Optional[_Union[Tokens, _Mapping]] = ..., top_tokens: _Optional[_Iterable[_Union[Tokens, _Mapping]]] = ..., prefill_top_tokens: _Optional[_Iterable[_Union[Tokens, _Mapping]]] = ..., draft_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class FilterBatchRequest(_message.Message):
     __slots__ = ("batch_id", "request_ids")
@@ -192,7 +196,7 @@ class FilterBatchResponse(_message.Message):
     def __init__(self, batch: _Optional[_Union[CachedBatch, _Mapping]] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("batch", "cached_batches", "prefill_chunks", "token_masks", "proposals")
+    __slots__ = ("batch", "cached_batches", "prefill_chunks", "token_masks", "proposals", "draft_tokens")
     class PrefillChunksEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -219,12 +223,14 @@ class PrefillRequest(_message.Message):
     PREFILL_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_MASKS_FIELD_NUMBER: _ClassVar[int]
     PROPOSALS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     batch: Batch
     cached_batches: _containers.RepeatedCompositeFieldContainer[CachedBatch]
     prefill_chunks: _containers.ScalarMap[int, int]
     token_masks: _containers.ScalarMap[int, bytes]
     proposals: _containers.MessageMap[int, Proposal]
-    def __init__(self, batch: _Optional[_Union[Batch, _Mapping]] = ..., cached_batches: _Optional[_Iterable[_Union[CachedBatch, _Mapping]]] = ..., prefill_chunks: _Optional[_Mapping[int, int]] = ..., token_masks: _Optional[_Mapping[int, bytes]] = ..., proposals: _Optional[_Mapping[int, Proposal]] = ...) -> None: ...
+    draft_tokens: int
+    def __init__(self, batch: _Optional[_Union[Batch, _Mapping]] = ..., cached_batches: _Optional[_Iterable[_Union[CachedBatch, _Mapping]]] = ..., prefill_chunks: _Optional[_Mapping[int, int]] = ..., token_masks: _Optional[_Mapping[int, bytes]] = ..., proposals: _Optional[_Mapping[int, Proposal]] = ..., draft_tokens: _Optional[int] = ...) -> None: ...
 
 class Proposal(_message.Message):
     __slots__ = ("ids", "token_masks")
@@ -275,7 +281,7 @@ class AdapterFailure(_message.Message):
     def __init__(self, adapter_id: _Optional[str] = ..., reason: _Optional[str] = ..., request_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
-    __slots__ = ("batches", "prefill_chunks", "token_masks", "proposals")
+    __slots__ = ("batches", "prefill_chunks", "token_masks", "proposals", "draft_tokens")
     class PrefillChunksEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -301,11 +307,13 @@ class DecodeRequest(_message.Message):
     PREFILL_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_MASKS_FIELD_NUMBER: _ClassVar[int]
     PROPOSALS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     batches: _containers.RepeatedCompositeFieldContainer[CachedBatch]
     prefill_chunks: _containers.ScalarMap[int, int]
     token_masks: _containers.ScalarMap[int, bytes]
     proposals: _containers.MessageMap[int, Proposal]
-    def __init__(self, batches: _Optional[_Iterable[_Union[CachedBatch, _Mapping]]] = ..., prefill_chunks: _Optional[_Mapping[int, int]] = ..., token_masks: _Optional[_Mapping[int, bytes]] = ..., proposals: _Optional[_Mapping[int, Proposal]] = ...) -> None: ...
+    draft_tokens: int
+    def __init__(self, batches: _Optional[_Iterable[_Union[CachedBatch, _Mapping]]] = ..., prefill_chunks: _Optional[_Mapping[int, int]] = ..., token_masks: _Optional[_Mapping[int, bytes]] = ..., proposals: _Optional[_Mapping[int, Proposal]] = ..., draft_tokens: _Optional[int] = ...) -> None: ...
 
 class DecodeResponse(_message.Message):
     __slots__ = ("generations", "batch", "concat_ns", "forward_ns", "decode_ns", "total_ns", "lora")

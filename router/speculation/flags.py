@@ -58,9 +58,10 @@ def add_speculation_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) 
         type=_config_type,
         default=None,
         metavar="JSON",
-        help="vLLM's speculative decoding settings; method 'ngram' only, with "
-        "num_speculative_tokens (1-16), prompt_lookup_min and prompt_lookup_max (default 5), "
-        "disable_by_batch_size",
+        help="vLLM's speculative decoding settings: method 'ngram' with num_speculative_tokens "
+        "(1-16), prompt_lookup_min and prompt_lookup_max (default 5), disable_by_batch_size; or "
+        "method 'draft_model' with model (a smaller model with the same vocabulary), "
+        "num_speculative_tokens, disable_by_batch_size",
     )
 
 

@@ -5,7 +5,9 @@ The batcher asks `draft` for the step's proposals before a Prefill or Decode, se
 request can take a proposal only while it decodes: its prompt is computed and it has a token to
 feed (the shards run that token and the proposed ones after it in one pass). Proposals come from
 prompt lookup (router/speculation/ngram.py), one proposer per decoding request, fed the prompt
-once and each generated token as it arrives.
+once and each generated token as it arrives; or, with a draft model, from the shards: a step
+asks for `draft_tokens` guesses (`draft_tokens`), each answer carries its request's
+(`Generation.draft_ids`), and the next step proposes them, checked here as any proposal is.
 
 The slot limit: a request reserved KV slots for prompt + max_new_tokens, and a step that feeds
 its last known token writes K/V for it and for each proposed token after it. With g tokens
@@ -57,7 +59,20 @@ class Speculator:
         self.rope_regime_boundary = rope_regime_boundary
         self._proposers: dict[int, NgramProposer] = {}  # by entry id, once it decodes
         self._sent: dict[int, list[int]] = {}  # the current step's proposals, by entry id
+        # The shards' draft-model guesses by entry id, with the tokens generated before them.
+        self._guesses: dict[int, tuple[int, list[int]]] = {}
         metrics.track_speculation(config.num_speculative_tokens)
+
+    def draft_tokens(self, entries: Sequence[Entry]) -> int:
+        """How many guesses the step asks of the shards' draft model for each request that
+        decodes after it (0: none, also past disable_by_batch_size)."""
+        if self.config.method != "draft_model":
+            return 0
+        live = sum(1 for e in entries if not e.done)
+        limit = self.config.disable_by_batch_size
+        if not live or (limit is not None and live >= limit):
+            return 0
+        return self.config.num_speculative_tokens
 
     def draft(self, entries: Sequence[Entry]) -> dict[int, list[int]]:
         """The proposed ids for the step's requests, by entry id: decoding requests only,
@@ -74,7 +89,7 @@ class Speculator:
             )
             if room == 0:
                 continue
-            ids = self._synced(entry).propose(room)
+            ids = self._proposed(entry, room)
             eos = entry.stopping.eos_token_ids  # empty when the request ignores EOS
             for i, token in enumerate(ids):
                 if token in eos:  # the request ends there: nothing after it is worth verifying
@@ -97,6 +112,8 @@ class Speculator:
         the request fails (GenerationError) rather than go on from a corrupt cache."""
         proposed = self._sent.pop(entry.id, None)
         ids = list(gen.tokens.ids)
+        if gen.draft_ids:  # guesses of what follows this answer, for the next step
+            self._guesses[entry.id] = (len(entry.generated_ids) + len(ids), list(gen.draft_ids))
         if proposed is None:
             if len(ids) > 1:
                 raise GenerationError(
@@ -125,10 +142,23 @@ class Speculator:
         """The request left the batch: its lookup tables go."""
         self._proposers.pop(entry_id, None)
         self._sent.pop(entry_id, None)
+        self._guesses.pop(entry_id, None)
 
     def clear(self) -> None:
         self._proposers.clear()
         self._sent.clear()
+        self._guesses.clear()
+
+    def _proposed(self, entry: Entry, room: int) -> list[int]:
+        """Up to `room` tokens to follow the entry's last one: the draft model's guesses when
+        they follow exactly the tokens it has (none after a step that asked for none), else
+        prompt lookup's."""
+        if self.config.method != "draft_model":
+            return self._synced(entry).propose(room)
+        guessed = self._guesses.pop(entry.id, None)
+        if guessed is None or guessed[0] != len(entry.generated_ids):
+            return []
+        return guessed[1][:room]
 
     def _synced(self, entry: Entry) -> NgramProposer:
         """The entry's proposer, fed whatever it has not seen: the prompt the first time, then

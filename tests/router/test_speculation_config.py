@@ -50,6 +50,20 @@ def test_vllm_defaults_for_the_lookup_window():
     assert spec(method="[ngram]", model="ngram", num_speculative_tokens=2).method == "ngram"
 
 
+def test_a_model_other_than_ngram_is_a_draft_model():
+    # vLLM's reading: without a method, a model names the draft (method draft_model).
+    config = spec(model="/models/draft", num_speculative_tokens=4, disable_by_batch_size=None)
+    assert (config.method, config.model, config.num_speculative_tokens) == (
+        "draft_model",
+        "/models/draft",
+        4,
+    )
+    assert config.disable_by_batch_size is None
+    assert spec(method="draft_model", model="org/d", num_speculative_tokens=2).model == "org/d"
+    assert parse_speculative_config(config.to_json()) == config
+    assert "prompt_lookup" not in config.to_json()
+
+
 def test_speculate_is_the_shorthand_of_the_json():
     assert speculate(4) == spec(method="ngram", num_speculative_tokens=4)
     for config in (
@@ -63,11 +77,20 @@ def test_speculate_is_the_shorthand_of_the_json():
     ("fields", "words"),
     [
         ({"method": "eagle", "num_speculative_tokens": 3}, ["'eagle'", "not implemented", "ngram"]),
-        ({"method": "draft_model", "num_speculative_tokens": 3}, ["'draft_model'", "ngram"]),
+        ({"method": "draft_model", "num_speculative_tokens": 3}, ["'draft_model'", "needs model"]),
+        (
+            {"method": "ngram", "model": "/draft", "num_speculative_tokens": 3},
+            ["'/draft'", "method 'ngram'", "'draft_model'"],
+        ),
+        ({"model": "/draft"}, ["num_speculative_tokens is required", "'draft_model'"]),
+        (
+            {"model": "/draft", "num_speculative_tokens": 3, "prompt_lookup_max": 3},
+            ["prompt_lookup_max", "only for method 'ngram'"],
+        ),
+        ({"model": 7, "num_speculative_tokens": 3}, ["model must be a non-empty string"]),
         ({"method": "mtp", "num_speculative_tokens": 1}, ["'mtp'", "not implemented"]),
         ({"method": "medusa", "num_speculative_tokens": 1}, ["'medusa'", "not implemented"]),
         ({"method": "wat", "num_speculative_tokens": 1}, ["'wat'", "not a known method"]),
-        ({"model": "org/draft", "num_speculative_tokens": 3}, ["'org/draft'", "draft models"]),
         ({"num_speculative_tokens": 3}, ["method is required", "ngram"]),
         ({"method": "ngram"}, ["num_speculative_tokens is required"]),
         (

@@ -123,3 +123,51 @@ def test_verify_counts_and_refuses_answers_that_break_the_contract():
         s.sent({} if proposed is None else {1: pb.Proposal(ids=proposed)})
         with pytest.raises(GenerationError):
             s.verify(e, answer(1, ids))
+
+
+def draft_speculator(k: int = 3, limit: int | None = 4) -> Speculator:
+    config = SpeculativeConfig(
+        num_speculative_tokens=k, method="draft_model", model="/d", disable_by_batch_size=limit
+    )
+    return Speculator(config, Metrics())
+
+
+def test_a_draft_model_is_asked_for_guesses_below_disable_by_batch_size():
+    s = draft_speculator(k=3, limit=4)
+    entries = [entry(i, PROMPT, [11]) for i in range(3)]
+    assert s.draft_tokens(entries) == 3
+    assert s.draft_tokens([*entries, entry(9, PROMPT, [])]) == 0  # four, prompts count too
+    entries[0].done = True
+    assert s.draft_tokens([*entries, entry(9, PROMPT, [])]) == 3
+    assert s.draft_tokens([]) == 0
+    assert speculator().draft_tokens(entries) == 0  # n-gram proposals ask the shards nothing
+    assert draft_speculator(limit=None).draft_tokens([entry(i, PROMPT, [11]) for i in range(50)])
+
+
+def test_draft_model_guesses_are_proposed_once_while_they_follow_the_tokens():
+    s = draft_speculator(k=3)
+    e = entry(1, PROMPT, [11], max_new=6)
+    assert s.draft([e]) == {}  # no guesses yet (and prompt lookup is not used)
+    guessed = answer(1, [12])
+    guessed.draft_ids.extend([13, EOS, 15])
+    s.verify(e, guessed)
+    e.generated_ids.append(12)
+    # Cut at EOS, within the slot limit (6 - 2 - 1 = 3), taken once.
+    assert s.draft([e]) == {1: [13, EOS]}
+    assert s.draft([e]) == {}
+    # Guesses that followed other tokens than the request has are not proposed.
+    s.sent({})
+    late = answer(1, [13])
+    late.draft_ids.extend([14])
+    s.verify(e, late)
+    e.generated_ids += [13, 14]  # two tokens, where the guesses followed one
+    assert s.draft([e]) == {}
+    # The slot limit cuts them: max_new 6, 4 generated after this answer, so 1.
+    e.generated_ids = [11, 12, 13]
+    again = answer(1, [15])
+    again.draft_ids.extend([16, 17, 18])
+    s.verify(e, again)
+    e.generated_ids.append(15)
+    assert s.draft([e]) == {1: [16]}
+    s.forget(1)
+    assert s.draft([e]) == {}

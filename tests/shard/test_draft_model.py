@@ -1,0 +1,262 @@
+"""Speculative decoding with a draft model on the shard (shard/draft.py): the guesses a step
+answers are the draft model's own greedy continuation (transformers' on the draft checkpoint),
+and proposing them in the next step, as the router does, gives every request exactly the tokens,
+logprobs and alternatives it gets without speculation.
+
+Drafts: the model itself (every greedy guess right), the model without its last layer (a
+layer-skip draft: some right, some wrong) and another architecture with the same vocabulary
+(Qwen2: guesses mostly wrong). The schedule mixes greedy, seeded, penalised and constrained
+rows, a request joining in chunks beside drafting rows, and rows running out of KV slots.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from launcher.tiny_models import build_model
+from shard.settings import ShardSettings
+from shard.startup import build_service
+from switchyard_pb import generate_pb2 as pb
+from tests.shard.servicer_helpers import AbortError, BlockPool, FakeContext, assert_same_tokens, run
+
+MAX_NEW = 14
+K = 4
+
+
+def _params(**kw) -> pb.NextTokenChooserParameters:
+    base = dict(temperature=1.0, top_p=1.0, typical_p=1.0, repetition_penalty=1.0, seed=3)
+    return pb.NextTokenChooserParameters(**{**base, **kw})
+
+
+PARAMS = {
+    0: _params(),
+    1: _params(do_sample=True, temperature=0.8, seed=21),
+    2: _params(),
+    3: _params(repetition_penalty=1.3, frequency_penalty=0.4),
+    10: _params(),
+    30: _params(do_sample=True, seed=11),
+}
+
+
+def _service(model_dir, draft_dir=None):
+    settings = ShardSettings(
+        model_id=str(model_dir),
+        uds_path="/unused",
+        dtype="float32",
+        draft_model=None if draft_dir is None else str(draft_dir),
+    )
+    service = build_service(settings)
+    warmup = pb.WarmupRequest(max_batch_total_tokens=4096, max_total_tokens=80)
+    run(service.Warmup(warmup, FakeContext()))
+    return service
+
+
+@pytest.fixture(scope="module")
+def layer_skip_dir(servicer_model_dir, tmp_path_factory):
+    """The servicer's model without its last layer, saved by transformers."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(servicer_model_dir, dtype=torch.float32)
+    model.model.layers = model.model.layers[:-1]
+    model.config.num_hidden_layers -= 1
+    path = tmp_path_factory.mktemp("draft") / "layer-skip"
+    model.save_pretrained(path)
+    AutoTokenizer.from_pretrained(servicer_model_dir).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def drafts(servicer_model_dir, layer_skip_dir, tmp_path_factory):
+    qwen = build_model(
+        tmp_path_factory.mktemp("draft") / "qwen2", "Qwen2ForCausalLM", seed=5, hidden_size=32
+    )
+    return {"itself": servicer_model_dir, "layer-skip": layer_skip_dir, "qwen2": qwen}
+
+
+def _even_mask(vocab: int) -> bytes:
+    return bytes(0x55 for _ in range(-(-vocab // 32) * 4))
+
+
+class Driver:
+    """Serves the schedule; with `speculate`, asks for K guesses after each step and proposes
+    each request's last guesses in its next step (cut where the grammar refuses, as the router
+    cuts them)."""
+
+    def __init__(self, svc, speculate: bool, pause_every: int = 0, reference=None) -> None:
+        self.svc, self.pool, self.speculate = svc, BlockPool(80, seed=9), speculate
+        # Every pause_every-th step asks for no guesses (as the router past
+        # disable_by_batch_size): rows fall behind in the draft's cache and catch up later.
+        self.pause_every, self.steps = pause_every, 0
+        # With the plain run's tokens: request 2 is proposed those instead of its guesses (as
+        # a router mixing proposers might), so the tokens it accepts differ from the guesses
+        # whose K/V the draft wrote, which the draft must then not keep.
+        self.reference = reference
+        self.got: dict[int, list] = {}
+        self.prompts: dict[int, list[int]] = {}
+        self.guesses: dict[int, list[int]] = {}
+        # (request, tokens known when guessed, guesses) for the oracle check
+        self.guessed: list[tuple[int, list[int], list[int]]] = []
+        self.proposed: dict[int, int] = {}  # by request
+        self.accepted: dict[int, int] = {}
+        self.mask = _even_mask(svc.runner.model.vocab_size)
+
+    def request(self, rid: int, n: int, **kw) -> pb.Request:
+        prompt = [3 + (11 * rid + 7 * j) % 150 for j in range(n)]
+        self.prompts[rid] = prompt
+        return self.pool.request(rid, prompt, MAX_NEW, parameters=PARAMS[rid], top_n_tokens=2, **kw)
+
+    def _proposals(self, ids) -> dict[int, pb.Proposal]:
+        out = {}
+        for rid in ids:
+            guess = self.guesses.pop(rid, [])
+            if rid == 2 and self.reference is not None and guess:
+                done = len(self.got[rid])
+                guess = [t for t, _, _ in self.reference[rid][done : done + len(guess)]]
+            if rid == 30:  # the grammar allows even ids only
+                odd = [i for i, t in enumerate(guess) if t % 2]
+                guess = guess[: odd[0]] if odd else guess
+            if guess:
+                masks = [self.mask] * len(guess) if rid == 30 else []
+                out[rid] = pb.Proposal(ids=guess, token_masks=masks)
+        return out
+
+    def record(self, resp, proposals) -> pb.CachedBatch | None:
+        for g in resp.generations:
+            ids = list(g.tokens.ids)
+            rid = g.request_id
+            if rid in proposals:
+                self.proposed[rid] = self.proposed.get(rid, 0) + len(proposals[rid].ids)
+                self.accepted[rid] = self.accepted.get(rid, 0) + len(ids) - 1
+            for i, t in enumerate(ids):
+                top = list(g.top_tokens[i].ids)
+                self.got.setdefault(g.request_id, []).append((t, g.tokens.logprobs[i], top))
+            if g.draft_ids:
+                self.guesses[g.request_id] = list(g.draft_ids)
+                known = self.prompts[g.request_id] + [t for t, _, _ in self.got[g.request_id]]
+                self.guessed.append((g.request_id, known, list(g.draft_ids)))
+        done = [r for r in resp.batch.request_ids if len(self.got.get(r, [])) >= MAX_NEW]
+        keep = [r for r in resp.batch.request_ids if r not in done]
+        for rid in done:
+            self.guesses.pop(rid, None)
+        if not done:
+            return resp.batch
+        if not keep:
+            run(self.svc.ClearCache(pb.ClearCacheRequest(id=resp.batch.id), FakeContext()))
+            return None
+        request = pb.FilterBatchRequest(batch_id=resp.batch.id, request_ids=keep)
+        return run(self.svc.FilterBatch(request, FakeContext())).batch
+
+    def _draft_tokens(self) -> int:
+        self.steps += 1
+        if not self.speculate or (self.pause_every and self.steps % self.pause_every == 0):
+            return 0
+        return K
+
+    def _masks(self, ids) -> dict[int, bytes]:
+        return {30: self.mask} if 30 in ids else {}
+
+    def prefill(self, batch_id, requests, cached=None, chunks=None):
+        cached_ids = list(cached.request_ids) if cached is not None else []
+        proposals = self._proposals(cached_ids)
+        request = pb.PrefillRequest(
+            batch=pb.Batch(id=batch_id, requests=requests),
+            cached_batches=[cached] if cached is not None else [],
+            prefill_chunks=chunks or {},
+            token_masks=self._masks(cached_ids + [r.id for r in requests]),
+            proposals=proposals,
+            draft_tokens=self._draft_tokens(),
+        )
+        return self.record(run(self.svc.Prefill(request, FakeContext())), proposals)
+
+    def decode(self, batch):
+        proposals = self._proposals(batch.request_ids)
+        request = pb.DecodeRequest(
+            batches=[batch],
+            token_masks=self._masks(batch.request_ids),
+            proposals=proposals,
+            draft_tokens=self._draft_tokens(),
+        )
+        return self.record(run(self.svc.Decode(request, FakeContext())), proposals)
+
+
+def _serve(d: Driver) -> dict:
+    a = d.prefill(1, [d.request(i, 6 + 3 * i) for i in range(4)])
+    a = d.decode(a)
+    # Request 10 joins in two chunks beside the drafting rows: its prompt is mirrored into the
+    # draft's cache chunk by chunk.
+    a = d.prefill(2, [d.request(10, 30)], cached=a, chunks={10: 16})
+    a = d.decode(a)
+    c = d.prefill(3, [d.request(30, 7, constrained=True)])
+    while a is not None:
+        a = d.decode(a)
+    while c is not None:
+        c = d.decode(c)
+    run(d.svc.ClearCache(pb.ClearCacheRequest(), FakeContext()))
+    return {rid: toks[:MAX_NEW] for rid, toks in d.got.items()}
+
+
+@pytest.fixture(scope="module")
+def reference(servicer_model_dir):
+    return _serve(Driver(_service(servicer_model_dir), speculate=False))
+
+
+def _draft_greedy(draft_dir, known: list[int], n: int) -> list[int]:
+    from transformers import AutoModelForCausalLM
+
+    model = _draft_greedy.models.get(draft_dir)
+    if model is None:
+        model = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
+        _draft_greedy.models[draft_dir] = model
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([known]), max_new_tokens=n, do_sample=False, eos_token_id=None,
+            pad_token_id=0,
+        )  # fmt: skip
+    return out[0, len(known) :].tolist()
+
+
+_draft_greedy.models = {}  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "draft, pause_every",
+    [("itself", 0), ("layer-skip", 0), ("layer-skip", 3), ("qwen2", 0)],
+    ids=["itself", "layer-skip", "layer-skip-paused", "qwen2"],
+)
+def test_draft_guesses_verified_give_the_tokens_of_plain_steps(
+    servicer_model_dir, drafts, reference, draft, pause_every
+):
+    svc = _service(servicer_model_dir, drafts[draft])
+    d = Driver(svc, speculate=True, pause_every=pause_every, reference=reference)
+    assert_same_tokens(_serve(d), reference, atol=1e-4)
+    # Every answer's guesses are the draft's greedy continuation of the tokens known then:
+    # its cache held the right K/V for every position it read (prompt chunks mirrored,
+    # confirmed guesses kept, the rest caught up).
+    assert d.guessed
+    for rid, known, guesses in d.guessed:
+        assert len(guesses) <= min(K, len(d.prompts[rid]) + MAX_NEW - len(known)), rid
+        assert guesses == _draft_greedy(drafts[draft], known, len(guesses)), (rid, known)
+    proposed, accepted = sum(d.proposed.values()), sum(d.accepted.values())
+    assert proposed > 0
+    if draft == "itself":  # a greedy row without penalties takes every guess
+        for rid in (0, 10):
+            assert d.accepted[rid] == d.proposed[rid] > 0, rid
+    elif draft == "layer-skip":
+        assert 0 < accepted < proposed
+    assert d.accepted[2] == d.proposed[2] > 0  # the plain run's tokens, all right
+
+
+def test_draft_tokens_need_a_draft_model(servicer_model_dir, drafts):
+    plain = Driver(_service(servicer_model_dir), speculate=False)
+    batch = plain.prefill(1, [plain.request(0, 6)])
+    request = pb.DecodeRequest(batches=[batch], draft_tokens=2)
+    with pytest.raises(AbortError, match="without a draft model"):
+        run(plain.svc.Decode(request, FakeContext()))
+    svc = _service(servicer_model_dir, drafts["layer-skip"])
+    d = Driver(svc, speculate=True)
+    batch = d.prefill(1, [d.request(0, 6)])
+    with pytest.raises(AbortError, match="at most 16"):
+        run(svc.Decode(pb.DecodeRequest(batches=[batch], draft_tokens=17), FakeContext()))
+    info = run(svc.Info(pb.InfoRequest(), FakeContext()))
+    assert info.draft_model_id == str(drafts["layer-skip"])
