@@ -130,3 +130,32 @@ def test_refusals_exit_2_naming_the_flags(argv, words, capsys):
     assert "Traceback" not in err
     for word in words:
         assert word in err
+
+
+def test_a_draft_model_reaches_every_shard_and_the_router():
+    text = json.dumps({"model": "./draft", "num_speculative_tokens": 4})
+    cfg = parse_args([*BASE, "--speculative-config", text], CPU_ENV)
+    p = build_plan(cfg, Path("/m"), PROGRAMS, (), Path("/resolved/draft"))
+    for shard in p.shards:
+        assert shard.argv[shard.argv.index("--draft-model") + 1] == "/resolved/draft"
+        assert shard.argv[shard.argv.index("--overlap-schedule") + 1] == "off"
+    assert forwarded(p.router.argv) == {
+        "method": "draft_model",
+        "model": "./draft",
+        "num_speculative_tokens": 4,
+        "disable_by_batch_size": 8,
+    }
+    assert "--draft-model" not in plan("--speculate", "2").shards[0].argv
+
+
+def test_a_draft_model_that_cannot_be_found_stops_the_launcher_naming_the_flag(
+    tmp_path, caplog
+):
+    from launcher.tiny_models import build_model
+
+    model = build_model(tmp_path / "model")
+    text = json.dumps({"model": str(tmp_path / "missing"), "num_speculative_tokens": 2})
+    argv = ["--model-id", str(model), "--shard-uds-path", str(tmp_path / "s")]
+    assert main([*argv, "--speculative-config", text]) == 1
+    assert "--speculative-config model:" in caplog.text
+    assert "no such model directory" in caplog.text
