@@ -78,6 +78,11 @@ step serve_overlap 260 bash -c "for o in off on; do \
     \"$PY\" -m bench.serve --servers switchyard --baseline switchyard --random-weights \
     --ignore-eos --concurrency 1 16 --switchyard-args \"--overlap-schedule \$o\" \
     --out \"$RESULTS/serve_\$o\" | tail -6; done"
+# Speculative decoding on the device (issue 49): verify steps (k + 1 decode rows a row, in the
+# decode graphs' buckets and the greedy graph head) and the draft model's phase equal the plain
+# steps, with LoRA too.
+step speculation_tests 150 "${PYTEST[@]}" tests/shard/test_speculative_verify.py \
+    tests/shard/test_draft_model.py tests/shard/test_speculative_lora.py
 # The model seam's and MoE's GPU points first (issues 45 and 46): soft-capped prefill/decode,
 # partial/longrope rotary, whole new-architecture models with Triton, the fused MoE kernel
 # compiled and captured in a CUDA graph, MoE models in decode graphs; then its benchmark.

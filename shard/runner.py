@@ -379,12 +379,9 @@ class ModelRunner:
         rows = step.sample_rows.tolist()
         requests = [batch.requests[row] for row in rows]
         after = None
-        if drafts is not None:
+        if drafts is not None and step.sample_offsets is not None:
             # The j-th sample of a row (j from 0) follows j proposals.
-            offsets = [0] * len(rows)
-            for i in range(1, len(rows)):
-                offsets[i] = offsets[i - 1] + 1 if rows[i] == rows[i - 1] else 0
-            after = [drafts.masks.get(row, ()) for row in rows], offsets
+            after = [drafts.masks.get(row, ()) for row in rows], step.sample_offsets.tolist()
         return gather_token_masks(
             [r.id for r in requests], [r.constrained for r in requests], masks, self.device, after
         )

@@ -46,6 +46,9 @@ class HostStep:
     token_rows: torch.Tensor  # [T] batch row of each packed token
     positions: torch.Tensor  # [T]
     sample_rows: torch.Tensor  # [S] ascending
+    # [S] proposed tokens each sample follows (0 for a row's first; speculative decoding), None
+    # in a step without proposals.
+    sample_offsets: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -175,11 +178,17 @@ def build_step_inputs(
     known = batch.history_lens if proposed is None else batch.history_lens + proposed
     sample_rows = ((q_lens > 0) & (starts + q_lens == known)).nonzero().squeeze(1)
     sample_index, sample_lens = last[sample_rows], batch.history_lens[sample_rows]
+    sample_offsets = None
     if proposed is not None:
-        sample_rows, sample_index, sample_lens = _verified(
+        sample_rows, sample_index, sample_lens, sample_offsets = _verified(
             sample_rows, proposed[sample_rows], sample_index, sample_lens
         )
-    host = HostStep(token_rows=_cat(token_rows), positions=_cat(positions), sample_rows=sample_rows)
+    host = HostStep(
+        token_rows=_cat(token_rows),
+        positions=_cat(positions),
+        sample_rows=sample_rows,
+        sample_offsets=sample_offsets,
+    )
     # The tokens' adapters, gathered only when a row of the batch has one.
     token_lora_slots = None
     uses_adapters = bool((batch.lora_slots >= 0).any())
@@ -232,15 +241,15 @@ def _decode_rows(
 
 def _verified(
     rows: torch.Tensor, proposed: torch.Tensor, last: torch.Tensor, lens: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sample rows, packed indices and history lengths of rows verifying `proposed` tokens
-    each: row r with k proposals samples k + 1 times, at its last k + 1 packed tokens, the j-th
-    one as a row of history length lens + j would."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sample rows, packed indices, history lengths and offsets j of rows verifying `proposed`
+    tokens each: row r with k proposals samples k + 1 times, at its last k + 1 packed tokens,
+    the j-th one as a row of history length lens + j would."""
     counts = proposed + 1
     expanded, j = _expand(rows, counts)
     each = _expand(counts, counts)[0]
     lasts, lens = _expand(last, counts)[0], _expand(lens, counts)[0]
-    return expanded, lasts - (each - 1 - j), lens + j
+    return expanded, lasts - (each - 1 - j), lens + j, j
 
 
 def _expand(values: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -73,6 +73,17 @@ class BlockPool:
         )
 
 
+def chooser_params(**kw) -> generate_pb2.NextTokenChooserParameters:
+    """Sampling parameters that change nothing (greedy, seed 3) but those given."""
+    base = dict(temperature=1.0, top_p=1.0, typical_p=1.0, repetition_penalty=1.0, seed=3)
+    return generate_pb2.NextTokenChooserParameters(**{**base, **kw})
+
+
+def even_ids_mask(vocab: int) -> bytes:
+    """A token mask (the wire's layout) allowing the even ids only."""
+    return bytes(0x55 for _ in range(-(-vocab // 32) * 4))
+
+
 def run(coro):
     return asyncio.run(coro)
 

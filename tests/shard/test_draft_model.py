@@ -18,24 +18,27 @@ from launcher.tiny_models import build_model
 from shard.settings import ShardSettings
 from shard.startup import build_service
 from switchyard_pb import generate_pb2 as pb
-from tests.shard.servicer_helpers import AbortError, BlockPool, FakeContext, assert_same_tokens, run
+from tests.shard.servicer_helpers import (
+    AbortError,
+    BlockPool,
+    FakeContext,
+    assert_same_tokens,
+    chooser_params,
+    even_ids_mask,
+    run,
+)
 
 MAX_NEW = 14
 K = 4
 
 
-def _params(**kw) -> pb.NextTokenChooserParameters:
-    base = dict(temperature=1.0, top_p=1.0, typical_p=1.0, repetition_penalty=1.0, seed=3)
-    return pb.NextTokenChooserParameters(**{**base, **kw})
-
-
 PARAMS = {
-    0: _params(),
-    1: _params(do_sample=True, temperature=0.8, seed=21),
-    2: _params(),
-    3: _params(repetition_penalty=1.3, frequency_penalty=0.4),
-    10: _params(),
-    30: _params(do_sample=True, seed=11),
+    0: chooser_params(),
+    1: chooser_params(do_sample=True, temperature=0.8, seed=21),
+    2: chooser_params(),
+    3: chooser_params(repetition_penalty=1.3, frequency_penalty=0.4),
+    10: chooser_params(),
+    30: chooser_params(do_sample=True, seed=11),
 }
 
 
@@ -74,10 +77,6 @@ def drafts(servicer_model_dir, layer_skip_dir, tmp_path_factory):
     return {"itself": servicer_model_dir, "layer-skip": layer_skip_dir, "qwen2": qwen}
 
 
-def _even_mask(vocab: int) -> bytes:
-    return bytes(0x55 for _ in range(-(-vocab // 32) * 4))
-
-
 class Driver:
     """Serves the schedule; with `speculate`, asks for K guesses after each step and proposes
     each request's last guesses in its next step (cut where the grammar refuses, as the router
@@ -99,7 +98,7 @@ class Driver:
         self.guessed: list[tuple[int, list[int], list[int]]] = []
         self.proposed: dict[int, int] = {}  # by request
         self.accepted: dict[int, int] = {}
-        self.mask = _even_mask(svc.runner.model.vocab_size)
+        self.mask = even_ids_mask(svc.runner.model.vocab_size)
 
     def request(self, rid: int, n: int, **kw) -> pb.Request:
         prompt = [3 + (11 * rid + 7 * j) % 150 for j in range(n)]

@@ -18,26 +18,28 @@ import pytest
 from shard.settings import ShardSettings
 from shard.startup import build_service
 from switchyard_pb import generate_pb2 as pb
-from tests.shard.servicer_helpers import AbortError, BlockPool, FakeContext, assert_same_tokens, run
+from tests.shard.servicer_helpers import (
+    AbortError,
+    BlockPool,
+    FakeContext,
+    assert_same_tokens,
+    chooser_params,
+    even_ids_mask,
+    run,
+)
 
 MAX_NEW = 20
 
 
-def _params(**kw) -> pb.NextTokenChooserParameters:
-    base = dict(temperature=1.0, top_p=1.0, typical_p=1.0, repetition_penalty=1.0, seed=3)
-    return pb.NextTokenChooserParameters(**{**base, **kw})
-
-
 PARAMS = {
-    0: _params(),
-    1: _params(do_sample=True, temperature=0.8, seed=21),
-    2: _params(do_sample=True, top_k=8, top_p=0.9, seed=22),
-    3: _params(repetition_penalty=1.3, frequency_penalty=0.4, presence_penalty=0.3),
-    4: _params(do_sample=True, min_p=0.05, typical_p=0.9, seed=5),
-    10: _params(do_sample=True, temperature=1.2, seed=9),
-    30: _params(do_sample=True, seed=11),
+    0: chooser_params(),
+    1: chooser_params(do_sample=True, temperature=0.8, seed=21),
+    2: chooser_params(do_sample=True, top_k=8, top_p=0.9, seed=22),
+    3: chooser_params(repetition_penalty=1.3, frequency_penalty=0.4, presence_penalty=0.3),
+    4: chooser_params(do_sample=True, min_p=0.05, typical_p=0.9, seed=5),
+    10: chooser_params(do_sample=True, temperature=1.2, seed=9),
+    30: chooser_params(do_sample=True, seed=11),
 }
-EVEN = None  # the constrained request's grammar: even ids only (set per vocabulary)
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +51,6 @@ def svc(servicer_model_dir):
     return service
 
 
-def _even_mask(vocab: int) -> bytes:
-    return bytes(0x55 for _ in range(-(-vocab // 32) * 4))
-
-
 class Driver:
     """Serves the schedule; with `reference`, proposes from it as `propose` says."""
 
@@ -62,7 +60,7 @@ class Driver:
         self.prompt_len: dict[int, int] = {}
         self.rng = random.Random(4)
         self.steps = 0
-        self.mask = _even_mask(svc.runner.model.vocab_size)
+        self.mask = even_ids_mask(svc.runner.model.vocab_size)
 
     def request(self, rid: int, n: int, **kw) -> pb.Request:
         prompt = [3 + (11 * rid + 7 * j) % 150 for j in range(n)]

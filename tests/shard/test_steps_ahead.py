@@ -22,21 +22,23 @@ from shard.settings import ShardSettings
 from shard.startup import build_service
 from shard.steps_ahead import can_run_ahead, overlap_enabled
 from switchyard_pb import generate_pb2 as pb
-from tests.shard.servicer_helpers import AbortError, BlockPool, FakeContext, assert_same_tokens, run
+from tests.shard.servicer_helpers import (
+    AbortError,
+    BlockPool,
+    FakeContext,
+    assert_same_tokens,
+    chooser_params,
+    run,
+)
 
 MAX_NEW = 24
 
 
-def _params(**kw) -> pb.NextTokenChooserParameters:
-    base = dict(temperature=1.0, top_p=1.0, typical_p=1.0, repetition_penalty=1.0, seed=3)
-    return pb.NextTokenChooserParameters(**{**base, **kw})
-
-
 PARAMS = [
-    _params(),
-    _params(do_sample=True, temperature=0.8, seed=21),
-    _params(do_sample=True, top_k=8, top_p=0.9, seed=22),
-    _params(repetition_penalty=1.2, presence_penalty=0.3),
+    chooser_params(),
+    chooser_params(do_sample=True, temperature=0.8, seed=21),
+    chooser_params(do_sample=True, top_k=8, top_p=0.9, seed=22),
+    chooser_params(repetition_penalty=1.2, presence_penalty=0.3),
 ]
 
 

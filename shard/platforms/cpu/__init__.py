@@ -57,8 +57,9 @@ class CpuPlatform(Platform):
         # the grouped GEMMs through this CPU's matmul (half-precision weights widened to fp32
         # for the experts with rows enough, where the CPU has no native half GEMM)
         return grouped_moe.grouped_experts(
-            x, w13, w2, topk_weights, topk_ids, act, swiglu=self.swiglu, linear=matmul.linear
-        )
+            x, w13, w2, topk_weights, topk_ids, act, swiglu=self.swiglu, linear=matmul.linear,
+            swiglu_experts=matmul.swiglu_experts,
+        )  # fmt: skip
 
     def gated_linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str

@@ -99,6 +99,30 @@ def is_packed(weight: torch.Tensor) -> bool:
     return weight.is_mkldnn or matmul_amx.is_packed(weight)
 
 
+def swiglu_experts(
+    x: torch.Tensor, counts: list[int], w13: torch.Tensor, w2: torch.Tensor
+) -> torch.Tensor | None:
+    """A Mixture-of-Experts layer's SwiGLU experts over x's rows grouped by expert (counts:
+    rows per expert) in one native call, where each expert's rows are few enough for the rows
+    kernel: what `linear`, silu_and_mul and `linear` give expert by expert
+    (shard/platforms/grouped_moe.py), without a dozen dispatched ops per expert. None where it
+    does not apply."""
+    if (
+        torch.compiler.is_compiling()
+        or x.device.type != "cpu"
+        or not x.dtype == w13.dtype == w2.dtype
+        or not _widen_on_cpu(x.dtype)
+        or max(counts, default=0) > ROWS_KERNEL_MAX
+        or w13.stride(-1) != 1
+        or w2.stride(-1) != 1
+    ):
+        return None
+    kernel = native.rows_experts_kernel()
+    if kernel is None:
+        return None
+    return kernel(x, torch.tensor(counts, dtype=torch.int64), w13, w2)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     if torch.compiler.is_compiling():
         # torch.compile (shard/platforms/cpu/compiled.py) packs plain weights itself; the CPU checks

@@ -90,6 +90,31 @@ void rows_block(const float* x, int64_t k, const T* w, int64_t ldw, int64_t n0, 
   for (; n < n1; ++n) rows_tile<G, 1>(x, k, w, ldw, n, out, ldo);
 }
 
+// out [M, N] (fp32, row stride ldo) = x [M, K] (fp32, contiguous) @ w[:N].T, w's rows ldw apart.
+// Each thread takes whole weight rows, every row of x for each (the weight is read once).
+template <typename T>
+void rows_gemm(const float* x, int64_t m, int64_t k, const T* w, int64_t ldw, int64_t n,
+               float* out, int64_t ldo) {
+  const int64_t grain = std::max<int64_t>(16, 4096 / std::max<int64_t>(k / 64, 1));
+  at::parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) {
+    for (int64_t r = 0; r < m; r += kRowTile) {
+      with_group<kRowTile>(m - r, [&](auto tile) {
+        rows_block<decltype(tile)::value>(x + r * k, k, w, ldw, n0, n1, out + r * ldo, ldo);
+      });
+    }
+  });
+}
+
+template <typename F>
+void with_half_dtype(const torch::Tensor& w, const char* name, F&& f) {
+  if (w.scalar_type() == at::kBFloat16) {
+    f(c10::BFloat16{});
+  } else {
+    TORCH_CHECK(w.scalar_type() == at::kHalf, name, ": the weights must be bf16 or fp16");
+    f(c10::Half{});
+  }
+}
+
 }  // namespace
 
 // x [M, K] (any float dtype), w [N, K] bf16 or fp16 with contiguous rows, bias [N] | None ->
@@ -102,32 +127,84 @@ torch::Tensor rows_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch:
   const auto xf = x.to(at::kFloat).contiguous();
   const int64_t m = xf.size(0), k = xf.size(1), n = w.size(0);
   auto out = torch::empty({m, n}, xf.options());
-  const float* xp = xf.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  // Each thread takes whole weight rows, every row of x for each (the weight is read once).
-  const int64_t grain = std::max<int64_t>(16, 4096 / std::max<int64_t>(k / 64, 1));
-  auto run = [&](auto zero) {
+  with_half_dtype(w, "rows_linear", [&](auto zero) {
     using T = decltype(zero);
-    const T* wp = reinterpret_cast<const T*>(w.data_ptr());
-    at::parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) {
-      for (int64_t r = 0; r < m; r += kRowTile) {
-        with_group<kRowTile>(m - r, [&](auto tile) {
-          rows_block<decltype(tile)::value>(xp + r * k, k, wp, w.stride(0), n0, n1, op + r * n, n);
-        });
-      }
-    });
-  };
-  if (w.scalar_type() == at::kBFloat16) {
-    run(c10::BFloat16{});
-  } else {
-    TORCH_CHECK(w.scalar_type() == at::kHalf, "rows_linear: the weight must be bf16 or fp16");
-    run(c10::Half{});
-  }
+    rows_gemm(xf.data_ptr<float>(), m, k, reinterpret_cast<const T*>(w.data_ptr()), w.stride(0),
+              n, out.data_ptr<float>(), n);
+  });
   if (bias.has_value()) out.add_(bias->to(at::kFloat));
   return out.to(x.scalar_type());
+}
+
+// A Mixture-of-Experts layer's experts over a decode step's few rows each, in one call
+// (shard/platforms/grouped_moe.py computes the same expert by expert, with a handful of torch
+// ops each: at 16 experts a layer their dispatch cost as much as the GEMMs). x [N, H] in the
+// weights' dtype, its rows grouped by expert, counts [E] int64 (host) the rows of each,
+// w13 [E, 2I, H] (gate then up) and w2 [E, H, I] bf16 or fp16 with contiguous rows -> [N, H]:
+// each expert's rows through round(x @ w13.T), silu_mul (elementwise.cpp's, the same
+// roundings), round(h @ w2.T), which is what rows_linear, silu_mul and rows_linear give.
+torch::Tensor rows_experts(torch::Tensor x, torch::Tensor counts, torch::Tensor w13,
+                           torch::Tensor w2) {
+  TORCH_CHECK(x.dim() == 2 && w13.dim() == 3 && w2.dim() == 3, "rows_experts: x [N, H], w [E, .., ..]");
+  TORCH_CHECK(x.scalar_type() == w13.scalar_type() && w13.scalar_type() == w2.scalar_type(),
+              "rows_experts: x and the weights must share a dtype");
+  TORCH_CHECK(w13.stride(2) == 1 && w2.stride(2) == 1, "rows_experts: rows must be contiguous");
+  const int64_t experts = w13.size(0), inter = w2.size(2), hidden = x.size(1);
+  TORCH_CHECK(w13.size(1) == 2 * inter && w13.size(2) == hidden && w2.size(1) == hidden &&
+                  w2.size(0) == experts,
+              "rows_experts: w13 must be [E, 2I, H] and w2 [E, H, I]");
+  const auto cnt = counts.to(at::kLong).contiguous();
+  TORCH_CHECK(cnt.dim() == 1 && cnt.size(0) == experts && cnt.device().is_cpu(),
+              "rows_experts: counts must be [E] on the host");
+  const int64_t* cp = cnt.data_ptr<int64_t>();
+  int64_t rows = 0, widest = 0;
+  for (int64_t e = 0; e < experts; ++e) {
+    TORCH_CHECK(cp[e] >= 0, "rows_experts: negative count");
+    rows += cp[e];
+    widest = std::max(widest, cp[e]);
+  }
+  TORCH_CHECK(rows == x.size(0), "rows_experts: counts must add up to x's rows");
+  const auto xf = x.to(at::kFloat).contiguous();
+  auto out = torch::empty({rows, hidden}, x.options());
+  const auto f32 = xf.options();
+  auto product = torch::empty({widest, 2 * inter}, f32);
+  auto h_f = torch::empty({widest, inter}, f32);
+  auto result = torch::empty({widest, hidden}, f32);
+  with_half_dtype(w13, "rows_experts", [&](auto zero) {
+    using T = decltype(zero);
+    std::vector<T> rounded(widest * 2 * inter), gated(widest * inter);
+    const T* w13p = reinterpret_cast<const T*>(w13.data_ptr());
+    const T* w2p = reinterpret_cast<const T*>(w2.data_ptr());
+    T* op = reinterpret_cast<T*>(out.data_ptr());
+    float* pp = product.data_ptr<float>();
+    float* hp = h_f.data_ptr<float>();
+    float* rp = result.data_ptr<float>();
+    int64_t start = 0;
+    for (int64_t e = 0; e < experts; ++e) {
+      const int64_t c = cp[e];
+      if (c == 0) continue;
+      rows_gemm(xf.data_ptr<float>() + start * hidden, c, hidden, w13p + e * w13.stride(0),
+                w13.stride(1), 2 * inter, pp, 2 * inter);
+      for (int64_t i = 0; i < c * 2 * inter; ++i) rounded[i] = static_cast<T>(pp[i]);
+      for (int64_t r = 0; r < c; ++r) {
+        const T* row = rounded.data() + r * 2 * inter;
+        silu_mul_row<T>(row, row + inter, gated.data() + r * inter, inter);
+      }
+      for (int64_t i = 0; i < c * inter; ++i) hp[i] = static_cast<float>(gated[i]);
+      rows_gemm(hp, c, inter, w2p + e * w2.stride(0), w2.stride(1), hidden, rp, hidden);
+      T* dst = op + start * hidden;
+      for (int64_t i = 0; i < c * hidden; ++i) dst[i] = static_cast<T>(rp[i]);
+      start += c;
+    }
+  });
+  return out;
 }
 #else
 torch::Tensor rows_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
   TORCH_CHECK(false, "rows_linear: built only for x86-64 (AVX2 and FMA)");
+}
+torch::Tensor rows_experts(torch::Tensor x, torch::Tensor counts, torch::Tensor w13,
+                           torch::Tensor w2) {
+  TORCH_CHECK(false, "rows_experts: built only for x86-64 (AVX2 and FMA)");
 }
 #endif
