@@ -259,3 +259,35 @@ def test_draft_tokens_need_a_draft_model(servicer_model_dir, drafts):
         run(svc.Decode(pb.DecodeRequest(batches=[batch], draft_tokens=17), FakeContext()))
     info = run(svc.Info(pb.InfoRequest(), FakeContext()))
     assert info.draft_model_id == str(drafts["layer-skip"])
+
+
+def test_a_prefix_found_in_the_cache_holds_the_drafts_k_v(servicer_model_dir, drafts):
+    """Request 51 starts with request 0's first two blocks (prefix_len 32, as the router's
+    prefix cache hands them out): the draft reads their K/V, which request 0's prompt chunks
+    wrote although request 0 never drafted (steps past disable_by_batch_size ask for none), so
+    its guesses are still the draft's own greedy continuation."""
+    from tests.shard.servicer_helpers import BLOCK_SIZE
+
+    svc = _service(servicer_model_dir, drafts["layer-skip"])
+    d = Driver(svc, speculate=False)
+    first = d.request(0, 40)
+    a = d.prefill(1, [first], chunks={0: 16})  # mirrored chunk by chunk
+    a = d.decode(a)
+    d.speculate = True
+    prompt = list(first.input_ids[:32]) + [7, 9, 11, 13, 15, 17, 19, 21]
+    fresh = [d.pool.free.pop() for _ in range(3)]
+    blocks = list(first.blocks[:2]) + fresh
+    total = len(prompt) + MAX_NEW
+    slots = [blocks[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in range(total)]
+    d.prompts[51] = prompt
+    second = pb.Request(
+        id=51, input_ids=prompt, blocks=blocks, slots=slots, prefix_len=32,
+        parameters=PARAMS[0], top_n_tokens=2,
+        stopping_parameters=pb.StoppingCriteriaParameters(max_new_tokens=MAX_NEW),
+    )  # fmt: skip
+    b = d.prefill(2, [second])
+    d.decode(b)
+    checked = [(known, g) for rid, known, g in d.guessed if rid == 51]
+    assert len(checked) == 2
+    for known, guesses in checked:
+        assert guesses == _draft_greedy(drafts["layer-skip"], known, len(guesses))
