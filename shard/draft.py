@@ -80,17 +80,22 @@ class DraftModel:
         room = torch.clamp(
             torch.tensor([r.capacity for r in batch.requests]) - batch.history_lens, min=0
         )
+        # The draft's positions stop at its own context (its rotary tables end there): the
+        # guess at position p is fed at p - 1, so a row guesses up to position `limit`.
+        limit = self.model.max_position_embeddings
+        room = torch.minimum(room, torch.clamp(limit + 1 - batch.history_lens, min=0))
         decoding = batch.history_lens - batch.cache_lens == 1
         counts = torch.where(decoding, torch.clamp(room, max=k), 0)
         drafting = counts > 0
         # How far each row's draft K/V must reach: to its last known token for a drafting row
         # (whose logits give the first guess), to the target's cache where the prompt is not
         # yet mirrored, and nowhere for the rest (caught up when they next draft).
-        mirroring = batch.draft_lens < torch.minimum(batch.input_lens, batch.cache_lens)
+        mirrored = torch.minimum(batch.cache_lens, torch.full_like(batch.cache_lens, limit))
+        mirroring = batch.draft_lens < torch.minimum(batch.input_lens, mirrored)
         reach = torch.where(
             drafting,
             batch.history_lens,
-            torch.where(mirroring, batch.cache_lens, batch.draft_lens),
+            torch.where(mirroring, mirrored, batch.draft_lens),
         )
         q_lens = reach - batch.draft_lens
         if int(q_lens.sum()) == 0:

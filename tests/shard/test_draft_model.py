@@ -11,6 +11,9 @@ rows, a request joining in chunks beside drafting rows, and rows running out of 
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 import torch
 
@@ -74,7 +77,19 @@ def drafts(servicer_model_dir, layer_skip_dir, tmp_path_factory):
     qwen = build_model(
         tmp_path_factory.mktemp("draft") / "qwen2", "Qwen2ForCausalLM", seed=5, hidden_size=32
     )
-    return {"itself": servicer_model_dir, "layer-skip": layer_skip_dir, "qwen2": qwen}
+    # The layer-skip draft with a context shorter than the requests grow (36 positions): it
+    # guesses only within it.
+    short = tmp_path_factory.mktemp("draft") / "short-context"
+    shutil.copytree(layer_skip_dir, short, dirs_exist_ok=True)
+    config = json.loads((short / "config.json").read_text())
+    config["max_position_embeddings"] = 36
+    (short / "config.json").write_text(json.dumps(config))
+    return {
+        "itself": servicer_model_dir,
+        "layer-skip": layer_skip_dir,
+        "qwen2": qwen,
+        "short-context": short,
+    }
 
 
 class Driver:
@@ -220,8 +235,8 @@ _draft_greedy.models = {}  # type: ignore[attr-defined]
 
 @pytest.mark.parametrize(
     "draft, pause_every",
-    [("itself", 0), ("layer-skip", 0), ("layer-skip", 3), ("qwen2", 0)],
-    ids=["itself", "layer-skip", "layer-skip-paused", "qwen2"],
+    [("itself", 0), ("layer-skip", 0), ("layer-skip", 3), ("qwen2", 0), ("short-context", 0)],
+    ids=["itself", "layer-skip", "layer-skip-paused", "qwen2", "short-context"],
 )
 def test_draft_guesses_verified_give_the_tokens_of_plain_steps(
     servicer_model_dir, drafts, reference, draft, pause_every
@@ -235,6 +250,8 @@ def test_draft_guesses_verified_give_the_tokens_of_plain_steps(
     assert d.guessed
     for rid, known, guesses in d.guessed:
         assert len(guesses) <= min(K, len(d.prompts[rid]) + MAX_NEW - len(known)), rid
+        if draft == "short-context":
+            assert len(known) + len(guesses) <= 36 + 1, rid
         assert guesses == _draft_greedy(drafts[draft], known, len(guesses)), (rid, known)
     proposed, accepted = sum(d.proposed.values()), sum(d.accepted.values())
     assert proposed > 0
