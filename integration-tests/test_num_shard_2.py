@@ -8,7 +8,11 @@ tied embeddings (qwen2).
 
 For one model both servers also speculate (n-gram proposals of 3 tokens): every shard
 verifies the same proposals and answers the same accepted runs, and greedy ids still equal
-transformers' token for token (speculation is exact), with grammars too.
+transformers' token for token (speculation is exact), with grammars too. Those servers also
+take long prompts while other requests decode with proposals: each is computed in several
+chunks beside the verifying rows (a small --prefill-chunk-tokens, whatever the device), and
+the second shares the first's long prefix, so its shared blocks come from the prefix cache and
+only the rest is chunked; every one of those requests' ids equals transformers' too.
 
 Rank agreement is visible from outside: the router compares every shard's tokens at every step
 and fails the batch with a 424 on any difference, so each 200 from the 2-shard server is a step
@@ -17,7 +21,9 @@ sequence on which both ranks agreed.
 
 from __future__ import annotations
 
+import json
 import re
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +67,38 @@ CONSTRAINED = [
     ("Hello", 40, {"grammar": {"type": "regex", "value": REGEX}}),
     ("Paged attention", 40, {"grammar": {"type": "regex", "value": REGEX}, "do_sample": True}),
 ]
+# Speculating servers only: long prompts chunked beside decoding rows that verify proposals,
+# the second sharing the first's first 274 tokens (17 full blocks of 16) through the prefix
+# cache. While DECODING requests decode (each long enough to outlast both prompts' chunks), the
+# LONG ones arrive one after the other (the second once the first has its first token, so its
+# blocks are cached and named). The prompts are 288 and 408 tokens; with --prefill-chunk-tokens
+# PREFILL_CHUNK a step beside decoding rows computes ~1/4 of the pending prompt tokens (at least
+# PREFILL_CHUNK tokens, at most 4x that: router/chunking.py), so each takes about 4 steps.
+PREFILL_CHUNK = 32
+BLOCK_SIZE = 16  # the shards' default --block-size: the prefix cache shares whole blocks
+TIMETABLE = "Timetable of the switchyard. " + " ".join(
+    f"Train {n} leaves platform {n % 7} at {6 + n % 12}:{(n * 7) % 60:02d}." for n in range(1, 11)
+)
+NOTES = (
+    " Notes: paged attention reads keys and values through a block table, and tensor "
+    "parallelism splits every layer across several devices; the quick brown fox jumps over the "
+    "lazy dog while the express waits at the signal for the freight train to clear the junction."
+)
+DECODING = [("Paged attention reads keys", 128), ("Numbers: 0 1 2 3", 128)]
+# The long prompts arrive once each DECODING request has this many tokens: by then the tiny
+# model's greedy answers mostly repeat themselves, so prompt lookup proposes (and is often
+# right) in most steps.
+LOOPING = 24
+LONG = [(TIMETABLE + " Which train is late?", 12), (TIMETABLE + NOTES, 12)]
+
+
+@dataclass
+class LongPrompts:
+    decoding: list[list[int]]  # token ids of each DECODING request
+    long: list[list[int]]  # token ids of each LONG request
+    cached: int  # the second LONG request's x-prompt-cached-tokens
+    cached_counter: float  # switchyard_prompt_tokens_cached_total's growth over these requests
+    steps: list[dict]  # the router's /debug/steps records of these requests' steps
 
 
 @dataclass
@@ -71,6 +109,7 @@ class Served:
     constrained: list[dict]  # details of each CONSTRAINED request
     log: str
     metrics: str  # the router's /metrics after the requests
+    long_prompts: LongPrompts | None = None  # speculating servers only
 
 
 def generate(url: str, prompt: str, max_new_tokens: int, **params) -> dict:
@@ -92,6 +131,62 @@ def ids(details: dict) -> list[int]:
     return [t["id"] for t in details["tokens"]]
 
 
+def stream_ids(
+    url: str, prompt: str, max_new_tokens: int, started: threading.Event, after: int = 1
+) -> list[int]:
+    """A greedy request over /generate_stream: its token ids; `started` is set once it has
+    `after` of them."""
+    body = {"inputs": prompt, "parameters": {"max_new_tokens": max_new_tokens}}
+    got = []
+    try:
+        with requests.post(
+            f"{url}/generate_stream", json=body, stream=True, timeout=120
+        ) as response:
+            assert response.status_code == 200, response.text
+            for line in response.iter_lines():
+                if line.startswith(b"data:"):
+                    event = json.loads(line[len(b"data:") :])
+                    assert "token" in event, event  # an error event otherwise
+                    got.append(event["token"]["id"])
+                    if len(got) >= after:
+                        started.set()
+    finally:
+        started.set()  # ended early or failed: the waiter goes on, and result() says why
+    return got
+
+
+def serve_long_prompts(url: str) -> LongPrompts:
+    """DECODING requests streaming, and LONG ones arriving while they decode (module comment)."""
+
+    def counter() -> float:
+        return _counter(
+            requests.get(f"{url}/metrics", timeout=30).text, "switchyard_prompt_tokens_cached"
+        )
+
+    since = requests.get(f"{url}/debug/steps", timeout=30).json()["next"]
+    cached_before = counter()
+    with ThreadPoolExecutor(len(DECODING) + 1) as pool:
+        started = [threading.Event() for _ in DECODING]
+        decoding = [
+            pool.submit(stream_ids, url, prompt, n, ready, LOOPING)
+            for (prompt, n), ready in zip(DECODING, started, strict=True)
+        ]
+        assert all(ready.wait(60) for ready in started), "the decoding requests never started"
+        first_long = threading.Event()
+        long_first = pool.submit(stream_ids, url, *LONG[0], first_long)
+        assert first_long.wait(60), "the first long prompt got no token"
+        prompt, n = LONG[1]
+        body = {"inputs": prompt, "parameters": {"max_new_tokens": n, "details": True}}
+        response = requests.post(f"{url}/generate", json=body, timeout=120)
+        assert response.status_code == 200, response.text
+        long_second = ids(response.json()["details"])
+        cached = int(response.headers["x-prompt-cached-tokens"])
+        done = [d.result() for d in decoding]
+        long_ids = [long_first.result(), long_second]
+    steps = requests.get(f"{url}/debug/steps", params={"since": since}, timeout=30).json()
+    return LongPrompts(done, long_ids, cached, counter() - cached_before, steps["steps"])
+
+
 def serve(model_dir: Path, num_shard: int, speculate: bool = False) -> Served:
     args = ("--num-shard", str(num_shard), "--dtype", "float32")
     if speculate:  # short n-grams, so the tiny model's short answers find matches
@@ -99,7 +194,7 @@ def serve(model_dir: Path, num_shard: int, speculate: bool = False) -> Served:
             '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, '
             '"disable_by_batch_size": null}'
         )
-        args += ("--speculative-config", config)
+        args += ("--speculative-config", config, "--prefill-chunk-tokens", str(PREFILL_CHUNK))
     elif num_shard > 1:
         # The two shards also queue each decode step ahead (shard/steps_ahead.py, a GPU's
         # default): the ids must still be one shard's without it, rank 0's broadcast included.
@@ -116,6 +211,7 @@ def serve(model_dir: Path, num_shard: int, speculate: bool = False) -> Served:
         constrained = [(p, n, {**params, "seed": 11}) for p, n, params in CONSTRAINED]
         results = concurrently(server.url, greedy_jobs + seeded_jobs + unseeded + constrained)
         again = concurrently(server.url, seeded_jobs)
+        long_prompts = serve_long_prompts(server.url) if speculate else None
         return Served(
             greedy=results[: len(GREEDY)],
             seeded=[ids(d) for d in results[len(GREEDY) : len(GREEDY) + len(SEEDED)]],
@@ -123,6 +219,7 @@ def serve(model_dir: Path, num_shard: int, speculate: bool = False) -> Served:
             constrained=results[-len(CONSTRAINED) :],
             log=server.log_path.read_text(errors="replace"),
             metrics=requests.get(f"{server.url}/metrics", timeout=30).text,
+            long_prompts=long_prompts,
         )
 
 
@@ -152,11 +249,13 @@ def test_two_shards_equal_one_shard_and_transformers(model_dirs, name):
         two_shards = pool.submit(serve, model_dir, 2, speculate)
         one_shard = pool.submit(serve, model_dir, 1, speculate)
         refs = [greedy(model_dir, prompt, max_new) for prompt, max_new in GREEDY]
+        long_refs = [greedy(model_dir, p, n).token_ids for p, n in DECODING + LONG if speculate]
         two, one = two_shards.result(), one_shard.result()
     assert "all 2 shard(s) ready" in two.log
     if speculate:  # proposals were verified, and some accepted, on both servers
         for served in (two, one):
             assert _counter(served.metrics, "switchyard_spec_decode_num_accepted_tokens") > 0
+            check_long_prompts(served.long_prompts, long_refs, model_dir)
     else:
         assert two.log.count("overlap scheduling: each decode step's successor") == 2  # ranks
 
@@ -182,3 +281,32 @@ def test_two_shards_equal_one_shard_and_transformers(model_dirs, name):
         assert ids(got) == ids(single), "constrained: 2 shards differ from 1 shard"
         assert got["finish_reason"] == "eos_token"
         assert re.fullmatch(REGEX, tokenizer.decode(ids(got), skip_special_tokens=True))
+
+
+def check_long_prompts(served: LongPrompts | None, refs: list[list[int]], model_dir: Path) -> None:
+    """Long prompts chunked beside verifying rows, one through the prefix cache: the ids of
+    every request equal transformers', and the steps were what this is about."""
+    assert served is not None
+    for (prompt, _), got, ref in zip(
+        DECODING + LONG, served.decoding + served.long, refs, strict=True
+    ):
+        assert got == ref, f"{prompt[:40]!r}...: differs from transformers"
+
+    # The second long prompt read the first's full shared blocks from the prefix cache.
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    first, second = (tokenizer(prompt).input_ids for prompt, _ in LONG)
+    shared = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
+    assert served.cached == shared // BLOCK_SIZE * BLOCK_SIZE > 0, (served.cached, shared)
+    assert served.cached_counter >= served.cached
+
+    # Both long prompts were computed (their uncached tokens, all of them) in steps beside the
+    # decoding requests, in chunks (at least two each, none a whole prompt), and in several of
+    # those steps the decoding rows verified proposals, some of them accepted.
+    beside = [s for s in served.steps if s["prefill_tokens"] and s["decode_rows"] >= len(DECODING)]
+    computed = len(first) + len(second) - served.cached
+    assert sum(s["prefill_tokens"] for s in beside) == computed, served.steps
+    assert len(beside) >= 2 * len(LONG), beside
+    assert max(s["prefill_tokens"] for s in beside) < len(second) - served.cached, beside
+    verifying = [s for s in beside if s["proposed_tokens"]]
+    assert len(verifying) >= 2, beside
+    assert sum(s["accepted_tokens"] for s in verifying) > 0, beside
