@@ -148,9 +148,7 @@ def test_a_draft_model_reaches_every_shard_and_the_router():
     assert "--draft-model" not in plan("--speculate", "2").shards[0].argv
 
 
-def test_a_draft_model_that_cannot_be_found_stops_the_launcher_naming_the_flag(
-    tmp_path, caplog
-):
+def test_a_draft_model_that_cannot_be_found_stops_the_launcher_naming_the_flag(tmp_path, caplog):
     from launcher.tiny_models import build_model
 
     model = build_model(tmp_path / "model")
