@@ -15,6 +15,24 @@ import requests
 STARTUP_TIMEOUT_S = 180
 
 
+def generate_details(url: str, prompt: str, max_new_tokens: int, timeout: float = 120, **params):
+    """POST /generate with details; the answer's `details` (asserting a 200)."""
+    body = {
+        "inputs": prompt,
+        "parameters": {"max_new_tokens": max_new_tokens, "details": True, **params},
+    }
+    response = requests.post(f"{url}/generate", json=body, timeout=timeout)
+    assert response.status_code == 200, response.text  # a 424: shards diverged
+    return response.json()["details"]
+
+
+def metric_value(metrics: str, name: str) -> float:
+    """A counter's or gauge's value in a /metrics text (`name` with or without `_total`)."""
+    match = re.search(rf"^{name}(?:_total)? (\S+)$", metrics, re.MULTILINE)
+    assert match, f"{name} is not in /metrics"
+    return float(match.group(1))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -10,7 +10,6 @@ tiny model's sampled distributions are too flat for a greedy guess to be drawn o
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,7 +18,7 @@ import pytest
 import requests
 import torch
 from reference import greedy
-from server_process import LauncherProcess
+from server_process import LauncherProcess, generate_details, metric_value
 
 pytestmark = pytest.mark.slow
 FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "quant_fixtures" / "awq_gemm_g64_llama"
@@ -39,22 +38,6 @@ def dense_dir(tmp_path_factory) -> Path:
     return target
 
 
-def _post(url: str, prompt: str, max_new: int, **params) -> dict:
-    body = {
-        "inputs": prompt,
-        "parameters": {"max_new_tokens": max_new, "details": True, **params},
-    }
-    response = requests.post(f"{url}/generate", json=body, timeout=600)
-    assert response.status_code == 200, response.text
-    return response.json()["details"]
-
-
-def _counter(metrics: str, name: str) -> float:
-    match = re.search(rf"^{name}(?:_total)? (\S+)$", metrics, re.MULTILINE)
-    assert match, f"{name} is not in /metrics"
-    return float(match.group(1))
-
-
 def test_an_int4_copy_as_draft_over_two_shards_equals_transformers(dense_dir):
     config = json.dumps(
         {"model": str(FIXTURE), "num_speculative_tokens": 3, "disable_by_batch_size": None}
@@ -65,13 +48,14 @@ def test_an_int4_copy_as_draft_over_two_shards_equals_transformers(dense_dir):
     with LauncherProcess(dense_dir, *args, env=CPU_ONLY) as server:
         with ThreadPoolExecutor(len(PROMPTS) + 1) as pool:
             jobs = [
-                pool.submit(_post, server.url, p, n, decoder_input_details=True) for p, n in PROMPTS
+                pool.submit(generate_details, server.url, p, n, 600, decoder_input_details=True)
+                for p, n in PROMPTS
             ]
-            sampled = pool.submit(_post, server.url, "Hello", 12, **seeded)
+            sampled = pool.submit(generate_details, server.url, "Hello", 12, 600, **seeded)
             refs = [greedy(dense_dir, p, n) for p, n in PROMPTS]
             served = [j.result() for j in jobs]
             first_draw = [t["id"] for t in sampled.result()["tokens"]]
-        again = [t["id"] for t in _post(server.url, "Hello", 12, **seeded)["tokens"]]
+        repeated = generate_details(server.url, "Hello", 12, 600, **seeded)["tokens"]
         metrics = requests.get(f"{server.url}/metrics", timeout=30).text
         log = server.log_path.read_text(errors="replace")
     assert "speculative decoding with the draft model" in log
@@ -80,8 +64,8 @@ def test_an_int4_copy_as_draft_over_two_shards_equals_transformers(dense_dir):
         assert [t["id"] for t in got["tokens"]] == ref.token_ids, prompt
         for step, (token, want) in enumerate(zip(got["tokens"], ref.logprobs, strict=True)):
             assert token["logprob"] == pytest.approx(want, abs=LOGPROB_TOLERANCE), (prompt, step)
-    assert first_draw == again
-    proposed = _counter(metrics, "switchyard_spec_decode_num_draft_tokens")
-    accepted = _counter(metrics, "switchyard_spec_decode_num_accepted_tokens")
+    assert first_draw == [t["id"] for t in repeated]
+    proposed = metric_value(metrics, "switchyard_spec_decode_num_draft_tokens")
+    accepted = metric_value(metrics, "switchyard_spec_decode_num_accepted_tokens")
     greedy_tokens = sum(n - 1 for _, n in PROMPTS)  # each but the first could be a guess
     assert proposed > 0 and accepted >= greedy_tokens / 2, (proposed, accepted)

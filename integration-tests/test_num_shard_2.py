@@ -32,7 +32,7 @@ import pytest
 import requests
 import torch
 from reference import greedy
-from server_process import LauncherProcess
+from server_process import LauncherProcess, generate_details, metric_value
 from transformers import AutoTokenizer
 
 from launcher.tiny_models import build_model
@@ -112,19 +112,9 @@ class Served:
     long_prompts: LongPrompts | None = None  # speculating servers only
 
 
-def generate(url: str, prompt: str, max_new_tokens: int, **params) -> dict:
-    body = {
-        "inputs": prompt,
-        "parameters": {"max_new_tokens": max_new_tokens, "details": True, **params},
-    }
-    response = requests.post(f"{url}/generate", json=body, timeout=120)
-    assert response.status_code == 200, response.text  # a 424 here: shards diverged
-    return response.json()["details"]
-
-
 def concurrently(url: str, jobs: list[tuple[str, int, dict]]) -> list[dict]:
     with ThreadPoolExecutor(len(jobs)) as pool:
-        return list(pool.map(lambda job: generate(url, job[0], job[1], **job[2]), jobs))
+        return list(pool.map(lambda job: generate_details(url, job[0], job[1], **job[2]), jobs))
 
 
 def ids(details: dict) -> list[int]:
@@ -159,7 +149,7 @@ def serve_long_prompts(url: str) -> LongPrompts:
     """DECODING requests streaming, and LONG ones arriving while they decode (module comment)."""
 
     def counter() -> float:
-        return _counter(
+        return metric_value(
             requests.get(f"{url}/metrics", timeout=30).text, "switchyard_prompt_tokens_cached"
         )
 
@@ -229,12 +219,6 @@ def model_dirs(tmp_path_factory) -> dict[str, Path]:
     return {name: build_model(root / name, **kw) for name, kw in MODELS.items()}
 
 
-def _counter(metrics: str, name: str) -> float:
-    match = re.search(rf"^{name}(?:_total)? (\S+)$", metrics, re.MULTILINE)
-    assert match, f"{name} is not in /metrics"
-    return float(match.group(1))
-
-
 def assert_logprobs_close(got: list[dict], want: list[float], what: str) -> None:
     for step, (token, expected) in enumerate(zip(got, want, strict=True)):
         assert token["logprob"] == pytest.approx(expected, abs=LOGPROB_TOLERANCE), f"{what} {step}"
@@ -254,7 +238,7 @@ def test_two_shards_equal_one_shard_and_transformers(model_dirs, name):
     assert "all 2 shard(s) ready" in two.log
     if speculate:  # proposals were verified, and some accepted, on both servers
         for served in (two, one):
-            assert _counter(served.metrics, "switchyard_spec_decode_num_accepted_tokens") > 0
+            assert metric_value(served.metrics, "switchyard_spec_decode_num_accepted_tokens") > 0
             check_long_prompts(served.long_prompts, long_refs, model_dir)
     else:
         assert two.log.count("overlap scheduling: each decode step's successor") == 2  # ranks

@@ -198,8 +198,7 @@ class Batcher:
         masks = await self._token_masks(ids)
         # The cached batch's decoding rows may take proposals; the new requests are in their
         # prompt.
-        proposals = await self._proposals(ids)
-        draft_tokens = self._draft_tokens(ids)
+        proposals, draft_tokens = await self._speculation(ids)
         self.metrics.step_started("prefill")
         tokens = self._trace_begin("prefill", ids, chunks, len(entries), proposals)
         try:
@@ -241,8 +240,7 @@ class Batcher:
     ) -> pb.CachedBatch | None:
         ids = [rid for b in batches for rid in b.request_ids]
         masks = await self._token_masks(ids)
-        proposals = await self._proposals(ids)
-        draft_tokens = self._draft_tokens(ids)
+        proposals, draft_tokens = await self._speculation(ids)
         self.metrics.step_started("decode")
         tokens = self._trace_begin("decode", ids, chunks, 0, proposals)
         try:
@@ -288,13 +286,15 @@ class Batcher:
             self._fail([entry.id], error)
         return masks
 
-    async def _proposals(self, ids: Sequence[int]) -> dict[int, pb.Proposal]:
-        """Speculative decoding: the tokens proposed after each decoding request's last one
-        (router/speculation/). A constrained request's proposal is cut at the first token its
-        grammar refuses and carries the masks that follow each token, computed off the event
-        loop like `_token_masks`; a request whose grammar fails there fails alone."""
+    async def _speculation(self, ids: Sequence[int]) -> tuple[dict[int, pb.Proposal], int]:
+        """Speculative decoding (router/speculation/): the tokens proposed after each decoding
+        request's last one, and the guesses the step asks of the shards' draft model for each
+        request that then decodes (0: none, or no draft model). A constrained request's
+        proposal is cut at the first token its grammar refuses and carries the masks that follow
+        each token, computed off the event loop like `_token_masks`; a request whose grammar
+        fails there fails alone."""
         if self.speculator is None:
-            return {}
+            return {}, 0
         live = [e for rid in ids if (e := self.entries.get(rid)) is not None]
         drafts = self.speculator.draft(live)
         constrained = [
@@ -318,14 +318,7 @@ class Batcher:
             if kept:
                 proposals[rid] = pb.Proposal(ids=kept, token_masks=masks)
         self.speculator.sent(proposals)
-        return proposals
-
-    def _draft_tokens(self, ids: Sequence[int]) -> int:
-        """Speculative decoding with a draft model: the guesses the step asks of the shards'
-        draft model for each request that then decodes (0: none)."""
-        if self.speculator is None:
-            return 0
-        return self.speculator.draft_tokens([e for rid in ids if (e := self.entries.get(rid))])
+        return proposals, self.speculator.draft_tokens(live)  # failed ones are done
 
     def _trace_begin(
         self,
