@@ -1,10 +1,14 @@
 """A Mixture-of-Experts layer's experts as grouped GEMMs in torch: the step's (token, choice)
 pairs sorted by expert, then for each expert that has any, one gate_up GEMM over all of its
-rows, the gated activation, one down GEMM; the rows weighted and summed back per token in one
-index_add. The Python loop runs over the experts a step touches, never over its tokens.
+rows, the gated activation, one down GEMM; each row weighted, and each token's rows added in
+ascending expert order, rounded at each add, as transformers' expert loop adds them with
+index_add_ in the model's dtype (one index_add_ over all pairs would sum in fp32 and round once:
+other bits from three choices a token on). The Python loop runs over the experts a step touches,
+never over its tokens.
 
-Every platform's form where it has no fused kernel (the CPU's; the CUDA platform's Triton
-kernel computes the same, shard/platforms/cuda/kernels/fused_moe.py)."""
+Every platform's form where it has no fused kernel (the CPU's, with its native call for the
+steps it takes; the CUDA platform's Triton kernel computes the same,
+shard/platforms/cuda/kernels/fused_moe.py)."""
 
 from __future__ import annotations
 
@@ -16,9 +20,11 @@ from shard.platforms.activations import GATED_ACTIVATIONS, SILU
 
 Swiglu = Callable[[torch.Tensor], torch.Tensor | None]
 Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-# A platform's whole SwiGLU expert loop in one call (x grouped by expert, rows per expert, w13,
-# w2), or None where it does not apply.
-SwigluExperts = Callable[[torch.Tensor, list[int], torch.Tensor, torch.Tensor], torch.Tensor | None]
+# A platform's whole SwiGLU computation in one call (x, w13, w2, topk_weights, topk_ids: the
+# arguments of grouped_experts), or None for a step it does not take.
+SwigluExperts = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor | None
+]
 
 
 def grouped_experts(
@@ -34,29 +40,44 @@ def grouped_experts(
 ) -> torch.Tensor:
     """See Platform.fused_moe. `swiglu`: the platform's fused silu(gate) * up of a [N, 2I]
     product, or None (torch's two ops); `linear`: the platform's x @ w.T of a plain weight;
-    `swiglu_experts`: the platform's loop below in one call, where it has one."""
+    `swiglu_experts`: the platform's whole computation below in one call, where it has one."""
     tokens, k = topk_ids.shape
-    out = torch.zeros_like(x)
     if tokens == 0:
-        return out
+        return torch.zeros_like(x)
+    if act == SILU and swiglu_experts is not None:
+        out = swiglu_experts(x, w13, w2, topk_weights, topk_ids)
+        if out is not None:
+            return out
     flat = topk_ids.reshape(-1)
     # -1 (another rank's expert) sorts first; those pairs are left out
     order = torch.argsort(flat, stable=True)
     kept = int((flat < 0).sum())
     order = order[kept:]
     counts = torch.bincount(flat[order], minlength=w13.shape[0]).tolist()
-    rows = order // k
-    gathered = x.index_select(0, rows)
-    results = None
-    if act == SILU and swiglu_experts is not None:
-        results = swiglu_experts(gathered, counts, w13, w2)
-    if results is None:
-        results = _expert_loop(gathered, counts, w13, w2, act, swiglu, linear)
+    gathered = x.index_select(0, order // k)
+    results = _expert_loop(gathered, counts, w13, w2, act, swiglu, linear)
     # each row weighted in float32 and rounded once (the router has already rounded the
-    # weights to the dtype where the model's reference weights in it), then summed per token
+    # weights to the dtype where the model's reference weights in it)
     weights = topk_weights.reshape(-1).index_select(0, order)
     wide = results.to(torch.promote_types(results.dtype, weights.dtype))
-    out.index_add_(0, rows, (wide * weights[:, None]).to(x.dtype))
+    terms = (wide * weights[:, None]).to(x.dtype)
+    return _sum_per_token(terms, order, topk_ids)
+
+
+def _sum_per_token(
+    terms: torch.Tensor, order: torch.Tensor, topk_ids: torch.Tensor
+) -> torch.Tensor:
+    """terms[i] is flat pair order[i]'s (pair t * K + c: token t's choice c): each token's terms
+    added in ascending expert order, in the terms' dtype (a rounding per add); a choice
+    another rank holds adds nothing."""
+    tokens, k = topk_ids.shape
+    hidden = terms.shape[-1]
+    flat = terms.new_zeros(tokens * k, hidden).index_copy_(0, order, terms)
+    ascending = topk_ids.argsort(dim=1, stable=True)  # -1 first, its term zero
+    per_token = flat.view(tokens, k, hidden).gather(1, ascending[..., None].expand(-1, -1, hidden))
+    out = terms.new_zeros(tokens, hidden)
+    for choice in range(k):
+        out = out + per_token[:, choice]
     return out
 
 

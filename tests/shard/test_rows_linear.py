@@ -71,29 +71,3 @@ def test_linear_takes_the_kernel_up_to_its_rows_on_a_cpu_without_half_dots(monke
         x = torch.randn(2, rows, 32).bfloat16()[0]
         assert matmul.linear(x, w).shape == (rows, 48)
     assert calls == [1, matmul.ROWS_KERNEL_MAX]
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("inter", [24, 37])  # 37: a tail past the 8-wide body, both GEMMs
-def test_experts_in_one_call_equal_the_expert_loop_bit_for_bit(dtype, inter, monkeypatch):
-    """rows_experts against grouped_moe's loop of rows_linear, silu_mul, rows_linear: experts
-    with no rows, one, a tile and a remainder (13), the widest the kernel takes."""
-    from shard.platforms import grouped_moe
-    from shard.platforms.cpu import CpuPlatform
-
-    monkeypatch.setattr(matmul, "_cpu_flags", lambda: frozenset({"avx2", "fma", "f16c"}))
-    torch.manual_seed(inter)
-    hidden, counts = 40, [0, 1, 3, 0, 13, matmul.ROWS_KERNEL_MAX, 2]
-    experts = len(counts)
-    x = torch.randn(sum(counts), hidden).to(dtype)
-    w13 = (torch.randn(experts, 2 * inter, hidden) * 0.2).to(dtype)
-    w2 = (torch.randn(experts, hidden, inter) * 0.2).to(dtype)
-    got = matmul.swiglu_experts(x, counts, w13, w2)
-    assert got is not None and got.dtype == dtype
-    swiglu = CpuPlatform().swiglu
-    want = grouped_moe._expert_loop(x, counts, w13, w2, "silu", swiglu, matmul.linear)
-    assert torch.equal(got, want)
-    # Past the rows kernel's rows, or without the kernel, the loop runs instead.
-    assert matmul.swiglu_experts(x, [0, 0, 0, 0, 0, sum(counts), 0], w13, w2) is None
-    monkeypatch.setattr(native, "rows_experts_kernel", lambda: None)
-    assert matmul.swiglu_experts(x, counts, w13, w2) is None

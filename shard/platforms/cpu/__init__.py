@@ -55,7 +55,8 @@ class CpuPlatform(Platform):
         act: str,
     ) -> torch.Tensor:
         # the grouped GEMMs through this CPU's matmul (half-precision weights widened to fp32
-        # for the experts with rows enough, where the CPU has no native half GEMM)
+        # for the experts with rows enough, where the CPU has no native half GEMM); a decode
+        # step's few rows per expert in one native call there
         return grouped_moe.grouped_experts(
             x, w13, w2, topk_weights, topk_ids, act, swiglu=self.swiglu, linear=matmul.linear,
             swiglu_experts=matmul.swiglu_experts,

@@ -100,27 +100,31 @@ def is_packed(weight: torch.Tensor) -> bool:
 
 
 def swiglu_experts(
-    x: torch.Tensor, counts: list[int], w13: torch.Tensor, w2: torch.Tensor
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
 ) -> torch.Tensor | None:
-    """A Mixture-of-Experts layer's SwiGLU experts over x's rows grouped by expert (counts:
-    rows per expert) in one native call, where each expert's rows are few enough for the rows
-    kernel: what `linear`, silu_and_mul and `linear` give expert by expert
-    (shard/platforms/grouped_moe.py), without a dozen dispatched ops per expert. None where it
-    does not apply."""
+    """A Mixture-of-Experts layer's SwiGLU experts and each token's weighted sum in one native
+    call (rows_moe.cpp), where every expert's rows are few enough for the rows kernel: what
+    shard/platforms/grouped_moe.py computes with `linear` and silu_and_mul expert by expert,
+    without its sort, gather, index_add and dozen dispatched ops per expert. None where it does
+    not apply."""
     if (
         torch.compiler.is_compiling()
         or x.device.type != "cpu"
         or not x.dtype == w13.dtype == w2.dtype
         or not _widen_on_cpu(x.dtype)
-        or max(counts, default=0) > ROWS_KERNEL_MAX
         or w13.stride(-1) != 1
         or w2.stride(-1) != 1
     ):
         return None
-    kernel = native.rows_experts_kernel()
+    kernel = native.rows_moe_kernel()
     if kernel is None:
         return None
-    return kernel(x, torch.tensor(counts, dtype=torch.int64), w13, w2)
+    ids = topk_ids.to(torch.int32)
+    return kernel(x, ids, topk_weights.float(), w13, w2, ROWS_KERNEL_MAX)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -24,8 +24,9 @@ builder from vector.h (shared loads and stores) and each kernel's source:
   tile unit.
 - rows_gemm.cpp: bf16/fp16 linear layers of a few rows on a CPU with AVX2 but no half-precision
   dot products (shard/platforms/cpu/matmul.py), where torch's GEMM costs grow with the rows:
-  each weight read once for all rows, each row's sums the same whatever rows are beside it;
-  and a Mixture-of-Experts layer's experts over a decode step's rows in one call.
+  each weight read once for all rows, each row's sums the same whatever rows are beside it.
+- rows_moe.cpp: a Mixture-of-Experts layer's SwiGLU experts over a decode step's rows and each
+  token's weighted sum in one call, with rows_gemm.cpp's kernel.
 
 The build needs a C++ compiler and ninja, takes ~30 s once per machine and torch version, and is
 cached by torch (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions). Where it cannot be
@@ -62,6 +63,7 @@ SOURCES = [
         "amx_lora.cpp",
         "paged_prefill_amx.cpp",
         "rows_gemm.cpp",
+        "rows_moe.cpp",
     )
 ]
 FUNCTIONS = [
@@ -80,7 +82,7 @@ FUNCTIONS = [
     "amx_lora_linear",
     "amx_paged_prefill",
     "rows_linear",
-    "rows_experts",
+    "rows_moe",
 ]
 SWITCH_ENV = "SWITCHYARD_CPU_KERNELS"  # "0": the torch path only
 # "0": build without the CPU's bf16 dot products even where it has them (how the tests reach the
@@ -210,13 +212,15 @@ def rows_linear_kernel() -> Callable[..., torch.Tensor] | None:
 
 
 @functools.cache
-def rows_experts_kernel() -> Callable[..., torch.Tensor] | None:
-    """rows_experts(x [N, H], counts [E] int64 on the host, w13 [E, 2I, H], w2 [E, H, I]) ->
-    [N, H]: a Mixture-of-Experts layer's SwiGLU experts over rows grouped by expert, all in
-    x's dtype, bf16 or fp16 (rows_gemm.cpp); None wherever rows_linear_kernel() is."""
+def rows_moe_kernel() -> Callable[..., torch.Tensor | None] | None:
+    """rows_moe(x [T, H], topk_ids [T, K] int32, topk_weights [T, K] float32, w13 [E, 2I, H],
+    w2 [E, H, I], max_rows) -> [T, H] | None: a Mixture-of-Experts layer's SwiGLU experts and
+    each token's weighted sum in one call, all in x's dtype, bf16 or fp16 (rows_moe.cpp); None
+    from the call where an expert has more than max_rows rows. None wherever
+    rows_linear_kernel() is."""
     if rows_linear_kernel() is None:
         return None
-    return _function("rows_experts")
+    return _function("rows_moe")
 
 
 def amx_paged_prefill_kernel() -> Callable[..., None] | None:

@@ -44,6 +44,12 @@ __attribute__((target("avx2,fma,f16c"))) inline float sum8(__m256 v) {
 // NT weight rows at a time: each (m, n) sum is its own chain of FMAs, and a tile of G x NT of
 // them keeps the FMA units busy (one chain alone waits on its previous FMA's latency), while
 // each chain, so each result, is the same whatever G and NT are.
+//
+// The next tile's weight rows are fetched into the cache while this tile runs: a decode step's
+// rows are each a few KB, too short for the hardware prefetcher to get ahead of, and at 1-4 rows
+// of x the kernel waits on memory (bench/cpu_matmul.py: a cold weight read at ~8 GB/s without,
+// ~11-16 GB/s with, on the 2-core EPYC; no change from 8 rows on, where the FMAs are the limit).
+// A prefetch is a hint: past the weight's end it reads nothing and never faults.
 template <int G, int NT, typename T>
 __attribute__((target("avx2,fma,f16c"))) void rows_tile(const float* x, int64_t k, const T* w,
                                                         int64_t ldw, int64_t n, float* out,
@@ -56,6 +62,11 @@ __attribute__((target("avx2,fma,f16c"))) void rows_tile(const float* x, int64_t 
     for (int g = 0; g < G; ++g) acc[t][g] = _mm256_setzero_ps();
   }
   for (int64_t i = 0; i < body; i += 8) {
+    if (i % 32 == 0) {  // a cache line (32 half values) of each of the next tile's rows
+      SY_UNROLL
+      for (int t = 0; t < NT; ++t)
+        _mm_prefetch(reinterpret_cast<const char*>(w + (n + NT + t) * ldw + i), _MM_HINT_T0);
+    }
     __m256 wv[NT];
     SY_UNROLL
     for (int t = 0; t < NT; ++t) wv[t] = load8_widened(w + (n + t) * ldw + i);
@@ -90,6 +101,18 @@ void rows_block(const float* x, int64_t k, const T* w, int64_t ldw, int64_t n0, 
   for (; n < n1; ++n) rows_tile<G, 1>(x, k, w, ldw, n, out, ldo);
 }
 
+// out[:, n0:n1] of out [M, N] (fp32, row stride ldo) = x [M, K] (fp32, contiguous) @ w.T, w's
+// rows ldw apart: on the calling thread.
+template <typename T>
+void rows_range(const float* x, int64_t m, int64_t k, const T* w, int64_t ldw, int64_t n0,
+                int64_t n1, float* out, int64_t ldo) {
+  for (int64_t r = 0; r < m; r += kRowTile) {
+    with_group<kRowTile>(m - r, [&](auto tile) {
+      rows_block<decltype(tile)::value>(x + r * k, k, w, ldw, n0, n1, out + r * ldo, ldo);
+    });
+  }
+}
+
 // out [M, N] (fp32, row stride ldo) = x [M, K] (fp32, contiguous) @ w[:N].T, w's rows ldw apart.
 // Each thread takes whole weight rows, every row of x for each (the weight is read once).
 template <typename T>
@@ -97,11 +120,7 @@ void rows_gemm(const float* x, int64_t m, int64_t k, const T* w, int64_t ldw, in
                float* out, int64_t ldo) {
   const int64_t grain = std::max<int64_t>(16, 4096 / std::max<int64_t>(k / 64, 1));
   at::parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) {
-    for (int64_t r = 0; r < m; r += kRowTile) {
-      with_group<kRowTile>(m - r, [&](auto tile) {
-        rows_block<decltype(tile)::value>(x + r * k, k, w, ldw, n0, n1, out + r * ldo, ldo);
-      });
-    }
+    rows_range(x, m, k, w, ldw, n0, n1, out, ldo);
   });
 }
 
@@ -136,75 +155,8 @@ torch::Tensor rows_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch:
   return out.to(x.scalar_type());
 }
 
-// A Mixture-of-Experts layer's experts over a decode step's few rows each, in one call
-// (shard/platforms/grouped_moe.py computes the same expert by expert, with a handful of torch
-// ops each: at 16 experts a layer their dispatch cost as much as the GEMMs). x [N, H] in the
-// weights' dtype, its rows grouped by expert, counts [E] int64 (host) the rows of each,
-// w13 [E, 2I, H] (gate then up) and w2 [E, H, I] bf16 or fp16 with contiguous rows -> [N, H]:
-// each expert's rows through round(x @ w13.T), silu_mul (elementwise.cpp's, the same
-// roundings), round(h @ w2.T), which is what rows_linear, silu_mul and rows_linear give.
-torch::Tensor rows_experts(torch::Tensor x, torch::Tensor counts, torch::Tensor w13,
-                           torch::Tensor w2) {
-  TORCH_CHECK(x.dim() == 2 && w13.dim() == 3 && w2.dim() == 3, "rows_experts: x [N, H], w [E, .., ..]");
-  TORCH_CHECK(x.scalar_type() == w13.scalar_type() && w13.scalar_type() == w2.scalar_type(),
-              "rows_experts: x and the weights must share a dtype");
-  TORCH_CHECK(w13.stride(2) == 1 && w2.stride(2) == 1, "rows_experts: rows must be contiguous");
-  const int64_t experts = w13.size(0), inter = w2.size(2), hidden = x.size(1);
-  TORCH_CHECK(w13.size(1) == 2 * inter && w13.size(2) == hidden && w2.size(1) == hidden &&
-                  w2.size(0) == experts,
-              "rows_experts: w13 must be [E, 2I, H] and w2 [E, H, I]");
-  const auto cnt = counts.to(at::kLong).contiguous();
-  TORCH_CHECK(cnt.dim() == 1 && cnt.size(0) == experts && cnt.device().is_cpu(),
-              "rows_experts: counts must be [E] on the host");
-  const int64_t* cp = cnt.data_ptr<int64_t>();
-  int64_t rows = 0, widest = 0;
-  for (int64_t e = 0; e < experts; ++e) {
-    TORCH_CHECK(cp[e] >= 0, "rows_experts: negative count");
-    rows += cp[e];
-    widest = std::max(widest, cp[e]);
-  }
-  TORCH_CHECK(rows == x.size(0), "rows_experts: counts must add up to x's rows");
-  const auto xf = x.to(at::kFloat).contiguous();
-  auto out = torch::empty({rows, hidden}, x.options());
-  const auto f32 = xf.options();
-  auto product = torch::empty({widest, 2 * inter}, f32);
-  auto h_f = torch::empty({widest, inter}, f32);
-  auto result = torch::empty({widest, hidden}, f32);
-  with_half_dtype(w13, "rows_experts", [&](auto zero) {
-    using T = decltype(zero);
-    std::vector<T> rounded(widest * 2 * inter), gated(widest * inter);
-    const T* w13p = reinterpret_cast<const T*>(w13.data_ptr());
-    const T* w2p = reinterpret_cast<const T*>(w2.data_ptr());
-    T* op = reinterpret_cast<T*>(out.data_ptr());
-    float* pp = product.data_ptr<float>();
-    float* hp = h_f.data_ptr<float>();
-    float* rp = result.data_ptr<float>();
-    int64_t start = 0;
-    for (int64_t e = 0; e < experts; ++e) {
-      const int64_t c = cp[e];
-      if (c == 0) continue;
-      rows_gemm(xf.data_ptr<float>() + start * hidden, c, hidden, w13p + e * w13.stride(0),
-                w13.stride(1), 2 * inter, pp, 2 * inter);
-      for (int64_t i = 0; i < c * 2 * inter; ++i) rounded[i] = static_cast<T>(pp[i]);
-      for (int64_t r = 0; r < c; ++r) {
-        const T* row = rounded.data() + r * 2 * inter;
-        silu_mul_row<T>(row, row + inter, gated.data() + r * inter, inter);
-      }
-      for (int64_t i = 0; i < c * inter; ++i) hp[i] = static_cast<float>(gated[i]);
-      rows_gemm(hp, c, inter, w2p + e * w2.stride(0), w2.stride(1), hidden, rp, hidden);
-      T* dst = op + start * hidden;
-      for (int64_t i = 0; i < c * hidden; ++i) dst[i] = static_cast<T>(rp[i]);
-      start += c;
-    }
-  });
-  return out;
-}
 #else
 torch::Tensor rows_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
   TORCH_CHECK(false, "rows_linear: built only for x86-64 (AVX2 and FMA)");
-}
-torch::Tensor rows_experts(torch::Tensor x, torch::Tensor counts, torch::Tensor w13,
-                           torch::Tensor w2) {
-  TORCH_CHECK(false, "rows_experts: built only for x86-64 (AVX2 and FMA)");
 }
 #endif
