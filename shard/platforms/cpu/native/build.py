@@ -5,6 +5,8 @@ builder from vector.h (shared loads and stores) and each kernel's source:
   of every row's K/V into a padded copy, then SDPA over the copy; the gather alone moves the
   cache's bytes twice, and the index and mask plumbing is a few dozen small torch calls a layer.
   The kernel reads the cache in place through the block table, once (bench/decode_attention.py).
+- attention_avx2.cpp: the two attention kernels' arithmetic in AVX2 for x86-64 CPUs without
+  AVX-512 (the build's target otherwise leaves them scalar loops).
 - paged_prefill.cpp: the same backend's prefill attention for short prompts and chunks, every
   sequence of a step in one call per layer (the torch path calls SDPA once per sequence).
 - lora.cpp: the LoRA terms of a linear at a decode step's size, all slots in one call
@@ -54,6 +56,7 @@ SOURCES = [
     Path(__file__).with_name(n)
     for n in (
         "vector.h",
+        "attention_avx2.cpp",
         "paged_decode.cpp",
         "paged_prefill.cpp",
         "lora.cpp",

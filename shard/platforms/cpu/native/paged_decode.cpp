@@ -7,7 +7,8 @@
 // are never read, so no other sequence's stale slot can reach its sums.
 //
 // AVX-512 where the build targets it (build.py asks for it when torch's own CPU kernels
-// run AVX-512 here), with a plain scalar path for any other CPU, head size or group size.
+// run AVX-512 here), AVX2 on other x86-64 CPUs that have it (attention_avx2.cpp), with a plain
+// scalar path for any other CPU, head size or group size.
 namespace {
 
 #if defined(__AVX512F__)
@@ -38,6 +39,9 @@ inline float softmax_numerators(float* s, int64_t n) {
   }
   return _mm512_reduce_add_ps(sum16);
 #else
+#if defined(__x86_64__)
+  if (avx2_ready()) return softmax_numerators_avx2(s, n);
+#endif
   float m = -std::numeric_limits<float>::infinity();
   for (int64_t i = 0; i < n; ++i) m = std::max(m, s[i]);
   float sum = 0.f;
@@ -89,6 +93,8 @@ inline void dot_rows(const float* qf, const T* k, int64_t group, int64_t dim, fl
     for (int64_t g = 0; g < group; ++g) out[g * out_stride] = _mm512_reduce_add_ps(acc[g]);
     return;
   }
+#elif defined(__x86_64__)
+  if (dim % 8 == 0 && avx2_ready()) return dot_rows_avx2(qf, k, group, dim, out, out_stride);
 #endif
   for (int64_t g = 0; g < group; ++g) {
     float s = 0.f;
@@ -112,6 +118,8 @@ inline void axpy_rows(const float* w, int64_t w_stride, const T* v, int64_t grou
     }
     return;
   }
+#elif defined(__x86_64__)
+  if (dim % 8 == 0 && avx2_ready()) return axpy_rows_avx2(w, w_stride, v, group, dim, acc);
 #endif
   for (int64_t g = 0; g < group; ++g)
     for (int64_t d = 0; d < dim; ++d) acc[g * dim + d] += w[g * w_stride] * widen(v[d]);

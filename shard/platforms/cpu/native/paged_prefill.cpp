@@ -99,7 +99,13 @@ void attend_rows(const float* qf, const int64_t* a, const int64_t* e, const floa
   for (; (kb + 1) * 16 < hi; kb += 2) score_rows<R, 2>(qf, dim, kt + kb * 16 * dim, s + kb * 16, n_pad);
   if (kb * 16 < hi) score_rows<R, 1>(qf, dim, kt + kb * 16 * dim, s + kb * 16, n_pad);
 #else
-  for (int r = 0; r < R; ++r)
+#if defined(__x86_64__)
+  const bool avx2 = avx2_ready();
+  if (avx2) score_rows_avx2(qf, R, dim, kt, lo, hi, s, n_pad);
+#else
+  const bool avx2 = false;
+#endif
+  for (int r = 0; r < R && !avx2; ++r)
     for (int64_t j = lo; j < hi; ++j) {
       float dot = 0.f;
       for (int64_t d = 0; d < dim; ++d) dot += qf[r * dim + d] * kt[(j / 16) * 16 * dim + d * 16 + j % 16];
@@ -117,6 +123,9 @@ void attend_rows(const float* qf, const int64_t* a, const int64_t* e, const floa
 #if defined(__AVX512F__)
   weigh_all<R>(s, n_pad, lo, hi, vf, dim_pad, dim, inv, out);
 #else
+#if defined(__x86_64__)
+  if (avx2) return weigh_rows_avx2(s, R, n_pad, lo, hi, vf, dim_pad, dim, inv, out);
+#endif
   for (int r = 0; r < R; ++r)
     for (int64_t d = 0; d < dim; ++d) {
       float sum = 0.f;

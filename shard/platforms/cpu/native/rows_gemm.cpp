@@ -11,34 +11,10 @@
 // the rows beside it: greedy ids are the same in a batch of 1, of 4 or of a verify step's
 // k + 1 rows.
 #if defined(__x86_64__)
-#include <immintrin.h>
 
 namespace {
 
 constexpr int kRowTile = 8;
-
-template <typename T>
-__attribute__((target("avx2,fma,f16c"))) inline __m256 load8_widened(const T* p);
-
-template <>
-__attribute__((target("avx2,fma,f16c"))) inline __m256 load8_widened(const c10::BFloat16* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-template <>
-__attribute__((target("avx2,fma,f16c"))) inline __m256 load8_widened(const c10::Half* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_cvtph_ps(h);
-}
-
-__attribute__((target("avx2,fma,f16c"))) inline float sum8(__m256 v) {
-  const __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  __m128 s = _mm_add_ps(lo, hi);
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-  return _mm_cvtss_f32(s);
-}
 
 // out[m, n] = x[m, :] . w[n, :] for G rows of x (fp32, row stride k) and weight rows [n0, n1),
 // NT weight rows at a time: each (m, n) sum is its own chain of FMAs, and a tile of G x NT of
@@ -69,7 +45,7 @@ __attribute__((target("avx2,fma,f16c"))) void rows_tile(const float* x, int64_t 
     }
     __m256 wv[NT];
     SY_UNROLL
-    for (int t = 0; t < NT; ++t) wv[t] = load8_widened(w + (n + t) * ldw + i);
+    for (int t = 0; t < NT; ++t) wv[t] = load8(w + (n + t) * ldw + i);
     SY_UNROLL
     for (int g = 0; g < G; ++g) {
       const __m256 xv = _mm256_loadu_ps(x + g * k + i);

@@ -15,7 +15,7 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__AVX512F__)
+#if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
@@ -164,6 +164,65 @@ template <typename T>
 inline __m512 silu_times16(__m512 g, __m512 u) {
   const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
   return _mm512_mul_ps(round_to<T>(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e))), u);
+}
+#endif
+
+#if defined(__x86_64__)
+// AVX2 with FMA and F16C, for kernels with a path for x86-64 CPUs without AVX-512 (the build
+// targets no ISA past torch's: such functions carry the target themselves, and their callers
+// check avx2_ready() first).
+#define SY_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+inline bool avx2_ready() {
+  static const bool ready = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                            __builtin_cpu_supports("f16c");
+  return ready;
+}
+
+// 8 values at p widened to fp32.
+SY_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+SY_AVX2 inline __m256 load8(const c10::BFloat16* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+SY_AVX2 inline __m256 load8(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+SY_AVX2 inline float sum8(__m256 v) {
+  const __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  __m128 s = _mm_add_ps(lo, hi);
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+
+SY_AVX2 inline float max8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+
+// e^x for x <= 0 (softmax numerators), within ~2 ulp of std::exp: x = n ln2 + r, |r| <= ln2 / 2,
+// e^r by Cephes' expf polynomial, times 2^n. Below -87 (e^x < 2^-125) it returns ~1.6e-38, which
+// no fp32 sum of numerators (the largest is 1) can tell from 0.
+SY_AVX2 inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  const __m256i scale = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(scale));
 }
 #endif
 
