@@ -23,8 +23,9 @@ constexpr int kRowTile = 8;
 //
 // The next tile's weight rows are fetched into the cache while this tile runs: a decode step's
 // rows are each a few KB, too short for the hardware prefetcher to get ahead of, and at 1-4 rows
-// of x the kernel waits on memory (bench/cpu_matmul.py: a cold weight read at ~8 GB/s without,
-// ~11-16 GB/s with, on the 2-core EPYC; no change from 8 rows on, where the FMAs are the limit).
+// of x the kernel waits on memory (a cold weight read at ~8 GB/s without, 11-16 GB/s with on
+// the 2-core EPYC, bench/moe_cpu.py's second table; no change from 8 rows on, where the FMAs
+// are the limit).
 // A prefetch is a hint: past the weight's end it reads nothing and never faults.
 template <int G, int NT, typename T>
 __attribute__((target("avx2,fma,f16c"))) void rows_tile(const float* x, int64_t k, const T* w,
