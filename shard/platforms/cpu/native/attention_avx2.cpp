@@ -78,23 +78,31 @@ SY_AVX2 float softmax_numerators_avx2(float* s, int64_t n) {
   return sum8(sum);
 }
 
+// acc[r] (16 lanes: two vectors) = sum over i < count of a[r * lda + i] * b[i * ldb .. + 16),
+// for R (<= 4) rows: each loaded pair of b vectors feeds all R rows.
+template <int R>
+SY_AVX2 inline void rows_times_16(const float* a, int64_t lda, const float* b, int64_t ldb,
+                                  int64_t count, __m256 (&acc)[R][2]) {
+  SY_UNROLL
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < count; ++i) {
+    const __m256 b0 = _mm256_loadu_ps(b + i * ldb), b1 = _mm256_loadu_ps(b + i * ldb + 8);
+    SY_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const __m256 ar = _mm256_set1_ps(a[r * lda + i]);
+      acc[r][0] = _mm256_fmadd_ps(ar, b0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(ar, b1, acc[r][1]);
+    }
+  }
+}
+
 // Prefill: scores of R (<= 4) scaled query rows qf [R, dim] against one block of 16 staged keys
 // (kt: [dim][16]) into s [R][n_pad] at the block's columns.
 template <int R>
 SY_AVX2 void score_block_avx2(const float* qf, int64_t dim, const float* kt, float* s,
                               int64_t n_pad) {
   __m256 acc[R][2];
-  SY_UNROLL
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  for (int64_t d = 0; d < dim; ++d) {
-    const __m256 k0 = _mm256_loadu_ps(kt + d * 16), k1 = _mm256_loadu_ps(kt + d * 16 + 8);
-    SY_UNROLL
-    for (int r = 0; r < R; ++r) {
-      const __m256 qd = _mm256_set1_ps(qf[r * dim + d]);
-      acc[r][0] = _mm256_fmadd_ps(qd, k0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(qd, k1, acc[r][1]);
-    }
-  }
+  rows_times_16<R>(qf, dim, kt, 16, dim, acc);
   SY_UNROLL
   for (int r = 0; r < R; ++r) {
     _mm256_storeu_ps(s + r * n_pad, acc[r][0]);
@@ -110,18 +118,7 @@ SY_AVX2 void weigh_block_avx2(const float* p, int64_t n_pad, int64_t a, int64_t 
                               const float* vf, int64_t dim_pad, int64_t dc, int64_t dim,
                               const float* inv, T* const* out) {
   __m256 acc[R][2];
-  SY_UNROLL
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  for (int64_t j = a; j < e; ++j) {
-    const __m256 v0 = _mm256_loadu_ps(vf + j * dim_pad + dc);
-    const __m256 v1 = _mm256_loadu_ps(vf + j * dim_pad + dc + 8);
-    SY_UNROLL
-    for (int r = 0; r < R; ++r) {
-      const __m256 w = _mm256_set1_ps(p[r * n_pad + j]);
-      acc[r][0] = _mm256_fmadd_ps(w, v0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(w, v1, acc[r][1]);
-    }
-  }
+  rows_times_16<R>(p + a, n_pad, vf + a * dim_pad + dc, dim_pad, e - a, acc);
   SY_UNROLL
   for (int r = 0; r < R; ++r) {
     alignas(32) float lanes[16];
