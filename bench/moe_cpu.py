@@ -55,7 +55,7 @@ def experts_table(token_counts: list[int], layers: int, repeats: int) -> None:
                for _ in range(layers)]  # fmt: skip
         weights = [torch.rand(tokens, TOP_K, generator=gen) for _ in range(layers)]
 
-        def run(kwargs: dict, layer: int) -> torch.Tensor:
+        def run(kwargs: dict, layer: int, x=x, weights=weights, ids=ids) -> torch.Tensor:  # type: ignore[no-untyped-def]
             return grouped_moe.grouped_experts(
                 x, w13[layer], w2[layer], weights[layer], ids[layer], "silu", **kwargs
             )

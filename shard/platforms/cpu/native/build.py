@@ -70,6 +70,7 @@ SOURCES = [
     )
 ]
 FUNCTIONS = [
+    "attention_path",
     "paged_decode",
     "paged_prefill",
     "store_kv",
@@ -95,6 +96,9 @@ BF16_DOTS_ENV = "SWITCHYARD_CPU_BF16_DOTS"
 _AVX512_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"]
 # "0": dense bf16 linears keep oneDNN even where the AMX kernel runs (to compare the two).
 AMX_ENV = "SWITCHYARD_CPU_AMX"
+# "0": no AVX2 paths (the rows kernels, the attention kernels' 8-lane arithmetic), read at the
+# first call in a process, no rebuild: how the tests reach what CPUs without AVX2 run.
+AVX2_ENV = "SWITCHYARD_CPU_AVX2"
 # The tile unit (amx_gemm.cpp), where the CPU has it; a compiler that does not know the flags
 # gets a build without them (the tile kernel then reports itself not ready).
 _AMX_FLAGS = ["-mamx-tile", "-mamx-bf16"]
@@ -122,6 +126,13 @@ def paged_decode_kernel() -> Callable[..., torch.Tensor] | None:
     else each scaled score s becomes softcap * tanh(s / softcap), Gemma 2)) -> [B, H, D], all in
     one dtype (fp32, bf16, fp16); None where it cannot be built (logged once)."""
     return _function("paged_decode")
+
+
+def attention_path() -> str | None:
+    """The arithmetic the attention kernels run here ("avx512", "avx2" or "scalar"); None where
+    the kernels cannot be built."""
+    function = _function("attention_path")
+    return None if function is None else function()
 
 
 def paged_prefill_kernel() -> Callable[..., None] | None:
@@ -209,7 +220,7 @@ def rows_linear_kernel() -> Callable[..., torch.Tensor] | None:
     """rows_linear(x [M, K], w [N, K] bf16/fp16 with contiguous rows, bias [N] | None) -> [M, N]
     in x's dtype (rows_gemm.cpp); None where the CPU lacks AVX2, FMA or F16C or the kernels cannot
     be built."""
-    if not {"avx2", "fma", "f16c"} <= _cpu_flags():
+    if not {"avx2", "fma", "f16c"} <= _cpu_flags() or os.environ.get(AVX2_ENV, "1") == "0":
         return None
     return _function("rows_linear")
 
@@ -309,8 +320,9 @@ def _build(isa: str, flags: list[str], capability: str, amx_attempt: bool = Fals
         return None
     log.info(
         "native CPU kernels: paged decode attention, K/V write, LoRA, RMSNorm, SiLU-and-mul, "
-        "rotary, argmax%s (%s)",
+        "rotary, argmax%s (%s; attention arithmetic: %s)",
         ", AMX linear" if module.amx_ready() else "",
         capability,
+        module.attention_path(),
     )
     return module

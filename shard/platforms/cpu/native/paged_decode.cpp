@@ -341,6 +341,18 @@ void check_block_reach(const char* what, const at::Tensor& tables, const at::Ten
 
 }  // namespace
 
+// Which arithmetic the attention kernels run on this CPU and build: "avx512" (the build targets
+// it), "avx2" (attention_avx2.cpp) or "scalar"; for the logs and the tests.
+std::string attention_path() {
+#if defined(__AVX512F__)
+  return "avx512";
+#elif defined(__x86_64__)
+  return avx2_ready() ? "avx2" : "scalar";
+#else
+  return "scalar";
+#endif
+}
+
 // softcap: Gemma 2's attention-logit soft-capping of each scaled score (0: none).
 at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                         const at::Tensor& block_tables, const at::Tensor& context_lens,

@@ -10,7 +10,9 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -170,12 +172,17 @@ inline __m512 silu_times16(__m512 g, __m512 u) {
 #if defined(__x86_64__)
 // AVX2 with FMA and F16C, for kernels with a path for x86-64 CPUs without AVX-512 (the build
 // targets no ISA past torch's: such functions carry the target themselves, and their callers
-// check avx2_ready() first).
+// check avx2_ready() first). SWITCHYARD_CPU_AVX2=0 (build.py's AVX2_ENV) turns those paths off,
+// read once a process: how the tests reach the scalar paths of CPUs without AVX2.
 #define SY_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 inline bool avx2_ready() {
-  static const bool ready = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                            __builtin_cpu_supports("f16c");
+  static const bool ready = [] {
+    const char* setting = std::getenv("SWITCHYARD_CPU_AVX2");
+    return !(setting != nullptr && std::string(setting) == "0") &&
+           __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+  }();
   return ready;
 }
 
