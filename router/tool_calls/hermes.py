@@ -6,7 +6,8 @@
 
 with free whitespace around the JSON; several blocks may follow each other, and text before,
 between or after them is content. A block that is not closed, or whose JSON is not a call, stays
-content as written.
+content as written. An argument may hold `</tool_call>` itself (a model writing about tool
+calls, or code that does): a block ends at the first closer after which its JSON is a call.
 """
 
 from __future__ import annotations
@@ -49,15 +50,22 @@ class HermesParser(ScanParser):
                 pieces.append(text[pos:end])
                 return pieces, end
             pieces.append(text[pos:start])
-            close = text.find(CLOSE, start + len(OPEN))
-            if close < 0:
-                if not final:
+            body = start + len(OPEN)
+            closes = _closers(text, body)
+            for close in closes:
+                call = call_from_object(load_json(text[body:close]))
+                if call is not None:
+                    pos = close + len(CLOSE)
+                    pieces.append(call)
+                    break
+            else:
+                if not final and (not closes or _in_json_string(text, body, closes[0])):
                     return pieces, start  # the block may still close
-                pieces.append(text[start:])  # never closed: content
-                return pieces, len(text)
-            pos = close + len(CLOSE)
-            call = call_from_object(load_json(text[start + len(OPEN) : close]))
-            pieces.append(call if call is not None else text[start:pos])
+                if not closes:
+                    pieces.append(text[start:])  # never closed: content
+                    return pieces, len(text)
+                pos = closes[0] + len(CLOSE)  # not a call: content up to its first closer
+                pieces.append(text[start:pos])
 
     def grammar(self, tools: Sequence[Tool], parallel: bool, marker: MarkerTerm) -> str:
         # Each block as Qwen's chat template shows a call: the JSON on a line of its own.
@@ -70,3 +78,27 @@ class HermesParser(ScanParser):
             )
 
         return lark(calls_rules(tools, call, parallel, separator=literal("\n")))
+
+
+def _closers(text: str, begin: int) -> list[int]:
+    """Where `</tool_call>` occurs in text from begin on."""
+    found = []
+    at = text.find(CLOSE, begin)
+    while at >= 0:
+        found.append(at)
+        at = text.find(CLOSE, at + len(CLOSE))
+    return found
+
+
+def _in_json_string(text: str, begin: int, at: int) -> bool:
+    """Whether position `at` lies inside a JSON string literal of the JSON starting at begin
+    (a closer there is part of an argument whose string has not ended yet)."""
+    inside = escaped = False
+    for char in text[begin:at]:
+        if escaped:
+            escaped = False
+        elif char == "\\" and inside:
+            escaped = True
+        elif char == '"':
+            inside = not inside
+    return inside

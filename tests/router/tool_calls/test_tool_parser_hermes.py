@@ -24,6 +24,16 @@ WHOLE = [
         Parsed("A  B", [ToolCall("f", '{"q": "日本語 🚀", "n": [1, null]}')]),
     ),
     ('<tool_call>{"name": "ping"}</tool_call>', Parsed(None, [ToolCall("ping", "{}")])),
+    # an argument holding the closer itself, plain and between escaped quotes
+    (
+        '<tool_call>{"name": "echo", "arguments": {"text": "a </tool_call> b"}}</tool_call> done',
+        Parsed("done", [ToolCall("echo", '{"text": "a </tool_call> b"}')]),
+    ),
+    (
+        '<tool_call>{"name": "say", "arguments": {"q": "\\"</tool_call>\\""}}</tool_call>'
+        + WEATHER,
+        Parsed(None, [ToolCall("say", '{"q": "\\"</tool_call>\\""}'), WEATHER_CALL]),
+    ),
 ]
 
 MALFORMED = [
@@ -36,6 +46,7 @@ MALFORMED = [
     '<tool_call>{"name": "f", "arguments": {"x": NaN}}</tool_call>',  # not JSON for OpenAI
     "<tool_call",
     "</tool_call> stray closer",
+    '<tool_call>{"name": "f", "arguments": {"s": "x</tool_call>',  # closer inside, never ended
 ]
 
 
