@@ -71,13 +71,18 @@ def _sum_per_token(
     added in ascending expert order, in the terms' dtype (a rounding per add); a choice
     another rank holds adds nothing."""
     tokens, k = topk_ids.shape
-    hidden = terms.shape[-1]
-    flat = terms.new_zeros(tokens * k, hidden).index_copy_(0, order, terms)
-    ascending = topk_ids.argsort(dim=1, stable=True)  # -1 first, its term zero
-    per_token = flat.view(tokens, k, hidden).gather(1, ascending[..., None].expand(-1, -1, hidden))
-    out = terms.new_zeros(tokens, hidden)
+    kept = len(order)
+    # Each flat pair's row in terms, the zero row appended for pairs left out: [T, K] row indices
+    # read one choice at a time, never a [T, K, H] copy (a long prefill's would be the step's
+    # largest transient).
+    place = torch.full((tokens * k,), kept, dtype=torch.long, device=terms.device)
+    place[order] = torch.arange(kept, device=terms.device)
+    padded = torch.cat([terms, terms.new_zeros(1, terms.shape[-1])])
+    ascending = topk_ids.argsort(dim=1, stable=True)  # -1 first, its row the zero one
+    rows = place.view(tokens, k).gather(1, ascending.long())
+    out = terms.new_zeros(tokens, terms.shape[-1])
     for choice in range(k):
-        out = out + per_token[:, choice]
+        out = out + padded.index_select(0, rows[:, choice])
     return out
 
 
