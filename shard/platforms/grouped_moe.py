@@ -79,7 +79,7 @@ def _sum_per_token(
     place[order] = torch.arange(kept, device=terms.device)
     padded = torch.cat([terms, terms.new_zeros(1, terms.shape[-1])])
     ascending = topk_ids.argsort(dim=1, stable=True)  # -1 first, its row the zero one
-    rows = place.view(tokens, k).gather(1, ascending.long())
+    rows = place.view(tokens, k).gather(1, ascending)
     out = terms.new_zeros(tokens, terms.shape[-1])
     for choice in range(k):
         out = out + padded.index_select(0, rows[:, choice])
