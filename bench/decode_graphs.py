@@ -3,15 +3,18 @@ graphs, against the weight-bytes roofline (every weight and each row's K/V read 
 the bandwidth measured here).
 
     python -m bench.decode_graphs [--shapes 1b,7b] [--batches 1,8,32,64] [--context 512]
-                                  [--steps 32] [--out bench/results/decode_graphs]
+                                  [--steps 32] [--sampling greedy,top-p,penalty]
+                                  [--out bench/results/decode_graphs]
     python -m bench.decode_graphs --smoke     # a tiny shape on the CPU: the script runs
 
 Each model is built in process as `python -m shard serve` builds it (shard.startup), on random
 bf16 weights generated on the device (no checkpoint on disk: a 7B one would take minutes to write
 and read back). Each batch size prefills `batch` requests of `--context` random tokens, then
 times `--steps` whole decode steps (forward, sampling, the tokens back on the host) eagerly and
-replayed from the graphs, in one run on the same cache. --smoke replays with the eager stand-in
-for a graph (shard.platforms.cuda.graphs.EagerReplayer): its timings mean nothing.
+replayed from the graphs (their heads sampling inside them), in one run on the same cache,
+for each --sampling: greedy, top-p (temperature 0.8, top_p 0.95) or a repetition penalty.
+--smoke replays with the eager stand-in for a graph (shard.platforms.cuda.graphs.EagerReplayer):
+its timings mean nothing.
 """
 
 from __future__ import annotations
@@ -36,6 +39,13 @@ LLAMA3_ROPE = {
     "low_freq_factor": 1.0,
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 8192,
+}
+# --sampling: the requests' parameters, and the graph head (shard/sampling/graph_heads.py) that
+# holds their steps.
+SAMPLINGS: dict[str, dict[str, Any]] = {
+    "greedy": {"params": {}, "head": "greedy"},
+    "top-p": {"params": {"do_sample": True, "temperature": 0.8, "top_p": 0.95}, "head": "truncate"},
+    "penalty": {"params": {"repetition_penalty": 1.1}, "head": "sample"},
 }
 # config.json of each shape (the published configs' sizes; random weights).
 SHAPES: dict[str, dict[str, Any]] = {
@@ -66,6 +76,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("bench/results/decode_graphs"))
     p.add_argument("--smoke", action="store_true", help="tiny shape, CPU, eager stand-in")
     p.add_argument("--profile", action="store_true", help="torch.profiler at the first batch")
+    p.add_argument(
+        "--sampling",
+        default="greedy",
+        help="the requests' sampling, each a row per batch: " + ",".join(SAMPLINGS),
+    )
     args = p.parse_args(argv)
     if args.smoke:
         args.shapes, args.batches, args.context, args.steps = "tiny", "1,3", 20, 3
@@ -175,11 +190,11 @@ def time_steps(torch, runner, state, steps: int) -> float:  # type: ignore[no-un
     return sorted(times)[len(times) // 2]
 
 
-def time_replay(torch, graphs, batch: int, repeats: int = 20) -> float:  # type: ignore[no-untyped-def]
+def time_replay(torch, graphs, batch: int, head: str, repeats: int = 20) -> float:  # type: ignore[no-untyped-def]
     """Seconds of one replay of `batch`'s graph alone, back to back: what the step runs on the
-    device in its graph (the forward and, for these greedy steps, the logits and the choice
-    where the graphs have the greedy head), without the host's work around it."""
-    graph, _ = graphs.graphs[batch, False, graphs.head is not None]
+    device in its graph (the forward and, where the graphs have heads, the logits and the
+    sampling), without the host's work around it."""
+    graph, _ = graphs.graphs[batch, False, head if graphs.heads is not None else None]
     with torch.inference_mode():  # as the runner replays (the CPU stand-in writes tensors)
         graph.replay()
         sync(torch, graphs.device)
@@ -207,8 +222,7 @@ def profile_steps(torch, runner, state, steps: int = 10) -> None:  # type: ignor
 def measure_shape(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     import torch
 
-    from bench.inprocess import build_shard, prefilled_batch
-    from bench.shard_batches import blocks_per_request
+    from bench.inprocess import build_shard
     from shard.platforms.cuda.graphs import DecodeGraphs
 
     batches = [int(b) for b in args.batches.split(",")]
@@ -222,46 +236,28 @@ def measure_shape(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     runner = svc.runner
     if args.smoke:
         from shard.platforms.cuda.graphs import EagerReplayer
-        from shard.runner import greedy_head
+        from shard.sampling.graph_heads import SamplingHeads
 
         runner.graphs = DecodeGraphs(
-            runner.model, batches, device, replayer=EagerReplayer(), head=greedy_head(runner.model)
-        )
+            runner.model, batches, device, replayer=EagerReplayer(),
+            heads=SamplingHeads(runner.model, runner.block_size),
+        )  # fmt: skip
     runner.decode_path = None  # a GPU has none; on the smoke CPU, compare the module forward
     graphs = runner.graphs
     bandwidth = device_bandwidth(torch, device)
     w_bytes = weight_bytes(runner.model)
-    kv_per_token = runner.model.kv_cache_bytes_per_token()
     rows = []
     for batch in batches:
-        new_tokens = 2 * (args.steps + 3) + 10 * args.profile + 2
-        runner.graphs = graphs
-        state = prefilled_batch(runner, batch, args.context, new_tokens)
-        t0 = time.perf_counter()
-        width = blocks_per_request(args.context, new_tokens, runner.block_size)
-        graph_bytes = runner.capture_graphs(width)
-        capture_s = time.perf_counter() - t0
-        runner.graphs = None
-        eager = time_steps(torch, runner, state, args.steps)
-        runner.graphs = graphs
-        graphed = time_steps(torch, runner, state, args.steps)
-        replay = time_replay(torch, graphs, batch)
-        if args.profile and batch == batches[0]:
-            profile_steps(torch, runner, state)
-        context = args.context + args.steps + 3  # the graphed steps' middle context, about
-        kv_bytes = batch * context * kv_per_token
-        roofline = (w_bytes + kv_bytes) / bandwidth
-        rows.append(
-            dict(
-                shape=name, batch=batch, context=args.context,
-                eager_ms=eager * 1e3, graphs_ms=graphed * 1e3, speedup=eager / graphed,
-                replay_ms=replay * 1e3, host_ms=(graphed - replay) * 1e3,
-                roofline_ms=roofline * 1e3, graphs_vs_roofline=graphed / roofline,
-                eager_vs_roofline=eager / roofline, tokens_per_s=batch / graphed,
-                capture_s=capture_s, graphs_mib=graph_bytes / 2**20,
+        for sampling in args.sampling.split(","):
+            profile = args.profile and not rows  # the first batch's first sampling
+            rows.append(
+                measure_batch(torch, runner, graphs, batch, SAMPLINGS[sampling], args, profile)
             )
-        )  # fmt: skip
-        print(table(rows[-1:], header=not rows[:-1]), flush=True)
+            rows[-1].update(shape=name, sampling=sampling)
+            rows[-1]["roofline_ms"] = 1e3 * (w_bytes + rows[-1].pop("kv_bytes")) / bandwidth
+            for way in ("graphs", "eager"):
+                rows[-1][f"{way}_vs_roofline"] = rows[-1][f"{way}_ms"] / rows[-1]["roofline_ms"]
+            print(table(rows[-1:], header=not rows[:-1]), flush=True)
     runner.free_kv_cache()
     del svc, runner, graphs
     if device.type == "cuda":
@@ -269,9 +265,40 @@ def measure_shape(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+def measure_batch(  # type: ignore[no-untyped-def]
+    torch, runner, graphs, batch: int, sampling: dict, args, profile: bool
+) -> dict[str, Any]:
+    """One batch size with one kind of sampling: eager and graphed steps, the graph alone."""
+    from bench.inprocess import prefilled_batch
+    from bench.shard_batches import blocks_per_request
+
+    new_tokens = 2 * (args.steps + 3) + 10 * args.profile + 2
+    runner.graphs = graphs
+    state = prefilled_batch(runner, batch, args.context, new_tokens, sampling["params"])
+    t0 = time.perf_counter()
+    width = blocks_per_request(args.context, new_tokens, runner.block_size)
+    graph_bytes = runner.capture_graphs(width)
+    capture_s = time.perf_counter() - t0
+    runner.graphs = None
+    eager = time_steps(torch, runner, state, args.steps)
+    runner.graphs = graphs
+    graphed = time_steps(torch, runner, state, args.steps)
+    replay = time_replay(torch, graphs, batch, sampling["head"])
+    if profile:
+        profile_steps(torch, runner, state)
+    context = args.context + args.steps + 3  # the graphed steps' middle context, about
+    return dict(
+        batch=batch, context=args.context,
+        eager_ms=eager * 1e3, graphs_ms=graphed * 1e3, speedup=eager / graphed,
+        replay_ms=replay * 1e3, host_ms=(graphed - replay) * 1e3,
+        kv_bytes=batch * context * runner.model.kv_cache_bytes_per_token(),
+        tokens_per_s=batch / graphed, capture_s=capture_s, graphs_mib=graph_bytes / 2**20,
+    )  # fmt: skip
+
+
 COLUMNS = (
-    ("shape", "{}"), ("batch", "{}"), ("eager_ms", "{:.2f}"), ("graphs_ms", "{:.2f}"),
-    ("speedup", "{:.2f}x"), ("replay_ms", "{:.2f}"), ("host_ms", "{:.2f}"),
+    ("shape", "{}"), ("sampling", "{}"), ("batch", "{}"), ("eager_ms", "{:.2f}"),
+    ("graphs_ms", "{:.2f}"), ("speedup", "{:.2f}x"), ("replay_ms", "{:.2f}"), ("host_ms", "{:.2f}"),
     ("roofline_ms", "{:.2f}"), ("graphs_vs_roofline", "{:.2f}x"),
     ("eager_vs_roofline", "{:.2f}x"), ("tokens_per_s", "{:.0f}"), ("capture_s", "{:.1f}"),
     ("graphs_mib", "{:.0f}"),

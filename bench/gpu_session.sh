@@ -69,9 +69,11 @@ import switchyard_pb.generate_pb2\""
 step issue50_tests 170 "${PYTEST[@]}" -n 4 tests/shard/test_step_host_syncs.py \
     tests/shard/test_steps_ahead.py tests/shard/test_sampling_static.py \
     tests/shard/test_cuda_graphs.py tests/shard/test_server_steps.py \
-    tests/kernels/test_int4_tinygemm.py
+    tests/shard/test_graph_sampling_heads.py tests/kernels/test_int4_tinygemm.py
 step int4_kernels 100 "$PY" bench/int4_kernels_gpu.py
-step decode_graphs_50 150 "$PY" -m bench.decode_graphs --out "$RESULTS"
+# Greedy and top-p steps, sampled inside the graphs (shard/sampling/graph_heads.py).
+step decode_graphs_50 150 "$PY" -m bench.decode_graphs --batches 1,8,64 \
+    --sampling greedy,top-p --out "$RESULTS"
 # Serving on the device with steps queued ahead and without (issue 50, 2 and 3): the
 # SmolLM2-135M shape, random weights, at concurrency 1 and 16 (prepared, not yet run).
 step serve_overlap 260 bash -c "for o in off on; do \

@@ -45,15 +45,20 @@ def build_shard(model_dir: Path, dtype: str, **settings: Any):  # -> TextGenerat
     )
 
 
-def prefilled_batch(runner, batch: int, seq_len: int, decode_steps: int):  # -> shard Batch
+def prefilled_batch(  # type: ignore[no-untyped-def]
+    runner, batch: int, seq_len: int, decode_steps: int, sampling: dict | None = None
+):  # -> shard Batch
     """`batch` requests of `seq_len` prompt tokens, prefilled, with KV room for `decode_steps`
-    more steps (the runner's KV cache is sized for exactly that)."""
+    more steps (the runner's KV cache is sized for exactly that); greedy, or with `sampling`
+    (bench.shard_batches.make_batch)."""
     from shard import wire
     from shard.server import run_warmup_steps
 
     block = runner.block_size
     runner.allocate_kv_cache(cache_tokens_needed(batch, seq_len, decode_steps + 1, block) // block)
-    pb_batch = make_batch(1, batch, seq_len, decode_steps, block, runner.model.vocab_size)
+    pb_batch = make_batch(
+        1, batch, seq_len, decode_steps, block, runner.model.vocab_size, sampling=sampling
+    )
     if runner.compiled:  # the graphs a served shard has compiled at its warmup
         run_warmup_steps(runner, pb_batch)
     state = wire.new_batch(pb_batch, runner.device)[0]

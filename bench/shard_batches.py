@@ -29,8 +29,10 @@ def make_batch(
     block_size: int,
     vocab_size: int,
     seed: int = 0,
+    sampling: dict | None = None,
 ) -> pb.Batch:
-    """`batch` greedy requests of `seq_len` random prompt ids, room for `new_tokens` more each."""
+    """`batch` requests of `seq_len` random prompt ids, room for `new_tokens` more each; greedy,
+    or with these `sampling` parameters (NextTokenChooserParameters' fields)."""
     rng = random.Random(seed)
     per = blocks_per_request(seq_len, new_tokens, block_size)
     requests = []
@@ -46,7 +48,11 @@ def make_batch(
                 # Ids >= 4 skip tiny_models' special tokens (no EOS in the prompt).
                 input_ids=[rng.randrange(4, vocab_size) for _ in range(seq_len)],
                 parameters=pb.NextTokenChooserParameters(
-                    temperature=1.0, top_p=1.0, typical_p=1.0, repetition_penalty=1.0, seed=i
+                    **{
+                        **dict(temperature=1.0, top_p=1.0, typical_p=1.0, repetition_penalty=1.0),
+                        **(sampling or {}),
+                        "seed": i,
+                    }
                 ),
                 stopping_parameters=pb.StoppingCriteriaParameters(
                     max_new_tokens=new_tokens, ignore_eos_token=True

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -24,7 +24,7 @@ from shard.faults import Faults
 from shard.layers.lora import LoraStep
 from shard.platforms.cuda.graphs import DecodeGraphs
 from shard.requests import Generation, Tokens
-from shard.sampling.sampler import SampleOutput, SamplingTensors, greedy_ids, sample
+from shard.sampling.sampler import SampleOutput, SamplingTensors, sample
 from shard.sampling.token_masks import TokenMasks, gather_token_masks
 from shard.step_inputs import (
     HostStep,
@@ -287,8 +287,8 @@ class ModelRunner:
             if self.faults is not None:
                 self.faults.before_forward()
             scores = logits = None
-            greedy = self._greedy_from_graph(batch, inputs, masks, prompt_rows, sampling)
-            if greedy is None:
+            from_graph = self._sampled_from_graph(batch, inputs, masks, prompt_rows, sampling)
+            if from_graph is None:
                 hidden = self._forward(inputs)
                 if prompt_rows is not None:
                     scores = prompt_logprobs.score(self.model, hidden, batch, prompt_rows)
@@ -297,8 +297,8 @@ class ModelRunner:
             raise ForwardFailed(f"{type(err).__name__}: {err}") from err
         forward_done = time.perf_counter_ns()
         sampled = None
-        if greedy is not None:
-            sampled = (greedy, self._agree(greedy))
+        if from_graph is not None:
+            sampled = (from_graph, self._agree(from_graph))
         elif logits is not None and len(inputs.host.sample_rows):
             out = self._sample(logits, batch, inputs, masks, sampling, verifies)
             sampled = (out, self._agree(out))
@@ -308,7 +308,7 @@ class ModelRunner:
             batch.history[inputs.sample_rows, inputs.sample_lens] = sampled[0].next_ids
         return sampled, scores, forward_done
 
-    def _greedy_from_graph(
+    def _sampled_from_graph(
         self,
         batch: Batch,
         inputs: StepInputs,
@@ -316,20 +316,23 @@ class ModelRunner:
         prompt_rows: prompt_logprobs.PromptRows | None,
         sampling: SamplingTensors,
     ) -> SampleOutput | None:
-        """The step's tokens from a decode graph that ends with the greedy choice (the logits
-        and the sampling inside the graph), for a step every row of which samples greedily with
-        nothing else asked of the sampler; None where the step is not such a one."""
+        """The step's tokens from a decode graph that ends with the logits and the sampling
+        (shard/sampling/graph_heads.py), for a step every token of which samples with what a
+        head holds; None where the step is not such a one."""
         graphs = self.graphs
-        if graphs is None or graphs.head is None or masks is not None or prompt_rows is not None:
-            return None
-        flags = sampling.flags
-        if sampling.draws or flags.any_penalty or flags.any_logit_bias or batch.max_top_n:
+        if graphs is None or graphs.heads is None or prompt_rows is not None or batch.max_top_n:
             return None
         # Every token samples (a decode step; verifying rows too, one sample per token), so
         # the graph's per-token answers are the samples, in order.
         if len(inputs.host.sample_rows) != len(inputs.host.token_rows):
             return None
-        got = graphs.replay(inputs.input_ids, inputs.positions, inputs.meta, head=True)
+        history = batch.history
+        if len(inputs.host.sample_rows) < len(batch):
+            history = batch.history[inputs.sample_rows]
+        head = graphs.heads.prepare(sampling, history, inputs.sample_lens, masks)
+        if head is None:
+            return None
+        got = graphs.replay(inputs.input_ids, inputs.positions, inputs.meta, head=head)
         if got is None:
             return None
         return SampleOutput.chosen_only(*got)
@@ -491,17 +494,3 @@ class ModelRunner:
             token = Tokens([int(a[0]) for a in answers], [a[1] for a in answers])
             generations.append(Generation(request.id, token, top, prefill, prefill_top))
         return generations
-
-
-def greedy_head(model) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-    """The end of a greedy decode step as a CUDA graph holds it (shard/platforms/cuda/graphs.py):
-    the logits, each row's greedy token and its logprob, the same operations `sample` runs for
-    a greedy row that asks nothing else of it."""
-
-    def head(hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = model.compute_logits(hidden).float()
-        logprobs = torch.log_softmax(x, dim=-1)
-        ids = greedy_ids(x)
-        return ids, logprobs.gather(1, ids[:, None]).squeeze(1)
-
-    return head

@@ -24,7 +24,8 @@ from shard.platforms.cpu.compiled import CompiledForward, check_supported
 from shard.platforms.cpu.decode_loop import CpuDecodePath
 from shard.platforms.cuda.graphs import DecodeGraphs, buckets_for
 from shard.rank_env import DistributedEnv
-from shard.runner import ModelRunner, greedy_head
+from shard.runner import ModelRunner
+from shard.sampling.graph_heads import SamplingHeads
 from shard.server import ShardIdentity, TextGenerationService
 from shard.settings import DTYPES, ShardSettings
 from shard.steps_ahead import overlap_enabled
@@ -107,7 +108,12 @@ def _build_service(
     else:
         decode_path = CpuDecodePath.build(model, lora.step if lora else None)
     graphs = decode_graphs(
-        model, device, settings.cuda_graphs, lora.step if lora else None, env.world_size
+        model,
+        device,
+        settings.cuda_graphs,
+        lora.step if lora else None,
+        settings.block_size,
+        env.world_size,
     )
     draft = None
     if settings.draft_model is not None:
@@ -168,13 +174,14 @@ def decode_graphs(
     device: torch.device,
     asked: tuple[int, ...] | None,
     lora: LoraStep | None,
+    block_size: int,
     world_size: int = 1,
 ) -> DecodeGraphs | None:
     """The decode steps' CUDA graphs (captured at Warmup), or None where there are none."""
     buckets = buckets_for(device, asked, world_size)
     if not buckets:
         return None
-    return DecodeGraphs(model, buckets, device, lora, head=greedy_head(model))
+    return DecodeGraphs(model, buckets, device, lora, heads=SamplingHeads(model, block_size))
 
 
 def compiled_forward(

@@ -16,6 +16,7 @@ in a model's forward pass) runs inside `guard.paused()`.
 
 from __future__ import annotations
 
+import functools
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -113,3 +114,30 @@ class HostSyncGuard:
     def __exit__(self, *exc) -> None:
         for mode in reversed(self._modes):
             mode.__exit__(*exc)
+
+
+def guard_launches(runner, guard_for, exempt_forward: bool = False) -> list:
+    """Wraps every launch of `runner` in the guard `guard_for()` makes, the model's forward pass
+    paused under it where `exempt_forward` (HostSyncGuard on a CPU); returns the guards."""
+    launch, guards = runner._launch, []
+
+    @functools.wraps(launch)
+    def guarded(*args, **kwargs):
+        guards.append(guard_for())
+        with guards[-1]:
+            return launch(*args, **kwargs)
+
+    def exempt(fn):
+        @functools.wraps(fn)
+        def forward(*args, **kwargs):
+            with guards[-1].paused():
+                return fn(*args, **kwargs)
+
+        return forward
+
+    runner._launch = guarded
+    if exempt_forward:
+        runner.forward = exempt(runner.model)
+        if runner.graphs is not None:
+            runner.graphs.forward = exempt(runner.model)  # read at each replay
+    return guards

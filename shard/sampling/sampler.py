@@ -40,7 +40,12 @@ from shard.platforms import platform_of
 from shard.sampling import random_hash
 from shard.sampling.tensors import SamplingFlags, SamplingTensors
 from shard.sampling.token_masks import TokenMasks, apply_token_masks
-from shard.sampling.truncation import Warpers, candidate_groups, full_width_group
+from shard.sampling.truncation import (
+    CandidateGroup,
+    Warpers,
+    candidate_groups,
+    full_width_group,
+)
 
 # SamplingTensors and SamplingFlags live in tensors.py; callers import them from here too.
 __all__ = ["SampleOutput", "SamplingFlags", "SamplingTensors", "greedy_ids", "sample"]
@@ -108,7 +113,7 @@ def sample(
     batch, vocab = logits.shape
     top_n = max(0, min(max_top_n, vocab))
     history_lens = history_lens.to(device=logits.device, dtype=torch.int64)
-    scores = _apply_penalties(_apply_logit_bias(logits, tensors), tensors, history, history_lens)
+    scores = apply_penalties(apply_logit_bias(logits, tensors), tensors, history, history_lens)
     scores = apply_token_masks(scores, masks, owned=scores is not logits)
     owned = scores is not logits
     # The rows' random streams, for the rows that draw (greedy batches skip some 35 small ops,
@@ -149,7 +154,7 @@ def _sample_dense(
         # log_softmax's normalizer, recovered exactly where x is largest (x - max == 0 there).
         lse = x.gather(1, next_ids[:, None]) - logprobs.gather(1, next_ids[:, None])
         values = x if sampled.shape[0] == rows.shape[0] else x.index_select(0, sampled)
-        picked = _draw(values, lse.squeeze(1)[sampled], keys[rows][sampled])
+        picked = draw(values, lse.squeeze(1)[sampled], keys[rows][sampled])
         next_ids.index_copy_(0, sampled, picked)
 
     chosen = logprobs.gather(1, next_ids[:, None]).squeeze(1)
@@ -200,24 +205,30 @@ def _sample_truncated(
     else:
         groups = candidate_groups(raw, warpers, **used, min_width=max(top_n, flags.max_top_k + 1))
     for group in groups:
-        # Removed candidates are -inf: they drop out of the normalizer and the draw.
-        lse = group.logits.logsumexp(dim=1)
-        logprobs = group.logits - lse[:, None]
-        column = _draw(group.logits, lse, keys[rows][group.rows], group.ids)
-        next_ids = group.ids.gather(1, column[:, None]).squeeze(1)
-        chosen = logprobs.gather(1, column[:, None]).squeeze(1)
-        # Every group is at least top_n wide, so its top_n columns are distinct real tokens.
-        top_logprobs, top_columns = logprobs.topk(top_n, dim=1)
-        yield (
-            group.rows,
-            SampleOutput(next_ids, chosen, group.ids.gather(1, top_columns), top_logprobs),
-        )
+        yield group.rows, sample_group(group, keys[rows][group.rows], top_n)
+
+
+def sample_group(
+    group: CandidateGroup, keys: Tensor, top_n: int, static: bool | None = None
+) -> SampleOutput:
+    """A draw from each row of a truncated group (keys: its rows' random streams); every group
+    is at least top_n wide, so its top_n columns are distinct real tokens."""
+    # Removed candidates are -inf: they drop out of the normalizer and the draw.
+    lse = group.logits.logsumexp(dim=1)
+    logprobs = group.logits - lse[:, None]
+    column = draw(group.logits, lse, keys, group.ids, static)
+    next_ids = group.ids.gather(1, column[:, None]).squeeze(1)
+    chosen = logprobs.gather(1, column[:, None]).squeeze(1)
+    if not top_n:
+        return SampleOutput.chosen_only(next_ids, chosen)
+    top_logprobs, top_columns = logprobs.topk(top_n, dim=1)
+    return SampleOutput(next_ids, chosen, group.ids.gather(1, top_columns), top_logprobs)
 
 
 # --- logit bias and penalties ---------------------------------------------------------------
 
 
-def _apply_logit_bias(logits: Tensor, tensors: SamplingTensors) -> Tensor:
+def apply_logit_bias(logits: Tensor, tensors: SamplingTensors) -> Tensor:
     """logits plus each row's bias on its tokens: logits itself when no row has one, else a
     new tensor. A row's ids are distinct and its padding adds 0.0, so the unordered
     scatter_add gives every rank the same sums."""
@@ -226,7 +237,7 @@ def _apply_logit_bias(logits: Tensor, tensors: SamplingTensors) -> Tensor:
     return logits.scatter_add(1, tensors.bias_ids, tensors.bias_values)
 
 
-def _apply_penalties(
+def apply_penalties(
     logits: Tensor, tensors: SamplingTensors, history: Tensor, history_lens: Tensor
 ) -> Tensor:
     """Repetition, then frequency and presence penalties on every row: logits itself when no
@@ -278,7 +289,13 @@ def _apply_penalties(
 # --- the draw --------------------------------------------------------------------------------
 
 
-def _draw(values: Tensor, lse: Tensor, keys: Tensor, ids: Tensor | None = None) -> Tensor:
+def draw(
+    values: Tensor,
+    lse: Tensor,
+    keys: Tensor,
+    ids: Tensor | None = None,
+    static: bool | None = None,
+) -> Tensor:
     """Column of one sample per row from softmax(values), with counter-based randomness.
 
     values [R, W] logits (-inf = removed), lse [R] their logsumexp, keys [R] the rows' random
@@ -292,6 +309,9 @@ def _draw(values: Tensor, lse: Tensor, keys: Tensor, ids: Tensor | None = None) 
     ~0.05 ms for an exp and a cumulative sum). P(token) = P(part) * P(token | part), and
     every random number is a function of (seed, step, token id or row counter), so the draw
     depends on nothing but the row itself.
+
+    `static`: whether shapes must not depend on the data (default: the platform's
+    `static_shapes`; a captured graph's head asks for it wherever it runs).
     """
     width = values.shape[1]
     head = min(HEAD_SIZE, width)
@@ -306,7 +326,9 @@ def _draw(values: Tensor, lse: Tensor, keys: Tensor, ids: Tensor | None = None) 
     # over [R, V]; the tail's probability is then off by float32 rounding (~1e-6) at most.
     head_mass = (head_vals.double() - lse.double()[:, None]).exp().sum(dim=1)
     choose_tail = _row_uniform(keys, random_hash.ROW_COUNTER) < 1 - head_mass
-    if platform_of(values).static_shapes:
+    if static is None:
+        static = platform_of(values).static_shapes
+    if static:
         # Every row's tail is inverted and the choice is a selection: the same ids, since a
         # row's uniforms depend on its key alone, and no row subset for the host to size.
         target = _row_uniform(keys, random_hash.TAIL_COUNTER)

@@ -1,7 +1,7 @@
 """bench/decode_graphs.py --smoke: the GPU decode-step benchmark's script runs end to end (a tiny
 shape on the CPU, graphs replayed by the eager stand-in), so it does not rot between GPU
 sessions. Its timings mean nothing here; what is checked is that every batch size has its row
-with both timings, and the weight bytes its roofline counts."""
+for each kind of sampling, with both timings, and the weight bytes its roofline counts."""
 
 from __future__ import annotations
 
@@ -15,14 +15,18 @@ from bench.decode_graphs import SHAPES, checkpoint_shapes, hf_config
 
 def test_smoke_run_prints_a_row_per_batch_with_both_timings(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "bench.decode_graphs", "--smoke", "--out", str(tmp_path)],
+        [sys.executable, "-m", "bench.decode_graphs", "--smoke", "--out", str(tmp_path),
+         "--sampling", "greedy,top-p,penalty"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     for batch in (1, 3):
-        row = re.search(rf"^\| tiny \| {batch} \| ([\d.]+) \| ([\d.]+) \|", done.stdout, re.M)
-        assert row, done.stdout
-        assert float(row.group(1)) > 0 and float(row.group(2)) > 0
+        for sampling in ("greedy", "top-p", "penalty"):
+            row = re.search(
+                rf"^\| tiny \| {sampling} \| {batch} \| ([\d.]+) \| ([\d.]+) \|", done.stdout, re.M
+            )
+            assert row, done.stdout
+            assert float(row.group(1)) > 0 and float(row.group(2)) > 0
     assert list(tmp_path.glob("decode_graphs-*.json"))
 
 

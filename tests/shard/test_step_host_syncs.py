@@ -16,8 +16,6 @@ gives are those of the same schedule served without the guard and with the CPU's
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
@@ -27,7 +25,7 @@ from shard.platforms.cuda.graphs import DecodeGraphs, EagerReplayer
 from shard.settings import ShardSettings
 from shard.startup import build_service
 from switchyard_pb import generate_pb2 as pb
-from tests.host_sync_guard import HostSyncError, HostSyncGuard
+from tests.host_sync_guard import HostSyncError, HostSyncGuard, guard_launches
 from tests.shard.servicer_helpers import BlockPool, FakeContext, assert_same_tokens, run
 
 CUDA = torch.cuda.is_available()
@@ -124,39 +122,12 @@ def _serve(svc, speculate: bool = True) -> dict[int, list[tuple[int, float, list
     return got
 
 
-def _guard_launches(runner, guard_for, exempt_forward: bool = False) -> list:
-    """Wraps every launch of `runner` in the guard `guard_for()` makes, the model's forward pass
-    paused under it where `exempt_forward` (HostSyncGuard on a CPU); returns the guards."""
-    launch, guards = runner._launch, []
-
-    @functools.wraps(launch)
-    def guarded(*args, **kwargs):
-        guards.append(guard_for())
-        with guards[-1]:
-            return launch(*args, **kwargs)
-
-    def exempt(fn):
-        @functools.wraps(fn)
-        def forward(*args, **kwargs):
-            with guards[-1].paused():
-                return fn(*args, **kwargs)
-
-        return forward
-
-    runner._launch = guarded
-    if exempt_forward:
-        runner.forward = exempt(runner.model)
-        if runner.graphs is not None:
-            runner.graphs.forward = exempt(runner.model)  # read at each replay
-    return guards
-
-
 @pytest.mark.parametrize("graphs", ["off", "eager"])
 def test_a_launch_reads_nothing_of_the_device(servicer_model_dir, graphs, monkeypatch):
     want = _serve(_service(servicer_model_dir, graphs))
     monkeypatch.setattr(platform_of(torch.device("cpu")), "static_shapes", True)
     svc = _service(servicer_model_dir, graphs)
-    guards = _guard_launches(svc.runner, HostSyncGuard, exempt_forward=True)
+    guards = guard_launches(svc.runner, HostSyncGuard, exempt_forward=True)
     assert_same_tokens(_serve(svc), want)
     assert len(guards) == 2 + 3 + 4 + 2  # every step ran under the guard
     if graphs == "eager":
@@ -173,7 +144,7 @@ def test_the_guard_catches_a_read_in_a_launch(servicer_model_dir, monkeypatch):
         return sample(logits, *args)
 
     monkeypatch.setattr(shard.runner, "sample", reads_the_device)
-    _guard_launches(svc.runner, HostSyncGuard, exempt_forward=True)
+    guard_launches(svc.runner, HostSyncGuard, exempt_forward=True)
     with pytest.raises(HostSyncError, match="Tensor.tolist"):
         svc.runner._launch(*_one_launch(svc))
 
@@ -213,7 +184,7 @@ def test_no_cuda_synchronisation_in_a_launch(servicer_model_dir, graphs, overlap
         def __exit__(self, *exc):
             torch.cuda.set_sync_debug_mode("default")
 
-    guards = _guard_launches(svc.runner, SyncDebugError)
+    guards = guard_launches(svc.runner, SyncDebugError)
     assert_same_tokens(_serve(svc, speculate), want)
     if overlap == "off":
         assert len(guards) == 2 + 3 + 4 + 2

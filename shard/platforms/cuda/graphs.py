@@ -11,11 +11,12 @@ How:
 - A decode step of B rows replays the smallest bucket >= B: its inputs are copied into the
   buffers, the rows past B are padding (token 0 at position 0, writing its K/V into block 0,
   which the router never hands out, and attending over that one slot), and the first B rows of
-  the graph's output are the step's hidden states. Logits and sampling run eagerly after it,
-  but for greedy steps: with a `head` (the logits and the greedy choice, shard/runner.py's
-  `greedy_head`), each bucket has a second graph that ends with each row's token and its
-  logprob, for steps whose rows all choose greedily with nothing else asked of the sampler
-  (no penalty, bias, grammar mask or alternatives).
+  the graph's output are the step's hidden states. With `heads` (shard/sampling/graph_heads.py:
+  the logits and the sampling, from static buffers of each row's parameters), each bucket has
+  one more graph per head, which ends with each row's token and its logprob: greedy steps,
+  sampled ones (bias, penalties, grammar masks, temperature, seeds) and truncated ones
+  (top-k, top-p, min-p) then replay whole, and only the steps no head holds (alternatives,
+  typical-p, prompt logprobs) sample eagerly after the forward pass's graph.
 - Steps with prompt tokens, more rows than the largest bucket or a wider block table run
   eagerly; so do steps whose tokens use adapters when the LoRA terms are the torch ones (their
   grouping is built on the host). With the Triton LoRA kernels each bucket has a second graph
@@ -139,9 +140,21 @@ class EagerReplayer:
         return 0
 
 
+class Heads(Protocol):
+    """What ends some graphs of each bucket after the forward pass (SamplingHeads)."""
+
+    @property
+    def names(self) -> tuple[str, ...]: ...
+
+    def allocate(self, rows: int, block_table_width: int, device: torch.device) -> None:
+        """Static inputs of the heads for up to `rows` rows, before they are captured."""
+
+    def head(self, name: str) -> Callable[[torch.Tensor], tuple[torch.Tensor, ...]]: ...
+
+
 class DecodeGraphs:
     """Callable as `replay(input_ids, positions, meta)` -> hidden [B, hidden] or None (the step
-    is not one a graph holds: run it eagerly); with `head=True`, the head's outputs' first B
+    is not one a graph holds: run it eagerly); with `head=name`, that head's outputs' first B
     rows instead."""
 
     def __init__(
@@ -151,7 +164,7 @@ class DecodeGraphs:
         device: torch.device,
         lora: LoraStep | None = None,
         replayer: Replayer | None = None,
-        head: Callable[[torch.Tensor], tuple[torch.Tensor, ...]] | None = None,
+        heads: Heads | None = None,
     ) -> None:
         if not buckets:
             raise ValueError("DecodeGraphs needs at least one bucket")
@@ -160,9 +173,9 @@ class DecodeGraphs:
         self.device = device
         self.lora = lora
         self.replayer = replayer
-        self.head = head
-        # (bucket, with the LoRA terms, with the head) -> the graph and its output
-        self.graphs: dict[tuple[int, bool, bool], tuple[Graph, Output]] = {}
+        self.heads = heads
+        # (bucket, with the LoRA terms, the head or None) -> the graph and its output
+        self.graphs: dict[tuple[int, bool, str | None], tuple[Graph, Output]] = {}
         self.block_table_width = 0
         self.memory_bytes = 0  # what the last capture took
 
@@ -190,12 +203,16 @@ class DecodeGraphs:
         self.block_tables = torch.zeros(n, width, dtype=torch.int32, device=device)
         self.context_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.token_slots = torch.full((n,), -1, dtype=torch.int32, device=device)
+        heads: tuple[str | None, ...] = (None,)
+        if self.heads is not None:
+            self.heads.allocate(n, width, device)
+            heads += self.heads.names
         try:
             for size in reversed(self.sizes):
                 for with_lora in (False, True) if self.captures_lora else (False,):
-                    for with_head in (False, True) if self.head is not None else (False,):
-                        self.graphs[size, with_lora, with_head] = replayer.capture(
-                            lambda s=size, w=with_lora, h=with_head: self._run(s, kv_caches, w, h)
+                    for head in heads:
+                        self.graphs[size, with_lora, head] = replayer.capture(
+                            lambda s=size, w=with_lora, h=head: self._run(s, kv_caches, w, h)
                         )
         finally:
             if self.lora is not None:
@@ -205,12 +222,12 @@ class DecodeGraphs:
             "CUDA graphs: decode captured for batch sizes %s%s (%.1f MiB)",
             ",".join(map(str, self.sizes)),
             (" with and without LoRA" if self.captures_lora else "")
-            + (", each also with the greedy head" if self.head is not None else ""),
+            + (f", each also with heads {'/'.join(map(str, heads[1:]))}" if heads[1:] else ""),
             self.memory_bytes / 2**20,
         )
 
     def _run(
-        self, size: int, kv_caches: list[torch.Tensor], with_lora: bool, with_head: bool = False
+        self, size: int, kv_caches: list[torch.Tensor], with_lora: bool, head: str | None = None
     ) -> Output:
         lora = self.lora
         if lora is not None:
@@ -227,9 +244,9 @@ class DecodeGraphs:
             captured=True,
         )
         hidden = self.forward(self.input_ids[:size], self.positions[:size], kv_caches, meta)
-        if with_head:
-            assert self.head is not None
-            return self.head(hidden)
+        if head is not None:
+            assert self.heads is not None
+            return self.heads.head(head)(hidden)
         return hidden
 
     def release(self) -> None:
@@ -244,11 +261,15 @@ class DecodeGraphs:
     # -- replay --------------------------------------------------------------------------
 
     def replay(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: object, head: bool = False
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: object,
+        head: str | None = None,
     ) -> Output | None:
         if not self.graphs or not isinstance(meta, AttentionMetadata) or meta.is_prefill:
             return None
-        if head and self.head is None:
+        if head is not None and (self.heads is None or head not in self.heads.names):
             return None
         rows, width = meta.block_tables.shape
         if rows > self.max_size or width > self.block_table_width:
