@@ -287,7 +287,9 @@ class ModelRunner:
             if self.faults is not None:
                 self.faults.before_forward()
             scores = logits = None
-            from_graph = self._sampled_from_graph(batch, inputs, masks, prompt_rows, sampling)
+            from_graph = self._sampled_from_graph(
+                batch, inputs, masks, prompt_rows, sampling, verifies
+            )
             if from_graph is None:
                 hidden = self._forward(inputs)
                 if prompt_rows is not None:
@@ -315,6 +317,7 @@ class ModelRunner:
         masks: TokenMasks | None,
         prompt_rows: prompt_logprobs.PromptRows | None,
         sampling: SamplingTensors,
+        verifies: bool,
     ) -> SampleOutput | None:
         """The step's tokens from a decode graph that ends with the logits and the sampling
         (shard/sampling/graph_heads.py), for a step every token of which samples with what a
@@ -326,10 +329,9 @@ class ModelRunner:
         # the graph's per-token answers are the samples, in order.
         if len(inputs.host.sample_rows) != len(inputs.host.token_rows):
             return None
-        history = batch.history
-        if len(inputs.host.sample_rows) < len(batch):
-            history = batch.history[inputs.sample_rows]
-        head = graphs.heads.prepare(sampling, history, inputs.sample_lens, masks)
+        head = graphs.heads.prepare(
+            sampling, self._sample_history(batch, inputs, verifies), inputs.sample_lens, masks
+        )
         if head is None:
             return None
         got = graphs.replay(inputs.input_ids, inputs.positions, inputs.meta, head=head)
@@ -398,10 +400,15 @@ class ModelRunner:
     ) -> SampleOutput:
         """Samples one token for each of the step's samples (`sampling`: their parameters), on
         the device."""
-        history = batch.history
-        if verifies or len(inputs.host.sample_rows) < len(batch):
-            history = batch.history[inputs.sample_rows]
+        history = self._sample_history(batch, inputs, verifies)
         return sample(logits, sampling, history, inputs.sample_lens, batch.max_top_n, masks)
+
+    @staticmethod
+    def _sample_history(batch: Batch, inputs: StepInputs, verifies: bool) -> torch.Tensor:
+        """The history each sample follows: its row's (a row verifying proposals has several)."""
+        if verifies or len(inputs.host.sample_rows) < len(batch):
+            return batch.history[inputs.sample_rows]
+        return batch.history
 
     def _agree(self, out: SampleOutput) -> torch.Tensor | None:
         """With several shards, rank 0's ids replace this rank's in `out`; returns this rank's

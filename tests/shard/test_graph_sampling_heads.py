@@ -79,9 +79,12 @@ def _mask(step: int, vocab: int) -> bytes:
     return words.to(torch.int32).numpy().tobytes()
 
 
-def _serve(svc, params: list[dict]) -> dict[int, list[tuple[int, float]]]:
+def _serve(
+    svc, params: list[dict], proposals: list[dict[int, list[int]]] = ()
+) -> dict[int, list[tuple[int, float]]]:
     """Requests with these sampling parameters (and top_n_tokens, constrained) prefilled,
-    decoded 4 steps, the second dropped, 3 more steps: each request's (id, logprob)s."""
+    decoded 4 steps, the second dropped, 3 more steps, then a step verifying each of
+    `proposals` (by request id): each request's (id, logprob)s."""
     pool = BlockPool(30, seed=3)
     vocab = svc.runner.model.vocab_size
     got: dict[int, list[tuple[int, float]]] = {}
@@ -107,7 +110,9 @@ def _serve(svc, params: list[dict]) -> dict[int, list[tuple[int, float]]]:
 
     def record(resp) -> pb.CachedBatch:
         for g in resp.generations:
-            got.setdefault(g.request_id, []).append((g.tokens.ids[0], g.tokens.logprobs[0]))
+            got.setdefault(g.request_id, []).extend(
+                zip(g.tokens.ids, g.tokens.logprobs, strict=True)
+            )
         return resp.batch
 
     alive = set(range(len(params)))
@@ -121,6 +126,11 @@ def _serve(svc, params: list[dict]) -> dict[int, list[tuple[int, float]]]:
         for _ in range(4 if keep is None else 3):
             step = pb.DecodeRequest(batches=[batch], token_masks=masks(alive))
             batch = record(run(svc.Decode(step, FakeContext())))
+    for proposed in proposals:
+        step = pb.DecodeRequest(
+            batches=[batch], proposals={rid: pb.Proposal(ids=ids) for rid, ids in proposed.items()}
+        )
+        batch = record(run(svc.Decode(step, FakeContext())))
     return got
 
 
@@ -230,3 +240,16 @@ def test_a_step_no_head_can_hold_samples_eagerly():
     assert heads.prepare(_sampling(2, logit_bias=wide_bias), history, lens, None) is None
     long = torch.zeros(2, 2 * 4 + 2, dtype=torch.int64)
     assert heads.prepare(_sampling(2, repetition_penalty=1.1), long, lens, None) is None
+
+
+def test_steps_verifying_proposals_sample_inside_the_graph(servicer_model_dir, monkeypatch):
+    """A step verifying proposals samples once per token (shard/speculation.py), each sample
+    with its row's parameters and history: a penalised, a seeded and a top-k row."""
+    monkeypatch.setattr(platform_of(torch.device("cpu")), "static_shapes", True)
+    params = [{"repetition_penalty": 1.2}, SAMPLED, {**SAMPLED, "top_k": 4, "seed": 6}]
+    proposals = [{0: [5], 2: [9]}, {0: [7, 8]}]  # 4, then 3 samples: buckets 4 and 4
+    want = _serve(_service(servicer_model_dir, "off"), [dict(p) for p in params], proposals)
+    svc = _service(servicer_model_dir, "eager")
+    got = _serve(svc, [dict(p) for p in params], proposals)
+    assert got == want
+    assert svc.runner.graphs.heads_used == Counter({"truncate": 4 + 3 + 2})
