@@ -24,6 +24,11 @@ stale draft K/V there, which costs that request acceptance, never correctness.
 The guesses' own K/V (all but the last guess's) are written past the row's known tokens; those
 of guesses the target then accepts are kept (the tokens there are the ones the draft saw), the
 others are overwritten by the next draft phase.
+
+With CUDA graphs (`--cuda-graphs`), the draft has decode graphs of its own, bucketed as the
+target's and captured with them, each ending with the guess (`GuessHead`): a phase's one-token
+steps, and its first pass when that is one token a row, replay them; the first pass over
+several tokens a row runs eagerly.
 """
 
 from __future__ import annotations
@@ -35,8 +40,32 @@ import torch
 
 from shard.batch import Batch
 from shard.distributed import Distributed
+from shard.platforms.cuda.graphs import DecodeGraphs
 from shard.sampling.sampler import greedy_ids
 from shard.step_inputs import build_step_inputs, upload
+
+GUESS = "guess"
+
+
+class GuessHead:
+    """The end of the draft's decode graphs (shard/platforms/cuda/graphs.py's `Heads`): each
+    token's greedy guess among the target's tokens."""
+
+    names = (GUESS,)
+
+    def __init__(self, model: torch.nn.Module, vocab_size: int) -> None:
+        self.model = model
+        self.vocab_size = vocab_size
+
+    def allocate(self, rows: int, block_table_width: int, device: torch.device) -> None:
+        """Nothing to hold: the guess reads the hidden states alone."""
+
+    def head(self, name: str):  # type: ignore[no-untyped-def]
+        return lambda hidden: (self.guess(hidden),)
+
+    def guess(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.model.compute_logits(hidden)
+        return greedy_ids(logits[:, : self.vocab_size].float())
 
 
 class DraftModel:
@@ -49,6 +78,7 @@ class DraftModel:
         model_id: str,
         vocab_size: int,  # the target's: guesses past it could not be verified
         decode_path=None,  # the draft's decode steps another way where it applies (CPU)
+        graph_sizes: tuple[int, ...] = (),  # the target's decode graph buckets (none: eager)
     ) -> None:
         self.model = model
         self.dist = dist
@@ -57,6 +87,10 @@ class DraftModel:
         self.model_id = model_id
         self.vocab_size = vocab_size
         self.decode_path = decode_path
+        self.head = GuessHead(model, vocab_size)
+        self.graphs = None
+        if graph_sizes:
+            self.graphs = DecodeGraphs(model, graph_sizes, device, heads=self.head)
         self.kv_caches: list[torch.Tensor] | None = None
 
     def kv_cache_bytes_per_token(self) -> int:
@@ -67,7 +101,17 @@ class DraftModel:
         self.kv_caches = self.model.allocate_kv_cache(num_blocks, self.block_size)
 
     def free_kv_cache(self) -> None:
+        if self.graphs is not None:
+            self.graphs.release()  # they write into the cache
         self.kv_caches = None
+
+    def capture_graphs(self, block_table_width: int) -> int:
+        """The draft's decode graphs against its current cache (ModelRunner.capture_graphs);
+        the memory they took."""
+        if self.graphs is None:
+            return 0
+        self.graphs.capture(self._caches(), block_table_width)
+        return self.graphs.memory_bytes
 
     @torch.inference_mode()
     def propose(
@@ -154,14 +198,20 @@ class DraftModel:
         lengths; each row that reaches its view's history length gets its greedy next token
         written into the history there."""
         inputs = build_step_inputs(view, q_lens, view.cache_lens, self.device)
-        forward = self.model
-        if self.decode_path is not None and self.decode_path.applies(inputs.meta):
-            forward = self.decode_path
-        hidden = forward(inputs.input_ids, inputs.positions, caches, inputs.meta)
+        got = None
+        if self.graphs is not None:  # a guess for every token, the K/V of each written
+            got = self.graphs.replay(inputs.input_ids, inputs.positions, inputs.meta, head=GUESS)
+        if got is None:
+            forward = self.model
+            if self.decode_path is not None and self.decode_path.applies(inputs.meta):
+                forward = self.decode_path
+            hidden = forward(inputs.input_ids, inputs.positions, caches, inputs.meta)
         if not len(inputs.host.sample_rows):
             return
-        logits = self.model.compute_logits(hidden[inputs.sample_index])
-        ids = greedy_ids(logits[:, : self.vocab_size].float())
+        if got is not None:
+            ids = got[0][inputs.sample_index]
+        else:
+            ids = self.head.guess(hidden[inputs.sample_index])
         if self.dist.world_size > 1:
             self.dist.broadcast(ids, src=0)  # the ranks' guesses agree by construction
         view.history[inputs.sample_rows, inputs.sample_lens] = ids

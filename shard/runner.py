@@ -151,7 +151,8 @@ class ModelRunner:
         if self.graphs is None:
             return 0
         self.graphs.capture(self._caches(), block_table_width)
-        return self.graphs.memory_bytes
+        draft = self.draft.capture_graphs(block_table_width) if self.draft is not None else 0
+        return self.graphs.memory_bytes + draft
 
     # -- the step ----------------------------------------------------------------------
 

@@ -117,7 +117,8 @@ def _build_service(
     )
     draft = None
     if settings.draft_model is not None:
-        draft = load_draft(settings, model, dist, device, attention)
+        sizes = graphs.sizes if graphs is not None else ()
+        draft = load_draft(settings, model, dist, device, attention, sizes)
     runner = ModelRunner(
         model, dist, device, settings.block_size, lora.step if lora else None, forward,
         decode_path, graphs, draft,
@@ -145,11 +146,17 @@ def _build_service(
 
 
 def load_draft(
-    settings: ShardSettings, model: torch.nn.Module, dist, device: torch.device, attention: str
+    settings: ShardSettings,
+    model: torch.nn.Module,
+    dist,
+    device: torch.device,
+    attention: str,
+    graph_sizes: tuple[int, ...] = (),
 ) -> DraftModel:
     """--draft-model: loaded as the model is, sharded over the same ranks; its own checkpoint
     decides its quantization and, under --dtype auto, its dtype (an int4 draft beside a bf16 or
-    fp16 model takes the platform's int4 activation dtype)."""
+    fp16 model takes the platform's int4 activation dtype); with decode graphs of the model's
+    buckets (`graph_sizes`) where the model has them."""
     assert settings.draft_model is not None
     draft_dir = Path(settings.draft_model)
     if settings.dtype == "auto":
@@ -165,7 +172,7 @@ def load_draft(
         )
     return DraftModel(
         draft, dist, device, settings.block_size, str(draft_dir), model.vocab_size,
-        CpuDecodePath.build(draft, None),
+        CpuDecodePath.build(draft, None), graph_sizes,
     )  # fmt: skip
 
 

@@ -45,7 +45,9 @@ PARAMS = {
 }
 
 
-def _service(model_dir, draft_dir=None):
+def _service(model_dir, draft_dir=None, graphs: bool = False):
+    """A warmed servicer; with `graphs`, the model's and the draft's decode graphs replayed by
+    the CPU's stand-in (EagerReplayer), their replays counted in `replays`."""
     settings = ShardSettings(
         model_id=str(model_dir),
         uds_path="/unused",
@@ -53,9 +55,42 @@ def _service(model_dir, draft_dir=None):
         draft_model=None if draft_dir is None else str(draft_dir),
     )
     service = build_service(settings)
+    if graphs:
+        _stand_in_graphs(service.runner)
     warmup = pb.WarmupRequest(max_batch_total_tokens=4096, max_total_tokens=80)
     run(service.Warmup(warmup, FakeContext()))
     return service
+
+
+GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32)
+
+
+def _stand_in_graphs(runner) -> None:
+    """What startup builds with --cuda-graphs on a GPU (DecodeGraphs for the model with its
+    sampling heads, for the draft with its guess), replayed by the CPU's stand-in."""
+    from collections import Counter
+
+    from shard.platforms.cuda.graphs import DecodeGraphs, EagerReplayer
+    from shard.sampling.graph_heads import SamplingHeads
+
+    runner.decode_path = runner.draft.decode_path = None  # the CPU's own decode loops
+    runner.graphs = DecodeGraphs(
+        runner.model, GRAPH_BUCKETS, runner.device, None, EagerReplayer(),
+        heads=SamplingHeads(runner.model, runner.block_size),
+    )  # fmt: skip
+    runner.draft.graphs = DecodeGraphs(
+        runner.draft.model, GRAPH_BUCKETS, runner.device, None, EagerReplayer(),
+        heads=runner.draft.head,
+    )  # fmt: skip
+    runner.replays = Counter()
+    for name, graphs in (("model", runner.graphs), ("draft", runner.draft.graphs)):
+
+        def counted(*args, head=None, replay=graphs.replay, name=name):
+            out = replay(*args, head=head)
+            runner.replays[name, head] += out is not None
+            return out
+
+        graphs.replay = counted
 
 
 @pytest.fixture(scope="module")
@@ -261,6 +296,24 @@ def test_draft_guesses_verified_give_the_tokens_of_plain_steps(
     elif draft == "layer-skip":
         assert 0 < accepted < proposed
     assert d.accepted[2] == d.proposed[2] > 0  # the plain run's tokens, all right
+
+
+def test_draft_steps_replayed_from_graphs_guess_as_eager_ones(
+    servicer_model_dir, drafts, reference
+):
+    """With decode graphs (as --cuda-graphs builds them on a GPU): the draft's one-token steps
+    replay its graphs, which end with the guess; the guesses are still the draft's greedy
+    continuation and the tokens the plain steps' (the model's verify steps replaying its
+    graphs too)."""
+    svc = _service(servicer_model_dir, drafts["layer-skip"], graphs=True)
+    d = Driver(svc, speculate=True, pause_every=3, reference=reference)
+    assert_same_tokens(_serve(d), reference, atol=1e-4)
+    for rid, known, guesses in d.guessed:
+        assert guesses == _draft_greedy(drafts["layer-skip"], known, len(guesses)), (rid, known)
+    replays = svc.runner.replays
+    assert replays["draft", "guess"] > 0
+    # The requests ask for alternatives: the model's graphs replay the forward pass alone.
+    assert replays["model", None] > 0
 
 
 def test_draft_tokens_need_a_draft_model(servicer_model_dir, drafts):
