@@ -324,21 +324,24 @@ class ModelRunner:
         (shard/sampling/graph_heads.py), for a step every token of which samples with what a
         head holds; None where the step is not such a one."""
         graphs = self.graphs
-        if graphs is None or graphs.heads is None or prompt_rows is not None or batch.max_top_n:
+        if graphs is None or graphs.heads is None or prompt_rows is not None:
             return None
         # Every token samples (a decode step; verifying rows too, one sample per token), so
         # the graph's per-token answers are the samples, in order.
         if len(inputs.host.sample_rows) != len(inputs.host.token_rows):
             return None
-        head = graphs.heads.prepare(
-            sampling, self._sample_history(batch, inputs, verifies), inputs.sample_lens, masks
-        )
+        history = self._sample_history(batch, inputs, verifies)
+        top_n = batch.max_top_n
+        head = graphs.heads.prepare(sampling, history, inputs.sample_lens, masks, top_n)
         if head is None:
             return None
         got = graphs.replay(inputs.input_ids, inputs.positions, inputs.meta, head=head)
         if got is None:
             return None
-        return SampleOutput.chosen_only(*got)
+        if len(got) == 2 or not top_n:  # no alternatives asked: no columns to copy back
+            return SampleOutput.chosen_only(*got[:2])
+        ids, chosen, top_ids, top_logprobs = got
+        return SampleOutput(ids, chosen, top_ids[:, :top_n], top_logprobs[:, :top_n])
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         """The step's final hidden states: from a CUDA graph where one holds the step, the CPU

@@ -116,6 +116,17 @@ class HostSyncGuard:
             mode.__exit__(*exc)
 
 
+class CudaSyncGuard:
+    """torch's own sync debug mode on a CUDA device: an error on every synchronisation."""
+
+    def __enter__(self) -> None:
+        torch.cuda.synchronize()  # what came before is not the guarded code's
+        torch.cuda.set_sync_debug_mode("error")
+
+    def __exit__(self, *exc) -> None:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 def guard_launches(runner, guard_for, exempt_forward: bool = False) -> list:
     """Wraps every launch of `runner` in the guard `guard_for()` makes, the model's forward pass
     paused under it where `exempt_forward` (HostSyncGuard on a CPU); returns the guards."""

@@ -19,9 +19,13 @@ The heads:
   splits them. It is a head of its own because the sort of every row costs more than
   everything else in it.
 
-A step runs its graph's forward pass and samples eagerly where no head holds it: alternatives
-(top_n_tokens), typical-p (a second sort of the vocabulary, and rare), prompt logprobs, a logit
-bias wider than BIAS_WIDTH, a history wider than the graphs' block tables.
+"sample" and "truncate" also give each row's TOP_N most likely tokens (alternatives,
+`top_n_tokens`), which a graph needs at a fixed width: steps asking for up to TOP_N replay
+them, and a greedy step asking for alternatives takes "sample".
+
+A step runs its graph's forward pass and samples eagerly where no head holds it: more than
+TOP_N alternatives, typical-p (a second sort of the vocabulary, and rare), prompt logprobs, a
+logit bias wider than BIAS_WIDTH, a history wider than the graphs' block tables.
 """
 
 from __future__ import annotations
@@ -51,6 +55,9 @@ NAMES = (GREEDY, SAMPLE, TRUNCATE)
 # A row's logit_bias entries a head holds: the OpenAI route's limit
 # (router/api/openai.py: MAX_LOGIT_BIAS_TOKENS); a wider row samples eagerly.
 BIAS_WIDTH = 1024
+# Alternatives the sampling heads give each row: the router's default --max-top-n-tokens
+# (router/validation.py: MAX_TOP_N_TOKENS); steps asking for more sample eagerly.
+TOP_N = 5
 
 # Every stage on: the heads apply each to every row, with neutral values where a row has none.
 _EVERY_STAGE = SamplingFlags(
@@ -113,8 +120,9 @@ class SamplingHeads:
         self.rows = rows
         self._filled, self._masked = None, False
 
-    def head(self, name: str) -> Callable[[Tensor], tuple[Tensor, Tensor]]:
-        """The captured function of one head: hidden [n, H] -> (ids [n], logprobs [n])."""
+    def head(self, name: str) -> Callable[[Tensor], tuple[Tensor, ...]]:
+        """The captured function of one head: hidden [n, H] -> (ids [n], logprobs [n]) and,
+        but for "greedy", (top ids [n, TOP_N], top logprobs [n, TOP_N])."""
         if name == GREEDY:
             return self.greedy
         return lambda hidden: self.sample(hidden, truncate=name == TRUNCATE)
@@ -127,14 +135,17 @@ class SamplingHeads:
         history: Tensor,
         history_lens: Tensor,
         masks: TokenMasks | None,
+        top_n: int = 0,
     ) -> str | None:
         """The head that holds a step whose rows sample once each with `sampling`, from
-        `history` [B, L] (`history_lens` [B] long each), within `masks`; its buffers filled
-        from them (device copies, nothing read back). None: no head holds it."""
+        `history` [B, L] (`history_lens` [B] long each), within `masks`, `top_n` alternatives
+        at most; its buffers filled from them (device copies, nothing read back). None: no
+        head holds it."""
         flags = sampling.flags
-        if flags.any_typical or not 0 < len(sampling) <= self.rows:
+        if flags.any_typical or top_n > TOP_N or not 0 < len(sampling) <= self.rows:
             return None
-        if not (sampling.draws or flags.any_penalty or flags.any_logit_bias or masks is not None):
+        plain = not (sampling.draws or flags.any_penalty or flags.any_logit_bias or top_n)
+        if plain and masks is None:
             return GREEDY
         host = sampling.host
         if host.bias_ids.shape[1] > BIAS_WIDTH or history.shape[1] > self.history.shape[1]:
@@ -177,9 +188,10 @@ class SamplingHeads:
         ids = greedy_ids(x)
         return ids, logprobs.gather(1, ids[:, None]).squeeze(1)
 
-    def sample(self, hidden: Tensor, truncate: bool) -> tuple[Tensor, Tensor]:
+    def sample(self, hidden: Tensor, truncate: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Every row through bias, penalties, mask, temperature and the draw (and with
-        `truncate`, top-k/top-p/min-p), its buffers' parameters deciding what each does."""
+        `truncate`, top-k/top-p/min-p), its buffers' parameters deciding what each does; each
+        row's token, its logprob and its TOP_N alternatives."""
         n = hidden.shape[0]
         p = SimpleNamespace(
             **{name: buffer[:n] for name, buffer in self.params.items()}, flags=_EVERY_STAGE
@@ -199,8 +211,9 @@ class SamplingHeads:
         lse = (x.gather(1, best) - logprobs.gather(1, best)).squeeze(1)
         ids = torch.where(p.do_sample, draw(x, lse, keys, static=True), best.squeeze(1))
         chosen = logprobs.gather(1, ids[:, None]).squeeze(1)
+        top_logprobs, top_ids = logprobs.topk(min(TOP_N, logprobs.shape[1]), dim=-1)
         if not truncate:
-            return ids, chosen
+            return ids, chosen, top_ids, top_logprobs
 
         # As sample()'s truncated rows, on whole sorted rows; the others' parameters made
         # neutral, so that nothing in their (discarded) answers can fail.
@@ -214,7 +227,10 @@ class SamplingHeads:
             min_p=torch.where(truncates, p.min_p, 0.0),
         )
         group = full_width_group(scores, warpers, top_k=True, top_p=True, typical=False, min_p=True)
-        cut = sample_group(group, keys, 0, static=True)
-        return torch.where(truncates, cut.next_ids, ids), torch.where(
-            truncates, cut.logprobs, chosen
+        cut = sample_group(group, keys, top_ids.shape[1], static=True)
+        return (
+            torch.where(truncates, cut.next_ids, ids),
+            torch.where(truncates, cut.logprobs, chosen),
+            torch.where(truncates[:, None], cut.top_ids, top_ids),
+            torch.where(truncates[:, None], cut.top_logprobs, top_logprobs),
         )

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from shard.platforms import platform_of
+
 BITS_PER_WORD = 32
 
 
@@ -66,11 +68,17 @@ def gather_token_masks(
         packed.append(mask)
     if not rows:
         return None
-    width = max(len(m) for m in packed)
-    words = torch.zeros((len(packed), width // 4), dtype=torch.int32)
+    count, width = len(rows), max(len(m) for m in packed) // 4
+    # The rows and the words in one host buffer, uploaded in one copy the host does not wait
+    # for where the platform pins it (as a step's other inputs, shard/step_inputs.py).
+    platform = platform_of(device)
+    buffer = platform.host_buffer(count * (1 + width), torch.int32)
+    buffer[:count] = torch.tensor(rows, dtype=torch.int32)
+    words = buffer[count:].view(count, width).zero_()
     for i, mask in enumerate(packed):
         words[i, : len(mask) // 4] = torch.frombuffer(bytearray(mask), dtype=torch.int32)
-    return TokenMasks(torch.tensor(rows, dtype=torch.int64, device=device), words.to(device))
+    on_device = platform.upload(buffer, device)
+    return TokenMasks(on_device[:count].long(), on_device[count:].view(count, width))
 
 
 def apply_token_masks(scores: Tensor, masks: TokenMasks | None, owned: bool) -> Tensor:

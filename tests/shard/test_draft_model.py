@@ -312,8 +312,9 @@ def test_draft_steps_replayed_from_graphs_guess_as_eager_ones(
         assert guesses == _draft_greedy(drafts["layer-skip"], known, len(guesses)), (rid, known)
     replays = svc.runner.replays
     assert replays["draft", "guess"] > 0
-    # The requests ask for alternatives: the model's graphs replay the forward pass alone.
-    assert replays["model", None] > 0
+    # The model's steps (alternatives asked, seeded, penalised and constrained rows) sample
+    # inside its graphs.
+    assert replays["model", "sample"] > 0
 
 
 def test_draft_tokens_need_a_draft_model(servicer_model_dir, drafts):

@@ -1,14 +1,15 @@
 """Decode steps replayed with their logits and sampling inside the graph
 (shard/sampling/graph_heads.py, replayed by shard/platforms/cuda/graphs.py) give the tokens and
 logprobs of the eager sampler with a GPU's static shapes, for every kind of row a head holds:
-greedy, seeded temperature, top-k/top-p/min-p, penalties, a logit bias, a grammar's masks, and
-batches that mix them; steps no head holds (alternatives, typical-p) replay the forward pass
-alone and sample eagerly, as before. Choosing a head and filling its buffers reads nothing of
-the device (HostSyncGuard around every launch, as tests/shard/test_step_host_syncs.py does).
+greedy, seeded temperature, top-k/top-p/min-p, penalties, a logit bias, a grammar's masks,
+alternatives, and batches that mix them; steps no head holds (more than TOP_N alternatives,
+typical-p) replay the forward pass alone and sample eagerly, as before. Choosing a head and
+filling its buffers reads nothing of the device (HostSyncGuard around every launch, as
+tests/shard/test_step_host_syncs.py does).
 
 On a CPU the graphs are `EagerReplayer`'s (the captured function run again on the same static
-buffers); the real CUDA graphs run in tests/shard/test_cuda_graphs.py and
-tests/shard/test_step_host_syncs.py on a GPU, where startup gives every decode graph its heads.
+buffers); on a GPU the same cases replay startup's real CUDA graphs, under torch's sync debug
+mode.
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ import torch
 
 from shard.platforms import platform_of
 from shard.platforms.cuda.graphs import DecodeGraphs, EagerReplayer
-from shard.sampling.graph_heads import BIAS_WIDTH, SamplingHeads
+from shard.sampling.graph_heads import BIAS_WIDTH, TOP_N, SamplingHeads
 from shard.sampling.params import SamplingParams
 from shard.sampling.sampler import SamplingTensors
 from shard.settings import ShardSettings
 from shard.startup import build_service
 from switchyard_pb import generate_pb2 as pb
-from tests.host_sync_guard import HostSyncGuard, guard_launches
+from tests.host_sync_guard import CudaSyncGuard, HostSyncGuard, guard_launches
 from tests.shard.servicer_helpers import BlockPool, FakeContext, run
 
 BUCKETS = (1, 2, 4)
@@ -110,9 +111,11 @@ def _serve(
 
     def record(resp) -> pb.CachedBatch:
         for g in resp.generations:
-            got.setdefault(g.request_id, []).extend(
-                zip(g.tokens.ids, g.tokens.logprobs, strict=True)
-            )
+            for i, (token, logprob) in enumerate(zip(g.tokens.ids, g.tokens.logprobs, strict=True)):
+                top = g.top_tokens[i] if g.top_tokens else pb.Tokens()
+                # (id, logprob), then the alternatives' (ids, logprobs)
+                entry = [(token, logprob), *zip(top.ids, top.logprobs, strict=True)]
+                got.setdefault(g.request_id, []).append(entry)
         return resp.batch
 
     alive = set(range(len(params)))
@@ -165,12 +168,17 @@ CASES = {
     "a mixed batch": (
         [
             {"repetition_penalty": 1.2, "constrained": True},
-            {"do_sample": True, "top_k": 3, "top_p": 0.9, "seed": 9},
+            {"do_sample": True, "top_k": 3, "top_p": 0.9, "seed": 9, "top_n_tokens": 4},
             {**SAMPLED, "frequency_penalty": 0.4, "logit_bias": {7: 1.0}},
         ],
         {"truncate": 4, "sample": 3},
     ),
-    "alternatives": ([{}, {"top_n_tokens": 2}, {}], {"greedy": 3}),
+    # A greedy row asking for alternatives takes "sample"; more than TOP_N, no head.
+    "alternatives": ([{}, {"top_n_tokens": 2}, {"top_n_tokens": 5}], {"sample": 7}),
+    "more alternatives than a head gives": (
+        [{}, {"top_n_tokens": TOP_N + 1}, {}],
+        {"greedy": 3},
+    ),
     "typical-p": ([{}, {"do_sample": True, "typical_p": 0.9, "seed": 4}, {}], {"greedy": 3}),
 }
 
@@ -195,21 +203,28 @@ def test_decode_steps_sample_inside_the_graph_as_the_eager_sampler_does(
     params, heads = CASES[case]
     want = _serve(_service(servicer_model_dir, "off"), [dict(p) for p in params])
     svc = _service(servicer_model_dir, graphs)
-    if graphs == "eager":  # on a GPU, the capture itself refuses what would read the device
-        guards = guard_launches(svc.runner, HostSyncGuard, exempt_forward=True)
-    got = _serve(svc, [dict(p) for p in params])
     if graphs == "eager":
-        assert len(guards) == 1 + 7
+        guards = guard_launches(svc.runner, HostSyncGuard, exempt_forward=True)
+    else:
+        guards = guard_launches(svc.runner, CudaSyncGuard)
+    got = _serve(svc, [dict(p) for p in params])
+    assert len(guards) == 1 + 7
+    _assert_same(got, want)
+    assert svc.runner.graphs.heads_used == Counter(heads)
+
+
+def _assert_same(got: dict, want: dict) -> None:
+    """The same ids (chosen and alternatives) and logprobs within float32 rounding."""
     assert got.keys() == want.keys()
     for rid in want:
-        assert [t for t, _ in got[rid]] == [t for t, _ in want[rid]], rid
+        ids = [[t for t, _ in entry] for entry in got[rid]]
+        assert ids == [[t for t, _ in entry] for entry in want[rid]], rid
         torch.testing.assert_close(
-            torch.tensor([lp for _, lp in got[rid]]),
-            torch.tensor([lp for _, lp in want[rid]]),
+            torch.tensor([lp for entry in got[rid] for _, lp in entry]),
+            torch.tensor([lp for entry in want[rid] for _, lp in entry]),
             atol=1e-5,
             rtol=0,
         )
-    assert svc.runner.graphs.heads_used == Counter(heads)
 
 
 class _Model:
@@ -234,6 +249,8 @@ def test_a_step_no_head_can_hold_samples_eagerly():
     assert heads.prepare(_sampling(2, **sampled), history, lens, None) == "sample"
     assert heads.prepare(_sampling(2, **sampled, top_p=0.5), history, lens, None) == "truncate"
     # more rows than the buffers, typical-p, a bias or a history wider than they hold
+    assert heads.prepare(_sampling(2), history, lens, None, top_n=TOP_N) == "sample"
+    assert heads.prepare(_sampling(2), history, lens, None, top_n=TOP_N + 1) is None
     assert heads.prepare(_sampling(5, **sampled), history, lens, None) is None
     assert heads.prepare(_sampling(2, **sampled, typical_p=0.5), history, lens, None) is None
     wide_bias = [(i, 1.0) for i in range(BIAS_WIDTH + 1)]
@@ -251,5 +268,5 @@ def test_steps_verifying_proposals_sample_inside_the_graph(servicer_model_dir, m
     want = _serve(_service(servicer_model_dir, "off"), [dict(p) for p in params], proposals)
     svc = _service(servicer_model_dir, "eager")
     got = _serve(svc, [dict(p) for p in params], proposals)
-    assert got == want
+    _assert_same(got, want)
     assert svc.runner.graphs.heads_used == Counter({"truncate": 4 + 3 + 2})

@@ -25,7 +25,7 @@ from shard.platforms.cuda.graphs import DecodeGraphs, EagerReplayer
 from shard.settings import ShardSettings
 from shard.startup import build_service
 from switchyard_pb import generate_pb2 as pb
-from tests.host_sync_guard import HostSyncError, HostSyncGuard, guard_launches
+from tests.host_sync_guard import CudaSyncGuard, HostSyncError, HostSyncGuard, guard_launches
 from tests.shard.servicer_helpers import BlockPool, FakeContext, assert_same_tokens, run
 
 CUDA = torch.cuda.is_available()
@@ -176,15 +176,7 @@ def test_no_cuda_synchronisation_in_a_launch(servicer_model_dir, graphs, overlap
     want = _serve(_service(servicer_model_dir, graphs), speculate)
     svc = _service(servicer_model_dir, graphs, overlap)
 
-    class SyncDebugError:
-        def __enter__(self):
-            torch.cuda.synchronize()  # what came before is not the launch's
-            torch.cuda.set_sync_debug_mode("error")
-
-        def __exit__(self, *exc):
-            torch.cuda.set_sync_debug_mode("default")
-
-    guards = guard_launches(svc.runner, SyncDebugError)
+    guards = guard_launches(svc.runner, CudaSyncGuard)
     assert_same_tokens(_serve(svc, speculate), want)
     if overlap == "off":
         assert len(guards) == 2 + 3 + 4 + 2
