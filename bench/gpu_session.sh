@@ -81,10 +81,16 @@ step serve_overlap 260 bash -c "for o in off on; do \
     --ignore-eos --concurrency 1 16 --switchyard-args \"--overlap-schedule \$o\" \
     --out \"$RESULTS/serve_\$o\" | tail -6; done"
 # Speculative decoding on the device (issue 49): verify steps (k + 1 decode rows a row, in the
-# decode graphs' buckets and the greedy graph head) and the draft model's phase equal the plain
-# steps, with LoRA too.
+# decode graphs' buckets and their sampling heads) and the draft model's phase (its own
+# decode graphs) equal the plain steps, with LoRA too.
 step speculation_tests 150 "${PYTEST[@]}" tests/shard/test_speculative_verify.py \
     tests/shard/test_draft_model.py tests/shard/test_speculative_lora.py
+# Its benchmark on the device (issue 49, 5): n-gram speculation against none, one run. The
+# real demo model cannot be carried (over the 64 MiB the device tool brings), so this is the
+# random-weight SmolLM2 shape: its ratios show what a verify step costs against a plain one,
+# not the acceptance of real text.
+step speculative_bench 200 "$PY" -m bench.speculative --random-weights --concurrency 1 4 \
+    --workloads grounded chat --num-prompts 4 --max-tokens 128 --out "$RESULTS"
 # The model seam's and MoE's GPU points first (issues 45 and 46): soft-capped prefill/decode,
 # partial/longrope rotary, whole new-architecture models with Triton, the fused MoE kernel
 # compiled and captured in a CUDA graph, MoE models in decode graphs; then its benchmark.

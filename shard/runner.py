@@ -239,8 +239,11 @@ class ModelRunner:
         sampling = batch.sampling
         if drafts is not None or len(sample_rows) < len(batch):
             sampling = batch.sampling.index(inputs.host.sample_rows)
+        # The longest history a sample sees (the penalties' reach): the one after the step's
+        # last position; read here, on the host's plan, for the graphs' sampling heads.
+        longest = int(inputs.host.positions.max()) + 1 if sampling.flags.any_penalty else 0
         sampled, scores, forward_done = self._launch(
-            batch, inputs, masks, prompt_rows, sampling, drafts is not None
+            batch, inputs, masks, prompt_rows, sampling, drafts is not None, longest
         )
         in_flight = InFlight(sample_rows, sampled, prompt_rows, scores, start, forward_done, drafts)
         # cache_lens + q_lens but for a row recomputed from 0, whose cache now ends where its
@@ -277,6 +280,7 @@ class ModelRunner:
         prompt_rows: prompt_logprobs.PromptRows | None,
         sampling: SamplingTensors,
         verifies: bool = False,
+        longest: int = 0,
     ) -> tuple[Sampled | None, prompt_logprobs.PromptScoresOnDevice | None, int]:
         """Queues the step on the device: the forward pass, the logits, the prompt tokens'
         scores, the sampling and each sampled token written into the device history. Nothing
@@ -289,7 +293,7 @@ class ModelRunner:
                 self.faults.before_forward()
             scores = logits = None
             from_graph = self._sampled_from_graph(
-                batch, inputs, masks, prompt_rows, sampling, verifies
+                batch, inputs, masks, prompt_rows, sampling, verifies, longest
             )
             if from_graph is None:
                 hidden = self._forward(inputs)
@@ -319,6 +323,7 @@ class ModelRunner:
         prompt_rows: prompt_logprobs.PromptRows | None,
         sampling: SamplingTensors,
         verifies: bool,
+        longest: int,
     ) -> SampleOutput | None:
         """The step's tokens from a decode graph that ends with the logits and the sampling
         (shard/sampling/graph_heads.py), for a step every token of which samples with what a
@@ -332,7 +337,7 @@ class ModelRunner:
             return None
         history = self._sample_history(batch, inputs, verifies)
         top_n = batch.max_top_n
-        head = graphs.heads.prepare(sampling, history, inputs.sample_lens, masks, top_n)
+        head = graphs.heads.prepare(sampling, history, inputs.sample_lens, masks, top_n, longest)
         if head is None:
             return None
         got = graphs.replay(inputs.input_ids, inputs.positions, inputs.meta, head=head)

@@ -25,7 +25,7 @@ them, and a greedy step asking for alternatives takes "sample".
 
 A step runs its graph's forward pass and samples eagerly where no head holds it: more than
 TOP_N alternatives, typical-p (a second sort of the vocabulary, and rare), prompt logprobs, a
-logit bias wider than BIAS_WIDTH, a history wider than the graphs' block tables.
+logit bias wider than BIAS_WIDTH, penalties over a history longer than HISTORY_WIDTH.
 """
 
 from __future__ import annotations
@@ -58,6 +58,10 @@ BIAS_WIDTH = 1024
 # Alternatives the sampling heads give each row: the router's default --max-top-n-tokens
 # (router/validation.py: MAX_TOP_N_TOKENS); steps asking for more sample eagerly.
 TOP_N = 5
+# History positions the penalties see inside a graph: every sampling head runs them over
+# this width each step, penalties or not, so it is bounded rather than the longest request
+# (a 128k context would hold ~0.5 GB of buffers and temporaries in each bucket's graphs).
+HISTORY_WIDTH = 16384
 
 # Every stage on: the heads apply each to every row, with neutral values where a row has none.
 _EVERY_STAGE = SamplingFlags(
@@ -111,9 +115,8 @@ class SamplingHeads:
         }
         self.params["bias_ids"] = torch.zeros(rows, BIAS_WIDTH, dtype=torch.int64, device=device)
         self.params["bias_values"] = torch.zeros(rows, BIAS_WIDTH, device=device)
-        self.history = torch.zeros(
-            rows, block_table_width * self.block_size + 1, dtype=torch.int64, device=device
-        )
+        width = min(block_table_width * self.block_size + 1, HISTORY_WIDTH)
+        self.history = torch.zeros(rows, width, dtype=torch.int64, device=device)
         self.history_lens = torch.zeros(rows, dtype=torch.int64, device=device)
         words = -(-vocab // BITS_PER_WORD)
         self.words = torch.full((rows, words), -1, dtype=torch.int32, device=device)
@@ -136,11 +139,12 @@ class SamplingHeads:
         history_lens: Tensor,
         masks: TokenMasks | None,
         top_n: int = 0,
+        longest: int = 0,
     ) -> str | None:
         """The head that holds a step whose rows sample once each with `sampling`, from
-        `history` [B, L] (`history_lens` [B] long each), within `masks`, `top_n` alternatives
-        at most; its buffers filled from them (device copies, nothing read back). None: no
-        head holds it."""
+        `history` [B, L] (`history_lens` [B] long each, `longest` at most: the host's count,
+        needed with penalties), within `masks`, `top_n` alternatives at most; its buffers
+        filled from them (device copies, nothing read back). None: no head holds it."""
         flags = sampling.flags
         if flags.any_typical or top_n > TOP_N or not 0 < len(sampling) <= self.rows:
             return None
@@ -148,13 +152,14 @@ class SamplingHeads:
         if plain and masks is None:
             return GREEDY
         host = sampling.host
-        if host.bias_ids.shape[1] > BIAS_WIDTH or history.shape[1] > self.history.shape[1]:
+        longest = min(longest, history.shape[1])
+        if host.bias_ids.shape[1] > BIAS_WIDTH or longest > self.history.shape[1]:
             return None
         rows = len(sampling)
         if sampling is not self._filled:  # a new batch composition: its parameters, once
             self._fill_params(sampling)
         if flags.any_penalty:  # otherwise the penalties leave every row alone, whatever it holds
-            self.history[:rows, : history.shape[1]].copy_(history)
+            self.history[:rows, :longest].copy_(history[:, :longest])
         self.history_lens[:rows].copy_(history_lens)
         if masks is not None or self._masked:
             self.words.fill_(-1)  # every token allowed, for the rows without a mask

@@ -21,7 +21,7 @@ import torch
 
 from shard.platforms import platform_of
 from shard.platforms.cuda.graphs import DecodeGraphs, EagerReplayer
-from shard.sampling.graph_heads import BIAS_WIDTH, TOP_N, SamplingHeads
+from shard.sampling.graph_heads import BIAS_WIDTH, HISTORY_WIDTH, TOP_N, SamplingHeads
 from shard.sampling.params import SamplingParams
 from shard.sampling.sampler import SamplingTensors
 from shard.settings import ShardSettings
@@ -255,8 +255,15 @@ def test_a_step_no_head_can_hold_samples_eagerly():
     assert heads.prepare(_sampling(2, **sampled, typical_p=0.5), history, lens, None) is None
     wide_bias = [(i, 1.0) for i in range(BIAS_WIDTH + 1)]
     assert heads.prepare(_sampling(2, logit_bias=wide_bias), history, lens, None) is None
-    long = torch.zeros(2, 2 * 4 + 2, dtype=torch.int64)
-    assert heads.prepare(_sampling(2, repetition_penalty=1.1), long, lens, None) is None
+    # Penalties need the history a head holds (2 blocks of 4 here, and at most HISTORY_WIDTH);
+    # the rest of a row's reservation past what the step's samples see does not count.
+    wide = torch.zeros(2, 2 * 4 + 2, dtype=torch.int64)
+    penalised = _sampling(2, repetition_penalty=1.1)
+    assert heads.prepare(penalised, wide, lens, None, longest=2 * 4 + 2) is None
+    assert heads.prepare(penalised, wide, lens, None, longest=3) == "sample"
+    huge = SamplingHeads(_Model(), block_size=16)
+    huge.allocate(1, block_table_width=8192, device=torch.device("cpu"))
+    assert huge.history.shape[1] == HISTORY_WIDTH
 
 
 def test_steps_verifying_proposals_sample_inside_the_graph(servicer_model_dir, monkeypatch):
