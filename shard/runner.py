@@ -335,7 +335,9 @@ class ModelRunner:
         # the graph's per-token answers are the samples, in order.
         if len(inputs.host.sample_rows) != len(inputs.host.token_rows):
             return None
-        history = self._sample_history(batch, inputs, verifies)
+        history = batch.history  # read by the heads for the penalties alone
+        if sampling.flags.any_penalty:
+            history = self._sample_history(batch, inputs, verifies)
         top_n = batch.max_top_n
         head = graphs.heads.prepare(sampling, history, inputs.sample_lens, masks, top_n, longest)
         if head is None:
