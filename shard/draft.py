@@ -57,8 +57,8 @@ class GuessHead:
         self.model = model
         self.vocab_size = vocab_size
 
-    def allocate(self, rows: int, block_table_width: int, device: torch.device) -> None:
-        """Nothing to hold: the guess reads the hidden states alone."""
+    def allocate(self, rows: int, block_table_width: int, device: torch.device, top_n: int) -> None:
+        """Nothing to hold: the guess reads the hidden states alone (no alternatives)."""
 
     def head(self, name: str):  # type: ignore[no-untyped-def]
         return lambda hidden: (self.guess(hidden),)

@@ -24,6 +24,7 @@ from shard.faults import Faults
 from shard.layers.lora import LoraStep
 from shard.platforms.cuda.graphs import DecodeGraphs
 from shard.requests import Generation, Tokens
+from shard.sampling.graph_heads import DEFAULT_TOP_N
 from shard.sampling.sampler import SampleOutput, SamplingTensors, sample
 from shard.sampling.token_masks import TokenMasks, gather_token_masks
 from shard.step_inputs import (
@@ -145,12 +146,13 @@ class ModelRunner:
         return self.model.kv_cache_bytes_per_token() + draft
 
     @torch.inference_mode()
-    def capture_graphs(self, block_table_width: int) -> int:
+    def capture_graphs(self, block_table_width: int, top_n: int = DEFAULT_TOP_N) -> int:
         """Captures the decode graphs against the current KV cache, for requests whose block
-        tables are at most `block_table_width` wide; returns the memory they took (0: none)."""
+        tables are at most `block_table_width` wide and that ask for `top_n` alternatives at
+        most (more sample eagerly); returns the memory they took (0: none)."""
         if self.graphs is None:
             return 0
-        self.graphs.capture(self._caches(), block_table_width)
+        self.graphs.capture(self._caches(), block_table_width, top_n)
         draft = self.draft.capture_graphs(block_table_width) if self.draft is not None else 0
         return self.graphs.memory_bytes + draft
 

@@ -28,6 +28,7 @@ from shard.platforms.cuda.graphs import block_table_width
 from shard.request_checks import CacheShape, check_distinct, check_new_requests
 from shard.requests import NewRequest
 from shard.runner import ForwardFailed, ModelRunner, StepTimings
+from shard.sampling.graph_heads import DEFAULT_TOP_N
 from shard.sockets import shard_url
 from shard.steps_ahead import StepsAhead
 from switchyard_pb import generate_pb2, generate_pb2_grpc
@@ -357,7 +358,9 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             # cache, is set aside before the real cache takes the rest; then they are captured
             # again against the real one.
             width = graph_table_width(request.max_total_tokens, runner)
-            graphs_bytes = runner.capture_graphs(width)
+            # The warmup batch asks for the most alternatives the router allows.
+            top_n = max((r.top_n_tokens for r in request.batch.requests), default=DEFAULT_TOP_N)
+            graphs_bytes = runner.capture_graphs(width, top_n)
             runner.free_kv_cache()  # the warmup cache and those graphs
             gc.collect()
             platform_of(runner.device).release_cached_memory(runner.device)
@@ -369,7 +372,7 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
                 reserved_bytes=graphs_bytes,
             )
             runner.allocate_kv_cache(num_blocks)
-            runner.capture_graphs(width)
+            runner.capture_graphs(width, top_n)
             log.info("KV cache: %d blocks of %d tokens", num_blocks, runner.block_size)
             runner.faults = self.faults
             return generate_pb2.WarmupResponse(

@@ -19,13 +19,15 @@ The heads:
   splits them. It is a head of its own because the sort of every row costs more than
   everything else in it.
 
-"sample" and "truncate" also give each row's TOP_N most likely tokens (alternatives,
-`top_n_tokens`), which a graph needs at a fixed width: steps asking for up to TOP_N replay
-them, and a greedy step asking for alternatives takes "sample".
+"sample" and "truncate" also give each row's most likely tokens (alternatives,
+`top_n_tokens`) at a width fixed at capture: the most the router allows (its Warmup batch asks
+for them), so every step asking for alternatives replays them, and a greedy step asking for
+some takes "sample".
 
-A step runs its graph's forward pass and samples eagerly where no head holds it: more than
-TOP_N alternatives, typical-p (a second sort of the vocabulary, and rare), prompt logprobs, a
-logit bias wider than BIAS_WIDTH, penalties over a history longer than HISTORY_WIDTH.
+A step runs its graph's forward pass and samples eagerly where no head holds it: more
+alternatives than the heads were captured for, typical-p (a second sort of the vocabulary, and
+rare), prompt logprobs, a logit bias wider than BIAS_WIDTH, penalties over a history longer
+than HISTORY_WIDTH.
 """
 
 from __future__ import annotations
@@ -55,9 +57,9 @@ NAMES = (GREEDY, SAMPLE, TRUNCATE)
 # A row's logit_bias entries a head holds: the OpenAI route's limit
 # (router/api/openai.py: MAX_LOGIT_BIAS_TOKENS); a wider row samples eagerly.
 BIAS_WIDTH = 1024
-# Alternatives the sampling heads give each row: the router's default --max-top-n-tokens
-# (router/validation.py: MAX_TOP_N_TOKENS); steps asking for more sample eagerly.
-TOP_N = 5
+# Alternatives the sampling heads give each row when Warmup does not say (its batch empty): the
+# router's default --max-top-n-tokens (router/validation.py: MAX_TOP_N_TOKENS).
+DEFAULT_TOP_N = 5
 # History positions the penalties see inside a graph: every sampling head runs them over
 # this width each step, penalties or not, so it is bounded rather than the longest request
 # (a 128k context would hold ~0.5 GB of buffers and temporaries in each bucket's graphs).
@@ -99,6 +101,7 @@ class SamplingHeads:
         self.model = model
         self.block_size = block_size
         self.rows = 0  # allocated for (0: not yet)
+        self.top_n = 0  # alternatives the sampling heads give each row
         self._filled: SamplingTensors | None = None  # whose parameters the buffers hold
         self._masked = False  # whether some row's mask is in `words`
 
@@ -106,9 +109,13 @@ class SamplingHeads:
     def names(self) -> tuple[str, ...]:
         return NAMES
 
-    def allocate(self, rows: int, block_table_width: int, device: torch.device) -> None:
-        """Buffers for up to `rows` rows whose histories fit block tables this wide."""
+    def allocate(
+        self, rows: int, block_table_width: int, device: torch.device, top_n: int = 0
+    ) -> None:
+        """Buffers for up to `rows` rows whose histories fit block tables this wide, and heads
+        giving `top_n` alternatives (fixed until the next capture)."""
         vocab = self.model.vocab_size
+        self.top_n = min(top_n, vocab)
         self.params = {
             name: torch.full((rows,), value, dtype=dtype, device=device)
             for name, (dtype, value) in _NEUTRAL.items()
@@ -125,7 +132,7 @@ class SamplingHeads:
 
     def head(self, name: str) -> Callable[[Tensor], tuple[Tensor, ...]]:
         """The captured function of one head: hidden [n, H] -> (ids [n], logprobs [n]) and,
-        but for "greedy", (top ids [n, TOP_N], top logprobs [n, TOP_N])."""
+        but for "greedy", (top ids [n, top_n], top logprobs [n, top_n])."""
         if name == GREEDY:
             return self.greedy
         return lambda hidden: self.sample(hidden, truncate=name == TRUNCATE)
@@ -146,7 +153,7 @@ class SamplingHeads:
         needed with penalties), within `masks`, `top_n` alternatives at most; its buffers
         filled from them (device copies, nothing read back). None: no head holds it."""
         flags = sampling.flags
-        if flags.any_typical or top_n > TOP_N or not 0 < len(sampling) <= self.rows:
+        if flags.any_typical or top_n > self.top_n or not 0 < len(sampling) <= self.rows:
             return None
         plain = not (sampling.draws or flags.any_penalty or flags.any_logit_bias or top_n)
         if plain and masks is None:
@@ -196,7 +203,7 @@ class SamplingHeads:
     def sample(self, hidden: Tensor, truncate: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Every row through bias, penalties, mask, temperature and the draw (and with
         `truncate`, top-k/top-p/min-p), its buffers' parameters deciding what each does; each
-        row's token, its logprob and its TOP_N alternatives."""
+        row's token, its logprob and its `top_n` alternatives."""
         n = hidden.shape[0]
         p = SimpleNamespace(
             **{name: buffer[:n] for name, buffer in self.params.items()}, flags=_EVERY_STAGE
@@ -216,7 +223,7 @@ class SamplingHeads:
         lse = (x.gather(1, best) - logprobs.gather(1, best)).squeeze(1)
         ids = torch.where(p.do_sample, draw(x, lse, keys, static=True), best.squeeze(1))
         chosen = logprobs.gather(1, ids[:, None]).squeeze(1)
-        top_logprobs, top_ids = logprobs.topk(min(TOP_N, logprobs.shape[1]), dim=-1)
+        top_logprobs, top_ids = logprobs.topk(self.top_n, dim=-1)
         if not truncate:
             return ids, chosen, top_ids, top_logprobs
 

@@ -2,7 +2,7 @@
 (shard/sampling/graph_heads.py, replayed by shard/platforms/cuda/graphs.py) give the tokens and
 logprobs of the eager sampler with a GPU's static shapes, for every kind of row a head holds:
 greedy, seeded temperature, top-k/top-p/min-p, penalties, a logit bias, a grammar's masks,
-alternatives, and batches that mix them; steps no head holds (more than TOP_N alternatives,
+alternatives, and batches that mix them; steps no head holds (more alternatives than captured,
 typical-p) replay the forward pass alone and sample eagerly, as before. Choosing a head and
 filling its buffers reads nothing of the device (HostSyncGuard around every launch, as
 tests/shard/test_step_host_syncs.py does).
@@ -21,7 +21,7 @@ import torch
 
 from shard.platforms import platform_of
 from shard.platforms.cuda.graphs import DecodeGraphs, EagerReplayer
-from shard.sampling.graph_heads import BIAS_WIDTH, HISTORY_WIDTH, TOP_N, SamplingHeads
+from shard.sampling.graph_heads import BIAS_WIDTH, DEFAULT_TOP_N, HISTORY_WIDTH, SamplingHeads
 from shard.sampling.params import SamplingParams
 from shard.sampling.sampler import SamplingTensors
 from shard.settings import ShardSettings
@@ -173,10 +173,11 @@ CASES = {
         ],
         {"truncate": 4, "sample": 3},
     ),
-    # A greedy row asking for alternatives takes "sample"; more than TOP_N, no head.
+    # A greedy row asking for alternatives takes "sample"; more than the heads were captured
+    # for (Warmup's batch, here none: the router's default), no head.
     "alternatives": ([{}, {"top_n_tokens": 2}, {"top_n_tokens": 5}], {"sample": 7}),
     "more alternatives than a head gives": (
-        [{}, {"top_n_tokens": TOP_N + 1}, {}],
+        [{}, {"top_n_tokens": DEFAULT_TOP_N + 1}, {}],
         {"greedy": 3},
     ),
     "typical-p": ([{}, {"do_sample": True, "typical_p": 0.9, "seed": 4}, {}], {"greedy": 3}),
@@ -233,7 +234,7 @@ class _Model:
 
 def _heads(rows: int = 4) -> SamplingHeads:
     heads = SamplingHeads(_Model(), block_size=4)
-    heads.allocate(rows, block_table_width=2, device=torch.device("cpu"))
+    heads.allocate(rows, block_table_width=2, device=torch.device("cpu"), top_n=3)
     return heads
 
 
@@ -249,8 +250,8 @@ def test_a_step_no_head_can_hold_samples_eagerly():
     assert heads.prepare(_sampling(2, **sampled), history, lens, None) == "sample"
     assert heads.prepare(_sampling(2, **sampled, top_p=0.5), history, lens, None) == "truncate"
     # more rows than the buffers, typical-p, a bias or a history wider than they hold
-    assert heads.prepare(_sampling(2), history, lens, None, top_n=TOP_N) == "sample"
-    assert heads.prepare(_sampling(2), history, lens, None, top_n=TOP_N + 1) is None
+    assert heads.prepare(_sampling(2), history, lens, None, top_n=3) == "sample"
+    assert heads.prepare(_sampling(2), history, lens, None, top_n=4) is None
     assert heads.prepare(_sampling(5, **sampled), history, lens, None) is None
     assert heads.prepare(_sampling(2, **sampled, typical_p=0.5), history, lens, None) is None
     wide_bias = [(i, 1.0) for i in range(BIAS_WIDTH + 1)]
@@ -277,3 +278,26 @@ def test_steps_verifying_proposals_sample_inside_the_graph(servicer_model_dir, m
     got = _serve(svc, [dict(p) for p in params], proposals)
     _assert_same(got, want)
     assert svc.runner.graphs.heads_used == Counter({"truncate": 4 + 3 + 2})
+
+
+def test_the_heads_give_the_alternatives_warmup_asks_for(servicer_model_dir):
+    """The router's Warmup batch asks for its --max-top-n-tokens: the heads are captured for
+    that many, more or fewer than the default."""
+    for top_n in (0, 7):
+        svc = build_service(
+            ShardSettings(model_id=str(servicer_model_dir), uds_path="/unused", dtype="float32")
+        )
+        runner = svc.runner
+        heads = SamplingHeads(runner.model, runner.block_size)
+        runner.graphs = DecodeGraphs(
+            runner.model, BUCKETS, runner.device, None, EagerReplayer(), heads=heads
+        )
+        request = BlockPool(8, seed=1).request(0, [3, 4, 5], 8, top_n_tokens=top_n)
+        warmup = pb.WarmupRequest(
+            batch=pb.Batch(id=0, requests=[request]), max_total_tokens=MAX_TOTAL_TOKENS
+        )
+        run(svc.Warmup(warmup, FakeContext()))
+        assert heads.top_n == top_n
+        hidden = torch.zeros(2, runner.model.config.hidden_size)
+        ids, chosen, top_ids, top_logprobs = heads.head("sample")(hidden)
+        assert top_ids.shape == top_logprobs.shape == (2, top_n)

@@ -146,8 +146,9 @@ class Heads(Protocol):
     @property
     def names(self) -> tuple[str, ...]: ...
 
-    def allocate(self, rows: int, block_table_width: int, device: torch.device) -> None:
-        """Static inputs of the heads for up to `rows` rows, before they are captured."""
+    def allocate(self, rows: int, block_table_width: int, device: torch.device, top_n: int) -> None:
+        """Static inputs of the heads for up to `rows` rows, and the alternatives they give,
+        before they are captured."""
 
     def head(self, name: str) -> Callable[[torch.Tensor], tuple[torch.Tensor, ...]]: ...
 
@@ -189,9 +190,12 @@ class DecodeGraphs:
 
     # -- capture -------------------------------------------------------------------------
 
-    def capture(self, kv_caches: list[torch.Tensor], block_table_width: int) -> None:
+    def capture(
+        self, kv_caches: list[torch.Tensor], block_table_width: int, top_n: int = 0
+    ) -> None:
         """Captures every bucket against `kv_caches` (replays write into them, so capture again
-        whenever the cache is reallocated) for block tables up to `block_table_width` wide."""
+        whenever the cache is reallocated) for block tables up to `block_table_width` wide, the
+        heads giving `top_n` alternatives."""
         self.release()
         replayer = self.replayer or CudaReplayer(self.device)
         before = replayer.memory_bytes()
@@ -205,7 +209,7 @@ class DecodeGraphs:
         self.token_slots = torch.full((n,), -1, dtype=torch.int32, device=device)
         heads: tuple[str | None, ...] = (None,)
         if self.heads is not None:
-            self.heads.allocate(n, width, device)
+            self.heads.allocate(n, width, device, top_n)
             heads += self.heads.names
         try:
             for size in reversed(self.sizes):
