@@ -122,6 +122,60 @@ def build_step_inputs(
     per sample, at consecutive packed indices and history lengths."""
     device = batch.history.device if device is None else device
     starts = batch.cache_lens if starts is None else starts
+    if proposed is None and bool(((q_lens == 1) & (batch.history_lens - starts == 1)).all()):
+        return _decode_step_inputs(batch, starts, device)
+    return _step_inputs(batch, q_lens, starts, device, proposed)
+
+
+def _decode_step_inputs(batch: Batch, starts: torch.Tensor, device: torch.device) -> StepInputs:
+    """`build_step_inputs` of the most common step, where every row runs its one last known
+    token and samples after it, in a third of the host's operations: every row is a decode
+    row, token, sample and row indices are all 0..B-1, and each row's history length is its
+    sequence length. A step's planning is host time before a GPU gets its work, and on the
+    critical path whenever the step cannot be queued ahead (speculation, grammars)."""
+    rows = torch.arange(len(batch))
+    positions = starts.clone()  # the host's own: the batch's lengths move on after launch
+    host = HostStep(token_rows=rows, positions=positions, sample_rows=rows)
+    lora_slots = batch.lora_slots if bool((batch.lora_slots >= 0).any()) else None
+    on_device = upload(
+        {
+            "rows": rows,
+            "positions": positions,
+            "slot_mapping": batch.slots.gather(1, positions[:, None]).squeeze(1),
+            "decode_context": positions + 1,
+            "history_lens": batch.history_lens,
+            **({"token_lora_slots": lora_slots} if lora_slots is not None else {}),
+        },
+        device,
+    )
+    on_device.update(
+        token_rows=on_device["rows"],
+        decode_rows=on_device["rows"],
+        decode_seq_lens=on_device["history_lens"],
+    )
+    return StepInputs(
+        input_ids=batch.history[on_device["rows"], on_device["positions"]],
+        positions=on_device["positions"],
+        meta=_metadata(batch, on_device, 0, (0, 0)),
+        token_rows=on_device["rows"],
+        sample_rows=on_device["rows"],
+        sample_index=on_device["rows"],
+        sample_lens=on_device["history_lens"],
+        token_lora_slots=(
+            on_device["token_lora_slots"].to(torch.int32) if lora_slots is not None else None
+        ),
+        host=host,
+    )
+
+
+def _step_inputs(
+    batch: Batch,
+    q_lens: torch.Tensor,
+    starts: torch.Tensor,
+    device: torch.device,
+    proposed: torch.Tensor | None,
+) -> StepInputs:
+    """`build_step_inputs` of any step."""
     # A row verifying proposals runs as one decode row per token (`_decode_rows`).
     verifying = proposed > 0 if proposed is not None else torch.zeros_like(q_lens, dtype=torch.bool)
     rows_p = ((q_lens > 1) & ~verifying).nonzero().squeeze(1)
@@ -307,7 +361,12 @@ def upload(parts: Mapping[str, torch.Tensor], device: torch.device) -> dict[str,
     platform = platform_of(device)
     sizes = [p.numel() for p in parts.values()]
     buffer = platform.host_buffer(sum(sizes), torch.int64)
-    torch.cat([p.reshape(-1).to(torch.int64) for p in parts.values()], out=buffer)
+    # (no reshape or cast for what is flat int64 already: each is a dispatch of its own)
+    flat = [
+        p if p.dim() == 1 and p.dtype == torch.int64 else p.reshape(-1).long()
+        for p in parts.values()
+    ]
+    torch.cat(flat, out=buffer)
     on_device = platform.upload(buffer, device)
     return dict(zip(parts, on_device.split(sizes), strict=True))
 
