@@ -43,18 +43,14 @@ class _NoReplay:
         """The device's part, left out."""
 
 
-def build(model_dir: Path, max_batch: int, tokens: int):  # type: ignore[no-untyped-def]
-    """A warmed servicer whose decode graphs (with their sampling heads) replay nothing."""
+def build(model_dir: Path, max_batch: int):  # type: ignore[no-untyped-def]
+    """The shard in process (bench.inprocess) with decode graphs and their sampling heads,
+    replayed by the CPU's stand-in."""
+    from bench.inprocess import build_shard
     from shard.platforms.cuda.graphs import DecodeGraphs, EagerReplayer
     from shard.sampling.graph_heads import SamplingHeads
-    from shard.settings import ShardSettings
-    from shard.startup import build_service
-    from switchyard_pb import generate_pb2 as pb
-    from tests.shard.servicer_helpers import FakeContext, run
 
-    svc = build_service(
-        ShardSettings(model_id=str(model_dir), uds_path="/unused", overlap_schedule="off")
-    )
+    svc = build_shard(model_dir, "float32", overlap_schedule="off")
     runner = svc.runner
     runner.decode_path = None
     buckets = tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128) if b <= max(max_batch, 1))
@@ -62,36 +58,22 @@ def build(model_dir: Path, max_batch: int, tokens: int):  # type: ignore[no-unty
         runner.model, buckets, runner.device, None, EagerReplayer(),
         heads=SamplingHeads(runner.model, runner.block_size),
     )  # fmt: skip
-    # Room for every request's blocks, each request's last one partly used.
-    room = max_batch * (tokens + 16) + 16
-    warmup = pb.WarmupRequest(max_batch_total_tokens=room, max_total_tokens=tokens)
-    run(svc.Warmup(warmup, FakeContext()))
-    for key, (_, out) in list(runner.graphs.graphs.items()):
-        runner.graphs.graphs[key] = (_NoReplay(), out)
     return svc
 
 
-def measure(svc, batch: int, sampling: dict, steps: int, tokens: int) -> float:  # type: ignore[no-untyped-def]
-    """Median seconds of one decode step's host work."""
-    from shard import wire
-    from switchyard_pb import generate_pb2 as pb
-    from tests.shard.servicer_helpers import BlockPool
+def measure(svc, batch: int, sampling: dict, steps: int) -> float:  # type: ignore[no-untyped-def]
+    """Median seconds of one decode step's host work, the graphs' replays made no-ops."""
+    from bench.inprocess import prefilled_batch
+    from bench.shard_batches import blocks_per_request
 
-    runner = svc.runner
-    pool = BlockPool(runner.num_blocks, seed=3)
-    chooser = dict(temperature=1.0, top_p=1.0, typical_p=1.0, repetition_penalty=1.0)
-    params = pb.NextTokenChooserParameters(**{**chooser, **sampling}, seed=1)
-    prompt = 8
-    requests = [
-        pool.request(
-            i, [4 + (i + j) % 50 for j in range(prompt)], tokens - prompt, parameters=params
-        )
-        for i in range(batch)
-    ]
-    state = wire.new_batch(pb.Batch(id=1, requests=requests), runner.device)[0]
-    runner.step(state)  # the prompts
+    runner, prompt, new_tokens = svc.runner, 8, steps + 5
+    state = prefilled_batch(runner, batch, prompt, new_tokens, sampling)
+    runner.capture_graphs(blocks_per_request(prompt, new_tokens, runner.block_size))
+    graphs = runner.graphs.graphs
+    for key, (_, out) in list(graphs.items()):
+        graphs[key] = (_NoReplay(), out)
     times = []
-    for _ in range(min(steps, tokens - prompt - 2)):
+    for _ in range(steps):
         start = time.perf_counter()
         runner.step(state)
         times.append(time.perf_counter() - start)
@@ -106,14 +88,13 @@ def main(argv: list[str] | None = None) -> None:
     from shard import step_inputs
 
     batches = [int(b) for b in args.batches.split(",")]
-    tokens = args.steps + 16
     fast_path = step_inputs._decode_step_inputs
     rows: list[dict[str, Any]] = []
     print(f"torch {torch.__version__}; host work of a graphed decode step, replays left out")
     print("| batch | sampling | fast path (ms) | general plan (ms) | general / fast |")
     print("|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
-        svc = build(build_model(Path(tmp) / "llama"), max(batches), tokens)
+        svc = build(build_model(Path(tmp) / "llama"), max(batches))
         for batch in batches:
             for name in args.sampling.split(","):
                 # Alternating rounds, the best median of each way: this machine's speed drifts.
@@ -124,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
                             fast_path if way == "fast" else _general_plan(step_inputs)
                         )
                         try:
-                            took = measure(svc, batch, SAMPLINGS[name], args.steps, tokens)
+                            took = measure(svc, batch, SAMPLINGS[name], args.steps)
                         finally:
                             step_inputs._decode_step_inputs = fast_path
                         timed[way] = min(took, timed.get(way, took))

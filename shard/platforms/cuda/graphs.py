@@ -15,8 +15,8 @@ How:
   the logits and the sampling, from static buffers of each row's parameters), each bucket has
   one more graph per head, which ends with each row's token and its logprob: greedy steps,
   sampled ones (bias, penalties, grammar masks, temperature, seeds) and truncated ones
-  (top-k, top-p, min-p) then replay whole, and only the steps no head holds (alternatives,
-  typical-p, prompt logprobs) sample eagerly after the forward pass's graph.
+  (top-k, top-p, min-p), with their alternatives, then replay whole, and only the steps no
+  head holds (typical-p, prompt logprobs) sample eagerly after the forward pass's graph.
 - Steps with prompt tokens, more rows than the largest bucket or a wider block table run
   eagerly; so do steps whose tokens use adapters when the LoRA terms are the torch ones (their
   grouping is built on the host). With the Triton LoRA kernels each bucket has a second graph
