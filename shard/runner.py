@@ -243,7 +243,9 @@ class ModelRunner:
             sampling = batch.sampling.index(inputs.host.sample_rows)
         # The longest history a sample sees (the penalties' reach): the one after the step's
         # last position; read here, on the host's plan, for the graphs' sampling heads.
-        longest = int(inputs.host.positions.max()) + 1 if sampling.flags.any_penalty else 0
+        longest = 0
+        if self.graphs is not None and sampling.flags.any_penalty:
+            longest = int(inputs.host.positions.max()) + 1
         sampled, scores, forward_done = self._launch(
             batch, inputs, masks, prompt_rows, sampling, drafts is not None, longest
         )
