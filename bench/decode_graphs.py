@@ -6,6 +6,7 @@ the bandwidth measured here).
                                   [--steps 32] [--sampling greedy,top-p,penalty]
                                   [--out bench/results/decode_graphs]
     python -m bench.decode_graphs --smoke     # a tiny shape on the CPU: the script runs
+    python -m bench.decode_graphs --shapes 7b,7b-awq --batches 1,16   # int4 against bf16
 
 Each model is built in process as `python -m shard serve` builds it (shard.startup), on random
 bf16 weights generated on the device (no checkpoint on disk: a 7B one would take minutes to write
@@ -13,6 +14,13 @@ and read back). Each batch size prefills `batch` requests of `--context` random 
 times `--steps` whole decode steps (forward, sampling, the tokens back on the host) eagerly and
 replayed from the graphs (their heads sampling inside them), in one run on the same cache,
 for each --sampling: greedy, top-p (temperature 0.8, top_p 0.95) or a repetition penalty.
+A shape named NAME-awq is NAME as an AutoAWQ "GEMM" checkpoint (4-bit, group 128, random codes,
+zero points and fp16 scales; the LM head and embeddings stay bf16), loaded through the same
+reader and int4 layers a real AWQ checkpoint takes; where both NAME and NAME-awq ran, the
+run ends with the ratio of their step times (issue 50: a 7B AWQ model's batch-1 decode at
+>= 1.8x its bf16 model's speed). Their roofline counts every buffer the int4 layers hold (on
+CUDA both tinygemm's layout and the Triton one), more than a step reads: compare their step
+times with the bf16 rows rather than with the roofline.
 --smoke replays with the eager stand-in for a graph (shard.platforms.cuda.graphs.EagerReplayer):
 its timings mean nothing.
 """
@@ -67,6 +75,11 @@ SHAPES: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
+# AutoAWQ's config entry for the -awq shapes (group 32 for the tiny one, whose K is 64).
+AWQ_CONFIG = {"quant_method": "awq", "bits": 4, "zero_point": True, "version": "gemm"}
+AWQ_SUFFIX = "-awq"
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="1b,7b")
@@ -83,19 +96,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     args = p.parse_args(argv)
     if args.smoke:
-        args.shapes, args.batches, args.context, args.steps = "tiny", "1,3", 20, 3
+        args.shapes = ",".join(
+            "tiny" + AWQ_SUFFIX * s.endswith(AWQ_SUFFIX) for s in args.shapes.split(",")
+        )
+        args.batches, args.context, args.steps = "1,3", 20, 3
     return args
 
 
-def hf_config(shape: dict[str, Any]) -> dict[str, Any]:
-    return {
+def hf_config(name: str) -> dict[str, Any]:
+    """config.json of shape `name` (an -awq name: with AutoAWQ's quantization_config)."""
+    base = name.removesuffix(AWQ_SUFFIX)
+    config = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "hidden_act": "silu",
         "rms_norm_eps": 1e-5,
         "dtype": "bfloat16",
-        **shape,
+        **SHAPES[base],
     }
+    if name.endswith(AWQ_SUFFIX):
+        group = 32 if base == "tiny" else 128
+        config["quantization_config"] = {**AWQ_CONFIG, "group_size": group}
+    return config
 
 
 def checkpoint_shapes(config: dict[str, Any]) -> dict[str, list[int]]:
@@ -109,12 +131,27 @@ def checkpoint_shapes(config: dict[str, Any]) -> dict[str, list[int]]:
     shapes = {name: list(t.shape) for name, t in model.state_dict().items()}
     if config["tie_word_embeddings"]:
         shapes.pop("lm_head.weight", None)  # saved checkpoints drop the tied copy
-    return shapes
+    quantization = config.get("quantization_config")
+    if quantization is None:
+        return shapes
+    group = quantization["group_size"]
+    awq: dict[str, list[int]] = {}
+    for name, shape in shapes.items():
+        if not (name.startswith("model.layers.") and name.endswith("_proj.weight")):
+            awq[name] = shape
+            continue
+        prefix, (n, k) = name.removesuffix(".weight"), shape
+        awq[f"{prefix}.qweight"] = [k, n // 8]
+        awq[f"{prefix}.qzeros"] = [k // group, n // 8]
+        awq[f"{prefix}.scales"] = [k // group, n]
+    return awq
 
 
 class RandomSource:
     """A weights source (shard/weights.py) whose tensors are random, made on the device when
-    read: small normal values, norms at one."""
+    read: small normal values, norms at one; AWQ's packed codes and zero points random int32
+    words, its fp16 scales such that the weights come out about as large as the bf16 ones
+    (|code - zero| is about 6.5 on average)."""
 
     def __init__(self, shapes: dict[str, list[int]], device) -> None:  # type: ignore[no-untyped-def]
         self.shapes, self.device = shapes, device
@@ -132,6 +169,12 @@ class RandomSource:
         full = self.shapes[name]
         dims = [len(range(*s.indices(n))) for s, n in zip(index, full, strict=False)]
         dims += full[len(index) :]
+        if name.endswith((".qweight", ".qzeros")):
+            yield torch.randint(-(2**31), 2**31 - 1, dims, dtype=torch.int32, device=self.device)
+            return
+        if name.endswith(".scales"):
+            yield torch.empty(dims, dtype=torch.float16, device=self.device).uniform_(2e-3, 4e-3)
+            return
         out = torch.empty(dims, dtype=torch.bfloat16, device=self.device)
         yield out.fill_(1.0) if name.endswith("norm.weight") else out.normal_(0.0, 0.02)
 
@@ -226,7 +269,7 @@ def measure_shape(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     from shard.platforms.cuda.graphs import DecodeGraphs
 
     batches = [int(b) for b in args.batches.split(",")]
-    config = hf_config(SHAPES[name])
+    config = hf_config(name)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "config.json").write_text(json.dumps(config))
@@ -314,6 +357,24 @@ def table(rows: list[dict[str, Any]], header: bool = True) -> str:
     return "\n".join(lines)
 
 
+def int4_ratios(rows: list[dict[str, Any]]) -> list[str]:
+    """For each NAME-awq row with a NAME row of the same batch and sampling: how many times
+    faster its graphed step is (> 1: int4 wins)."""
+    plain = {(r["shape"], r["batch"], r["sampling"]): r for r in rows}
+    lines = []
+    for row in rows:
+        if not row["shape"].endswith(AWQ_SUFFIX):
+            continue
+        base = plain.get((row["shape"].removesuffix(AWQ_SUFFIX), row["batch"], row["sampling"]))
+        if base is not None:
+            lines.append(
+                f"{row['shape']} batch {row['batch']} {row['sampling']}: graphed step "
+                f"{row['graphs_ms']:.2f} ms against {base['graphs_ms']:.2f} ms in bf16, "
+                f"{base['graphs_ms'] / row['graphs_ms']:.2f}x"
+            )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     os.environ.setdefault("MASTER_PORT", str(free_port()))
@@ -327,6 +388,8 @@ def main(argv: list[str] | None = None) -> None:
             rows += measure_shape(name, args)
         except Exception:  # one shape's failure (memory) must not lose the other's rows
             traceback.print_exc()
+    for line in int4_ratios(rows):
+        print(line)
     path = write_results(args.out, "decode_graphs", dict(device=device, args=vars(args), rows=rows))
     print(f"results: {path}")
 

@@ -64,13 +64,20 @@ torch.cuda.get_device_name()); print('triton', triton.__version__, 'protobuf', p
 import switchyard_pb.generate_pb2\""
 # Issue 50 first: no synchronisation in a step's launch (torch's sync debug mode, eager and
 # replayed), steps queued ahead equal steps on request, the static-shape sampler, tinygemm for
-# decode rows (first run pending); which int4 GEMM per M (tinygemm, our Triton, dense cuBLAS);
+# decode rows, the dense path for many rows; which int4 GEMM per M (tinygemm, our Triton,
+# dequantize + cuBLAS, gemlite, and the one the server picks) against dense cuBLAS;
 # the decode step against its roofline.
 step issue50_tests 170 "${PYTEST[@]}" -n 4 tests/shard/test_step_host_syncs.py \
     tests/shard/test_steps_ahead.py tests/shard/test_sampling_static.py \
     tests/shard/test_cuda_graphs.py tests/shard/test_server_steps.py \
-    tests/shard/test_graph_sampling_heads.py tests/kernels/test_int4_tinygemm.py
+    tests/shard/test_graph_sampling_heads.py tests/kernels/test_int4_tinygemm.py \
+    tests/kernels/test_int4_dense_path.py
 step int4_kernels 100 "$PY" bench/int4_kernels_gpu.py
+# Issue 50's end-to-end int4 goal: a 7B-shaped AWQ model's graphed batch-1 step >= 1.8x bf16's.
+step awq_decode 150 "$PY" -m bench.decode_graphs --shapes 7b,7b-awq --batches 1,16 \
+    --sampling greedy --out "$RESULTS"
+# gemlite autotunes each (shape, M) on first use: its own step, so it cannot eat the others.
+step int4_gemlite 120 "$PY" bench/int4_kernels_gpu.py --gemlite --tokens 1,4,16,32,64
 # Greedy and top-p steps, sampled inside the graphs (shard/sampling/graph_heads.py).
 step decode_graphs_50 150 "$PY" -m bench.decode_graphs --batches 1,8,64 \
     --sampling greedy,top-p --out "$RESULTS"

@@ -37,5 +37,9 @@ for package in "${packages[@]}"; do
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
         --implementation cp "${platforms[@]}" -d "$DEST" "$package"
 done
+# gemlite (issue 50's int4 kernels at M = 16-64, `bench/int4_kernels_gpu.py --gemlite`) is pure
+# Python and Triton, published as a source archive only: built into a wheel here. Its own
+# requirements (numpy, tqdm, triton >= 3.6) are on the device image.
+python3 -m pip wheel -q --no-deps -w "$DEST" "gemlite==0.6.0.post2"
 ls "$DEST"
 du -sh "$DEST"

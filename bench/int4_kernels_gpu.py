@@ -1,103 +1,140 @@
-"""Which int4 GEMM to run per M on a GPU (issue 50, 1): torch's tinygemm
-(`aten._weight_int4pack_mm`, bf16, weights repacked once by `_convert_weight_to_int4pack`) and our
-Triton W4A16 against the dense cuBLAS GEMM, on Llama-2-7B's layer shapes, M = 1 to 4096.
+"""Which int4 GEMM to run per M on a GPU (issue 50, 1), against the dense bf16 cuBLAS GEMM, on
+Llama-2-7B's layer shapes, M = 1 to 4096:
+- tinygemm: torch's `aten._weight_int4pack_mm` (bf16, weights repacked once by
+  `_convert_weight_to_int4pack`);
+- triton: our W4A16 GEMM (shard/platforms/cuda/kernels/w4a16.py);
+- dequant: the weight dequantized in one pass by our kernel (int4_dequant.dequantize_int4),
+  then cuBLAS, both timed;
+- gemlite (with --gemlite, where the package is installed): its A16W4 Triton kernels, which pick
+  GEMV / split-K GEMM / GEMM by M and autotune on first use (so its step may take a while);
+- served: the layer the server builds on CUDA (shard/layers/quant/int4_cuda.py's CudaInt4), which
+  picks among the first three by M: the column that shows the dispatch is right.
 
-Each kernel is timed replayed from a CUDA graph (triton.testing.do_bench_cudagraph), so launch
-costs do not hide the kernels at small M; tinygemm's output is checked against its own
-dequantization, (q - 8) * scale + zero per group of 128 along K, before it is timed. Prints one
-row per (shape, M) with each time in microseconds and the ratio dense / kernel (> 1: faster than
-dense), and the best int4 kernel per M.
+Each is timed replayed from a CUDA graph (triton.testing.do_bench_cudagraph), so launch costs do
+not hide the kernels at small M, after its output is checked against the dense product. Prints
+one row per (shape, M) with each time in microseconds and the ratio dense / kernel (> 1: faster
+than dense), then the mean ratio per M and kernel and the best one.
 
-    python bench/int4_kernels_gpu.py [--tokens 1,4,16,64,256,4096]
+    python bench/int4_kernels_gpu.py [--tokens 1,4,16,64,256,4096] [--gemlite]
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.kernels_w4a16 import LLAMA2_7B, random_int4  # noqa: E402
+from bench.kernels_w4a16 import LLAMA2_7B  # noqa: E402
 
 GROUP = 128
-INNER_K_TILES = 8
+# Relative error allowed against x @ the dense bf16 weight (bf16 outputs, fp32 sums).
+MAX_ERROR = 2e-2
 
 
-def tinygemm_weight(k: int, n: int, gen: torch.Generator, device: torch.device):
-    """Random int4 codes for W [N, K] with bf16 scales and float zeros per group, packed as
-    tinygemm takes them, and the dense bf16 dequantization."""
-    codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.int32)
+def random_weight(k: int, n: int, gen: torch.Generator, device: torch.device):
+    """A QuantizedWeight of random codes, asymmetric zeros and bf16 scales sized for O(1)
+    outputs, on `device`, and its dense bf16 dequantization [N, K]."""
+    from shard.layers.quant.int4 import QuantizedWeight, pack_rows
+
     groups = k // GROUP
-    scales = ((torch.rand(n, groups, generator=gen) + 0.5) / (6.5 * k**0.5)).bfloat16()
-    zeros = (torch.randn(n, groups, generator=gen) * scales.float()).bfloat16()
-    packed_bytes = (codes[:, ::2] << 4 | codes[:, 1::2]).to(torch.uint8)
-    packed = torch.ops.aten._convert_weight_to_int4pack(packed_bytes.to(device), INNER_K_TILES)
-    scales_zeros = torch.stack([scales, zeros], dim=2).transpose(0, 1).contiguous().to(device)
-    expand = lambda t: t.float().repeat_interleave(GROUP, dim=1)  # noqa: E731
-    dense = ((codes.float() - 8) * expand(scales) + expand(zeros)).bfloat16().to(device)
-    return packed, scales_zeros, dense
+    codes = torch.randint(0, 16, (k, n), generator=gen)
+    zeros = torch.randint(0, 16, (groups, n), generator=gen).to(torch.uint8)
+    scales = ((torch.rand(groups, n, generator=gen) + 0.5) / (6.5 * k**0.5)).bfloat16()
+    qw = QuantizedWeight(pack_rows(codes).to(device), zeros.to(device), scales.to(device), GROUP)
+    return qw, qw.dequantize(torch.bfloat16).T.contiguous()
+
+
+def gemlite_layer(qw, device: torch.device) -> torch.nn.Module:
+    """gemlite's A16W4 layer holding the same weight: codes [N, K], per-group scales and zeros
+    [N, G] with w = (code - zero) * scale, which is our layout's meaning."""
+    from gemlite.core import DType, GemLiteLinearTriton
+
+    layer = GemLiteLinearTriton(
+        W_nbits=4, group_size=GROUP, in_features=qw.in_features, out_features=qw.out_features,
+        input_dtype=DType.BF16, output_dtype=DType.BF16,
+    )  # fmt: skip
+    layer.pack(
+        qw.codes().T.contiguous().to(device),
+        qw.scales.T.contiguous().bfloat16(),
+        qw.zeros.T.contiguous().bfloat16(),
+        bias=None,
+    )
+    return layer
+
+
+def kernels(qw, with_gemlite: bool, device: torch.device) -> dict[str, Callable]:
+    """name -> a function of x [M, K] bf16 giving x @ W."""
+    from shard.layers.quant import tinygemm
+    from shard.layers.quant.int4_cuda import INNER_K_TILES, CudaInt4, pack_for_cuda
+    from shard.platforms.cuda.kernels.int4_dequant import dequantize_int4
+    from shard.platforms.cuda.kernels.w4a16 import w4a16_matmul
+
+    packed = torch.ops.aten._convert_weight_to_int4pack(
+        pack_for_cuda(qw.codes().T.contiguous()), INNER_K_TILES
+    )
+    table = tinygemm.scale_zero(qw, GROUP).bfloat16().contiguous()
+    served = CudaInt4(qw)
+    found = {
+        "tinygemm": lambda x: torch.ops.aten._weight_int4pack_mm(x, packed, GROUP, table),
+        "triton": lambda x: w4a16_matmul(x, qw.qweight, qw.scales, qw.zeros, None, GROUP),
+        "dequant": lambda x: (
+            x @ dequantize_int4(qw.qweight, qw.scales, qw.zeros, None, GROUP, x.dtype)
+        ),
+        "served": served,
+    }
+    if with_gemlite:
+        found["gemlite"] = gemlite_layer(qw, device)
+    return found
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", default="1,4,16,64,256,4096")
+    parser.add_argument("--gemlite", action="store_true", help="also time gemlite's kernels")
     args = parser.parse_args()
     from triton.testing import do_bench_cudagraph
 
-    from shard.platforms.cuda.kernels.w4a16 import w4a16_matmul
-
     device = torch.device("cuda")
     print("device:", torch.cuda.get_device_name(), "torch", torch.__version__)
+    if args.gemlite:
+        import gemlite
+
+        print("gemlite", getattr(gemlite, "__version__", "?"))
     tokens = [int(t) for t in args.tokens.split(",")]
     gen = torch.Generator().manual_seed(0)
-    best: dict[int, list[tuple[str, float]]] = {m: [] for m in tokens}
-    print(f"{'K x N':>13} {'M':>5} {'dense us':>9} {'tinygemm us':>12} {'x':>6} "
-          f"{'triton us':>10} {'x':>6}")  # fmt: skip
+    ratios: dict[int, dict[str, list[float]]] = {m: {} for m in tokens}
+    header_done = False
     for k, n in LLAMA2_7B:
-        packed, scales_zeros, dense_bf16 = tinygemm_weight(k, n, gen, device)
-        qw, dense_fp16 = random_int4(k, n, device, gen)
+        qw, dense = random_weight(k, n, gen, device)
+        found = kernels(qw, args.gemlite, device)
+        if not header_done:
+            print(f"{'K x N':>13} {'M':>5} {'dense us':>9} "
+                  + " ".join(f"{name + ' us':>12} {'x':>5}" for name in found))  # fmt: skip
+            header_done = True
         for m in tokens:
             x = torch.randn(m, k, generator=gen).bfloat16().to(device)
-            x16 = x.half()
-
-            def tiny(x=x, packed=packed, scales_zeros=scales_zeros):
-                return torch.ops.aten._weight_int4pack_mm(x, packed, GROUP, scales_zeros)
-
-            want = x.float() @ dense_bf16.float().T
-            got = tiny().float()
-            error = ((got - want).norm() / want.norm()).item()
-            assert error < 2e-2, f"tinygemm K={k} N={n} M={m}: relative error {error:.3g}"
-            times = {
-                "dense": do_bench_cudagraph(lambda x=x, w=dense_bf16: x @ w.T),
-                "tinygemm": do_bench_cudagraph(tiny),
-                "triton": do_bench_cudagraph(
-                    lambda x16=x16, qw=qw: w4a16_matmul(
-                        x16, qw.qweight, qw.scales, qw.zeros, None, GROUP
-                    )
-                ),
-            }
-            d = times["dense"]
-            print(
-                f"{k:>6}x{n:<6} {m:>5} {d * 1e3:>9.1f} {times['tinygemm'] * 1e3:>12.1f} "
-                f"{d / times['tinygemm']:>6.2f} {times['triton'] * 1e3:>10.1f} "
-                f"{d / times['triton']:>6.2f}",
-                flush=True,
-            )
-            for name in ("tinygemm", "triton"):
-                best[m].append((name, d / times[name]))
-    print("\nmean ratio dense/kernel over the four shapes, per M:")
+            want = x.float() @ dense.float().T
+            for name, fn in found.items():
+                error = ((fn(x).float() - want).norm() / want.norm()).item()
+                assert error < MAX_ERROR, f"{name} K={k} N={n} M={m}: relative error {error:.3g}"
+            d = do_bench_cudagraph(lambda x=x, w=dense: x @ w.T)
+            row = f"{k:>6}x{n:<6} {m:>5} {d * 1e3:>9.1f}"
+            for name, fn in found.items():
+                t = do_bench_cudagraph(lambda x=x, fn=fn: fn(x))
+                ratios[m].setdefault(name, []).append(d / t)
+                row += f" {t * 1e3:>12.1f} {d / t:>5.2f}"
+            print(row, flush=True)
+    print("\nmean ratio dense/kernel over the four shapes, per M (served: the server's choice):")
     for m in tokens:
-        by_kernel: dict[str, list[float]] = {}
-        for name, ratio in best[m]:
-            by_kernel.setdefault(name, []).append(ratio)
-        means = {name: sum(r) / len(r) for name, r in by_kernel.items()}
-        winner = max(means, key=means.get)
+        means = {name: sum(r) / len(r) for name, r in ratios[m].items()}
+        winner = max((n for n in means if n != "served"), key=means.get)
         print(f"  M={m:<5} " + "  ".join(f"{k} {v:.2f}x" for k, v in means.items())
-              + f"  -> {winner}")  # fmt: skip
+              + f"  -> best {winner}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Int4 matmuls on CUDA: torch's tinygemm (`aten._weight_int4pack_mm`) for decode-sized row
-counts, the Triton W4A16 GEMM (shard/layers/quant/int4_triton.py) beyond.
+counts, TritonInt4 (shard/layers/quant/int4_triton.py) beyond: the Triton W4A16 GEMM, and from
+its DEQUANT_MIN_ROWS rows the weight dequantized once for cuBLAS.
 
 Why per row count: on an H200, Llama-2-7B's layer shapes, each kernel replayed from a CUDA graph
 (bench/int4_kernels_gpu.py, docs/benchmarks.md "Third GPU session"), tinygemm ran 1.86x dense

@@ -2,10 +2,10 @@
 
 Whatever the format, the slices this rank needs become one `QuantizedWeight`; fused layers
 concatenate their pieces along the outputs, exactly as the float path does. The backend is the
-platform's (shard/platforms/): on CUDA torch's tinygemm for decode-sized row counts and the
-Triton W4A16 GEMM beyond (int4_cuda.py), torch's int4 kernel on CPU for bfloat16, and
-dequantize + GEMM otherwise (fp32 serving, act-order, group sizes the kernel
-does not take), which is exact in fp32.
+platform's (shard/platforms/): on CUDA torch's tinygemm for decode-sized row counts, the
+Triton W4A16 GEMM beyond and dequantize + cuBLAS for many rows (int4_cuda.py,
+int4_triton.py); torch's int4 kernel on CPU for bfloat16; and dequantize + GEMM otherwise
+(fp32 serving, act-order, group sizes the kernel does not take), which is exact in fp32.
 """
 
 from __future__ import annotations
