@@ -1,13 +1,19 @@
 """Writes small GGUF files from the tiny random HF checkpoints, with the `gguf` package itself
 (as llama.cpp's converter does: rope rows of Q/K interleaved, norms kept in F32, the tokenizer
 and chat template in the metadata), so tests can serve a GGUF and compare with transformers
-loading the same file."""
+loading the same file, or the checkpoint it was written from.
+
+Gemma 2/3 and Phi-3 files are written as convert_hf_to_gguf.py writes them: tensor names from
+the gguf package's own HF -> GGUF map, Gemma's norms stored as 1 + w, the metadata each
+converter adds (soft-caps, sliding window, rotary dimensions, longrope's factor tensors)."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
+import gguf
 import numpy as np
 import torch
 from safetensors.torch import load_file
@@ -43,10 +49,14 @@ def _interleave_rope(w: np.ndarray, heads: int) -> np.ndarray:
     )
 
 
+# The architectures written through the gguf package's name map and their converter's extras.
+_MAPPED = ("gemma2", "gemma3", "phi3")
+
+
 def write_gguf(
     model_dir: Path, out: Path, qtype: str = "F32", *, architecture: str = "llama"
 ) -> Path:
-    """`model_dir` (a tiny Llama from launcher.tiny_models) as the GGUF file `out`, its 2-D
+    """`model_dir` (a tiny model from launcher.tiny_models) as the GGUF file `out`, its 2-D
     weights stored as `qtype` (F32, F16, Q8_0, Q4_0, ... whatever gguf can quantize)."""
     import gguf
 
@@ -63,12 +73,16 @@ def write_gguf(
     w.add_head_count_kv(config["num_key_value_heads"])
     w.add_layer_norm_rms_eps(config["rms_norm_eps"])
     rope = config.get("rope_parameters") or {}
-    w.add_rope_freq_base(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
+    if architecture != "gemma3":  # its global layers' base (below)
+        w.add_rope_freq_base(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    w.add_rope_dimension_count(head_dim)
+    if architecture != "phi3":  # the rotated part of the head (below)
+        w.add_rope_dimension_count(head_dim)
     w.add_key_length(head_dim)  # llama.cpp writes these; Qwen3's head_dim is not hidden / heads
     w.add_value_length(head_dim)
     w.add_vocab_size(config["vocab_size"])
+    if architecture in _MAPPED:
+        _add_converter_metadata(w, architecture, config, head_dim)
 
     vocab = tok["model"]["vocab"]
     special = {t["id"] for t in tok["added_tokens"] if t.get("special")}
@@ -93,8 +107,18 @@ def write_gguf(
     quant = gguf.GGMLQuantizationType[qtype]
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
     state = load_file(str(model_dir / "model.safetensors"))
+    if architecture in _MAPPED:
+        names = gguf.get_tensor_name_map(
+            gguf.MODEL_ARCH[architecture.upper()], config["num_hidden_layers"]
+        )
+        state = {
+            names.get_name(hf, try_suffixes=(".weight", ".bias")): t for hf, t in state.items()
+        }
+        if architecture.startswith("gemma"):  # Gemma's RMSNorm weights are stored as 1 + w
+            state = {n: t + 1 if n.endswith("norm.weight") else t for n, t in state.items()}
+        state |= _rope_factor_tensors(config)
     for hf, tensor in state.items():
-        name = _gguf_name(hf)
+        name = hf if architecture in _MAPPED else _gguf_name(hf)
         data = tensor.to(torch.float32).numpy()
         kind = name.split(".")[-2]
         if architecture == "llama" and kind in heads:
@@ -108,6 +132,46 @@ def write_gguf(
     w.write_tensors_to_file()
     w.close()
     return out
+
+
+def _add_converter_metadata(w, architecture: str, config: dict, head_dim: int) -> None:  # noqa: ANN001
+    """What convert_hf_to_gguf.py adds for these architectures beyond the common keys."""
+    if architecture == "gemma2":
+        w.add_attn_logit_softcapping(config["attn_logit_softcapping"])
+        w.add_final_logit_softcapping(config["final_logit_softcapping"])
+        w.add_sliding_window(config["sliding_window"])
+    elif architecture == "gemma3":
+        rope = config["rope_parameters"]["full_attention"]
+        w.add_rope_freq_base(rope["rope_theta"])  # the global layers' base
+        if rope.get("rope_type") == "linear":
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(rope["factor"])
+        if config.get("final_logit_softcapping"):
+            w.add_final_logit_softcapping(config["final_logit_softcapping"])
+        w.add_sliding_window(config["sliding_window"])
+    else:  # phi3
+        rope = config["rope_parameters"]
+        rotary = int(rope.get("partial_rotary_factor", 1.0) * config["hidden_size"])
+        w.add_rope_dimension_count(rotary // config["num_attention_heads"])
+        w.add_rope_scaling_orig_ctx_len(config["original_max_position_embeddings"])
+        w.add_sliding_window(config.get("sliding_window") or 0)
+        if rope.get("long_factor"):
+            scale = config["max_position_embeddings"] / config["original_max_position_embeddings"]
+            factor = math.sqrt(
+                1 + math.log(scale) / math.log(config["original_max_position_embeddings"])
+            )
+            w.add_rope_scaling_attn_factors(factor if scale > 1 else 1.0)
+
+
+def _rope_factor_tensors(config: dict) -> dict[str, torch.Tensor]:
+    """Phi-3 longrope's factors, which the converter stores as two F32 tensors."""
+    rope = config.get("rope_parameters") or {}
+    if not rope.get("long_factor"):
+        return {}
+    return {
+        "rope_factors_long.weight": torch.tensor(rope["long_factor"], dtype=torch.float32),
+        "rope_factors_short.weight": torch.tensor(rope["short_factor"], dtype=torch.float32),
+    }
 
 
 def _chat_template(model_dir: Path) -> str:

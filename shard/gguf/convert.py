@@ -19,7 +19,10 @@ LINK_NAME = "model.gguf"
 
 def write_metadata(info: GgufInfo, out_dir: Path, dtype: str) -> None:
     """config.json, generation_config.json and the tokenizer files, from the GGUF's metadata."""
+    import gguf
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    from shard.gguf.config import file_config
 
     where, name = str(info.path.parent), info.path.name
     config = AutoConfig.from_pretrained(where, gguf_file=name)
@@ -31,6 +34,11 @@ def write_metadata(info: GgufInfo, out_dir: Path, dtype: str) -> None:
         # transformers maps key_length to head_dim for some architectures only (not Qwen3,
         # whose config default of 128 then hides it); the file is the truth.
         config.head_dim = info.head_dim
+    # What transformers leaves at its defaults for Gemma 2/3 and Phi-3 (shard/gguf/config.py).
+    for key, value in file_config(gguf.GGUFReader(str(info.path)), info.architecture).items():
+        setattr(config, key, value)
+    if config.pad_token_id is not None and config.pad_token_id >= config.vocab_size:
+        config.pad_token_id = None  # a config class's default (Phi-3's 32000), not the file's
     config.save_pretrained(out_dir)
     # The EOS that ends generation (SmolLM2: <|im_end|>), as transformers derives it.
     GenerationConfig.from_model_config(config).save_pretrained(out_dir)

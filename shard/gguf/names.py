@@ -1,11 +1,13 @@
-"""GGUF tensor names (llama.cpp's) -> the Hugging Face names our model's loader asks for."""
+"""GGUF tensor names (llama.cpp's) -> the Hugging Face names our model's loader asks for, per
+GGUF architecture: the same llama.cpp name means different modules in different families
+(`ffn_norm` is Llama's post-attention norm, Gemma's pre-feedforward one)."""
 
 from __future__ import annotations
 
 import re
 
 # llama.cpp's per-block tensor names; the HF side is the module path under model.layers.N.
-_BLOCK = {
+_LLAMA_BLOCK = {
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
@@ -18,13 +20,35 @@ _BLOCK = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Gemma 2 and 3: four norms a layer (llama.cpp's post_attention_norm is the norm after
+# attention, its ffn_norm the one before the MLP).
+_GEMMA_BLOCK = {
+    **_LLAMA_BLOCK,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+# Phi-3: the fused projections keep their fused HF names (llama.cpp calls gate_up_proj ffn_up).
+_PHI3_BLOCK = {
+    "attn_qkv": "self_attn.qkv_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_up": "mlp.gate_up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_BLOCKS = {"gemma2": _GEMMA_BLOCK, "gemma3": _GEMMA_BLOCK, "phi3": _PHI3_BLOCK}
 _GLOBAL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 # Precomputed tables llama.cpp adds for its own kernels; the config carries what they encode
-# (llama3 rope scaling), so they are skipped rather than reported as unexpected.
-SKIPPED = frozenset({"rope_freqs.weight"})
+# (llama3 rope scaling; Phi-3's longrope factors, read into the config by shard/gguf/config.py),
+# so they are skipped rather than reported as unexpected.
+SKIPPED = frozenset({"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"})
 # llama.cpp's converter interleaves the rows of each head of these for its rope kernel (llama
 # architecture only); HF models expect the halves layout, so the rows are put back at load.
 ROPE_PERMUTED = {"attn_q": "head_count", "attn_k": "head_count_kv"}
+# Architectures whose converter stores RMSNorm weights as 1 + w (Gemma computes x * (1 + w)):
+# the HF weight is the stored one minus 1.
+NORM_PLUS_ONE = frozenset({"gemma2", "gemma3"})
 
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 _GLOBAL_RE = re.compile(r"(\w+)\.(weight|bias)")
@@ -34,12 +58,14 @@ class GgufNameError(ValueError):
     pass
 
 
-def hf_name(gguf_name: str) -> str:
-    """The HF name of a GGUF tensor; a tensor we have no place for is an error naming it."""
+def hf_name(gguf_name: str, arch: str = "llama") -> str:
+    """The HF name of a GGUF tensor of architecture `arch`; a tensor we have no place for is an
+    error naming it."""
     if m := _BLOCK_RE.fullmatch(gguf_name):
         layer, kind, suffix = m.groups()
-        if kind in _BLOCK:
-            return f"model.layers.{layer}.{_BLOCK[kind]}.{suffix}"
+        block = _BLOCKS.get(arch, _LLAMA_BLOCK)
+        if kind in block:
+            return f"model.layers.{layer}.{block[kind]}.{suffix}"
     elif (m := _GLOBAL_RE.fullmatch(gguf_name)) and m.group(1) in _GLOBAL:
         return f"{_GLOBAL[m.group(1)]}.{m.group(2)}"
     raise GgufNameError(f"GGUF tensor {gguf_name!r} has no counterpart in the served model")
@@ -49,3 +75,8 @@ def rope_head_count_key(gguf_name: str) -> str | None:
     """For a Q/K projection of a llama GGUF: the metadata key holding its number of heads."""
     m = _BLOCK_RE.fullmatch(gguf_name)
     return ROPE_PERMUTED.get(m.group(2)) if m else None
+
+
+def stored_plus_one(arch: str, hf: str) -> bool:
+    """Whether the stored tensor `hf` of a GGUF of `arch` is its HF weight plus one."""
+    return arch in NORM_PLUS_ONE and hf.endswith("norm.weight")

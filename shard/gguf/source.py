@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from shard.gguf.names import SKIPPED, hf_name, rope_head_count_key
+from shard.gguf.names import SKIPPED, hf_name, rope_head_count_key, stored_plus_one
 
 
 class GgufSource:
@@ -27,10 +27,11 @@ class GgufSource:
         # HF row r of a rope-permuted tensor lives in GGUF row self._row_order[name][r].
         self._row_order: dict[str, np.ndarray] = {}
         arch = self._reader.get_field("general.architecture").contents()
+        self._arch = arch
         for tensor in self._reader.tensors:
             if tensor.name in SKIPPED:
                 continue
-            name = hf_name(tensor.name)
+            name = hf_name(tensor.name, arch)
             self._tensors[name] = tensor
             key = rope_head_count_key(tensor.name) if arch == "llama" else None
             if key is not None:
@@ -55,7 +56,9 @@ class GgufSource:
         # Fancy indexing copies just these rows out of the mapping.
         picked = data[order[rows]] if order is not None else np.asarray(data[rows])
         values = dequantize(picked, tensor.tensor_type)
-        if not values.flags.writeable:  # F32 comes back as a view of the read-only mapping
+        if stored_plus_one(self._arch, name):
+            values = values - 1  # a new array: the mapping stays untouched
+        elif not values.flags.writeable:  # F32 comes back as a view of the read-only mapping
             values = values.copy()
         yield torch.from_numpy(np.ascontiguousarray(values))[(slice(None), *index[1:])]
 

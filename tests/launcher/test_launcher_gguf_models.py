@@ -41,10 +41,10 @@ def test_gguf_file_or_its_directory_is_served_from_one_cached_directory(tmp_path
 
 def test_unsupported_gguf_is_refused_before_spawning_naming_the_flag(tmp_path, capsys):
     hf = build_model(tmp_path / "hf")
-    bad = write_gguf(hf, tmp_path / "phi.gguf", "F32", architecture="phi3")
+    bad = write_gguf(hf, tmp_path / "falcon.gguf", "F32", architecture="falcon")
     assert main(["--model-id", str(bad), "--num-shard", "1"]) == 1
     err = capsys.readouterr().err
-    assert f"--model-id {bad}: phi.gguf: GGUF architecture 'phi3' is not supported" in err
+    assert f"--model-id {bad}: falcon.gguf: GGUF architecture 'falcon' is not supported" in err
     with pytest.raises(ModelResolutionError, match="several GGUF files"):
         (tmp_path / "copy.gguf").write_bytes(bad.read_bytes())
         resolve_model(str(tmp_path), env(tmp_path))
@@ -55,10 +55,11 @@ def tiny_hf(tmp_path_factory) -> Path:
     return build_model(tmp_path_factory.mktemp("gguf-hf") / "hf")
 
 
-# Architectures the server gains as HF checkpoints only: their GGUFs (llama.cpp's names) are
-# refused by name, with what is supported, before any shard starts. The header is all the check
-# reads, so a Llama's tensors under another general.architecture stand in for the real file.
-@pytest.mark.parametrize("architecture", ["gemma2", "gemma3", "phi3"])
+# Architectures the server serves as HF checkpoints only (the MoE families), and one it does not
+# serve at all: their GGUFs are refused by name, with what is supported, before any shard
+# starts. The header is all the check reads, so a Llama's tensors under another
+# general.architecture stand in for the real file.
+@pytest.mark.parametrize("architecture", ["qwen2moe", "qwen3moe", "falcon"])
 def test_gguf_of_an_hf_only_architecture_is_refused_before_spawning(
     tmp_path, tiny_hf, architecture
 ):

@@ -126,14 +126,14 @@ def test_gguf_split_over_two_ranks_equals_one(gguf_dir, tmp_path):
             torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
 
-# Gemma 2/3 and Phi-3 are served from HF checkpoints only: their GGUFs are refused by name.
-@pytest.mark.parametrize("architecture", ["phi3", "gemma2", "gemma3"])
+# The MoE families are served from HF checkpoints only: their GGUFs are refused by name.
+@pytest.mark.parametrize("architecture", ["qwen2moe", "qwen3moe", "falcon"])
 def test_unsupported_architecture_is_named(servicer_model_dir, tmp_path, architecture):
     path = write_gguf(servicer_model_dir, tmp_path / "x.gguf", "F32", architecture=architecture)
     with pytest.raises(
         GgufError,
         match=f"x.gguf: GGUF architecture '{architecture}' is not supported; "
-        "supported: llama, qwen2, qwen3$",
+        "supported: gemma2, gemma3, llama, phi3, qwen2, qwen3$",
     ):
         inspect_gguf(path)
 

@@ -1,0 +1,176 @@
+"""Gemma 2, Gemma 3 and Phi-3 GGUFs written as llama.cpp's converter writes them
+(tests/gguf_writer.py: the gguf package's own tensor names, Gemma's norms stored as 1 + w,
+Phi-3's fused projections and longrope factor tensors, each converter's metadata).
+
+An F32 file must compute what the checkpoint it was written from computes (transformers on that
+checkpoint): that holds the config the shard reads from the file (shard/gguf/config.py) to the
+model's own. A quantized file must compute what transformers computes from the same file's
+dequantized tensors, renamed and shifted by transformers' own GGUF loader, under that config
+(transformers' GGUF config reader alone leaves the soft-caps, Gemma 3's global rope scaling and
+Phi-3's partial rotary and longrope at class defaults).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from paged_helpers import assert_equals_reference, run_paged
+from test_models_vs_transformers import prompts
+
+from launcher.tiny_models import build_model
+from shard.distributed import Distributed
+from shard.gguf.checks import inspect_gguf
+from shard.gguf.config import file_config
+from shard.gguf.convert import write_model_dir
+from shard.models import load_model
+from tests.gguf_writer import write_gguf
+from tests.shard.tiny_model_cases import GEMMA3_ROPE, PHI3_LONGROPE
+
+CPU = torch.device("cpu")
+STEPS = 4
+ATOL = 1e-4
+
+# GGUF architecture -> the tiny HF model it is written from, within what llama.cpp's reading of
+# the file can express: Gemma's query scale is head_dim ** -0.5 (llama.cpp's rule below 27B),
+# Gemma 3's local layers rotate at base 10000 and one layer in six is global (7 layers: the
+# sixth). Soft-caps, windows (7 tokens, shorter than the prompts), Gemma 3's linear scaling of
+# its global layers and Phi-3's longrope over 3/4 of the head (the prompts of 21 and 37 tokens
+# fall on both sides of its 32-token boundary) all differ from the classes' defaults.
+SOURCES = {
+    "gemma2": ("Gemma2ForCausalLM", dict(
+        num_hidden_layers=3, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
+        sliding_window=7, attn_logit_softcapping=1.0, final_logit_softcapping=3.0,
+        tie_word_embeddings=True,
+    )),
+    "gemma3": ("Gemma3ForCausalLM", dict(
+        num_hidden_layers=7, num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16,
+        sliding_window=7, rope_parameters=GEMMA3_ROPE, tie_word_embeddings=True,
+    )),
+    "phi3": ("Phi3ForCausalLM", dict(
+        num_key_value_heads=4, rope_parameters=PHI3_LONGROPE,
+        original_max_position_embeddings=32, max_position_embeddings=256,
+    )),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    """(arch, qtype) -> (the HF source, the GGUF file, the directory the launcher serves)."""
+    built: dict[tuple[str, str], tuple[Path, Path, Path]] = {}
+
+    def get(arch: str, qtype: str) -> tuple[Path, Path, Path]:
+        if (arch, qtype) not in built:
+            root = tmp_path_factory.mktemp(f"gguf-{arch}-{qtype}")
+            source = build_model(root / "hf", SOURCES[arch][0], **SOURCES[arch][1])
+            path = write_gguf(source, root / f"tiny-{qtype}.gguf", qtype, architecture=arch)
+            served = root / "served"
+            served.mkdir()
+            write_model_dir(inspect_gguf(path), served)
+            built[arch, qtype] = source, path, served
+        return built[arch, qtype]
+
+    return get
+
+
+def serve(served: Path):
+    model = load_model(served, dtype=torch.float32, device=CPU, dist=Distributed())
+    batch = prompts(model.vocab_size)
+    return batch, *run_paged(model, batch, STEPS, seed=5)
+
+
+@pytest.mark.parametrize("arch", list(SOURCES))
+def test_f32_file_computes_what_its_source_checkpoint_computes(written, arch):
+    from transformers import AutoModelForCausalLM
+
+    source, _, served = written(arch, "F32")
+    ref = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+    batch, logits, tokens = serve(served)
+    assert_equals_reference(ref, batch, logits, tokens, ATOL)
+
+
+@pytest.mark.parametrize("arch, qtype", [("gemma2", "Q8_0"), ("gemma3", "Q4_1"), ("phi3", "Q8_0")])
+def test_quantized_file_equals_transformers_on_its_tensors(written, arch, qtype):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    _, path, served = written(arch, qtype)
+    ref = AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, config=AutoConfig.from_pretrained(served),
+        dtype=torch.float32,
+    ).eval()  # fmt: skip
+    batch, logits, tokens = serve(served)
+    assert_equals_reference(ref, batch, logits, tokens, ATOL)
+
+
+class FakeReader:
+    """The metadata fields of a GGUF header (gguf.GGUFReader's get_field), no tensors."""
+
+    def __init__(self, fields: dict) -> None:
+        self.fields, self.tensors = fields, []
+
+    def get_field(self, key: str):  # noqa: ANN201
+        if key not in self.fields:
+            return None
+        return SimpleNamespace(contents=lambda: self.fields[key])
+
+
+def gemma_header(arch: str, layers: int, window: int | None, **extra) -> FakeReader:
+    fields = {
+        f"{arch}.block_count": layers, f"{arch}.embedding_length": 4608,
+        f"{arch}.attention.head_count": 32, f"{arch}.attention.key_length": 128,
+        f"{arch}.rope.freq_base": 1e6, **{f"{arch}.{k}": v for k, v in extra.items()},
+    }  # fmt: skip
+    if window is not None:
+        fields[f"{arch}.attention.sliding_window"] = window
+    return FakeReader(fields)
+
+
+def test_gemma_query_scale_follows_llama_cpps_rule_for_27b():
+    # Gemma 2 27B (46 layers) scales queries by (hidden / heads) ** -0.5 = 144 ** -0.5, the
+    # other sizes by head_dim ** -0.5; likewise Gemma 3 27B (62 layers).
+    assert file_config(gemma_header("gemma2", 46, 4096), "gemma2")["query_pre_attn_scalar"] == 144
+    assert file_config(gemma_header("gemma2", 26, 4096), "gemma2")["query_pre_attn_scalar"] == 128
+    assert file_config(gemma_header("gemma3", 62, 1024), "gemma3")["query_pre_attn_scalar"] == 144
+    assert file_config(gemma_header("gemma3", 34, 1024), "gemma3")["query_pre_attn_scalar"] == 128
+
+
+def test_gemma_layer_types_and_ropes_come_from_the_window_and_pattern():
+    two = file_config(
+        gemma_header("gemma2", 4, 4096, attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
+        "gemma2",
+    )
+    assert two["layer_types"] == ["sliding_attention", "full_attention"] * 2
+    assert (two["attn_logit_softcapping"], two["final_logit_softcapping"]) == (50.0, 30.0)
+    scaling = {"rope.scaling.type": "linear", "rope.scaling.factor": 8.0}
+    three = file_config(gemma_header("gemma3", 12, 1024, **scaling), "gemma3")
+    assert three["layer_types"] == (["sliding_attention"] * 5 + ["full_attention"]) * 2
+    assert three["final_logit_softcapping"] is None and three["sliding_window"] == 1024
+    assert three["rope_parameters"] == {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0},
+    }
+    # A file without a window (llama.cpp then attends fully in every layer).
+    assert (
+        file_config(gemma_header("gemma3", 6, None), "gemma3")["layer_types"]
+        == ["full_attention"] * 6
+    )
+
+
+def test_phi3_without_longrope_tensors_rotates_the_files_dimensions_plainly():
+    reader = FakeReader({
+        "phi3.embedding_length": 3072, "phi3.attention.head_count": 24,
+        "phi3.rope.dimension_count": 96, "phi3.context_length": 131072,
+        "phi3.rope.scaling.original_context_length": 4096, "phi3.rope.freq_base": 10000.0,
+        "phi3.attention.sliding_window": 0,
+    })  # fmt: skip
+    config = file_config(reader, "phi3")
+    assert config["rope_parameters"] == {
+        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+    }  # fmt: skip
+    assert config["sliding_window"] is None  # 0: Phi-4's "no window"
+    assert (config["max_position_embeddings"], config["original_max_position_embeddings"]) == (
+        131072, 4096,
+    )  # fmt: skip
+    assert file_config(reader, "llama") == {}  # the families transformers reads right
