@@ -3,9 +3,10 @@
 and chat template in the metadata), so tests can serve a GGUF and compare with transformers
 loading the same file, or the checkpoint it was written from.
 
-Gemma 2/3 and Phi-3 files are written as convert_hf_to_gguf.py writes them: tensor names from
-the gguf package's own HF -> GGUF map, Gemma's norms stored as 1 + w, the metadata each
-converter adds (soft-caps, sliding window, rotary dimensions, longrope's factor tensors)."""
+Gemma 2/3, Phi-3, Qwen2/3-MoE and Mixtral files are written as convert_hf_to_gguf.py writes
+them: tensor names from the gguf package's own HF -> GGUF map, experts stacked per layer,
+Gemma's norms stored as 1 + w, the metadata each converter adds (soft-caps, sliding window,
+rotary dimensions, longrope's factor tensors, expert counts)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def _interleave_rope(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 # The architectures written through the gguf package's name map and their converter's extras.
-_MAPPED = ("gemma2", "gemma3", "phi3")
+_MAPPED = ("gemma2", "gemma3", "phi3", "qwen2moe", "qwen3moe")
 
 
 def write_gguf(
@@ -81,7 +82,10 @@ def write_gguf(
     w.add_key_length(head_dim)  # llama.cpp writes these; Qwen3's head_dim is not hidden / heads
     w.add_value_length(head_dim)
     w.add_vocab_size(config["vocab_size"])
-    if architecture in _MAPPED:
+    # Mixtral: a llama file with experts (its converter is the Llama one's, experts merged).
+    mixtral = architecture == "llama" and "num_local_experts" in config
+    mapped = architecture in _MAPPED or mixtral
+    if mapped:
         _add_converter_metadata(w, architecture, config, head_dim)
 
     vocab = tok["model"]["vocab"]
@@ -107,7 +111,9 @@ def write_gguf(
     quant = gguf.GGMLQuantizationType[qtype]
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
     state = load_file(str(model_dir / "model.safetensors"))
-    if architecture in _MAPPED:
+    if architecture.endswith("moe") or mixtral:
+        state = _stack_experts(state)
+    if mapped:
         names = gguf.get_tensor_name_map(
             gguf.MODEL_ARCH[architecture.upper()], config["num_hidden_layers"]
         )
@@ -118,13 +124,16 @@ def write_gguf(
             state = {n: t + 1 if n.endswith("norm.weight") else t for n, t in state.items()}
         state |= _rope_factor_tensors(config)
     for hf, tensor in state.items():
-        name = hf if architecture in _MAPPED else _gguf_name(hf)
+        name = hf if mapped else _gguf_name(hf)
         data = tensor.to(torch.float32).numpy()
         kind = name.split(".")[-2]
         if architecture == "llama" and kind in heads:
             data = _interleave_rope(data, heads[kind])
         if data.ndim == 1:  # norms and biases stay F32, as llama.cpp keeps them
             w.add_tensor(name, data)
+        elif data.shape[-1] % gguf.GGML_QUANT_SIZES[quant][0]:
+            # Rows that are not whole blocks of the type: the converter falls back to F16.
+            w.add_tensor(name, data.astype(np.float16))
         else:
             w.add_tensor(name, gguf.quants.quantize(data, quant), raw_dtype=quant)
     w.write_header_to_file()
@@ -149,6 +158,15 @@ def _add_converter_metadata(w, architecture: str, config: dict, head_dim: int) -
         if config.get("final_logit_softcapping"):
             w.add_final_logit_softcapping(config["final_logit_softcapping"])
         w.add_sliding_window(config["sliding_window"])
+    elif architecture == "llama":  # Mixtral: each expert's size is feed_forward_length
+        w.add_expert_count(config["num_local_experts"])
+        w.add_expert_used_count(config["num_experts_per_tok"])
+    elif architecture.endswith("moe"):
+        w.add_expert_count(config.get("num_experts") or config["num_local_experts"])
+        w.add_expert_used_count(config["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(config["moe_intermediate_size"])
+        if config.get("shared_expert_intermediate_size"):
+            w.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
     else:  # phi3
         rope = config["rope_parameters"]
         rotary = int(rope.get("partial_rotary_factor", 1.0) * config["hidden_size"])
@@ -161,6 +179,27 @@ def _add_converter_metadata(w, architecture: str, config: dict, head_dim: int) -
                 1 + math.log(scale) / math.log(config["original_max_position_embeddings"])
             )
             w.add_rope_scaling_attn_factors(factor if scale > 1 else 1.0)
+
+
+def _stack_experts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The Hub's per-expert tensors stacked per layer and projection, as the converter merges
+    them (`model.layers.L.mlp.experts.gate_proj.weight` [E, rows, cols], Mixtral's
+    `block_sparse_moe.experts.w1`, mapped to ffn_gate_exps); Qwen2-MoE's shared-expert gate
+    [1, H] stored as a vector, as llama.cpp reads it."""
+    out: dict[str, torch.Tensor] = {}
+    experts: dict[str, dict[int, torch.Tensor]] = {}
+    for name, tensor in state.items():
+        parts = name.split(".")
+        if ".experts." in name:  # model.layers.L.{mlp,block_sparse_moe}.experts.E.PROJ.weight
+            merged = ".".join(parts[:5] + parts[6:])
+            experts.setdefault(merged, {})[int(parts[5])] = tensor
+        elif name.endswith("shared_expert_gate.weight"):
+            out[name] = tensor.reshape(-1)
+        else:
+            out[name] = tensor
+    for merged, by_index in experts.items():
+        out[merged] = torch.stack([by_index[e] for e in sorted(by_index)])
+    return out
 
 
 def _rope_factor_tensors(config: dict) -> dict[str, torch.Tensor]:

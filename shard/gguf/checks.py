@@ -16,6 +16,8 @@ ARCHITECTURES = {
     "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    "qwen2moe": "Qwen2MoeForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
 }
 
 
@@ -82,7 +84,11 @@ def inspect_gguf(path: Path) -> GgufInfo:
     names = frozenset(t.name for t in types)
     key_length = reader.get_field(f"{architecture}.attention.key_length")
     head_dim = int(key_length.contents()) if key_length is not None else None
-    return GgufInfo(path, architecture, ARCHITECTURES[architecture], names, head_dim)
+    hf_architecture = ARCHITECTURES[architecture]
+    experts = reader.get_field(f"{architecture}.expert_count")
+    if architecture == "llama" and experts is not None and int(experts.contents()) > 0:
+        hf_architecture = "MixtralForCausalLM"  # llama.cpp writes Mixtral as llama with experts
+    return GgufInfo(path, architecture, hf_architecture, names, head_dim)
 
 
 def _can_dequantize(qtype) -> bool:  # noqa: ANN001 (gguf's enum; gguf is imported lazily)

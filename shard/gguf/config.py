@@ -4,7 +4,8 @@ and runs these files, is the reference for their meaning.
 
 transformers 5 reads a Gemma 2 file with the soft-caps of the real Gemma 2 (50, 30) and a query
 scale of 256 ** -0.5 whatever the file says, a Gemma 3 file without its global layers' rope
-scaling, and a Phi-3 file with full rotary, no longrope and a 4096-token pretraining length. A
+scaling, a Phi-3 file with full rotary, no longrope and a 4096-token pretraining length, and a
+Qwen MoE file with its class's default expert sizes and top-k renormalisation. A
 shard serving such a file with those defaults computes another model than the file's.
 """
 
@@ -34,6 +35,8 @@ def file_config(reader, arch: str) -> dict[str, Any]:  # noqa: ANN001 (gguf.GGUF
         return _gemma(arch, value)
     if arch == "phi3":
         return _phi3(reader, value)
+    if arch in ("qwen2moe", "qwen3moe"):
+        return _qwen_moe(reader, arch, value)
     return {}
 
 
@@ -94,6 +97,49 @@ def _phi3(reader, value) -> dict[str, Any]:  # noqa: ANN001
         "max_position_embeddings": context,
         "sliding_window": int(window) if window else None,
     }
+
+
+def _qwen_moe(reader, arch: str, value) -> dict[str, Any]:  # noqa: ANN001
+    """The experts' sizes (transformers maps only their count and top-k), whether the top-k
+    weights are renormalised (llama.cpp: Qwen3-MoE yes, Qwen2-MoE no, unless the file says), and
+    which layers are dense: those without stacked experts in the file."""
+    stacked = (t.name for t in reader.tensors if t.name.endswith("ffn_gate_exps.weight"))
+    sparse = {name.split(".")[1] for name in stacked}
+    layers = int(value("block_count"))
+    norm = value("expert_weights_norm")
+    out: dict[str, Any] = {
+        "moe_intermediate_size": int(value("expert_feed_forward_length")),
+        "norm_topk_prob": arch == "qwen3moe" if norm is None else bool(norm),
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [i for i in range(layers) if str(i) not in sparse],
+    }
+    if arch == "qwen2moe":
+        shared = value("expert_shared_feed_forward_length")
+        out["shared_expert_intermediate_size"] = int(shared or 0)
+    return out
+
+
+# What a Llama config (transformers' reading of a llama file) shares with Mixtral's.
+_MIXTRAL_KEPT = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "rms_norm_eps", "max_position_embeddings",
+    "tie_word_embeddings", "rope_parameters", "bos_token_id", "eos_token_id",
+)  # fmt: skip
+
+
+def mixtral_config(llama_config, reader):  # noqa: ANN001, ANN201 (transformers configs)
+    """A llama file with experts (what llama.cpp makes of Mixtral) as a MixtralConfig: the
+    Llama config transformers read, plus the experts' count and top-k. Each expert's
+    intermediate size is the file's feed_forward_length, as in Mixtral's own config."""
+    from transformers import MixtralConfig
+
+    kept = llama_config.to_dict()
+    return MixtralConfig(
+        **{key: kept[key] for key in _MIXTRAL_KEPT if kept.get(key) is not None},
+        num_local_experts=int(reader.get_field("llama.expert_count").contents()),
+        num_experts_per_tok=int(reader.get_field("llama.expert_used_count").contents()),
+        sliding_window=None,
+    )
 
 
 def _floats(tensor) -> list[float]:  # noqa: ANN001 (a gguf ReaderTensor of F32)

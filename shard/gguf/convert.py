@@ -22,10 +22,13 @@ def write_metadata(info: GgufInfo, out_dir: Path, dtype: str) -> None:
     import gguf
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-    from shard.gguf.config import file_config
+    from shard.gguf.config import file_config, mixtral_config
 
     where, name = str(info.path.parent), info.path.name
     config = AutoConfig.from_pretrained(where, gguf_file=name)
+    reader = gguf.GGUFReader(str(info.path))
+    if info.hf_architecture == "MixtralForCausalLM":
+        config = mixtral_config(config, reader)  # transformers reads it as a plain Llama
     # transformers leaves these unset for GGUF; our registry picks the class by architectures[0]
     # and `--dtype auto` reads the dtype.
     config.architectures = [info.hf_architecture]
@@ -35,7 +38,7 @@ def write_metadata(info: GgufInfo, out_dir: Path, dtype: str) -> None:
         # whose config default of 128 then hides it); the file is the truth.
         config.head_dim = info.head_dim
     # What transformers leaves at its defaults for Gemma 2/3 and Phi-3 (shard/gguf/config.py).
-    for key, value in file_config(gguf.GGUFReader(str(info.path)), info.architecture).items():
+    for key, value in file_config(reader, info.architecture).items():
         setattr(config, key, value)
     if config.pad_token_id is not None and config.pad_token_id >= config.vocab_size:
         config.pad_token_id = None  # a config class's default (Phi-3's 32000), not the file's

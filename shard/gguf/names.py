@@ -37,7 +37,42 @@ _PHI3_BLOCK = {
     "ffn_up": "mlp.gate_up_proj",
     "ffn_down": "mlp.down_proj",
 }
-_BLOCKS = {"gemma2": _GEMMA_BLOCK, "gemma3": _GEMMA_BLOCK, "phi3": _PHI3_BLOCK}
+# Qwen2-MoE and Qwen3-MoE: the router, the shared expert and its sigmoid gate (Qwen2-MoE); the
+# experts themselves are stacked tensors (EXPERTS), read expert by expert.
+_QWEN_MOE_BLOCK = {
+    **_LLAMA_BLOCK,
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+}
+_BLOCKS = {
+    "gemma2": _GEMMA_BLOCK,
+    "gemma3": _GEMMA_BLOCK,
+    "phi3": _PHI3_BLOCK,
+    "qwen2moe": _QWEN_MOE_BLOCK,
+    "qwen3moe": _QWEN_MOE_BLOCK,
+}
+# Mixtral's files say `llama`; their router and experts carry Mixtral's HF names.
+_LLAMA_BLOCK["ffn_gate_inp"] = "block_sparse_moe.gate"
+# llama.cpp stacks every expert's projection in one [E, rows, cols] tensor; the loader reads the
+# Hub's per-expert names, so each stacked tensor stands for E of them (GgufSource).
+_QWEN_EXPERTS = {
+    "ffn_gate_exps": "gate_proj",
+    "ffn_up_exps": "up_proj",
+    "ffn_down_exps": "down_proj",
+}
+_EXPERTS = {
+    "llama": (
+        "block_sparse_moe",
+        {"ffn_gate_exps": "w1", "ffn_up_exps": "w3", "ffn_down_exps": "w2"},
+    ),
+    "qwen2moe": ("mlp", _QWEN_EXPERTS),
+    "qwen3moe": ("mlp", _QWEN_EXPERTS),
+}
+# A vector in the file that HF holds as one row ([H] -> [1, H]): Qwen2-MoE's shared-expert gate.
+ONE_ROW = frozenset({"ffn_gate_inp_shexp"})
 _GLOBAL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 # Precomputed tables llama.cpp adds for its own kernels; the config carries what they encode
 # (llama3 rope scaling; Phi-3's longrope factors, read into the config by shard/gguf/config.py),
@@ -69,6 +104,24 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str:
     elif (m := _GLOBAL_RE.fullmatch(gguf_name)) and m.group(1) in _GLOBAL:
         return f"{_GLOBAL[m.group(1)]}.{m.group(2)}"
     raise GgufNameError(f"GGUF tensor {gguf_name!r} has no counterpart in the served model")
+
+
+def expert_names(gguf_name: str, experts: int, arch: str = "llama") -> list[str] | None:
+    """The per-expert HF names a stacked expert tensor of a GGUF of `arch` stands for, expert e
+    at index e; None for any other tensor."""
+    m = _BLOCK_RE.fullmatch(gguf_name)
+    block, projections = _EXPERTS.get(arch, _EXPERTS["llama"])
+    if m is None or m.group(2) not in projections:
+        return None
+    layer, kind, suffix = m.groups()
+    module = f"model.layers.{layer}.{block}.experts.{{e}}.{projections[kind]}.{suffix}"
+    return [module.format(e=e) for e in range(experts)]
+
+
+def one_row(gguf_name: str) -> bool:
+    """Whether the file's vector is a one-row matrix in HF (ONE_ROW)."""
+    m = _BLOCK_RE.fullmatch(gguf_name)
+    return m is not None and m.group(2) in ONE_ROW
 
 
 def rope_head_count_key(gguf_name: str) -> str | None:

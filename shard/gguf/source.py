@@ -15,7 +15,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from shard.gguf.names import SKIPPED, hf_name, rope_head_count_key, stored_plus_one
+from shard.gguf.names import (
+    SKIPPED,
+    expert_names,
+    hf_name,
+    one_row,
+    rope_head_count_key,
+    stored_plus_one,
+)
 
 
 class GgufSource:
@@ -26,12 +33,23 @@ class GgufSource:
         self._tensors = {}
         # HF row r of a rope-permuted tensor lives in GGUF row self._row_order[name][r].
         self._row_order: dict[str, np.ndarray] = {}
+        # Per-expert names of a stacked [E, rows, cols] tensor: the expert each one reads.
+        self._expert: dict[str, int] = {}
+        self._one_row: set[str] = set()  # vectors read as [1, n]
         arch = self._reader.get_field("general.architecture").contents()
         self._arch = arch
         for tensor in self._reader.tensors:
             if tensor.name in SKIPPED:
                 continue
+            per_expert = expert_names(tensor.name, int(tensor.shape[-1]), arch)
+            if per_expert is not None:
+                for e, name in enumerate(per_expert):
+                    self._tensors[name] = tensor
+                    self._expert[name] = e
+                continue
             name = hf_name(tensor.name, arch)
+            if one_row(tensor.name):
+                self._one_row.add(name)
             self._tensors[name] = tensor
             key = rope_head_count_key(tensor.name) if arch == "llama" else None
             if key is not None:
@@ -43,15 +61,22 @@ class GgufSource:
 
     def shape(self, name: str) -> list[int]:
         # GGUF lists dimensions innermost first (ggml's ne); torch's order is the reverse.
-        return [int(n) for n in reversed(self._tensors[name].shape)]
+        shape = [int(n) for n in reversed(self._tensors[name].shape)]
+        if name in self._expert:
+            return shape[1:]
+        return [1, *shape] if name in self._one_row else shape
 
     @contextmanager
     def view(self, name: str, index: tuple[slice, ...]) -> Iterator[torch.Tensor]:
         from gguf.quants import dequantize
 
         tensor = self._tensors[name]
+        if name in self._one_row:  # [1, n]: the one row is the whole vector
+            index = index[1:]
         rows = index[0] if index else slice(None)
         data = tensor.data  # the file's mmap: [rows, bytes per row] when quantized
+        if name in self._expert:
+            data = data[self._expert[name]]  # [E, rows, bytes per row]: this expert's matrix
         order = self._row_order.get(name)
         # Fancy indexing copies just these rows out of the mapping.
         picked = data[order[rows]] if order is not None else np.asarray(data[rows])
@@ -60,7 +85,8 @@ class GgufSource:
             values = values - 1  # a new array: the mapping stays untouched
         elif not values.flags.writeable:  # F32 comes back as a view of the read-only mapping
             values = values.copy()
-        yield torch.from_numpy(np.ascontiguousarray(values))[(slice(None), *index[1:])]
+        out = torch.from_numpy(np.ascontiguousarray(values))[(slice(None), *index[1:])]
+        yield out[None] if name in self._one_row else out
 
 
 def _unpermute_order(rows: int, heads: int) -> np.ndarray:

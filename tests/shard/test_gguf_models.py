@@ -126,14 +126,14 @@ def test_gguf_split_over_two_ranks_equals_one(gguf_dir, tmp_path):
             torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
 
-# The MoE families are served from HF checkpoints only: their GGUFs are refused by name.
-@pytest.mark.parametrize("architecture", ["qwen2moe", "qwen3moe", "falcon"])
+# Architectures the server does not serve: their GGUFs are refused by name.
+@pytest.mark.parametrize("architecture", ["falcon", "starcoder2", "mamba"])
 def test_unsupported_architecture_is_named(servicer_model_dir, tmp_path, architecture):
     path = write_gguf(servicer_model_dir, tmp_path / "x.gguf", "F32", architecture=architecture)
     with pytest.raises(
         GgufError,
         match=f"x.gguf: GGUF architecture '{architecture}' is not supported; "
-        "supported: gemma2, gemma3, llama, phi3, qwen2, qwen3$",
+        "supported: gemma2, gemma3, llama, phi3, qwen2, qwen2moe, qwen3, qwen3moe$",
     ):
         inspect_gguf(path)
 

@@ -1,76 +1,94 @@
-"""Gemma 2, Gemma 3 and Phi-3 GGUFs written as llama.cpp's converter writes them
-(tests/gguf_writer.py: the gguf package's own tensor names, Gemma's norms stored as 1 + w,
-Phi-3's fused projections and longrope factor tensors, each converter's metadata).
+"""Gemma 2, Gemma 3, Phi-3, Qwen2-MoE, Qwen3-MoE and Mixtral GGUFs written as llama.cpp's
+converter writes them (tests/gguf_writer.py: the gguf package's own tensor names, Gemma's norms
+stored as 1 + w, Phi-3's fused projections and longrope factor tensors, the experts stacked per
+layer, each converter's metadata).
 
 An F32 file must compute what the checkpoint it was written from computes (transformers on that
 checkpoint): that holds the config the shard reads from the file (shard/gguf/config.py) to the
 model's own. A quantized file must compute what transformers computes from the same file's
 dequantized tensors, renamed and shifted by transformers' own GGUF loader, under that config
-(transformers' GGUF config reader alone leaves the soft-caps, Gemma 3's global rope scaling and
-Phi-3's partial rotary and longrope at class defaults).
+(transformers' GGUF config reader alone leaves the soft-caps, Gemma 3's global rope scaling,
+Phi-3's partial rotary and longrope, and the experts' sizes at class defaults). transformers
+reads a Mixtral file (a `llama` file with experts) as a Llama without them, so Mixtral has the
+F32 comparison only.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 from paged_helpers import assert_equals_reference, run_paged
 from test_models_vs_transformers import prompts
+from test_tensor_parallel import free_port
 
 from launcher.tiny_models import build_model
-from shard.distributed import Distributed
+from shard.distributed import Distributed, init_distributed
 from shard.gguf.checks import inspect_gguf
 from shard.gguf.config import file_config
 from shard.gguf.convert import write_model_dir
 from shard.models import load_model
 from tests.gguf_writer import write_gguf
-from tests.shard.tiny_model_cases import GEMMA3_ROPE, PHI3_LONGROPE
+from tests.shard.tiny_model_cases import GEMMA3_ROPE, MOE_MODELS, PHI3_LONGROPE
 
 CPU = torch.device("cpu")
 STEPS = 4
 ATOL = 1e-4
 
-# GGUF architecture -> the tiny HF model it is written from, within what llama.cpp's reading of
-# the file can express: Gemma's query scale is head_dim ** -0.5 (llama.cpp's rule below 27B),
-# Gemma 3's local layers rotate at base 10000 and one layer in six is global (7 layers: the
-# sixth). Soft-caps, windows (7 tokens, shorter than the prompts), Gemma 3's linear scaling of
-# its global layers and Phi-3's longrope over 3/4 of the head (the prompts of 21 and 37 tokens
-# fall on both sides of its 32-token boundary) all differ from the classes' defaults.
+# name -> (GGUF architecture, the tiny HF model it is written from), within what llama.cpp's
+# reading of the file can express: Gemma's query scale is head_dim ** -0.5 (llama.cpp's rule
+# below 27B), Gemma 3's local layers rotate at base 10000 and one layer in six is global (7
+# layers: the sixth). Soft-caps, windows (7 tokens, shorter than the prompts), Gemma 3's linear
+# scaling of its global layers and Phi-3's longrope over 3/4 of the head (the prompts of 21 and
+# 37 tokens fall on both sides of its 32-token boundary) all differ from the classes' defaults.
 SOURCES = {
-    "gemma2": ("Gemma2ForCausalLM", dict(
+    "gemma2": ("gemma2", "Gemma2ForCausalLM", dict(
         num_hidden_layers=3, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
         sliding_window=7, attn_logit_softcapping=1.0, final_logit_softcapping=3.0,
         tie_word_embeddings=True,
     )),
-    "gemma3": ("Gemma3ForCausalLM", dict(
+    "gemma3": ("gemma3", "Gemma3ForCausalLM", dict(
         num_hidden_layers=7, num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16,
         sliding_window=7, rope_parameters=GEMMA3_ROPE, tie_word_embeddings=True,
     )),
-    "phi3": ("Phi3ForCausalLM", dict(
+    "phi3": ("phi3", "Phi3ForCausalLM", dict(
         num_key_value_heads=4, rope_parameters=PHI3_LONGROPE,
         original_max_position_embeddings=32, max_position_embeddings=256,
     )),
+    # llama.cpp's MoE files have experts in every layer and renormalise the top-k weights for
+    # Qwen3-MoE, not for Qwen2-MoE (whose shared expert and its gate are written too).
+    "qwen2moe": (
+        "qwen2moe", "Qwen2MoeForCausalLM",
+        {**MOE_MODELS["qwen2_moe_shared_dense"][1], "mlp_only_layers": []},
+    ),
+    "qwen3moe": ("qwen3moe", *MOE_MODELS["qwen3_moe_norm_topk"]),
+    # Mixtral: a llama file with experts, its Q/K rows interleaved as every llama file's.
+    "mixtral": ("llama", *MOE_MODELS["mixtral_top2"]),
 }  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def written(tmp_path_factory):
-    """(arch, qtype) -> (the HF source, the GGUF file, the directory the launcher serves)."""
+    """(name, qtype) -> (the HF source, the GGUF file, the directory the launcher serves)."""
     built: dict[tuple[str, str], tuple[Path, Path, Path]] = {}
 
-    def get(arch: str, qtype: str) -> tuple[Path, Path, Path]:
-        if (arch, qtype) not in built:
-            root = tmp_path_factory.mktemp(f"gguf-{arch}-{qtype}")
-            source = build_model(root / "hf", SOURCES[arch][0], **SOURCES[arch][1])
+    def get(name: str, qtype: str) -> tuple[Path, Path, Path]:
+        if (name, qtype) not in built:
+            arch, cls, overrides = SOURCES[name]
+            root = tmp_path_factory.mktemp(f"gguf-{name}-{qtype}")
+            source = build_model(root / "hf", cls, **overrides)
             path = write_gguf(source, root / f"tiny-{qtype}.gguf", qtype, architecture=arch)
+            info = inspect_gguf(path)
+            assert info.hf_architecture == cls
             served = root / "served"
             served.mkdir()
-            write_model_dir(inspect_gguf(path), served)
-            built[arch, qtype] = source, path, served
-        return built[arch, qtype]
+            write_model_dir(info, served)
+            built[name, qtype] = source, path, served
+        return built[name, qtype]
 
     return get
 
@@ -81,27 +99,57 @@ def serve(served: Path):
     return batch, *run_paged(model, batch, STEPS, seed=5)
 
 
-@pytest.mark.parametrize("arch", list(SOURCES))
-def test_f32_file_computes_what_its_source_checkpoint_computes(written, arch):
+@pytest.mark.parametrize("name", list(SOURCES))
+def test_f32_file_computes_what_its_source_checkpoint_computes(written, name):
     from transformers import AutoModelForCausalLM
 
-    source, _, served = written(arch, "F32")
+    source, _, served = written(name, "F32")
     ref = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
     batch, logits, tokens = serve(served)
     assert_equals_reference(ref, batch, logits, tokens, ATOL)
 
 
-@pytest.mark.parametrize("arch, qtype", [("gemma2", "Q8_0"), ("gemma3", "Q4_1"), ("phi3", "Q8_0")])
-def test_quantized_file_equals_transformers_on_its_tensors(written, arch, qtype):
+@pytest.mark.parametrize(
+    "name, qtype",
+    [("gemma2", "Q8_0"), ("gemma3", "Q4_1"), ("phi3", "Q8_0"), ("qwen2moe", "Q8_0"),
+     ("qwen3moe", "Q4_1")],
+)  # fmt: skip
+def test_quantized_file_equals_transformers_on_its_tensors(written, name, qtype):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    _, path, served = written(arch, qtype)
+    _, path, served = written(name, qtype)
     ref = AutoModelForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, config=AutoConfig.from_pretrained(served),
         dtype=torch.float32,
     ).eval()  # fmt: skip
     batch, logits, tokens = serve(served)
     assert_equals_reference(ref, batch, logits, tokens, ATOL)
+
+
+def _expert_parallel_worker(rank: int, port: int, served: str, out_dir: str) -> None:
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+    )  # fmt: skip
+    torch.set_num_threads(1)
+    dist = init_distributed(CPU)
+    model = load_model(
+        Path(served), dtype=torch.float32, device=CPU, dist=dist, expert_parallel=True
+    )
+    torch.save(run_paged(model, prompts(model.vocab_size), STEPS, seed=5), f"{out_dir}/{rank}.pt")
+    torch.distributed.destroy_process_group()
+
+
+def test_stacked_experts_split_over_two_ranks_by_expert_equal_one(written, tmp_path):
+    # Each rank reads its own experts out of the file's stacked tensors (--expert-parallel).
+    _, _, served = written("qwen3moe", "Q4_1")
+    mp.spawn(_expert_parallel_worker, args=(free_port(), str(served), str(tmp_path)), nprocs=2)
+    batch, logits, tokens = serve(served)
+    for rank in range(2):
+        ep_logits, ep_tokens = torch.load(tmp_path / f"{rank}.pt")
+        assert ep_tokens == tokens
+        for got, want in zip(ep_logits, logits, strict=True):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
 
 class FakeReader:
@@ -174,3 +222,17 @@ def test_phi3_without_longrope_tensors_rotates_the_files_dimensions_plainly():
         131072, 4096,
     )  # fmt: skip
     assert file_config(reader, "llama") == {}  # the families transformers reads right
+
+
+def test_qwen_moe_dense_layers_are_those_without_stacked_experts():
+    reader = FakeReader({
+        "qwen2moe.block_count": 3, "qwen2moe.expert_feed_forward_length": 1408,
+        "qwen2moe.expert_shared_feed_forward_length": 5632,
+    })  # fmt: skip
+    reader.tensors = [SimpleNamespace(name=f"blk.{i}.ffn_gate_exps.weight") for i in (0, 2)]
+    assert file_config(reader, "qwen2moe") == {
+        "moe_intermediate_size": 1408, "norm_topk_prob": False, "decoder_sparse_step": 1,
+        "mlp_only_layers": [1], "shared_expert_intermediate_size": 5632,
+    }  # fmt: skip
+    reader.fields["qwen2moe.expert_weights_norm"] = True  # the file's word wins
+    assert file_config(reader, "qwen2moe")["norm_topk_prob"] is True
