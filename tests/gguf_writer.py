@@ -55,10 +55,19 @@ _MAPPED = ("gemma2", "gemma3", "phi3", "qwen2moe", "qwen3moe")
 
 
 def write_gguf(
-    model_dir: Path, out: Path, qtype: str = "F32", *, architecture: str = "llama"
+    model_dir: Path,
+    out: Path,
+    qtype: str = "F32",
+    *,
+    architecture: str = "llama",
+    sentencepiece: bool = False,
 ) -> Path:
     """`model_dir` (a tiny model from launcher.tiny_models) as the GGUF file `out`, its 2-D
-    weights stored as `qtype` (F32, F16, Q8_0, Q4_0, ... whatever gguf can quantize)."""
+    weights stored as `qtype` (F32, F16, Q8_0, Q4_0, ... whatever gguf can quantize).
+
+    `sentencepiece`: the vocabulary as Gemma's and Phi-3's converters write theirs (tokenizer
+    model "llama": pieces with scores, no merges, BOS added), from a SentencePiece-style BPE
+    trained on the tiny models' corpus, instead of the checkpoint's byte-level BPE."""
     import gguf
 
     config = json.loads((model_dir / "config.json").read_text())
@@ -88,24 +97,10 @@ def write_gguf(
     if mapped:
         _add_converter_metadata(w, architecture, config, head_dim)
 
-    vocab = tok["model"]["vocab"]
-    special = {t["id"] for t in tok["added_tokens"] if t.get("special")}
-    tokens = [""] * config["vocab_size"]
-    types = [gguf.TokenType.UNUSED] * config["vocab_size"]
-    for text, i in vocab.items():
-        tokens[i] = text
-        types[i] = gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL
-    for i, text in enumerate(tokens):  # the embedding pads the vocabulary past the tokenizer
-        tokens[i] = text or f"<pad_{i}>"
-    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(config["bos_token_id"])
-    w.add_eos_token_id(config["eos_token_id"])
-    w.add_add_bos_token(False)
+    if sentencepiece:
+        _add_sentencepiece_vocab(w, config)
+    else:
+        _add_byte_level_vocab(w, config, tok)
     w.add_chat_template(tok_config.get("chat_template") or _chat_template(model_dir))
 
     quant = gguf.GGMLQuantizationType[qtype]
@@ -141,6 +136,62 @@ def write_gguf(
     w.write_tensors_to_file()
     w.close()
     return out
+
+
+def _add_byte_level_vocab(w, config: dict, tok: dict) -> None:  # noqa: ANN001 (gguf.GGUFWriter)
+    """The checkpoint's own byte-level BPE, as llama.cpp writes a gpt2-style vocabulary."""
+    vocab = tok["model"]["vocab"]
+    special = {t["id"] for t in tok["added_tokens"] if t.get("special")}
+    tokens = [""] * config["vocab_size"]
+    types = [gguf.TokenType.UNUSED] * config["vocab_size"]
+    for text, i in vocab.items():
+        tokens[i] = text
+        types[i] = gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL
+    for i, text in enumerate(tokens):  # the embedding pads the vocabulary past the tokenizer
+        tokens[i] = text or f"<pad_{i}>"
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(config["bos_token_id"])
+    w.add_eos_token_id(config["eos_token_id"])
+    w.add_add_bos_token(False)
+
+
+def _add_sentencepiece_vocab(w, config: dict) -> None:  # noqa: ANN001 (gguf.GGUFWriter)
+    """Pieces ("▁" for a space) with scores and types, the special tokens at the ids the
+    tiny checkpoints give them (launcher.tiny_models.SPECIAL_TOKENS)."""
+    from tokenizers import SentencePieceBPETokenizer
+
+    from launcher.tiny_models import SPECIAL_TOKENS, _corpus
+
+    trainer = SentencePieceBPETokenizer()
+    trainer.train_from_iterator(
+        _corpus(), vocab_size=config["vocab_size"], special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
+    )  # fmt: skip
+    by_id = {i: piece for piece, i in trainer.get_vocab().items()}
+    tokens, types = [], []
+    for i in range(config["vocab_size"]):
+        piece = by_id.get(i)
+        tokens.append(piece or f"<pad_{i}>")
+        if piece == "<unk>":
+            types.append(gguf.TokenType.UNKNOWN)
+        elif piece in SPECIAL_TOKENS:
+            types.append(gguf.TokenType.CONTROL)
+        else:
+            types.append(gguf.TokenType.NORMAL if piece else gguf.TokenType.UNUSED)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores([-float(i) for i in range(len(tokens))])  # merge order: earlier first
+    w.add_token_types(types)
+    w.add_bos_token_id(SPECIAL_TOKENS.index("<s>"))
+    w.add_eos_token_id(SPECIAL_TOKENS.index("</s>"))
+    w.add_unk_token_id(SPECIAL_TOKENS.index("<unk>"))
+    w.add_add_bos_token(True)
 
 
 def _add_converter_metadata(w, architecture: str, config: dict, head_dim: int) -> None:  # noqa: ANN001

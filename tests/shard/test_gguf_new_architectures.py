@@ -33,42 +33,11 @@ from shard.gguf.config import file_config
 from shard.gguf.convert import write_model_dir
 from shard.models import load_model
 from tests.gguf_writer import write_gguf
-from tests.shard.tiny_model_cases import GEMMA3_ROPE, MOE_MODELS, PHI3_LONGROPE
+from tests.shard.tiny_model_cases import GGUF_MODELS as SOURCES
 
 CPU = torch.device("cpu")
 STEPS = 4
 ATOL = 1e-4
-
-# name -> (GGUF architecture, the tiny HF model it is written from), within what llama.cpp's
-# reading of the file can express: Gemma's query scale is head_dim ** -0.5 (llama.cpp's rule
-# below 27B), Gemma 3's local layers rotate at base 10000 and one layer in six is global (7
-# layers: the sixth). Soft-caps, windows (7 tokens, shorter than the prompts), Gemma 3's linear
-# scaling of its global layers and Phi-3's longrope over 3/4 of the head (the prompts of 21 and
-# 37 tokens fall on both sides of its 32-token boundary) all differ from the classes' defaults.
-SOURCES = {
-    "gemma2": ("gemma2", "Gemma2ForCausalLM", dict(
-        num_hidden_layers=3, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
-        sliding_window=7, attn_logit_softcapping=1.0, final_logit_softcapping=3.0,
-        tie_word_embeddings=True,
-    )),
-    "gemma3": ("gemma3", "Gemma3ForCausalLM", dict(
-        num_hidden_layers=7, num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16,
-        sliding_window=7, rope_parameters=GEMMA3_ROPE, tie_word_embeddings=True,
-    )),
-    "phi3": ("phi3", "Phi3ForCausalLM", dict(
-        num_key_value_heads=4, rope_parameters=PHI3_LONGROPE,
-        original_max_position_embeddings=32, max_position_embeddings=256,
-    )),
-    # llama.cpp's MoE files have experts in every layer and renormalise the top-k weights for
-    # Qwen3-MoE, not for Qwen2-MoE (whose shared expert and its gate are written too).
-    "qwen2moe": (
-        "qwen2moe", "Qwen2MoeForCausalLM",
-        {**MOE_MODELS["qwen2_moe_shared_dense"][1], "mlp_only_layers": []},
-    ),
-    "qwen3moe": ("qwen3moe", *MOE_MODELS["qwen3_moe_norm_topk"]),
-    # Mixtral: a llama file with experts, its Q/K rows interleaved as every llama file's.
-    "mixtral": ("llama", *MOE_MODELS["mixtral_top2"]),
-}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
