@@ -61,13 +61,16 @@ def write_gguf(
     *,
     architecture: str = "llama",
     sentencepiece: bool = False,
+    legacy_experts: bool = False,
 ) -> Path:
     """`model_dir` (a tiny model from launcher.tiny_models) as the GGUF file `out`, its 2-D
     weights stored as `qtype` (F32, F16, Q8_0, Q4_0, ... whatever gguf can quantize).
 
     `sentencepiece`: the vocabulary as Gemma's and Phi-3's converters write theirs (tokenizer
     model "llama": pieces with scores, no merges, BOS added), from a SentencePiece-style BPE
-    trained on the tiny models' corpus, instead of the checkpoint's byte-level BPE."""
+    trained on the tiny models' corpus, instead of the checkpoint's byte-level BPE.
+    `legacy_experts`: a Mixtral's experts one tensor each (blk.L.ffn_gate.E.weight), as
+    llama.cpp's converter wrote them before it stacked them."""
     import gguf
 
     config = json.loads((model_dir / "config.json").read_text())
@@ -106,6 +109,9 @@ def write_gguf(
     quant = gguf.GGMLQuantizationType[qtype]
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
     state = load_file(str(model_dir / "model.safetensors"))
+    legacy = {}
+    if legacy_experts:
+        legacy = {_legacy_expert_name(n): state.pop(n) for n in list(state) if ".experts." in n}
     if architecture.endswith("moe") or mixtral:
         state = _stack_experts(state)
     if mapped:
@@ -114,7 +120,7 @@ def write_gguf(
         )
         state = {
             names.get_name(hf, try_suffixes=(".weight", ".bias")): t for hf, t in state.items()
-        }
+        } | legacy
         if architecture.startswith("gemma"):  # Gemma's RMSNorm weights are stored as 1 + w
             state = {n: t + 1 if n.endswith("norm.weight") else t for n, t in state.items()}
         state |= _rope_factor_tensors(config)
@@ -251,6 +257,13 @@ def _stack_experts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     for merged, by_index in experts.items():
         out[merged] = torch.stack([by_index[e] for e in sorted(by_index)])
     return out
+
+
+def _legacy_expert_name(hf: str) -> str:
+    """model.layers.L.block_sparse_moe.experts.E.w1.weight -> blk.L.ffn_gate.E.weight."""
+    parts = hf.split(".")
+    projection = {"w1": "gate", "w3": "up", "w2": "down"}[parts[6]]
+    return f"blk.{parts[2]}.ffn_{projection}.{parts[5]}.weight"
 
 
 def _rope_factor_tensors(config: dict) -> dict[str, torch.Tensor]:

@@ -86,6 +86,10 @@ ROPE_PERMUTED = {"attn_q": "head_count", "attn_k": "head_count_kv"}
 NORM_PLUS_ONE = frozenset({"gemma2", "gemma3"})
 
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+# Mixtral files converted before llama.cpp stacked experts (early 2024) keep one tensor per
+# expert: blk.L.ffn_gate.E.weight.
+_LEGACY_EXPERT_RE = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight")
+_LEGACY_MIXTRAL = {"gate": "w1", "up": "w3", "down": "w2"}
 _GLOBAL_RE = re.compile(r"(\w+)\.(weight|bias)")
 
 
@@ -96,6 +100,12 @@ class GgufNameError(ValueError):
 def hf_name(gguf_name: str, arch: str = "llama") -> str:
     """The HF name of a GGUF tensor of architecture `arch`; a tensor we have no place for is an
     error naming it."""
+    if arch == "llama" and (m := _LEGACY_EXPERT_RE.fullmatch(gguf_name)):
+        layer, projection, expert = m.groups()
+        return (
+            f"model.layers.{layer}.block_sparse_moe.experts.{expert}."
+            f"{_LEGACY_MIXTRAL[projection]}.weight"
+        )
     if m := _BLOCK_RE.fullmatch(gguf_name):
         layer, kind, suffix = m.groups()
         block = _BLOCKS.get(arch, _LLAMA_BLOCK)

@@ -95,6 +95,22 @@ def test_quantized_file_equals_transformers_on_its_tensors(written, name, qtype)
     assert_equals_reference(ref, batch, logits, tokens, ATOL)
 
 
+def test_mixtral_file_with_one_tensor_per_expert_computes_what_its_source_computes(tmp_path):
+    # Mixtral GGUFs converted before llama.cpp stacked the experts (blk.L.ffn_gate.E.weight).
+    from transformers import AutoModelForCausalLM
+
+    arch, cls, overrides = SOURCES["mixtral"]
+    source = build_model(tmp_path / "hf", cls, **overrides)
+    path = write_gguf(source, tmp_path / "legacy.gguf", "F32", architecture=arch,
+                      legacy_experts=True)  # fmt: skip
+    served = tmp_path / "served"
+    served.mkdir()
+    write_model_dir(inspect_gguf(path), served)
+    ref = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+    batch, logits, tokens = serve(served)
+    assert_equals_reference(ref, batch, logits, tokens, ATOL)
+
+
 def _expert_parallel_worker(rank: int, port: int, served: str, out_dir: str) -> None:
     os.environ.update(
         RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
