@@ -102,21 +102,27 @@ def test_gguf_metadata_gives_config_tokenizer_and_dtype(gguf_dir, servicer_model
     assert (served / "model.gguf").resolve() == path.resolve()
 
 
-def _tp_worker(rank: int, port: int, served: str, out_dir: str) -> None:
+def split_worker(
+    rank: int, port: int, served: str, out_dir: str, expert_parallel: bool = False
+) -> None:
+    """One of two ranks serving `served` (tensor parallel, or expert parallel): run_paged's
+    logits and tokens saved to out_dir/RANK.pt."""
     os.environ.update(
         RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
     )  # fmt: skip
     torch.set_num_threads(1)
     dist = init_distributed(CPU)
-    model = load_model(Path(served), dtype=torch.float32, device=CPU, dist=dist)
+    model = load_model(
+        Path(served), dtype=torch.float32, device=CPU, dist=dist, expert_parallel=expert_parallel
+    )
     torch.save(run_paged(model, prompts(model.vocab_size), STEPS, seed=5), f"{out_dir}/{rank}.pt")
     torch.distributed.destroy_process_group()
 
 
 def test_gguf_split_over_two_ranks_equals_one(gguf_dir, tmp_path):
     _, served = gguf_dir("Q4_1")
-    mp.spawn(_tp_worker, args=(free_port(), str(served), str(tmp_path)), nprocs=2)
+    mp.spawn(split_worker, args=(free_port(), str(served), str(tmp_path)), nprocs=2)
     one = load_model(served, dtype=torch.float32, device=CPU, dist=Distributed())
     logits, tokens = run_paged(one, prompts(one.vocab_size), STEPS, seed=5)
     for rank in range(2):

@@ -15,7 +15,6 @@ F32 comparison only.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,11 +22,12 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from paged_helpers import assert_equals_reference, run_paged
+from test_gguf_models import split_worker
 from test_models_vs_transformers import prompts
 from test_tensor_parallel import free_port
 
 from launcher.tiny_models import build_model
-from shard.distributed import Distributed, init_distributed
+from shard.distributed import Distributed
 from shard.gguf.checks import inspect_gguf
 from shard.gguf.config import file_config
 from shard.gguf.convert import write_model_dir
@@ -111,24 +111,10 @@ def test_mixtral_file_with_one_tensor_per_expert_computes_what_its_source_comput
     assert_equals_reference(ref, batch, logits, tokens, ATOL)
 
 
-def _expert_parallel_worker(rank: int, port: int, served: str, out_dir: str) -> None:
-    os.environ.update(
-        RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-    )  # fmt: skip
-    torch.set_num_threads(1)
-    dist = init_distributed(CPU)
-    model = load_model(
-        Path(served), dtype=torch.float32, device=CPU, dist=dist, expert_parallel=True
-    )
-    torch.save(run_paged(model, prompts(model.vocab_size), STEPS, seed=5), f"{out_dir}/{rank}.pt")
-    torch.distributed.destroy_process_group()
-
-
 def test_stacked_experts_split_over_two_ranks_by_expert_equal_one(written, tmp_path):
     # Each rank reads its own experts out of the file's stacked tensors (--expert-parallel).
     _, _, served = written("qwen3moe", "Q4_1")
-    mp.spawn(_expert_parallel_worker, args=(free_port(), str(served), str(tmp_path)), nprocs=2)
+    mp.spawn(split_worker, args=(free_port(), str(served), str(tmp_path), True), nprocs=2)
     batch, logits, tokens = serve(served)
     for rank in range(2):
         ep_logits, ep_tokens = torch.load(tmp_path / f"{rank}.pt")
