@@ -47,7 +47,7 @@ def _gemma(arch: str, value) -> dict[str, Any]:  # noqa: ANN001
     is_27b = layers == _GEMMA_27B_LAYERS[arch]
     window = value("attention.sliding_window")
     pattern = int(value("attention.sliding_window_pattern") or _SLIDING_PATTERN[arch])
-    local = [window and (i + 1) % pattern != 0 for i in range(layers)]
+    local = [bool(window) and (i + 1) % pattern != 0 for i in range(layers)]
     out: dict[str, Any] = {
         "query_pre_attn_scalar": int(value("embedding_length")) // heads if is_27b else head_dim,
         "final_logit_softcapping": value("final_logit_softcapping"),
@@ -57,7 +57,8 @@ def _gemma(arch: str, value) -> dict[str, Any]:  # noqa: ANN001
     if arch == "gemma2":
         out["attn_logit_softcapping"] = value("attn_logit_softcapping")
         return out
-    global_rope: dict[str, Any] = {"rope_type": "default", "rope_theta": value("rope.freq_base")}
+    base = float(value("rope.freq_base") or 1_000_000.0)  # Gemma 3's global base when unstated
+    global_rope: dict[str, Any] = {"rope_type": "default", "rope_theta": base}
     if value("rope.scaling.type") == "linear":
         global_rope = {**global_rope, "rope_type": "linear", "factor": value("rope.scaling.factor")}
     out["rope_parameters"] = {

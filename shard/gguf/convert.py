@@ -37,7 +37,8 @@ def write_metadata(info: GgufInfo, out_dir: Path, dtype: str) -> None:
         # transformers maps key_length to head_dim for some architectures only (not Qwen3,
         # whose config default of 128 then hides it); the file is the truth.
         config.head_dim = info.head_dim
-    # What transformers leaves at its defaults for Gemma 2/3 and Phi-3 (shard/gguf/config.py).
+    # What transformers leaves at class defaults for Gemma 2/3, Phi-3 and the Qwen MoE families
+    # (shard/gguf/config.py).
     for key, value in file_config(reader, info.architecture).items():
         setattr(config, key, value)
     if config.pad_token_id is not None and config.pad_token_id >= config.vocab_size:

@@ -19,6 +19,8 @@ _LLAMA_BLOCK = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    # Mixtral's files say `llama`: its router (and experts, _EXPERTS) carry Mixtral's HF names.
+    "ffn_gate_inp": "block_sparse_moe.gate",
 }
 # Gemma 2 and 3: four norms a layer (llama.cpp's post_attention_norm is the norm after
 # attention, its ffn_norm the one before the MLP).
@@ -54,8 +56,6 @@ _BLOCKS = {
     "qwen2moe": _QWEN_MOE_BLOCK,
     "qwen3moe": _QWEN_MOE_BLOCK,
 }
-# Mixtral's files say `llama`; their router and experts carry Mixtral's HF names.
-_LLAMA_BLOCK["ffn_gate_inp"] = "block_sparse_moe.gate"
 # llama.cpp stacks every expert's projection in one [E, rows, cols] tensor; the loader reads the
 # Hub's per-expert names, so each stacked tensor stands for E of them (GgufSource).
 _QWEN_EXPERTS = {
