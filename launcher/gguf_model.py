@@ -14,7 +14,7 @@ from shard.gguf.checks import GgufError, find_gguf, inspect_gguf
 log = logging.getLogger("launcher")
 
 # Bump when the directory's layout changes, so an old one is never served as the new.
-LAYOUT = "v1"
+LAYOUT = "v2"  # v2: the config fields of shard/gguf/config.py, Mixtral files as Mixtral
 
 
 def gguf_model_dir(path: Path, cache_root: Path) -> Path | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from shard.gguf.checks import GgufInfo
+from shard.gguf.checks import GgufError, GgufInfo
 
 LINK_NAME = "model.gguf"
 
@@ -47,6 +47,21 @@ def write_metadata(info: GgufInfo, out_dir: Path, dtype: str) -> None:
     # The EOS that ends generation (SmolLM2: <|im_end|>), as transformers derives it.
     GenerationConfig.from_model_config(config).save_pretrained(out_dir)
     AutoTokenizer.from_pretrained(where, gguf_file=name).save_pretrained(out_dir)
+    try:  # what the router will load: a vocabulary saved wrongly fails every request later
+        AutoTokenizer.from_pretrained(out_dir)("Hello, world.")
+    except Exception as exc:
+        raise GgufError(
+            f"{name}: the tokenizer transformers builds from this file's vocabulary (tokenizer "
+            f"model {_tokenizer_model(info)!r} in a {info.architecture!r} file) cannot encode "
+            f"text: {exc}"
+        ) from exc
+
+
+def _tokenizer_model(info: GgufInfo) -> str:
+    import gguf
+
+    field = gguf.GGUFReader(str(info.path)).get_field("tokenizer.ggml.model")
+    return "(none)" if field is None else str(field.contents())
 
 
 def write_model_dir(info: GgufInfo, out_dir: Path) -> None:

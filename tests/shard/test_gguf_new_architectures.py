@@ -28,7 +28,7 @@ from test_tensor_parallel import free_port
 
 from launcher.tiny_models import build_model
 from shard.distributed import Distributed
-from shard.gguf.checks import inspect_gguf
+from shard.gguf.checks import GgufError, inspect_gguf
 from shard.gguf.config import file_config
 from shard.gguf.convert import write_model_dir
 from shard.models import load_model
@@ -50,7 +50,11 @@ def written(tmp_path_factory):
             arch, cls, overrides = SOURCES[name]
             root = tmp_path_factory.mktemp(f"gguf-{name}-{qtype}")
             source = build_model(root / "hf", cls, **overrides)
-            path = write_gguf(source, root / f"tiny-{qtype}.gguf", qtype, architecture=arch)
+            # Gemma's files carry SentencePiece vocabularies (a byte-level one is refused below).
+            path = write_gguf(
+                source, root / f"tiny-{qtype}.gguf", qtype, architecture=arch,
+                sentencepiece=arch.startswith("gemma"),
+            )  # fmt: skip
             info = inspect_gguf(path)
             assert info.hf_architecture == cls
             served = root / "served"
@@ -121,6 +125,15 @@ def test_stacked_experts_split_over_two_ranks_by_expert_equal_one(written, tmp_p
         assert ep_tokens == tokens
         for got, want in zip(ep_logits, logits, strict=True):
             torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+def test_a_vocabulary_transformers_cannot_encode_with_is_refused_at_conversion(written, tmp_path):
+    # transformers builds Gemma's tokenizer class over a byte-level vocabulary, which then fails
+    # every encode: refused when the launcher converts the file, not as a 500 per request.
+    source, _, _ = written("gemma2", "F32")
+    path = write_gguf(source, tmp_path / "bytes.gguf", "F32", architecture="gemma2")
+    with pytest.raises(GgufError, match=r"bytes.gguf: the tokenizer transformers builds .*'gpt2'"):
+        write_model_dir(inspect_gguf(path), tmp_path / "served")
 
 
 class FakeReader:
