@@ -29,24 +29,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.kernels_w4a16 import LLAMA2_7B  # noqa: E402
+from bench.kernels_w4a16 import LLAMA2_7B, random_int4  # noqa: E402
 
-GROUP = 128
 # Relative error allowed against x @ the dense bf16 weight (bf16 outputs, fp32 sums).
 MAX_ERROR = 2e-2
-
-
-def random_weight(k: int, n: int, gen: torch.Generator, device: torch.device):
-    """A QuantizedWeight of random codes, asymmetric zeros and bf16 scales sized for O(1)
-    outputs, on `device`, and its dense bf16 dequantization [N, K]."""
-    from shard.layers.quant.int4 import QuantizedWeight, pack_rows
-
-    groups = k // GROUP
-    codes = torch.randint(0, 16, (k, n), generator=gen)
-    zeros = torch.randint(0, 16, (groups, n), generator=gen).to(torch.uint8)
-    scales = ((torch.rand(groups, n, generator=gen) + 0.5) / (6.5 * k**0.5)).bfloat16()
-    qw = QuantizedWeight(pack_rows(codes).to(device), zeros.to(device), scales.to(device), GROUP)
-    return qw, qw.dequantize(torch.bfloat16).T.contiguous()
 
 
 def gemlite_layer(qw, device: torch.device) -> torch.nn.Module:
@@ -55,8 +41,8 @@ def gemlite_layer(qw, device: torch.device) -> torch.nn.Module:
     from gemlite.core import DType, GemLiteLinearTriton
 
     layer = GemLiteLinearTriton(
-        W_nbits=4, group_size=GROUP, in_features=qw.in_features, out_features=qw.out_features,
-        input_dtype=DType.BF16, output_dtype=DType.BF16,
+        W_nbits=4, group_size=qw.group_size, in_features=qw.in_features,
+        out_features=qw.out_features, input_dtype=DType.BF16, output_dtype=DType.BF16,
     )  # fmt: skip
     layer.pack(
         qw.codes().T.contiguous().to(device),
@@ -69,22 +55,16 @@ def gemlite_layer(qw, device: torch.device) -> torch.nn.Module:
 
 def kernels(qw, with_gemlite: bool, device: torch.device) -> dict[str, Callable]:
     """name -> a function of x [M, K] bf16 giving x @ W."""
-    from shard.layers.quant import tinygemm
-    from shard.layers.quant.int4_cuda import INNER_K_TILES, CudaInt4, pack_for_cuda
-    from shard.platforms.cuda.kernels.int4_dequant import dequantize_int4
+    from shard.layers.quant.int4_cuda import CudaInt4
     from shard.platforms.cuda.kernels.w4a16 import w4a16_matmul
 
-    packed = torch.ops.aten._convert_weight_to_int4pack(
-        pack_for_cuda(qw.codes().T.contiguous()), INNER_K_TILES
-    )
-    table = tinygemm.scale_zero(qw, GROUP).bfloat16().contiguous()
-    served = CudaInt4(qw)
+    served = CudaInt4(qw)  # holds tinygemm's repacked weight, and the dense path
     found = {
-        "tinygemm": lambda x: torch.ops.aten._weight_int4pack_mm(x, packed, GROUP, table),
-        "triton": lambda x: w4a16_matmul(x, qw.qweight, qw.scales, qw.zeros, None, GROUP),
-        "dequant": lambda x: (
-            x @ dequantize_int4(qw.qweight, qw.scales, qw.zeros, None, GROUP, x.dtype)
+        "tinygemm": lambda x: torch.ops.aten._weight_int4pack_mm(
+            x, served.tiny_weight, served.tiny_group_size, served.tiny_scale_zero
         ),
+        "triton": lambda x: w4a16_matmul(x, qw.qweight, qw.scales, qw.zeros, None, qw.group_size),
+        "dequant": lambda x: served.dense_matmul(x, None),
         "served": served,
     }
     if with_gemlite:
@@ -110,7 +90,8 @@ def main() -> None:
     ratios: dict[int, dict[str, list[float]]] = {m: {} for m in tokens}
     header_done = False
     for k, n in LLAMA2_7B:
-        qw, dense = random_weight(k, n, gen, device)
+        qw, _ = random_int4(k, n, device, gen)  # group 128, fp16 scales
+        dense = qw.dequantize(torch.bfloat16).T.contiguous()
         found = kernels(qw, args.gemlite, device)
         if not header_done:
             print(f"{'K x N':>13} {'M':>5} {'dense us':>9} "

@@ -52,15 +52,13 @@ def write_metadata(info: GgufInfo, out_dir: Path, dtype: str) -> None:
     except Exception as exc:
         raise GgufError(
             f"{name}: the tokenizer transformers builds from this file's vocabulary (tokenizer "
-            f"model {_tokenizer_model(info)!r} in a {info.architecture!r} file) cannot encode "
+            f"model {_tokenizer_model(reader)!r} in a {info.architecture!r} file) cannot encode "
             f"text: {exc}"
         ) from exc
 
 
-def _tokenizer_model(info: GgufInfo) -> str:
-    import gguf
-
-    field = gguf.GGUFReader(str(info.path)).get_field("tokenizer.ggml.model")
+def _tokenizer_model(reader) -> str:  # noqa: ANN001 (gguf.GGUFReader)
+    field = reader.get_field("tokenizer.ggml.model")
     return "(none)" if field is None else str(field.contents())
 
 

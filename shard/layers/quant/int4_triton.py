@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from shard.layers.quant.int4 import QuantizedWeight
 from shard.layers.quant.int4_dequant import DequantizingInt4
 
 # Rows of x from which the dense path runs (see above).
@@ -29,11 +30,16 @@ class TritonInt4(DequantizingInt4):
     """The Triton GEMM over the checkpoint's packed layout, kept as DequantizingInt4 keeps it;
     dequantize + dense GEMM from DEQUANT_MIN_ROWS rows."""
 
+    def __init__(self, qw: QuantizedWeight) -> None:
+        super().__init__(qw)
+        # The kernels' act-order groups in int32, made once rather than at every call.
+        self.register_buffer("g_idx32", None if qw.g_idx is None else qw.g_idx.int())
+
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         from shard.platforms.cuda.kernels.w4a16 import w4a16_matmul
 
         flat = x.reshape(-1, x.shape[-1])
-        g_idx = None if self.g_idx is None else self.g_idx.int()
+        g_idx = self.g_idx32
         if flat.shape[0] >= DEQUANT_MIN_ROWS:
             out = self.dense_matmul(flat, g_idx)
         else:
