@@ -191,11 +191,22 @@ class Infer:
         return {"switchyard_prefix_cache_evictions": cache.evictions if cache else 0}
 
     async def healthy(self) -> bool:
+        """The shards answer Health. A probe still waiting (a frozen shard is awaited up to its
+        timeout) ends as soon as the shards are known lost: the router answers 503 while it
+        flushes its errors, not after it has gone."""
         if self.failure is not None:
             return False
+        probe = asyncio.ensure_future(self.client.health())
+        lost = asyncio.ensure_future(self.lost.wait())
         try:
-            await self.client.health()
-        except Exception as err:
+            await asyncio.wait({probe, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+            if not probe.done():
+                probe.cancel()  # takes effect at its next await: it is not done yet
+        if not probe.done() or probe.cancelled():
+            return False
+        if (err := probe.exception()) is not None:
             log.warning("health check failed: %s", err)
             return False
-        return True
+        return self.failure is None

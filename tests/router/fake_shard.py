@@ -84,6 +84,7 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
     hang_next_decode: bool = False  # the next Decode never answers (Health still does)
     stop_next_decode: bool = False  # the next Decode answers ABORTED, as a shard that stops
     healthy: bool = True
+    hang_health: bool = False  # Health never answers, as a frozen (SIGSTOPped) process
     decode_delay: float = 0.0
     script: tuple[int, ...] = ()  # the ids every request generates, in order (else last + 1)
     # The shards' LoRA slots: more distinct adapters in one step is a router violation.
@@ -344,6 +345,8 @@ class FakeShard(pb_grpc.TextGenerationServiceServicer):
 
     async def Health(self, request, context):
         self.calls.append("Health")
+        if self.hang_health:
+            await asyncio.Event().wait()
         if not self.healthy:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "unhealthy")
         return pb.HealthResponse()

@@ -53,6 +53,31 @@ async def test_a_hung_step_fails_every_request_and_turns_health_503(model_dir):
 
 
 @async_test
+async def test_a_health_probe_waiting_on_a_frozen_shard_answers_503_once_the_shards_are_lost(
+    model_dir,
+):
+    # A frozen shard answers nothing: a /health asked before the loss is known waits on it (up
+    # to the probe's 5 s), and must turn 503 when the router learns why, while it still serves.
+    async with router_env(model_dir, shard_step_timeout=STEP_TIMEOUT_S) as env:
+        await warm_past_the_first_steps(env)
+        env.shards[1].hang_health = True
+        env.shards[1].hang_next_decode = True
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        waiting = asyncio.ensure_future(env.client.get("/health"))
+        body = {"inputs": "a", "parameters": {"max_new_tokens": 20}}
+        failed = await env.client.post("/generate", json=body)
+        assert failed.status == 424, await failed.text()
+        health = await asyncio.wait_for(waiting, 1.0)
+        # The deadline and the 1 s Health probe of the silent shard; not the 5 s /health probe.
+        assert loop.time() - start < STEP_TIMEOUT_S + 1.0 + 1.5
+        assert health.status == 503, await health.text()
+        reason = "do not answer Health either (stopped or frozen)"
+        assert reason in (await health.json())["error"]
+        assert reason in env.infer.failure
+
+
+@async_test
 async def test_a_shard_that_stops_itself_fails_the_step_at_once(model_dir):
     # No deadline at all: the ABORTED answer alone ends the wait for the other rank.
     async with router_env(model_dir, shard_step_timeout=None) as env:
