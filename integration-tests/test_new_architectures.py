@@ -1,15 +1,19 @@
-"""Gemma 2 and Phi-3 end to end: the real launcher with two shards, prefix caching on and a
-small prefill budget (prompts chunked across 16-token blocks), serving prompts that share
-prefixes; greedy ids and logprobs equal transformers.
+"""Gemma 2, Phi-3 and Gemma 3 as released (vision-language, served text only) end to end: the
+real launcher with two shards, prefix caching on and a small prefill budget (prompts chunked
+across 16-token blocks), serving prompts that share prefixes; greedy ids and logprobs equal
+transformers.
 
 Gemma 2's windows (7 tokens) are shorter than every prompt and its soft-caps small enough to
 matter; Phi-3's longrope boundary (32 tokens) falls between the short and the long prompts, so
 a long prompt must not reuse the blocks a short one computed with the short tables, while two
 long prompts share theirs; the short prompt generates past the boundary, where the shards
-recompute it with the long tables as transformers does.
+recompute it with the long tables as transformers does. Chat goes through the checkpoint's
+template, which Gemma 3's states in the processor's chat_template.json alone; images are refused.
 """
 
+import json
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import requests
@@ -17,8 +21,8 @@ import torch
 from reference import greedy
 from server_process import LauncherProcess
 
-from launcher.tiny_models import build_model
-from tests.shard.tiny_model_cases import NEW_ARCH_MODELS
+from launcher.tiny_models import VISION_LANGUAGE, build_model
+from tests.shard.tiny_model_cases import NEW_ARCH_MODELS, VISION_LANGUAGE_MODELS
 
 pytestmark = pytest.mark.slow
 LOGPROB_TOLERANCE = 1e-3
@@ -33,15 +37,34 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module", params=["gemma2_softcap_alternating", "phi3_partial_longrope"])
+CASES = {**NEW_ARCH_MODELS, **VISION_LANGUAGE_MODELS}
+
+
+@pytest.fixture(
+    scope="module",
+    params=["gemma2_softcap_alternating", "phi3_partial_longrope", "gemma3_vision_language"],
+)
 def served(request, tmp_path_factory):
-    architecture, overrides = NEW_ARCH_MODELS[request.param]
+    architecture, overrides = CASES[request.param]
     model_dir = build_model(tmp_path_factory.mktemp(request.param), architecture, **overrides)
+    if architecture in VISION_LANGUAGE:
+        processor_states_the_template(model_dir)
     args = ("--num-shard", "2", "--dtype", "float32", "--prefix-caching",
             "--max-batch-prefill-tokens", "24", "--max-batch-total-tokens", "2048")  # fmt: skip
     env = {"CUDA_VISIBLE_DEVICES": ""} if torch.cuda.device_count() < 2 else None
     with LauncherProcess(model_dir, *args, env=env) as server:
         yield server, model_dir, architecture
+
+
+def processor_states_the_template(model_dir: Path) -> None:
+    """As the Hub's Gemma 3 repos may have it: the chat template in the processor's
+    chat_template.json alone, which AutoTokenizer does not read."""
+    template = (model_dir / "chat_template.jinja").read_text()
+    (model_dir / "chat_template.jinja").unlink()
+    tokenizer_config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    tokenizer_config.pop("chat_template", None)
+    (model_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    (model_dir / "chat_template.json").write_text(json.dumps({"chat_template": template}))
 
 
 def generate(url: str, prompt: str, n: int) -> tuple[dict, int]:
@@ -76,3 +99,23 @@ def test_two_shards_with_prefix_caching_and_chunks_equal_transformers(served):
         results = list(pool.map(lambda p: generate(server.url, p, 10)[0], PROMPTS))
     for prompt, details in zip(PROMPTS, results, strict=True):
         assert [t["id"] for t in details["tokens"]] == greedy(model_dir, prompt, 10).token_ids
+
+
+def test_chat_goes_through_the_checkpoints_template(served):
+    server, model_dir, architecture = served
+    messages = [{"role": "user", "content": [{"type": "text", "text": PROMPTS[0]}]}]
+    body = {"messages": messages, "max_tokens": 6, "logprobs": True, "temperature": 0}
+    response = requests.post(f"{server.url}/v1/chat/completions", json=body, timeout=300)
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    # the template (launcher.tiny_models.CHAT_TEMPLATE) wraps the text in role markers
+    prompt = f"<|user|>\n{PROMPTS[0]}<|end|>\n<|assistant|>\n"
+    ref = greedy(model_dir, prompt, 6)
+    assert [t["logprob"] for t in choice["logprobs"]["content"]] == pytest.approx(
+        ref.logprobs[: len(choice["logprobs"]["content"])], abs=LOGPROB_TOLERANCE
+    )
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    body["messages"] = [{"role": "user", "content": [image, {"type": "text", "text": "Hi"}]}]
+    refused = requests.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+    assert refused.status_code == 422, refused.text  # a validation error, as TGI answers
+    assert "image_url" in refused.json()["error"], refused.text

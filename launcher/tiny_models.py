@@ -39,11 +39,28 @@ ARCHITECTURES = {
     "Qwen3ForCausalLM": "Qwen3Config",
     "Gemma2ForCausalLM": "Gemma2Config",
     "Gemma3ForCausalLM": "Gemma3TextConfig",  # text-only Gemma 3 (Gemma3Config is the VLM's)
+    # Gemma 3 4B and up as released: the vision-language wrapper around Gemma3TextConfig's LM
+    "Gemma3ForConditionalGeneration": "Gemma3TextConfig",
     "Phi3ForCausalLM": "Phi3Config",
     "MixtralForCausalLM": "MixtralConfig",
     "Qwen2MoeForCausalLM": "Qwen2MoeConfig",
     "Qwen3MoeForCausalLM": "Qwen3MoeConfig",
 }
+
+
+def _gemma3_vision_language(text_config):
+    """Gemma 3's vision-language config around `text_config`, with a tiny vision tower (its
+    weights are saved, as in the released checkpoints, and a text-only server skips them)."""
+    import transformers
+
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "image_size": 28, "patch_size": 14}  # fmt: skip
+    return transformers.Gemma3Config(
+        text_config=text_config.to_dict(), vision_config=vision, mm_tokens_per_image=4
+    )  # fmt: skip
+
+
+VISION_LANGUAGE = {"Gemma3ForConditionalGeneration": _gemma3_vision_language}
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 # The router's weights spread wider than the rest: its top-k choices then have clear margins,
 # so a model that computes the layer's input within rounding picks the same experts.
@@ -56,6 +73,7 @@ _ROUTER_SPREAD = 0.3
 _NORM_IDENTITY = {
     "Gemma2ForCausalLM": 0.0,
     "Gemma3ForCausalLM": 0.0,
+    "Gemma3ForConditionalGeneration": 0.0,
     "Phi3ForCausalLM": 1.0,
     **dict.fromkeys(MOE_ARCHITECTURES, 1.0),
 }
@@ -110,6 +128,7 @@ def build_model(
     seed: int = 0,
     dtype: str = "float32",
     stacked_experts: bool = False,
+    module_names: bool = False,
     chat_family: str | None = None,
     **config_overrides,
 ) -> Path:
@@ -119,6 +138,8 @@ def build_model(
     trainer stops when it runs out of merges), as real checkpoints often pad their vocabulary.
     `stacked_experts`: a Mixture-of-Experts model saved as transformers 5 holds its experts
     (stacked `experts.gate_up_proj` / `experts.down_proj`) instead of the Hub's per-expert layout.
+    `module_names`: saved under transformers 5's module names rather than the Hub's (for a
+    vision-language model, `model.language_model.layers...` instead of `language_model.model...`).
     `chat_family`: the tokenizer and chat template of a `launcher.chat_families` family (tool
     calls, reasoning); the embedding then grows to cover its added tokens when they pass
     `vocab_size`.
@@ -152,6 +173,8 @@ def build_model(
         pad_token_id=None,
         **config_overrides,
     )
+    if architecture in VISION_LANGUAGE:
+        config = VISION_LANGUAGE[architecture](config)
     config.architectures = [architecture]
     torch.manual_seed(seed)
     model = getattr(transformers, architecture)(config).to(getattr(torch, dtype))
@@ -165,16 +188,19 @@ def build_model(
                 param.normal_(0.0, 0.08 if "embed" in name or "lm_head" in name else 0.05)
             elif architecture in _NORM_IDENTITY:
                 param.normal_(_NORM_IDENTITY[architecture], _NORM_SPREAD)
-    model.save_pretrained(path, safe_serialization=True, save_original_format=not stacked_experts)
+    # transformers 5 writes the Hub's names by default; without them, its own module names
+    # (stacked experts; a vision-language model's `model.language_model.`)
+    hub_names = not (stacked_experts or module_names)
+    model.save_pretrained(path, safe_serialization=True, save_original_format=hub_names)
     tokenizer.save_pretrained(path)
     # A generation_config with eos lets both transformers and Switchyard stop on the same token.
-    eos_token_id = config.eos_token_id
+    eos_token_id = tokenizer.eos_token_id
     if chat_family is not None:  # a family may end turns with several tokens (Llama 3's eom)
         from launcher.chat_families import family_eos_ids
 
         eos_token_id = family_eos_ids(chat_family, tokenizer)
     (path / "generation_config.json").write_text(
-        json.dumps({"bos_token_id": config.bos_token_id, "eos_token_id": eos_token_id})
+        json.dumps({"bos_token_id": tokenizer.bos_token_id, "eos_token_id": eos_token_id})
     )
     return path
 

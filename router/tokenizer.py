@@ -8,6 +8,7 @@ scheduler decodes on the loop thread with the other instance.
 from __future__ import annotations
 
 import asyncio
+import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,18 @@ class Encoding:
     offsets: list[tuple[int, int]]
 
 
+def processor_chat_template(model_dir: Path) -> str | None:
+    """A vision-language checkpoint's chat template where only its processor states it
+    (`chat_template.json`, which AutoTokenizer does not read); vLLM falls back to it too."""
+    path = model_dir / "chat_template.json"
+    if not path.is_file():
+        return None
+    template = json.loads(path.read_text()).get("chat_template")
+    if not isinstance(template, str):
+        raise ValueError(f"{path} has no chat_template string")
+    return template
+
+
 class Tokenizer:
     def __init__(self, decoder: PreTrainedTokenizerBase, encoder: PreTrainedTokenizerBase) -> None:
         self.decoder = decoder
@@ -33,9 +46,11 @@ class Tokenizer:
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> Tokenizer:
-        return cls(
-            AutoTokenizer.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
-        )
+        decoder, encoder = (AutoTokenizer.from_pretrained(model_dir) for _ in range(2))
+        template = processor_chat_template(Path(model_dir))
+        if template is not None and not getattr(encoder, "chat_template", None):
+            decoder.chat_template = encoder.chat_template = template
+        return cls(decoder, encoder)
 
     @classmethod
     def from_object(cls, tokenizer: PreTrainedTokenizerBase) -> Tokenizer:

@@ -170,6 +170,11 @@ class Weights:
         self._require(name)
         self.consumed.add(name)
 
+    def skip_modules(self, prefixes: tuple[str, ...]) -> None:
+        """Every tensor under `prefixes` is deliberately not loaded (a vision tower that a
+        text-only server never runs)."""
+        self.consumed.update(k for k in self._keys if k.startswith(prefixes))
+
     def get_tensor(self, name: str) -> torch.Tensor:
         """The whole tensor, for replicated parameters (norms)."""
         shape = self.shape(name)

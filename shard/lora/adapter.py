@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,8 +43,10 @@ def read_adapter(
     *,
     max_rank: int,
     module_shapes: Mapping[str, tuple[int, int]],
+    resolve: Callable[[str], str | None] = lambda module: module,
 ) -> LoraAdapter:
-    """`module_shapes`: the served model's LoRA-capable modules -> (in_features, out_features)."""
+    """`module_shapes`: the served model's LoRA-capable modules -> (in_features, out_features).
+    `resolve`: an adapter's module name -> the checkpoint's (CausalLM.adapter_module)."""
     config = _read_config(name, path)
     rank = config.get("r")
     if not isinstance(rank, int) or rank < 1:
@@ -57,7 +59,7 @@ def read_adapter(
         raise AdapterError(f"adapter {name!r}: lora_alpha = {alpha!r} is not a number")
     rank_pattern = _pattern(name, config, "rank_pattern")
     alpha_pattern = _pattern(name, config, "alpha_pattern")
-    tensors = _read_tensors(name, path)
+    tensors = _served_tensors(_read_tensors(name, path), resolve)
     supported = _model_targets(module_shapes)
     _refuse_unknown_targets(name, config, tensors, supported)
     pairs: dict[str, dict[str, torch.Tensor]] = {}
@@ -117,6 +119,21 @@ def read_adapter(
             b = torch.nn.functional.pad(b, (0, slot_rank - r))
         modules[module] = (a, b)
     return LoraAdapter(name=name, rank=slot_rank, scaling=float(scaling), modules=modules)
+
+
+def _served_tensors(
+    tensors: dict[str, torch.Tensor], resolve: Callable[[str], str | None]
+) -> dict[str, torch.Tensor]:
+    """The adapter's weights under the checkpoint's module names; those of modules the server
+    never runs (a vision tower, for text-only serving) left out: they change nothing here."""
+    served = {}
+    for key, value in tensors.items():
+        match = _KEY.match(key)
+        if match is None:
+            served[key] = value  # refused by name below
+        elif (module := resolve(match["module"])) is not None:
+            served[f"base_model.model.{module}.lora_{match['ab']}.weight"] = value
+    return served
 
 
 def _scaling(alpha: float, rank: int, rslora: bool | None) -> float:

@@ -36,6 +36,7 @@ from shard.layers.linear import ColumnParallelLinear, RowParallelLinear
 from shard.layers.lora import LoraStep, LoraTerm
 from shard.layers.quant.base import Piece
 from shard.lora.adapter import AdapterError, LoraAdapter, read_adapter
+from shard.models.base import CausalLM
 from shard.platforms import platform_of
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,9 @@ class LoraManager:
         )
         self.layers = _attach(model, self.step, settings, model.dtype, model.device)
         self.module_shapes = {m: s for layer, _ in self.layers for m, s in _shapes(layer).items()}
+        # Adapters' module names as the checkpoint's (a CausalLM knows its layouts; the tests'
+        # bare layers are named as their checkpoint).
+        self.resolve = model.adapter_module if isinstance(model, CausalLM) else _same_module
         # The adapters known now: the startup ones, then those added and removed at runtime.
         self.paths: dict[str, Path] = {n: Path(p) for n, p in settings.adapters.items()}
         self.cache: OrderedDict[str, LoraAdapter] = OrderedDict()
@@ -159,6 +163,7 @@ class LoraManager:
             self.paths[name],
             max_rank=self.settings.max_rank,
             module_shapes=self.module_shapes,
+            resolve=self.resolve,
         )
         self.cache[name] = adapter
         while len(self.cache) > self.max_cpu_loras:
@@ -277,6 +282,10 @@ def _rank_parts(
         # this rank's rows of B, piece by piece (of a fused module: its q, k, v or gate, up)
         parts.append((ab[0], torch.cat([ab[1][p.start : p.stop] for p in pieces])))
     return parts
+
+
+def _same_module(name: str) -> str:
+    return name
 
 
 def _attach(

@@ -28,6 +28,11 @@ class CausalLM(nn.Module):
         """input_ids, positions [T] int64 -> final hidden states [T, hidden]."""
         raise NotImplementedError
 
+    def adapter_module(self, name: str) -> str | None:
+        """A LoRA adapter's module name -> the checkpoint module it adapts; None for one in a
+        part of the checkpoint the server never runs (a text-only model's vision tower)."""
+        return name
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> float32 [N, vocab_size], the full vocabulary on every rank."""
         raise NotImplementedError

@@ -43,7 +43,10 @@ def read_config_dict(model_dir: Path) -> dict[str, Any]:
 
 def read_eos_token_ids(model_dir: Path, config: dict[str, Any]) -> list[int]:
     found: list[int] = []
+    text_config = config.get("text_config")  # a vision-language wrapper's LM says it there
     sources = [config.get("eos_token_id")]
+    if isinstance(text_config, dict):
+        sources.append(text_config.get("eos_token_id"))
     generation_config = model_dir / "generation_config.json"
     if generation_config.exists():
         sources.append(json.loads(generation_config.read_text()).get("eos_token_id"))

@@ -22,6 +22,8 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen3ForCausalLM": ("shard.models.qwen3", "Qwen3ForCausalLM"),
     "Gemma2ForCausalLM": ("shard.models.gemma2", "Gemma2ForCausalLM"),
     "Gemma3ForCausalLM": ("shard.models.gemma3", "Gemma3ForCausalLM"),
+    # Gemma 3 4B and up as released (vision-language), served text only
+    "Gemma3ForConditionalGeneration": ("shard.models.gemma3", "Gemma3ForConditionalGeneration"),
     "Phi3ForCausalLM": ("shard.models.phi3", "Phi3ForCausalLM"),
     "MixtralForCausalLM": ("shard.models.mixtral", "MixtralForCausalLM"),
     "Qwen2MoeForCausalLM": ("shard.models.qwen2_moe", "Qwen2MoeForCausalLM"),

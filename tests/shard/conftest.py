@@ -10,9 +10,14 @@ import pytest
 import shard.platforms.cpu.native.build
 from launcher.tiny_models import build_model
 from shard.platforms.cpu.native.build import unavailable_reason
-from tests.shard.tiny_model_cases import MOE_MODELS, NEW_ARCH_MODELS, TINY_MODELS
+from tests.shard.tiny_model_cases import (
+    MOE_MODELS,
+    NEW_ARCH_MODELS,
+    TINY_MODELS,
+    VISION_LANGUAGE_MODELS,
+)
 
-ALL_MODELS = {**TINY_MODELS, **NEW_ARCH_MODELS, **MOE_MODELS}
+ALL_MODELS = {**TINY_MODELS, **NEW_ARCH_MODELS, **MOE_MODELS, **VISION_LANGUAGE_MODELS}
 
 
 @pytest.fixture(scope="session")

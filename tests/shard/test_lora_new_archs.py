@@ -5,6 +5,8 @@ one batch, whole and chunked prompts; and bf16 serving on Phi-3 (as test_lora_bf
 - Gemma 2 has Llama's module names; its gate_up term goes through GeGLU (gelu-tanh) and its
   attention and final logits are soft-capped. Gemma 3 the same, with q/k norms after the q/k
   terms and one KV head.
+- Gemma 3's vision-language checkpoint nests the LM's names; its adapters name it otherwise
+  and carry vision-tower modules, which the text-only server leaves out.
 - Phi-3's checkpoint fuses q/k/v into one qkv_proj and gate/up into one gate_up_proj tensor,
   and PEFT targets those fused modules: one A each, B split like the weight's rows
   (lora_fixtures.PHI3_ADAPTERS: all linears, each fused module alone, the row layers alone).
@@ -32,6 +34,14 @@ CASES = {
     "gemma2_softcap_alternating": ADAPTERS,
     "gemma3_qk_norm_local_rope": ADAPTERS,
     "phi3_partial_longrope": PHI3_ADAPTERS,
+    # Gemma 3 as released (vision-language, served text only): PEFT's adapters name the LM's
+    # modules as transformers 5 does (`model.language_model...`), unlike the Hub's files, and
+    # these also adapt the vision tower (its q/v_proj; all-linear: its fc1, fc2, out_proj too),
+    # which text never reaches.
+    "gemma3_vision_language": {
+        "qv_r4": ADAPTERS["qv_r4"],
+        "all_linear_r8": dict(r=8, lora_alpha=16, target_modules="all-linear"),
+    },
 }
 
 

@@ -10,7 +10,12 @@ from transformers import AutoModelForCausalLM
 
 from shard.distributed import Distributed
 from shard.models import load_model
-from tests.shard.tiny_model_cases import MOE_MODELS, NEW_ARCH_MODELS, TINY_MODELS
+from tests.shard.tiny_model_cases import (
+    MOE_MODELS,
+    NEW_ARCH_MODELS,
+    TINY_MODELS,
+    VISION_LANGUAGE_MODELS,
+)
 
 CPU = torch.device("cpu")
 STEPS = 5
@@ -33,7 +38,8 @@ def ref_logits(ref: torch.nn.Module, ids: list[int]) -> torch.Tensor:
 
 @pytest.mark.parametrize(
     "name",
-    [n for n in TINY_MODELS if n != "llama_odd_vocab"] + list(NEW_ARCH_MODELS) + list(MOE_MODELS),
+    [n for n in TINY_MODELS if n != "llama_odd_vocab"]
+    + [*NEW_ARCH_MODELS, *MOE_MODELS, *VISION_LANGUAGE_MODELS],
 )
 def test_prefill_and_decode_logits_and_greedy_tokens(tiny_model, name):
     path = tiny_model(name)

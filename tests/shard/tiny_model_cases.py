@@ -161,6 +161,20 @@ NEW_ARCH_MODELS: dict[str, tuple[str, dict]] = {
     ),
 }
 
+# Gemma 3 4B and up as released: the vision-language checkpoint (Gemma3ForConditionalGeneration),
+# served as its language model. The LM is gemma3_qk_norm_local_rope's; the files are the Hub's
+# (`language_model.model...`) or transformers 5's module names (`model.language_model...`).
+VISION_LANGUAGE_MODELS: dict[str, tuple[str, dict]] = {
+    "gemma3_vision_language": (
+        "Gemma3ForConditionalGeneration",
+        NEW_ARCH_MODELS["gemma3_qk_norm_local_rope"][1],
+    ),
+    "gemma3_vision_language_module_names": (
+        "Gemma3ForConditionalGeneration",
+        {**NEW_ARCH_MODELS["gemma3_qk_norm_local_rope"][1], "module_names": True},
+    ),
+}
+
 # Mixture-of-Experts architectures: name -> (architecture, config overrides). Experts are few
 # and small, the top-k high enough that most steps leave some experts without tokens and load
 # others unevenly.

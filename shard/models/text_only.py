@@ -1,0 +1,71 @@
+"""A vision-language checkpoint served as its language model alone (Gemma 3 4B and up ship as
+Gemma3ForConditionalGeneration): its config nests the LM's under `text_config`, its files nest
+the LM's tensors under a prefix, and the vision tower and projector are never run.
+
+Text-only requests through the LM are the wrapper's own outputs for them: transformers runs the
+vision parts only for images, which the API refuses. Two layouts of the nesting exist:
+- the Hub's files (what `save_pretrained` writes): `language_model.model.layers.0...` and
+  `language_model.lm_head`;
+- transformers 5's module names (a state dict saved as is, PEFT's adapters):
+  `model.language_model.layers.0...`, with `lm_head` at the top.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+HUB_LAYOUT = {"model.": "language_model.model.", "lm_head": "language_model.lm_head"}
+MODULE_LAYOUT = {"model.": "model.language_model.", "lm_head": "lm_head"}
+# The parts a text-only server never runs, in either layout.
+VISION_PREFIXES = (
+    "vision_tower.",
+    "multi_modal_projector.",
+    "model.vision_tower.",
+    "model.multi_modal_projector.",
+)
+
+
+def text_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """The LM's config; ValueError when the wrapper's config lacks it."""
+    config = raw.get("text_config")
+    if not isinstance(config, dict):
+        raise ValueError("config.json has no text_config: the language model's config")
+    return config
+
+
+def nest(name: str, layout: dict[str, str]) -> str:
+    """A causal LM's checkpoint name (`model.layers.0.mlp`, `lm_head`) as `layout` nests it."""
+    for plain, nested in layout.items():
+        if name.startswith(plain):
+            return nested + name[len(plain) :]
+    raise ValueError(f"{name!r} is not a language model name")
+
+
+def unnest(name: str) -> str | None:
+    """A nested name in either layout -> the causal LM's name; None outside the LM."""
+    for layout in (HUB_LAYOUT, MODULE_LAYOUT):
+        for plain, nested in layout.items():
+            if name == nested or name.startswith(nested if plain == "model." else nested + "."):
+                return plain + name[len(nested) :]
+    return None
+
+
+def layout_of(has: Callable[[str], bool]) -> dict[str, str]:
+    """Which layout a checkpoint holds (`has`: Weights.has_module)."""
+    return MODULE_LAYOUT if has("model.language_model.embed_tokens") else HUB_LAYOUT
+
+
+def nested_table(
+    table: dict[str, tuple[str, ...]], layout: dict[str, str]
+) -> dict[str, tuple[str, ...]]:
+    return {ours: tuple(nest(n, layout) for n in names) for ours, names in table.items()}
+
+
+def adapter_module(name: str, layout: dict[str, str]) -> str | None:
+    """An adapter's module name (either layout: PEFT names modules as transformers 5 does) ->
+    the checkpoint's name for it; None for a vision module, which text never reaches."""
+    if name.startswith(VISION_PREFIXES):
+        return None
+    plain = unnest(name)
+    return name if plain is None else nest(plain, layout)
