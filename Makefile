@@ -44,8 +44,9 @@ serve: $(STAMP)
 # launcher, which hold on a machine it has to itself) run after, in one process, alone.
 TEST_WORKERS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),0,2)
 
+# --durations: the slowest tests at the end of CI's log, where the suite's time goes.
 test: $(STAMP)
-	$(VENV_PY) -m pytest -q -n $(TEST_WORKERS) -m "not serial"
+	$(VENV_PY) -m pytest -q -n $(TEST_WORKERS) -m "not serial" --durations=25
 	$(VENV_PY) -m pytest -q -m serial
 
 lint: $(STAMP)
