@@ -35,6 +35,8 @@ ARCHITECTURES = {
     "LlamaForCausalLM": "LlamaConfig",
     "MistralForCausalLM": "MistralConfig",
     "MinistralForCausalLM": "MinistralConfig",
+    # Mistral Small 3.1 and later as released: Pixtral's vision tower before a Mistral
+    "Mistral3ForConditionalGeneration": "MistralConfig",
     "Qwen2ForCausalLM": "Qwen2Config",
     "Qwen3ForCausalLM": "Qwen3Config",
     "Gemma2ForCausalLM": "Gemma2Config",
@@ -60,7 +62,24 @@ def _gemma3_vision_language(text_config):
     )  # fmt: skip
 
 
-VISION_LANGUAGE = {"Gemma3ForConditionalGeneration": _gemma3_vision_language}
+def _mistral3_vision_language(text_config):
+    """Mistral 3's vision-language config around `text_config`, with a tiny Pixtral tower."""
+    import transformers
+
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "head_dim": 16, "image_size": 28,
+              "patch_size": 14}  # fmt: skip
+    return transformers.Mistral3Config(
+        text_config=text_config.to_dict(), vision_config=vision,
+        # the wrapper's own default (tied) would drop the untied LM's lm_head on save
+        tie_word_embeddings=text_config.tie_word_embeddings,
+    )  # fmt: skip
+
+
+VISION_LANGUAGE = {
+    "Gemma3ForConditionalGeneration": _gemma3_vision_language,
+    "Mistral3ForConditionalGeneration": _mistral3_vision_language,
+}
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 # The router's weights spread wider than the rest: its top-k choices then have clear margins,
 # so a model that computes the layer's input within rounding picks the same experts.

@@ -5,21 +5,12 @@ released models) and served when set."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from shard.models.blocks import DecoderModel
 from shard.models.config import ModelConfig
 from shard.models.gemma2 import GEMMA_NAMES, gemma_config
-from shard.models.text_only import (
-    VISION_PREFIXES,
-    adapter_module,
-    layout_of,
-    nested_table,
-    text_config,
-)
-
-if TYPE_CHECKING:
-    from shard.weights import Weights
+from shard.models.text_only import TextOnly
 
 
 class Gemma3ForCausalLM(DecoderModel):
@@ -34,22 +25,6 @@ class Gemma3ForCausalLM(DecoderModel):
         return gemma_config(raw, config)
 
 
-class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
+class Gemma3ForConditionalGeneration(TextOnly, Gemma3ForCausalLM):
     """Gemma 3 4B and up, as released: the vision-language checkpoint, served as its language
     model (text only; shard/models/text_only.py)."""
-
-    @classmethod
-    def config_from_dict(cls, raw: dict[str, Any], **fields: Any) -> ModelConfig:
-        return super().config_from_dict(text_config(raw), **fields)
-
-    @classmethod
-    def names_for(cls, weights: Weights) -> dict[str, tuple[str, ...]]:
-        return nested_table(super().names_for(weights), layout_of(weights.has_module))
-
-    def __init__(self, config: ModelConfig, weights: Weights, attention: str = "torch") -> None:
-        weights.skip_modules(VISION_PREFIXES)
-        super().__init__(config, weights, attention)
-        self._layout = layout_of(weights.has_module)
-
-    def adapter_module(self, name: str) -> str | None:
-        return adapter_module(name, self._layout)

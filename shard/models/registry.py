@@ -18,6 +18,8 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     # Mistral with per-layer attention types (transformers loads a Mistral config that has
     # layer_types as Ministral; ModelConfig.layer_windows follows layer_types).
     "MinistralForCausalLM": ("shard.models.llama", "LlamaForCausalLM"),
+    # Mistral Small 3.1 and later as released (vision-language), served text only
+    "Mistral3ForConditionalGeneration": ("shard.models.llama", "Mistral3ForConditionalGeneration"),
     "Qwen2ForCausalLM": ("shard.models.qwen2", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": ("shard.models.qwen3", "Qwen3ForCausalLM"),
     "Gemma2ForCausalLM": ("shard.models.gemma2", "Gemma2ForCausalLM"),

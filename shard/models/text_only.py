@@ -1,5 +1,6 @@
 """A vision-language checkpoint served as its language model alone (Gemma 3 4B and up ship as
-Gemma3ForConditionalGeneration): its config nests the LM's under `text_config`, its files nest
+Gemma3ForConditionalGeneration, Mistral Small 3.1 and later as Mistral3ForConditionalGeneration):
+its config nests the LM's under `text_config`, its files nest
 the LM's tensors under a prefix, and the vision tower and projector are never run.
 
 Text-only requests through the LM are the wrapper's own outputs for them: transformers runs the
@@ -13,7 +14,11 @@ vision parts only for images, which the API refuses. Two layouts of the nesting 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shard.models.config import ModelConfig
+    from shard.weights import Weights
 
 HUB_LAYOUT = {"model.": "language_model.model.", "lm_head": "language_model.lm_head"}
 MODULE_LAYOUT = {"model.": "model.language_model.", "lm_head": "lm_head"}
@@ -69,3 +74,24 @@ def adapter_module(name: str, layout: dict[str, str]) -> str | None:
         return None
     plain = unnest(name)
     return name if plain is None else nest(plain, layout)
+
+
+class TextOnly:
+    """Mixed in before the language model's class: `class X(TextOnly, LMClass)`."""
+
+    @classmethod
+    def config_from_dict(cls, raw: dict[str, Any], **fields: Any) -> ModelConfig:
+        return super().config_from_dict(text_config(raw), **fields)  # type: ignore[misc]
+
+    @classmethod
+    def names_for(cls, weights: Weights) -> dict[str, tuple[str, ...]]:
+        table = super().names_for(weights)  # type: ignore[misc]
+        return nested_table(table, layout_of(weights.has_module))
+
+    def __init__(self, config: ModelConfig, weights: Weights, attention: str = "torch") -> None:
+        weights.skip_modules(VISION_PREFIXES)
+        super().__init__(config, weights, attention)  # type: ignore[call-arg]
+        self._layout = layout_of(weights.has_module)
+
+    def adapter_module(self, name: str) -> str | None:
+        return adapter_module(name, self._layout)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from paged_helpers import PagedLayout, run_paged
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
 from shard.distributed import Distributed
 from shard.models import load_model
@@ -28,7 +28,10 @@ def prompts(vocab_size: int, lens=(21, 37), seed: int = 0) -> list[torch.Tensor]
 
 
 def reference(path) -> torch.nn.Module:
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    except ValueError:  # a vision-language model AutoModelForCausalLM does not map (Mistral 3)
+        return AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
 
 
 @torch.inference_mode()

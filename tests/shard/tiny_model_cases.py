@@ -161,9 +161,10 @@ NEW_ARCH_MODELS: dict[str, tuple[str, dict]] = {
     ),
 }
 
-# Gemma 3 4B and up as released: the vision-language checkpoint (Gemma3ForConditionalGeneration),
-# served as its language model. The LM is gemma3_qk_norm_local_rope's; the files are the Hub's
-# (`language_model.model...`) or transformers 5's module names (`model.language_model...`).
+# Gemma 3 4B and up and Mistral Small 3.1 and later as released: vision-language checkpoints
+# (Gemma3ForConditionalGeneration, Mistral3ForConditionalGeneration), served as their LMs. Gemma
+# 3's LM is gemma3_qk_norm_local_rope's; the files are the Hub's (`language_model.model...`) or
+# transformers 5's module names (`model.language_model...`).
 VISION_LANGUAGE_MODELS: dict[str, tuple[str, dict]] = {
     "gemma3_vision_language": (
         "Gemma3ForConditionalGeneration",
@@ -172,6 +173,11 @@ VISION_LANGUAGE_MODELS: dict[str, tuple[str, dict]] = {
     "gemma3_vision_language_module_names": (
         "Gemma3ForConditionalGeneration",
         {**NEW_ARCH_MODELS["gemma3_qk_norm_local_rope"][1], "module_names": True},
+    ),
+    # Mistral Small 3.1 style: Pixtral's tower before a Mistral (GQA, untied lm_head, no window).
+    "mistral3_vision_language": (
+        "Mistral3ForConditionalGeneration",
+        {"num_key_value_heads": 2, "head_dim": 16, "sliding_window": None},
     ),
 }
 
