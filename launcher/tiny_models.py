@@ -50,36 +50,37 @@ ARCHITECTURES = {
 }
 
 
-def _gemma3_vision_language(text_config):
-    """Gemma 3's vision-language config around `text_config`, with a tiny vision tower (its
-    weights are saved, as in the released checkpoints, and a text-only server skips them)."""
-    import transformers
-
-    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-              "num_attention_heads": 2, "image_size": 28, "patch_size": 14}  # fmt: skip
-    return transformers.Gemma3Config(
-        text_config=text_config.to_dict(), vision_config=vision, mm_tokens_per_image=4
-    )  # fmt: skip
-
-
-def _mistral3_vision_language(text_config):
-    """Mistral 3's vision-language config around `text_config`, with a tiny Pixtral tower."""
-    import transformers
-
-    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-              "num_attention_heads": 2, "head_dim": 16, "image_size": 28,
-              "patch_size": 14}  # fmt: skip
-    return transformers.Mistral3Config(
-        text_config=text_config.to_dict(), vision_config=vision,
-        # the wrapper's own default (tied) would drop the untied LM's lm_head on save
-        tie_word_embeddings=text_config.tie_word_embeddings,
-    )  # fmt: skip
-
-
+# Vision-language wrappers -> their config class and its arguments besides the LM's config: a
+# tiny vision tower (its weights are saved, as in the released checkpoints, and a text-only
+# server skips them).
 VISION_LANGUAGE = {
-    "Gemma3ForConditionalGeneration": _gemma3_vision_language,
-    "Mistral3ForConditionalGeneration": _mistral3_vision_language,
-}
+    "Gemma3ForConditionalGeneration": ("Gemma3Config", {
+        "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                          "num_attention_heads": 2, "image_size": 28, "patch_size": 14},
+        "mm_tokens_per_image": 4,  # a whole number of the 2x2 patches' pooling windows
+    }),
+    "Mistral3ForConditionalGeneration": ("Mistral3Config", {
+        "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                          "num_attention_heads": 2, "head_dim": 16, "image_size": 28,
+                          "patch_size": 14},
+    }),
+}  # fmt: skip
+
+
+def _vision_language(architecture: str, text_config):
+    """The wrapper's config around `text_config`."""
+    import transformers
+
+    config_class, arguments = VISION_LANGUAGE[architecture]
+    return getattr(transformers, config_class)(
+        text_config=text_config.to_dict(),
+        # the LM's, not the wrapper's default (Mistral 3's is tied; its LM is not, and a tied
+        # wrapper would drop the lm_head on save)
+        tie_word_embeddings=text_config.tie_word_embeddings,
+        **arguments,
+    )
+
+
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 # The router's weights spread wider than the rest: its top-k choices then have clear margins,
 # so a model that computes the layer's input within rounding picks the same experts.
@@ -193,7 +194,7 @@ def build_model(
         **config_overrides,
     )
     if architecture in VISION_LANGUAGE:
-        config = VISION_LANGUAGE[architecture](config)
+        config = _vision_language(architecture, config)
     config.architectures = [architecture]
     torch.manual_seed(seed)
     model = getattr(transformers, architecture)(config).to(getattr(torch, dtype))

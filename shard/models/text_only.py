@@ -20,8 +20,10 @@ if TYPE_CHECKING:
     from shard.models.config import ModelConfig
     from shard.weights import Weights
 
-HUB_LAYOUT = {"model.": "language_model.model.", "lm_head": "language_model.lm_head"}
-MODULE_LAYOUT = {"model.": "model.language_model.", "lm_head": "lm_head"}
+# A causal LM's name prefix -> the same module's prefix in a layout (prefixes end in "." and
+# names are matched with one appended, so `lm_head` is matched whole, never `lm_head_x`).
+HUB_LAYOUT = {"model.": "language_model.model.", "lm_head.": "language_model.lm_head."}
+MODULE_LAYOUT = {"model.": "model.language_model.", "lm_head.": "lm_head."}
 # The parts a text-only server never runs, in either layout.
 VISION_PREFIXES = (
     "vision_tower.",
@@ -39,11 +41,17 @@ def text_config(raw: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
+def _rebase(name: str, old: str, new: str) -> str | None:
+    """`name` with prefix `old` replaced by `new`; None when it does not start with `old`."""
+    dotted = f"{name}."
+    return f"{new}{dotted[len(old) :]}"[:-1] if dotted.startswith(old) else None
+
+
 def nest(name: str, layout: dict[str, str]) -> str:
     """A causal LM's checkpoint name (`model.layers.0.mlp`, `lm_head`) as `layout` nests it."""
     for plain, nested in layout.items():
-        if name.startswith(plain):
-            return nested + name[len(plain) :]
+        if (found := _rebase(name, plain, nested)) is not None:
+            return found
     raise ValueError(f"{name!r} is not a language model name")
 
 
@@ -51,8 +59,8 @@ def unnest(name: str) -> str | None:
     """A nested name in either layout -> the causal LM's name; None outside the LM."""
     for layout in (HUB_LAYOUT, MODULE_LAYOUT):
         for plain, nested in layout.items():
-            if name == nested or name.startswith(nested if plain == "model." else nested + "."):
-                return plain + name[len(nested) :]
+            if (found := _rebase(name, nested, plain)) is not None:
+                return found
     return None
 
 
