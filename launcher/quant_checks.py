@@ -50,6 +50,8 @@ def check_quantization(
             f"(quantization_config.quant_method in {model_dir / 'config.json'}); pass "
             f"--quantize {quant.method} or leave the flag out"
         )
+    if not quant.int4_linears:  # experts only: launcher/checks.py check_experts splits them
+        return
     shapes = config.get("text_config", config)  # multimodal wrappers nest the LM's config
     if not _splits(shapes, quant, num_shard):
         working = [n for n in range(1, 65) if _splits(shapes, quant, n)]

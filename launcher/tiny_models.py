@@ -1,4 +1,5 @@
-"""Builds small checkpoints locally (Llama family, Gemma 2/3, Phi-3, Mixtral, Qwen2/3-MoE):
+"""Builds small checkpoints locally (Llama family, Gemma 2/3, Phi-3, Mixtral, Qwen2/3-MoE,
+gpt-oss):
 random weights and a byte-level BPE tokenizer.
 
 There is no model hub here, so every test model comes from this one builder.
@@ -47,6 +48,7 @@ ARCHITECTURES = {
     "MixtralForCausalLM": "MixtralConfig",
     "Qwen2MoeForCausalLM": "Qwen2MoeConfig",
     "Qwen3MoeForCausalLM": "Qwen3MoeConfig",
+    "GptOssForCausalLM": "GptOssConfig",
 }
 
 
@@ -81,10 +83,19 @@ def _vision_language(architecture: str, text_config):
     )
 
 
-MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+MOE_ARCHITECTURES = (
+    "MixtralForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "GptOssForCausalLM",
+)
 # The router's weights spread wider than the rest: its top-k choices then have clear margins,
 # so a model that computes the layer's input within rounding picks the same experts.
 _ROUTER_SPREAD = 0.3
+_ROUTERS = ("mlp.gate.weight", "mlp.router.weight")
+# gpt-oss's attention sinks: a logit per head of the size of the scores', so that a model
+# ignoring them (or applying them to the wrong head) is visibly off.
+_SINK_MEAN, _SINK_SPREAD = 0.5, 1.0
 
 # Where each norm's weight is its identity: Gemma norms compute x * (1 + w), others x * w. Left
 # at their init (zeros for Gemma) a norm's weight would be invisible: a model computing x * w or
@@ -149,6 +160,7 @@ def build_model(
     dtype: str = "float32",
     stacked_experts: bool = False,
     module_names: bool = False,
+    mxfp4_experts: bool = False,
     chat_family: str | None = None,
     **config_overrides,
 ) -> Path:
@@ -160,6 +172,7 @@ def build_model(
     (stacked `experts.gate_up_proj` / `experts.down_proj`) instead of the Hub's per-expert layout.
     `module_names`: saved under transformers 5's module names rather than the Hub's (for a
     vision-language model, `model.language_model.layers...` instead of `language_model.model...`).
+    `mxfp4_experts`: gpt-oss's experts in MXFP4, as released (launcher/tiny_mxfp4.py).
     `chat_family`: the tokenizer and chat template of a `launcher.chat_families` family (tool
     calls, reasoning); the embedding then grows to cover its added tokens when they pass
     `vocab_size`.
@@ -202,8 +215,10 @@ def build_model(
     # token-equality tests compare real decisions rather than numerical ties.
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith("mlp.gate.weight"):  # an MoE router
+            if name.endswith(_ROUTERS):  # an MoE router
                 param.normal_(0.0, _ROUTER_SPREAD)
+            elif name.endswith("self_attn.sinks"):
+                param.normal_(_SINK_MEAN, _SINK_SPREAD)
             elif "norm" not in name:
                 param.normal_(0.0, 0.08 if "embed" in name or "lm_head" in name else 0.05)
             elif architecture in _NORM_IDENTITY:
@@ -212,6 +227,10 @@ def build_model(
     # (stacked experts; a vision-language model's `model.language_model.`)
     hub_names = not (stacked_experts or module_names)
     model.save_pretrained(path, safe_serialization=True, save_original_format=hub_names)
+    if mxfp4_experts:
+        from launcher.tiny_mxfp4 import to_mxfp4
+
+        to_mxfp4(path, seed)
     tokenizer.save_pretrained(path)
     # A generation_config with eos lets both transformers and Switchyard stop on the same token.
     eos_token_id = tokenizer.eos_token_id
@@ -246,6 +265,25 @@ def _tiny_defaults(
         return {
             "max_position_embeddings": max_positions,
             "original_max_position_embeddings": max_positions,
+        }
+    if architecture == "GptOssForCausalLM":
+        # gpt-oss's own are sized for the released models: 128 experts, head_dim 64, a
+        # 128-token window, YaRN from 4096 positions
+        return {
+            "head_dim": hidden_size // num_attention_heads,
+            "num_local_experts": 6,
+            "num_experts_per_tok": 2,
+            "sliding_window": 8,
+            "max_position_embeddings": 512,
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 150_000.0,
+                "factor": 8.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": 64,
+            },
         }
     if architecture in MOE_ARCHITECTURES:
         # the defaults' 32k-131k positions would tabulate rotary tables far past any test

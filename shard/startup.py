@@ -38,7 +38,8 @@ def auto_dtype(model_dir: Path, device: torch.device) -> torch.dtype:
     int4 kernel takes one activation dtype only (bfloat16: the CPU's, see quant/int4_cpu.py, and
     CUDA's tinygemm for decode, quant/int4_cuda.py)."""
     int4_dtype = platform_of(device).int4_activation_dtype
-    if int4_dtype is not None and read_quantization(model_dir) is not None:
+    quantization = read_quantization(model_dir)
+    if int4_dtype is not None and quantization is not None and quantization.int4_linears:
         return int4_dtype
     return checkpoint_dtype(model_dir)
 

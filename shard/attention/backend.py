@@ -31,28 +31,32 @@ def attend(
     scale: float,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Stores the step's new K/V, then attends each token over its sequence's context, or over
     the last `window` positions of it (itself included) for a sliding-window layer; with
     `softcap`, each scaled score s becomes softcap * tanh(s / softcap) before the mask and the
-    softmax (Gemma 2)."""
+    softmax (Gemma 2); with `sinks` ([query heads] float32, gpt-oss), each head's softmax
+    denominator also counts exp(sinks[h]), a logit with no value."""
     softcap = softcap or None  # 0 means off, as the kernels take it: one spelling from here on
     if torch.compiler.is_compiling():  # --compile: one opaque op reading the step's metadata
         assert _graph_attend is not None, "a traced attend needs --compile's op registered"
-        return _graph_attend(q, k, v, kv_cache, scale, window, softcap)
+        return _graph_attend(q, k, v, kv_cache, scale, window, softcap, sinks)
     backend.store_kv(k, v, kv_cache, meta.slot_mapping)
     if isinstance(meta, AttentionMetadata):
         if meta.is_prefill:
-            return backend.prefill(q, k, v, kv_cache, meta, scale, window, softcap)
-        return backend.decode(q, kv_cache, meta, scale, window, softcap)
+            return backend.prefill(q, k, v, kv_cache, meta, scale, window, softcap, sinks)
+        return backend.decode(q, kv_cache, meta, scale, window, softcap, sinks)
     n = meta.num_prefill_tokens
     parts = []
     if meta.prefill is not None:
         parts.append(
-            backend.prefill(q[:n], k[:n], v[:n], kv_cache, meta.prefill, scale, window, softcap)
+            backend.prefill(
+                q[:n], k[:n], v[:n], kv_cache, meta.prefill, scale, window, softcap, sinks
+            )
         )
     if meta.decode is not None:
-        parts.append(backend.decode(q[n:], kv_cache, meta.decode, scale, window, softcap))
+        parts.append(backend.decode(q[n:], kv_cache, meta.decode, scale, window, softcap, sinks))
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
@@ -62,7 +66,11 @@ class AttentionBackend(Protocol):
 
     `softcap`: None (or 0) for plain scores; C for attention-logit soft-capping (Gemma 2): each
     scaled score s = (q . k) * scale is replaced by C * tanh(s / C) before the causal / window
-    mask and the softmax. A backend must honour it on every path it takes, or refuse."""
+    mask and the softmax. A backend must honour it on every path it takes, or refuse.
+
+    `sinks`: None, or [query heads] float32 (gpt-oss's attention sinks): query head h's softmax
+    denominator also counts exp(sinks[h]), a logit used as it is (not scaled, not capped) that
+    has no value vector: p_j = exp(s_j) / (sum_i exp(s_i) + exp(sinks[h]))."""
 
     def store_kv(
         self,
@@ -82,6 +90,7 @@ class AttentionBackend(Protocol):
         scale: float,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
 
     def decode(
@@ -92,6 +101,7 @@ class AttentionBackend(Protocol):
         scale: float,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
 
 

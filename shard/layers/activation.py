@@ -12,9 +12,17 @@ import torch
 import torch.nn.functional as F
 
 from shard.platforms import platform_of
-from shard.platforms.activations import GATED_ACTIVATIONS, SILU
+from shard.platforms.activations import CLAMPED_SWIGLU, GATED_ACTIVATIONS, SILU
 
-__all__ = ["GATED_ACTIVATIONS", "SILU", "act_and_mul", "gated_activation", "silu_and_mul", "swiglu"]
+__all__ = [
+    "CLAMPED_SWIGLU",
+    "GATED_ACTIVATIONS",
+    "SILU",
+    "act_and_mul",
+    "gated_activation",
+    "silu_and_mul",
+    "swiglu",
+]
 
 
 def gated_activation(name: str) -> str:

@@ -9,9 +9,11 @@ Parallelism, from the checkpoint's own per-rank reads (each rank reads only what
   choices of other ranks' experts are skipped here (id -1), so the output is again a partial sum.
 Either way the caller all-reduces once, as after a dense MLP's row-parallel down projection.
 
-Checkpoints come in two layouts, both read: the Hub's per-expert modules
-(`experts.{e}.gate_proj.weight` ..., Mixtral's `w1/w3/w2`), and transformers 5's own stacked
-parameters (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I]).
+Checkpoints come in these layouts, all read: the Hub's per-expert modules
+(`experts.{e}.gate_proj.weight` ..., Mixtral's `w1/w3/w2`), transformers 5's own stacked
+parameters (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I]), and gpt-oss's
+transposed, interleaved ones with biases, in floating point or MXFP4
+(shard/layers/moe_interleaved.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from shard.layers.moe_interleaved import read_interleaved
 from shard.platforms import platform_of
 from shard.weights import Weights, WeightsError
 
@@ -42,7 +45,9 @@ def route(
 
 
 class FusedMoE(nn.Module):
-    """This rank's experts: w13 [E_r, 2 I_r, H] (gate rows first), w2 [E_r, H, I_r]."""
+    """This rank's experts: w13 [E_r, 2 I_r, H] (gate rows first), w2 [E_r, H, I_r]; gpt-oss's
+    biases w13_bias [E_r, 2 I_r] and w2_bias [E_r, H] (None on the ranks that leave it to rank 0)
+    and its clamped SwiGLU's (alpha, limit)."""
 
     def __init__(
         self,
@@ -53,10 +58,19 @@ class FusedMoE(nn.Module):
         first_expert: int,
         act: str,
         triton: bool,
+        w13_bias: torch.Tensor | None = None,
+        w2_bias: torch.Tensor | None = None,
+        swiglu: tuple[float, float] | None = None,
     ) -> None:
         super().__init__()
         self.w13 = nn.Parameter(w13, requires_grad=False)
         self.w2 = nn.Parameter(w2, requires_grad=False)
+        self.register_buffer("w13_bias", w13_bias, persistent=False)
+        self.register_buffer("w2_bias", w2_bias, persistent=False)
+        # the platform's fused_moe keywords beyond the weights (none for plain experts)
+        self.extras: dict[str, float] = {}
+        if swiglu is not None:
+            self.extras = {"swiglu_alpha": swiglu[0], "swiglu_limit": swiglu[1]}
         self.num_experts = num_experts  # the model's, over all ranks
         self.first_expert = first_expert  # this rank's first (expert parallel), else 0
         self.local_experts = w13.shape[0]
@@ -74,11 +88,16 @@ class FusedMoE(nn.Module):
         intermediate_size: int,
         act: str,
         expert_parallel: bool,
+        interleaved: bool = False,
+        swiglu: tuple[float, float] | None = None,
     ) -> FusedMoE:
         """`gate_up`: the gate and up modules' names with `{e}` for the expert (per-expert
-        checkpoints), or the one stacked gate_up parameter; `down` likewise."""
+        checkpoints), or the one stacked gate_up parameter; `down` likewise. `interleaved`:
+        gpt-oss's layout (shard/layers/moe_interleaved.py), with biases; `swiglu`: the clamped
+        SwiGLU's (alpha, limit)."""
         world, rank = weights.dist.world_size, weights.dist.rank
-        _refuse_quantized(weights, gate_up + [down])
+        if not interleaved:  # MXFP4 is gpt-oss's layout's own, dequantized by its reader
+            _refuse_quantized(weights, gate_up + [down])
         if expert_parallel:
             if num_experts % world:
                 raise WeightsError(
@@ -91,7 +110,14 @@ class FusedMoE(nn.Module):
         else:
             experts = range(num_experts)
             cols = weights.shard_bounds(f"{down} (intermediate size)", 0, intermediate_size)
-        if EXPERT in down:
+        b13: torch.Tensor | None = None
+        b2: torch.Tensor | None = None
+        if interleaved:
+            (stacked,) = gate_up
+            w13, w2, b13, b2 = read_interleaved(
+                weights, stacked, down, experts, cols, intermediate_size
+            )
+        elif EXPERT in down:
             w13, w2 = _read_per_expert(
                 weights, gate_up, down, num_experts, experts, cols, intermediate_size
             )
@@ -104,6 +130,9 @@ class FusedMoE(nn.Module):
             first_expert=experts.start,
             act=act,
             triton=weights.triton,
+            w13_bias=b13,
+            w2_bias=b2,
+            swiglu=swiglu,
         )
 
     def forward(
@@ -114,11 +143,17 @@ class FusedMoE(nn.Module):
             local = topk_ids - self.first_expert
             outside = (local < 0) | (local >= self.local_experts)
             topk_ids = local.masked_fill(outside, -1)
+        if self.w13_bias is not None or self.w2_bias is not None:
+            extras = {**self.extras, "w13_bias": self.w13_bias, "w2_bias": self.w2_bias}
+        else:
+            extras = self.extras
         if self.triton:
             from shard.platforms.cuda.kernels.fused_moe import fused_moe
 
-            return fused_moe(x, self.w13, self.w2, topk_weights, topk_ids, self.act)
-        return platform_of(x).fused_moe(x, self.w13, self.w2, topk_weights, topk_ids, self.act)
+            return fused_moe(x, self.w13, self.w2, topk_weights, topk_ids, self.act, **extras)
+        return platform_of(x).fused_moe(
+            x, self.w13, self.w2, topk_weights, topk_ids, self.act, **extras
+        )
 
 
 def _refuse_quantized(weights: Weights, names: list[str]) -> None:
@@ -135,10 +170,10 @@ def _refuse_quantized(weights: Weights, names: list[str]) -> None:
             and not (weights.has(module))
         ):
             raise WeightsError(
-                f"{config.method} int4 experts are not supported: {module} is quantized, and "
-                "Mixture-of-Experts layers serve floating-point expert weights only (a "
-                "checkpoint that leaves the experts unquantized, or the unquantized model, "
-                "serves)"
+                f"{config.method} {'int4 ' if config.int4_linears else ''}experts are not "
+                f"supported: {module} is quantized, and Mixture-of-Experts layers serve "
+                "floating-point expert weights only (a checkpoint that leaves the experts "
+                "unquantized, or the unquantized model, serves)"
             )
 
 

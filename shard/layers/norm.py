@@ -1,7 +1,7 @@
-"""RMSNorm as Llama computes it: statistics in float32, scale applied in the model dtype; and
-Gemma's (1 + w, float32 throughout). The platform's kernel where it has one (shard/platforms/: on
-the CPU one native pass where torch takes six ops, on a GPU one Triton kernel, the residual add
-included), else the torch form.
+"""RMSNorm as Llama computes it: statistics in float32, scale applied in the model dtype;
+gpt-oss's (float32 throughout) and Gemma's (1 + w, float32 throughout). The platform's kernel
+where it has one (shard/platforms/: on the CPU one native pass where torch takes six ops, on a
+GPU one Triton kernel, the residual add included), else the torch form.
 
 Given the residual stream too, the norm first adds it (`x + residual`, rounded to the dtype as
 torch's add rounds) and returns both the normed sum and the sum, as vLLM's fused_add_rms_norm:
@@ -52,19 +52,16 @@ class RMSNorm(nn.Module):
         return self.weight * normed
 
 
-class GemmaRMSNorm(RMSNorm):
-    """Gemma's RMSNorm: x * rsqrt(mean(x^2) + eps) * (1 + w), all in float32 and rounded once to
-    x's dtype (transformers' Gemma2RMSNorm / Gemma3RMSNorm), where Llama rounds before scaling.
-
-    The checkpoint stores w; the layer keeps 1 + w in float32, computed once at load as the
-    reference computes it per call, so the kernels that take a norm weight see the scale
-    itself. A float32 model then runs the shared kernels (the same math in one dtype); in half
-    precision the weight's dtype differs from x's and every path takes the float32 form below.
-    """
+class Fp32RMSNorm(RMSNorm):
+    """x * rsqrt(mean(x^2) + eps) * w, all in float32 and rounded once to x's dtype, the weight
+    kept in float32 (gpt-oss's RMSNorm; transformers keeps its norms in float32), where Llama
+    rounds before scaling. A float32 model runs the shared kernels (the same math in one
+    dtype); in half precision the weight's dtype differs from x's and every path takes the
+    float32 form below."""
 
     @classmethod
-    def load(cls, weights: Weights, prefix: str, eps: float) -> GemmaRMSNorm:
-        return cls(1.0 + weights.get_tensor(f"{prefix}.weight").float(), eps)
+    def load(cls, weights: Weights, prefix: str, eps: float) -> RMSNorm:
+        return cls(weights.get_tensor(f"{prefix}.weight").float(), eps)
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == self.weight.dtype:
@@ -72,5 +69,22 @@ class GemmaRMSNorm(RMSNorm):
         return (F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps) * self.weight).to(x.dtype)
 
 
+class GemmaRMSNorm(Fp32RMSNorm):
+    """Gemma's RMSNorm: x * rsqrt(mean(x^2) + eps) * (1 + w), in float32 as Fp32RMSNorm
+    (transformers' Gemma2RMSNorm / Gemma3RMSNorm).
+
+    The checkpoint stores w; the layer keeps 1 + w in float32, computed once at load as the
+    reference computes it per call, so the kernels that take a norm weight see the scale
+    itself."""
+
+    @classmethod
+    def load(cls, weights: Weights, prefix: str, eps: float) -> RMSNorm:
+        return cls(1.0 + weights.get_tensor(f"{prefix}.weight").float(), eps)
+
+
 # config's norm kind -> the layer (shard/models/config.py: ModelConfig.norm)
-NORMS: dict[str, type[RMSNorm]] = {"rms": RMSNorm, "gemma_rms": GemmaRMSNorm}
+NORMS: dict[str, type[RMSNorm]] = {
+    "rms": RMSNorm,
+    "gemma_rms": GemmaRMSNorm,
+    "fp32_rms": Fp32RMSNorm,
+}

@@ -25,7 +25,7 @@ from torch import nn
 
 from shard.attention import AttentionBackend, StepMetadata, attend, get_attention_backend
 from shard.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from shard.layers.linear import QKVParallelLinear, RowParallelLinear
+from shard.layers.linear import QKVParallelLinear, RowParallelLinear, head_range
 from shard.layers.norm import NORMS, RMSNorm
 from shard.layers.quant.config import QuantizationConfig
 from shard.layers.rotary import RopeConfig, RotaryEmbedding
@@ -53,6 +53,7 @@ class Attention(nn.Module):
         window: int | None = None,
         softcap: float | None = None,
         qk_norms: tuple[RMSNorm, RMSNorm] | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
         self.qkv_proj = qkv_proj
@@ -64,6 +65,8 @@ class Attention(nn.Module):
         self.scale = scale
         self.window = window  # sliding-window layer: attends to the last `window` positions
         self.softcap = softcap
+        # this rank's heads' sink logits, float32 [heads] (gpt-oss), or None
+        self.register_buffer("sinks", sinks, persistent=False)
 
     @classmethod
     def load(
@@ -89,6 +92,12 @@ class Attention(nn.Module):
                 load_norm(weights, names.one("q_norm"), config),
                 load_norm(weights, names.one("k_norm"), config),
             )
+        sinks = None
+        if config.attention_sinks:
+            name = names.one("sinks")
+            dist = weights.dist
+            first, last = head_range(config.num_heads, dist.rank, dist.world_size, replicate=False)
+            sinks = weights.get_range(name, 0, first, last, stored_dtype=True).float()
         scale = config.attention_scale or config.head_dim**-0.5
         return cls(
             qkv,
@@ -99,6 +108,7 @@ class Attention(nn.Module):
             window=config.layer_windows[names.layer],
             softcap=config.attn_softcap,
             qk_norms=qk_norms,
+            sinks=sinks,
         )
 
     def forward(
@@ -112,7 +122,9 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k, meta)
-        out = attend(self.backend, q, k, v, kv_cache, meta, self.scale, self.window, self.softcap)
+        out = attend(
+            self.backend, q, k, v, kv_cache, meta, self.scale, self.window, self.softcap, self.sinks
+        )
         return self.o_proj(out.flatten(1))
 
 

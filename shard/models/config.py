@@ -74,6 +74,13 @@ class MoeConfig:
     sparse_layers: tuple[bool, ...]
     # Qwen2-MoE's shared expert, a gated MLP every token takes, scaled by sigmoid(gate(x)); 0: none
     shared_expert_intermediate_size: int = 0
+    # gpt-oss: a router with a bias; experts stored transposed with gate/up interleaved, with
+    # biases (shard/layers/moe_interleaved.py); their activation, when it is not the model's
+    # hidden_act, and the clamped SwiGLU's (alpha, limit)
+    router_bias: bool = False
+    interleaved_experts: bool = False
+    expert_act: str | None = None
+    swiglu: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -104,11 +111,13 @@ class ModelConfig:
     quantization: QuantizationConfig | None = None
     # The options the shared blocks take (shard/models/blocks.py); an architecture's own file
     # sets those its config states differently from Llama's defaults.
-    norm: str = "rms"  # a kind of shard/layers/norm.py's NORMS: "rms", or Gemma's "gemma_rms"
+    norm: str = "rms"  # a kind of shard/layers/norm.py's NORMS: "rms", "gemma_rms", "fp32_rms"
     sandwich_norms: bool = False  # four norms a layer (Gemma 2/3): also after attention and MLP
     embed_scale: float | None = None  # embeddings multiplied by it (Gemma: sqrt(hidden))
     attention_scale: float | None = None  # the query scale; None: head_dim ** -0.5
     attn_softcap: float | None = None  # scores s -> cap * tanh(s / cap) (Gemma 2)
+    # a learned logit per query head in every softmax's denominator (gpt-oss's `sinks`)
+    attention_sinks: bool = False
     final_softcap: float | None = None  # logits likewise (Gemma 2 and 3)
     # Per layer where the rope differs by layer type (Gemma 3's local and global bases);
     # empty: `rope` in every layer.

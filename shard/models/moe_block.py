@@ -1,7 +1,8 @@
-"""The Mixture-of-Experts MLP block: a router picks each token's top-k experts, the experts run
-as one fused layer (shard/layers/moe.py), and an optional shared expert every token takes
-(Qwen2-MoE: a gated MLP scaled by sigmoid(shared_expert_gate(x))) is added; the rank's partial
-outputs of both are all-reduced once, as a dense MLP's row-parallel down projection is.
+"""The Mixture-of-Experts MLP block: a router (gpt-oss's with a bias) picks each token's top-k
+experts, the experts run as one fused layer (shard/layers/moe.py), and an optional shared expert
+every token takes (Qwen2-MoE: a gated MLP scaled by sigmoid(shared_expert_gate(x))) is added;
+the rank's partial outputs of both are all-reduced once, as a dense MLP's row-parallel down
+projection is.
 
 The router's weight is small ([E, H]) and every rank needs all of its logits: replicated."""
 
@@ -28,9 +29,11 @@ class SparseMoeBlock(nn.Module):
         dist: Distributed,
         shared_expert: GatedMLP | None = None,
         shared_expert_gate: torch.Tensor | None = None,
+        router_bias: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
         self.router = nn.Parameter(router, requires_grad=False)
+        self.register_buffer("router_bias", router_bias, persistent=False)
         self.experts = experts
         self.top_k = moe.top_k
         self.renormalize = moe.renormalize
@@ -51,8 +54,10 @@ class SparseMoeBlock(nn.Module):
             names.one("expert_down"),
             num_experts=moe.num_experts,
             intermediate_size=moe.intermediate_size,
-            act=config.hidden_act,
+            act=moe.expert_act or config.hidden_act,
             expert_parallel=weights.expert_parallel,
+            interleaved=moe.interleaved_experts,
+            swiglu=moe.swiglu,
         )
         shared, shared_gate = None, None
         if moe.shared_expert_intermediate_size:
@@ -64,10 +69,11 @@ class SparseMoeBlock(nn.Module):
                 f"{names.one('router')}: {router.shape[0]} router rows for "
                 f"{moe.num_experts} experts"
             )
-        return cls(router, experts, moe, weights.dist, shared, shared_gate)
+        bias = weights.get_tensor(f"{names.one('router')}.bias") if moe.router_bias else None
+        return cls(router, experts, moe, weights.dist, shared, shared_gate, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(x, self.router)
+        logits = F.linear(x, self.router, self.router_bias)
         round_to = x.dtype if self.round_weights else None
         topk_weights, topk_ids = route(
             logits, self.top_k, renormalize=self.renormalize, round_to=round_to

@@ -19,3 +19,18 @@ GATED_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,
 }
 SILU = "silu"
+
+# gpt-oss's experts: SwiGLU over clamped halves, with a sigmoid gain and up + 1. Not in the
+# table above, whose activations transform the gate only: this one takes its parameters
+# (alpha, limit) from the config and transforms the up half too.
+CLAMPED_SWIGLU = "clamped_swiglu"
+
+
+def clamped_swiglu(
+    gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float
+) -> torch.Tensor:
+    """(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit); each op
+    in the inputs' dtype, as transformers' GptOssExperts rounds."""
+    gate = gate.clamp(max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))

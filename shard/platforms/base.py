@@ -137,15 +137,19 @@ class Platform:
         topk_weights: torch.Tensor,
         topk_ids: torch.Tensor,
         act: str,
+        **extras: Any,
     ) -> torch.Tensor:
         """The experts of a Mixture-of-Experts MLP over one step's tokens: for each token t and
         each of its k choices e = topk_ids[t, k] (-1: an expert another rank holds, skipped),
         topk_weights[t, k] * w2[e] @ act(gate) * up, with [gate; up] = w13[e] @ x[t], summed
         over k. x [T, H]; w13 [E, 2I, H] (gate rows first); w2 [E, H, I]; topk_weights [T, K]
-        float32; topk_ids [T, K] int32; `act` a name of shard/layers/activation.py's table.
+        float32; topk_ids [T, K] int32; `act` a name of shard/layers/activation.py's table, or
+        CLAMPED_SWIGLU (shard/platforms/activations.py). `extras`, keyword-only: w13_bias
+        [E, 2I] and w2_bias [E, H] (added to their products; None: none), swiglu_alpha and
+        swiglu_limit (CLAMPED_SWIGLU's parameters).
         Here: grouped GEMMs, each expert once over the rows routed to it."""
         return grouped_moe.grouped_experts(
-            x, w13, w2, topk_weights, topk_ids, act, swiglu=self.swiglu
+            x, w13, w2, topk_weights, topk_ids, act, swiglu=self.swiglu, **extras
         )
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:

@@ -13,10 +13,11 @@ shard/platforms/cuda/kernels/fused_moe.py)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-from shard.platforms.activations import GATED_ACTIVATIONS, SILU
+from shard.platforms.activations import CLAMPED_SWIGLU, GATED_ACTIVATIONS, SILU, clamped_swiglu
 
 Swiglu = Callable[[torch.Tensor], torch.Tensor | None]
 Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -37,14 +38,21 @@ def grouped_experts(
     swiglu: Swiglu | None = None,
     linear: Linear = torch.nn.functional.linear,
     swiglu_experts: SwigluExperts | None = None,
+    *,
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+    swiglu_alpha: float = 1.702,
+    swiglu_limit: float = 7.0,
 ) -> torch.Tensor:
     """See Platform.fused_moe. `swiglu`: the platform's fused silu(gate) * up of a [N, 2I]
     product, or None (torch's two ops); `linear`: the platform's x @ w.T of a plain weight;
-    `swiglu_experts`: the platform's whole computation below in one call, where it has one."""
+    `swiglu_experts`: the platform's whole computation below in one call, where it has one
+    (plain SwiGLU experts without biases)."""
     tokens, k = topk_ids.shape
     if tokens == 0:
         return torch.zeros_like(x)
-    if act == SILU and swiglu_experts is not None:
+    plain = w13_bias is None and w2_bias is None
+    if act == SILU and plain and swiglu_experts is not None:
         out = swiglu_experts(x, w13, w2, topk_weights, topk_ids)
         if out is not None:
             return out
@@ -55,7 +63,8 @@ def grouped_experts(
     order = order[kept:]
     counts = torch.bincount(flat[order], minlength=w13.shape[0]).tolist()
     gathered = x.index_select(0, order // k)
-    results = _expert_loop(gathered, counts, w13, w2, act, swiglu, linear)
+    math = _ExpertMath(act, swiglu, linear, w13_bias, w2_bias, swiglu_alpha, swiglu_limit)
+    results = _expert_loop(gathered, counts, w13, w2, math)
     # each row weighted in float32 and rounded once (the router has already rounded the
     # weights to the dtype where the model's reference weights in it)
     weights = topk_weights.reshape(-1).index_select(0, order)
@@ -86,33 +95,52 @@ def _sum_per_token(
     return out
 
 
+@dataclass(frozen=True)
+class _ExpertMath:
+    """How one expert's rows go through its MLP: the activation and the platform's helpers,
+    the biases (gpt-oss: [E, 2I] added to the gate_up product, [E, H] to the down one), the
+    clamped SwiGLU's parameters."""
+
+    act: str
+    swiglu: Swiglu | None
+    linear: Linear
+    w13_bias: torch.Tensor | None = None
+    w2_bias: torch.Tensor | None = None
+    alpha: float = 1.702
+    limit: float = 7.0
+
+    def hidden(self, product: torch.Tensor) -> torch.Tensor:
+        if self.act == SILU and self.swiglu is not None:
+            fused = self.swiglu(product)
+            if fused is not None:
+                return fused
+        gate, up = product.chunk(2, dim=-1)
+        if self.act == CLAMPED_SWIGLU:
+            return clamped_swiglu(gate, up, self.alpha, self.limit)
+        return GATED_ACTIVATIONS[self.act](gate) * up
+
+
 def _expert_loop(
     gathered: torch.Tensor,
     counts: list[int],
     w13: torch.Tensor,
     w2: torch.Tensor,
-    act: str,
-    swiglu: Swiglu | None,
-    linear: Linear,
+    math: _ExpertMath,
 ) -> torch.Tensor:
-    """Each expert's rows of `gathered` (grouped by expert, `counts` each) through its MLP."""
+    """Each expert's rows of `gathered` (grouped by expert, `counts` each) through its MLP. A
+    bias is added after its product, both rounded (transformers' `x @ w + b`)."""
     results = torch.empty_like(gathered)
     start = 0
     for expert, count in enumerate(counts):
         if not count:
             continue
         stop = start + count
-        product = linear(gathered[start:stop], w13[expert])
-        hidden = _act_and_mul(product, act, swiglu)
-        results[start:stop] = linear(hidden, w2[expert])
+        product = math.linear(gathered[start:stop], w13[expert])
+        if math.w13_bias is not None:
+            product = product + math.w13_bias[expert]
+        out = math.linear(math.hidden(product), w2[expert])
+        if math.w2_bias is not None:
+            out = out + math.w2_bias[expert]
+        results[start:stop] = out
         start = stop
     return results
-
-
-def _act_and_mul(product: torch.Tensor, act: str, swiglu: Swiglu | None) -> torch.Tensor:
-    if act == SILU and swiglu is not None:
-        fused = swiglu(product)
-        if fused is not None:
-            return fused
-    gate, up = product.chunk(2, dim=-1)
-    return GATED_ACTIVATIONS[act](gate) * up

@@ -197,6 +197,13 @@ PEFT_REFUSED = {
         "model.layers.0.mlp.experts",
         EXPERTS,
     ),
+    # gpt-oss's experts (transposed, interleaved, biased parameters)
+    "gpt_oss_target_parameters": (
+        "gpt_oss_sinks_clamped",
+        dict(target_modules=["q_proj"], target_parameters=["mlp.experts.gate_up_proj"]),
+        "model.layers.0.mlp.experts",
+        EXPERTS,
+    ),
     # the router, as PEFT targets it (`gate`; it refuses Qwen2-MoE's, not an nn.Linear there)
     "mixtral_router": (
         "mixtral_top2",

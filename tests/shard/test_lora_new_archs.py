@@ -7,6 +7,7 @@ one batch, whole and chunked prompts; and bf16 serving on Phi-3 (as test_lora_bf
   terms and one KV head.
 - Gemma 3's vision-language checkpoint nests the LM's names; its adapters name it otherwise
   and carry vision-tower modules, which the text-only server leaves out.
+- gpt-oss: adapters on its attention (sinks, biases); its Mixture-of-Experts MLP untouched.
 - Phi-3's checkpoint fuses q/k/v into one qkv_proj and gate/up into one gate_up_proj tensor,
   and PEFT targets those fused modules: one A each, B split like the weight's rows
   (lora_fixtures.PHI3_ADAPTERS: all linears, each fused module alone, the row layers alone).
@@ -39,6 +40,12 @@ CASES = {
     # these also adapt the vision tower (its q/v_proj; all-linear: its fc1, fc2, out_proj too),
     # which text never reaches.
     "gemma3_vision_language": {
+        "qv_r4": ADAPTERS["qv_r4"],
+        "all_linear_r8": dict(r=8, lora_alpha=16, target_modules="all-linear"),
+    },
+    # gpt-oss: attention with sinks and biases under the adapters' terms; its experts are
+    # parameters, not linears, so all-linear adapts q/k/v/o only.
+    "gpt_oss_sinks_clamped": {
         "qv_r4": ADAPTERS["qv_r4"],
         "all_linear_r8": dict(r=8, lora_alpha=16, target_modules="all-linear"),
     },
@@ -103,14 +110,18 @@ def test_every_adapter_changes_the_output(setup):
 
 def test_the_fused_terms_have_one_sub_module_per_checkpoint_module(setup):
     """Phi-3's fused q/k/v and gate/up are one sub-module each (their adapter's one A shrinks
-    once); Gemma's come from three and two tensors, as Llama's."""
+    once); Gemma's come from three and two tensors, as Llama's (gpt-oss's MLP is experts
+    only: no gate_up term)."""
     model, _, service, _ = setup
     layer = service.runner.model.layers[0]
-    qkv, gate_up = layer.self_attn.qkv_proj.lora, layer.mlp.gate_up_proj.lora
+    qkv = layer.self_attn.qkv_proj.lora
     fused = model.startswith("phi3")
     assert len(qkv.out_slices) == (1 if fused else 3)
-    assert len(gate_up.out_slices) == (1 if fused else 2)
     assert qkv.lora_a.shape[1] == len(qkv.out_slices)
+    if model.startswith("gpt_oss"):
+        assert not hasattr(layer.mlp, "gate_up_proj")
+        return
+    assert len(layer.mlp.gate_up_proj.lora.out_slices) == (1 if fused else 2)
 
 
 def test_llama_names_on_a_fused_checkpoint_are_refused_naming_them(tiny_model, tmp_path):

@@ -123,8 +123,7 @@ def _summed_once(x, w13, w2, weights, ids, order):
     k = ids.shape[1]
     counts = torch.bincount(ids.reshape(-1)[order], minlength=w13.shape[0]).tolist()
     rows = order // k
-    results = grouped_moe._expert_loop(
-        x.index_select(0, rows), counts, w13, w2, "silu", None, torch.nn.functional.linear
-    )
+    math = grouped_moe._ExpertMath("silu", None, torch.nn.functional.linear)
+    results = grouped_moe._expert_loop(x.index_select(0, rows), counts, w13, w2, math)
     terms = (results.float() * weights.reshape(-1)[order][:, None]).to(x.dtype)
     return torch.zeros_like(x).index_add_(0, rows, terms)

@@ -216,6 +216,21 @@ MOE_MODELS: dict[str, tuple[str, dict]] = {
         },
     ),
 }
+# gpt-oss: attention sinks (random logits around 0.5), q/k/v/o biases, sliding (7 tokens) and
+# full layers alternating, YaRN (tiny_models' defaults: from 64 positions, factor 8, not
+# truncated); a biased router over 6 experts, top-2; biased experts whose clamped SwiGLU binds
+# (a limit of 0.3, where gate and up values here spread about +-0.4: Qwen's SwiGLU would differ);
+# expert intermediate size 96: three MXFP4 blocks of 32, which two shards split mid-block.
+MOE_MODELS["gpt_oss_sinks_clamped"] = (
+    "GptOssForCausalLM",
+    {"intermediate_size": 96, "sliding_window": 7, "swiglu_limit": 0.3},
+)
+# The same as released: the experts in MXFP4 (random codes and scales, which transformers
+# dequantizes as the reference).
+MOE_MODELS["gpt_oss_mxfp4"] = (
+    "GptOssForCausalLM",
+    {**MOE_MODELS["gpt_oss_sinks_clamped"][1], "mxfp4_experts": True},
+)
 # The same Qwen3-MoE saved as transformers 5 holds it (stacked experts, `save_original_format`
 # off): the layout the loader must read besides the Hub's.
 MOE_MODELS["qwen3_moe_stacked"] = (

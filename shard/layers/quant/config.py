@@ -6,12 +6,17 @@ Torch-free on purpose: the launcher reads it too, to refuse a wrong `--quantize`
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from dataclasses import dataclass
 from typing import Any
 
 # The names `--quantize` takes, as checkpoints spell `quant_method`.
-METHODS = ("awq", "gptq", "compressed-tensors")
+METHODS = ("awq", "gptq", "compressed-tensors", "mxfp4")
+# Formats whose quantized tensors are Mixture-of-Experts experts only (gpt-oss's MXFP4, which
+# the experts' reader dequantizes at load: shard/layers/moe_interleaved.py); every linear of
+# such a checkpoint is floating point.
+EXPERTS_ONLY_METHODS = ("mxfp4",)
 # 8-bit checkpoints would need a second packed layout; they are refused by name for now.
 _SUPPORTED_BITS = {"awq": (4,), "gptq": (4,), "compressed-tensors": (4,)}
 
@@ -34,6 +39,12 @@ class QuantizationConfig:
     # GPTQ `modules_to_not_convert`; AWQ's substrings and GPTQ `dynamic`'s `-:` rules are turned
     # into patterns).
     ignore: tuple[str, ...] = ()
+
+    @property
+    def int4_linears(self) -> bool:
+        """Whether the checkpoint's linears are int4 (AWQ, GPTQ, compressed-tensors), which
+        the int4 kernels serve; not for a format of experts only."""
+        return self.method not in EXPERTS_ONLY_METHODS
 
     @property
     def pack_factor(self) -> int:
@@ -74,6 +85,8 @@ def parse_quantization_config(raw: dict[str, Any] | None) -> QuantizationConfig 
         return _gptq(raw)
     if method == "compressed-tensors":
         return _compressed_tensors(raw)
+    if method == "mxfp4":
+        return _mxfp4(raw)
     raise QuantizationConfigError(
         f"quantization_config.quant_method {method!r} is not supported; supported: "
         f"{', '.join(METHODS)}"
@@ -188,6 +201,30 @@ def _gptq_dynamic(rules: Any, settings: dict[str, Any]) -> tuple[str, ...]:
                 )
         earlier.append(regex)
     return tuple(ignore)
+
+
+def _mxfp4(raw: dict[str, Any]) -> QuantizationConfig:
+    """gpt-oss's release: its experts in MXFP4 (32 weights a scale), the rest floating point
+    (`modules_to_not_convert`, shell-style patterns such as `model.layers.*.self_attn`, each
+    matching the module and everything under it)."""
+    skipped = raw.get("modules_to_not_convert") or ()
+    if not isinstance(skipped, list | tuple) or not all(isinstance(p, str) for p in skipped):
+        raise QuantizationConfigError(
+            "quantization_config.modules_to_not_convert must be a list of module names"
+        )
+    return QuantizationConfig(
+        method="mxfp4",
+        bits=4,
+        group_size=32,
+        zero_point=False,
+        ignore=tuple(_glob_and_below(pattern) for pattern in skipped),
+    )
+
+
+def _glob_and_below(pattern: str) -> str:
+    """A shell-style module pattern as an `ignore` regex matching the module and its children."""
+    module = fnmatch.translate(pattern).removesuffix(r"\Z")  # (?s:...) without its end anchor
+    return f"re:{module}(?:\\..*)?"
 
 
 def _compiled(pattern: str, where: str) -> str:

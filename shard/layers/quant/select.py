@@ -34,6 +34,11 @@ def linear_method(weights: Weights, prefixes: Sequence[str]) -> LinearMethod:
         return UNQUANTIZED
     quantized = {p: config.quantizes(p) and not weights.has(f"{p}.weight") for p in prefixes}
     if all(quantized.values()):
+        if not config.int4_linears:
+            raise WeightsError(
+                f"{config.method} linears are not supported: {', '.join(prefixes)} is stored "
+                f"in {config.method}, which is served for Mixture-of-Experts experts only"
+            )
         return Int4Method(_reader(config), config)
     if not any(quantized.values()):
         return UNQUANTIZED

@@ -53,13 +53,14 @@ class CpuPlatform(Platform):
         topk_weights: torch.Tensor,
         topk_ids: torch.Tensor,
         act: str,
+        **extras: Any,
     ) -> torch.Tensor:
         # the grouped GEMMs through this CPU's matmul (half-precision weights widened to fp32
         # for the experts with rows enough, where the CPU has no native half GEMM); a decode
         # step's few rows per expert in one native call there
         return grouped_moe.grouped_experts(
             x, w13, w2, topk_weights, topk_ids, act, swiglu=self.swiglu, linear=matmul.linear,
-            swiglu_experts=matmul.swiglu_experts,
+            swiglu_experts=matmul.swiglu_experts, **extras,
         )  # fmt: skip
 
     def gated_linear(

@@ -30,7 +30,7 @@ NATIVE_PREFILL_CELLS = 128 * 160
 # prompts of 128 tokens 36 ms against SDPA's 45, 4 of 512 84 against 95; one of 1,024 87
 # against 66).
 AMX_PREFILL_CELLS = 512 * 512
-# The explicit-scores path (soft-capped scores, which SDPA cannot compute) materialises a
+# The explicit-scores path (soft-capped scores or sinks, which SDPA cannot compute) materialises a
 # sequence's fp32 scores: queries go through it in chunks of at most this many scores (64 MiB),
 # so a long prompt costs bounded memory rather than q_len x keys x heads at once.
 EXPLICIT_SCORES_PER_CHUNK = 1 << 24
@@ -167,47 +167,57 @@ def _prefill_plan(
     return plan
 
 
-def _softcapped_attention(
+def _explicit_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     seen: torch.Tensor | None,
     scale: float,
-    softcap: float,
+    softcap: float | None,
+    sinks: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Attention with soft-capped scores, written out: scores, cap, mask, softmax, weighted
-    values, all in fp32 (or wider) and rounded once. SDPA has no hook between its scores and
-    its softmax, so this is what every soft-capped call takes that no native kernel does.
+    """Attention written out: scores, cap, mask, softmax, weighted values, all in fp32 (or
+    wider) and rounded once. SDPA has no hook between its scores and its softmax, so this is
+    what every soft-capped call (Gemma 2) or call with sinks (gpt-oss) takes that no native
+    kernel does.
 
     q [N, Hkv, G, M, D] (the G query heads sharing each KV head, M query rows each), k and v
     [N, Hkv, n, D]; `seen` boolean, broadcastable to the scores [N, Hkv, G, M, n], True where a
-    row sees a key (None: every key). Returns [N, Hkv, G, M, D] in q's dtype. Each KV head is
-    read once for its whole group (a [G * M, D] x [D, n] product), never repeated per head.
-    """
+    row sees a key (None: every key); `sinks` [Hkv * G] (query head h = kv_head * G + g), each
+    head's extra softmax logit with no value. Returns [N, Hkv, G, M, D] in q's dtype. Each KV
+    head is read once for its whole group (a [G * M, D] x [D, n] product), never repeated per
+    head."""
     n_seq, kv_heads, group, rows, dim = q.shape
     wide = torch.promote_types(q.dtype, torch.float32)
     qf = q.reshape(n_seq, kv_heads, group * rows, dim).to(wide)
     scores = torch.matmul(qf, k.to(wide).transpose(-1, -2)).mul_(scale)
-    # Gemma 2's order: cap the scaled score, then mask, then the softmax.
-    scores = scores.div_(softcap).tanh_().mul_(softcap).view(n_seq, kv_heads, group, rows, -1)
+    scores = scores.view(n_seq, kv_heads, group, rows, -1)
+    if softcap:  # Gemma 2's order: cap the scaled score, then mask, then the softmax.
+        scores = scores.div_(softcap).tanh_().mul_(softcap)
     if seen is not None:
         scores.masked_fill_(~seen, float("-inf"))
-    probs = scores.softmax(-1).view(n_seq, kv_heads, group * rows, -1)
+    if sinks is None:
+        probs = scores.softmax(-1)
+    else:  # the sink as one more column of the softmax, dropped after it (transformers' form)
+        sink = sinks.to(wide).view(1, kv_heads, group, 1, 1).expand(n_seq, -1, -1, rows, 1)
+        probs = torch.cat([scores, sink], dim=-1).softmax(-1)[..., :-1]
+    probs = probs.reshape(n_seq, kv_heads, group * rows, -1)
     out = torch.matmul(probs, v.to(wide))
     return out.view(n_seq, kv_heads, group, rows, dim).to(q.dtype)
 
 
-def _softcapped_prefill(
+def _explicit_prefill(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     mask: torch.Tensor | None,
     scale: float,
-    softcap: float,
+    softcap: float | None,
+    sinks: torch.Tensor | None,
 ) -> torch.Tensor:
-    """One sequence's soft-capped prefill: q [T, H, D] over its keys k, v [n, Hkv, D] (the
-    cached prefix, then its own T tokens), `mask` [T, n] (None: plain causal, n == T), in
-    chunks of queries of at most EXPLICIT_SCORES_PER_CHUNK scores -> [T, H, D]."""
+    """One sequence's prefill through `_explicit_attention`: q [T, H, D] over its keys k, v
+    [n, Hkv, D] (the cached prefix, then its own T tokens), `mask` [T, n] (None: plain causal,
+    n == T), in chunks of queries of at most EXPLICIT_SCORES_PER_CHUNK scores -> [T, H, D]."""
     tokens, heads, dim = q.shape
     keys, kv_heads = k.shape[0], k.shape[1]
     group = heads // kv_heads
@@ -220,7 +230,7 @@ def _softcapped_prefill(
     step = max(1, EXPLICIT_SCORES_PER_CHUNK // (heads * keys))
     for a in range(0, tokens, step):
         b = min(tokens, a + step)
-        o = _softcapped_attention(qh[..., a:b, :], kh, vh, mask[a:b], scale, softcap)
+        o = _explicit_attention(qh[..., a:b, :], kh, vh, mask[a:b], scale, softcap, sinks)
         out[a:b] = o[0].permute(2, 0, 1, 3).reshape(b - a, heads, dim)
     return out
 
@@ -261,15 +271,17 @@ class TorchAttentionBackend:
         scale: float,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Causal attention per packed sequence; a cached prefix (context_lens > query length)
         is read from the cache and comes before the new tokens. With a window, only the part
         of the prefix the first query can see is read. With `softcap`, the native kernels cap
         the scores themselves; the sequences SDPA would take (it cannot cap) take the explicit
-        scores path instead."""
+        scores path instead, as every sequence does with `sinks` (no native kernel has them)."""
         plan = _prefill_plan(meta, kv_cache.shape[2], window)
         sequences: list[int] | range = range(len(plan))
-        kernel, cells = _prefill_kernel(q, kv_cache) if self.native else (None, 0)
+        native = self.native and sinks is None
+        kernel, cells = _prefill_kernel(q, kv_cache) if native else (None, 0)
         if kernel is not None:
             native, sequences = _native_prefill_split(meta, plan, window, cells)
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -286,9 +298,9 @@ class TorchAttentionBackend:
             if seq.prefix_slots is not None:
                 k_i = torch.cat([keys.index_select(0, seq.prefix_slots).to(k.dtype), k_i])
                 v_i = torch.cat([values.index_select(0, seq.prefix_slots).to(v.dtype), v_i])
-            if softcap:
-                out[seq.start : seq.stop] = _softcapped_prefill(
-                    q[seq.start : seq.stop], k_i, v_i, seq.mask, scale, softcap
+            if softcap or sinks is not None:
+                out[seq.start : seq.stop] = _explicit_prefill(
+                    q[seq.start : seq.stop], k_i, v_i, seq.mask, scale, softcap, sinks
                 )
                 continue
             # A leading batch dim of 1: with 4-D inputs torch's CPU SDPA takes its fused
@@ -314,12 +326,14 @@ class TorchAttentionBackend:
         scale: float,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One query per sequence against its context (or its window). On the CPU, the native
         paged kernel (shard/platforms/cpu/native/build.py) where it could be built; otherwise all
         sequences in one batched pass: every row gathers the same number of slots and masks the ones
         it lacks. With `softcap`, the kernel caps the scores itself; the batched pass then computes
-        its scores explicitly (_softcapped_attention) instead of through SDPA, which cannot cap.
+        its scores explicitly (_explicit_attention) instead of through SDPA, which cannot cap;
+        with `sinks` every step takes that pass (the native kernel has no sinks).
 
         K/V are gathered with index_select (several times faster than advanced indexing on CPU)
         and handed to SDPA as heads-first strided views of the gathered rows, 4-D, so torch's
@@ -329,7 +343,8 @@ class TorchAttentionBackend:
         this halves the layer's attention time at batch 16 (bench/decode_attention.py); 3-D
         inputs would take SDPA's unfused math path, which is slower than either.
         """
-        kernel = paged_decode_kernel() if self.native and q.device.type == "cpu" else None
+        native = self.native and q.device.type == "cpu" and sinks is None
+        kernel = paged_decode_kernel() if native else None
         if kernel is not None and kv_cache.dtype == q.dtype:
             return kernel(
                 q if heads_contiguous(q) else q.contiguous(),
@@ -350,17 +365,18 @@ class TorchAttentionBackend:
             gathered = rows.index_select(0, flat).view(batch, -1, num_kv_heads, head_dim)
             return gathered.transpose(1, 2).to(q.dtype)
 
-        if softcap:
+        if softcap or sinks is not None:
             group = num_heads // num_kv_heads
             # One query row per sequence: [B, Hkv, G, 1, D]; the additive mask's zeros are the
             # positions each row sees, as [B, 1, 1, 1, width] over the scores.
-            out = _softcapped_attention(
+            out = _explicit_attention(
                 q.reshape(batch, num_kv_heads, group, 1, head_dim),
                 heads_first(keys),
                 heads_first(values),
                 (mask == 0)[:, :, :, None],
                 scale,
                 softcap,
+                sinks,
             )
             return out.reshape(batch, num_heads, head_dim)
         out = F.scaled_dot_product_attention(

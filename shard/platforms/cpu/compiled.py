@@ -63,10 +63,11 @@ _STEP = _Step()
 # Python dispatch (aliasing checks, the mutated input's bookkeeping) cost ~65 us a call, 30 a
 # step (bench/profile_decode.py --compile: the op's own time fell from 154 to 89 us a call).
 _LIBRARY = torch.library.Library("switchyard", "DEF")
-# window 0: none; softcap 0: none (the schema has no optional scalars worth their cost here).
+# window 0: none; softcap 0: none (the schema has no optional scalars worth their cost here);
+# sinks: gpt-oss's per-head attention sinks, or None.
 _LIBRARY.define(
     "attend(Tensor q, Tensor k, Tensor v, Tensor(a!) kv_cache, float scale, int window, "
-    "float softcap) -> Tensor"
+    "float softcap, Tensor? sinks) -> Tensor"
 )
 
 
@@ -78,15 +79,18 @@ def _attend_impl(
     scale: float,
     window: int,
     softcap: float,
+    sinks: torch.Tensor | None,
 ) -> torch.Tensor:
     if _STEP.backend is None or _STEP.meta is None:
         raise RuntimeError("switchyard::attend called outside a compiled forward pass")
     backend, meta, n = _STEP.backend, _STEP.meta, _step_tokens()
     cap = softcap or None
     if q.shape[0] == n:
-        return attend(backend, q, k, v, kv_cache, meta, scale, window or None, cap)
+        return attend(backend, q, k, v, kv_cache, meta, scale, window or None, cap, sinks)
     out = torch.zeros_like(q)  # a padded one-token step: the pad row attends to nothing
-    out[:n] = attend(backend, q[:n], k[:n], v[:n], kv_cache, meta, scale, window or None, cap)
+    out[:n] = attend(
+        backend, q[:n], k[:n], v[:n], kv_cache, meta, scale, window or None, cap, sinks
+    )
     return out
 
 
@@ -101,7 +105,7 @@ _LIBRARY.impl("attend", _attend_impl, "CPU")
 
 
 @torch.library.register_fake("switchyard::attend")
-def _(q, k, v, kv_cache, scale, window, softcap):  # type: ignore[no-untyped-def]
+def _(q, k, v, kv_cache, scale, window, softcap, sinks):  # type: ignore[no-untyped-def]
     return torch.empty_like(q)
 
 
@@ -116,9 +120,10 @@ def _attend_in_graph(
     scale: float,
     window: int | None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """What `attend` becomes inside the compiled graph (window 0: none; softcap 0: none)."""
-    return _attend_op(q, k, v, kv_cache, scale, window or 0, float(softcap or 0.0))
+    return _attend_op(q, k, v, kv_cache, scale, window or 0, float(softcap or 0.0), sinks)
 
 
 register_graph_attend(_attend_in_graph)

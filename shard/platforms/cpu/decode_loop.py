@@ -13,7 +13,8 @@ It computes exactly what DecoderModel.forward computes (tests/shard/test_cpu_dec
 them bit for bit, for every architecture): every sub-step that is not plain here (a quantized or
 oneDNN weight, q/k norms, a rotary that is not the whole-head position-only rotation, a norm
 whose weight is not in the model's dtype, a gated activation other than SwiGLU, the sandwich
-norms, a Mixture-of-Experts MLP) calls the module that owns it. It runs decode-only steps;
+norms, a Mixture-of-Experts MLP) calls the module that owns it; a model with attention sinks
+(gpt-oss) runs the module forward, the native kernel having none. It runs decode-only steps;
 prefill and chunked steps run the module forward. A step whose tokens use adapters runs a
 second copy of the loop whose linears add their LoRA terms, as the modules do.
 """
@@ -111,6 +112,8 @@ class CpuDecodePath:
             return "the attention backend is not the native torch one"
         if attention.qkv_proj.head_dim > MAX_NATIVE_HEAD_DIM:
             return f"head_dim {attention.qkv_proj.head_dim} is above {MAX_NATIVE_HEAD_DIM}"
+        if any(layer.self_attn.sinks is not None for layer in model.layers):
+            return "the native decode kernel has no attention sinks"
         return None
 
     def applies(self, meta: StepMetadata) -> bool:

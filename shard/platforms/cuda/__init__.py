@@ -4,7 +4,7 @@ rotation of q and k in place on the qkv product), rounding where the torch ops r
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -89,10 +89,11 @@ class CudaPlatform(Platform):
         topk_weights: torch.Tensor,
         topk_ids: torch.Tensor,
         act: str,
+        **extras: Any,
     ) -> torch.Tensor:
         from shard.platforms.cuda.kernels.fused_moe import fused_moe
 
-        return fused_moe(x, w13, w2, topk_weights, topk_ids, act)
+        return fused_moe(x, w13, w2, topk_weights, topk_ids, act, **extras)
 
     def rotate(
         self,

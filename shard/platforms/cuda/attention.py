@@ -46,7 +46,9 @@ class TritonAttentionBackend:
         scale: float,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        _refuse_sinks(sinks)
         assert meta.cu_seqlens_q is not None, "prefill needs cu_seqlens_q"
         return varlen_prefill(
             q, k, v,
@@ -63,8 +65,15 @@ class TritonAttentionBackend:
         scale: float,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        _refuse_sinks(sinks)
         return paged_decode(
             q, kv_cache, meta.block_tables, meta.context_lens, scale,
             window=window, softcap=softcap, split_per_sequence=meta.captured,
         )  # fmt: skip
+
+
+def _refuse_sinks(sinks: torch.Tensor | None) -> None:
+    if sinks is not None:
+        raise ValueError("the triton attention backend has no attention sinks (gpt-oss)")
