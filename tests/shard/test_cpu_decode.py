@@ -33,7 +33,9 @@ pytestmark = pytest.mark.skipif(
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
 @pytest.mark.parametrize(
     "name",
-    sorted(TINY_MODELS) + sorted(NEW_ARCH_MODELS) + ["mixtral_top2", "qwen2_moe_shared_dense"],
+    sorted(TINY_MODELS)
+    + sorted(NEW_ARCH_MODELS)
+    + ["mixtral_top2", "qwen2_moe_shared_dense", "gpt_oss_sinks_clamped"],
 )
 def test_decode_steps_equal_the_module_forward(tiny_model, name, dtype):
     model = load_model(tiny_model(name), dtype=dtype, device=CPU, dist=Distributed())

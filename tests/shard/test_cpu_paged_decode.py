@@ -46,7 +46,7 @@ def _case(batch, heads, kv_heads, dim, dtype, contexts, seed=0):
     return cache, meta, q, keys, values
 
 
-def _reference(q, keys, values, scale, window, softcap=None):
+def _reference(q, keys, values, scale, window, softcap=None, sinks=None):
     out = []
     for i, (k, v) in enumerate(zip(keys, values, strict=True)):
         if window is not None:
@@ -56,7 +56,11 @@ def _reference(q, keys, values, scale, window, softcap=None):
         scores = torch.einsum("hd,khd->hk", q[i].double(), k) * scale
         if softcap is not None:  # Gemma 2: capped before the softmax
             scores = softcap * torch.tanh(scores / softcap)
-        out.append(torch.einsum("hk,khd->hd", scores.softmax(-1), v))
+        if sinks is None:
+            probs = scores.softmax(-1)
+        else:  # gpt-oss: each head's sink a last column of the softmax, dropped after it
+            probs = torch.cat([scores, sinks.double()[:, None]], -1).softmax(-1)[:, :-1]
+        out.append(torch.einsum("hk,khd->hd", probs, v))
     return torch.stack(out)
 
 
@@ -74,7 +78,7 @@ def test_kernel_equals_float64_attention(dtype, heads, kv_heads, dim, window, co
     scale = dim**-0.5
     kernel = paged_decode_kernel()
     out = kernel(
-        q, cache[0], cache[1], meta.block_tables, meta.context_lens, scale, window or 0, 0.0
+        q, cache[0], cache[1], meta.block_tables, meta.context_lens, scale, window or 0, 0.0, None
     )
     assert out.dtype == dtype and out.shape == q.shape
     want = _reference(q, keys, values, scale, window)
@@ -99,7 +103,7 @@ def test_kernel_soft_caps_as_float64_attention(dtype, heads, kv_heads, dim, wind
     scale, softcap = 0.5, 3.0
     kernel = paged_decode_kernel()
     args = (q, cache[0], cache[1], meta.block_tables, meta.context_lens, scale, window or 0)
-    out = kernel(*args, softcap)
+    out = kernel(*args, softcap, None)
     want = _reference(q, keys, values, scale, window, softcap)
     tol = TOL[dtype]
     torch.testing.assert_close(out.double(), want, atol=tol, rtol=tol)
@@ -107,7 +111,39 @@ def test_kernel_soft_caps_as_float64_attention(dtype, heads, kv_heads, dim, wind
     multi = [i for i, n in enumerate(contexts) if min(n, window or n) > 1]  # one key: weight 1
     assert (want - uncapped)[multi].abs().max() > 20 * tol
     # 0: no cap, the plain scores as before.
-    torch.testing.assert_close(kernel(*args, 0.0).double(), uncapped, atol=tol, rtol=tol)
+    torch.testing.assert_close(kernel(*args, 0.0, None).double(), uncapped, atol=tol, rtol=tol)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim"),
+    [(9, 3, 64), (4, 4, 128), (6, 2, 72)],
+    ids=["gqa-64", "mha-128", "gqa-72-scalar"],
+)
+@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize("softcap", [0.0, 3.0])
+def test_kernel_counts_sinks_as_float64_attention(dtype, heads, kv_heads, dim, window, softcap):
+    """gpt-oss's attention sinks: each query head's own logit (here from -3 to 6, so some
+    outweigh every score and some none) in its softmax's denominator; with a soft-cap too, the
+    sink itself uncapped. A kernel that ignored them, or took a KV head's, misses by far more
+    than the tolerance (checked)."""
+    contexts = [1, 17, 33, 70, 2]
+    cache, meta, q, keys, values = _case(len(contexts), heads, kv_heads, dim, dtype, contexts)
+    sinks = torch.linspace(-3.0, 6.0, heads)
+    scale = 0.5
+    kernel = paged_decode_kernel()
+    args = (q, cache[0], cache[1], meta.block_tables, meta.context_lens, scale, window or 0)
+    out = kernel(*args, softcap, sinks)
+    cap = softcap or None
+    want = _reference(q, keys, values, scale, window, cap, sinks)
+    tol = TOL[dtype]
+    torch.testing.assert_close(out.double(), want, atol=tol, rtol=tol)
+    assert (want - _reference(q, keys, values, scale, window, cap)).abs().max() > 20 * tol
+    flipped = _reference(q, keys, values, scale, window, cap, sinks.flip(0))
+    assert (want - flipped).abs().max() > 20 * tol
+    with pytest.raises(RuntimeError, match=r"sinks must be float32 \[heads\]"):
+        kernel(*args, softcap, sinks[1:])
 
 
 @needs_kernel
@@ -119,7 +155,9 @@ def test_backend_decode_runs_the_kernel_and_is_no_less_exact_than_its_torch_path
     q_strided = torch.cat([q, q], dim=2)[:, :, :64]  # the backend hands the kernel a copy
     native = backend.decode(q_strided, cache, meta, scale)
     kernel = paged_decode_kernel()
-    direct = kernel(q, cache[0], cache[1], meta.block_tables, meta.context_lens, scale, 0, 0.0)
+    direct = kernel(
+        q, cache[0], cache[1], meta.block_tables, meta.context_lens, scale, 0, 0.0, None
+    )
     assert torch.equal(native, direct)
     sdpa = TorchAttentionBackend(native=False).decode(q_strided, cache, meta, scale)
     want = _reference(q, keys, values, scale, None)
@@ -136,21 +174,21 @@ def test_kernel_refuses_what_it_cannot_read():
     cache, meta, q, _, _ = _case(2, 4, 2, 16, torch.float32, [3, 5])
     kernel = paged_decode_kernel()
     with pytest.raises(RuntimeError, match="share a dtype"):
-        kernel(q.bfloat16(), cache[0], cache[1], meta.block_tables, meta.context_lens, 1.0, 0, 0.0)
+        kernel(q.bfloat16(), cache[0], cache[1], meta.block_tables, meta.context_lens, 1.0, 0, 0.0, None)
     with pytest.raises(RuntimeError, match="int32"):
-        kernel(q, cache[0], cache[1], meta.block_tables.long(), meta.context_lens, 1.0, 0, 0.0)
+        kernel(q, cache[0], cache[1], meta.block_tables.long(), meta.context_lens, 1.0, 0, 0.0, None)
     with pytest.raises(RuntimeError, match="multiple of kv heads"):
         kernel(
             q[:, :3].contiguous(), cache[0], cache[1], meta.block_tables, meta.context_lens,
-            1.0, 0, 0.0,
+            1.0, 0, 0.0, None,
         )  # fmt: skip
     too_long = meta.context_lens + 64
     with pytest.raises(RuntimeError, match="block table's reach"):
-        kernel(q, cache[0], cache[1], meta.block_tables, too_long, 1.0, 0, 0.0)
+        kernel(q, cache[0], cache[1], meta.block_tables, too_long, 1.0, 0, 0.0, None)
     with pytest.raises(RuntimeError, match="not in the cache"):
-        kernel(q, cache[0], cache[1], meta.block_tables + 1000, meta.context_lens, 1.0, 0, 0.0)
+        kernel(q, cache[0], cache[1], meta.block_tables + 1000, meta.context_lens, 1.0, 0, 0.0, None)
     with pytest.raises(RuntimeError, match="softcap must be 0 .none. or positive"):
-        kernel(q, cache[0], cache[1], meta.block_tables, meta.context_lens, 1.0, 0, -1.0)
+        kernel(q, cache[0], cache[1], meta.block_tables, meta.context_lens, 1.0, 0, -1.0, None)
 
 
 @needs_kernel
@@ -163,7 +201,7 @@ def test_q_may_be_a_view_into_the_fused_qkv_rows(batch, dim):
     fused[:, :4] = q
     view = fused[:, :4]
     assert view.stride(0) == 8 * dim  # rows as far apart as the fused rows
-    args = (cache[0], cache[1], meta.block_tables, meta.context_lens, 0.3, 0, 0.0)
+    args = (cache[0], cache[1], meta.block_tables, meta.context_lens, 0.3, 0, 0.0, None)
     got = kernel(view, *args)
     assert got.is_contiguous() and torch.equal(got, kernel(q, *args))
     with pytest.raises(RuntimeError, match="heads contiguous"):

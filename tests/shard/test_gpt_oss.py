@@ -1,6 +1,6 @@
 """gpt-oss beyond the shared model comparisons (test_models_vs_transformers, test_tensor_parallel):
 its MXFP4 experts read as transformers reads them, the quantization config they come with, its
-half-precision forward, and the CPU decode loop it does not take (attention sinks)."""
+half-precision forward (its CPU decode loop: tests/shard/test_cpu_decode.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from shard.distributed import Distributed
 from shard.layers.quant.config import parse_quantization_config
 from shard.layers.quant.mxfp4 import dequantize_mxfp4
 from shard.models import load_model
-from shard.platforms.cpu.decode_loop import CpuDecodePath
 from shard.weights import WeightsError
 
 CPU = torch.device("cpu")
@@ -98,13 +97,3 @@ def test_bfloat16_tracks_float32(tiny_model):
     with torch.inference_mode():
         expected = ref(prompt[None]).logits[0]
     torch.testing.assert_close(logits[0], expected, atol=5e-2, rtol=0)
-
-
-def test_decode_steps_run_the_module_forward(tiny_model, caplog):
-    """The CPU decode loop's native kernel has no attention sinks: not built, saying why."""
-    model = load_model(
-        tiny_model("gpt_oss_sinks_clamped"), dtype=torch.float32, device=CPU, dist=Distributed()
-    )
-    with caplog.at_level("INFO"):
-        assert CpuDecodePath.build(model, None) is None
-    assert "no attention sinks" in caplog.text

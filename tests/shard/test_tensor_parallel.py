@@ -35,9 +35,7 @@ MOE_TP = [
     "gpt_oss_sinks_clamped",
     "gpt_oss_mxfp4",
 ]
-# Models whose decode steps run the module forward: the native decode kernel has no attention
-# sinks (shard/platforms/cpu/decode_loop.py).
-NO_DECODE_LOOP = ("gpt_oss_sinks_clamped", "gpt_oss_mxfp4")
+
 CPU = torch.device("cpu")
 # GQA split across ranks, one KV head replicated on both, qkv bias, and a vocab of 509 (padded).
 MODELS = [
@@ -280,7 +278,7 @@ def test_ranks_sample_the_same_tokens_on_their_own(ranks, name):
 
 
 @pytest.mark.skipif(NATIVE_REASON is not None, reason=f"no native kernels: {NATIVE_REASON}")
-@pytest.mark.parametrize("name", [*(m for m in MODELS if m not in NO_DECODE_LOOP), "bf16"])
+@pytest.mark.parametrize("name", [*MODELS, "bf16"])
 def test_decode_path_equals_module_forward_on_each_rank(ranks, name):
     """Each rank's flat decode loop (its row layers' all_reduce included) gives the module
     forward's logits bit for bit."""

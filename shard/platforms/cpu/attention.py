@@ -332,8 +332,8 @@ class TorchAttentionBackend:
         paged kernel (shard/platforms/cpu/native/build.py) where it could be built; otherwise all
         sequences in one batched pass: every row gathers the same number of slots and masks the ones
         it lacks. With `softcap`, the kernel caps the scores itself; the batched pass then computes
-        its scores explicitly (_explicit_attention) instead of through SDPA, which cannot cap;
-        with `sinks` every step takes that pass (the native kernel has no sinks).
+        its scores explicitly (_explicit_attention) instead of through SDPA, which cannot cap,
+        as it does with `sinks` (the kernel counts them in its softmax).
 
         K/V are gathered with index_select (several times faster than advanced indexing on CPU)
         and handed to SDPA as heads-first strided views of the gathered rows, 4-D, so torch's
@@ -343,8 +343,7 @@ class TorchAttentionBackend:
         this halves the layer's attention time at batch 16 (bench/decode_attention.py); 3-D
         inputs would take SDPA's unfused math path, which is slower than either.
         """
-        native = self.native and q.device.type == "cpu" and sinks is None
-        kernel = paged_decode_kernel() if native else None
+        kernel = paged_decode_kernel() if self.native and q.device.type == "cpu" else None
         if kernel is not None and kv_cache.dtype == q.dtype:
             return kernel(
                 q if heads_contiguous(q) else q.contiguous(),
@@ -355,6 +354,7 @@ class TorchAttentionBackend:
                 scale,
                 window or 0,
                 softcap or 0.0,
+                sinks,
             )
         keys, values = _slot_rows(kv_cache)
         flat, mask = _decode_gather_index(meta, kv_cache.shape[2], window, q.dtype)

@@ -13,8 +13,8 @@ It computes exactly what DecoderModel.forward computes (tests/shard/test_cpu_dec
 them bit for bit, for every architecture): every sub-step that is not plain here (a quantized or
 oneDNN weight, q/k norms, a rotary that is not the whole-head position-only rotation, a norm
 whose weight is not in the model's dtype, a gated activation other than SwiGLU, the sandwich
-norms, a Mixture-of-Experts MLP) calls the module that owns it; a model with attention sinks
-(gpt-oss) runs the module forward, the native kernel having none. It runs decode-only steps;
+norms, a Mixture-of-Experts MLP) calls the module that owns it. Attention sinks (gpt-oss) are
+the native decode kernel's own. It runs decode-only steps;
 prefill and chunked steps run the module forward. A step whose tokens use adapters runs a
 second copy of the loop whose linears add their LoRA terms, as the modules do.
 """
@@ -67,6 +67,7 @@ class _Layer:
     scale: float
     window: int  # 0: full attention
     softcap: float  # 0: none
+    sinks: torch.Tensor | None  # gpt-oss's per-head sink logits, float32
 
 
 class CpuDecodePath:
@@ -112,8 +113,6 @@ class CpuDecodePath:
             return "the attention backend is not the native torch one"
         if attention.qkv_proj.head_dim > MAX_NATIVE_HEAD_DIM:
             return f"head_dim {attention.qkv_proj.head_dim} is above {MAX_NATIVE_HEAD_DIM}"
-        if any(layer.self_attn.sinks is not None for layer in model.layers):
-            return "the native decode kernel has no attention sinks"
         return None
 
     def applies(self, meta: StepMetadata) -> bool:
@@ -146,8 +145,9 @@ class CpuDecodePath:
             q, k, v = layer.rotate(layer.qkv(x), positions, meta)
             store_kv(k, v, kv, slots)
             out = paged_decode(
-                q, kv[0], kv[1], tables, lens, layer.scale, layer.window, layer.softcap
-            )
+                q, kv[0], kv[1], tables, lens, layer.scale, layer.window, layer.softcap,
+                layer.sinks,
+            )  # fmt: skip
             x = layer.o_proj(out.flatten(1))
             if layer.post_attention_norm is not None:
                 x = layer.post_attention_norm(x)
@@ -178,6 +178,7 @@ class CpuDecodePath:
             scale=attention.scale,
             window=attention.window or 0,
             softcap=attention.softcap or 0.0,
+            sinks=attention.sinks,
         )
 
 

@@ -54,12 +54,13 @@ SY_AVX2 inline __m256i first8(int64_t n) {
                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-// s[i] = e^(s[i] - max s) over n scores; returns their sum.
-SY_AVX2 float softmax_numerators_avx2(float* s, int64_t n) {
+// s[i] = e^(s[i] - m) over n scores, m = max(max s, sink); returns their sum plus e^(sink - m)
+// (paged_decode.cpp's softmax_numerators: sink -inf for none).
+SY_AVX2 float softmax_numerators_avx2(float* s, int64_t n, float sink) {
   const int64_t body = n - n % 8;
   __m256 m8 = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   for (int64_t i = 0; i < body; i += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(s + i));
-  float m = max8(m8);
+  float m = std::max(max8(m8), sink);
   for (int64_t i = body; i < n; ++i) m = std::max(m, s[i]);
   const __m256 mv = _mm256_set1_ps(m);
   __m256 sum = _mm256_setzero_ps();
@@ -75,7 +76,7 @@ SY_AVX2 float softmax_numerators_avx2(float* s, int64_t n) {
     _mm256_maskstore_ps(s + body, tail, e);
     sum = _mm256_add_ps(sum, e);
   }
-  return sum8(sum);
+  return sum8(sum) + std::exp(sink - m);
 }
 
 // acc[r] (16 lanes: two vectors) = sum over i < count of a[r * lda + i] * b[i * ldb .. + 16),

@@ -16,13 +16,17 @@ constexpr int64_t kMaxGroup = 16;  // query heads per KV head held in registers
 
 #endif
 
-// s[i] = e^(s[i] - max s) over n scores; returns their sum.
-inline float softmax_numerators(float* s, int64_t n) {
+constexpr float kNoSink = -std::numeric_limits<float>::infinity();
+
+// s[i] = e^(s[i] - m) over n scores, m = max(max s, sink); returns their sum plus e^(sink - m):
+// the softmax denominator with an attention sink (gpt-oss: a logit without a value; kNoSink,
+// whose term is 0, for none), as transformers takes it, a last column of the scores.
+inline float softmax_numerators(float* s, int64_t n, float sink = kNoSink) {
 #if defined(__AVX512F__)
   __m512 m16 = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) m16 = _mm512_max_ps(m16, _mm512_loadu_ps(s + i));
-  float m = _mm512_reduce_max_ps(m16);
+  float m = std::max(_mm512_reduce_max_ps(m16), sink);
   for (; i < n; ++i) m = std::max(m, s[i]);
   const __m512 mv = _mm512_set1_ps(m);
   __m512 sum16 = _mm512_setzero_ps();
@@ -37,14 +41,14 @@ inline float softmax_numerators(float* s, int64_t n) {
     _mm512_mask_storeu_ps(s + i, tail, e);
     sum16 = _mm512_add_ps(sum16, _mm512_maskz_mov_ps(tail, e));
   }
-  return _mm512_reduce_add_ps(sum16);
+  return _mm512_reduce_add_ps(sum16) + std::exp(sink - m);
 #else
 #if defined(__x86_64__)
-  if (avx2_ready()) return softmax_numerators_avx2(s, n);
+  if (avx2_ready()) return softmax_numerators_avx2(s, n, sink);
 #endif
-  float m = -std::numeric_limits<float>::infinity();
+  float m = sink;
   for (int64_t i = 0; i < n; ++i) m = std::max(m, s[i]);
-  float sum = 0.f;
+  float sum = std::exp(sink - m);
   for (int64_t i = 0; i < n; ++i) {
     s[i] = std::exp(s[i] - m);
     sum += s[i];
@@ -195,7 +199,7 @@ inline void pv_registers(const float* w, const T* vbase, const int64_t* offs, in
 template <int NC, typename T>
 void head_registers(const float* q, const T* kp, const T* vp, int64_t head, const int64_t* offs,
                     int64_t n, int64_t group, float* s, float* out, float* inv,
-                    int64_t prefetch_bytes, float softcap) {
+                    int64_t prefetch_bytes, float softcap, const float* sinks) {
   constexpr int kStep = NC == 4 ? 4 : 2;
   constexpr int64_t dim = NC * 16;
   const T* kbase = kp + head * dim;
@@ -208,7 +212,7 @@ void head_registers(const float* q, const T* kp, const T* vp, int64_t head, cons
   }
   for (int64_t g = 0; g < group; ++g) {
     if (softcap > 0.f) soft_cap(s + g * n, n, softcap);
-    inv[g] = 1.f / softmax_numerators(s + g * n, n);
+    inv[g] = 1.f / softmax_numerators(s + g * n, n, sinks ? sinks[g] : kNoSink);
   }
   for (int64_t g0 = 0; g0 < group; g0 += kStep) {
     with_group<kStep>(group - g0, [&](auto g) {
@@ -221,7 +225,7 @@ void head_registers(const float* q, const T* kp, const T* vp, int64_t head, cons
 template <typename T>
 void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
             const at::Tensor& block_tables, const at::Tensor& context_lens, at::Tensor& out,
-            double scale, int64_t window, float softcap) {
+            double scale, int64_t window, float softcap, const float* sinks) {
   const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
   const int64_t block_size = k_cache.size(1), kv_heads = k_cache.size(2);
   const int64_t group = heads / kv_heads, max_blocks = block_tables.size(1);
@@ -271,7 +275,7 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
         const int64_t prefetch_bytes = h == 0 ? per_task * dim * int64_t(sizeof(T)) : 0;
         run(qf.data() + at * dim, kp + h0 * dim, vp + h0 * dim, h, offs.data(), n, group,
             scores.data() + at * n, acc.data() + at * dim, inv.data() + at, prefetch_bytes,
-            softcap);
+            softcap, sinks ? sinks + h0 * group + at : nullptr);
       }
 #endif
       if (!in_registers) {
@@ -283,7 +287,8 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
         }
         for (int64_t r = 0; r < rows; ++r) {
           if (softcap > 0.f) soft_cap(scores.data() + r * n, n, softcap);
-          inv[r] = 1.f / softmax_numerators(scores.data() + r * n, n);
+          const float sink = sinks ? sinks[h0 * group + r] : kNoSink;
+          inv[r] = 1.f / softmax_numerators(scores.data() + r * n, n, sink);
         }
         std::fill(acc.begin(), acc.end(), 0.f);
         for (int64_t i = 0; i < n; ++i) {
@@ -353,12 +358,21 @@ std::string attention_path() {
 #endif
 }
 
-// softcap: Gemma 2's attention-logit soft-capping of each scaled score (0: none).
+// softcap: Gemma 2's attention-logit soft-capping of each scaled score (0: none). sinks: None, or
+// gpt-oss's attention sinks, [heads] float32: each query head's softmax counts e^sink too.
 at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                         const at::Tensor& block_tables, const at::Tensor& context_lens,
-                        double scale, int64_t window, double softcap) {
+                        double scale, int64_t window, double softcap,
+                        const c10::optional<at::Tensor>& sinks) {
   check_paged_inputs("paged_decode", q, k_cache, v_cache, block_tables, context_lens);
   TORCH_CHECK(softcap >= 0, "paged_decode: softcap must be 0 (none) or positive, not ", softcap);
+  at::Tensor sink_values;
+  if (sinks.has_value()) {
+    sink_values = sinks->contiguous();
+    TORCH_CHECK(sink_values.scalar_type() == at::kFloat && sink_values.dim() == 1 &&
+                    sink_values.size(0) == q.size(1),
+                "paged_decode: sinks must be float32 [heads] (", q.size(1), " heads)");
+  }
   TORCH_CHECK(block_tables.size(0) == q.size(0) && context_lens.numel() == q.size(0),
               "paged_decode: one block table row and one context length per query row");
   auto tables = block_tables.contiguous();
@@ -366,7 +380,8 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
   check_block_reach("paged_decode", tables, lens, k_cache.size(1), k_cache.size(0), {});
   auto out = at::empty(q.sizes(), q.options());
   with_dtype(q.scalar_type(), "paged_decode", [&](auto tag) {
-    decode<decltype(tag)>(q, k_cache, v_cache, tables, lens, out, scale, window, float(softcap));
+    decode<decltype(tag)>(q, k_cache, v_cache, tables, lens, out, scale, window, float(softcap),
+                          sinks.has_value() ? sink_values.data_ptr<float>() : nullptr);
   });
   return out;
 }
