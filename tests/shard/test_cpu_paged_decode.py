@@ -173,22 +173,22 @@ def test_backend_decode_runs_the_kernel_and_is_no_less_exact_than_its_torch_path
 def test_kernel_refuses_what_it_cannot_read():
     cache, meta, q, _, _ = _case(2, 4, 2, 16, torch.float32, [3, 5])
     kernel = paged_decode_kernel()
+
+    def call(q=q, tables=meta.block_tables, lens=meta.context_lens, softcap=0.0):
+        return kernel(q, cache[0], cache[1], tables, lens, 1.0, 0, softcap, None)
+
     with pytest.raises(RuntimeError, match="share a dtype"):
-        kernel(q.bfloat16(), cache[0], cache[1], meta.block_tables, meta.context_lens, 1.0, 0, 0.0, None)
+        call(q=q.bfloat16())
     with pytest.raises(RuntimeError, match="int32"):
-        kernel(q, cache[0], cache[1], meta.block_tables.long(), meta.context_lens, 1.0, 0, 0.0, None)
+        call(tables=meta.block_tables.long())
     with pytest.raises(RuntimeError, match="multiple of kv heads"):
-        kernel(
-            q[:, :3].contiguous(), cache[0], cache[1], meta.block_tables, meta.context_lens,
-            1.0, 0, 0.0, None,
-        )  # fmt: skip
-    too_long = meta.context_lens + 64
+        call(q=q[:, :3].contiguous())
     with pytest.raises(RuntimeError, match="block table's reach"):
-        kernel(q, cache[0], cache[1], meta.block_tables, too_long, 1.0, 0, 0.0, None)
+        call(lens=meta.context_lens + 64)
     with pytest.raises(RuntimeError, match="not in the cache"):
-        kernel(q, cache[0], cache[1], meta.block_tables + 1000, meta.context_lens, 1.0, 0, 0.0, None)
+        call(tables=meta.block_tables + 1000)
     with pytest.raises(RuntimeError, match="softcap must be 0 .none. or positive"):
-        kernel(q, cache[0], cache[1], meta.block_tables, meta.context_lens, 1.0, 0, -1.0, None)
+        call(softcap=-1.0)
 
 
 @needs_kernel
