@@ -12,9 +12,9 @@ from typing import Any
 
 from shard.layers.activation import CLAMPED_SWIGLU
 from shard.models.blocks import DecoderModel
-from shard.models.config import ModelConfig, MoeConfig
+from shard.models.config import ModelConfig
+from shard.models.mixtral import experts_in_every_layer
 from shard.models.names import LLAMA_NAMES
-from shard.models.qwen2_moe import _top_k
 
 GPT_OSS_NAMES = {
     **LLAMA_NAMES,
@@ -30,14 +30,10 @@ class GptOssForCausalLM(DecoderModel):
 
     @classmethod
     def adapt_config(cls, raw: dict[str, Any], config: ModelConfig) -> ModelConfig:
-        experts = raw["num_local_experts"]
-        moe = MoeConfig(
-            num_experts=experts,
-            top_k=_top_k(raw, experts),
-            intermediate_size=config.intermediate_size,
-            renormalize=True,
+        moe = experts_in_every_layer(
+            raw,
+            config,
             round_weights=True,  # transformers weights the experts' outputs in the dtype
-            sparse_layers=(True,) * config.num_layers,
             router_bias=True,
             interleaved_experts=True,
             expert_act=CLAMPED_SWIGLU,

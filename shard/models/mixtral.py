@@ -25,21 +25,28 @@ MIXTRAL_NAMES = {
 }
 
 
+def experts_in_every_layer(raw: dict[str, Any], config: ModelConfig, **options: Any) -> MoeConfig:
+    """Mixtral's shape, which gpt-oss shares: num_local_experts experts of intermediate_size in
+    every layer, the top k renormalised; `options`: the MoeConfig fields that differ."""
+    experts = raw["num_local_experts"]
+    fields: dict[str, Any] = {
+        "num_experts": experts,
+        "top_k": _top_k(raw, experts),
+        "intermediate_size": config.intermediate_size,
+        "renormalize": True,
+        "round_weights": False,
+        "sparse_layers": (True,) * config.num_layers,
+        **options,
+    }
+    return MoeConfig(**fields)
+
+
 class MixtralForCausalLM(DecoderModel):
     NAMES = MIXTRAL_NAMES
 
     @classmethod
     def adapt_config(cls, raw: dict[str, Any], config: ModelConfig) -> ModelConfig:
-        experts = raw["num_local_experts"]
-        moe = MoeConfig(
-            num_experts=experts,
-            top_k=_top_k(raw, experts),
-            intermediate_size=config.intermediate_size,
-            renormalize=True,
-            round_weights=False,
-            sparse_layers=(True,) * config.num_layers,
-        )
-        return replace(config, moe=moe)
+        return replace(config, moe=experts_in_every_layer(raw, config))
 
     @classmethod
     def names_for(cls, weights: Weights) -> dict[str, tuple[str, ...]]:

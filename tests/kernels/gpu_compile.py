@@ -77,23 +77,28 @@ def registers_and_spills(cubin: bytes) -> tuple[int, int]:
 
 
 def compile_prefill(
-    dtype: torch.dtype, head_dim: int, sliding: bool = False, softcap: bool = False
+    dtype: torch.dtype,
+    head_dim: int,
+    sliding: bool = False,
+    softcap: bool = False,
+    sinks: bool = False,
 ) -> None:
     t = TYPES[dtype]
     cfg = prefill.default_prefill_config(head_dim, dtype)
     ptrs = {n: f"*{t}" for n in ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "cache_ptr")}
     ptrs |= {n: "*i32" for n in ("block_tables_ptr", "context_lens_ptr")}
     ptrs |= {"cu_seqlens_q_ptr": "*i32", "cu_seqlens_k_ptr": "*i32", "scale_log2": "fp32"}
-    ptrs["softcap_log2"] = "fp32"
+    ptrs |= {"softcap_log2": "fp32", "sinks_ptr": "*fp32"}
     ptrs["stride_c_kv"] = "i64"  # a large cache's K-to-V distance passes 2^31 elements
     compiled = compile_kernel(
         prefill._prefill_kernel, ptrs,
         dict(GROUP=4, HEAD_DIM=head_dim, BLOCK_D=head_block(head_dim), BLOCK_M=cfg.block_m,
              BLOCK_N=cfg.block_n, CACHE_BLOCK_SIZE=16, HAS_PREFIX=True, SLIDING=sliding,
-             SOFTCAP=softcap, **dot_options(dtype)),
+             SOFTCAP=softcap, SINKS=sinks, **dot_options(dtype)),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    report(f"prefill {t} d{head_dim} sliding={sliding} softcap={softcap} {cfg}", compiled)
+    what = f"prefill {t} d{head_dim} sliding={sliding} softcap={softcap} sinks={sinks}"
+    report(f"{what} {cfg}", compiled)
 
 
 def compile_decode(
@@ -103,22 +108,24 @@ def compile_decode(
     sliding: bool = False,
     per_sequence: bool = False,
     softcap: bool = False,
+    sinks: bool = False,
 ) -> None:
     t = TYPES[dtype]
     cfg = decode.default_decode_config()
     ptrs = {n: f"*{t}" for n in ("q_ptr", "cache_ptr", "out_ptr")}
     ptrs |= {"block_tables_ptr": "*i32", "context_lens_ptr": "*i32", "scale_log2": "fp32"}
-    ptrs["softcap_log2"] = "fp32"
+    ptrs |= {"softcap_log2": "fp32", "sinks_ptr": "*fp32"}
     ptrs |= {"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "stride_c_kv": "i64"}
     compiled = compile_kernel(
         decode._paged_decode_kernel, ptrs,
         dict(NUM_HEADS=32, GROUP=4, BLOCK_G=16, HEAD_DIM=head_dim, BLOCK_D=head_block(head_dim),
              BLOCK_N=cfg.block_n, CACHE_BLOCK_SIZE=16, NUM_SPLITS=splits, SLIDING=sliding,
-             SPLIT_PER_SEQUENCE=per_sequence, SOFTCAP=softcap, **dot_options(dtype)),
+             SPLIT_PER_SEQUENCE=per_sequence, SOFTCAP=softcap, SINKS=sinks,
+             **dot_options(dtype)),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     name = f"decode {t} d{head_dim} splits={splits} sliding={sliding} per_seq={per_sequence}"
-    name += f" softcap={softcap}"
+    name += f" softcap={softcap} sinks={sinks}"
     report(f"{name} {cfg}", compiled)
 
 
@@ -126,11 +133,12 @@ def compile_reduce_and_kv_write(dtype: torch.dtype, head_dim: int) -> None:
     t = TYPES[dtype]
     compiled = compile_kernel(
         decode_reduce._decode_reduce_kernel,
-        {"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": f"*{t}"},
+        {"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": f"*{t}",
+         "sinks_ptr": "*fp32"},
         dict(NUM_HEADS=32, NUM_SPLITS=8, BLOCK_S=8, HEAD_DIM=head_dim,
-             BLOCK_D=triton.next_power_of_2(head_dim)),
+             BLOCK_D=triton.next_power_of_2(head_dim), SINKS=True),
     )  # fmt: skip
-    report(f"decode_reduce {t} d{head_dim}", compiled)
+    report(f"decode_reduce {t} d{head_dim} sinks", compiled)
     compiled = compile_kernel(
         kv_write._kv_write_kernel,
         {"key_ptr": f"*{t}", "value_ptr": f"*{t}", "cache_ptr": f"*{t}", "slot_ptr": "*i64",
@@ -204,16 +212,17 @@ def main() -> int:
     # Every kernel and every compile-time branch once, not the whole dtype x head-dim product
     # (the interpreter tests cover that; compiling costs seconds per variant): bf16 at head dim
     # 128 (the common case) and 80 (padded, masked loads), the plain and split-K decode, the
-    # sliding-window variants of both (soft-capped too, Gemma 2's: its sliding layers cap). fp32
+    # sliding-window variants of both (soft-capped too, Gemma 2's: its sliding layers cap; with
+    # gpt-oss's attention sinks beside, their branches all compiled in one variant). fp32
     # prefill (own tiles, ieee dots) takes ~15 s alone to compile: `--all` adds it.
     compile_prefill(torch.bfloat16, 128)
-    compile_prefill(torch.bfloat16, 80, sliding=True, softcap=True)
+    compile_prefill(torch.bfloat16, 80, sliding=True, softcap=True, sinks=True)
     if "--all" in sys.argv:
         for dtype in (torch.float16, torch.float32):
             for head_dim in (64, 80, 96, 128):
                 compile_prefill(dtype, head_dim)
                 compile_decode(dtype, head_dim, splits=4)
-    compile_decode(torch.bfloat16, 128, splits=1)
+    compile_decode(torch.bfloat16, 128, splits=1, sinks=True)
     compile_decode(torch.bfloat16, 80, splits=8, sliding=True, softcap=True)
     compile_decode(torch.bfloat16, 128, splits=8, per_sequence=True)  # CUDA graphs' decode
     compile_decode(torch.bfloat16, 80, splits=8, sliding=True, per_sequence=True)

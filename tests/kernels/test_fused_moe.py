@@ -130,6 +130,59 @@ def test_matches_float64_reference(
     torch.testing.assert_close(out.cpu().double(), expected, **TOLERANCES[dtype])
 
 
+def biased_reference(x, w13, w2, b13, b2, weights, ids, alpha, limit) -> torch.Tensor:
+    """gpt-oss's experts in float64: biases after each product, the clamped SwiGLU, the down
+    bias before the top-k weight (b13 or b2 None: none)."""
+    x, w13, w2 = x.double(), w13.double(), w2.double()
+    chosen = ids.long().clamp(min=0)
+    product = torch.einsum("th,tkoh->tko", x, w13[chosen])
+    if b13 is not None:
+        product = product + b13.double()[chosen]
+    gate, up = product.chunk(2, dim=-1)
+    gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    hidden = (up + 1) * gate * torch.sigmoid(alpha * gate)
+    rows = torch.einsum("tki,tkhi->tkh", hidden, w2[chosen])
+    if b2 is not None:
+        rows = rows + b2.double()[chosen]
+    kept = (ids >= 0).double() * weights.double()
+    return torch.einsum("tk,tkh->th", kept, rows)
+
+
+@pytest.mark.parametrize("biases", ["both", "gate_up", "down"])
+@pytest.mark.parametrize(
+    ("tokens", "top_k", "kind", "dtype", "tiles"),
+    [(40, 2, "uneven", torch.float32, Tiles(16, 16, 16)), (40, 4, "parallel", torch.bfloat16, None),
+     (1, 1, "uniform", torch.float32, None)],
+)  # fmt: skip
+def test_biases_and_the_clamped_swiglu_match_float64(biases, tokens, top_k, kind, dtype, tiles):
+    """gpt-oss's experts: a bias on either product, the clamped SwiGLU with both clamps binding
+    (the weights scaled so gate and up run past the limit), uneven loads, empty experts, ids of
+    another rank, odd sizes."""
+    x, w13, w2, weights, ids = make_case(tokens, 33, 19, 6, top_k, kind, seed=2)
+    w13 = w13 * 3  # gate and up values of about +-3: past the limit of 1.5 on both sides
+    gen = torch.Generator().manual_seed(7)
+    b13 = torch.randn(6, 38, generator=gen) if biases in ("both", "gate_up") else None
+    b2 = torch.randn(6, 33, generator=gen) if biases in ("both", "down") else None
+    alpha, limit = 1.702, 1.5
+    product = torch.einsum("th,eoh->teo", x, w13)
+    assert (product[..., :19] > limit).any() and (product[..., 19:] < -limit).any()
+    cast = [None if t is None else t.to(dtype) for t in (x, w13, w2, b13, b2)]
+    x, w13, w2, b13, b2 = cast
+    out = fused_moe(
+        *(t.to(DEVICE) for t in (x, w13, w2, weights, ids)), "clamped_swiglu",
+        w13_bias=None if b13 is None else b13.to(DEVICE),
+        w2_bias=None if b2 is None else b2.to(DEVICE),
+        swiglu_alpha=alpha, swiglu_limit=limit, tiles=tiles,
+    )  # fmt: skip
+    expected = biased_reference(x, w13, w2, b13, b2, weights, ids, alpha, limit)
+    torch.testing.assert_close(out.cpu().double(), expected, **TOLERANCES[dtype])
+    unclamped = biased_reference(x, w13, w2, b13, b2, weights, ids, alpha, 1e9)
+    assert (expected - unclamped).abs().max() > 0.1
+    with pytest.raises(ValueError, match="w2_bias"):
+        fused_moe(*(t.to(DEVICE) for t in (x, w13, w2, weights, ids)), "silu",
+                  w2_bias=torch.zeros(6, 32, dtype=dtype, device=DEVICE))  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("tokens", "experts", "top_k", "kind", "block_m"),
     [(1, 8, 8, "uniform", 16), (40, 6, 2, "uneven", 16), (40, 10, 8, "parallel", 16),

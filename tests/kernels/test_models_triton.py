@@ -2,7 +2,7 @@
 interpreted on a CPU) against transformers: soft-capped scores in the prefill and decode
 kernels (Gemma 2), a replicated KV head with q/k norms and per-type ropes (Gemma 3), partial
 longrope (Phi-3), windows shorter than the prompts in every sliding layer, the fused MoE
-kernel (Qwen2-MoE)."""
+kernel (Qwen2-MoE), attention sinks and biased experts (gpt-oss)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,10 @@ CASES = {
     # the fused MoE kernel (shard/platforms/cuda/kernels/fused_moe.py) in a whole model: top-3
     # of 8 experts, the shared expert, a dense layer between two sparse ones
     "qwen2_moe_shared_dense": {"num_key_value_heads": 1},
+    # gpt-oss as released: attention sinks in both kernels, windows of 7 in every other layer,
+    # the fused MoE kernel with expert biases and the clamped SwiGLU over MXFP4 experts
+    # dequantized at load
+    "gpt_oss_mxfp4": {"num_key_value_heads": 1},
 }
 # Phi-3's longrope factors, one per rotated frequency: 64 * 0.75 / 2 of them at this head size
 FREQUENCIES = 24

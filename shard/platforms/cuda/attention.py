@@ -48,13 +48,12 @@ class TritonAttentionBackend:
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        _refuse_sinks(sinks)
         assert meta.cu_seqlens_q is not None, "prefill needs cu_seqlens_q"
         return varlen_prefill(
             q, k, v,
             meta.cu_seqlens_q, meta.cu_seqlens_q, meta.max_seqlen_q, scale,
             kv_cache=kv_cache, block_tables=meta.block_tables, context_lens=meta.context_lens,
-            window=window, softcap=softcap,
+            window=window, softcap=softcap, sinks=sinks,
         )  # fmt: skip
 
     def decode(
@@ -67,13 +66,7 @@ class TritonAttentionBackend:
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        _refuse_sinks(sinks)
         return paged_decode(
             q, kv_cache, meta.block_tables, meta.context_lens, scale,
-            window=window, softcap=softcap, split_per_sequence=meta.captured,
+            window=window, softcap=softcap, sinks=sinks, split_per_sequence=meta.captured,
         )  # fmt: skip
-
-
-def _refuse_sinks(sinks: torch.Tensor | None) -> None:
-    if sinks is not None:
-        raise ValueError("the triton attention backend has no attention sinks (gpt-oss)")

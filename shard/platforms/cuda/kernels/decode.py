@@ -16,6 +16,10 @@ long context costs only its window; the splits cut up the window.
 Soft-capped layers (SOFTCAP, Gemma 2) cap every score before the softmax
 (shard/platforms/cuda/kernels/ softmax.py); the splits' log-sum-exps are of the capped scores, so
 the reduce is unchanged.
+
+Attention sinks (SINKS, gpt-oss): each query head's sink logit joins its softmax's denominator
+once: unsplit, at the end of the loop against the running max; split, in the reduce, as one
+more part whose log-sum-exp is the sink and whose output is zero.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ def _paged_decode_kernel(
     out_ptr,
     part_out_ptr,
     part_lse_ptr,
+    sinks_ptr,
     scale_log2,
     softcap_log2,
     tokens_per_split,
@@ -74,6 +79,7 @@ def _paged_decode_kernel(
     SPLIT_PER_SEQUENCE: tl.constexpr,
     SLIDING: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    SINKS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
@@ -137,6 +143,9 @@ def _paged_decode_kernel(
         )
 
     if NUM_SPLITS == 1:
+        if SINKS:  # the sink in base 2 (log2(e)), against the same max as the sum
+            sink = tl.load(sinks_ptr + heads, mask=offs_g < GROUP, other=0.0)
+            l_i += tl.exp2(sink * 1.4426950408889634 - m_i)
         out = acc / l_i[:, None]
         tl.store(
             out_ptr + seq * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
@@ -199,13 +208,15 @@ def paged_decode(
     *,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
     num_splits: int | None = None,
     config: DecodeConfig | None = None,
     split_per_sequence: bool = False,
 ) -> torch.Tensor:
     """q [B, H, D] against each sequence's first context_lens[b] cached tokens -> [B, H, D];
     with `window`, against only the last `window` of them. With `softcap` (None or 0: off), each
-    scaled score s becomes softcap * tanh(s / softcap) before the softmax (Gemma 2).
+    scaled score s becomes softcap * tanh(s / softcap) before the softmax (Gemma 2). With `sinks`
+    ([H] float32, gpt-oss), head h's softmax denominator also counts exp(sinks[h]).
 
     `num_splits=None` lets `choose_num_splits` decide. Its context bound is the block table's
     width (or the window, if smaller), known on the host, so deciding costs no device-to-host
@@ -246,6 +257,7 @@ def paged_decode(
         out,
         part_out,
         part_lse,
+        q if sinks is None else sinks,  # a dummy where SINKS is compiled out
         scale_log2,
         softcap_log2,
         tokens_per_split,
@@ -265,10 +277,11 @@ def paged_decode(
         SPLIT_PER_SEQUENCE=split_per_sequence,
         SLIDING=window is not None,
         SOFTCAP=bool(softcap),
+        SINKS=sinks is not None,
         **dot_options(q.dtype),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
     if num_splits > 1:
-        decode_reduce(part_out, part_lse, out)
+        decode_reduce(part_out, part_lse, out, sinks)
     return out

@@ -38,7 +38,8 @@ import triton.language as tl
 from shard.platforms.cuda.kernels import check_device, dot_options
 
 # Activation names (shard/platforms/activations.py) -> the epilogue's compile-time switch.
-ACTIVATIONS = {"silu": 0, "swish": 0, "gelu_pytorch_tanh": 1, "gelu": 2}
+# 3, gpt-oss's clamped SwiGLU, reads the up half too (alpha, limit): the kernel tests for it.
+ACTIVATIONS = {"silu": 0, "swish": 0, "gelu_pytorch_tanh": 1, "gelu": 2, "clamped_swiglu": 3}
 
 ALIGN_CHUNK = 64  # pairs per program of the count and scatter kernels
 ALIGN_ROWS = 16  # chunks (or blocks) per step of the plan kernel's loops
@@ -204,6 +205,15 @@ def _activation(g, ACT: tl.constexpr):
 
 
 @triton.jit
+def _clamped_swiglu(gate, up, alpha, limit):
+    """gpt-oss's (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g), g = min(gate, limit), in
+    fp32 (torch rounds each op to the dtype; this rounds the result once)."""
+    g = tl.minimum(gate, limit)
+    u = tl.minimum(tl.maximum(up, -limit), limit)
+    return (u + 1.0) * (g / (1.0 + tl.exp(-alpha * g)))
+
+
+@triton.jit
 def _block_rows(sorted_ids_ptr, expert_ids_ptr, total_ptr, num_pairs, BLOCK_M: tl.constexpr):
     """This program's block: (whether it is past the total, its expert, its pair ids, which
     of them are real). Padding rows take the block's first pair (the smallest id: a block below
@@ -219,12 +229,15 @@ def _block_rows(sorted_ids_ptr, expert_ids_ptr, total_ptr, num_pairs, BLOCK_M: t
 
 
 @triton.jit
-def _gate_up_kernel(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, total_ptr, num_pairs,
-                    inter, hidden, stride_xt, stride_xh, stride_we, stride_wn, stride_wk,
-                    stride_ot, TOP_K: tl.constexpr, ACT: tl.constexpr, BLOCK_M: tl.constexpr,
+def _gate_up_kernel(x_ptr, w_ptr, b_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, total_ptr,
+                    num_pairs, inter, hidden, stride_xt, stride_xh, stride_we, stride_wn,
+                    stride_wk, stride_be, stride_ot, alpha, limit, TOP_K: tl.constexpr,
+                    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
                     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr):  # fmt: skip
-    """out[p, n] = act(gate) * up for the block's pairs p, columns n of this program's tile."""
+    """out[p, n] = act(gate) * up for the block's pairs p, columns n of this program's tile
+    (HAS_BIAS: gate and up plus the expert's bias rows n and I + n first; clamped_swiglu:
+    gpt-oss's activation of both halves, with `alpha` and `limit`)."""
     past, expert, pairs, valid = _block_rows(
         sorted_ids_ptr, expert_ids_ptr, total_ptr, num_pairs, BLOCK_M
     )
@@ -254,23 +267,32 @@ def _gate_up_kernel(x_ptr, w_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, total
             u = u.to(tl.float32)
         acc_gate = tl.dot(a, g, acc_gate, input_precision=DOT_PRECISION)
         acc_up = tl.dot(a, u, acc_up, input_precision=DOT_PRECISION)
-    # Rounded where torch rounds: the product's halves, act(gate), and act(gate) * up.
+    # Rounded where torch rounds: the product's halves (then plus the bias, rounded again, as
+    # torch's `x @ w + b`), act(gate), and act(gate) * up.
     dtype = out_ptr.dtype.element_ty
     gate = acc_gate.to(dtype).to(tl.float32)
     up = acc_up.to(dtype).to(tl.float32)
-    hidden_act = _activation(gate, ACT).to(dtype).to(tl.float32) * up
+    if HAS_BIAS:
+        bias = b_ptr + expert * stride_be + cols
+        gate = (gate + tl.load(bias).to(tl.float32)).to(dtype).to(tl.float32)
+        up = (up + tl.load(bias + inter).to(tl.float32)).to(dtype).to(tl.float32)
+    if ACT == 3:  # clamped_swiglu
+        hidden_act = _clamped_swiglu(gate, up, alpha, limit)
+    else:
+        hidden_act = _activation(gate, ACT).to(dtype).to(tl.float32) * up
     mask = valid[:, None] & (offs_n[None, :] < inter)
     tl.store(out_ptr + pairs[:, None] * stride_ot + offs_n[None, :], hidden_act.to(dtype),
              mask=mask)  # fmt: skip
 
 
 @triton.jit
-def _down_kernel(h_ptr, w_ptr, weights_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, total_ptr,
-                 num_pairs, hidden, inter, stride_ht, stride_we, stride_wn, stride_wk, stride_ot,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 DOT_UPCAST: tl.constexpr):  # fmt: skip
-    """out[p, n] = topk_weight[p] * (w2[e] @ h[p])[n] in fp32, for the block's pairs p."""
+def _down_kernel(h_ptr, w_ptr, b_ptr, weights_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr,
+                 total_ptr, num_pairs, hidden, inter, stride_ht, stride_we, stride_wn, stride_wk,
+                 stride_be, stride_ot, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr):  # fmt: skip
+    """out[p, n] = topk_weight[p] * ((w2[e] @ h[p])[n] + bias[e, n]) in fp32, for the block's
+    pairs p (HAS_BIAS; else no bias)."""
     past, expert, pairs, valid = _block_rows(
         sorted_ids_ptr, expert_ids_ptr, total_ptr, num_pairs, BLOCK_M
     )
@@ -294,6 +316,8 @@ def _down_kernel(h_ptr, w_ptr, weights_ptr, out_ptr, sorted_ids_ptr, expert_ids_
             a = a.to(tl.float32)
             b = b.to(tl.float32)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + expert * stride_be + cols)[None, :].to(tl.float32)
     acc *= tl.load(weights_ptr + pairs)[:, None]
     mask = valid[:, None] & (offs_n[None, :] < hidden)
     tl.store(out_ptr + pairs[:, None] * stride_ot + offs_n[None, :], acc, mask=mask)
@@ -341,6 +365,25 @@ def _check(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: t
         )
 
 
+def _check_biases(
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    w13_bias: torch.Tensor | None,
+    w2_bias: torch.Tensor | None,
+) -> None:
+    experts, two_i, _ = w13.shape
+    hidden = w2.shape[1]
+    for name, bias, shape in (("w13_bias", w13_bias, (experts, two_i)),
+                              ("w2_bias", w2_bias, (experts, hidden))):  # fmt: skip
+        if bias is None:
+            continue
+        if tuple(bias.shape) != shape or bias.stride(1) != 1 or bias.dtype != w13.dtype:
+            raise ValueError(
+                f"{name} {bias.dtype} {tuple(bias.shape)}: want {w13.dtype} {shape}, rows "
+                "contiguous"
+            )
+
+
 def fused_moe(
     x: torch.Tensor,
     w13: torch.Tensor,
@@ -349,15 +392,22 @@ def fused_moe(
     topk_ids: torch.Tensor,
     act: str,
     *,
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+    swiglu_alpha: float = 1.702,
+    swiglu_limit: float = 7.0,
     tiles: Tiles | None = None,
 ) -> torch.Tensor:
     """See Platform.fused_moe: x [T, H]; w13 [E, 2I, H] (gate rows first); w2 [E, H, I];
     topk_weights [T, K] float32; topk_ids [T, K] in [-1, E) (-1: skipped) -> [T, H] in x's
-    dtype. `tiles`: a fixed tile config (tests), else default_tiles."""
+    dtype. gpt-oss's: w13_bias [E, 2I] and w2_bias [E, H] (each optional; under tensor
+    parallelism only one rank passes w2_bias, the caller summing the ranks' outputs), and the
+    clamped SwiGLU's alpha and limit. `tiles`: a fixed tile config (tests), else default_tiles."""
     code = ACTIVATIONS.get(act)
     if code is None:
         raise ValueError(f"fused_moe: no activation {act!r} (have {sorted(ACTIVATIONS)})")
     _check(x, w13, w2, topk_weights, topk_ids)
+    _check_biases(w13, w2, w13_bias, w2_bias)
     check_device(x, w13, w2, topk_weights, topk_ids)
     tokens, hidden = x.shape
     experts, inter = w13.shape[0], w2.shape[2]
@@ -379,15 +429,20 @@ def fused_moe(
 
     hidden_act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
     _gate_up_kernel[(plan.max_blocks, triton.cdiv(inter, cfg.block_n))](
-        x, w13, hidden_act, plan.sorted_ids, plan.expert_ids, plan.total, pairs, inter, hidden,
-        *x.stride(), *w13.stride(), hidden_act.stride(0), TOP_K=top_k, ACT=code, **blocks,
-        EVEN_K=hidden % cfg.block_k == 0, **options, **launch,
+        x, w13, w13 if w13_bias is None else w13_bias, hidden_act, plan.sorted_ids,
+        plan.expert_ids, plan.total, pairs, inter, hidden, *x.stride(), *w13.stride(),
+        0 if w13_bias is None else w13_bias.stride(0), hidden_act.stride(0),
+        float(swiglu_alpha), float(swiglu_limit), TOP_K=top_k, ACT=code,
+        HAS_BIAS=w13_bias is not None, **blocks, EVEN_K=hidden % cfg.block_k == 0, **options,
+        **launch,
     )  # fmt: skip
     rows = torch.empty(pairs, hidden, dtype=torch.float32, device=x.device)
     _down_kernel[(plan.max_blocks, triton.cdiv(hidden, cfg.block_n))](
-        hidden_act, w2, weights, rows, plan.sorted_ids, plan.expert_ids,
-        plan.total, pairs, hidden, inter, hidden_act.stride(0), *w2.stride(), rows.stride(0),
-        **blocks, EVEN_K=inter % cfg.block_k == 0, **options, **launch,
+        hidden_act, w2, w2 if w2_bias is None else w2_bias, weights, rows, plan.sorted_ids,
+        plan.expert_ids, plan.total, pairs, hidden, inter, hidden_act.stride(0), *w2.stride(),
+        0 if w2_bias is None else w2_bias.stride(0), rows.stride(0),
+        HAS_BIAS=w2_bias is not None, **blocks, EVEN_K=inter % cfg.block_k == 0, **options,
+        **launch,
     )  # fmt: skip
     block = min(1024, triton.next_power_of_2(hidden))
     _sum_kernel[(tokens, triton.cdiv(hidden, block))](

@@ -17,6 +17,10 @@ read, and the tiles where the windows of the block's rows start are masked like 
 
 Soft-capped layers (SOFTCAP, Gemma 2): every score is capped before the masks and the softmax
 (shard/platforms/cuda/kernels/softmax.py); off, the kernel is the same as without the option.
+
+Attention sinks (SINKS, gpt-oss): each query head's sink logit joins its softmax's denominator
+once the keys are folded in, 2^(sink log2(e) - m) against the running max m, as if a last key
+without a value; off, the kernel is the same as without the option.
 """
 
 from __future__ import annotations
@@ -99,6 +103,7 @@ def _prefill_kernel(
     context_lens_ptr,
     cu_seqlens_q_ptr,
     cu_seqlens_k_ptr,
+    sinks_ptr,
     scale_log2,
     softcap_log2,
     window,
@@ -129,6 +134,7 @@ def _prefill_kernel(
     HAS_PREFIX: tl.constexpr,
     SLIDING: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    SINKS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
@@ -240,6 +246,8 @@ def _prefill_kernel(
         scale_log2, softcap_log2, BLOCK_N, SLIDING, SOFTCAP, DOT_PRECISION, DOT_UPCAST,
     )  # fmt: skip
 
+    if SINKS:  # the sink in base 2 (log2(e)), against the same max as the sum
+        l_i += tl.exp2(tl.load(sinks_ptr + head) * 1.4426950408889634 - m_i)
     # Padding rows past q_len may have seen no key at all (a window); they are never stored.
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     o_rows = (q_start + offs_m).to(tl.int64)[:, None] * stride_ot + head * stride_oh
@@ -286,6 +294,7 @@ def varlen_prefill(
     context_lens: torch.Tensor | None = None,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
     config: PrefillConfig | None = None,
 ) -> torch.Tensor:
     """Causal attention of packed queries q [Tq, H, D] over packed keys/values k, v [Tk, Hkv, D]
@@ -295,7 +304,8 @@ def varlen_prefill(
     `context_lens[i] - k_len` cached tokens before its new keys. With `window`, a query sees
     only the keys less than `window` positions before it. With `softcap` (None or 0: off), each
     scaled score s becomes softcap * tanh(s / softcap) before the masks and the softmax (Gemma
-    2). Returns [Tq, H, D] in q's dtype.
+    2). With `sinks` ([H] float32, gpt-oss), head h's softmax denominator also counts
+    exp(sinks[h]). Returns [Tq, H, D] in q's dtype.
     """
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
@@ -329,6 +339,7 @@ def varlen_prefill(
         context_lens,
         cu_seqlens_q,
         cu_seqlens_k,
+        q if sinks is None else sinks,  # a dummy where SINKS is compiled out
         scale_log2,
         softcap_log2,
         window or 0,
@@ -347,6 +358,7 @@ def varlen_prefill(
         HAS_PREFIX=has_prefix,
         SLIDING=window is not None,
         SOFTCAP=bool(softcap),
+        SINKS=sinks is not None,
         **dot_options(q.dtype),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
