@@ -99,11 +99,14 @@ step speculation_tests 150 "${PYTEST[@]}" tests/shard/test_speculative_verify.py
 step speculative_bench 200 "$PY" -m bench.speculative --random-weights --concurrency 1 4 \
     --workloads grounded chat --num-prompts 4 --max-tokens 128 --out "$RESULTS"
 # The model seam's and MoE's GPU points first (issues 45 and 46): soft-capped prefill/decode,
-# partial/longrope rotary, whole new-architecture models with Triton, the fused MoE kernel
-# compiled and captured in a CUDA graph, MoE models in decode graphs; then its benchmark.
+# partial/longrope rotary, whole new-architecture models with Triton (gpt-oss's sinks and
+# biased experts too), the fused MoE kernel compiled and captured in a CUDA graph, MoE models in
+# decode graphs; then its benchmark.
 step seam_moe_tests 150 "${PYTEST[@]}" tests/kernels/test_fused_moe.py \
     tests/kernels/test_models_triton.py tests/shard/test_attention_softcap.py \
-    tests/shard/test_rotary_partial_longrope.py tests/shard/test_cuda_graphs.py -k "not adapter"
+    tests/shard/test_rotary_partial_longrope.py tests/shard/test_cuda_graphs.py \
+    tests/kernels/test_kernel_prefill.py tests/kernels/test_kernel_decode.py \
+    -k "not adapter and (not test_kernel_ or sinks)"
 step moe_bench 90 "$PY" bench/moe_kernel_gpu.py
 step graph_tests 120 "${PYTEST[@]}" tests/shard/test_cuda_graphs.py \
     tests/kernels/test_elementwise_kernels.py tests/kernels/test_kernel_decode.py \
