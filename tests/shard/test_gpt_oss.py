@@ -15,6 +15,7 @@ from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
 from launcher.quant_checks import check_quantization
 from shard.distributed import Distributed
+from shard.layers.quant import mxfp4
 from shard.layers.quant.config import parse_quantization_config
 from shard.layers.quant.mxfp4 import dequantize_mxfp4
 from shard.models import load_model
@@ -23,10 +24,12 @@ from shard.weights import WeightsError
 CPU = torch.device("cpu")
 
 
+@pytest.mark.parametrize("chunk", [7, 1 << 20])  # chunks that split an expert's rows; one
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_mxfp4_dequantization_equals_transformers(dtype):
+def test_mxfp4_dequantization_equals_transformers(dtype, chunk, monkeypatch):
     """Every code and a spread of scales, as transformers' own MXFP4 reader dequantizes them
     (it returns [E, in, out]; ours keeps the checkpoint's [E, out, in])."""
+    monkeypatch.setattr(mxfp4, "CHUNK_BLOCKS", chunk)
     gen = torch.Generator().manual_seed(0)
     blocks = torch.randint(0, 256, (3, 10, 4, 16), dtype=torch.uint8, generator=gen)
     blocks[0, 0, 0] = torch.arange(16, dtype=torch.uint8) * 17  # both nibbles of every code
