@@ -105,8 +105,7 @@ step speculative_bench 200 "$PY" -m bench.speculative --random-weights --concurr
 step seam_moe_tests 150 "${PYTEST[@]}" tests/kernels/test_fused_moe.py \
     tests/kernels/test_models_triton.py tests/shard/test_attention_softcap.py \
     tests/shard/test_rotary_partial_longrope.py tests/shard/test_cuda_graphs.py \
-    tests/kernels/test_kernel_prefill.py tests/kernels/test_kernel_decode.py \
-    -k "not adapter and (not test_kernel_ or sinks)"
+    tests/kernels/test_attention_sinks.py -k "not adapter"
 step moe_bench 90 "$PY" bench/moe_kernel_gpu.py
 step graph_tests 120 "${PYTEST[@]}" tests/shard/test_cuda_graphs.py \
     tests/kernels/test_elementwise_kernels.py tests/kernels/test_kernel_decode.py \

@@ -31,13 +31,11 @@ def run_prefill(
     config: PrefillConfig | None = None,
     window: int | None = None,
     softcap: float | None = None,
-    sinks: torch.Tensor | None = None,
     scale: float | None = None,
     seed: int = 0,
 ) -> None:
     """Prefill of new_lens[i] tokens after prefixes[i] cached ones, compared with the reference.
-    With `softcap` (or `sinks`), also checks that the cap (or the sinks) moved the output by far
-    more than the tolerance."""
+    With `softcap`, also checks that the cap moved the output by far more than the tolerance."""
     gen = torch.Generator().manual_seed(seed)
     totals = [p + n for p, n in zip(prefixes, new_lens, strict=True)]
     batch = PagedBatch.allocate([t + 3 for t in totals], block_size, seed=seed)
@@ -53,20 +51,16 @@ def run_prefill(
     out = varlen_prefill(
         q, k, v, meta.cu_seqlens_q, meta.cu_seqlens_q, meta.max_seqlen_q, scale,
         kv_cache=cache, block_tables=meta.block_tables, context_lens=meta.context_lens,
-        window=window, softcap=softcap, sinks=None if sinks is None else sinks.to(DEVICE),
-        config=config,
+        window=window, softcap=softcap, config=config,
     )  # fmt: skip
     ref_meta, ref_cache = as_float(meta, cache)
     ref_qkv = (q.float().cpu(), k.float().cpu(), v.float().cpu(), ref_cache, ref_meta, scale)
-    expected = REFERENCE.prefill(*ref_qkv, window, softcap, sinks)
+    expected = REFERENCE.prefill(*ref_qkv, window, softcap)
     assert out.dtype == dtype and out.shape == q.shape
     torch.testing.assert_close(out.float().cpu(), expected, **TOLERANCES[dtype])
     if softcap:
-        uncapped = REFERENCE.prefill(*ref_qkv, window, None, sinks)
+        uncapped = REFERENCE.prefill(*ref_qkv, window)
         assert (expected - uncapped).abs().max() > 10 * TOLERANCES[dtype]["atol"]
-    if sinks is not None:
-        sinkless = REFERENCE.prefill(*ref_qkv, window, softcap)
-        assert (expected - sinkless).abs().max() > 10 * TOLERANCES[dtype]["atol"]
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
@@ -121,21 +115,6 @@ def test_soft_capped_scores(dtype, window):
     run_prefill(
         [0, 7, 30], [37, 21, 18], 4, 2, 64, dtype, window=window, softcap=3.0, scale=1.0, seed=8
     )
-
-
-@pytest.mark.parametrize(
-    ("dtype", "window", "softcap"),
-    [(torch.float32, None, None), (torch.bfloat16, 9, None), (torch.float32, 9, 3.0)],
-)  # fmt: skip
-def test_attention_sinks(dtype, window, softcap):
-    """gpt-oss's sinks: each query head's own logit (from -2 to 5: some outweigh its scores,
-    some vanish beside them) in its softmax's denominator, with GQA, cached prefixes, a window
-    and a soft-cap (the sink itself uncapped); the reference's explicit scores path (itself
-    checked against transformers, tests/shard/test_models_vs_transformers.py)."""
-    sinks = torch.linspace(-2.0, 5.0, 4)
-    run_prefill([0, 7, 20], [5, 21, 18], heads=4, kv_heads=2, head_dim=64, dtype=dtype,
-                window=window, softcap=softcap, scale=0.5 if softcap else None, sinks=sinks,
-                seed=3)  # fmt: skip
 
 
 def test_without_cache_and_longer_keys_than_queries():

@@ -33,7 +33,7 @@ import triton.language as tl
 
 from shard.platforms.cuda.kernels import check_device, dot_options, head_block, interpreting
 from shard.platforms.cuda.kernels.decode_reduce import decode_reduce
-from shard.platforms.cuda.kernels.softmax import attend_tile, score_scales
+from shard.platforms.cuda.kernels.softmax import attend_tile, check_sinks, score_scales
 
 # A split shorter than this spends more on its partial write and the reduce than it saves.
 MIN_TOKENS_PER_SPLIT = 256
@@ -233,6 +233,9 @@ def paged_decode(
     if batch == 0:
         return out
     check_device(q, kv_cache, block_tables, context_lens)
+    if sinks is not None:
+        check_device(sinks)
+        check_sinks(sinks, num_heads)
     group = num_heads // num_kv_heads
     cfg = config or default_decode_config()
     max_context = block_tables.shape[1] * cache_block_size

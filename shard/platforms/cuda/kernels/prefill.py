@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from shard.platforms.cuda.kernels import check_device, dot_options, head_block, interpreting
-from shard.platforms.cuda.kernels.softmax import attend_tile, score_scales
+from shard.platforms.cuda.kernels.softmax import attend_tile, check_sinks, score_scales
 
 
 @triton.jit
@@ -326,6 +326,9 @@ def varlen_prefill(
         # Dummies: the prefix branch is compiled out, these are never dereferenced.
         kv_cache, block_tables, context_lens = q, cu_seqlens_q, cu_seqlens_q
         cache_strides, bt_stride, cache_block_size = (0,) * 5, 0, 1
+    if sinks is not None:
+        check_device(sinks)
+        check_sinks(sinks, num_heads)
     cfg = config or default_prefill_config(head_dim, q.dtype)
     grid = (triton.cdiv(max_seqlen_q, cfg.block_m), batch, num_heads)
     scale_log2, softcap_log2 = score_scales(scale, softcap)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 import triton
 import triton.language as tl
 
@@ -26,6 +27,19 @@ def score_scales(scale: float, softcap: float | None) -> tuple[float, float]:
     if not softcap:
         return scale * math.log2(math.e), 0.0
     return 2 * scale * math.log2(math.e) / softcap, softcap * math.log2(math.e)
+
+
+def check_sinks(sinks: torch.Tensor, num_heads: int) -> None:
+    """The kernels read head h's sink at sinks_ptr + h: any other shape or stride would read
+    other heads' sinks, or past the end, without a word. float32 is the contract (the variants
+    compiled ahead in tests/kernels/gpu_compile.py are fp32's). Only metadata is read, never the
+    values, so the check is free and safe inside a CUDA graph capture."""
+    contiguous = sinks.ndim == 1 and (num_heads == 1 or sinks.stride(0) == 1)
+    if sinks.shape != (num_heads,) or not contiguous or sinks.dtype != torch.float32:
+        raise ValueError(
+            f"sinks must be one contiguous float32 logit per query head ({num_heads}), got "
+            f"shape {tuple(sinks.shape)}, stride {sinks.stride()}, {sinks.dtype}"
+        )
 
 
 @triton.jit
