@@ -4,10 +4,11 @@ There is no model hub here, so the tests of tool calling (`tools`, assistant `to
 `tool` messages) and reasoning (`<think>`) need local tokenizers whose Jinja chat templates
 produce the prompt formats real checkpoints use: Hermes-style `<tool_call>` blocks (Qwen2.5 and
 Qwen3, with Qwen3's thinking switch), Llama 3.1's JSON calls, Mistral's v3 `[TOOL_CALLS]`,
-Llama 4 / 3.2's pythonic `[f(x=1)]` calls and DeepSeek-R1's opened `<think>` block. The templates
-are written here from the formats' public descriptions; they are compact, not the vendors'
-files, but they put the same markers in the same places, so a parser that reads a real model's
-output reads theirs. Each family's markers are single tokens, as in the real vocabularies.
+Llama 4 / 3.2's pythonic `[f(x=1)]` calls, DeepSeek-R1's opened `<think>` block and gpt-oss's
+harmony messages (channels, recipients, `<|call|>`). The templates are written here from the
+formats' public descriptions; they are compact, not the vendors' files, but they put the same
+markers in the same places, so a parser that reads a real model's output reads theirs. Each
+family's markers are single tokens, as in the real vocabularies.
 
 `family_tokenizer(name)` builds one on top of `tiny_models.build_tokenizer`; `save_family` writes
 it where `AutoTokenizer.from_pretrained` (and so the router) loads it back with its template;
@@ -319,6 +320,79 @@ DEEPSEEK_R1_TEMPLATE = (
 )
 
 
+# gpt-oss (OpenAI's harmony format): every turn `<|start|>ROLE<|message|>...<|end|>`; the system
+# turn names the channels, the developer turn carries the instructions (the request's system
+# message) and the tools (each as `type NAME = (_: PARAMETERS) => any;` in a `functions`
+# namespace: the schema as JSON, where the real template writes TypeScript). Past assistant turns:
+# calls `<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>ARGS<|call|>`
+# (their reasoning as an analysis message before them), text before calls as a commentary
+# preamble, answers as final messages (their reasoning dropped, as the real template does);
+# results `<|start|>functions.NAME to=assistant<|channel|>commentary<|message|>...<|end|>`, NAME
+# found through the call's id. The answer's header follows the prompt's `<|start|>assistant`.
+GPT_OSS_TEMPLATE = (
+    _ARGS_JSON
+    + r"""{%- set has_system = messages and messages[0].role in ('system', 'developer') -%}
+{{- '<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n'
+    + 'Knowledge cutoff: 2024-06\n\nReasoning: '
+    + (reasoning_effort if reasoning_effort is defined else 'medium')
+    + '\n\n# Valid channels: analysis, commentary, final. Channel must be included for every '
+    + 'message.' -}}
+{%- if tools -%}
+  {{- "\nCalls to these tools must go to the commentary channel: 'functions'." -}}
+{%- endif -%}
+{{- '<|end|>' -}}
+{%- if has_system or tools -%}
+  {{- '<|start|>developer<|message|>' -}}
+  {%- if has_system -%}
+    {{- '# Instructions\n\n' + messages[0].content + ('\n\n' if tools else '') -}}
+  {%- endif -%}
+  {%- if tools -%}
+    {{- '# Tools\n\n## functions\n\nnamespace functions {\n' -}}
+    {%- for tool in tools -%}
+      {%- set fn = tool.function if tool.function is defined else tool -%}
+      {{- '\n' + ('// ' + fn.description + '\n' if fn.description else '') + 'type ' + fn.name
+          + ' = (_: ' + (fn.parameters or {}) | tojson + ') => any;\n' -}}
+    {%- endfor -%}
+    {{- '\n} // namespace functions' -}}
+  {%- endif -%}
+  {{- '<|end|>' -}}
+{%- endif -%}
+{%- set ns = namespace(calls=[], name='tool') -%}
+{%- for message in (messages[1:] if has_system else messages) -%}
+  {%- set content = message.content if message.content is string else '' -%}
+  {%- if message.role == 'assistant' and message.tool_calls -%}
+    {%- if message.reasoning_content is string and message.reasoning_content -%}
+      {{- '<|start|>assistant<|channel|>analysis<|message|>' + message.reasoning_content
+          + '<|end|>' -}}
+    {%- endif -%}
+    {%- if content -%}
+      {{- '<|start|>assistant<|channel|>commentary<|message|>' + content + '<|end|>' -}}
+    {%- endif -%}
+    {%- for call in message.tool_calls -%}
+      {%- set fn = call.function if call.function is defined else call -%}
+      {{- '<|start|>assistant to=functions.' + fn.name + '<|channel|>commentary json<|message|>'
+          + args_json(fn.arguments) + '<|call|>' -}}
+    {%- endfor -%}
+    {%- set ns.calls = message.tool_calls -%}
+  {%- elif message.role == 'assistant' -%}
+    {{- '<|start|>assistant<|channel|>final<|message|>' + content + '<|end|>' -}}
+  {%- elif message.role == 'tool' -%}
+    {%- set ns.name = message.name if message.name is defined and message.name else 'tool' -%}
+    {%- for call in ns.calls -%}
+      {%- if call.id is defined and call.id == message.tool_call_id -%}
+        {%- set ns.name = (call.function if call.function is defined else call).name -%}
+      {%- endif -%}
+    {%- endfor -%}
+    {{- '<|start|>functions.' + ns.name + ' to=assistant<|channel|>commentary<|message|>'
+        + content + '<|end|>' -}}
+  {%- else -%}
+    {{- '<|start|>' + message.role + '<|message|>' + content + '<|end|>' -}}
+  {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|start|>assistant' -}}{%- endif -%}"""
+)
+
+
 @dataclass(frozen=True)
 class Family:
     """One chat format: its template, the markers it needs as single tokens and the names of the
@@ -343,6 +417,17 @@ _DEEPSEEK_TOOL_MARKERS = tuple(
     for kind in ("calls", "call", "outputs", "output")
     for edge in ("begin", "end")
 ) + ("<｜tool▁sep｜>",)
+
+# gpt-oss's harmony markup: special tokens, so the answer's text leaves them out.
+HARMONY_MARKERS = (
+    "<|start|>",
+    "<|end|>",
+    "<|message|>",
+    "<|channel|>",
+    "<|constrain|>",
+    "<|return|>",
+    "<|call|>",
+)
 
 FAMILIES: dict[str, Family] = {
     family.name: family
@@ -430,6 +515,17 @@ FAMILIES: dict[str, Family] = {
             bos_token="<｜begin▁of▁sentence｜>",
             tool_parser=None,
             reasoning_parser="deepseek_r1",
+        ),
+        Family(
+            name="gpt_oss",
+            template=GPT_OSS_TEMPLATE,
+            special_tokens=HARMONY_MARKERS,
+            added_tokens=(),
+            eos_token="<|return|>",
+            bos_token=None,
+            tool_parser="openai",
+            reasoning_parser="openai_gptoss",
+            extra_eos_tokens=("<|call|>",),  # a call ends the turn too: the caller answers it
         ),
         # The default tiny template: it ignores `tools` and cannot render tool calls, for the
         # tests of a template that cannot do tools.

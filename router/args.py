@@ -36,8 +36,8 @@ DEFAULT_MAX_HEADER_SIZE = 8190
 DEFAULT_MAX_HEADERS = 128  # aiohttp's (hyper, under TGI, allows 100)
 # The parsers' names, as vLLM's flags take them (the registries import the parsers only when
 # one is chosen; tests/launcher/test_launcher_chat_parsers.py checks both lists against them).
-TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic")
-REASONING_PARSERS = ("deepseek_r1", "qwen3")
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic", "openai")
+REASONING_PARSERS = ("deepseek_r1", "qwen3", "openai_gptoss")
 
 
 @dataclass(frozen=True)
@@ -243,8 +243,9 @@ def add_chat_parser_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) 
         choices=TOOL_CALL_PARSERS,
         default=None,
         help="the model's tool-call format, for `tools` on /v1/chat/completions: hermes (Qwen2.5, "
-        "Qwen3, Hermes), llama3_json (Llama 3.1-3.3), mistral, pythonic (Llama 4); needed for "
-        "tool_choice required or a named function",
+        "Qwen3, Hermes), llama3_json (Llama 3.1-3.3), mistral, pythonic (Llama 4), openai "
+        "(gpt-oss, with --reasoning-parser openai_gptoss); needed for tool_choice required or a "
+        "named function",
     )
     p.add_argument(
         "--enable-auto-tool-choice",
@@ -257,7 +258,8 @@ def add_chat_parser_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) 
         "--reasoning-parser",
         choices=REASONING_PARSERS,
         default=None,
-        help="the model's think block goes to `reasoning_content`: deepseek_r1, qwen3",
+        help="the model's reasoning goes to `reasoning_content`: deepseek_r1, qwen3 (think "
+        "blocks), openai_gptoss (gpt-oss's harmony channels)",
     )
 
 

@@ -15,7 +15,8 @@ from router.tool_calls.types import MarkerTerm, ToolParser
 @dataclass(frozen=True)
 class ReasoningTokens:
     """The think block's markers as token ids: the grammar of a request waits for `end`
-    (router/reasoning/gate.py), so each must be one token of the vocabulary."""
+    (router/reasoning/gate.py), so each must be one token of the vocabulary. A parser that is
+    not `gated` (harmony) has none: its grammar holds from the first token."""
 
     start: int
     end: int
@@ -35,7 +36,7 @@ class ChatFeatures:
         by every chat request."""
         found = set(self.tool_parser.markers if self.tool_parser else ())
         if self.reasoning is not None:
-            found.update((self.reasoning.start, self.reasoning.end))
+            found.update(self.reasoning.markers)
         object.__setattr__(self, "markers", frozenset(found))
 
 
@@ -76,12 +77,13 @@ def chat_features(
         reasoning = reasoning_parser(reasoning_name)
     tokens = None
     if reasoning is not None:
-        ids = [single_token(tokenizer, m) for m in (reasoning.start, reasoning.end)]
-        if None in ids:
+        ids = {marker: single_token(tokenizer, marker) for marker in reasoning.markers}
+        missing = [marker for marker, token_id in ids.items() if token_id is None]
+        if missing:
             raise ConfigError(
                 f"--reasoning-parser {reasoning.name}: the model's tokenizer has no single token "
-                f"for {reasoning.start!r} and {reasoning.end!r}; it is not a "
-                f"{reasoning.name} model"
+                f"for {' and '.join(map(repr, missing))}; it is not a {reasoning.name} model"
             )
-        tokens = ReasoningTokens(*ids)
+        if reasoning.gated:
+            tokens = ReasoningTokens(ids[reasoning.start], ids[reasoning.end])
     return ChatFeatures(parser, auto_tool_choice, reasoning, tokens, marker_term(tokenizer))

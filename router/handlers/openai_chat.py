@@ -113,7 +113,8 @@ def _shape(gens: Generations, plan: ToolPlan, prompt: str) -> AnswerShape:
 
 
 def _after_reasoning(gens: Generations, valid: ValidRequest, shape: AnswerShape) -> ValidRequest:
-    """With a reasoning parser, a grammar constrains the answer after the think block."""
+    """With a think-block reasoning parser, a grammar constrains the answer after the block
+    (under harmony, which has no gate tokens, from the first token)."""
     tokens = gens.chat.reasoning_tokens
     if valid.grammar is None or shape.reasoning is None or tokens is None:
         return valid

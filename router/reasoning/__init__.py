@@ -1,2 +1,3 @@
-"""Reasoning on /v1/chat/completions (`--reasoning-parser`): the model's think block goes to
-`reasoning_content`, the answer to `content`; grammars apply once reasoning ends."""
+"""Reasoning on /v1/chat/completions (`--reasoning-parser`): the model's think block (gpt-oss's
+analysis channel) goes to `reasoning_content`, the answer to `content`; grammars apply once a
+think block ends (under harmony, from the answer's first token)."""

@@ -27,6 +27,8 @@ class ThinkParser:
     name: ClassVar[str]
     start: ClassVar[str] = "<think>"
     end: ClassVar[str] = "</think>"
+    markers: ClassVar[tuple[str, ...]] = (start, end)
+    gated: ClassVar[bool] = True
     optional: ClassVar[bool]  # the answer thinks only if it begins with `start`
 
     def parse(self, text: str, opened: bool) -> Split:
@@ -57,7 +59,24 @@ class Qwen3Parser(ThinkParser):
 State = Literal["lead", "reasoning", "content"]
 
 
-class ThinkStream:
+class SteppedStream:
+    """A stream that takes its buffered text apart one `_step` at a time: pushed text joins the
+    buffer, and steps run while they make progress (a step returns False to wait for more)."""
+
+    _buf: str
+
+    def push(self, text: str) -> list[Delta]:
+        self._buf += text
+        out: list[Delta] = []
+        while self._buf and self._step(out):
+            pass
+        return merged(out)
+
+    def _step(self, out: list[Delta]) -> bool:
+        raise NotImplementedError
+
+
+class ThinkStream(SteppedStream):
     """One answer's text as it comes, taken apart as `ThinkParser.parse` takes the whole."""
 
     def __init__(self, parser: ThinkParser, opened: bool) -> None:
@@ -68,13 +87,6 @@ class ThinkStream:
         self._reasoned = False  # some reasoning was given out (so leading whitespace is gone)
         self._space = ""  # whitespace at the end of the reasoning so far, held back
         self._skip_space = False  # content right after `end`: its leading whitespace goes
-
-    def push(self, text: str) -> list[Delta]:
-        self._buf += text
-        out: list[Delta] = []
-        while self._buf and self._step(out):
-            pass
-        return _merged(out)
 
     def finish(self) -> list[Delta]:
         out: list[Delta] = []
@@ -87,7 +99,7 @@ class ThinkStream:
         else:
             self._content(text, out)
         self._space = ""  # reasoning cut off: its trailing whitespace goes, as in parse
-        return _merged(out)
+        return merged(out)
 
     def _step(self, out: list[Delta]) -> bool:
         """Handles what it can of the buffer; False when the rest must wait for more text."""
@@ -108,7 +120,7 @@ class ThinkStream:
                 self._buf, self._state = self._buf[at + len(end) :], "content"
                 self._space, self._skip_space = "", True
                 return True
-            keep = _partial_suffix(self._buf, end)
+            keep = partial_suffix(self._buf, end)
             self._reason(self._buf[: len(self._buf) - keep], out)
             self._buf = self._buf[len(self._buf) - keep :]
             return False
@@ -138,15 +150,15 @@ class ThinkStream:
             out.append(ContentDelta(text))
 
 
-def _partial_suffix(text: str, marker: str) -> int:
-    """The length of the longest end of `text` that is a proper beginning of `marker`."""
-    for n in range(min(len(text), len(marker) - 1), 0, -1):
-        if marker.startswith(text[-n:]):
+def partial_suffix(text: str, *markers: str) -> int:
+    """The length of the longest end of `text` that is a proper beginning of one of `markers`."""
+    for n in range(min(len(text), max(map(len, markers)) - 1), 0, -1):
+        if any(len(m) > n and m.startswith(text[-n:]) for m in markers):
             return n
     return 0
 
 
-def _merged(deltas: list[Delta]) -> list[Delta]:
+def merged(deltas: list[Delta]) -> list[Delta]:
     """Neighbours of one kind as one delta."""
     out: list[Delta] = []
     for delta in deltas:

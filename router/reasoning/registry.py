@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from router.reasoning.parsers import DeepSeekR1Parser, Qwen3Parser, ThinkParser
+from router.reasoning.harmony import HarmonyParser
+from router.reasoning.parsers import DeepSeekR1Parser, Qwen3Parser
+from router.reasoning.types import ReasoningParser
 
-REASONING_PARSERS: dict[str, type[ThinkParser]] = {
-    parser.name: parser for parser in (DeepSeekR1Parser, Qwen3Parser)
+REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
+    parser.name: parser for parser in (DeepSeekR1Parser, Qwen3Parser, HarmonyParser)
 }
 
 
-def reasoning_parser(name: str) -> ThinkParser:
+def reasoning_parser(name: str) -> ReasoningParser:
     """The parser `name` selects; ValueError naming the choices for any other name."""
     try:
         return REASONING_PARSERS[name]()

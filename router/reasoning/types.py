@@ -33,6 +33,13 @@ class ReasoningStream(Protocol):
 
 class ReasoningParser(Protocol):
     name: ClassVar[str]  # as --reasoning-parser names it (vLLM's names)
+    # Special tokens whose text the parser must see in the answer (the answer's text leaves
+    # special tokens out); each must be one token of the vocabulary (checked at startup).
+    markers: ClassVar[tuple[str, ...]]
+    # Whether the reasoning is one think block from `start` to `end`, which a grammar waits out
+    # (router/reasoning/gate.py). Else (harmony's channels) a grammar constrains the answer from
+    # its first token, and `start`, `end` and `optional` do not apply.
+    gated: ClassVar[bool]
     start: ClassVar[str]  # "<think>"
     end: ClassVar[str]  # "</think>"
     # Whether the model may answer without a think block (Qwen3: it thinks only when its answer

@@ -22,6 +22,10 @@ ARGUMENT_HEADS: dict[str, re.Pattern[str]] = {
     "mistral": re.compile(
         r'\{"name": "(?P<name>[^"]+)", "arguments": |\[TOOL_CALLS\](?P<bare>[^\[\s]+)\[ARGS\]'
     ),
+    # The canonical form the harmony reasoning parser passes on, or the grammar's own header.
+    "openai": re.compile(
+        r"<\|channel\|>\w+ to=functions\.(?P<name>[^\s<]+)\s*(?:<\|constrain\|>)?\w*<\|message\|>"
+    ),
 }
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 from router.tool_calls.hermes import HermesParser
 from router.tool_calls.llama3_json import Llama3JsonParser
 from router.tool_calls.mistral import MistralParser
+from router.tool_calls.openai import OpenAIParser
 from router.tool_calls.pythonic import PythonicParser
 from router.tool_calls.types import ToolParser
 
 TOOL_PARSERS: dict[str, type[ToolParser]] = {
     parser.name: parser
-    for parser in (HermesParser, Llama3JsonParser, MistralParser, PythonicParser)
+    for parser in (HermesParser, Llama3JsonParser, MistralParser, PythonicParser, OpenAIParser)
 }
 
 

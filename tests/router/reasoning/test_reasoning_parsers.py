@@ -81,11 +81,11 @@ def test_qwen3_holds_the_lead_until_decided() -> None:
 
 
 def test_registry() -> None:
-    assert set(REASONING_PARSERS) == {"deepseek_r1", "qwen3"}
+    assert set(REASONING_PARSERS) == {"deepseek_r1", "qwen3", "openai_gptoss"}
     assert isinstance(reasoning_parser("qwen3"), Qwen3Parser)
     parser = reasoning_parser("deepseek_r1")
     assert (parser.name, parser.start, parser.end) == ("deepseek_r1", "<think>", "</think>")
-    with pytest.raises(ValueError, match="deepseek_r1, qwen3"):
+    with pytest.raises(ValueError, match="deepseek_r1, openai_gptoss, qwen3"):
         reasoning_parser("nope")
 
 

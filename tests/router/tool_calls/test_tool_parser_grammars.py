@@ -61,6 +61,13 @@ ACCEPTED = {
         '[get_weather(city="Paris", days=3, unit="c")]',
         '[ping(), get_weather(city="Oslo", days=0, unit="f", note="ok")]',
     ],
+    "openai": [
+        f"<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{ARGS}"
+        "<|call|>",
+        "<|channel|>commentary to=functions.ping <|constrain|>json<|message|>{}<|call|>"
+        "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+        '{"city": "Oslo", "days": 0, "unit": "f", "note": "ok"}<|call|>',
+    ],
 }
 # Variants: which parser, and which markers the tokenizer does not hold as one token.
 VARIANTS = {
@@ -69,6 +76,7 @@ VARIANTS = {
     "mistral": ("mistral", {"[ARGS]"}),  # a v3 tokenizer: the list form
     "mistral_args": ("mistral", set()),  # `[ARGS]` is a token: the newer form
     "pythonic": ("pythonic", set()),
+    "openai": ("openai", set()),
 }
 
 

@@ -10,14 +10,14 @@ from router.tool_calls.types import ToolCall
 
 
 def test_names_are_vllm_names():
-    assert set(TOOL_PARSERS) == {"hermes", "llama3_json", "mistral", "pythonic"}
+    assert set(TOOL_PARSERS) == {"hermes", "llama3_json", "mistral", "openai", "pythonic"}
     for name, parser in TOOL_PARSERS.items():
         assert tool_parser(name).name == name
         assert isinstance(parser.markers, tuple)
 
 
 def test_unknown_name_lists_the_choices():
-    with pytest.raises(ValueError, match="hermes, llama3_json, mistral, pythonic"):
+    with pytest.raises(ValueError, match="hermes, llama3_json, mistral, openai, pythonic"):
         tool_parser("nope")
 
 
