@@ -34,8 +34,8 @@ def check_quantization(
     if quantize is not None and quant is None:
         raise QuantizationCheckError(
             f"--quantize {quantize}: {model_dir} is not a quantized checkpoint (its config.json "
-            "has no quantization_config); Switchyard serves AWQ, GPTQ and compressed-tensors "
-            "checkpoints as they were saved and does not quantize at load time"
+            "has no quantization_config); Switchyard serves AWQ, GPTQ, compressed-tensors, FP8 "
+            "and MXFP4 checkpoints as they were saved and does not quantize at load time"
         )
     if quant is None:
         return
@@ -50,16 +50,22 @@ def check_quantization(
             f"(quantization_config.quant_method in {model_dir / 'config.json'}); pass "
             f"--quantize {quant.method} or leave the flag out"
         )
-    if not quant.int4_linears:  # experts only: launcher/checks.py check_experts splits them
+    if not (quant.int4_linears or quant.fp8):  # experts only: checks.py check_experts
         return
     shapes = config.get("text_config", config)  # multimodal wrappers nest the LM's config
     if not _splits(shapes, quant, num_shard):
         working = [n for n in range(1, 65) if _splits(shapes, quant, n)]
+        if quant.fp8 and quant.block is not None:
+            rule = f"take whole FP8 scale blocks of {quant.block[1]} input features"
+        else:
+            rule = (
+                f"fall on quantization group boundaries (group_size {quant.group_size}) and "
+                f"whole packed words of {PACK_OUTPUTS} outputs"
+            )
         raise QuantizationCheckError(
             f"--num-shard {num_shard} cannot split this {quant.method} checkpoint: each shard's "
-            f"slice of every layer must fall on quantization group boundaries (group_size "
-            f"{quant.group_size}) and whole packed words of {PACK_OUTPUTS} outputs; "
-            f"--num-shard values that work: {', '.join(map(str, working)) or 'none'}"
+            f"slice of every layer must {rule}; --num-shard values that work: "
+            f"{', '.join(map(str, working)) or 'none'}"
         )
 
 
@@ -89,8 +95,10 @@ def _splits(config: dict[str, Any], quant: QuantizationConfig, n: int) -> bool:
         kv_per_shard * head_dim,
         *(i // n for i in intermediates),
     )
-    if any(i % n for i in intermediates) or any(out % PACK_OUTPUTS for out in column_outputs):
+    if any(i % n for i in intermediates):
         return False
+    if quant.int4_linears and any(out % PACK_OUTPUTS for out in column_outputs):
+        return False  # FP8 scales are kept per output row: any cut of the outputs works
     return quant.row_split_ok(heads * head_dim, n) and all(
         quant.row_split_ok(i, n) for i in intermediates
     )

@@ -35,6 +35,12 @@ READ_CHUNK_ELEMENTS = 1 << 22
 
 # Non-persistent buffers that some old exports still contain; we recompute them.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+FLOAT8_DTYPES = (
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+    torch.float8_e4m3fnuz,
+    torch.float8_e5m2fnuz,
+)
 
 
 class WeightsError(RuntimeError):
@@ -175,13 +181,14 @@ class Weights:
         text-only server never runs)."""
         self.consumed.update(k for k in self._keys if k.startswith(prefixes))
 
-    def get_tensor(self, name: str) -> torch.Tensor:
+    def get_tensor(self, name: str, *, stored_dtype: bool = False) -> torch.Tensor:
         """The whole tensor, for replicated parameters (norms)."""
         shape = self.shape(name)
         if shape:
-            return self.get_range(name, 0, 0, shape[0])
+            return self.get_range(name, 0, 0, shape[0], stored_dtype=stored_dtype)
         with self._source.view(name, ()) as view:  # a scalar has no dimension to slice
-            out = view.to(self._dtype_of(view), copy=True).to(self.device)
+            dtype = view.dtype if stored_dtype else self._dtype_of(name, view)
+            out = view.to(dtype, copy=True).to(self.device)
         self.consumed.add(name)
         return out
 
@@ -269,7 +276,7 @@ class Weights:
                 index = (slice(r0, r1), *(slice(None) for _ in range(1, dim)), *cols)
                 with self._source.view(name, index) as view:
                     if out is None:
-                        dtype = view.dtype if stored_dtype else self._dtype_of(view)
+                        dtype = view.dtype if stored_dtype else self._dtype_of(name, view)
                         out = torch.empty(out_shape, dtype=dtype, device=self.device)
                     dest = out.narrow(dim, offset, stop - start).narrow(0, r0 - lo, r1 - r0)
                     # One pass converts the dtype, gathers a strided slice, crosses devices.
@@ -306,5 +313,11 @@ class Weights:
         if name not in self._keys:
             raise WeightsError(f"missing tensor {name!r} in checkpoint {self.model_dir}")
 
-    def _dtype_of(self, view: torch.Tensor) -> torch.dtype:
+    def _dtype_of(self, name: str, view: torch.Tensor) -> torch.dtype:
+        if view.dtype in FLOAT8_DTYPES:
+            # Converting FP8 values without their scales would load wrong weights silently.
+            raise WeightsError(
+                f"{name} is stored in {view.dtype}, but the checkpoint's quantization_config "
+                "does not describe it as an FP8 weight with scales, so it cannot be loaded"
+            )
         return self.dtype if view.is_floating_point() else view.dtype  # ids keep their type

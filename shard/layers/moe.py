@@ -18,12 +18,19 @@ transposed, interleaved ones with biases, in floating point or MXFP4
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
 from shard.layers.moe_interleaved import read_interleaved
+from shard.layers.quant.fp8 import SCALE_NAMES, UNUSED, read_dequantized, scale_name
+from shard.layers.quant.reader import FeatureRange
 from shard.platforms import platform_of
 from shard.weights import Weights, WeightsError
+
+log = logging.getLogger(__name__)
+_logged: list[str] = []  # the first FP8 expert read in this process, once logged
 
 # The placeholder of a per-expert checkpoint name ("model.layers.0.mlp.experts.{e}.gate_proj").
 EXPERT = "{e}"
@@ -164,6 +171,11 @@ def _refuse_quantized(weights: Weights, names: list[str]) -> None:
         return
     for name in names:
         module = name.replace(EXPERT, "0")
+        if config.fp8 and any(weights.has(f"{module}_{s}") for s in ("scale_inv", "scale")):
+            raise WeightsError(
+                f"FP8 experts in transformers' stacked layout ({module} with its scales) are "
+                "not supported; checkpoints with a tensor per expert (the Hub's layout) are"
+            )
         if (
             config.quantizes(module)
             and not weights.has(f"{module}.weight")
@@ -191,10 +203,15 @@ def _read_per_expert(
     w13: torch.Tensor | None = None
     w2: torch.Tensor | None = None
     for j, e in enumerate(experts):
-        names = [f"{m.replace(EXPERT, str(e))}.weight" for m in (gate, up, down)]
-        _check_intermediate(weights, names[2], 1, intermediate_size)
-        pair = weights.get_concat([(names[0], start, stop), (names[1], start, stop)], 0)
-        rows = weights.get_range(names[2], 1, start, stop)
+        modules = [m.replace(EXPERT, str(e)) for m in (gate, up, down)]
+        _check_intermediate(weights, f"{modules[2]}.weight", 1, intermediate_size)
+        if _fp8(weights, modules[0]):
+            pair = torch.cat([_fp8_part(weights, m, 0, start, stop) for m in modules[:2]])
+            rows = _fp8_part(weights, modules[2], 1, start, stop)
+        else:
+            names = [f"{m}.weight" for m in modules]
+            pair = weights.get_concat([(names[0], start, stop), (names[1], start, stop)], 0)
+            rows = weights.get_range(names[2], 1, start, stop)
         if w13 is None or w2 is None:
             w13 = pair.new_empty((len(experts), *pair.shape))
             w2 = rows.new_empty((len(experts), *rows.shape))
@@ -205,12 +222,38 @@ def _read_per_expert(
     return w13, w2
 
 
+def _fp8(weights: Weights, module: str) -> bool:
+    """Whether an expert's weight is FP8 (with scales), which is dequantized at load: the
+    experts' GEMMs take floating-point weights."""
+    config = weights.quantization
+    return config is not None and config.fp8 and scale_name(weights, module) is not None
+
+
+def _fp8_part(weights: Weights, module: str, dim: int, start: int, stop: int) -> torch.Tensor:
+    """Rows (dim 0) or columns (dim 1) start:stop of an FP8 expert weight, dequantized."""
+    out, k = weights.shape(f"{module}.weight")
+    part = (FeatureRange(start, stop, out), FeatureRange.whole(k))
+    if dim == 1:
+        part = (FeatureRange.whole(out), FeatureRange(start, stop, k))
+    if not _logged:
+        _logged.append(module)
+        log.info(
+            "FP8 experts are dequantized to %s at load (no grouped FP8 kernel): they take "
+            "that dtype's memory",
+            str(weights.dtype).removeprefix("torch."),
+        )
+    return read_dequantized(weights, module, *part)
+
+
 def _mark_other_experts(weights: Weights, names: list[str], experts: range, total: int) -> None:
     """Other ranks' experts (expert parallel) are theirs to read: not unexpected tensors here."""
     for e in range(total):
         if e not in experts:
             for m in names:
-                weights.mark_consumed(f"{m.replace(EXPERT, str(e))}.weight")
+                module = m.replace(EXPERT, str(e))
+                for suffix in ("weight", *SCALE_NAMES, *UNUSED):
+                    if weights.has(f"{module}.{suffix}"):
+                        weights.mark_consumed(f"{module}.{suffix}")
 
 
 def _read_stacked(

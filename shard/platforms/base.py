@@ -28,6 +28,9 @@ class Platform:
     # checkpoint's dtype).
     int4_kernel: str | None = None
     int4_activation_dtype: torch.dtype | None = None
+    # The FP8 GEMM of shard/layers/quant/fp8_linear.py: "triton" (the W8A16 GEMM over the FP8
+    # weight), None (the weight dequantized at load for the dense GEMM).
+    fp8_kernel: str | None = None
     # Whether a step's work on this device must keep every shape fixed by the batch alone: no
     # row subset chosen by the data (`nonzero`, a boolean index, a loop until a check holds),
     # since choosing one reads the device from the host, which stalls the host on everything

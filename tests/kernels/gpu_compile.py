@@ -173,7 +173,7 @@ def compile_elementwise(dtype: torch.dtype) -> None:
 
 def compile_w4a16(
     dtype: torch.dtype, cfg: W4A16Config, split_k: int, *, act_order: bool = False,
-    group_size: int = 128, even_k: bool = True, m: int | None = None,
+    group_size: int = 128, even_k: bool = True, m: int | None = None, fp8: bool = False,
 ) -> None:  # fmt: skip
     """As a launch on contiguous tensors specialises it: unit strides are constants, pointers
     and the other strides (Llama's K and N are multiples of 16) divisible by 16, and M a
@@ -186,16 +186,22 @@ def compile_w4a16(
     row_groups = act_order or group_size % cfg.block_k != 0
     unit_strides = dict(stride_xk=1, stride_qn=1, stride_sn=1, stride_zn=1, stride_on=1)
     divisible = (*ptrs, "N", "K", "stride_xm", "stride_qk", "stride_sg", "stride_zg")
+    if fp8:  # weight [N, K] FP8, scales fp32 [N, K blocks]: K and the blocks are contiguous
+        ptrs |= {"qweight_ptr": "*fp8e4nv", "scales_ptr": "*fp32"}
+        unit_strides = dict(stride_xk=1, stride_qk=1, stride_sg=1, stride_on=1)
+        divisible = (*ptrs, "N", "K", "stride_xm", "stride_qn")
     compiled = compile_kernel(
         w4a16._w4a16_kernel, ptrs,
         dict(GROUP_SIZE=group_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
              BLOCK_K=cfg.block_k, SPLIT_K=split_k, GROUP_M=8, ROW_GROUPS=row_groups,
              ACT_ORDER=act_order, SCALE_AFTER_DOT=cfg.scale_after_dot and not row_groups,
-             EVEN_K=even_k, **unit_strides, **dot_options(dtype), **({"M": 1} if m == 1 else {})),
+             EVEN_K=even_k, FP8_WEIGHT=fp8, **unit_strides, **dot_options(dtype),
+             **({"M": 1} if m == 1 else {})),
         (*divisible, "stride_om", "exponent"),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     what = f"split_k={split_k} act_order={act_order} group={group_size} even_k={even_k} m={m}"
+    what += " fp8" if fp8 else ""
     # fp32 is a correctness path (FMA dots, not tensor cores); spills there cost nothing real.
     report(f"w4a16 {t} {cfg} {what}", compiled, allow_spills=dtype == torch.float32)
 
@@ -234,6 +240,11 @@ def main() -> int:
     compile_w4a16_defaults(torch.bfloat16, 4096, split_k=1)
     compile_w4a16_defaults(torch.float16, 256, split_k=2, act_order=True)
     compile_w4a16_defaults(torch.float16, 48, split_k=4, group_size=32, even_k=False)
+    # FP8 weights: decode (scales after the dot) and prefill with 128-wide blocks, per channel
+    # with a K that is not a tile multiple (a scale gathered per row)
+    compile_w4a16_defaults(torch.bfloat16, 1, split_k=8, fp8=True)
+    compile_w4a16_defaults(torch.bfloat16, 128, split_k=1, fp8=True)
+    compile_w4a16_defaults(torch.float16, 16, split_k=2, group_size=200, even_k=False, fp8=True)
     if "--all" in sys.argv:
         for dtype in (torch.float16, torch.bfloat16, torch.float32):
             for m in (1, 16, 64, 256, 4096):

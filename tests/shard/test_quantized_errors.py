@@ -78,7 +78,10 @@ def test_scales_with_a_wrong_shape_are_named(tmp_path):
         ({"quant_method": "gptq", "bits": 4, "group_size": 12}, "group_size = 12"),
         ({"quant_method": "gptq", "bits": 4, "checkpoint_format": "marlin"}, "'marlin'"),
         ({"quant_method": "bitsandbytes"}, "quant_method 'bitsandbytes'"),
-        ({"quant_method": "compressed-tensors", "format": "float-quantized"}, "'float-quantized'"),
+        (
+            {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized"},
+            "'nvfp4-pack-quantized'",
+        ),
     ],
 )
 def test_unsupported_config_names_the_field(raw, field):

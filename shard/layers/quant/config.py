@@ -11,8 +11,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-# The names `--quantize` takes, as checkpoints spell `quant_method`.
-METHODS = ("awq", "gptq", "compressed-tensors", "mxfp4")
+# The names `--quantize` takes, as checkpoints spell `quant_method` ("fp8": transformers'
+# fine-grained FP8 and AutoFP8; compressed-tensors FP8 is "compressed-tensors").
+METHODS = ("awq", "gptq", "compressed-tensors", "fp8", "mxfp4")
 # Formats whose quantized tensors are Mixture-of-Experts experts only (gpt-oss's MXFP4, which
 # the experts' reader dequantizes at load: shard/layers/moe_interleaved.py); every linear of
 # such a checkpoint is floating point.
@@ -39,12 +40,26 @@ class QuantizationConfig:
     # GPTQ `modules_to_not_convert`; AWQ's substrings and GPTQ `dynamic`'s `-:` rules are turned
     # into patterns).
     ignore: tuple[str, ...] = ()
+    # "int": integer codes with scales (and zero points); "fp8": float8_e4m3fn weights with float
+    # scales (shard/layers/quant/fp8.py).
+    weight_type: str = "int"
+    # FP8 only: the (output, input) features that share one scale when the checkpoint says so
+    # (transformers' weight_block_size, compressed-tensors' block_structure); None where the
+    # scale tensor's shape tells per-tensor from per-channel.
+    block: tuple[int, int] | None = None
+    # FP8 only: how the checkpoint's producer quantized activations (e.g. "dynamic per token"),
+    # which our W8A16 kernels do not do: they keep activations in the model's dtype.
+    activations: str | None = None
 
     @property
     def int4_linears(self) -> bool:
         """Whether the checkpoint's linears are int4 (AWQ, GPTQ, compressed-tensors), which
-        the int4 kernels serve; not for a format of experts only."""
-        return self.method not in EXPERTS_ONLY_METHODS
+        the int4 kernels serve; not for a format of experts only, nor for FP8."""
+        return self.method not in EXPERTS_ONLY_METHODS and self.weight_type == "int"
+
+    @property
+    def fp8(self) -> bool:
+        return self.weight_type == "fp8"
 
     @property
     def pack_factor(self) -> int:
@@ -67,6 +82,8 @@ class QuantizationConfig:
         if in_features % num_shard:
             return False
         per_shard = in_features // num_shard
+        if self.fp8:  # a whole block of scales per shard; per-tensor or per-channel: any cut
+            return self.block is None or per_shard % self.block[1] == 0
         # Per-channel scales (group_size -1) hold for every input row, so any cut works.
         group = self.pack_factor if self.group_size == -1 else self.group_size
         return per_shard % group == 0 and per_shard % self.pack_factor == 0
@@ -84,7 +101,11 @@ def parse_quantization_config(raw: dict[str, Any] | None) -> QuantizationConfig 
     if method == "gptq":
         return _gptq(raw)
     if method == "compressed-tensors":
+        if raw.get("format") in FLOAT_FORMATS:
+            return compressed_tensors_fp8(raw)
         return _compressed_tensors(raw)
+    if method == "fp8":
+        return transformers_fp8(raw)
     if method == "mxfp4":
         return _mxfp4(raw)
     raise QuantizationConfigError(
@@ -227,6 +248,28 @@ def _glob_and_below(pattern: str) -> str:
     return f"re:{module}(?:\\..*)?"
 
 
+def one_scheme(raw: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """compressed-tensors' single config group: (its path for messages, its scheme)."""
+    groups = raw.get("config_groups") or {}
+    if not isinstance(groups, dict) or len(groups) != 1:
+        raise QuantizationConfigError(
+            f"quantization_config.config_groups has {len(groups)} groups; exactly one "
+            "(one scheme for every quantized linear) is supported"
+        )
+    ((name, scheme),) = groups.items()
+    if not isinstance(scheme, dict):
+        raise QuantizationConfigError(f"quantization_config.config_groups.{name} is not an object")
+    return f"quantization_config.config_groups.{name}", scheme
+
+
+def check_targets(scheme: dict[str, Any], where: str) -> None:
+    targets = scheme.get("targets") or []
+    if targets != ["Linear"]:
+        raise QuantizationConfigError(
+            f"{where}.targets = {targets!r}: only ['Linear'] is supported"
+        )
+
+
 def _compiled(pattern: str, where: str) -> str:
     try:
         re.compile(pattern.removeprefix("re:"))
@@ -241,26 +284,16 @@ def _compressed_tensors(raw: dict[str, Any]) -> QuantizationConfig:
     fmt = raw.get("format")
     if fmt != "pack-quantized":
         raise QuantizationConfigError(
-            f"quantization_config.format = {fmt!r}: only compressed-tensors 'pack-quantized' "
-            "(W4A16/W8A16 integer weights) is supported"
+            f"quantization_config.format = {fmt!r}: compressed-tensors 'pack-quantized' "
+            f"(W4A16 integer weights) and {' and '.join(map(repr, FLOAT_FORMATS))} (FP8 "
+            "weights) are supported"
         )
-    groups = raw.get("config_groups") or {}
-    if len(groups) != 1:
-        raise QuantizationConfigError(
-            f"quantization_config.config_groups has {len(groups)} groups; exactly one "
-            "(one scheme for every quantized linear) is supported"
-        )
-    ((name, scheme),) = groups.items()
-    where = f"quantization_config.config_groups.{name}"
+    where, scheme = one_scheme(raw)
     if scheme.get("input_activations") or scheme.get("output_activations"):
         raise QuantizationConfigError(
             f"{where}: quantized activations are not supported (weight-only W4A16/W8A16 only)"
         )
-    targets = scheme.get("targets") or []
-    if targets != ["Linear"]:
-        raise QuantizationConfigError(
-            f"{where}.targets = {targets!r}: only ['Linear'] is supported"
-        )
+    check_targets(scheme, where)
     weights = scheme.get("weights") or {}
     if weights.get("type", "int") != "int":
         raise QuantizationConfigError(f"{where}.weights.type = {weights.get('type')!r}: only int")
@@ -287,3 +320,11 @@ def _compressed_tensors(raw: dict[str, Any]) -> QuantizationConfig:
         zero_point=not weights.get("symmetric", True),
         ignore=tuple(raw.get("ignore") or ()),
     )
+
+
+# Placed last: config_fp8 imports this module's names.
+from shard.layers.quant.config_fp8 import (  # noqa: E402
+    FLOAT_FORMATS,
+    compressed_tensors_fp8,
+    transformers_fp8,
+)

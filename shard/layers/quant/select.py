@@ -9,6 +9,8 @@ from shard.layers.quant.awq import AwqReader
 from shard.layers.quant.base import LinearMethod
 from shard.layers.quant.compressed_tensors import CompressedTensorsReader
 from shard.layers.quant.config import QuantizationConfig
+from shard.layers.quant.fp8 import scale_name
+from shard.layers.quant.fp8_linear import Fp8Method, MixedFp8Method
 from shard.layers.quant.gptq import GptqReader
 from shard.layers.quant.int4_linear import FormatReader, Int4Method
 from shard.layers.quant.unquantized import UnquantizedMethod
@@ -26,14 +28,24 @@ def _reader(config: QuantizationConfig) -> FormatReader:
     return CompressedTensorsReader(config.group_size, config.zero_point)
 
 
+def _stored_quantized(weights: Weights, config: QuantizationConfig, prefix: str) -> bool:
+    """Whether the checkpoint stores module `prefix` quantized: int4 formats replace its
+    `weight` with packed tensors; FP8 keeps the name and adds a scale."""
+    if config.fp8:
+        return scale_name(weights, prefix) is not None
+    return not weights.has(f"{prefix}.weight")
+
+
 def linear_method(weights: Weights, prefixes: Sequence[str]) -> LinearMethod:
     """The method for a layer loaded from `prefixes` (several for fused layers, which must
     agree: one matmul cannot mix a quantized and a float weight)."""
     config = weights.quantization
     if config is None:
         return UNQUANTIZED
-    quantized = {p: config.quantizes(p) and not weights.has(f"{p}.weight") for p in prefixes}
+    quantized = {p: config.quantizes(p) and _stored_quantized(weights, config, p) for p in prefixes}
     if all(quantized.values()):
+        if config.fp8:
+            return Fp8Method(config)
         if not config.int4_linears:
             raise WeightsError(
                 f"{config.method} linears are not supported: {', '.join(prefixes)} is stored "
@@ -42,6 +54,8 @@ def linear_method(weights: Weights, prefixes: Sequence[str]) -> LinearMethod:
         return Int4Method(_reader(config), config)
     if not any(quantized.values()):
         return UNQUANTIZED
+    if config.fp8:  # FP8 pieces can be dequantized to join floating-point ones
+        return MixedFp8Method(config)
     raise WeightsError(
         f"fused layer mixes quantized and floating-point modules: {quantized}; it cannot run "
         "as one matmul"

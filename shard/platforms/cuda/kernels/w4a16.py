@@ -2,6 +2,11 @@
 `shard.layers.quant.int4` (codes packed 8 per int32 along K, integer zero points and scales per
 group, optional act-order g_idx), dequantized in registers, accumulated in fp32.
 
+Its FP8 variant (FP8_WEIGHT, `fp8_matmul`) is the W8A16 GEMM of `shard.layers.quant.fp8`'s
+form: the [N, K] float8_e4m3fn weight read as stored (W^T, K contiguous), converted exactly to
+fp32 and scaled per (output, K block), a block playing the part of a group; no zero points.
+Everything else (tiles, split-K, scales after the dot for decode) is shared.
+
 The kernel computes the transpose, out^T[N, M] = W^T[N, K] @ x^T[K, M], so that the dequantized
 weight tile is the *left* operand of the tile matmul. A Hopper wgmma takes its left operand from
 registers and its right one from shared memory: with the weight on the left, triton keeps the
@@ -79,6 +84,7 @@ def _w4a16_kernel(
     ACT_ORDER: tl.constexpr,
     SCALE_AFTER_DOT: tl.constexpr,
     EVEN_K: tl.constexpr,
+    FP8_WEIGHT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
@@ -106,7 +112,8 @@ def _w4a16_kernel(
     rows_n = tl.minimum(offs_n, N - 1).to(tl.int64)
 
     x_base = x_ptr + rows_m[None, :] * stride_xm  # x^T tile [BLOCK_K, BLOCK_M]
-    q_base = qweight_ptr + rows_n[:, None] * stride_qn  # W^T words [BLOCK_N, BLOCK_K // 8]
+    # W^T int4 words [BLOCK_N, BLOCK_K // 8] or FP8 values [BLOCK_N, BLOCK_K]
+    q_base = qweight_ptr + rows_n[:, None] * stride_qn
     s_base = scales_ptr + rows_n * stride_sn
     z_base = zeros_ptr + rows_n * stride_zn
 
@@ -118,14 +125,23 @@ def _w4a16_kernel(
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for k0 in range(k_begin, k_end, BLOCK_K):
         ks = k0 + offs_k
-        words = k0 // 8 + offs_w
         if EVEN_K:
             xt = tl.load(x_base + ks[:, None] * stride_xk)
-            packed = tl.load(q_base + words[None, :] * stride_qk)
         else:
             # Past K: x reads 0 so whatever the weight holds there adds nothing.
             xt = tl.load(x_base + ks[:, None] * stride_xk, mask=ks[:, None] < K, other=0.0)
-            packed = tl.load(q_base + words[None, :] * stride_qk, mask=words[None, :] < K // 8)
+        if FP8_WEIGHT:  # W^T [BLOCK_N, BLOCK_K] as stored; FP8 to fp32 is exact
+            if EVEN_K:
+                values = tl.load(q_base + ks[None, :] * stride_qk)
+            else:
+                values = tl.load(q_base + ks[None, :] * stride_qk, mask=ks[None, :] < K, other=0.0)
+            values = values.to(tl.float32)
+        else:
+            words = k0 // 8 + offs_w
+            if EVEN_K:
+                packed = tl.load(q_base + words[None, :] * stride_qk)
+            else:
+                packed = tl.load(q_base + words[None, :] * stride_qk, mask=words[None, :] < K // 8)
         if ROW_GROUPS:  # a group per row: act-order g_idx, or tiles that straddle groups
             k_safe = tl.minimum(ks, K - 1)
             if ACT_ORDER:
@@ -133,13 +149,19 @@ def _w4a16_kernel(
             else:
                 g = k_safe // GROUP_SIZE
             s = tl.load(s_base[:, None] + g[None, :] * stride_sg).to(tl.float32)
-            z = tl.load(z_base[:, None] + g[None, :] * stride_zg)
-            w = codes_minus_zeros(packed, z, exponent, BLOCK_K) * s
+            if FP8_WEIGHT:
+                w = values * s
+            else:
+                z = tl.load(z_base[:, None] + g[None, :] * stride_zg)
+                w = codes_minus_zeros(packed, z, exponent, BLOCK_K) * s
         else:
             g = k0 // GROUP_SIZE
             s = tl.load(s_base + g * stride_sg).to(tl.float32)
-            z = tl.load(z_base + g * stride_zg)
-            w = codes_minus_zeros(packed, z[:, None], exponent, BLOCK_K)
+            if FP8_WEIGHT:
+                w = values
+            else:
+                z = tl.load(z_base + g * stride_zg)
+                w = codes_minus_zeros(packed, z[:, None], exponent, BLOCK_K)
             if not SCALE_AFTER_DOT:
                 w = w * s[:, None]
         w = w.to(xt.dtype)
@@ -241,16 +263,73 @@ def w4a16_matmul(
     must be a multiple of 8 (the per-tile group path needs a power-of-two factor of it as the
     K tile; other sizes take the per-row path).
     """
-    m, k = x.shape
-    k_words, n = qweight.shape
     _check_operands(x, qweight, scales, zeros, g_idx, group_size)
+    tensors = [x, qweight, scales, zeros] + ([g_idx] if g_idx is not None else [])
+    check_device(*tensors)
+    return _launch(
+        x, qweight, qweight.stride(), scales, scales.stride(), zeros, zeros.stride(), g_idx,
+        group_size, qweight.shape[1], config, fp8=False,
+    )  # fmt: skip
+
+
+def fp8_matmul(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scales: torch.Tensor,
+    block_k: int,
+    *,
+    config: W4A16Config | None = None,
+) -> torch.Tensor:
+    """x [M, K] (fp16, bf16 or fp32) @ weight.T -> [M, N] in x's dtype, for an FP8 weight
+    [N, K] (float8_e4m3fn) whose [n, k] element is scaled by scales[n, k // block_k] (the
+    internal form of shard.layers.quant.fp8): the same kernel, its FP8 variant."""
+    m, k = x.shape
+    n = weight.shape[0]
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"x must be fp16, bf16 or fp32, got {x.dtype}")
+    if weight.dtype != torch.float8_e4m3fn or weight.dim() != 2 or weight.shape[1] != k:
+        raise ValueError(
+            f"weight must be float8_e4m3fn [N, {k}], got {weight.dtype} {tuple(weight.shape)}"
+        )
+    if block_k <= 0 or scales.shape != (n, -(-k // block_k)):
+        raise ValueError(
+            f"scales {tuple(scales.shape)} do not hold one scale per {block_k} inputs of {n} "
+            f"outputs x {k} inputs"
+        )
+    if not scales.dtype.is_floating_point:
+        raise ValueError(f"scales must be floating point, got {scales.dtype}")
+    check_device(x, weight, scales)
+    # The kernel walks W^T: strides given as (along K, along N), as for the int4 layout.
+    weight_strides = (weight.stride(1), weight.stride(0))
+    scale_strides = (scales.stride(1), scales.stride(0))
+    return _launch(
+        x, weight, weight_strides, scales, scale_strides, scales, (0, 0), None, block_k, n,
+        config, fp8=True,
+    )  # fmt: skip
+
+
+def _launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_strides: tuple[int, int],
+    scales: torch.Tensor,
+    scale_strides: tuple[int, int],
+    zeros: torch.Tensor,
+    zero_strides: tuple[int, int],
+    g_idx: torch.Tensor | None,
+    group_size: int,
+    n: int,
+    config: W4A16Config | None,
+    *,
+    fp8: bool,
+) -> torch.Tensor:
+    """The kernel over checked operands; strides as (along K or groups, along N)."""
+    m, k = x.shape
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
     if k == 0:
         return out.zero_()
-    tensors = [x, qweight, scales, zeros] + ([g_idx] if g_idx is not None else [])
-    check_device(*tensors)
     sms = num_sms(x.device)
     act_order = g_idx is not None
     if config is not None:  # default_config never picks a refused tile (test_w4a16.py)
@@ -273,10 +352,10 @@ def w4a16_matmul(
         partials = counters = out  # unused: the split-K epilogue is compiled out
     _w4a16_kernel[(tiles_m * tiles_n, split_k)](
         x,
-        qweight,
+        weight,
         scales,
-        zeros,
-        g_idx if act_order else qweight,  # a dummy when ACT_ORDER is off: never read
+        zeros,  # FP8: a dummy, never read
+        g_idx if act_order else weight,  # a dummy when ACT_ORDER is off: never read
         out,
         partials,
         counters,
@@ -284,9 +363,9 @@ def w4a16_matmul(
         n,
         k,
         *x.stride(),
-        *qweight.stride(),
-        *scales.stride(),
-        *zeros.stride(),
+        *weight_strides,
+        *scale_strides,
+        *zero_strides,
         *out.stride(),
         EXPONENT_2P23,
         GROUP_SIZE=group_size,
@@ -299,6 +378,7 @@ def w4a16_matmul(
         ACT_ORDER=act_order,
         SCALE_AFTER_DOT=cfg.scale_after_dot and not row_groups,
         EVEN_K=k % cfg.block_k == 0,
+        FP8_WEIGHT=fp8,
         **dot_options(x.dtype),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
