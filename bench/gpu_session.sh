@@ -116,7 +116,10 @@ step kernel_bench_lora 60 "$PY" bench/kernels.py --only lora
 step kernel_bench 110 "$PY" bench/kernels.py --sweep --only decode,prefill,kv_write,w4a16
 step triton_end_to_end 80 "${PYTEST[@]}" integration-tests/test_triton_attention.py
 step lora_end_to_end 120 "${PYTEST[@]}" integration-tests/test_lora_serving.py
-step quant_end_to_end 80 "${PYTEST[@]}" integration-tests/test_quantized_serving.py -k triton
+# Quantized checkpoints through the Triton GEMMs on the device: int4 and FP8 (real e4m3
+# conversions on sm_89+), whole models and kernel shapes.
+step quant_triton 80 "${PYTEST[@]}" tests/kernels/test_quantized_triton.py \
+    tests/kernels/test_fp8_matmul.py
 
 if ((${#failed[@]})); then
     echo "failed steps: ${failed[*]} (logs in $RESULTS)"

@@ -1,7 +1,8 @@
 """Int4 checkpoints, as AutoAWQ, GPTQModel and llm-compressor wrote them, served through the
 launcher and HTTP: greedy ids and logprobs equal transformers on the same models dequantized by
-those libraries (each fixture's reference/), on 1 and 2 shards (gloo on CPU), and with the
-Triton kernels (interpreted without a GPU) for both attention and the W4A16 GEMM.
+those libraries (each fixture's reference/), on 1 and 2 shards (gloo on CPU). The Triton
+kernels (the W4A16 GEMM and its FP8 variant, with Triton attention) on these checkpoints are
+tests/kernels/test_quantized_triton.py's, at the shard, where the interpreter's cost stays small.
 
 AWQ (group 64) on 2 shards splits o_proj's 128 inputs into one group per shard; GPTQ act-order
 on 2 shards gives each shard rows of scattered groups; compressed-tensors' per-channel
@@ -28,16 +29,8 @@ PROMPTS = [("Hello", 10), ("The quick brown fox jumps over the lazy dog.", 14), 
 LOGPROB_TOLERANCE = 1e-3
 # Two shards need two GPUs; short of that, both run on the CPU with gloo.
 CPU_ONLY = {"CUDA_VISIBLE_DEVICES": ""} if torch.cuda.device_count() < 2 else {}
-TRITON_ENV = {} if torch.cuda.is_available() else {"TRITON_INTERPRET": "1"}
 SMALL = ("--max-input-tokens", "64", "--max-total-tokens", "96",
          "--max-batch-prefill-tokens", "64", "--max-batch-total-tokens", "1024")  # fmt: skip
-# Interpreted, the W4A16 GEMM runs its 16x16 tiles one by one in Python: ~10 s a decode step
-# and ~10 s a 16-token prefill tile on 2 cores. The Triton case decodes a few steps (4, 3 and 2
-# tokens: a batch of 3 rows that shrinks as they finish) and warms up on a 48-token batch (3
-# tiles, as many as its prompts' prefill), not 64: the same kernel paths at a third of the cost.
-TRITON_PROMPTS = [(prompt, n) for (prompt, _), n in zip(PROMPTS, (4, 3, 2), strict=True)]
-TRITON_SMALL = ("--max-input-tokens", "48", "--max-total-tokens", "64",
-                "--max-batch-prefill-tokens", "48")  # fmt: skip
 
 
 def generate(url: str, prompt: str, max_new_tokens: int) -> dict:
@@ -51,15 +44,15 @@ def generate(url: str, prompt: str, max_new_tokens: int) -> dict:
     return response.json()["details"]
 
 
-def serve(name: str, *args: str, env: dict[str, str] | None = None, prompts=PROMPTS) -> list[dict]:
+def serve(name: str, *args: str, env: dict[str, str] | None = None) -> list[dict]:
     """`args` after SMALL: a limit given again overrides SMALL's."""
     with LauncherProcess(FIXTURES / name, "--dtype", "float32", *SMALL, *args, env=env) as server:
-        with ThreadPoolExecutor(len(prompts)) as pool:
-            return list(pool.map(lambda job: generate(server.url, *job), prompts))
+        with ThreadPoolExecutor(len(PROMPTS)) as pool:
+            return list(pool.map(lambda job: generate(server.url, *job), PROMPTS))
 
 
-def assert_matches_reference(name: str, served: list[dict], what: str, prompts=PROMPTS) -> None:
-    for (prompt, max_new), got in zip(prompts, served, strict=True):
+def assert_matches_reference(name: str, served: list[dict], what: str) -> None:
+    for (prompt, max_new), got in zip(PROMPTS, served, strict=True):
         ref = greedy(FIXTURES / name / "reference", prompt, max_new, tokenizer_dir=FIXTURES / name)
         assert [t["id"] for t in got["tokens"]] == ref.token_ids, f"{what}: {prompt!r}"
         for step, (token, want) in enumerate(zip(got["tokens"], ref.logprobs, strict=True)):
@@ -89,21 +82,6 @@ def test_one_and_two_shards_equal_transformers_on_the_library_dequantized_model(
         two_shards, one_shard = two.result(), one.result()
     assert_matches_reference(name, one_shard, "1 shard")
     assert_matches_reference(name, two_shards, "2 shards")
-
-
-@pytest.mark.parametrize("name", ["gptq_v2_g32_asym_llama"])
-def test_triton_kernels_equal_transformers(name):
-    """`--attention triton` on an int4 checkpoint: the server runs the Triton W4A16 GEMM in
-    every quantized linear (its prefill tiles, several along M for the 34-token prompt, and its
-    skinny decode path with scales applied after the dot, on batches of up to 3 rows that
-    shrink as requests finish) and the Triton attention kernels, and still gives transformers'
-    ids, logprobs and prompt logprobs. The kernels' numerics, shape by shape, are
-    tests/kernels/test_w4a16.py's."""
-    pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[dev]')")
-    served = serve(
-        name, "--attention", "triton", *TRITON_SMALL, env=TRITON_ENV, prompts=TRITON_PROMPTS
-    )
-    assert_matches_reference(name, served, "triton", prompts=TRITON_PROMPTS)
 
 
 def test_a_checkpoint_missing_a_tensor_stops_the_launcher_naming_it(tmp_path):

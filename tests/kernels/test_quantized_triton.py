@@ -1,0 +1,88 @@
+"""Quantized checkpoints made by their formats' own tools (tests/quant_fixtures/), loaded with
+the Triton backend (compiled on a GPU, interpreted on a CPU): every quantized linear runs a
+Triton GEMM (the W4A16 GEMM for int4, its FP8 variant for FP8: prefill tiles several along M
+for the 2-prompt batch, then the skinny decode path with scales applied after the dot), the
+attention runs the Triton kernels, and the logits of the prefill and of every decode step, and
+the greedy ids, equal transformers on the same model dequantized by the format's library
+(each fixture's reference/).
+
+The serving path of `--attention triton` is integration-tests/test_triton_attention.py's; the
+kernels' numerics shape by shape are test_w4a16.py's and test_fp8_matmul.py's.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_cases import DEVICE
+
+from shard.distributed import Distributed
+from shard.layers.quant.fp8_linear import TritonFp8
+from shard.layers.quant.int4_triton import TritonInt4
+from shard.models import load_model
+from tests.shard.paged_helpers import run_paged
+from tests.shard.quant_fixtures import fixture
+
+STEPS = 2
+# int4 with asymmetric zero points (gptq_v2); FP8 in 128 x 128 blocks with a ragged last block
+# (compressed-tensors), and transformers' FP8 on Phi-3's fused qkv_proj, whose v piece starts
+# mid-block on 2 shards
+CASES = {
+    "gptq_v2_g32_asym_llama": TritonInt4,
+    "ct_fp8_block_qwen3": TritonFp8,
+    "hf_fp8_block_phi3": TritonFp8,
+}
+
+
+@pytest.fixture
+def whole_tiles(monkeypatch):
+    """Under the interpreter, tiles as large as these models' layers (M up to 64 rows, N up to
+    128 outputs, K tiles of up to 128 inputs within a group or block). The interpreter's
+    default 16 x 16 tiles cut test shapes into many tiles on purpose, for the kernel tests
+    (test_w4a16.py, test_fp8_matmul.py), which cover that tiling; in a whole model they only
+    multiply the interpreted programs (minutes, not what is compared). A GPU keeps its configs.
+    Split-K stays the heuristic's (1 for these shapes), the decode path's scales after the dot
+    as the real decode config has them."""
+    from shard.platforms.cuda.kernels import interpreting, w4a16
+    from shard.platforms.cuda.kernels.w4a16_config import SKINNY_M, W4A16Config, block_k
+
+    if interpreting():
+
+        def whole(m, n, group_size, dtype, sms, act_order=False):
+            del n, dtype, sms, act_order
+            return W4A16Config(
+                64, 128, block_k(128, group_size), 4, 1, scale_after_dot=m <= SKINNY_M
+            )
+
+        monkeypatch.setattr(w4a16, "default_config", whole)
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if fixture(n).is_dir()])
+def test_greedy_ids_and_logits_equal_transformers_on_the_library_dequantized_model(
+    name, whole_tiles
+):
+    from transformers import AutoModelForCausalLM
+
+    ours = load_model(
+        fixture(name), dtype=torch.float32, device=DEVICE, dist=Distributed(), attention="triton"
+    )
+    assert isinstance(ours.layers[0].mlp.down_proj.weight, CASES[name])
+    ref = AutoModelForCausalLM.from_pretrained(fixture(name) / "reference", dtype=torch.float32)
+    gen = torch.Generator().manual_seed(2)
+    batch = [torch.randint(3, 300, (n,), generator=gen) for n in (21, 13)]
+    logits, tokens = run_paged(ours, [p.to(DEVICE) for p in batch], STEPS, seed=4)
+    start = 0
+    for row, prompt in enumerate(batch):
+        with torch.inference_mode():
+            expected = ref(torch.tensor([tokens[row]])).logits[0]
+        got = logits[0][start : start + len(prompt)].cpu()
+        torch.testing.assert_close(got, expected[: len(prompt)], atol=1e-4, rtol=0)
+        for step in range(1, STEPS + 1):
+            want = expected[len(prompt) + step - 1]
+            torch.testing.assert_close(logits[step][row].cpu(), want, atol=1e-4, rtol=0)
+        start += len(prompt)
+        with torch.inference_mode():
+            out = ref.generate(prompt[None], max_new_tokens=STEPS + 1, do_sample=False,
+                               attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                               pad_token_id=0)  # fmt: skip
+        assert tokens[row][len(prompt) :] == out[0, len(prompt) :].tolist()
