@@ -50,22 +50,16 @@ def check_quantization(
             f"(quantization_config.quant_method in {model_dir / 'config.json'}); pass "
             f"--quantize {quant.method} or leave the flag out"
         )
-    if not (quant.int4_linears or quant.fp8):  # experts only: checks.py check_experts
+    if not quant.int4_linears:  # experts only (check_experts), or FP8, whose cuts any split
         return
     shapes = config.get("text_config", config)  # multimodal wrappers nest the LM's config
     if not _splits(shapes, quant, num_shard):
         working = [n for n in range(1, 65) if _splits(shapes, quant, n)]
-        if quant.fp8 and quant.block is not None:
-            rule = f"take whole FP8 scale blocks of {quant.block[1]} input features"
-        else:
-            rule = (
-                f"fall on quantization group boundaries (group_size {quant.group_size}) and "
-                f"whole packed words of {PACK_OUTPUTS} outputs"
-            )
         raise QuantizationCheckError(
             f"--num-shard {num_shard} cannot split this {quant.method} checkpoint: each shard's "
-            f"slice of every layer must {rule}; --num-shard values that work: "
-            f"{', '.join(map(str, working)) or 'none'}"
+            f"slice of every layer must fall on quantization group boundaries (group_size "
+            f"{quant.group_size}) and whole packed words of {PACK_OUTPUTS} outputs; "
+            f"--num-shard values that work: {', '.join(map(str, working)) or 'none'}"
         )
 
 
@@ -95,10 +89,8 @@ def _splits(config: dict[str, Any], quant: QuantizationConfig, n: int) -> bool:
         kv_per_shard * head_dim,
         *(i // n for i in intermediates),
     )
-    if any(i % n for i in intermediates):
+    if any(i % n for i in intermediates) or any(out % PACK_OUTPUTS for out in column_outputs):
         return False
-    if quant.int4_linears and any(out % PACK_OUTPUTS for out in column_outputs):
-        return False  # FP8 scales are kept per output row: any cut of the outputs works
     return quant.row_split_ok(heads * head_dim, n) and all(
         quant.row_split_ok(i, n) for i in intermediates
     )

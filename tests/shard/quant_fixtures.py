@@ -15,16 +15,24 @@ ROOT = Path(__file__).resolve().parents[1] / "quant_fixtures"
 CPU = torch.device("cpu")
 
 
-def _served(moe: bool) -> list[str]:
+def is_fp8(raw: dict) -> bool:
+    """transformers' fine-grained FP8 or compressed-tensors' float-quantized format."""
+    return raw.get("quant_method") == "fp8" or raw.get("format") == "float-quantized"
+
+
+def _served(moe: bool, fp8: bool = False) -> list[str]:
     """The fixtures with a reference/ (8-bit GPTQ is refused by name, test_quantized_errors.py),
-    dense or Mixture-of-Experts."""
+    dense or Mixture-of-Experts, int4 or FP8."""
     names = []
     for p in ROOT.iterdir():
         if not (p / "reference").is_dir():
             continue
         config = json.loads((p / "config.json").read_text())
+        raw = config["quantization_config"]
         experts = any(k in config for k in ("num_experts", "num_local_experts"))
-        if config["quantization_config"].get("bits", 4) == 4 and experts == moe:
+        if is_fp8(raw) != fp8 or experts != moe:
+            continue
+        if fp8 or raw.get("bits", 4) == 4:
             names.append(p.name)
     return sorted(names)
 
@@ -35,6 +43,8 @@ SERVED = _served(moe=False)
 # Mixture-of-Experts fixtures we serve (int4 attention, floating-point experts), which have no
 # MLP linears: test_quantized_moe.py serves them.
 SERVED_MOE = _served(moe=True)
+# FP8 checkpoints, dense and Mixture-of-Experts: test_fp8_models.py serves them.
+SERVED_FP8 = _served(moe=False, fp8=True) + _served(moe=True, fp8=True)
 
 
 def fixture(name: str) -> Path:

@@ -101,7 +101,7 @@ def test_compressed_tensors_fp8_configs():
     assert channel.activations == "dynamic per token"
     block = parse_quantization_config(ct_config("block", block_structure=[128, 64]))
     assert block.block == (128, 64)
-    assert block.row_split_ok(256, 2) and not block.row_split_ok(192, 2)
+    assert block.row_split_ok(256, 2) and block.row_split_ok(192, 2)  # re-blocked
     assert channel.row_split_ok(200, 8)
 
 
@@ -149,11 +149,13 @@ def test_ragged_blocks_read_whole_and_by_output_cuts_starting_mid_block(tmp_path
     torch.testing.assert_close(cut.dequantize(torch.float32), want[100:300], rtol=0, atol=0)
     inputs = reader.read(weights, "m", FeatureRange.whole(320), FeatureRange(128, 320, 320))
     torch.testing.assert_close(inputs.dequantize(torch.float32), want[:, 128:], rtol=0, atol=0)
-    with pytest.raises(WeightsError, match="boundaries of its 128-wide FP8 scale blocks"):
-        reader.read(weights, "m", FeatureRange.whole(320), FeatureRange(160, 320, 320))
-    # experts are dequantized at load: any cut, through the covering blocks
-    part = read_dequantized(weights, "m", FeatureRange.whole(320), FeatureRange(160, 300, 320))
-    torch.testing.assert_close(part, want[:, 160:300], rtol=0, atol=0)
+    # an input cut inside a block (a row-parallel rank's): its scales re-blocked finer
+    inside = reader.read(weights, "m", FeatureRange.whole(320), FeatureRange(160, 320, 320))
+    assert inside.block_k == 32  # gcd(128, 160 % 128)
+    torch.testing.assert_close(inside.dequantize(torch.float32), want[:, 160:], rtol=0, atol=0)
+    # experts are dequantized at load: any cut
+    part = read_dequantized(weights, "m", FeatureRange.whole(320), FeatureRange(100, 300, 320))
+    torch.testing.assert_close(part, want[:, 100:300], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("layout", ["tensor", "tensor-0d", "channel", "channel-1d", "block"])
@@ -190,20 +192,31 @@ def test_fused_qkv_over_two_ranks_equals_the_whole_layers_halves(tmp_path, layou
             assert f"{n}_proj.input_scale" in weights.consumed
 
 
-def test_row_split_off_the_blocks_is_refused_naming_shard_counts_that_work(tmp_path):
+@pytest.mark.parametrize("triton", [False, True], ids=["cpu", "triton"])
+def test_row_parallel_ranks_cut_blocks_anywhere(tmp_path, triton):
+    """384 inputs in blocks of 128 over 2 ranks (rank 1 starts mid-block) and over 3."""
+    if triton:
+        pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[dev]')")
     config = ct_config("block", block_structure=[128, 128])
-    tensors = {"o.weight": fp8_values(128, 384, 0), "o.weight_scale": torch.ones(1, 3)}
+    gen = torch.Generator().manual_seed(3)
+    tensors = {
+        "o.weight": fp8_values(128, 384, 0),
+        "o.weight_scale": (torch.rand(1, 3, generator=gen) + 0.5) / 1500,
+    }
     path = checkpoint(tmp_path, config, tensors)
-    weights = weights_at(path, config, 0, 2)
-    method = linear_method(weights, ["o"])
-    with pytest.raises(
-        WeightsError, match=r"blocks of 128 inputs; shard counts that work for it: 1, 3"
-    ):
-        method.check_row_split(weights, "o")
-    three = weights_at(path, config, 1, 3)
-    layer = linear_method(three, ["o"]).load_rows(three, Piece("o", 128, 256))
-    want = expected(tensors["o.weight"], tensors["o.weight_scale"], (128, 128))[:, 128:256]
-    torch.testing.assert_close(layer.ops.dense(layer.weight.data), want, rtol=0, atol=0)
+    whole = expected(tensors["o.weight"], tensors["o.weight_scale"], (128, 128))
+    x = torch.randn(2, 384, generator=gen)
+    for world in (2, 3):
+        outputs = []
+        for rank in range(world):
+            weights = weights_at(path, config, rank, world, triton=triton)
+            method = linear_method(weights, ["o"])
+            method.check_row_split(weights, "o")
+            per = 384 // world
+            layer = method.load_rows(weights, Piece("o", rank * per, (rank + 1) * per))
+            outputs.append(layer(x[:, rank * per : (rank + 1) * per]))
+        want = (x.double() @ whole.double().T).float()
+        torch.testing.assert_close(sum(outputs), want, rtol=1e-5, atol=1e-5)
 
 
 def test_a_fused_layer_mixing_fp8_and_float_pieces_is_one_dense_weight(tmp_path):

@@ -82,8 +82,8 @@ class QuantizationConfig:
         if in_features % num_shard:
             return False
         per_shard = in_features // num_shard
-        if self.fp8:  # a whole block of scales per shard; per-tensor or per-channel: any cut
-            return self.block is None or per_shard % self.block[1] == 0
+        if self.fp8:  # any cut: FP8 scales are re-blocked at a cut inside a block (fp8.py)
+            return True
         # Per-channel scales (group_size -1) hold for every input row, so any cut works.
         group = self.pack_factor if self.group_size == -1 else self.group_size
         return per_shard % group == 0 and per_shard % self.pack_factor == 0

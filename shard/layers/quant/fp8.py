@@ -16,7 +16,8 @@ Internal form, for this rank's slice (N outputs, K inputs):
                                         columns, a fused q/k/v piece starting mid-block) keeps
                                         its scales, and fused pieces concatenate
     block_k                             inputs per scale: the block's, or K (a single column)
-A cut along the inputs (row-parallel) must fall on a block boundary.
+A cut along the inputs (row-parallel) may start inside a block: the rank's scales are then
+kept per finer block (a divisor of the block that the cut falls on), the same values repeated.
 """
 
 from __future__ import annotations
@@ -106,24 +107,14 @@ class Fp8Reader:
         if list(stored.shape) in ([out], [out, 1]):  # per channel
             return stored.reshape(out, 1)[rows.start : rows.stop].contiguous(), inputs
         block_out, block_in = self._grid(weights, name, out, k)
-        first = cols.start // block_in
-        if cols.start % block_in or (cols.stop % block_in and cols.stop != k):
-            raise WeightsError(
-                f"{prefix}: inputs {cols.start}:{cols.stop} (of {k}) do not fall on the "
-                f"boundaries of its {block_in}-wide FP8 scale blocks, so this shard's part "
-                "cannot be cut out of it"
-            )
         per_row = stored.repeat_interleave(block_out, dim=0)[rows.start : rows.stop]
-        return per_row[:, first : -(-cols.stop // block_in)].contiguous(), block_in
-
-    def input_block(self, weights: Weights, prefix: str) -> int:
-        """Inputs per scale along a row: 1 where any cut of the inputs keeps its scales (per
-        channel, per tensor), else the block's width."""
-        out, k = self.features(weights, prefix)
-        name = self._scale_name(weights, prefix)
-        if math.prod(weights.shape(name)) == 1 or weights.shape(name) in ([out], [out, 1]):
-            return 1
-        return self._grid(weights, name, out, k)[1]
+        # A cut of the inputs that starts inside a block: scales per finer block, a divisor of
+        # the block that the cut falls on (each finer block keeps its block's scale), so that
+        # this rank's input k lies in finer block k // fine.
+        start = cols.start
+        fine = math.gcd(block_in, start % block_in) if start % block_in else block_in
+        local = torch.arange(-(-(cols.stop - start) // fine))
+        return per_row[:, (start // fine + local) // (block_in // fine)].contiguous(), fine
 
     def _scale_name(self, weights: Weights, prefix: str) -> str:
         name = scale_name(weights, prefix)
@@ -175,13 +166,7 @@ def read_dequantized(
     weights: Weights, prefix: str, rows: FeatureRange, cols: FeatureRange
 ) -> torch.Tensor:
     """Outputs `rows`, inputs `cols` of FP8 module `prefix` in the model's dtype, for layers
-    that keep floating-point weights (Mixture-of-Experts experts). Any cut of the inputs: the
-    scale blocks covering it are read, dequantized, and trimmed."""
+    that keep floating-point weights (Mixture-of-Experts experts)."""
     assert weights.quantization is not None
     reader = Fp8Reader(weights.quantization)
-    block = reader.input_block(weights, prefix)
-    lo = cols.start - cols.start % block
-    hi = min(cols.total, -(-cols.stop // block) * block)
-    covering = FeatureRange(lo, hi, cols.total)
-    dense = reader.read(weights, prefix, rows, covering).dequantize(weights.dtype)
-    return dense[:, cols.start - lo : cols.stop - lo]
+    return reader.read(weights, prefix, rows, cols).dequantize(weights.dtype)

@@ -29,7 +29,7 @@ from shard.layers.quant.int4_triton import DENSE_SLICE_ELEMENTS, DEQUANT_MIN_ROW
 from shard.layers.quant.reader import FeatureRange
 from shard.layers.quant.unquantized import DenseWeight
 from shard.platforms import platform_of
-from shard.weights import Weights, WeightsError
+from shard.weights import Weights
 
 log = logging.getLogger(__name__)
 _logged: set[str] = set()
@@ -104,15 +104,7 @@ class Fp8Method:
         return self.reader.features(weights, prefix)[1]
 
     def check_row_split(self, weights: Weights, prefix: str) -> None:
-        k, world = self.in_features(weights, prefix), weights.dist.world_size
-        if not self.config.row_split_ok(k, world):
-            block = self.config.block[1] if self.config.block else k
-            working = [n for n in range(1, 65) if self.config.row_split_ok(k, n)]
-            raise WeightsError(
-                f"cannot split {prefix} across {world} shards: its {k} input features must "
-                f"split on its FP8 scale blocks of {block} inputs; shard counts that work for "
-                f"it: {', '.join(map(str, working))}"
-            )
+        pass  # any equal split: a cut inside a scale block is re-blocked (fp8.py)
 
     def load_columns(self, weights: Weights, pieces: Sequence[Piece]) -> LinearWeight:
         parts = []
