@@ -75,3 +75,17 @@ def test_launcher_exits_1_before_spawning(monkeypatch, capsys, argv, message):
     args = argv if "--model-id" in argv else ["--model-id", str(AWQ), *argv]
     assert launcher_main.main(args) == 1
     assert message in capsys.readouterr().err
+
+
+def test_fp8_checkpoints_take_their_flag_and_any_shard_count(tmp_path):
+    """FP8 scale blocks never stop a split (a cut inside one is re-blocked at load)."""
+    config = {
+        "architectures": ["LlamaForCausalLM"], "hidden_size": 128, "intermediate_size": 320,
+        "num_attention_heads": 4, "num_key_value_heads": 2,
+        "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]},
+    }  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    check_quantization("fp8", 2, tmp_path)
+    with pytest.raises(QuantizationCheckError, match=r"--quantize awq disagrees .* fp8"):
+        check_quantization("awq", 1, tmp_path)
+    assert parse_args(["--quantize", "fp8"], LauncherEnv.from_environ({})).quantize == "fp8"
