@@ -16,6 +16,9 @@ from shard.models import load_model
 from tests.shard.paged_helpers import run_paged
 from tests.shard.tiny_model_cases import MOE_MODELS, NEW_ARCH_MODELS
 
+# the kernels' tiling is tests/kernels' other tests': here one tile where the models allow
+# (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("whole_model_tiles")
 STEPS = 3
 # The kernels' head sizes start at 64 (tests/kernels/kernel_cases.py HEAD_DIMS): two heads of
 # 64 over a hidden size of 128, otherwise each case's own overrides.

@@ -23,6 +23,9 @@ from shard.models import load_model
 from tests.shard.paged_helpers import run_paged
 from tests.shard.quant_fixtures import fixture
 
+# the kernels' tiling is tests/kernels/test_w4a16.py's and test_fp8_matmul.py's: here one tile
+# where the layers allow (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("whole_model_tiles")
 STEPS = 2
 # int4 with asymmetric zero points (gptq_v2); FP8 in 128 x 128 blocks with a ragged last block
 # (compressed-tensors), and transformers' FP8 on Phi-3's fused qkv_proj, whose v piece starts
@@ -34,33 +37,8 @@ CASES = {
 }
 
 
-@pytest.fixture
-def whole_tiles(monkeypatch):
-    """Under the interpreter, tiles as large as these models' layers (M up to 64 rows, N up to
-    128 outputs, K tiles of up to 128 inputs within a group or block). The interpreter's
-    default 16 x 16 tiles cut test shapes into many tiles on purpose, for the kernel tests
-    (test_w4a16.py, test_fp8_matmul.py), which cover that tiling; in a whole model they only
-    multiply the interpreted programs (minutes, not what is compared). A GPU keeps its configs.
-    Split-K stays the heuristic's (1 for these shapes), the decode path's scales after the dot
-    as the real decode config has them."""
-    from shard.platforms.cuda.kernels import interpreting, w4a16
-    from shard.platforms.cuda.kernels.w4a16_config import SKINNY_M, W4A16Config, block_k
-
-    if interpreting():
-
-        def whole(m, n, group_size, dtype, sms, act_order=False):
-            del n, dtype, sms, act_order
-            return W4A16Config(
-                64, 128, block_k(128, group_size), 4, 1, scale_after_dot=m <= SKINNY_M
-            )
-
-        monkeypatch.setattr(w4a16, "default_config", whole)
-
-
 @pytest.mark.parametrize("name", [n for n in CASES if fixture(n).is_dir()])
-def test_greedy_ids_and_logits_equal_transformers_on_the_library_dequantized_model(
-    name, whole_tiles
-):
+def test_greedy_ids_and_logits_equal_transformers_on_the_library_dequantized_model(name):
     from transformers import AutoModelForCausalLM
 
     ours = load_model(

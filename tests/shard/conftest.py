@@ -67,37 +67,3 @@ def rotary_path(request, monkeypatch):
     if request.param == "torch":
         monkeypatch.setattr(shard.platforms.cpu.native.build, "rotary_kernel", lambda: None)
     return request.param
-
-
-@pytest.fixture(scope="module")
-def large_lora_tiles():
-    """Whole-model tests of the Triton LoRA kernels under TRITON_INTERPRET=1: one tile where the
-    tiny models allow. The interpreter's defaults (lora_expand.default_expand_config,
-    lora_shrink.default_shrink_config) cut test shapes into several N and K tiles (and split-K)
-    on purpose, for the kernel tests in tests/kernels, which cover that tiling; here they only
-    multiply the interpreted programs (most of these tests' time), not what is compared (eager
-    or peft). Patched where lora_expand / lora_shrink look them up at call time. Compiled
-    kernels on a GPU keep their real configs."""
-    from shard.platforms.cuda.kernels import interpreting
-
-    if not interpreting():
-        yield
-        return
-    import dataclasses
-
-    from shard.platforms.cuda.kernels import lora_expand, lora_shrink
-
-    expand_config = lora_expand.default_expand_config
-    shrink_config = lora_shrink.default_shrink_config
-
-    def expand(rank, block_m, dtype):  # the tiny models' slices are <= 128 wide; whole rank
-        cfg = expand_config(rank, block_m, dtype)
-        return dataclasses.replace(cfg, block_n=128, block_r=max(16, 1 << (rank - 1).bit_length()))
-
-    def shrink(nr, block_m, dtype):  # K (hidden, intermediate) <= 128: one K tile, no split
-        return dataclasses.replace(shrink_config(nr, block_m, dtype), block_k=128)
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(lora_expand, "default_expand_config", expand)
-        mp.setattr(lora_shrink, "default_shrink_config", shrink)
-        yield

@@ -28,7 +28,7 @@ BUCKETS = (1, 2, 4)
 MAX_TOTAL_TOKENS = 96  # the block table width the graphs hold: 6 blocks
 
 # The Triton LoRA kernels run in the interpreter on a CPU: large tiles (see the fixture).
-pytestmark = pytest.mark.usefixtures("large_lora_tiles")
+pytestmark = pytest.mark.usefixtures("whole_model_tiles")
 
 
 def service(model_dir, attention: str, graphs: str, adapters: dict | None = None):

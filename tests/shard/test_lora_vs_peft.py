@@ -16,7 +16,7 @@ from switchyard_pb import generate_pb2 as pb
 from tests.shard.servicer_helpers import BlockPool, FakeContext, prompts, run
 
 # The Triton setup's kernels run in the interpreter on a CPU: large tiles (see the fixture).
-pytestmark = pytest.mark.usefixtures("large_lora_tiles")
+pytestmark = pytest.mark.usefixtures("whole_model_tiles")
 
 NEW_TOKENS = 6
 LOGPROB_ATOL = 1e-4
