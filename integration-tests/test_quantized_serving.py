@@ -1,12 +1,13 @@
-"""Int4 checkpoints, as AutoAWQ, GPTQModel and llm-compressor wrote them, served through the
-launcher and HTTP: greedy ids and logprobs equal transformers on the same models dequantized by
+"""Int4 and FP8 checkpoints, as AutoAWQ, GPTQModel, llm-compressor and transformers wrote them,
+served through the launcher and HTTP: greedy ids and logprobs equal transformers on the same models dequantized by
 those libraries (each fixture's reference/), on 1 and 2 shards (gloo on CPU). The Triton
 kernels (the W4A16 GEMM and its FP8 variant, with Triton attention) on these checkpoints are
 tests/kernels/test_quantized_triton.py's, at the shard, where the interpreter's cost stays small.
 
 AWQ (group 64) on 2 shards splits o_proj's 128 inputs into one group per shard; GPTQ act-order
 on 2 shards gives each shard rows of scattered groups; compressed-tensors' per-channel
-asymmetric scales split by rows too. A broken checkpoint stops the launcher, naming the tensor.
+asymmetric scales split by rows too; transformers' FP8 Phi-3 splits inside its scale blocks.
+A broken checkpoint stops the launcher, naming the tensor.
 """
 
 from __future__ import annotations
@@ -64,7 +65,14 @@ def assert_matches_reference(name: str, served: list[dict], what: str) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["awq_gemm_g64_llama", "gptq_g32_actorder_sym_llama", "ct_w4a16_channel_asym_qwen2_tied"],
+    [
+        "awq_gemm_g64_llama",
+        "gptq_g32_actorder_sym_llama",
+        "ct_w4a16_channel_asym_qwen2_tied",
+        # transformers' FP8 in 128-wide blocks: Phi-3's fused qkv_proj cut between k and v
+        # inside a block, o_proj's 128 inputs cut inside one too
+        "hf_fp8_block_phi3",
+    ],
 )
 def test_one_and_two_shards_equal_transformers_on_the_library_dequantized_model(name):
     with ThreadPoolExecutor(2) as pool:
