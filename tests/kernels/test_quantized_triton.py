@@ -20,7 +20,7 @@ from shard.distributed import Distributed
 from shard.layers.quant.fp8_linear import TritonFp8
 from shard.layers.quant.int4_triton import TritonInt4
 from shard.models import load_model
-from tests.shard.paged_helpers import run_paged
+from tests.shard.paged_helpers import assert_every_step_equals_reference, run_paged
 from tests.shard.quant_fixtures import fixture
 
 # the kernels' tiling is tests/kernels/test_w4a16.py's and test_fp8_matmul.py's: here one tile
@@ -49,18 +49,4 @@ def test_greedy_ids_and_logits_equal_transformers_on_the_library_dequantized_mod
     gen = torch.Generator().manual_seed(2)
     batch = [torch.randint(3, 300, (n,), generator=gen) for n in (21, 13)]
     logits, tokens = run_paged(ours, [p.to(DEVICE) for p in batch], STEPS, seed=4)
-    start = 0
-    for row, prompt in enumerate(batch):
-        with torch.inference_mode():
-            expected = ref(torch.tensor([tokens[row]])).logits[0]
-        got = logits[0][start : start + len(prompt)].cpu()
-        torch.testing.assert_close(got, expected[: len(prompt)], atol=1e-4, rtol=0)
-        for step in range(1, STEPS + 1):
-            want = expected[len(prompt) + step - 1]
-            torch.testing.assert_close(logits[step][row].cpu(), want, atol=1e-4, rtol=0)
-        start += len(prompt)
-        with torch.inference_mode():
-            out = ref.generate(prompt[None], max_new_tokens=STEPS + 1, do_sample=False,
-                               attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                               pad_token_id=0)  # fmt: skip
-        assert tokens[row][len(prompt) :] == out[0, len(prompt) :].tolist()
+    assert_every_step_equals_reference(ref, batch, logits, tokens, atol=1e-4)

@@ -224,9 +224,10 @@ QUANT_SUFFIXES = (
 )
 
 
-def write_reference(fx: Path, dequant: dict) -> None:
+def write_reference(fx: Path, dequant: dict, restack=None) -> None:
     """reference/: fx's checkpoint with each quantized linear replaced by `dequant[prefix]`
-    ((out, in) float32, computed by the format's own library), every other tensor cast to fp32."""
+    ((out, in) float32, computed by the format's own library), every other tensor cast to fp32;
+    `restack(tensors, config)` first turns per-expert tensors into transformers' own layout."""
     import torch
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -250,6 +251,8 @@ def write_reference(fx: Path, dequant: dict) -> None:
         (Path(tmp) / "config.json").write_text(json.dumps(cfg))
         config = AutoConfig.from_pretrained(tmp)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if restack is not None:
+        restack(new, config)
     _fuse_split_gate_up(new, set(model.state_dict()))
     missing, unexpected = model.load_state_dict(new, strict=False)
     allowed_missing = {"lm_head.weight"} if config.tie_word_embeddings else set()
@@ -802,11 +805,16 @@ def main(argv: list[str]) -> None:
         layouts()
         verify()
         return
-    work = Path(tempfile.mkdtemp(prefix="quant_fixtures_"))
     builders = {"awq": build_awq, "gptq": build_gptq, "ct": build_ct}
+    build_stages(stages, _selected(), FIXTURES, builders, "quant_fixtures_")
+
+
+def build_stages(stages, names, fixtures: dict, builders: dict, prefix: str) -> None:
+    """Builds each of `names` whose tool is one of `stages`, in a scratch directory."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
     try:
-        for name in _selected():
-            spec = FIXTURES[name]
+        for name in names:
+            spec = fixtures[name]
             if spec["tool"] not in stages:
                 continue
             print(f"== {name} ({spec['tool']})", flush=True)

@@ -43,7 +43,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -446,26 +445,18 @@ def write_reference_moe(fx: Path, dequant: dict) -> None:
     in the Hub's per-expert layout (as launcher/tiny_models.build_model saves its float MoE)."""
     import torch
     from safetensors.torch import load_file
-    from transformers import AutoConfig, AutoModelForCausalLM
 
-    sd = load_file(fx / "model.safetensors")
-    new = {}
-    for k, v in sd.items():
-        prefix, leaf = k.rsplit(".", 1)
-        if leaf == "weight_scale_inv" or (prefix in dequant and leaf == "weight"):
-            continue
-        new[k] = v.to(torch.float32)
-    new.update({p + ".weight": w.to(torch.float32) for p, w in dequant.items()})
-    cfg = json.loads((fx / "config.json").read_text())
-    cfg.pop("quantization_config")
-    cfg["dtype"] = "float32"
-    ref = fx / "reference"
-    if ref.exists():
-        shutil.rmtree(ref)
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "config.json").write_text(json.dumps(cfg))
-        config = AutoConfig.from_pretrained(tmp)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    build.write_reference(fx, dequant, restack=_stack_experts)
+    saved = load_file(fx / "reference" / "model.safetensors")
+    for p, w in dequant.items():
+        assert torch.equal(saved[p + ".weight"], w.float()), p
+
+
+def _stack_experts(new: dict, config) -> None:
+    """Every layer's per-expert gate/up/down weights in `new` as transformers 5's fused
+    experts.gate_up_proj [E, 2I, H] (gate first) and experts.down_proj [E, H, I]."""
+    import torch
+
     for i in range(config.num_hidden_layers):
         ex = f"model.layers.{i}.mlp.experts"
         ids = range(config.num_experts)
@@ -478,12 +469,6 @@ def write_reference_moe(fx: Path, dequant: dict) -> None:
             ]
         )
         new[f"{ex}.down_proj"] = torch.stack([new.pop(f"{ex}.{e}.down_proj.weight") for e in ids])
-    model.load_state_dict(new, strict=True)
-    model.save_pretrained(ref)
-    (ref / "generation_config.json").unlink(missing_ok=True)
-    saved = load_file(ref / "model.safetensors")
-    for p, w in dequant.items():
-        assert torch.equal(saved[p + ".weight"], w.float()), p
 
 
 def transformers_dequantized(fx: Path, explicit: bool):
@@ -701,17 +686,8 @@ def main(argv: list[str]) -> None:
         os.environ.setdefault("ONLY", ",".join(_selected()))
         build.verify()
         return
-    work = Path(tempfile.mkdtemp(prefix="quant_fp8_"))
     builders = {"ct": build_ct, "hf": build_hf}
-    try:
-        for name in _selected():
-            spec = FIXTURES[name]
-            if spec["tool"] not in stages:
-                continue
-            print(f"== {name} ({spec['tool']})", flush=True)
-            builders[spec["tool"]](name, spec, work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    build.build_stages(stages, _selected(), FIXTURES, builders, "quant_fp8_")
 
 
 if __name__ == "__main__":

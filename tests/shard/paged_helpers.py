@@ -142,3 +142,27 @@ def assert_equals_reference(
             pad_token_id=0,
         )
         assert seq[len(prompt) :] == out[0, len(prompt) :].tolist()
+
+
+def assert_every_step_equals_reference(
+    ref, batch: list[torch.Tensor], logits: list[torch.Tensor], tokens: list[list[int]],
+    atol: float,
+) -> None:  # fmt: skip
+    """`run_paged`'s logits at every prompt position and every decode step, and its greedy ids,
+    against a transformers model `ref` run on each sequence alone."""
+    steps = len(logits) - 1
+    start = 0
+    for row, prompt in enumerate(batch):
+        with torch.inference_mode():
+            expected = ref(torch.tensor([tokens[row]])).logits[0]
+        got = logits[0][start : start + len(prompt)].cpu()
+        torch.testing.assert_close(got, expected[: len(prompt)], atol=atol, rtol=0)
+        for step in range(1, steps + 1):
+            want = expected[len(prompt) + step - 1]
+            torch.testing.assert_close(logits[step][row].cpu(), want, atol=atol, rtol=0)
+        start += len(prompt)
+        with torch.inference_mode():
+            out = ref.generate(prompt[None].cpu(), max_new_tokens=steps + 1, do_sample=False,
+                               attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                               pad_token_id=0)  # fmt: skip
+        assert tokens[row][len(prompt) :] == out[0, len(prompt) :].tolist()

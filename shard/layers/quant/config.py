@@ -228,11 +228,7 @@ def _mxfp4(raw: dict[str, Any]) -> QuantizationConfig:
     """gpt-oss's release: its experts in MXFP4 (32 weights a scale), the rest floating point
     (`modules_to_not_convert`, shell-style patterns such as `model.layers.*.self_attn`, each
     matching the module and everything under it)."""
-    skipped = raw.get("modules_to_not_convert") or ()
-    if not isinstance(skipped, list | tuple) or not all(isinstance(p, str) for p in skipped):
-        raise QuantizationConfigError(
-            "quantization_config.modules_to_not_convert must be a list of module names"
-        )
+    skipped = module_names(raw, "modules_to_not_convert")
     return QuantizationConfig(
         method="mxfp4",
         bits=4,
@@ -240,6 +236,16 @@ def _mxfp4(raw: dict[str, Any]) -> QuantizationConfig:
         zero_point=False,
         ignore=tuple(_glob_and_below(pattern) for pattern in skipped),
     )
+
+
+def module_names(raw: dict[str, Any], *fields: str) -> tuple[str, ...]:
+    """The first of `fields` that the config sets: a list of module names or patterns."""
+    value = next((raw[f] for f in fields if raw.get(f)), ())
+    if not isinstance(value, list | tuple) or not all(isinstance(p, str) for p in value):
+        raise QuantizationConfigError(
+            f"quantization_config.{fields[0]} must be a list of module names"
+        )
+    return tuple(value)
 
 
 def _glob_and_below(pattern: str) -> str:

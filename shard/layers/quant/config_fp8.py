@@ -20,6 +20,7 @@ from shard.layers.quant.config import (
     QuantizationConfig,
     QuantizationConfigError,
     check_targets,
+    module_names,
     one_scheme,
 )
 
@@ -53,11 +54,7 @@ def transformers_fp8(raw: dict[str, Any]) -> QuantizationConfig:
         )
     block = raw.get("weight_block_size", DEFAULT_BLOCK)
     # MiniMax's and AutoFP8's name for the modules left in floating point
-    skipped = raw.get("modules_to_not_convert") or raw.get("ignored_layers") or ()
-    if not isinstance(skipped, list | tuple) or not all(isinstance(p, str) for p in skipped):
-        raise QuantizationConfigError(
-            "quantization_config.modules_to_not_convert must be a list of module names"
-        )
+    skipped = module_names(raw, "modules_to_not_convert", "ignored_layers")
     return QuantizationConfig(
         method="fp8",
         bits=8,
