@@ -73,6 +73,8 @@ step issue50_tests 170 "${PYTEST[@]}" -n 4 tests/shard/test_step_host_syncs.py \
     tests/shard/test_graph_sampling_heads.py tests/kernels/test_int4_tinygemm.py \
     tests/kernels/test_int4_dense_path.py
 step int4_kernels 100 "$PY" bench/int4_kernels_gpu.py
+# FP8 checkpoints' W8A16 GEMM against dense bf16 and torch's FP8 tensor-core GEMM, per M.
+step fp8_kernels 80 "$PY" bench/fp8_kernels_gpu.py
 # Issue 50's end-to-end int4 goal: a 7B-shaped AWQ model's graphed batch-1 step >= 1.8x bf16's.
 step awq_decode 150 "$PY" -m bench.decode_graphs --shapes 7b,7b-awq --batches 1,16 \
     --sampling greedy --out "$RESULTS"
