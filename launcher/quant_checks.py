@@ -32,10 +32,17 @@ def check_quantization(
     except QuantizationConfigError as exc:
         raise QuantizationCheckError(f"{model_dir / 'config.json'}: {exc}") from None
     if quantize is not None and quant is None:
+        if quantize == "fp8" and compiled:
+            raise QuantizationCheckError(
+                "--compile does not support --quantize fp8; leave one of them out"
+            )
+        if quantize == "fp8":
+            return  # the shards quantize it at load (shard/layers/quant/fp8_online.py)
         raise QuantizationCheckError(
             f"--quantize {quantize}: {model_dir} is not a quantized checkpoint (its config.json "
             "has no quantization_config); Switchyard serves AWQ, GPTQ, compressed-tensors, FP8 "
-            "and MXFP4 checkpoints as they were saved and does not quantize at load time"
+            "and MXFP4 checkpoints as they were saved, and quantizes at load to fp8 only "
+            "(--quantize fp8)"
         )
     if quant is None:
         return

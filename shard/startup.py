@@ -46,6 +46,8 @@ def auto_dtype(model_dir: Path, device: torch.device) -> torch.dtype:
 
 def check_quantize_flag(quantize: str | None, model_dir: Path) -> None:
     found = read_quantization(model_dir)
+    if quantize == "fp8" and found is None:
+        return  # quantized at load (shard/layers/quant/fp8_online.py)
     if quantize is not None and (found is None or found.method != quantize):
         raise ValueError(
             f"--quantize {quantize} disagrees with {model_dir}, which is "
@@ -89,7 +91,7 @@ def _build_service(
     )  # fmt: skip
     model = load_model(
         model_dir, dtype=dtype, device=device, dist=dist, attention=attention,
-        expert_parallel=settings.expert_parallel,
+        expert_parallel=settings.expert_parallel, quantize=settings.quantize,
     )  # fmt: skip
     platform.warm(attention)
     lora = None

@@ -226,7 +226,12 @@ def _fp8(weights: Weights, module: str) -> bool:
     """Whether an expert's weight is FP8 (with scales), which is dequantized at load: the
     experts' GEMMs take floating-point weights."""
     config = weights.quantization
-    return config is not None and config.fp8 and scale_name(weights, module) is not None
+    # `--quantize fp8` leaves floating-point experts as they are: they would be dequantized
+    # again at load, with FP8's rounding and no memory saved
+    online = config is not None and config.online
+    return (
+        config is not None and config.fp8 and not online and scale_name(weights, module) is not None
+    )
 
 
 def _fp8_part(weights: Weights, module: str, dim: int, start: int, stop: int) -> torch.Tensor:

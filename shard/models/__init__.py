@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from shard.distributed import Distributed
+from shard.layers.quant.config_fp8 import ONLINE_FP8
 from shard.models.base import CausalLM
 from shard.models.config import (
     ModelConfig,
@@ -56,9 +57,15 @@ def load_model(
     dist: Distributed,
     attention: str = "torch",
     expert_parallel: bool = False,
+    quantize: str | None = None,
 ) -> CausalLM:
+    """`quantize` "fp8" on a floating-point checkpoint quantizes its linears at load
+    (shard/layers/quant/fp8_online.py); otherwise the checkpoint's own quantization is used."""
     model_dir = Path(model_dir)
     config = load_config(model_dir)
+    quantization = config.quantization
+    if quantization is None and quantize == "fp8":
+        quantization = ONLINE_FP8
     if expert_parallel and config.moe is None:
         raise UnsupportedArchitectureError(
             f"--expert-parallel needs a Mixture-of-Experts model; {config.architecture} in "
@@ -69,7 +76,7 @@ def load_model(
         dtype=dtype,
         device=device,
         dist=dist,
-        quantization=config.quantization,
+        quantization=quantization,
         triton=attention == "triton",
         expert_parallel=expert_parallel,
     )

@@ -26,11 +26,14 @@ def test_flag_is_optional_and_must_agree_with_the_checkpoint():
         check_quantization("gptq", 1, AWQ)
 
 
-def test_flag_on_a_float_checkpoint_is_refused(tmp_path):
+def test_flag_on_a_float_checkpoint_is_refused_but_fp8_quantizes_it(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
     with pytest.raises(QuantizationCheckError, match="not a quantized checkpoint"):
         check_quantization("awq", 1, tmp_path)
     check_quantization(None, 1, tmp_path)
+    check_quantization("fp8", 2, tmp_path)  # quantized at load, any shard count
+    with pytest.raises(QuantizationCheckError, match="--compile does not support --quantize fp8"):
+        check_quantization("fp8", 1, tmp_path, compiled=True)
 
 
 def test_shard_counts_that_cut_a_group_are_refused_with_the_ones_that_work():

@@ -50,6 +50,8 @@ class QuantizationConfig:
     # FP8 only: how the checkpoint's producer quantized activations (e.g. "dynamic per token"),
     # which our W8A16 kernels do not do: they keep activations in the model's dtype.
     activations: str | None = None
+    # FP8 only: quantized at load from a floating-point checkpoint (`--quantize fp8`), not read
+    online: bool = False
 
     @property
     def int4_linears(self) -> bool:

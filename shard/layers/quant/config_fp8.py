@@ -136,3 +136,17 @@ def _block(value: Any, field: str) -> tuple[int, int]:
             f"{field} = {value!r}: expected [output features, input features] per scale"
         )
     return int(value[0]), int(value[1])
+
+
+# `--quantize fp8` on a floating-point checkpoint: each linear quantized at load as transformers'
+# FineGrainedFP8 quantizes on load (shard/layers/quant/fp8_online.py), lm_head left as it is.
+ONLINE_FP8 = QuantizationConfig(
+    method="fp8",
+    bits=8,
+    group_size=-1,
+    zero_point=False,
+    ignore=("lm_head",),
+    weight_type="fp8",
+    block=DEFAULT_BLOCK,
+    online=True,
+)

@@ -60,6 +60,19 @@ class Fp8Weight:
         return (weight.float() * per_input).to(dtype)
 
 
+def is_fp8(weights: Weights, prefix: str) -> bool:
+    """Whether module `prefix` is served in FP8: stored so (its weight has a scale), or, with
+    `--quantize fp8` on a floating-point checkpoint, quantized at load (fp8_online.py)."""
+    config = weights.quantization
+    if config is None or not config.fp8 or not config.quantizes(prefix):
+        return False
+    if config.online:
+        from shard.layers.quant.fp8_online import quantizable
+
+        return quantizable(weights, prefix, config)
+    return scale_name(weights, prefix) is not None
+
+
 def scale_name(weights: Weights, prefix: str) -> str | None:
     """The module's FP8 scale tensor, None when it has none (a floating-point module)."""
     for suffix in SCALE_NAMES:
@@ -106,15 +119,7 @@ class Fp8Reader:
             return stored.reshape(1, 1).expand(rows.stop - rows.start, 1).contiguous(), inputs
         if list(stored.shape) in ([out], [out, 1]):  # per channel
             return stored.reshape(out, 1)[rows.start : rows.stop].contiguous(), inputs
-        block_out, block_in = self._grid(weights, name, out, k)
-        per_row = stored.repeat_interleave(block_out, dim=0)[rows.start : rows.stop]
-        # A cut of the inputs that starts inside a block: scales per finer block, a divisor of
-        # the block that the cut falls on (each finer block keeps its block's scale), so that
-        # this rank's input k lies in finer block k // fine.
-        start = cols.start
-        fine = math.gcd(block_in, start % block_in) if start % block_in else block_in
-        local = torch.arange(-(-(cols.stop - start) // fine))
-        return per_row[:, (start // fine + local) // (block_in // fine)].contiguous(), fine
+        return block_scales(stored, self._grid(weights, name, out, k), rows, cols)
 
     def _scale_name(self, weights: Weights, prefix: str) -> str:
         name = scale_name(weights, prefix)
@@ -144,6 +149,23 @@ class Fp8Reader:
         )
 
 
+def block_scales(
+    grid: torch.Tensor, block: tuple[int, int], rows: FeatureRange, cols: FeatureRange
+) -> tuple[torch.Tensor, int]:
+    """The internal form's (scales, block_k) for outputs `rows` and inputs `cols` of a weight
+    whose scales are `grid`, one per `block` (outputs, inputs), blocks counted from its first
+    row and column."""
+    block_out, block_in = block
+    per_row = grid.repeat_interleave(block_out, dim=0)[rows.start : rows.stop]
+    # A cut of the inputs that starts inside a block: scales per finer block, a divisor of the
+    # block that the cut falls on (each finer block keeps its block's scale), so that this
+    # rank's input k lies in finer block k // fine.
+    start = cols.start
+    fine = math.gcd(block_in, start % block_in) if start % block_in else block_in
+    local = torch.arange(-(-(cols.stop - start) // fine))
+    return per_row[:, (start // fine + local) // (block_in // fine)].contiguous(), fine
+
+
 def concat_columns(parts: Sequence[Fp8Weight], prefixes: Sequence[str]) -> Fp8Weight:
     """Fused layers' pieces along the outputs; their scales must cover the inputs alike."""
     first = parts[0]
@@ -168,5 +190,15 @@ def read_dequantized(
     """Outputs `rows`, inputs `cols` of FP8 module `prefix` in the model's dtype, for layers
     that keep floating-point weights (Mixture-of-Experts experts)."""
     assert weights.quantization is not None
-    reader = Fp8Reader(weights.quantization)
-    return reader.read(weights, prefix, rows, cols).dequantize(weights.dtype)
+    return (
+        fp8_reader(weights.quantization).read(weights, prefix, rows, cols).dequantize(weights.dtype)
+    )
+
+
+def fp8_reader(config: QuantizationConfig) -> Fp8Reader:
+    """The checkpoint's FP8 tensors, or (`--quantize fp8`) its floating-point ones quantized."""
+    if config.online:
+        from shard.layers.quant.fp8_online import OnlineFp8Reader
+
+        return OnlineFp8Reader(config)
+    return Fp8Reader(config)

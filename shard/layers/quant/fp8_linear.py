@@ -18,13 +18,7 @@ import torch
 
 from shard.layers.quant.base import LinearWeight, Piece
 from shard.layers.quant.config import QuantizationConfig
-from shard.layers.quant.fp8 import (
-    Fp8Reader,
-    Fp8Weight,
-    concat_columns,
-    read_dequantized,
-    scale_name,
-)
+from shard.layers.quant.fp8 import Fp8Weight, concat_columns, fp8_reader, is_fp8
 from shard.layers.quant.int4_triton import DENSE_SLICE_ELEMENTS, DEQUANT_MIN_ROWS
 from shard.layers.quant.reader import FeatureRange
 from shard.layers.quant.unquantized import DenseWeight
@@ -87,7 +81,7 @@ def fp8_weight(fw: Fp8Weight, dtype: torch.dtype, triton: bool) -> LinearWeight:
 
 class Fp8Method:
     def __init__(self, config: QuantizationConfig) -> None:
-        self.reader = Fp8Reader(config)
+        self.reader = fp8_reader(config)
         self.config = config
         if config.activations and "activations" not in _logged:
             _logged.add("activations")
@@ -131,12 +125,11 @@ class MixedFp8Method(Fp8Method):
         dense = []
         for piece in pieces:
             n, k = self.reader.features(weights, piece.prefix)
-            if scale_name(weights, piece.prefix) is None:
+            if not is_fp8(weights, piece.prefix):
                 name = f"{piece.prefix}.weight"
                 dense.append(weights.get_range(name, 0, piece.start, piece.stop))
             else:
                 outputs = FeatureRange(piece.start, piece.stop, n)
-                dense.append(
-                    read_dequantized(weights, piece.prefix, outputs, FeatureRange.whole(k))
-                )
+                fw = self.reader.read(weights, piece.prefix, outputs, FeatureRange.whole(k))
+                dense.append(fw.dequantize(weights.dtype))
         return DenseWeight(torch.cat(dense))

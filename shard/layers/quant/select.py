@@ -9,7 +9,7 @@ from shard.layers.quant.awq import AwqReader
 from shard.layers.quant.base import LinearMethod
 from shard.layers.quant.compressed_tensors import CompressedTensorsReader
 from shard.layers.quant.config import QuantizationConfig
-from shard.layers.quant.fp8 import scale_name
+from shard.layers.quant.fp8 import is_fp8
 from shard.layers.quant.fp8_linear import Fp8Method, MixedFp8Method
 from shard.layers.quant.gptq import GptqReader
 from shard.layers.quant.int4_linear import FormatReader, Int4Method
@@ -28,12 +28,12 @@ def _reader(config: QuantizationConfig) -> FormatReader:
     return CompressedTensorsReader(config.group_size, config.zero_point)
 
 
-def _stored_quantized(weights: Weights, config: QuantizationConfig, prefix: str) -> bool:
-    """Whether the checkpoint stores module `prefix` quantized: int4 formats replace its
-    `weight` with packed tensors; FP8 keeps the name and adds a scale."""
+def _quantized(weights: Weights, config: QuantizationConfig, prefix: str) -> bool:
+    """Whether module `prefix` is served quantized: int4 formats replace its `weight` with
+    packed tensors; FP8 keeps the name and adds a scale, or is quantized at load."""
     if config.fp8:
-        return scale_name(weights, prefix) is not None
-    return not weights.has(f"{prefix}.weight")
+        return is_fp8(weights, prefix)
+    return config.quantizes(prefix) and not weights.has(f"{prefix}.weight")
 
 
 def linear_method(weights: Weights, prefixes: Sequence[str]) -> LinearMethod:
@@ -42,7 +42,7 @@ def linear_method(weights: Weights, prefixes: Sequence[str]) -> LinearMethod:
     config = weights.quantization
     if config is None:
         return UNQUANTIZED
-    quantized = {p: config.quantizes(p) and _stored_quantized(weights, config, p) for p in prefixes}
+    quantized = {p: _quantized(weights, config, p) for p in prefixes}
     if all(quantized.values()):
         if config.fp8:
             return Fp8Method(config)
