@@ -35,6 +35,7 @@ READ_CHUNK_ELEMENTS = 1 << 22
 
 # Non-persistent buffers that some old exports still contain; we recompute them.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+KV_CACHE_SCALES = ("self_attn.k_scale", "self_attn.v_scale", "self_attn.kv_scale")
 FLOAT8_DTYPES = (
     torch.float8_e4m3fn,
     torch.float8_e5m2,
@@ -175,6 +176,15 @@ class Weights:
         """For tensors deliberately skipped, e.g. a saved lm_head that is tied to the embedding."""
         self._require(name)
         self.consumed.add(name)
+
+    def skip_kv_cache_scales(self) -> bool:
+        """An FP8 checkpoint's KV-cache scales (compressed-tensors' `kv_cache_scheme`,
+        `self_attn.k_scale` / `v_scale`): for an FP8 KV cache, which this server does not keep
+        (its cache stays in the model's dtype, as vLLM's default `--kv-cache-dtype auto` does).
+        Deliberately not loaded; whether there were any."""
+        found = {k for k in self._keys if k.endswith(KV_CACHE_SCALES)}
+        self.consumed.update(found)
+        return bool(found)
 
     def skip_modules(self, prefixes: tuple[str, ...]) -> None:
         """Every tensor under `prefixes` is deliberately not loaded (a vision tower that a

@@ -23,10 +23,13 @@ import logging
 import torch
 from torch import nn
 
+from shard.layers.moe_fp8 import keeps_fp8_experts, read_fp8_expert, stack_fp8_experts
 from shard.layers.moe_interleaved import read_interleaved
-from shard.layers.quant.fp8 import SCALE_NAMES, UNUSED, read_dequantized, scale_name
+from shard.layers.quant.fp8 import SCALE_NAMES, UNUSED, Fp8Weight, scale_name
+from shard.layers.quant.fp8_source import read_dequantized
 from shard.layers.quant.reader import FeatureRange
 from shard.platforms import platform_of
+from shard.platforms.fp8_scales import Fp8Scales
 from shard.weights import Weights, WeightsError
 
 log = logging.getLogger(__name__)
@@ -68,12 +71,20 @@ class FusedMoE(nn.Module):
         w13_bias: torch.Tensor | None = None,
         w2_bias: torch.Tensor | None = None,
         swiglu: tuple[float, float] | None = None,
+        w13_scales: Fp8Scales | None = None,
+        w2_scales: Fp8Scales | None = None,
     ) -> None:
         super().__init__()
         self.w13 = nn.Parameter(w13, requires_grad=False)
         self.w2 = nn.Parameter(w2, requires_grad=False)
         self.register_buffer("w13_bias", w13_bias, persistent=False)
         self.register_buffer("w2_bias", w2_bias, persistent=False)
+        # FP8 experts (w13 and w2 float8_e4m3fn): their scales and inputs per scale
+        self.register_buffer("w13_scales", w13_scales and w13_scales.scales, persistent=False)
+        self.register_buffer("w2_scales", w2_scales and w2_scales.scales, persistent=False)
+        self.scale_blocks = (
+            (w13_scales.block_k, w2_scales.block_k) if w13_scales and w2_scales else None
+        )
         # the platform's fused_moe keywords beyond the weights (none for plain experts)
         self.extras: dict[str, float] = {}
         if swiglu is not None:
@@ -119,13 +130,15 @@ class FusedMoE(nn.Module):
             cols = weights.shard_bounds(f"{down} (intermediate size)", 0, intermediate_size)
         b13: torch.Tensor | None = None
         b2: torch.Tensor | None = None
+        s13: Fp8Scales | None = None
+        s2: Fp8Scales | None = None
         if interleaved:
             (stacked,) = gate_up
             w13, w2, b13, b2 = read_interleaved(
                 weights, stacked, down, experts, cols, intermediate_size
             )
         elif EXPERT in down:
-            w13, w2 = _read_per_expert(
+            w13, w2, s13, s2 = _read_per_expert(
                 weights, gate_up, down, num_experts, experts, cols, intermediate_size
             )
         else:
@@ -140,6 +153,8 @@ class FusedMoE(nn.Module):
             w13_bias=b13,
             w2_bias=b2,
             swiglu=swiglu,
+            w13_scales=s13,
+            w2_scales=s2,
         )
 
     def forward(
@@ -150,10 +165,15 @@ class FusedMoE(nn.Module):
             local = topk_ids - self.first_expert
             outside = (local < 0) | (local >= self.local_experts)
             topk_ids = local.masked_fill(outside, -1)
+        extras = self.extras
         if self.w13_bias is not None or self.w2_bias is not None:
-            extras = {**self.extras, "w13_bias": self.w13_bias, "w2_bias": self.w2_bias}
-        else:
-            extras = self.extras
+            extras = {**extras, "w13_bias": self.w13_bias, "w2_bias": self.w2_bias}
+        if self.scale_blocks is not None:
+            extras = {
+                **extras,
+                "w13_scales": Fp8Scales(self.w13_scales, self.scale_blocks[0]),
+                "w2_scales": Fp8Scales(self.w2_scales, self.scale_blocks[1]),
+            }
         if self.triton:
             from shard.platforms.cuda.kernels.fused_moe import fused_moe
 
@@ -197,15 +217,21 @@ def _read_per_expert(
     experts: range,
     cols: tuple[int, int],
     intermediate_size: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, Fp8Scales | None, Fp8Scales | None]:
+    """w13 and w2 stacked over this rank's experts, and FP8 experts' scales where the Triton
+    kernel takes them as stored (else FP8 experts are dequantized, and the scales None)."""
     gate, up = gate_up
     start, stop = cols
     w13: torch.Tensor | None = None
     w2: torch.Tensor | None = None
+    kept: list[tuple[Fp8Weight, Fp8Weight]] = []
     for j, e in enumerate(experts):
         modules = [m.replace(EXPERT, str(e)) for m in (gate, up, down)]
         _check_intermediate(weights, f"{modules[2]}.weight", 1, intermediate_size)
         if _fp8(weights, modules[0]):
+            if keeps_fp8_experts(weights):
+                kept.append(read_fp8_expert(weights, modules, start, stop))
+                continue
             pair = torch.cat([_fp8_part(weights, m, 0, start, stop) for m in modules[:2]])
             rows = _fp8_part(weights, modules[2], 1, start, stop)
         else:
@@ -216,10 +242,12 @@ def _read_per_expert(
             w13 = pair.new_empty((len(experts), *pair.shape))
             w2 = rows.new_empty((len(experts), *rows.shape))
         w13[j], w2[j] = pair, rows
+    _mark_other_experts(weights, gate_up + [down], experts, num_experts)
+    if kept:
+        return stack_fp8_experts(kept, down)
     if w13 is None or w2 is None:
         raise WeightsError(f"no experts to read for {down}")
-    _mark_other_experts(weights, gate_up + [down], experts, num_experts)
-    return w13, w2
+    return w13, w2, None, None
 
 
 def _fp8(weights: Weights, module: str) -> bool:

@@ -3,6 +3,7 @@ config is mapped by the class, its weights read by its blocks and checked after 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
@@ -29,6 +30,9 @@ __all__ = [
     "load_config",
     "load_model",
 ]
+
+
+log = logging.getLogger(__name__)
 
 
 def load_config(model_dir: Path) -> ModelConfig:
@@ -81,5 +85,9 @@ def load_model(
         expert_parallel=expert_parallel,
     )
     model = model_class(config.architecture)(config, weights, attention)
+    if quantization is not None and weights.skip_kv_cache_scales():
+        log.info(
+            "the checkpoint's FP8 KV-cache scales are not used: the KV cache stays in %s", dtype
+        )
     weights.check_all_consumed()
     return model.eval()

@@ -26,6 +26,7 @@ import torch
 from kernel_cases import DEVICE
 
 from shard.platforms.cuda.kernels.fused_moe import Tiles, fused_moe, moe_align
+from shard.platforms.fp8_scales import Fp8Scales
 
 TOLERANCES = {
     torch.float32: dict(atol=1e-5, rtol=1e-5),
@@ -216,6 +217,60 @@ def test_align_sorts_and_pads_every_kept_pair_once(
     rest = sorted_ids[total:]
     assert rest[: len(dropped)] == dropped
     assert all(p == pairs for p in rest[len(dropped) :])
+
+
+def fp8_experts(w: torch.Tensor, block_k: int) -> tuple[torch.Tensor, Fp8Scales]:
+    """[E, rows, K] float -> FP8 values and per-(row, K block) scales (block_k = K: per
+    channel), each block's scale its largest magnitude over 448."""
+    e, rows, k = w.shape
+    blocks = -(-k // block_k)
+    padded = torch.nn.functional.pad(w, (0, blocks * block_k - k))
+    largest = padded.reshape(e, rows, blocks, block_k).abs().amax(-1)
+    scales = largest / torch.finfo(torch.float8_e4m3fn).max
+    per_input = scales.repeat_interleave(block_k, dim=-1)[..., :k]
+    return (w / per_input).to(torch.float8_e4m3fn), Fp8Scales(scales.contiguous(), block_k)
+
+
+def dequantized(w: torch.Tensor, fp8: Fp8Scales) -> torch.Tensor:
+    k = w.shape[-1]
+    return w.double() * fp8.scales.double().repeat_interleave(fp8.block_k, dim=-1)[..., :k]
+
+
+# (tokens, hidden, inter, experts, top_k, routing, dtype, block_k of w13, of w2, tiles): blocks
+# narrower than the default K tile (the tile shrinks to lie in one), ragged last blocks (I = 80
+# is 2.5 blocks of 32), one block per row (per channel), decode-sized and uneven batches.
+FP8_CASES = [
+    (40, 96, 80, 6, 2, "uneven", torch.bfloat16, 32, 32, None),
+    (3, 96, 80, 4, 2, "uniform", torch.float32, 96, 80, None),
+    (23, 128, 64, 8, 3, "parallel", torch.float16, 64, 16, Tiles(16, 32, 64)),
+]
+
+
+@pytest.mark.parametrize(("tokens", "hidden", "inter", "experts", "top_k", "kind", "dtype",
+                          "block13", "block2", "tiles"), FP8_CASES)  # fmt: skip
+def test_fp8_experts_match_float64_on_their_dequantized_weights(
+    tokens, hidden, inter, experts, top_k, kind, dtype, block13, block2, tiles
+) -> None:
+    x, w13, w2, weights, ids = make_case(tokens, hidden, inter, experts, top_k, kind)
+    q13, s13 = fp8_experts(w13, block13)
+    q2, s2 = fp8_experts(w2, block2)
+    x = x.to(dtype)
+    want = reference(x, dequantized(q13, s13), dequantized(q2, s2), weights, ids, "silu")
+    on = lambda s: Fp8Scales(s.scales.to(DEVICE), s.block_k)  # noqa: E731
+    args = (t.to(DEVICE) for t in (x, q13, q2, weights, ids))
+    out = fused_moe(*args, "silu", w13_scales=on(s13), w2_scales=on(s2), tiles=tiles)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.cpu().double(), want, **TOLERANCES[dtype], check_dtype=False)
+
+
+def test_fp8_experts_without_scales_or_with_wrong_ones_are_refused() -> None:
+    x, w13, w2, weights, ids = (t.to(DEVICE) for t in make_case(2, 32, 16, 2, 1, "uniform"))
+    q13, s13 = fp8_experts(w13.cpu(), 32)
+    with pytest.raises(ValueError, match="FP8 weights come with their scales"):
+        fused_moe(x, q13.to(DEVICE), w2, weights, ids, "silu")
+    wrong = Fp8Scales(s13.scales.to(DEVICE), 16)
+    with pytest.raises(ValueError, match="not one per 16 inputs"):
+        fused_moe(x, q13.to(DEVICE), w2, weights, ids, "silu", w13_scales=wrong)
 
 
 def test_other_activation_names_and_mismatched_operands_are_refused() -> None:

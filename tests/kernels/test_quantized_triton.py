@@ -34,6 +34,8 @@ CASES = {
     "gptq_v2_g32_asym_llama": TritonInt4,
     "ct_fp8_block_qwen3": TritonFp8,
     "hf_fp8_block_phi3": TritonFp8,
+    # FP8 experts kept FP8 for the fused MoE kernel (its FP8_W variant), FP8 attention
+    "hf_fp8_block_qwen3_moe": torch.float8_e4m3fn,
 }
 
 
@@ -44,7 +46,12 @@ def test_greedy_ids_and_logits_equal_transformers_on_the_library_dequantized_mod
     ours = load_model(
         fixture(name), dtype=torch.float32, device=DEVICE, dist=Distributed(), attention="triton"
     )
-    assert isinstance(ours.layers[0].mlp.down_proj.weight, CASES[name])
+    if CASES[name] == torch.float8_e4m3fn:
+        experts = ours.layers[0].mlp.experts
+        assert experts.w13.dtype == experts.w2.dtype == torch.float8_e4m3fn
+        assert isinstance(ours.layers[0].self_attn.o_proj.weight, TritonFp8)
+    else:
+        assert isinstance(ours.layers[0].mlp.down_proj.weight, CASES[name])
     ref = AutoModelForCausalLM.from_pretrained(fixture(name) / "reference", dtype=torch.float32)
     gen = torch.Generator().manual_seed(2)
     batch = [torch.randint(3, 300, (n,), generator=gen) for n in (21, 13)]

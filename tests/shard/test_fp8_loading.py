@@ -20,8 +20,9 @@ from safetensors.torch import save_file
 from shard.distributed import Distributed
 from shard.layers.quant.base import Piece
 from shard.layers.quant.config import QuantizationConfigError, parse_quantization_config
-from shard.layers.quant.fp8 import Fp8Reader, read_dequantized
+from shard.layers.quant.fp8 import Fp8Reader
 from shard.layers.quant.fp8_linear import Fp8Method, MixedFp8Method
+from shard.layers.quant.fp8_source import read_dequantized
 from shard.layers.quant.reader import FeatureRange
 from shard.layers.quant.select import linear_method
 from shard.layers.quant.unquantized import DenseWeight, UnquantizedMethod

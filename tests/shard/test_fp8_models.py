@@ -67,3 +67,30 @@ def test_each_rank_of_two_holds_its_slice_of_the_library_dequantized_model(name,
         assert ours.keys() == want.keys() and ours
         for key, tensor in ours.items():
             assert torch.equal(tensor, want[key]), f"rank {rank}: {key}"
+
+
+def test_fp8_kv_cache_scales_are_read_as_unused(tmp_path):
+    """compressed-tensors' kv_cache_scheme adds self_attn.k_scale / v_scale for an FP8 KV
+    cache, which is not kept here (the cache stays in the model's dtype): the checkpoint serves
+    exactly as without them."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    name = "ct_fp8_dynamic_llama"
+    copy = tmp_path / name
+    shutil.copytree(fixture(name), copy, ignore=shutil.ignore_patterns("reference"))
+    state = load_file(copy / "model.safetensors")
+    for i in range(2):
+        for scale in ("k_scale", "v_scale"):
+            state[f"model.layers.{i}.self_attn.{scale}"] = torch.tensor([0.25])
+    save_file(state, copy / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((copy / "config.json").read_text())
+    config["quantization_config"]["kv_cache_scheme"] = {
+        "num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True,
+    }  # fmt: skip
+    (copy / "config.json").write_text(json.dumps(config))
+    with_scales, without = _weights(load(copy)), _weights(load(fixture(name)))
+    assert with_scales.keys() == without.keys()
+    assert all(torch.equal(with_scales[k], without[k]) for k in without)

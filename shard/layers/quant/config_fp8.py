@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from shard.layers.quant.config import (
+from shard.layers.quant.config_types import (
     QuantizationConfig,
     QuantizationConfigError,
     check_targets,

@@ -60,19 +60,6 @@ class Fp8Weight:
         return (weight.float() * per_input).to(dtype)
 
 
-def is_fp8(weights: Weights, prefix: str) -> bool:
-    """Whether module `prefix` is served in FP8: stored so (its weight has a scale), or, with
-    `--quantize fp8` on a floating-point checkpoint, quantized at load (fp8_online.py)."""
-    config = weights.quantization
-    if config is None or not config.fp8 or not config.quantizes(prefix):
-        return False
-    if config.online:
-        from shard.layers.quant.fp8_online import quantizable
-
-        return quantizable(weights, prefix, config)
-    return scale_name(weights, prefix) is not None
-
-
 def scale_name(weights: Weights, prefix: str) -> str | None:
     """The module's FP8 scale tensor, None when it has none (a floating-point module)."""
     for suffix in SCALE_NAMES:
@@ -182,23 +169,3 @@ def concat_columns(parts: Sequence[Fp8Weight], prefixes: Sequence[str]) -> Fp8We
         scales=torch.cat([p.scales for p in parts]),
         block_k=first.block_k,
     )
-
-
-def read_dequantized(
-    weights: Weights, prefix: str, rows: FeatureRange, cols: FeatureRange
-) -> torch.Tensor:
-    """Outputs `rows`, inputs `cols` of FP8 module `prefix` in the model's dtype, for layers
-    that keep floating-point weights (Mixture-of-Experts experts)."""
-    assert weights.quantization is not None
-    return (
-        fp8_reader(weights.quantization).read(weights, prefix, rows, cols).dequantize(weights.dtype)
-    )
-
-
-def fp8_reader(config: QuantizationConfig) -> Fp8Reader:
-    """The checkpoint's FP8 tensors, or (`--quantize fp8`) its floating-point ones quantized."""
-    if config.online:
-        from shard.layers.quant.fp8_online import OnlineFp8Reader
-
-        return OnlineFp8Reader(config)
-    return Fp8Reader(config)

@@ -18,7 +18,8 @@ import torch
 
 from shard.layers.quant.base import LinearWeight, Piece
 from shard.layers.quant.config import QuantizationConfig
-from shard.layers.quant.fp8 import Fp8Weight, concat_columns, fp8_reader, is_fp8
+from shard.layers.quant.fp8 import Fp8Weight, concat_columns
+from shard.layers.quant.fp8_source import fp8_reader, is_fp8
 from shard.layers.quant.int4_triton import DENSE_SLICE_ELEMENTS, DEQUANT_MIN_ROWS
 from shard.layers.quant.reader import FeatureRange
 from shard.layers.quant.unquantized import DenseWeight

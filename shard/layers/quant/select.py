@@ -9,8 +9,8 @@ from shard.layers.quant.awq import AwqReader
 from shard.layers.quant.base import LinearMethod
 from shard.layers.quant.compressed_tensors import CompressedTensorsReader
 from shard.layers.quant.config import QuantizationConfig
-from shard.layers.quant.fp8 import is_fp8
 from shard.layers.quant.fp8_linear import Fp8Method, MixedFp8Method
+from shard.layers.quant.fp8_source import is_fp8
 from shard.layers.quant.gptq import GptqReader
 from shard.layers.quant.int4_linear import FormatReader, Int4Method
 from shard.layers.quant.unquantized import UnquantizedMethod

@@ -25,6 +25,12 @@ torch's ops would). The GEMMs accumulate in fp32 (fp32 inputs: ieee, not TF32); 
 down rows and their sum over k stay fp32 until the output (the torch form rounds each weighted
 row and the running sum to the dtype). The fp32 [T * K, H] buffer is the call's largest
 transient: 512 MiB for an 8192-token prefill of Qwen3-30B-A3B's shape (H 2048, top-8).
+
+FP8 experts (FP8_W: w13 and w2 float8_e4m3fn with per-(expert, row, K block) scales, the form of
+shard/layers/quant/fp8.py): each weight tile is converted to fp32 (exact), scaled by its rows'
+scales and rounded to x's dtype, the value the weight dequantized at load would hold, before the
+tile matmul; the K tile is chosen to lie inside one scale block. The weights stay one byte an
+element in memory.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import triton
 import triton.language as tl
 
 from shard.platforms.cuda.kernels import check_device, dot_options
+from shard.platforms.fp8_scales import Fp8Scales
 
 # Activation names (shard/platforms/activations.py) -> the epilogue's compile-time switch.
 # 3, gpt-oss's clamped SwiGLU, reads the up half too (alpha, limit): the kernel tests for it.
@@ -214,6 +221,13 @@ def _clamped_swiglu(gate, up, alpha, limit):
 
 
 @triton.jit
+def _scaled(w, scale, dtype):
+    """An FP8 weight tile [BLOCK_K, BLOCK_N] times its columns' scales, formed in fp32 (FP8 to
+    fp32 is exact) and rounded once to `dtype`, as the weight dequantized at load would be."""
+    return (w.to(tl.float32) * scale.to(tl.float32)[None, :]).to(dtype)
+
+
+@triton.jit
 def _block_rows(sorted_ids_ptr, expert_ids_ptr, total_ptr, num_pairs, BLOCK_M: tl.constexpr):
     """This program's block: (whether it is past the total, its expert, its pair ids, which
     of them are real). Padding rows take the block's first pair (the smallest id: a block below
@@ -229,15 +243,17 @@ def _block_rows(sorted_ids_ptr, expert_ids_ptr, total_ptr, num_pairs, BLOCK_M: t
 
 
 @triton.jit
-def _gate_up_kernel(x_ptr, w_ptr, b_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, total_ptr,
-                    num_pairs, inter, hidden, stride_xt, stride_xh, stride_we, stride_wn,
-                    stride_wk, stride_be, stride_ot, alpha, limit, TOP_K: tl.constexpr,
-                    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+def _gate_up_kernel(x_ptr, w_ptr, b_ptr, s_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr,
+                    total_ptr, num_pairs, inter, hidden, stride_xt, stride_xh, stride_we,
+                    stride_wn, stride_wk, stride_be, stride_se, stride_sn, stride_ot, alpha, limit,
+                    TOP_K: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                    FP8_W: tl.constexpr, SCALE_K: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
                     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr):  # fmt: skip
     """out[p, n] = act(gate) * up for the block's pairs p, columns n of this program's tile
     (HAS_BIAS: gate and up plus the expert's bias rows n and I + n first; clamped_swiglu:
-    gpt-oss's activation of both halves, with `alpha` and `limit`)."""
+    gpt-oss's activation of both halves, with `alpha` and `limit`; FP8_W: FP8 weights, each
+    scaled by s[e, n, k // SCALE_K] and rounded to x's dtype before the tile matmul)."""
     past, expert, pairs, valid = _block_rows(
         sorted_ids_ptr, expert_ids_ptr, total_ptr, num_pairs, BLOCK_M
     )
@@ -261,6 +277,10 @@ def _gate_up_kernel(x_ptr, w_ptr, b_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr
             a = tl.load(x_rows + ks[None, :] * stride_xh, mask=ks[None, :] < hidden, other=0.0)
             g = tl.load(gate_cols + ks[:, None] * stride_wk, mask=ks[:, None] < hidden, other=0.0)
             u = tl.load(up_cols + ks[:, None] * stride_wk, mask=ks[:, None] < hidden, other=0.0)
+        if FP8_W:  # a K tile lies in one scale block (fused_moe chooses BLOCK_K so)
+            scales = s_ptr + expert * stride_se + (k0 // SCALE_K)
+            g = _scaled(g, tl.load(scales + cols * stride_sn), a.dtype)
+            u = _scaled(u, tl.load(scales + (cols + inter) * stride_sn), a.dtype)
         if DOT_UPCAST:  # interpreter only, see shard.platforms.cuda.kernels.dot_options
             a = a.to(tl.float32)
             g = g.to(tl.float32)
@@ -286,13 +306,15 @@ def _gate_up_kernel(x_ptr, w_ptr, b_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr
 
 
 @triton.jit
-def _down_kernel(h_ptr, w_ptr, b_ptr, weights_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr,
-                 total_ptr, num_pairs, hidden, inter, stride_ht, stride_we, stride_wn, stride_wk,
-                 stride_be, stride_ot, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr):  # fmt: skip
+def _down_kernel(h_ptr, w_ptr, b_ptr, s_ptr, weights_ptr, out_ptr, sorted_ids_ptr,
+                 expert_ids_ptr, total_ptr, num_pairs, hidden, inter, stride_ht, stride_we,
+                 stride_wn, stride_wk, stride_be, stride_se, stride_sn, stride_ot,
+                 HAS_BIAS: tl.constexpr, FP8_W: tl.constexpr, SCALE_K: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 DOT_UPCAST: tl.constexpr):  # fmt: skip
     """out[p, n] = topk_weight[p] * ((w2[e] @ h[p])[n] + bias[e, n]) in fp32, for the block's
-    pairs p (HAS_BIAS; else no bias)."""
+    pairs p (HAS_BIAS; else no bias; FP8_W as in _gate_up_kernel)."""
     past, expert, pairs, valid = _block_rows(
         sorted_ids_ptr, expert_ids_ptr, total_ptr, num_pairs, BLOCK_M
     )
@@ -312,6 +334,9 @@ def _down_kernel(h_ptr, w_ptr, b_ptr, weights_ptr, out_ptr, sorted_ids_ptr, expe
         else:
             a = tl.load(h_rows + ks[None, :], mask=ks[None, :] < inter, other=0.0)
             b = tl.load(w_cols + ks[:, None] * stride_wk, mask=ks[:, None] < inter, other=0.0)
+        if FP8_W:
+            scales = s_ptr + expert * stride_se + (k0 // SCALE_K)
+            b = _scaled(b, tl.load(scales + cols * stride_sn), a.dtype)
         if DOT_UPCAST:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
@@ -346,8 +371,10 @@ def _check(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: t
     """The kernels trust shapes and dtypes (a wrong one reads out of bounds): say it here."""
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"x must be fp32, fp16 or bf16, got {x.dtype}")
-    if w13.dtype != x.dtype or w2.dtype != x.dtype:
-        raise ValueError(f"weights {w13.dtype}, {w2.dtype} for x in {x.dtype}: one dtype")
+    if any(w.dtype not in (x.dtype, torch.float8_e4m3fn) for w in (w13, w2)):
+        raise ValueError(
+            f"weights {w13.dtype}, {w2.dtype} for x in {x.dtype}: x's dtype or FP8 (with scales)"
+        )
     if x.dim() != 2 or w13.dim() != 3 or w13.shape[1] % 2:
         raise ValueError(f"x {tuple(x.shape)} and w13 {tuple(w13.shape)}: want [T, H], [E, 2I, H]")
     experts, two_i, hidden = w13.shape
@@ -384,6 +411,45 @@ def _check_biases(
             )
 
 
+def _check_fp8(w: torch.Tensor, fp8: Fp8Scales | None, name: str) -> None:
+    if (w.dtype == torch.float8_e4m3fn) != (fp8 is not None):
+        raise ValueError(f"fused_moe: {name} is {w.dtype}; FP8 weights come with their scales")
+    if fp8 is None:
+        return
+    e, rows, k = w.shape
+    if fp8.scales.shape != (e, rows, -(-k // fp8.block_k)) or fp8.scales.stride(-1) != 1:
+        raise ValueError(
+            f"fused_moe: {name} scales {tuple(fp8.scales.shape)} are not one per {fp8.block_k} "
+            f"inputs of {name} {tuple(w.shape)} (contiguous along them)"
+        )
+
+
+def _k_tile(preferred: int, fp8: Fp8Scales | None, k: int) -> int:
+    """The K tile: one that lies in one FP8 scale block (a power of two dividing the block, at
+    least 16, tl.dot's minimum), unless one block spans K."""
+    if fp8 is None or fp8.block_k >= k:
+        return preferred
+    tile = min(preferred, fp8.block_k & -fp8.block_k)
+    if tile < 16:
+        raise ValueError(
+            f"fused_moe: FP8 scale blocks of {fp8.block_k} inputs have no K tile of 16 or more "
+            "inside them"
+        )
+    return tile
+
+
+def _fp8_args(w: torch.Tensor, fp8: Fp8Scales | None) -> tuple[torch.Tensor]:
+    return (w if fp8 is None else fp8.scales,)  # a dummy pointer when there are no scales
+
+
+def _fp8_strides(fp8: Fp8Scales | None) -> tuple[int, int]:
+    return (0, 0) if fp8 is None else (fp8.scales.stride(0), fp8.scales.stride(1))
+
+
+def _scale_k(fp8: Fp8Scales | None) -> int:
+    return 1 if fp8 is None else fp8.block_k
+
+
 def fused_moe(
     x: torch.Tensor,
     w13: torch.Tensor,
@@ -396,18 +462,24 @@ def fused_moe(
     w2_bias: torch.Tensor | None = None,
     swiglu_alpha: float = 1.702,
     swiglu_limit: float = 7.0,
+    w13_scales: Fp8Scales | None = None,
+    w2_scales: Fp8Scales | None = None,
     tiles: Tiles | None = None,
 ) -> torch.Tensor:
     """See Platform.fused_moe: x [T, H]; w13 [E, 2I, H] (gate rows first); w2 [E, H, I];
     topk_weights [T, K] float32; topk_ids [T, K] in [-1, E) (-1: skipped) -> [T, H] in x's
     dtype. gpt-oss's: w13_bias [E, 2I] and w2_bias [E, H] (each optional; under tensor
     parallelism only one rank passes w2_bias, the caller summing the ranks' outputs), and the
-    clamped SwiGLU's alpha and limit. `tiles`: a fixed tile config (tests), else default_tiles."""
+    clamped SwiGLU's alpha and limit. FP8 experts: w13 and w2 float8_e4m3fn with their
+    `Fp8Scales` (shard.layers.quant.fp8's form, per expert). `tiles`: a fixed tile config
+    (tests), else default_tiles."""
     code = ACTIVATIONS.get(act)
     if code is None:
         raise ValueError(f"fused_moe: no activation {act!r} (have {sorted(ACTIVATIONS)})")
     _check(x, w13, w2, topk_weights, topk_ids)
     _check_biases(w13, w2, w13_bias, w2_bias)
+    _check_fp8(w13, w13_scales, "w13")
+    _check_fp8(w2, w2_scales, "w2")
     check_device(x, w13, w2, topk_weights, topk_ids)
     tokens, hidden = x.shape
     experts, inter = w13.shape[0], w2.shape[2]
@@ -425,24 +497,27 @@ def fused_moe(
     plan = moe_align(ids, experts, cfg.block_m)
     options = dot_options(x.dtype)
     launch = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    blocks = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k)
+    blocks = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
+    k13, k2 = _k_tile(cfg.block_k, w13_scales, hidden), _k_tile(cfg.block_k, w2_scales, inter)
 
     hidden_act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
     _gate_up_kernel[(plan.max_blocks, triton.cdiv(inter, cfg.block_n))](
-        x, w13, w13 if w13_bias is None else w13_bias, hidden_act, plan.sorted_ids,
-        plan.expert_ids, plan.total, pairs, inter, hidden, *x.stride(), *w13.stride(),
-        0 if w13_bias is None else w13_bias.stride(0), hidden_act.stride(0),
-        float(swiglu_alpha), float(swiglu_limit), TOP_K=top_k, ACT=code,
-        HAS_BIAS=w13_bias is not None, **blocks, EVEN_K=hidden % cfg.block_k == 0, **options,
-        **launch,
+        x, w13, w13 if w13_bias is None else w13_bias, *_fp8_args(w13, w13_scales), hidden_act,
+        plan.sorted_ids, plan.expert_ids, plan.total, pairs, inter, hidden, *x.stride(),
+        *w13.stride(), 0 if w13_bias is None else w13_bias.stride(0),
+        *_fp8_strides(w13_scales), hidden_act.stride(0), float(swiglu_alpha),
+        float(swiglu_limit), TOP_K=top_k, ACT=code, HAS_BIAS=w13_bias is not None,
+        FP8_W=w13_scales is not None, SCALE_K=_scale_k(w13_scales), **blocks, BLOCK_K=k13,
+        EVEN_K=hidden % k13 == 0, **options, **launch,
     )  # fmt: skip
     rows = torch.empty(pairs, hidden, dtype=torch.float32, device=x.device)
     _down_kernel[(plan.max_blocks, triton.cdiv(hidden, cfg.block_n))](
-        hidden_act, w2, w2 if w2_bias is None else w2_bias, weights, rows, plan.sorted_ids,
-        plan.expert_ids, plan.total, pairs, hidden, inter, hidden_act.stride(0), *w2.stride(),
-        0 if w2_bias is None else w2_bias.stride(0), rows.stride(0),
-        HAS_BIAS=w2_bias is not None, **blocks, EVEN_K=inter % cfg.block_k == 0, **options,
-        **launch,
+        hidden_act, w2, w2 if w2_bias is None else w2_bias, *_fp8_args(w2, w2_scales), weights,
+        rows, plan.sorted_ids, plan.expert_ids, plan.total, pairs, hidden, inter,
+        hidden_act.stride(0), *w2.stride(), 0 if w2_bias is None else w2_bias.stride(0),
+        *_fp8_strides(w2_scales), rows.stride(0), HAS_BIAS=w2_bias is not None,
+        FP8_W=w2_scales is not None, SCALE_K=_scale_k(w2_scales), **blocks, BLOCK_K=k2,
+        EVEN_K=inter % k2 == 0, **options, **launch,
     )  # fmt: skip
     block = min(1024, triton.next_power_of_2(hidden))
     _sum_kernel[(tokens, triton.cdiv(hidden, block))](
