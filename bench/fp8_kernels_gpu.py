@@ -26,6 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.gemm_table import ratio_table  # noqa: E402
 from bench.kernels_w4a16 import LLAMA2_7B  # noqa: E402
 
 MAX_ERROR = 2e-2  # W8A16 against the dense bf16 weight it dequantizes to
@@ -82,34 +83,18 @@ def main() -> None:
     print("device:", torch.cuda.get_device_name(), "torch", torch.__version__)
     tokens = [int(t) for t in args.tokens.split(",")]
     gen = torch.Generator().manual_seed(0)
-    ratios: dict[int, dict[str, list[float]]] = {m: {} for m in tokens}
-    header_done = False
-    for k, n in LLAMA2_7B:
+
+    def build(k: int, n: int):
         fw = random_fp8(k, n, device, gen)
-        dense = fw.dequantize(torch.bfloat16)
-        found = kernels(fw)
-        if not header_done:
-            print(f"{'K x N':>13} {'M':>5} {'dense us':>9} "
-                  + " ".join(f"{name + ' us':>12} {'x':>5}" for name in found))  # fmt: skip
-            header_done = True
-        for m in tokens:
-            x = torch.randn(m, k, generator=gen).bfloat16().to(device)
-            want = x.float() @ dense.float().T
-            for name, fn in found.items():
-                error = ((fn(x).float() - want).norm() / want.norm()).item()
-                bound = MAX_ERROR_W8A8 if name == "scaled_mm" else MAX_ERROR
-                assert error < bound, f"{name} K={k} N={n} M={m}: relative error {error:.3g}"
-            d = do_bench_cudagraph(lambda x=x, w=dense: x @ w.T)
-            row = f"{k:>6}x{n:<6} {m:>5} {d * 1e3:>9.1f}"
-            for name, fn in found.items():
-                t = do_bench_cudagraph(lambda x=x, fn=fn: fn(x))
-                ratios[m].setdefault(name, []).append(d / t)
-                row += f" {t * 1e3:>12.1f} {d / t:>5.2f}"
-            print(row, flush=True)
+        return fw.dequantize(torch.bfloat16), kernels(fw)
+
+    def max_error(name: str) -> float:
+        return MAX_ERROR_W8A8 if name == "scaled_mm" else MAX_ERROR
+
+    means = ratio_table(LLAMA2_7B, tokens, build, max_error, do_bench_cudagraph, device, gen)
     print("\nmean ratio dense/kernel over the four shapes, per M:")
     for m in tokens:
-        means = {name: sum(r) / len(r) for name, r in ratios[m].items()}
-        print(f"  M={m:<5} " + "  ".join(f"{k} {v:.2f}x" for k, v in means.items()))
+        print(f"  M={m:<5} " + "  ".join(f"{k} {v:.2f}x" for k, v in means[m].items()))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.gemm_table import ratio_table  # noqa: E402
 from bench.kernels_w4a16 import LLAMA2_7B, random_int4  # noqa: E402
 
 # Relative error allowed against x @ the dense bf16 weight (bf16 outputs, fp32 sums).
@@ -87,34 +88,18 @@ def main() -> None:
         print("gemlite", getattr(gemlite, "__version__", "?"))
     tokens = [int(t) for t in args.tokens.split(",")]
     gen = torch.Generator().manual_seed(0)
-    ratios: dict[int, dict[str, list[float]]] = {m: {} for m in tokens}
-    header_done = False
-    for k, n in LLAMA2_7B:
+
+    def build(k: int, n: int):
         qw, _ = random_int4(k, n, device, gen)  # group 128, fp16 scales
-        dense = qw.dequantize(torch.bfloat16).T.contiguous()
-        found = kernels(qw, args.gemlite, device)
-        if not header_done:
-            print(f"{'K x N':>13} {'M':>5} {'dense us':>9} "
-                  + " ".join(f"{name + ' us':>12} {'x':>5}" for name in found))  # fmt: skip
-            header_done = True
-        for m in tokens:
-            x = torch.randn(m, k, generator=gen).bfloat16().to(device)
-            want = x.float() @ dense.float().T
-            for name, fn in found.items():
-                error = ((fn(x).float() - want).norm() / want.norm()).item()
-                assert error < MAX_ERROR, f"{name} K={k} N={n} M={m}: relative error {error:.3g}"
-            d = do_bench_cudagraph(lambda x=x, w=dense: x @ w.T)
-            row = f"{k:>6}x{n:<6} {m:>5} {d * 1e3:>9.1f}"
-            for name, fn in found.items():
-                t = do_bench_cudagraph(lambda x=x, fn=fn: fn(x))
-                ratios[m].setdefault(name, []).append(d / t)
-                row += f" {t * 1e3:>12.1f} {d / t:>5.2f}"
-            print(row, flush=True)
+        return qw.dequantize(torch.bfloat16).T.contiguous(), kernels(qw, args.gemlite, device)
+
+    means = ratio_table(
+        LLAMA2_7B, tokens, build, lambda name: MAX_ERROR, do_bench_cudagraph, device, gen
+    )
     print("\nmean ratio dense/kernel over the four shapes, per M (served: the server's choice):")
     for m in tokens:
-        means = {name: sum(r) / len(r) for name, r in ratios[m].items()}
-        winner = max((n for n in means if n != "served"), key=means.get)
-        print(f"  M={m:<5} " + "  ".join(f"{k} {v:.2f}x" for k, v in means.items())
+        winner = max((n for n in means[m] if n != "served"), key=means[m].get)
+        print(f"  M={m:<5} " + "  ".join(f"{k} {v:.2f}x" for k, v in means[m].items())
               + f"  -> best {winner}")  # fmt: skip
 
 
