@@ -172,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=QUANTIZE_METHODS,
         default=None,
         help="the checkpoint's quantization, read from its config.json (default); when given, "
-        "it must agree with the checkpoint",
+        "it must agree with the checkpoint, except fp8 on a floating-point checkpoint, which "
+        "quantizes its linears at load",
     )
     s.add_argument(
         "--attention",

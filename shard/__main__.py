@@ -29,7 +29,10 @@ def parse_args(argv: list[str]) -> ShardSettings:
         "--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"]
     )
     serve.add_argument(
-        "--quantize", default=None, choices=QUANTIZE_METHODS, help="must match the checkpoint"
+        "--quantize",
+        default=None,
+        choices=QUANTIZE_METHODS,
+        help="must match the checkpoint (fp8 on a float one: quantized at load)",
     )
     serve.add_argument("--attention", default=None, choices=["torch", "triton"])
     serve.add_argument("--block-size", type=int, default=16)
