@@ -68,8 +68,16 @@ def checkpoint(tmp_path: Path, config: dict, tensors: dict) -> Path:
     return tmp_path
 
 
+def triton_device() -> torch.device:
+    """Where the Triton kernels run: the GPU, or the CPU interpreted (tests/conftest.py)."""
+    from shard.platforms.cuda.kernels import interpreting
+
+    return CPU if interpreting() else torch.device("cuda")
+
+
 def weights_at(path: Path, config: dict, rank: int = 0, world: int = 1, triton: bool = False):
-    return Weights(path, dtype=torch.float32, device=CPU, dist=Distributed(rank, world),
+    device = triton_device() if triton else CPU
+    return Weights(path, dtype=torch.float32, device=device, dist=Distributed(rank, world),
                    quantization=parse_quantization_config(config), triton=triton)  # fmt: skip
 
 
@@ -215,7 +223,8 @@ def test_row_parallel_ranks_cut_blocks_anywhere(tmp_path, triton):
             method.check_row_split(weights, "o")
             per = 384 // world
             layer = method.load_rows(weights, Piece("o", rank * per, (rank + 1) * per))
-            outputs.append(layer(x[:, rank * per : (rank + 1) * per]))
+            part = x[:, rank * per : (rank + 1) * per].to(weights.device)
+            outputs.append(layer(part).cpu())
         want = (x.double() @ whole.double().T).float()
         torch.testing.assert_close(sum(outputs), want, rtol=1e-5, atol=1e-5)
 
@@ -240,10 +249,7 @@ def test_a_fused_layer_mixing_fp8_and_float_pieces_is_one_dense_weight(tmp_path)
 def test_the_triton_weight_keeps_fp8_and_multiplies_as_the_dequantized_one(tmp_path):
     pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[dev]')")
     from shard.layers.quant.fp8_linear import TritonFp8
-    from shard.platforms.cuda.kernels import interpreting
 
-    if not interpreting():
-        pytest.skip("the Triton weight on CPU tensors needs TRITON_INTERPRET=1 (tests/conftest.py)")
     gen = torch.Generator().manual_seed(5)
     weight = fp8_values(96, 256, 0)
     # |value| ~ 40 over 256 inputs: scales that make the outputs O(1)
@@ -254,7 +260,7 @@ def test_the_triton_weight_keeps_fp8_and_multiplies_as_the_dequantized_one(tmp_p
     assert isinstance(layer, TritonFp8) and layer.weight.dtype == torch.float8_e4m3fn
     x = torch.randn(3, 256, generator=gen)
     want = (x.double() @ expected(weight, scales, (128, 128)).double().T).float()
-    torch.testing.assert_close(layer(x), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(layer(x.to(triton_device())).cpu(), want, rtol=1e-5, atol=1e-5)
 
 
 def test_an_fp8_tensor_the_config_does_not_describe_is_refused_by_name(tmp_path):
