@@ -1,6 +1,7 @@
 """Int4 and FP8 checkpoints, as AutoAWQ, GPTQModel, llm-compressor and transformers wrote them,
-served through the launcher and HTTP: greedy ids and logprobs equal transformers on the same models dequantized by
-those libraries (each fixture's reference/), on 1 and 2 shards (gloo on CPU). The Triton
+served through the launcher and HTTP: greedy ids and logprobs equal transformers on the same
+models dequantized by those libraries (each fixture's reference/), on 1 and 2 shards (gloo on
+CPU). The Triton
 kernels (the W4A16 GEMM and its FP8 variant, with Triton attention) on these checkpoints are
 tests/kernels/test_quantized_triton.py's, at the shard, where the interpreter's cost stays small.
 

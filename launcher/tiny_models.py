@@ -1,6 +1,5 @@
-"""Builds small checkpoints locally (Llama family, Gemma 2/3, Phi-3, Mixtral, Qwen2/3-MoE,
-gpt-oss):
-random weights and a byte-level BPE tokenizer.
+"""Builds small checkpoints locally (Llama family, Gemma 2/3, Phi-3, SmolLM3, Granite, OLMo 2/3,
+EXAONE 4, Mixtral, Qwen2/3-MoE, gpt-oss): random weights and a byte-level BPE tokenizer.
 
 There is no model hub here, so every test model comes from this one builder.
 The tokenizer is byte-level, so any text (multi-byte UTF-8 included) round-trips.
@@ -45,6 +44,11 @@ ARCHITECTURES = {
     # Gemma 3 4B and up as released: the vision-language wrapper around Gemma3TextConfig's LM
     "Gemma3ForConditionalGeneration": "Gemma3TextConfig",
     "Phi3ForCausalLM": "Phi3Config",
+    "SmolLM3ForCausalLM": "SmolLM3Config",
+    "GraniteForCausalLM": "GraniteConfig",
+    "Olmo2ForCausalLM": "Olmo2Config",
+    "Olmo3ForCausalLM": "Olmo3Config",
+    "Exaone4ForCausalLM": "Exaone4Config",
     "MixtralForCausalLM": "MixtralConfig",
     "Qwen2MoeForCausalLM": "Qwen2MoeConfig",
     "Qwen3MoeForCausalLM": "Qwen3MoeConfig",
@@ -83,6 +87,15 @@ def _vision_language(architecture: str, text_config):
     )
 
 
+# Dense architectures added after the first ones: random norms, and positions sized for tests
+# (their defaults tabulate rotary tables for 32k-128k positions).
+POST_LLAMA_ARCHITECTURES = (
+    "SmolLM3ForCausalLM",
+    "GraniteForCausalLM",
+    "Olmo2ForCausalLM",
+    "Olmo3ForCausalLM",
+    "Exaone4ForCausalLM",
+)
 MOE_ARCHITECTURES = (
     "MixtralForCausalLM",
     "Qwen2MoeForCausalLM",
@@ -106,6 +119,7 @@ _NORM_IDENTITY = {
     "Gemma3ForCausalLM": 0.0,
     "Gemma3ForConditionalGeneration": 0.0,
     "Phi3ForCausalLM": 1.0,
+    **dict.fromkeys(POST_LLAMA_ARCHITECTURES, 1.0),
     **dict.fromkeys(MOE_ARCHITECTURES, 1.0),
 }
 _NORM_SPREAD = 0.1
@@ -285,7 +299,7 @@ def _tiny_defaults(
                 "original_max_position_embeddings": 64,
             },
         }
-    if architecture in MOE_ARCHITECTURES:
+    if architecture in MOE_ARCHITECTURES or architecture in POST_LLAMA_ARCHITECTURES:
         # the defaults' 32k-131k positions would tabulate rotary tables far past any test
         return {"max_position_embeddings": 512}
     return {}

@@ -88,3 +88,17 @@ NORMS: dict[str, type[RMSNorm]] = {
     "gemma_rms": GemmaRMSNorm,
     "fp32_rms": Fp32RMSNorm,
 }
+
+
+class ResidualAdd(nn.Module):
+    """Where a layer has no norm before attention or the MLP (OLMo 2 norms their outputs
+    instead): the stream enters as it is. Called as a norm is, with `residual` it returns the
+    sum twice (the block's input and the stream)."""
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            return x
+        summed = x + residual
+        return summed, summed

@@ -363,6 +363,22 @@ class RotaryEmbedding(nn.Module):
         return rotated[:, :num_heads], rotated[:, num_heads:]
 
 
+class NoRotary(nn.Module):
+    """A layer without position encoding (NoPE: SmolLM3's every fourth layer): q and k pass as
+    they are. Not `plain`, so a caller that rotates itself calls this module instead."""
+
+    plain = False
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        meta: StepMetadata | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return q, k
+
+
 def _token_seq_lens(positions: torch.Tensor, meta: StepMetadata | None) -> torch.Tensor:
     """[T] the length of each token's sequence, as longrope reads it: transformers picks the long
     factors for a whole forward pass when max(position_ids) + 1 > original_max, so for one

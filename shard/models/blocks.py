@@ -26,9 +26,10 @@ from torch import nn
 from shard.attention import AttentionBackend, StepMetadata, attend, get_attention_backend
 from shard.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from shard.layers.linear import QKVParallelLinear, RowParallelLinear, head_range
-from shard.layers.norm import NORMS, RMSNorm
+from shard.layers.norm import NORMS, ResidualAdd, RMSNorm
+from shard.layers.qk_norm import HeadQKNorm, ProjectionQKNorm
 from shard.layers.quant.config import QuantizationConfig
-from shard.layers.rotary import RopeConfig, RotaryEmbedding
+from shard.layers.rotary import NoRotary, RopeConfig, RotaryEmbedding
 from shard.models.base import CausalLM
 from shard.models.config import ModelConfig
 from shard.models.mlp import GatedMLP
@@ -46,20 +47,21 @@ class Attention(nn.Module):
         self,
         qkv_proj: QKVParallelLinear,
         o_proj: RowParallelLinear,
-        rotary: RotaryEmbedding,
+        rotary: RotaryEmbedding | NoRotary,
         backend: AttentionBackend,
         *,
         scale: float,
         window: int | None = None,
         softcap: float | None = None,
-        qk_norms: tuple[RMSNorm, RMSNorm] | None = None,
+        qk_norm: HeadQKNorm | ProjectionQKNorm | None = None,
         sinks: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
         self.qkv_proj = qkv_proj
         self.o_proj = o_proj
-        # Qwen3, Gemma 3: each head's query and key are normalised over head_dim before rotary.
-        self.q_norm, self.k_norm = qk_norms or (None, None)
+        # q and k normalised before rotary: per head (Qwen3, Gemma 3), or over the whole
+        # projection (OLMo 2)
+        self.qk_norm = qk_norm
         self.rotary = rotary
         self.backend = backend
         self.scale = scale
@@ -74,7 +76,7 @@ class Attention(nn.Module):
         weights: Weights,
         names: Names,
         config: ModelConfig,
-        rotary: RotaryEmbedding,
+        rotary: RotaryEmbedding | NoRotary,
         backend: AttentionBackend,
     ) -> Attention:
         qkv = QKVParallelLinear.load_qkv(
@@ -86,9 +88,19 @@ class Attention(nn.Module):
             bias=config.qkv_bias,
         )
         o_proj = RowParallelLinear.load(weights, names.one("o_proj"), bias=config.o_bias)
-        qk_norms = None
-        if config.qk_norm:
-            qk_norms = (
+        qk_norm: HeadQKNorm | ProjectionQKNorm | None = None
+        if config.projection_qk_norm:
+            qk_norm = ProjectionQKNorm.load(
+                weights,
+                names.one("q_norm"),
+                names.one("k_norm"),
+                config.rms_norm_eps,
+                num_heads=config.num_heads,
+                num_kv_heads=config.num_kv_heads,
+                head_dim=config.head_dim,
+            )
+        elif config.qk_norm:
+            qk_norm = HeadQKNorm(
                 load_norm(weights, names.one("q_norm"), config),
                 load_norm(weights, names.one("k_norm"), config),
             )
@@ -107,7 +119,7 @@ class Attention(nn.Module):
             scale=scale,
             window=config.layer_windows[names.layer],
             softcap=config.attn_softcap,
-            qk_norms=qk_norms,
+            qk_norm=qk_norm,
             sinks=sinks,
         )
 
@@ -119,8 +131,8 @@ class Attention(nn.Module):
         meta: StepMetadata,
     ) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+        if self.qk_norm is not None:
+            q, k = self.qk_norm(q, k)
         q, k = self.rotary(positions, q, k, meta)
         out = attend(
             self.backend, q, k, v, kv_cache, meta, self.scale, self.window, self.softcap, self.sinks
@@ -141,6 +153,7 @@ class DecoderLayer(nn.Module):
         mlp: GatedMLP | SparseMoeBlock,
         post_attention_norm: RMSNorm | None = None,
         post_mlp_norm: RMSNorm | None = None,
+        residual_scale: float | None = None,
     ) -> None:
         super().__init__()
         self.input_layernorm = input_layernorm
@@ -149,6 +162,7 @@ class DecoderLayer(nn.Module):
         self.mlp = mlp
         self.post_attention_norm = post_attention_norm
         self.post_mlp_norm = post_mlp_norm
+        self.residual_scale = residual_scale
 
     @classmethod
     def load(
@@ -156,7 +170,7 @@ class DecoderLayer(nn.Module):
         weights: Weights,
         names: Names,
         config: ModelConfig,
-        rotary: RotaryEmbedding,
+        rotary: RotaryEmbedding | NoRotary,
         backend: AttentionBackend,
     ) -> DecoderLayer:
         def norm(ours: str) -> RMSNorm:
@@ -168,8 +182,25 @@ class DecoderLayer(nn.Module):
             mlp = SparseMoeBlock.load(weights, names, config)
         else:
             mlp = GatedMLP.load(weights, names, config)
+        scale = config.residual_scale
         if not config.sandwich_norms:
-            return cls(norm("input_layernorm"), attention, norm("post_attention_layernorm"), mlp)
+            return cls(
+                norm("input_layernorm"),
+                attention,
+                norm("post_attention_layernorm"),
+                mlp,
+                residual_scale=scale,
+            )
+        if not config.pre_norms:  # OLMo 2: the stream enters attention and the MLP as it is
+            return cls(
+                ResidualAdd(),
+                attention,
+                ResidualAdd(),
+                mlp,
+                post_attention_norm=norm("post_attention_layernorm"),
+                post_mlp_norm=norm("post_feedforward_layernorm"),
+                residual_scale=scale,
+            )
         return cls(
             norm("input_layernorm"),
             attention,
@@ -177,6 +208,7 @@ class DecoderLayer(nn.Module):
             mlp,
             post_attention_norm=norm("post_attention_layernorm"),
             post_mlp_norm=norm("post_feedforward_layernorm"),
+            residual_scale=scale,
         )
 
     def forward(
@@ -198,10 +230,14 @@ class DecoderLayer(nn.Module):
         x = self.self_attn(x, positions, kv_cache, meta)
         if self.post_attention_norm is not None:
             x = self.post_attention_norm(x)
+        if self.residual_scale is not None:
+            x = x * self.residual_scale
         x, residual = self.pre_mlp_layernorm(x, residual)
         x = self.mlp(x)
         if self.post_mlp_norm is not None:
             x = self.post_mlp_norm(x)
+        if self.residual_scale is not None:
+            x = x * self.residual_scale
         return x, residual
 
 
@@ -252,15 +288,19 @@ class DecoderModel(CausalLM):
         # One table per distinct rope (Gemma 3's local and global layers differ), shared by
         # the layers that use it: the tables cost a row per position.
         ropes: dict[RopeConfig, RotaryEmbedding] = {}
+        rotaries: list[RotaryEmbedding | NoRotary] = []
         for layer in range(config.num_layers):
             rope = config.rope_of(layer)
-            ropes.setdefault(rope, RotaryEmbedding(rope, weights.device))
+            if not config.rotates(layer):
+                rotaries.append(NoRotary())
+                continue
+            rotaries.append(ropes.setdefault(rope, RotaryEmbedding(rope, weights.device)))
         self.config = config
         self.embed_tokens = VocabParallelEmbedding.load(
             weights, f"{names.one('embed_tokens')}.weight", config.vocab_size, config.embed_scale
         )
         self.layers = nn.ModuleList(
-            DecoderLayer.load(weights, Names(table, i), config, ropes[config.rope_of(i)], backend)
+            DecoderLayer.load(weights, Names(table, i), config, rotaries[i], backend)
             for i in range(config.num_layers)
         )
         self.norm = load_norm(weights, names.one("norm"), config)
@@ -272,6 +312,7 @@ class DecoderModel(CausalLM):
         else:
             self.lm_head = ParallelLMHead.load(weights, lm_head, config.vocab_size)
         self.final_softcap = config.final_softcap
+        self.logits_divisor = config.logits_divisor
 
         self.num_layers = config.num_layers
         self.num_kv_heads = self.layers[0].self_attn.qkv_proj.num_kv_heads if self.layers else 0
@@ -296,6 +337,8 @@ class DecoderModel(CausalLM):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden)
+        if self.logits_divisor is not None:
+            logits = logits / self.logits_divisor
         if self.final_softcap is None:
             return logits
         # in float32 (transformers caps in the model's dtype; float32 is the closer to exact)

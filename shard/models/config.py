@@ -113,6 +113,10 @@ class ModelConfig:
     # sets those its config states differently from Llama's defaults.
     norm: str = "rms"  # a kind of shard/layers/norm.py's NORMS: "rms", "gemma_rms", "fp32_rms"
     sandwich_norms: bool = False  # four norms a layer (Gemma 2/3): also after attention and MLP
+    # with sandwich_norms, False: only the norms after attention and the MLP (OLMo 2, EXAONE 4)
+    pre_norms: bool = True
+    # q/k norms over the whole projection rather than each head (OLMo 2; qk_norm True too)
+    projection_qk_norm: bool = False
     embed_scale: float | None = None  # embeddings multiplied by it (Gemma: sqrt(hidden))
     attention_scale: float | None = None  # the query scale; None: head_dim ** -0.5
     attn_softcap: float | None = None  # scores s -> cap * tanh(s / cap) (Gemma 2)
@@ -122,6 +126,14 @@ class ModelConfig:
     # Per layer where the rope differs by layer type (Gemma 3's local and global bases);
     # empty: `rope` in every layer.
     layer_ropes: tuple[RopeConfig, ...] = ()
+    # Per layer whether it rotates q and k at all (SmolLM3's no_rope_layers leave every fourth
+    # without position encoding); empty: every layer does.
+    rotary_layers: tuple[bool, ...] = ()
+    # Each attention and MLP output is multiplied by this before its residual add (Granite's
+    # residual_multiplier); None: added as it is.
+    residual_scale: float | None = None
+    # The logits are divided by this (Granite's logits_scaling); None: as the LM head gives them.
+    logits_divisor: float | None = None
     # The Mixture-of-Experts MLP (Mixtral, Qwen2-MoE, Qwen3-MoE); None: every MLP dense.
     moe: MoeConfig | None = None
 
@@ -130,6 +142,9 @@ class ModelConfig:
 
     def rope_of(self, layer: int) -> RopeConfig:
         return self.layer_ropes[layer] if self.layer_ropes else self.rope
+
+    def rotates(self, layer: int) -> bool:
+        return self.rotary_layers[layer] if self.rotary_layers else True
 
     @property
     def rope_regime_boundary(self) -> int:

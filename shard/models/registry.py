@@ -27,6 +27,11 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     # Gemma 3 4B and up as released (vision-language), served text only
     "Gemma3ForConditionalGeneration": ("shard.models.gemma3", "Gemma3ForConditionalGeneration"),
     "Phi3ForCausalLM": ("shard.models.phi3", "Phi3ForCausalLM"),
+    "SmolLM3ForCausalLM": ("shard.models.smollm3", "SmolLM3ForCausalLM"),
+    "GraniteForCausalLM": ("shard.models.granite", "GraniteForCausalLM"),
+    "Olmo2ForCausalLM": ("shard.models.olmo2", "Olmo2ForCausalLM"),
+    "Olmo3ForCausalLM": ("shard.models.olmo2", "Olmo3ForCausalLM"),
+    "Exaone4ForCausalLM": ("shard.models.exaone4", "Exaone4ForCausalLM"),
     "MixtralForCausalLM": ("shard.models.mixtral", "MixtralForCausalLM"),
     "GptOssForCausalLM": ("shard.models.gpt_oss", "GptOssForCausalLM"),
     "Qwen2MoeForCausalLM": ("shard.models.qwen2_moe", "Qwen2MoeForCausalLM"),

@@ -1,7 +1,8 @@
 """Whole models of the new architectures with the Triton attention backend (compiled on a GPU,
 interpreted on a CPU) against transformers: soft-capped scores in the prefill and decode
 kernels (Gemma 2), a replicated KV head with q/k norms and per-type ropes (Gemma 3), partial
-longrope (Phi-3), windows shorter than the prompts in every sliding layer, the fused MoE
+longrope (Phi-3), post norms and whole-projection q/k norms (OLMo 3), a layer without
+position encoding (EXAONE 4), windows shorter than the prompts in every sliding layer, the fused MoE
 kernel (Qwen2-MoE), attention sinks and biased experts (gpt-oss)."""
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ CASES = {
     "gemma2_softcap_alternating": {"num_key_value_heads": 1, "query_pre_attn_scalar": 48},
     "gemma3_qk_norm_local_rope": {"num_key_value_heads": 1},
     "phi3_partial_longrope": {"num_key_value_heads": 2},
+    # post norms only with q/k normed over the whole projection, a window and its own rope
+    # base in the first layer (OLMo 3); a layer without position encoding (EXAONE 4)
+    "olmo3_sliding_one_kv_head": {},
+    "exaone4_sliding_nope": {"num_key_value_heads": 1},
     # the fused MoE kernel (shard/platforms/cuda/kernels/fused_moe.py) in a whole model: top-3
     # of 8 experts, the shared expert, a dense layer between two sparse ones
     "qwen2_moe_shared_dense": {"num_key_value_heads": 1},

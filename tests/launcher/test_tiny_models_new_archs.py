@@ -1,4 +1,4 @@
-"""launcher.tiny_models' Gemma 2, Gemma 3 and Phi-3 checkpoints (NEW_ARCH_MODELS) as transformers
+"""launcher.tiny_models' checkpoints beyond the Llama family (NEW_ARCH_MODELS) as transformers
 reads them: every weight used, norms random around their identity, config values as given, and
 each case's features visible in the logits, so that the shard tests comparing against
 transformers on these cases test what their names say."""
@@ -18,7 +18,16 @@ from tests.shard.tiny_model_cases import NEW_ARCH_MODELS
 
 PROMPT_LENS = (21, 37)  # the shard tests' prompts: Phi-3's longrope switches at 32 between them
 # Norms per layer (and the final one): Gemma 2 has four, Gemma 3 those and q/k norms.
-NORMS_PER_LAYER = {"Gemma2ForCausalLM": 4, "Gemma3ForCausalLM": 6, "Phi3ForCausalLM": 2}
+NORMS_PER_LAYER = {
+    "Gemma2ForCausalLM": 4,
+    "Gemma3ForCausalLM": 6,
+    "Phi3ForCausalLM": 2,
+    "SmolLM3ForCausalLM": 2,
+    "GraniteForCausalLM": 2,
+    "Olmo2ForCausalLM": 4,  # after attention and the MLP, and q/k over the whole projection
+    "Olmo3ForCausalLM": 4,
+    "Exaone4ForCausalLM": 4,
+}
 
 
 @pytest.fixture(scope="module")
@@ -190,3 +199,31 @@ def test_phi3_prompts_straddle_the_longrope_switch(built):
     in_37 = model(prompt[None]).logits[0, :21]
     torch.testing.assert_close(alone, in_32, atol=1e-5, rtol=0)
     assert (alone - in_37).abs().max().item() > 1e-2
+
+
+# Each case's own config values, changed one at a time: every change moves the logits far past
+# the shard tests' 1e-4, so a server ignoring the value fails them.
+FEATURES = [
+    ("smollm3_nope", {"no_rope_layers": [1, 1]}),
+    ("granite_multipliers", {"embedding_multiplier": 1.0}),
+    ("granite_multipliers", {"attention_multiplier": 0.25}),
+    ("granite_multipliers", {"residual_multiplier": 1.0}),
+    ("granite_multipliers", {"logits_scaling": 1.0}),
+    (
+        "olmo3_sliding_one_kv_head",
+        {
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                "full_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            }
+        },
+    ),
+    ("olmo3_sliding_one_kv_head", {"layer_types": ["full_attention", "full_attention"]}),
+    # no window: every layer full and rotating (transformers needs layer_types to agree)
+    ("exaone4_sliding_nope", {"sliding_window": None, "layer_types": ["full_attention"] * 2}),
+]
+
+
+@pytest.mark.parametrize("name, change", FEATURES)
+def test_each_config_value_changes_the_logits(built, name, change):
+    assert _max_diff(_logits(_load(built(name))), _logits(_load(built(name, **change)))) > 1e-2

@@ -29,10 +29,16 @@ def reference(servicer_reference):
     return servicer_reference
 
 
-# Beyond the Llama: prompts of 45 and 57 tokens past Gemma's 7-token windows (soft-capped,
-# sandwich norms, per-type ropes) and past Phi-3's 32-token longrope boundary, whose chunks
-# must rotate with the whole prompt's (long) tables.
-ARCHITECTURES = ["gemma2_softcap_alternating", "gemma3_qk_norm_local_rope", "phi3_partial_longrope"]
+# Beyond the Llama: prompts of 45 and 57 tokens past 7-token windows (Gemma's soft-capped, with
+# sandwich norms and per-type ropes; OLMo 3's and EXAONE 4's after post norms) and past Phi-3's
+# 32-token longrope boundary, whose chunks must rotate with the whole prompt's (long) tables.
+ARCHITECTURES = [
+    "gemma2_softcap_alternating",
+    "gemma3_qk_norm_local_rope",
+    "phi3_partial_longrope",
+    "olmo3_sliding_one_kv_head",  # post norms only, whole-projection q/k norms
+    "exaone4_sliding_nope",  # a layer without position encoding
+]
 
 
 @pytest.fixture(scope="module", params=ARCHITECTURES)

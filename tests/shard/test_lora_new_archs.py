@@ -8,6 +8,8 @@ one batch, whole and chunked prompts; and bf16 serving on Phi-3 (as test_lora_bf
 - Gemma 3's vision-language checkpoint nests the LM's names; its adapters name it otherwise
   and carry vision-tower modules, which the text-only server leaves out.
 - gpt-oss: adapters on its attention (sinks, biases); its Mixture-of-Experts MLP untouched.
+- OLMo 2: q/k terms normed with the products over the whole projection, o/down terms before
+  the post norms. Granite: o/down terms scaled with the products (residual_multiplier).
 - Phi-3's checkpoint fuses q/k/v into one qkv_proj and gate/up into one gate_up_proj tensor,
   and PEFT targets those fused modules: one A each, B split like the weight's rows
   (lora_fixtures.PHI3_ADAPTERS: all linears, each fused module alone, the row layers alone).
@@ -35,6 +37,10 @@ CASES = {
     "gemma2_softcap_alternating": ADAPTERS,
     "gemma3_qk_norm_local_rope": ADAPTERS,
     "phi3_partial_longrope": PHI3_ADAPTERS,
+    # q/k terms before OLMo 2's whole-projection q/k norms; o/down terms before its post norms
+    "olmo2_projection_qk_norm": ADAPTERS,
+    # o/down terms scaled with the products by Granite's residual_multiplier
+    "granite_multipliers": ADAPTERS,
     # Gemma 3 as released (vision-language, served text only): PEFT's adapters name the LM's
     # modules as transformers 5 does (`model.language_model...`), unlike the Hub's files, and
     # these also adapt the vision tower (its q/v_proj; all-linear: its fc1, fc2, out_proj too),

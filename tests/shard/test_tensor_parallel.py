@@ -36,6 +36,9 @@ MOE_TP = [
     "gpt_oss_mxfp4",
 ]
 
+# Their q/k norms add one all_reduce a layer (both norms' sums of squares in one).
+PROJECTION_QK_NORM = ["olmo2_projection_qk_norm", "olmo3_sliding_one_kv_head"]
+
 CPU = torch.device("cpu")
 # GQA split across ranks, one KV head replicated on both, qkv bias, and a vocab of 509 (padded).
 MODELS = [
@@ -50,6 +53,10 @@ MODELS = [
     "gemma2_softcap_alternating",
     "gemma3_qk_norm_local_rope",
     "phi3_partial_longrope",
+    # q/k normed over the whole projection, each rank holding part of it: KV heads split (OLMo
+    # 2) and one replicated on both (OLMo 3); per-head q/k norms and a NoPE layer (EXAONE 4)
+    *PROJECTION_QK_NORM,
+    "exaone4_sliding_nope",
     # Mixture-of-Experts: every expert's intermediate split per rank (the stacked layout too);
     # the shared expert and the routed ones reduced together
     *MOE_TP,
@@ -260,8 +267,10 @@ def test_partitioned_layers_match_unpartitioned(ranks):
 def test_one_all_reduce_per_row_layer_and_one_gather_for_logits(ranks, name):
     for res in ranks:
         counts, layers = res[f"{name}/collectives"]
-        # o_proj and down_proj in every layer, plus the embedding's masked-lookup sum.
-        assert counts == {"all_reduce": 2 * layers + 1, "all_gather": 1}
+        # o_proj and down_proj in every layer (and the q/k norms' sums where they span the
+        # projection), plus the embedding's masked-lookup sum.
+        per_layer = 3 if name in PROJECTION_QK_NORM else 2
+        assert counts == {"all_reduce": per_layer * layers + 1, "all_gather": 1}
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -159,6 +159,42 @@ NEW_ARCH_MODELS: dict[str, tuple[str, dict]] = {
             "tie_word_embeddings": True,
         },
     ),
+    # SmolLM3: the second layer without position encoding (no_rope_layers 0), tied embeddings.
+    "smollm3_nope": ("SmolLM3ForCausalLM", {"no_rope_layers": [1, 0]}),
+    # Granite 3: its four multipliers, each far enough from 1 to show (the query scale 0.1
+    # rather than head_dim ** -0.5 = 0.25); logits divided by 2 stay decisive at these scales.
+    "granite_multipliers": (
+        "GraniteForCausalLM",
+        {
+            "embedding_multiplier": 4.0,
+            "attention_multiplier": 0.1,
+            "residual_multiplier": 0.5,
+            "logits_scaling": 2.0,
+        },
+    ),
+    # OLMo 2: norms after attention and the MLP only, q/k normed over the whole projection
+    # (two KV heads: each rank of two holds one).
+    "olmo2_projection_qk_norm": ("Olmo2ForCausalLM", {}),
+    # OLMo 3: a sliding and a full layer with their own rope bases, one KV head (replicated on
+    # both ranks of two, so the k norm's mean must count it once).
+    "olmo3_sliding_one_kv_head": (
+        "Olmo3ForCausalLM",
+        {
+            "num_key_value_heads": 1,
+            "sliding_window": 7,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                "full_attention": {"rope_type": "default", "rope_theta": 500.0},
+            },
+        },
+    ),
+    # EXAONE 4: per-head q/k norms, post norms only; the sliding layer rotates, the full one
+    # has no position encoding.
+    "exaone4_sliding_nope": (
+        "Exaone4ForCausalLM",
+        {"sliding_window": 7, "layer_types": ["sliding_attention", "full_attention"]},
+    ),
 }
 
 # Gemma 3 4B and up and Mistral Small 3.1 and later as released: vision-language checkpoints

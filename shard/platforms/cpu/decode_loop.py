@@ -11,9 +11,10 @@ the same order, on the same inputs, without the Python around them.
 
 It computes exactly what DecoderModel.forward computes (tests/shard/test_cpu_decode.py compares
 them bit for bit, for every architecture): every sub-step that is not plain here (a quantized or
-oneDNN weight, q/k norms, a rotary that is not the whole-head position-only rotation, a norm
-whose weight is not in the model's dtype, a gated activation other than SwiGLU, the sandwich
-norms, a Mixture-of-Experts MLP) calls the module that owns it. Attention sinks (gpt-oss) are
+oneDNN weight, q/k norms, a rotary that is not the whole-head position-only rotation or none
+(NoPE), a norm whose weight is not in the model's dtype or a residual add without a norm, a
+gated activation other than SwiGLU, the sandwich norms, a Mixture-of-Experts MLP) calls the
+module that owns it. Attention sinks (gpt-oss) are
 the native decode kernel's own. It runs decode-only steps;
 prefill and chunked steps run the module forward. A step whose tokens use adapters runs a
 second copy of the loop whose linears add their LoRA terms, as the modules do.
@@ -58,6 +59,7 @@ class _Layer:
     pre_mlp_norm: AddNorm
     post_attention_norm: Norm | None  # the sandwich norms (Gemma), else None
     post_mlp_norm: Norm | None
+    residual_scale: float | None  # Granite's residual_multiplier
     qkv: Linear
     o_proj: Linear
     mlp: Linear  # the dense MLP's gate_up and down products, or the MoE block's module
@@ -151,10 +153,14 @@ class CpuDecodePath:
             x = layer.o_proj(out.flatten(1))
             if layer.post_attention_norm is not None:
                 x = layer.post_attention_norm(x)
+            if layer.residual_scale is not None:
+                x = x * layer.residual_scale
             x, residual = layer.pre_mlp_norm(x, residual)
             hidden = layer.mlp(x)
             if layer.post_mlp_norm is not None:
                 hidden = layer.post_mlp_norm(hidden)
+            if layer.residual_scale is not None:
+                hidden = hidden * layer.residual_scale
         # a model without layers gets no loop (`_unsupported`)
         return self.final_norm(hidden, residual)[0]  # type: ignore[arg-type]
 
@@ -171,6 +177,7 @@ class CpuDecodePath:
             pre_mlp_norm=_add_norm(layer.pre_mlp_layernorm, dtype),
             post_attention_norm=None if post_attention is None else _norm(post_attention, dtype),
             post_mlp_norm=None if post_mlp is None else _norm(post_mlp, dtype),
+            residual_scale=layer.residual_scale,
             qkv=_linear(attention.qkv_proj, lora),
             o_proj=_linear(attention.o_proj, lora),
             mlp=_mlp(mlp, lora),
@@ -182,12 +189,13 @@ class CpuDecodePath:
         )
 
 
-def _native_weight(norm: RMSNorm, dtype: torch.dtype) -> bool:
-    """Whether the native norm kernels compute what `norm` does: they scale in the dtype."""
-    return norm.weight.dtype == dtype
+def _native_weight(norm: torch.nn.Module, dtype: torch.dtype) -> bool:
+    """Whether the native norm kernels compute what `norm` does: an RMSNorm (not OLMo 2's
+    plain residual add), scaling in the dtype."""
+    return isinstance(norm, RMSNorm) and norm.weight.dtype == dtype
 
 
-def _norm(norm: RMSNorm, dtype: torch.dtype) -> Norm:
+def _norm(norm: torch.nn.Module, dtype: torch.dtype) -> Norm:
     kernel = native.rms_norm_kernel()
     if kernel is None or not _native_weight(norm, dtype):
         return norm  # type: ignore[return-value]
@@ -195,7 +203,7 @@ def _norm(norm: RMSNorm, dtype: torch.dtype) -> Norm:
     return lambda x: kernel(x, weight, eps)
 
 
-def _add_norm(norm: RMSNorm, dtype: torch.dtype) -> AddNorm:
+def _add_norm(norm: torch.nn.Module, dtype: torch.dtype) -> AddNorm:
     kernel = native.add_rms_norm_kernel()
     if kernel is None or not _native_weight(norm, dtype):
         return norm  # type: ignore[return-value]
@@ -263,15 +271,15 @@ def _rotation(attention: Attention) -> Rotate:
     proj, rotary = attention.qkv_proj, attention.rotary
     heads, kv_heads, d = proj.num_heads, proj.num_kv_heads, proj.head_dim
     kernel = native.rotary_kernel()
-    if attention.q_norm is not None or not rotary.plain or kernel is None:
+    if attention.qk_norm is not None or not rotary.plain or kernel is None:
         # the modules: q/k norms between split and rotary, or a rotation the kernel lacks
 
         def modules(
             qkv: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
         ) -> tuple[torch.Tensor, ...]:
             q, k, v = proj.split(qkv)
-            if attention.q_norm is not None:
-                q, k = attention.q_norm(q), attention.k_norm(k)
+            if attention.qk_norm is not None:
+                q, k = attention.qk_norm(q, k)
             q, k = rotary(positions, q, k, meta)
             return q if heads_contiguous(q) else q.contiguous(), k, v
 

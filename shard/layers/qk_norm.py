@@ -1,0 +1,84 @@
+"""The norms of q and k between the qkv projection and rotary, called as one: (q, k) -> (q, k).
+
+- `HeadQKNorm` (Qwen3, Gemma 3, EXAONE 4): each head's q and k normed over head_dim by the
+  model's norm kind.
+- `ProjectionQKNorm` (OLMo 2 and 3): q and k each normed over the whole projection, every
+  head's dims at once. Under tensor parallelism a rank holds some of the heads, so the mean of
+  squares needs every rank's part: each rank sums its own squares, q's and k's side by side, and
+  one all-reduce a layer adds them. Every rank holds the same number of columns, and KV heads
+  shared by several ranks are shared evenly (`head_range`), so the sum over ranks divided by
+  world_size x the local width is the mean over the whole projection, replicated heads counted
+  alike in both. With one rank it is transformers' mean exactly. In float32, the weight applied
+  in float32, rounded once (transformers' Olmo2RMSNorm).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from shard.distributed import Distributed
+from shard.layers.linear import head_range
+from shard.layers.norm import RMSNorm
+from shard.weights import Weights
+
+
+class HeadQKNorm(nn.Module):
+    def __init__(self, q_norm: RMSNorm, k_norm: RMSNorm) -> None:
+        super().__init__()
+        self.q_norm, self.k_norm = q_norm, k_norm
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.q_norm(q), self.k_norm(k)
+
+
+class ProjectionQKNorm(nn.Module):
+    def __init__(
+        self, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float, dist: Distributed
+    ) -> None:
+        super().__init__()
+        # float32, this rank's columns: [local heads x head_dim], [local KV heads x head_dim]
+        self.q_weight = nn.Parameter(q_weight, requires_grad=False)
+        self.k_weight = nn.Parameter(k_weight, requires_grad=False)
+        self.eps = eps
+        self.dist = dist
+
+    @classmethod
+    def load(
+        cls,
+        weights: Weights,
+        q_prefix: str,
+        k_prefix: str,
+        eps: float,
+        *,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+    ) -> ProjectionQKNorm:
+        """This rank's columns of both norms: its query heads', and its KV heads' (shared
+        where there are fewer than ranks, as the qkv projection shares them)."""
+        dist = weights.dist
+
+        def columns(prefix: str, heads: int, kv: bool) -> torch.Tensor:
+            name = f"{prefix}.weight"
+            first, last = head_range(heads, dist.rank, dist.world_size, replicate=kv, tensor=name)
+            return weights.get_range(name, 0, first * head_dim, last * head_dim).float()
+
+        return cls(
+            columns(q_prefix, num_heads, False), columns(k_prefix, num_kv_heads, True), eps, dist
+        )
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [T, heads, D], k [T, KV heads, D] (this rank's) -> both normed, in their dtype."""
+        tokens = q.shape[0]
+        q32, k32 = q.reshape(tokens, -1).float(), k.reshape(tokens, -1).float()
+        if self.dist.world_size == 1:
+            q_mean = q32.pow(2).mean(-1, keepdim=True)
+            k_mean = k32.pow(2).mean(-1, keepdim=True)
+        else:
+            sums = torch.stack((q32.pow(2).sum(-1), k32.pow(2).sum(-1)), dim=1)
+            sums = self.dist.all_reduce(sums) / self.dist.world_size
+            q_mean, k_mean = sums[:, :1] / q32.shape[1], sums[:, 1:] / k32.shape[1]
+        q_out = self.q_weight * (q32 * torch.rsqrt(q_mean + self.eps))
+        k_out = self.k_weight * (k32 * torch.rsqrt(k_mean + self.eps))
+        return q_out.to(q.dtype).view(q.shape), k_out.to(k.dtype).view(k.shape)
