@@ -1,5 +1,5 @@
 """Builds small checkpoints locally (Llama family, Gemma 2/3, Phi-3, SmolLM3, Granite, OLMo 2/3,
-EXAONE 4, Mixtral, Qwen2/3-MoE, gpt-oss): random weights and a byte-level BPE tokenizer.
+EXAONE 4, Mixtral, Qwen2/3-MoE, gpt-oss, GLM-4.5): random weights and a byte-level BPE tokenizer.
 
 There is no model hub here, so every test model comes from this one builder.
 The tokenizer is byte-level, so any text (multi-byte UTF-8 included) round-trips.
@@ -53,6 +53,7 @@ ARCHITECTURES = {
     "Qwen2MoeForCausalLM": "Qwen2MoeConfig",
     "Qwen3MoeForCausalLM": "Qwen3MoeConfig",
     "GptOssForCausalLM": "GptOssConfig",
+    "Glm4MoeForCausalLM": "Glm4MoeConfig",
 }
 
 
@@ -101,6 +102,7 @@ MOE_ARCHITECTURES = (
     "Qwen2MoeForCausalLM",
     "Qwen3MoeForCausalLM",
     "GptOssForCausalLM",
+    "Glm4MoeForCausalLM",
 )
 # The router's weights spread wider than the rest: its top-k choices then have clear margins,
 # so a model that computes the layer's input within rounding picks the same experts.
@@ -109,6 +111,9 @@ _ROUTERS = ("mlp.gate.weight", "mlp.router.weight")
 # gpt-oss's attention sinks: a logit per head of the size of the scores', so that a model
 # ignoring them (or applying them to the wrong head) is visibly off.
 _SINK_MEAN, _SINK_SPREAD = 0.5, 1.0
+# GLM-4.5's per-expert correction of the sigmoid scores its router chooses by (zeros at init):
+# about the size of the scores' own spread, so that the choices with it differ from those without
+_CORRECTION_SPREAD = 0.2
 
 # Where each norm's weight is its identity: Gemma norms compute x * (1 + w), others x * w. Left
 # at their init (zeros for Gemma) a norm's weight would be invisible: a model computing x * w or
@@ -228,11 +233,17 @@ def build_model(
     # Random init gives near-uniform logits; a wider spread makes greedy choices decisive, so
     # token-equality tests compare real decisions rather than numerical ties.
     with torch.no_grad():
-        for name, param in model.named_parameters():
+        # GLM-4.5's routers' correction biases are buffers, saved with the weights
+        corrections = [
+            (n, b) for n, b in model.named_buffers() if n.endswith("e_score_correction_bias")
+        ]
+        for name, param in [*model.named_parameters(), *corrections]:
             if name.endswith(_ROUTERS):  # an MoE router
                 param.normal_(0.0, _ROUTER_SPREAD)
             elif name.endswith("self_attn.sinks"):
                 param.normal_(_SINK_MEAN, _SINK_SPREAD)
+            elif name.endswith("e_score_correction_bias"):
+                param.normal_(0.0, _CORRECTION_SPREAD)
             elif "norm" not in name:
                 param.normal_(0.0, 0.08 if "embed" in name or "lm_head" in name else 0.05)
             elif architecture in _NORM_IDENTITY:

@@ -54,6 +54,39 @@ def route(
     return weights, ids.to(torch.int32)
 
 
+def route_grouped_sigmoid(
+    logits: torch.Tensor,
+    top_k: int,
+    *,
+    correction_bias: torch.Tensor | None,
+    num_groups: int,
+    top_groups: int,
+    renormalize: bool,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3's and GLM-4.5's router: logits [T, E] float32 -> (weights [T, K] float32,
+    expert ids [T, K] int32). Each expert's score is sigmoid(logit); the choice reads the score
+    plus the expert's `correction_bias` (load balancing), first keeping the `top_groups` of
+    `num_groups` equal groups of experts whose two best biased scores sum highest, then the top k
+    experts within them; the weights are the chosen experts' unbiased scores, divided by their
+    sum with `renormalize` (plus 1e-20, as transformers), times `scale`
+    (routed_scaling_factor)."""
+    scores = torch.sigmoid(logits.float())
+    choice = scores if correction_bias is None else scores + correction_bias
+    if num_groups > 1:
+        tokens, experts = choice.shape
+        grouped = choice.view(tokens, num_groups, experts // num_groups)
+        group_scores = grouped.topk(2, dim=-1)[0].sum(dim=-1)
+        kept = torch.topk(group_scores, top_groups, dim=-1, sorted=False)[1]
+        mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
+        choice = grouped.masked_fill(~mask[:, :, None], float("-inf")).view(tokens, experts)
+    ids = torch.topk(choice, top_k, dim=-1, sorted=False)[1]
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * scale, ids.to(torch.int32)
+
+
 class FusedMoE(nn.Module):
     """This rank's experts: w13 [E_r, 2 I_r, H] (gate rows first), w2 [E_r, H, I_r]; gpt-oss's
     biases w13_bias [E_r, 2 I_r] and w2_bias [E_r, H] (None on the ranks that leave it to rank 0)

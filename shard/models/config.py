@@ -81,6 +81,15 @@ class MoeConfig:
     interleaved_experts: bool = False
     expert_act: str | None = None
     swiglu: tuple[float, float] | None = None
+    # GLM-4.5 (DeepSeek-V3's router): "sigmoid" scores chosen with a per-expert correction bias
+    # within the best `top_groups` of `num_groups` expert groups, the weights times
+    # `routed_scaling` (shard/layers/moe.py route_grouped_sigmoid); the router in float32. Its
+    # shared experts are added ungated (`shared_expert_gated` False).
+    scoring: str = "softmax"
+    num_groups: int = 1
+    top_groups: int = 1
+    routed_scaling: float = 1.0
+    shared_expert_gated: bool = True
 
 
 @dataclass(frozen=True)

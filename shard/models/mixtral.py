@@ -11,7 +11,7 @@ from typing import Any
 from shard.models.blocks import DecoderModel
 from shard.models.config import ModelConfig, MoeConfig
 from shard.models.names import LLAMA_NAMES, STACKED_EXPERT_NAMES, stacked_experts
-from shard.models.qwen2_moe import _top_k
+from shard.models.qwen2_moe import experts_per_token
 from shard.weights import Weights
 
 MIXTRAL_NAMES = {
@@ -31,7 +31,7 @@ def experts_in_every_layer(raw: dict[str, Any], config: ModelConfig, **options: 
     experts = raw["num_local_experts"]
     fields: dict[str, Any] = {
         "num_experts": experts,
-        "top_k": _top_k(raw, experts),
+        "top_k": experts_per_token(raw, experts),
         "intermediate_size": config.intermediate_size,
         "renormalize": True,
         "round_weights": False,

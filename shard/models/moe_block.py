@@ -1,6 +1,7 @@
-"""The Mixture-of-Experts MLP block: a router (gpt-oss's with a bias) picks each token's top-k
-experts, the experts run as one fused layer (shard/layers/moe.py), and an optional shared expert
-every token takes (Qwen2-MoE: a gated MLP scaled by sigmoid(shared_expert_gate(x))) is added;
+"""The Mixture-of-Experts MLP block: a router (gpt-oss's with a bias; GLM-4.5's sigmoid scores
+chosen by group with a correction bias) picks each token's top-k experts, the experts run as one
+fused layer (shard/layers/moe.py), and an optional shared expert every token takes (Qwen2-MoE: a
+gated MLP scaled by sigmoid(shared_expert_gate(x)); GLM-4.5: ungated) is added;
 the rank's partial outputs of both are all-reduced once, as a dense MLP's row-parallel down
 projection is.
 
@@ -13,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shard.distributed import Distributed
-from shard.layers.moe import FusedMoE, route
+from shard.layers.moe import FusedMoE, route, route_grouped_sigmoid
 from shard.models.config import ModelConfig, MoeConfig
 from shard.models.mlp import GatedMLP
 from shard.models.names import Names
@@ -30,11 +31,14 @@ class SparseMoeBlock(nn.Module):
         shared_expert: GatedMLP | None = None,
         shared_expert_gate: torch.Tensor | None = None,
         router_bias: torch.Tensor | None = None,
+        correction_bias: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
         self.router = nn.Parameter(router, requires_grad=False)
         self.register_buffer("router_bias", router_bias, persistent=False)
+        self.register_buffer("correction_bias", correction_bias, persistent=False)
         self.experts = experts
+        self.moe = moe
         self.top_k = moe.top_k
         self.renormalize = moe.renormalize
         self.round_weights = moe.round_weights
@@ -62,7 +66,8 @@ class SparseMoeBlock(nn.Module):
         shared, shared_gate = None, None
         if moe.shared_expert_intermediate_size:
             shared = GatedMLP.load(weights, names, config, prefix="shared_expert_")
-            shared_gate = _replicated(weights, names.one("shared_expert_gate"))
+            if moe.shared_expert_gated:
+                shared_gate = _replicated(weights, names.one("shared_expert_gate"))
         router = _replicated(weights, names.one("router"))
         if router.shape[0] != moe.num_experts:
             raise WeightsError(
@@ -70,19 +75,39 @@ class SparseMoeBlock(nn.Module):
                 f"{moe.num_experts} experts"
             )
         bias = weights.get_tensor(f"{names.one('router')}.bias") if moe.router_bias else None
-        return cls(router, experts, moe, weights.dist, shared, shared_gate, bias)
+        correction = None
+        if moe.scoring == "sigmoid":  # a float32 router, as transformers keeps it
+            router = weights.get_tensor(f"{names.one('router')}.weight", stored_dtype=True).float()
+            name = f"{names.one('router')}.e_score_correction_bias"
+            if weights.has(name):
+                correction = weights.get_tensor(name, stored_dtype=True).float()
+        return cls(router, experts, moe, weights.dist, shared, shared_gate, bias, correction)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(x, self.router, self.router_bias)
-        round_to = x.dtype if self.round_weights else None
-        topk_weights, topk_ids = route(
-            logits, self.top_k, renormalize=self.renormalize, round_to=round_to
-        )
+        topk_weights, topk_ids = self._route(x)
         out = self.experts(x, topk_weights, topk_ids)
         if self.shared_expert is not None:
             shared = self.shared_expert.partial(x)
-            out = out + torch.sigmoid(F.linear(x, self.shared_expert_gate)) * shared
+            if self.shared_expert_gate is not None:
+                shared = torch.sigmoid(F.linear(x, self.shared_expert_gate)) * shared
+            out = out + shared
         return self.dist.all_reduce(out)
+
+    def _route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        moe = self.moe
+        if moe.scoring == "sigmoid":
+            return route_grouped_sigmoid(
+                F.linear(x.float(), self.router),
+                self.top_k,
+                correction_bias=self.correction_bias,
+                num_groups=moe.num_groups,
+                top_groups=moe.top_groups,
+                renormalize=self.renormalize,
+                scale=moe.routed_scaling,
+            )
+        logits = F.linear(x, self.router, self.router_bias)
+        round_to = x.dtype if self.round_weights else None
+        return route(logits, self.top_k, renormalize=self.renormalize, round_to=round_to)
 
 
 def _replicated(weights: Weights, prefix: str) -> torch.Tensor:

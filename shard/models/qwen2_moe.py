@@ -25,7 +25,7 @@ def qwen_moe_config(raw: dict[str, Any], config: ModelConfig, *, shared: bool) -
         return config
     moe = MoeConfig(
         num_experts=experts,
-        top_k=_top_k(raw, experts),
+        top_k=experts_per_token(raw, experts),
         intermediate_size=raw["moe_intermediate_size"],
         renormalize=bool(raw.get("norm_topk_prob", False)),
         round_weights=True,
@@ -37,7 +37,7 @@ def qwen_moe_config(raw: dict[str, Any], config: ModelConfig, *, shared: bool) -
     return replace(config, moe=moe)
 
 
-def _top_k(raw: dict[str, Any], experts: int) -> int:
+def experts_per_token(raw: dict[str, Any], experts: int) -> int:
     top_k = raw.get("num_experts_per_tok")
     if not isinstance(top_k, int) or not 1 <= top_k <= experts:
         raise UnsupportedArchitectureError(

@@ -36,6 +36,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "GptOssForCausalLM": ("shard.models.gpt_oss", "GptOssForCausalLM"),
     "Qwen2MoeForCausalLM": ("shard.models.qwen2_moe", "Qwen2MoeForCausalLM"),
     "Qwen3MoeForCausalLM": ("shard.models.qwen3_moe", "Qwen3MoeForCausalLM"),
+    "Glm4MoeForCausalLM": ("shard.models.glm4_moe", "Glm4MoeForCausalLM"),
 }
 SUPPORTED_ARCHITECTURES = tuple(sorted(ARCHITECTURES))
 

@@ -34,6 +34,8 @@ MOE_TP = [
     "qwen3_moe_stacked",
     "gpt_oss_sinks_clamped",
     "gpt_oss_mxfp4",
+    # GLM-4.5: the grouped sigmoid router, replicated; the ungated shared experts split
+    "glm4_moe_grouped",
 ]
 
 # Their q/k norms add one all_reduce a layer (both norms' sums of squares in one).

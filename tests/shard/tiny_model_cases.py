@@ -251,6 +251,25 @@ MOE_MODELS: dict[str, tuple[str, dict]] = {
             "head_dim": 32,
         },
     ),
+    # GLM-4.5: sigmoid scores chosen with a correction bias within the best 2 of 4 groups of 2
+    # experts, top-3, renormalised and scaled by 2.5; one shared expert ungated; the first layer
+    # dense; q/k norms, q/k/v biases without an o_proj bias, rotary over half of each head.
+    "glm4_moe_grouped": (
+        "Glm4MoeForCausalLM",
+        {
+            "num_hidden_layers": 3,
+            "n_routed_experts": 8,
+            "n_group": 4,
+            "topk_group": 2,
+            "num_experts_per_tok": 3,
+            "n_shared_experts": 1,
+            "moe_intermediate_size": 32,
+            "first_k_dense_replace": 1,
+            "routed_scaling_factor": 2.5,
+            "use_qk_norm": True,
+            "attention_bias": True,
+        },
+    ),
 }
 # gpt-oss: attention sinks (random logits around 0.5), q/k/v/o biases, sliding (7 tokens) and
 # full layers alternating, YaRN (tiny_models' defaults: from 64 positions, factor 8, not

@@ -1,0 +1,94 @@
+"""GLM-4.5 and GLM-4.6 (`Glm4MoeForCausalLM`): GQA attention with q/k/v biases (o_proj without),
+rotary over half of each head, optional per-head q/k norms (`use_qk_norm`); Mixture-of-Experts
+MLPs after the first `first_k_dense_replace` dense layers, routed as DeepSeek-V3 routes: sigmoid
+scores, a per-expert correction bias in the choice only, the best `topk_group` of `n_group`
+expert groups, the weights renormalised (`norm_topk_prob`) and scaled by
+`routed_scaling_factor`; `n_shared_experts` shared experts as one ungated MLP every token takes.
+
+The released checkpoints also hold the multi-token-prediction layer(s) after the last layer
+(`model.layers.{num_hidden_layers}...`), which transformers leaves out too: skipped."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from shard.models.blocks import DecoderModel
+from shard.models.config import ModelConfig, MoeConfig, UnsupportedArchitectureError
+from shard.models.names import QWEN_MOE_NAMES, STACKED_EXPERT_NAMES, stacked_experts
+from shard.models.qwen2_moe import experts_per_token
+from shard.weights import Weights
+
+# How many layers past the last one may hold multi-token-prediction weights (the releases have
+# num_nextn_predict_layers = 1); all of them are skipped.
+_MTP_LAYERS = 8
+
+GLM4_MOE_NAMES = {
+    **QWEN_MOE_NAMES,
+    "shared_expert_gate_up_proj": (
+        "model.layers.{i}.mlp.shared_experts.gate_proj",
+        "model.layers.{i}.mlp.shared_experts.up_proj",
+    ),
+    "shared_expert_down_proj": ("model.layers.{i}.mlp.shared_experts.down_proj",),
+}
+
+
+def grouped_sigmoid_moe(raw: dict[str, Any], config: ModelConfig) -> MoeConfig:
+    experts = raw.get("n_routed_experts") or raw.get("num_local_experts") or 0
+    groups, top_groups = int(raw.get("n_group") or 1), int(raw.get("topk_group") or 1)
+    if experts < 1 or experts % groups:
+        raise UnsupportedArchitectureError(
+            f"n_routed_experts = {experts} must be a positive multiple of n_group = {groups}"
+        )
+    if not 1 <= top_groups <= groups:
+        raise UnsupportedArchitectureError(
+            f"topk_group = {top_groups} must be between 1 and n_group = {groups}"
+        )
+    top_k = experts_per_token(raw, experts)
+    if top_k > top_groups * (experts // groups):
+        raise UnsupportedArchitectureError(
+            f"num_experts_per_tok = {top_k} is more than the {top_groups} kept groups of "
+            f"{experts // groups} experts hold"
+        )
+    if groups > 1 and experts // groups < 2:
+        raise UnsupportedArchitectureError(
+            f"each of the n_group = {groups} groups needs 2 experts: a group scores by its best two"
+        )
+    dense = int(raw.get("first_k_dense_replace") or 0)
+    return MoeConfig(
+        num_experts=experts,
+        top_k=top_k,
+        intermediate_size=raw["moe_intermediate_size"],
+        renormalize=bool(raw.get("norm_topk_prob", True)),
+        round_weights=False,  # transformers weights the experts' outputs in float32
+        sparse_layers=tuple(i >= dense for i in range(config.num_layers)),
+        shared_expert_intermediate_size=raw["moe_intermediate_size"]
+        * int(raw.get("n_shared_experts") or 0),
+        scoring="sigmoid",
+        num_groups=groups,
+        top_groups=top_groups,
+        routed_scaling=float(raw.get("routed_scaling_factor") or 1.0),
+        shared_expert_gated=False,
+    )
+
+
+class Glm4MoeForCausalLM(DecoderModel):
+    NAMES = GLM4_MOE_NAMES
+
+    @classmethod
+    def adapt_config(cls, raw: dict[str, Any], config: ModelConfig) -> ModelConfig:
+        return replace(
+            config,
+            o_bias=False,
+            qk_norm=bool(raw.get("use_qk_norm", False)),
+            moe=grouped_sigmoid_moe(raw, config),
+        )
+
+    @classmethod
+    def names_for(cls, weights: Weights) -> dict[str, tuple[str, ...]]:
+        return {**cls.NAMES, **STACKED_EXPERT_NAMES} if stacked_experts(weights.has) else cls.NAMES
+
+    def __init__(self, config: ModelConfig, weights: Weights, attention: str = "torch") -> None:
+        layers = config.num_layers
+        weights.skip_modules(tuple(f"model.layers.{layers + i}." for i in range(_MTP_LAYERS)))
+        super().__init__(config, weights, attention)
