@@ -1,7 +1,7 @@
 """`--num-shard 2` on CPU (gloo) serves what one shard and transformers compute.
 
-Per model: one 2-shard server and one 1-shard server, started side by side (a start costs
-~10-20 s on 2 cores, so every check for a model runs against the same two servers). The models
+Per model one 2-shard server, and for the speculating model a 1-shard server beside it (a start
+costs ~10-20 s on 2 cores, so every check for a model runs against the same servers). The models
 cover the partitioned paths: KV heads split across ranks (llama), a single KV head replicated
 on both ranks (mistral), and an odd vocabulary padded to an even split, with qkv biases and
 tied embeddings (qwen2).
@@ -229,42 +229,51 @@ def test_two_shards_equal_one_shard_and_transformers(model_dirs, name):
     model_dir = model_dirs[name]
     speculate = name == SPECULATING
     # Both servers and the reference at once: starting a server is mostly waiting on imports.
+    # The 1-shard server runs beside the speculating model's only: the other models' ids and
+    # logprobs are compared with transformers, and one shard's sampling with two shards' is the
+    # same code whatever the model (tests/shard/test_tensor_parallel.py checks each model's
+    # ranks sample alike from logits equal to one rank's).
     with ThreadPoolExecutor(2) as pool:
         two_shards = pool.submit(serve, model_dir, 2, speculate)
-        one_shard = pool.submit(serve, model_dir, 1, speculate)
+        one_shard = pool.submit(serve, model_dir, 1, speculate) if speculate else None
         refs = [greedy(model_dir, prompt, max_new) for prompt, max_new in GREEDY]
         long_refs = [greedy(model_dir, p, n).token_ids for p, n in DECODING + LONG if speculate]
-        two, one = two_shards.result(), one_shard.result()
+        two = two_shards.result()
+        one = one_shard.result() if one_shard is not None else None
     assert "all 2 shard(s) ready" in two.log
-    if speculate:  # proposals were verified, and some accepted, on both servers
+    if one is not None:  # proposals were verified, and some accepted, on both servers
         for served in (two, one):
             assert metric_value(served.metrics, "switchyard_spec_decode_num_accepted_tokens") > 0
             check_long_prompts(served.long_prompts, long_refs, model_dir)
     else:
         assert two.log.count("overlap scheduling: each decode step's successor") == 2  # ranks
 
-    for (prompt, _), ref, got, single in zip(GREEDY, refs, two.greedy, one.greedy, strict=True):
+    for i, ((prompt, _), ref, got) in enumerate(zip(GREEDY, refs, two.greedy, strict=True)):
         assert ids(got) == ref.token_ids, f"{prompt!r}: 2 shards differ from transformers"
-        assert ids(single) == ids(got), f"{prompt!r}: 2 shards differ from 1 shard"
         assert_logprobs_close(got["tokens"], ref.logprobs, f"{prompt!r} vs transformers, step")
-        assert_logprobs_close(
-            got["tokens"], [t["logprob"] for t in single["tokens"]], f"{prompt!r} vs 1 shard"
-        )
         prefill = got["prefill"]
         assert [t["id"] for t in prefill] == ref.prompt_ids
         assert_logprobs_close(prefill[1:], ref.prompt_logprobs, f"{prompt!r} prompt token")
+        if one is not None:
+            single = one.greedy[i]
+            assert ids(single) == ids(got), f"{prompt!r}: 2 shards differ from 1 shard"
+            assert_logprobs_close(
+                got["tokens"], [t["logprob"] for t in single["tokens"]], f"{prompt!r} vs 1 shard"
+            )
 
     # Seeded sampling repeats itself run after run, on one shard and on two.
     assert two.seeded == two.seeded_again
-    assert one.seeded == one.seeded_again
     assert all(len(t) == SAMPLED_TOKENS for t in two.seeded)
     assert two.seeded[0] != two.seeded[1]  # same prompt, other seed: really sampled
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    for got, single in zip(two.constrained, one.constrained, strict=True):
-        assert ids(got) == ids(single), "constrained: 2 shards differ from 1 shard"
+    for got in two.constrained:
         assert got["finish_reason"] == "eos_token"
         assert re.fullmatch(REGEX, tokenizer.decode(ids(got), skip_special_tokens=True))
+    if one is not None:
+        assert one.seeded == one.seeded_again
+        for got, single in zip(two.constrained, one.constrained, strict=True):
+            assert ids(got) == ids(single), "constrained: 2 shards differ from 1 shard"
 
 
 def check_long_prompts(served: LongPrompts | None, refs: list[list[int]], model_dir: Path) -> None:
