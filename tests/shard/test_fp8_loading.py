@@ -114,6 +114,24 @@ def test_compressed_tensors_fp8_configs():
     assert channel.row_split_ok(200, 8)
 
 
+@pytest.mark.parametrize("strategy", ["channel", "int"])
+def test_compressed_tensors_ignore_matches_as_compressed_tensors_does(strategy):
+    """Its "re:" entries as re.match reads them (anchored at the name's start only, as
+    compressed-tensors' match_name), plain entries by name; the int and FP8 schemes alike."""
+    raw = ct_config("channel")
+    if strategy == "int":
+        raw["format"] = "pack-quantized"
+        raw["config_groups"]["group_0"]["weights"].update(type="int", num_bits=4)
+        raw["config_groups"]["group_0"].pop("input_activations")
+    raw["ignore"] = ["lm_head", "re:model.layers.0.mlp", "re:.*self_attn.o_proj$"]
+    config = parse_quantization_config(raw)
+    assert not config.quantizes("lm_head")
+    assert not config.quantizes("model.layers.0.mlp.down_proj")  # a prefix match
+    assert not config.quantizes("model.layers.3.self_attn.o_proj")
+    assert config.quantizes("model.layers.1.mlp.down_proj")
+    assert config.quantizes("model.layers.3.self_attn.q_proj")
+
+
 @pytest.mark.parametrize(
     ("raw", "field"),
     [

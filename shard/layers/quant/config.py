@@ -15,6 +15,7 @@ from shard.layers.quant.config_types import (
     QuantizationConfig,
     QuantizationConfigError,
     check_targets,
+    compressed_tensors_ignore,
     module_names,
     one_scheme,
 )
@@ -231,5 +232,5 @@ def _compressed_tensors(raw: dict[str, Any]) -> QuantizationConfig:
         bits=bits,
         group_size=group_size,
         zero_point=not weights.get("symmetric", True),
-        ignore=tuple(raw.get("ignore") or ()),
+        ignore=compressed_tensors_ignore(raw),
     )

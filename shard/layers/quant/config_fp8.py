@@ -20,6 +20,7 @@ from shard.layers.quant.config_types import (
     QuantizationConfig,
     QuantizationConfigError,
     check_targets,
+    compressed_tensors_ignore,
     module_names,
     one_scheme,
 )
@@ -119,7 +120,7 @@ def compressed_tensors_fp8(raw: dict[str, Any]) -> QuantizationConfig:
         bits=8,
         group_size=-1,
         zero_point=False,
-        ignore=tuple(raw.get("ignore") or ()),
+        ignore=compressed_tensors_ignore(raw),
         weight_type="fp8",
         block=block,
         activations=activations,

@@ -112,3 +112,13 @@ def check_targets(scheme: dict[str, Any], where: str) -> None:
         raise QuantizationConfigError(
             f"{where}.targets = {targets!r}: only ['Linear'] is supported"
         )
+
+
+def compressed_tensors_ignore(raw: dict[str, Any]) -> tuple[str, ...]:
+    """compressed-tensors' `ignore` list as our patterns: its "re:" entries match as `re.match`
+    does (from the name's start, any tail: compressed-tensors' match_name), which our
+    fullmatch reads as the pattern followed by anything."""
+    return tuple(
+        f"re:(?:{entry[3:]}).*" if entry.startswith("re:") else entry
+        for entry in raw.get("ignore") or ()
+    )
