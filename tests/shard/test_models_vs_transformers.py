@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from paged_helpers import PagedLayout, run_paged
@@ -97,17 +99,37 @@ def test_prefill_after_cached_prefix(tiny_model):
     torch.testing.assert_close(logits[21:], ref_logits(ref, c.tolist()), atol=ATOL, rtol=0)
 
 
+# The parameters a model keeps in float32 whatever the dtype, as transformers computes them:
+# OLMo 2's norms (float32 throughout), GLM-4.5's router.
+KEPT_FLOAT32 = {"olmo2_projection_qk_norm": r"norm\b", "glm4_moe_grouped": r"\.router$"}
+# Models whose post norms leave transformers' own half-precision logits beyond 3e-2 of float32's
+# (OLMo 2: 0.039 in bf16 on these prompts): compared with that error instead.
+HALF_AS_TRANSFORMERS = ("olmo2_projection_qk_norm",)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("name", ["qwen2_bias", "qwen2_moe_shared_dense"])
+@pytest.mark.parametrize("name", ["qwen2_bias", "qwen2_moe_shared_dense", *KEPT_FLOAT32])
 def test_half_precision_tracks_float32(tiny_model, dtype, name):
     path = tiny_model(name)
     ours = load_model(path, dtype=dtype, device=CPU, dist=Distributed())
-    assert all(p.dtype == dtype for p in ours.parameters())
+    kept = {n for n, p in ours.named_parameters() if p.dtype != dtype}
+    pattern = KEPT_FLOAT32.get(name)
+    assert kept == {n for n, _ in ours.named_parameters() if pattern and re.search(pattern, n)}
+    assert all(p.dtype == torch.float32 for n, p in ours.named_parameters() if n in kept)
     assert all(c.dtype == dtype for c in ours.allocate_kv_cache(2, 16))
     ref = reference(path)
     batch = prompts(ours.vocab_size)
     logits, _ = run_paged(ours, batch, steps=2)
     assert logits[0].dtype == torch.float32
     expected = ref_logits(ref, batch[0].tolist())
+    got = logits[0][: len(batch[0])]
+    if name in HALF_AS_TRANSFORMERS:
+        # transformers' own half-precision run of this model is off float32's by as much as
+        # the bound below: ours may be as far as 1.5x its error, not more
+        with torch.inference_mode():
+            half = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+            own = (half(batch[0][None]).logits[0].float() - expected).abs().max().item()
+        assert (got - expected).abs().max().item() <= 1.5 * own
+        return
     # Half precision rounds every activation; the logits must still be close to float32's.
-    torch.testing.assert_close(logits[0][: len(batch[0])], expected, atol=3e-2, rtol=0)
+    torch.testing.assert_close(got, expected, atol=3e-2, rtol=0)
