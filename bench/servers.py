@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher.process import TERM_WITH_PARENT
+
 BIN = Path(sys.executable).parent  # the venv's console scripts sit next to its python
 STOP_GRACE_S = 30.0
 
@@ -58,6 +60,7 @@ class ManagedServer:
             stderr=subprocess.STDOUT,
             env={**os.environ, **self.env},
             start_new_session=True,
+            preexec_fn=TERM_WITH_PARENT,  # SIGTERM when the benchmark dies, however it dies
         )
         log.close()
 

@@ -36,6 +36,7 @@ from bench.models import add_model_args, resolve_model
 from bench.results_file import write_results
 from bench.servers import free_port
 from bench.shard_batches import cache_tokens_needed, make_batch, warmup_request
+from launcher.process import TERM_WITH_PARENT
 from switchyard_pb import generate_pb2 as pb
 from switchyard_pb import generate_pb2_grpc as pb_grpc
 
@@ -86,8 +87,15 @@ class ShardProcess:
         ]
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "w") as log:
+            # its own group, and SIGTERM when this process dies however it dies (a caller's
+            # timeout kills it outright): no orphaned shard holding memory and a socket
             self.proc = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=TERM_WITH_PARENT,
             )
         print(f"shard pid {self.proc.pid}, socket {self.uds}-0, log {log_path}", flush=True)
 

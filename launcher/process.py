@@ -19,7 +19,7 @@ TAIL_LINES = 100
 
 
 def _parent_death_signal() -> Callable[[], None] | None:
-    """Makes a child receive SIGTERM when the launcher dies, even by SIGKILL (Linux only).
+    """Makes a child receive SIGTERM when its parent dies, even by SIGKILL (Linux only).
 
     Without it, a launcher killed by the OOM killer would orphan shards holding GPU memory.
     The ctypes function is looked up here, before fork, so the child only makes one syscall.
@@ -38,7 +38,9 @@ def _parent_death_signal() -> Callable[[], None] | None:
     return set_pdeathsig
 
 
-_PREEXEC = _parent_death_signal()
+# preexec_fn for a child that must not outlive its parent (the launcher's children, the
+# benchmarks' servers); None where the platform has no such signal.
+TERM_WITH_PARENT = _parent_death_signal()
 
 
 class Child:
@@ -57,7 +59,7 @@ class Child:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_PREEXEC,
+            preexec_fn=TERM_WITH_PARENT,
         )
         self._pump = threading.Thread(target=self._forward, name=f"log {spec.name}", daemon=True)
         self._pump.start()
