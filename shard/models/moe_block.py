@@ -68,7 +68,11 @@ class SparseMoeBlock(nn.Module):
             shared = GatedMLP.load(weights, names, config, prefix="shared_expert_")
             if moe.shared_expert_gated:
                 shared_gate = _replicated(weights, names.one("shared_expert_gate"))
-        router = _replicated(weights, names.one("router"))
+        # GLM-4.5's router is kept in float32, read from the stored values (transformers' too)
+        sigmoid = moe.scoring == "sigmoid"
+        router = _replicated(weights, names.one("router"), stored_dtype=sigmoid)
+        if sigmoid:
+            router = router.float()
         if router.shape[0] != moe.num_experts:
             raise WeightsError(
                 f"{names.one('router')}: {router.shape[0]} router rows for "
@@ -76,8 +80,7 @@ class SparseMoeBlock(nn.Module):
             )
         bias = weights.get_tensor(f"{names.one('router')}.bias") if moe.router_bias else None
         correction = None
-        if moe.scoring == "sigmoid":  # a float32 router, as transformers keeps it
-            router = weights.get_tensor(f"{names.one('router')}.weight", stored_dtype=True).float()
+        if sigmoid:
             name = f"{names.one('router')}.e_score_correction_bias"
             if weights.has(name):
                 correction = weights.get_tensor(name, stored_dtype=True).float()
@@ -110,7 +113,7 @@ class SparseMoeBlock(nn.Module):
         return route(logits, self.top_k, renormalize=self.renormalize, round_to=round_to)
 
 
-def _replicated(weights: Weights, prefix: str) -> torch.Tensor:
+def _replicated(weights: Weights, prefix: str, *, stored_dtype: bool = False) -> torch.Tensor:
     """A small linear every rank holds whole (the router, the shared expert's gate); a
     quantized one is refused, naming the format and the module."""
     name = f"{prefix}.weight"
@@ -119,4 +122,4 @@ def _replicated(weights: Weights, prefix: str) -> torch.Tensor:
             f"{weights.quantization.method} int4 {prefix} is not supported: a Mixture-of-Experts "
             "router is served in floating point"
         )
-    return weights.get_tensor(name)
+    return weights.get_tensor(name, stored_dtype=stored_dtype)
