@@ -1,5 +1,7 @@
 """Mixture-of-Experts models end to end: the real launcher with two shards, once with the
-experts split tensor-parallel (Qwen2-MoE: its shared expert and dense middle layer too) and once
+experts split tensor-parallel (DeepSeek-V3: its shared expert and dense first layer too, and
+its latent attention, each shard caching the one latent vector a token that prefix caching
+shares) and once
 expert-parallel (gpt-oss as released, its experts in MXFP4, `--expert-parallel`: each shard holds
 half the experts whole; attention sinks, and a 7-token window in every other layer); prefix
 caching on and a small prefill budget (prompts chunked across 16-token blocks). Greedy ids and
@@ -32,8 +34,8 @@ REGEX = r"(ab|cd)[0-9]{2,3}-[a-z]{1,4}"
 
 @pytest.fixture(
     scope="module",
-    params=[("qwen2_moe_shared_dense", ()), ("gpt_oss_mxfp4", ("--expert-parallel",))],
-    ids=["qwen2_moe-tensor-parallel", "gpt_oss_mxfp4-expert-parallel"],
+    params=[("deepseek_v3_mla", ()), ("gpt_oss_mxfp4", ("--expert-parallel",))],
+    ids=["deepseek_v3-tensor-parallel", "gpt_oss_mxfp4-expert-parallel"],
 )
 def served(request, tmp_path_factory):
     name, flags = request.param

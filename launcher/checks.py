@@ -118,9 +118,11 @@ def check_experts(
                 f"slice of every expert: {pass_one_of(size, False)}{instead}"
             )
         if what == "shared":
+            shared = _shared(config)
+            assert shared is not None
             raise ShardCountError(
                 f"--num-shard {num_shard} does not divide the shared expert's intermediate size "
-                f"(shared_expert_intermediate_size {size} in {path}); the shared expert is split "
+                f"({shared[0]} in {path}); the shared expert is split "
                 f"across the shards even with --expert-parallel: "
                 f"{pass_one_of(size, expert_parallel)}"
             )
@@ -163,8 +165,9 @@ def _positive(value: object) -> int | None:
 
 def _experts(config: dict[str, Any]) -> tuple[str, int] | None:
     """(the config's field, the number of routed experts): Mixtral says num_local_experts,
-    Qwen2-MoE and Qwen3-MoE num_experts; None for a model without experts."""
-    for field in ("num_local_experts", "num_experts"):
+    Qwen2-MoE and Qwen3-MoE num_experts, GLM-4.5 and DeepSeek n_routed_experts; None for a
+    model without experts."""
+    for field in ("num_local_experts", "num_experts", "n_routed_experts"):
         count = _positive(config.get(field))
         if count is not None:
             return field, count
@@ -189,6 +192,25 @@ def _dense_reason(config: dict[str, Any]) -> str | None:
     step = _positive(config.get("decoder_sparse_step"))
     if step is not None and step > 1:
         return f"decoder_sparse_step {step}"
+    first = _positive(config.get("first_k_dense_replace"))  # GLM-4.5, DeepSeek
+    if first is not None:
+        return f"first_k_dense_replace {first}"
+    return None
+
+
+def _shared(config: dict[str, Any]) -> tuple[str, int] | None:
+    """The shared expert's intermediate size and where the config says it: Qwen2-MoE's
+    shared_expert_intermediate_size, or GLM-4.5's and DeepSeek's n_shared_experts experts of
+    moe_intermediate_size (one MLP of their total width)."""
+    size = _positive(config.get("shared_expert_intermediate_size"))
+    if size is not None:
+        return f"shared_expert_intermediate_size {size}", size
+    count, each = (
+        _positive(config.get("n_shared_experts")),
+        _positive(config.get("moe_intermediate_size")),
+    )
+    if count is not None and each is not None:
+        return f"n_shared_experts {count} x moe_intermediate_size {each}", count * each
     return None
 
 
@@ -199,9 +221,9 @@ def _split_sizes(
     intermediate sizes (always tensor parallel), then the experts themselves (--expert-parallel)
     or each expert's intermediate size."""
     sizes: list[tuple[str, int]] = []
-    shared = _positive(config.get("shared_expert_intermediate_size"))
+    shared = _shared(config)
     if shared is not None:
-        sizes.append(("shared", shared))
+        sizes.append(("shared", shared[1]))
     dense = _positive(config.get("intermediate_size"))
     if "moe_intermediate_size" in config and dense is not None and _dense_reason(config):
         sizes.append(("dense", dense))

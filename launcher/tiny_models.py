@@ -54,6 +54,9 @@ ARCHITECTURES = {
     "Qwen3MoeForCausalLM": "Qwen3MoeConfig",
     "GptOssForCausalLM": "GptOssConfig",
     "Glm4MoeForCausalLM": "Glm4MoeConfig",
+    "DeepseekV2ForCausalLM": "DeepseekV2Config",
+    "DeepseekV3ForCausalLM": "DeepseekV3Config",
+    "Glm4MoeLiteForCausalLM": "Glm4MoeLiteConfig",
 }
 
 
@@ -103,7 +106,12 @@ MOE_ARCHITECTURES = (
     "Qwen3MoeForCausalLM",
     "GptOssForCausalLM",
     "Glm4MoeForCausalLM",
+    "DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM",
+    "Glm4MoeLiteForCausalLM",
 )
+# Multi-head latent attention (DeepSeek's)
+MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM")
 # The router's weights spread wider than the rest: its top-k choices then have clear margins,
 # so a model that computes the layer's input within rounding picks the same experts.
 _ROUTER_SPREAD = 0.3
@@ -211,6 +219,10 @@ def build_model(
         tokenizer = family_tokenizer(chat_family, vocab_size)
         vocab_size = max(vocab_size, len(tokenizer))
     config_cls = getattr(transformers, ARCHITECTURES[architecture])
+    if architecture in MLA_ARCHITECTURES:
+        # latent attention expands every head's keys and values: transformers' MLA wants as
+        # many "KV heads" as heads
+        num_key_value_heads = num_attention_heads
     defaults = _tiny_defaults(architecture, hidden_size, num_attention_heads, config_overrides)
     config_overrides = {**defaults, **config_overrides}
     config = config_cls(
@@ -309,6 +321,26 @@ def _tiny_defaults(
                 "truncate": False,
                 "original_max_position_embeddings": 64,
             },
+        }
+    if architecture in MLA_ARCHITECTURES:
+        # the releases' latent attention ranks (512, 1536), 64-256 experts and 47-61 layers
+        head_dim = hidden_size // num_attention_heads
+        # GLM-4.7-Flash lists its dense layers (the first, by default) in mlp_layer_types
+        dense = {} if architecture == "Glm4MoeLiteForCausalLM" else {"first_k_dense_replace": 1}
+        return {
+            **dense,
+            "max_position_embeddings": 512,
+            "q_lora_rank": None if architecture == "DeepseekV2ForCausalLM" else 48,
+            "kv_lora_rank": 32,
+            "qk_nope_head_dim": head_dim,
+            "qk_rope_head_dim": head_dim // 2,
+            "v_head_dim": head_dim,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "n_shared_experts": 1,
+            "n_group": 4,
+            "topk_group": 2,
         }
     if architecture in MOE_ARCHITECTURES or architecture in POST_LLAMA_ARCHITECTURES:
         # the defaults' 32k-131k positions would tabulate rotary tables far past any test

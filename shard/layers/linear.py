@@ -65,10 +65,18 @@ class ColumnParallelLinear(nn.Module):
 
     @classmethod
     def load(cls, weights: Weights, prefix: str, *, bias: bool) -> ColumnParallelLinear:
-        out = linear_method(weights, [prefix]).out_features(weights, prefix)
-        start, stop = weights.shard_bounds(prefix, 0, out)
-        pieces = [Piece(prefix, start, stop)]
-        return cls(*cls.load_pieces(weights, pieces, bias=bias))._record(weights, pieces)
+        start, stop = weights.shard_bounds(prefix, 0, cls.out_features_of(weights, prefix))
+        return cls.load_rows(weights, Piece(prefix, start, stop), bias=bias)
+
+    @classmethod
+    def load_rows(cls, weights: Weights, piece: Piece, *, bias: bool) -> ColumnParallelLinear:
+        """Output rows [start, stop) of one module: this rank's heads, or every row for a
+        layer each rank computes whole (MLA's latent projections)."""
+        return cls(*cls.load_pieces(weights, [piece], bias=bias))._record(weights, [piece])
+
+    @staticmethod
+    def out_features_of(weights: Weights, prefix: str) -> int:
+        return linear_method(weights, [prefix]).out_features(weights, prefix)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.lora is not None:

@@ -40,15 +40,36 @@ EXPERT = "{e}"
 
 
 def route(
-    logits: torch.Tensor, top_k: int, *, renormalize: bool, round_to: torch.dtype | None
+    logits: torch.Tensor,
+    top_k: int,
+    *,
+    renormalize: bool,
+    round_to: torch.dtype | None,
+    num_groups: int = 1,
+    top_groups: int = 1,
+    scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Router logits [T, E] -> (weights [T, K] float32, expert ids [T, K] int32): softmax in
-    float32, the top k, divided by their sum with `renormalize`, rounded to `round_to` where the
-    model's reference weights its experts in its dtype (transformers' Qwen MoE blocks)."""
+    float32, the top k, divided by their sum with `renormalize`, times `scale`
+    (DeepSeek-V2's routed_scaling_factor), rounded to `round_to` where the model's reference
+    weights its experts in its dtype (transformers' Qwen MoE blocks). With `num_groups` > 1
+    (DeepSeek-V2's group-limited greedy choice) the top k come from the `top_groups` of
+    `num_groups` equal groups of experts whose best probability is highest."""
     probs = torch.softmax(logits.float(), dim=-1)
-    weights, ids = torch.topk(probs, top_k, dim=-1)
+    choice = probs
+    if num_groups > 1:
+        tokens, experts = probs.shape
+        grouped = probs.view(tokens, num_groups, experts // num_groups)
+        kept = torch.topk(grouped.amax(dim=-1), top_groups, dim=-1, sorted=False)[1]
+        mask = torch.zeros(tokens, num_groups, dtype=torch.bool, device=probs.device)
+        mask.scatter_(1, kept, True)
+        # probabilities are positive: a zeroed expert is never chosen over a kept one
+        choice = grouped.masked_fill(~mask[:, :, None], 0.0).view(tokens, experts)
+    weights, ids = torch.topk(choice, top_k, dim=-1)
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
+    if scale != 1.0:
+        weights = weights * scale
     if round_to is not None:
         weights = weights.to(round_to).float()
     return weights, ids.to(torch.int32)

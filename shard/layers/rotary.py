@@ -225,6 +225,11 @@ def _factor_list(params: dict[str, Any], name: str) -> tuple[float, ...]:
     return tuple(float(v) for v in value)
 
 
+def yarn_mscale(factor: float, m: float = 1.0) -> float:
+    """YaRN's magnitude scale for a context `factor` times the original (DeepSeek's `m`)."""
+    return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+
 def _attention_factor(
     rope_type: str, factor: float, params: dict[str, Any], original_max_pos: int
 ) -> float:
@@ -240,14 +245,10 @@ def _attention_factor(
         if factor <= 1.0:
             return 1.0
         return math.sqrt(1 + math.log(factor) / math.log(original_max_pos))
-
-    def mscale(scale: float, m: float = 1.0) -> float:
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
     m, m_all = params.get("mscale"), params.get("mscale_all_dim")
     if m and m_all:
-        return mscale(factor, m) / mscale(factor, m_all)
-    return mscale(factor)
+        return yarn_mscale(factor, m) / yarn_mscale(factor, m_all)
+    return yarn_mscale(factor)
 
 
 def _tables(

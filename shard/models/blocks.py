@@ -4,7 +4,9 @@ A model file names its checkpoint tensors (a `Names` table) and maps its config.
 `ModelConfig`; the blocks below read their options from that config and nothing else:
 - `Attention`: fused q/k/v (three checkpoint tensors or one fused), optional q/k norms of the
   model's norm kind, rotary per layer (its own base and scaling, partial rotary), a sliding
-  window per layer, the query scale, attention-logit soft-capping, q/k/v and o biases.
+  window per layer, the query scale, attention-logit soft-capping, q/k/v and o biases; or
+  with `ModelConfig.mla`, `LatentAttention` (shard/models/latent_attention.py: DeepSeek's
+  multi-head latent attention, caching one latent vector a token).
 - `GatedMLP` (shard/models/mlp.py): a fused gate_up product (two tensors or one fused),
   act(gate) * up with the activation from shard/layers/activation.py's table, down projection.
 - `SparseMoeBlock` (shard/models/moe_block.py): the Mixture-of-Experts MLP of the layers
@@ -32,10 +34,15 @@ from shard.layers.quant.config import QuantizationConfig
 from shard.layers.rotary import NoRotary, RopeConfig, RotaryEmbedding
 from shard.models.base import CausalLM
 from shard.models.config import ModelConfig
+from shard.models.latent_attention import LatentAttention
 from shard.models.mlp import GatedMLP
 from shard.models.moe_block import SparseMoeBlock
 from shard.models.names import LLAMA_NAMES, Names
 from shard.weights import Weights
+
+# How many layers past the last one may hold multi-token-prediction weights (the releases have
+# num_nextn_predict_layers = 1); all of them are skipped.
+_MAX_MTP_LAYERS = 8
 
 
 def load_norm(weights: Weights, prefix: str, config: ModelConfig) -> RMSNorm:
@@ -69,6 +76,11 @@ class Attention(nn.Module):
         self.softcap = softcap
         # this rank's heads' sink logits, float32 [heads] (gpt-oss), or None
         self.register_buffer("sinks", sinks, persistent=False)
+
+    @property
+    def cache_shape(self) -> tuple[int, int]:
+        """(KV heads, head dims) of this layer's cache entry, on this rank."""
+        return self.qkv_proj.num_kv_heads, self.qkv_proj.head_dim
 
     @classmethod
     def load(
@@ -148,7 +160,7 @@ class DecoderLayer(nn.Module):
     def __init__(
         self,
         input_layernorm: RMSNorm,
-        self_attn: Attention,
+        self_attn: Attention | LatentAttention,
         pre_mlp_layernorm: RMSNorm,
         mlp: GatedMLP | SparseMoeBlock,
         post_attention_norm: RMSNorm | None = None,
@@ -176,7 +188,12 @@ class DecoderLayer(nn.Module):
         def norm(ours: str) -> RMSNorm:
             return load_norm(weights, names.one(ours), config)
 
-        attention = Attention.load(weights, names, config, rotary, backend)
+        attention: Attention | LatentAttention
+        if config.mla is not None:
+            assert isinstance(rotary, RotaryEmbedding)
+            attention = LatentAttention.load(weights, names, config, rotary, backend)
+        else:
+            attention = Attention.load(weights, names, config, rotary, backend)
         mlp: GatedMLP | SparseMoeBlock
         if config.sparse_mlp(names.layer):
             mlp = SparseMoeBlock.load(weights, names, config)
@@ -246,6 +263,10 @@ class DecoderModel(CausalLM):
     checkpoint `NAMES` and, where its config.json differs from Llama's, `config_from_dict`."""
 
     NAMES: ClassVar[dict[str, tuple[str, ...]]] = LLAMA_NAMES
+    # The checkpoints hold multi-token-prediction layers after the last layer
+    # (`model.layers.{num_hidden_layers}...`: DeepSeek-V3's, GLM-4.5's), which transformers
+    # leaves out too: skipped.
+    SKIPS_MTP_LAYERS: ClassVar[bool] = False
     # ModelConfig.from_dict's architecture defaults (qkv_bias_default, qk_norm)
     CONFIG_DEFAULTS: ClassVar[dict[str, Any]] = {}
 
@@ -284,6 +305,9 @@ class DecoderModel(CausalLM):
         super().__init__()
         table = self.names_for(weights)
         names = Names(table)
+        if self.SKIPS_MTP_LAYERS:
+            after = range(config.num_layers, config.num_layers + _MAX_MTP_LAYERS)
+            weights.skip_modules(tuple(f"model.layers.{i}." for i in after))
         backend = get_attention_backend(attention)
         # One table per distinct rope (Gemma 3's local and global layers differ), shared by
         # the layers that use it: the tables cost a row per position.
@@ -315,8 +339,10 @@ class DecoderModel(CausalLM):
         self.logits_divisor = config.logits_divisor
 
         self.num_layers = config.num_layers
-        self.num_kv_heads = self.layers[0].self_attn.qkv_proj.num_kv_heads if self.layers else 0
-        self.head_dim = config.head_dim
+        # every layer's cache entry has the first's shape
+        self.num_kv_heads, self.head_dim = (
+            self.layers[0].self_attn.cache_shape if self.layers else (0, config.head_dim)
+        )
         self.vocab_size = config.vocab_size
         self.max_position_embeddings = config.max_position_embeddings
         self.eos_token_ids = list(config.eos_token_ids)

@@ -90,6 +90,24 @@ class MoeConfig:
     top_groups: int = 1
     routed_scaling: float = 1.0
     shared_expert_gated: bool = True
+    # the router's weight and logits in float32, read from the stored values (GLM-4.5's and
+    # DeepSeek's, which transformers keeps in float32)
+    float32_router: bool = False
+
+
+@dataclass(frozen=True)
+class MlaConfig:
+    """Multi-head latent attention's shapes (DeepSeek-V2/V3; shard/models/latent_attention.py):
+    queries through a low-rank bottleneck (`q_lora_rank`, None: one q_proj), keys and values
+    from one latent of `kv_lora_rank` per token plus a rotary key part shared by every head."""
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int  # each head's query/key dims without position encoding
+    qk_rope_head_dim: int  # ... and with it (rotary)
+    v_head_dim: int
+    # the rotary dims stored as interleaved pairs (x0, x1), (x2, x3)... (DeepSeek's release)
+    rope_interleave: bool
 
 
 @dataclass(frozen=True)
@@ -145,6 +163,8 @@ class ModelConfig:
     logits_divisor: float | None = None
     # The Mixture-of-Experts MLP (Mixtral, Qwen2-MoE, Qwen3-MoE); None: every MLP dense.
     moe: MoeConfig | None = None
+    # Multi-head latent attention in every layer (DeepSeek); None: the q/k/v `Attention`.
+    mla: MlaConfig | None = None
 
     def sparse_mlp(self, layer: int) -> bool:
         return self.moe is not None and self.moe.sparse_layers[layer]

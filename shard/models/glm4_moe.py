@@ -19,10 +19,6 @@ from shard.models.names import QWEN_MOE_NAMES, STACKED_EXPERT_NAMES, stacked_exp
 from shard.models.qwen2_moe import experts_per_token
 from shard.weights import Weights
 
-# How many layers past the last one may hold multi-token-prediction weights (the releases have
-# num_nextn_predict_layers = 1); all of them are skipped.
-_MTP_LAYERS = 8
-
 GLM4_MOE_NAMES = {
     **QWEN_MOE_NAMES,
     "shared_expert_gate_up_proj": (
@@ -69,11 +65,13 @@ def grouped_sigmoid_moe(raw: dict[str, Any], config: ModelConfig) -> MoeConfig:
         top_groups=top_groups,
         routed_scaling=float(raw.get("routed_scaling_factor") or 1.0),
         shared_expert_gated=False,
+        float32_router=True,
     )
 
 
 class Glm4MoeForCausalLM(DecoderModel):
     NAMES = GLM4_MOE_NAMES
+    SKIPS_MTP_LAYERS = True
 
     @classmethod
     def adapt_config(cls, raw: dict[str, Any], config: ModelConfig) -> ModelConfig:
@@ -87,8 +85,3 @@ class Glm4MoeForCausalLM(DecoderModel):
     @classmethod
     def names_for(cls, weights: Weights) -> dict[str, tuple[str, ...]]:
         return {**cls.NAMES, **STACKED_EXPERT_NAMES} if stacked_experts(weights.has) else cls.NAMES
-
-    def __init__(self, config: ModelConfig, weights: Weights, attention: str = "torch") -> None:
-        layers = config.num_layers
-        weights.skip_modules(tuple(f"model.layers.{layers + i}." for i in range(_MTP_LAYERS)))
-        super().__init__(config, weights, attention)

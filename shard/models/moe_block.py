@@ -1,5 +1,6 @@
-"""The Mixture-of-Experts MLP block: a router (gpt-oss's with a bias; GLM-4.5's sigmoid scores
-chosen by group with a correction bias) picks each token's top-k experts, the experts run as one
+"""The Mixture-of-Experts MLP block: a router (gpt-oss's with a bias; GLM-4.5's and
+DeepSeek-V3's sigmoid scores chosen by group with a correction bias; DeepSeek-V2's softmax,
+chosen by group and scaled) picks each token's top-k experts, the experts run as one
 fused layer (shard/layers/moe.py), and an optional shared expert every token takes (Qwen2-MoE: a
 gated MLP scaled by sigmoid(shared_expert_gate(x)); GLM-4.5: ungated) is added;
 the rank's partial outputs of both are all-reduced once, as a dense MLP's row-parallel down
@@ -68,10 +69,10 @@ class SparseMoeBlock(nn.Module):
             shared = GatedMLP.load(weights, names, config, prefix="shared_expert_")
             if moe.shared_expert_gated:
                 shared_gate = _replicated(weights, names.one("shared_expert_gate"))
-        # GLM-4.5's router is kept in float32, read from the stored values (transformers' too)
-        sigmoid = moe.scoring == "sigmoid"
-        router = _replicated(weights, names.one("router"), stored_dtype=sigmoid)
-        if sigmoid:
+        # GLM-4.5's and DeepSeek's routers are kept in float32, read from the stored values
+        # (transformers' too)
+        router = _replicated(weights, names.one("router"), stored_dtype=moe.float32_router)
+        if moe.float32_router:
             router = router.float()
         if router.shape[0] != moe.num_experts:
             raise WeightsError(
@@ -80,7 +81,7 @@ class SparseMoeBlock(nn.Module):
             )
         bias = weights.get_tensor(f"{names.one('router')}.bias") if moe.router_bias else None
         correction = None
-        if sigmoid:
+        if moe.scoring == "sigmoid":
             name = f"{names.one('router')}.e_score_correction_bias"
             if weights.has(name):
                 correction = weights.get_tensor(name, stored_dtype=True).float()
@@ -108,9 +109,20 @@ class SparseMoeBlock(nn.Module):
                 renormalize=self.renormalize,
                 scale=moe.routed_scaling,
             )
-        logits = F.linear(x, self.router, self.router_bias)
+        if moe.float32_router:
+            logits = F.linear(x.float(), self.router, self.router_bias)
+        else:
+            logits = F.linear(x, self.router, self.router_bias)
         round_to = x.dtype if self.round_weights else None
-        return route(logits, self.top_k, renormalize=self.renormalize, round_to=round_to)
+        return route(
+            logits,
+            self.top_k,
+            renormalize=self.renormalize,
+            round_to=round_to,
+            num_groups=moe.num_groups,
+            top_groups=moe.top_groups,
+            scale=moe.routed_scaling,
+        )
 
 
 def _replicated(weights: Weights, prefix: str, *, stored_dtype: bool = False) -> torch.Tensor:

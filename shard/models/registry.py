@@ -37,6 +37,10 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen2MoeForCausalLM": ("shard.models.qwen2_moe", "Qwen2MoeForCausalLM"),
     "Qwen3MoeForCausalLM": ("shard.models.qwen3_moe", "Qwen3MoeForCausalLM"),
     "Glm4MoeForCausalLM": ("shard.models.glm4_moe", "Glm4MoeForCausalLM"),
+    # multi-head latent attention; V3 also serves DeepSeek-R1, Kimi K2 and Moonlight
+    "DeepseekV2ForCausalLM": ("shard.models.deepseek", "DeepseekV2ForCausalLM"),
+    "DeepseekV3ForCausalLM": ("shard.models.deepseek", "DeepseekV3ForCausalLM"),
+    "Glm4MoeLiteForCausalLM": ("shard.models.deepseek", "Glm4MoeLiteForCausalLM"),  # GLM-4.7-Flash
 }
 SUPPORTED_ARCHITECTURES = tuple(sorted(ARCHITECTURES))
 

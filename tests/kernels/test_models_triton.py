@@ -3,7 +3,7 @@ interpreted on a CPU) against transformers: soft-capped scores in the prefill an
 kernels (Gemma 2), a replicated KV head with q/k norms and per-type ropes (Gemma 3), partial
 longrope (Phi-3), post norms and whole-projection q/k norms (OLMo 3), a layer without
 position encoding (EXAONE 4), windows shorter than the prompts in every sliding layer, the fused MoE
-kernel (Qwen2-MoE), attention sinks and biased experts (gpt-oss)."""
+kernel (Qwen2-MoE), attention sinks and biased experts (gpt-oss), latent attention (DeepSeek-V3)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,9 @@ CASES = {
     # the fused MoE kernel with expert biases and the clamped SwiGLU over MXFP4 experts
     # dequantized at load
     "gpt_oss_mxfp4": {"num_key_value_heads": 1},
+    # DeepSeek's latent attention: both kernels over one cached 64-wide latent (32 + 32
+    # rotary dims) that every query head reads
+    "deepseek_v3_mla": {},
 }
 # Phi-3's longrope factors, one per rotated frequency: 64 * 0.75 / 2 of them at this head size
 FREQUENCIES = 24
@@ -58,8 +61,10 @@ def checkpoints(tmp_path_factory):
     for name, extra in CASES.items():
         architecture, overrides = {**NEW_ARCH_MODELS, **MOE_MODELS}[name]
         overrides = {**overrides, **SHAPE, **extra}
-        if architecture == "Phi3ForCausalLM":
-            overrides.pop("head_dim")  # Phi-3's head size is hidden / heads, never configured
+        if architecture in ("Phi3ForCausalLM", "DeepseekV3ForCausalLM"):
+            # Phi-3's head size is hidden / heads, never configured; DeepSeek's head_dim is
+            # its rotary width
+            overrides.pop("head_dim")
             overrides["rope_parameters"] = _longrope(overrides["rope_parameters"])
         built[name] = build_model(tmp_path_factory.mktemp(name), architecture, **overrides)
     return built

@@ -243,3 +243,32 @@ def test_compile_refuses_moe_models_and_takes_dense_ones(tmp_path, monkeypatch, 
     path = model(tmp_path, MIXTRAL)
     assert launcher_main.main(["--model-id", str(path), "--compile"]) == 1
     assert "serve it without --compile" in capsys.readouterr().err
+
+
+# DeepSeek-V3 (and GLM-4.5): n_routed_experts, n_shared_experts experts of
+# moe_intermediate_size every token takes, the first first_k_dense_replace layers dense.
+DEEPSEEK_V3 = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 16,
+    "n_shared_experts": 3,
+    "intermediate_size": 96,
+    "first_k_dense_replace": 1,
+}
+
+
+def test_deepseek_fields_name_the_experts_the_shared_ones_and_the_dense_layers(tmp_path):
+    check_experts(True, 8, model(tmp_path, {**DEEPSEEK_V3, "n_shared_experts": 2}))
+    check_experts(False, 16, model(tmp_path, {**DEEPSEEK_V3, "n_shared_experts": 2}))
+    path = model(tmp_path, DEEPSEEK_V3)
+    # 3 shared experts of 16: one MLP of 48, which 32 shards cannot split
+    assert "(n_shared_experts 3 x moe_intermediate_size 16 in" in refusal(True, 32, path)
+    # 8 experts cannot go 16 ways whole
+    assert "model's 8 experts (n_routed_experts in" in refusal(True, 16, path)
+    dense = model(tmp_path, {**DEEPSEEK_V3, "intermediate_size": 100})
+    assert "which has dense layers: first_k_dense_replace 1)" in refusal(False, 8, dense)
+    with pytest.raises(ShardCountError, match="--compile does not serve"):
+        check_experts(False, 1, path, compiled=True)

@@ -38,6 +38,7 @@ ARCHITECTURES = [
     "phi3_partial_longrope",
     "olmo3_sliding_one_kv_head",  # post norms only, whole-projection q/k norms
     "exaone4_sliding_nope",  # a layer without position encoding
+    "deepseek_v3_mla",  # the latent cache read back chunk after chunk, YaRN past 16 positions
 ]
 
 

@@ -54,9 +54,11 @@ def test_router_equals_transformers(experts, groups, top_groups, top_k, renormal
     torch.testing.assert_close(weights.gather(1, order), want_weights.gather(1, want_order))
 
 
-def test_multi_token_prediction_layers_are_skipped(tiny_model, tmp_path):
-    """The releases store the MTP layer as one more layer (and its own norms and projection)."""
-    source = tiny_model("glm4_moe_grouped")
+@pytest.mark.parametrize("name", ["glm4_moe_grouped", "deepseek_v3_mla", "glm4_moe_lite_mla"])
+def test_multi_token_prediction_layers_are_skipped(tiny_model, tmp_path, name):
+    """The releases (GLM-4.5's, DeepSeek-V3's) store the MTP layer as one more layer (and its
+    own norms and projection)."""
+    source = tiny_model(name)
     layers = json.loads((source / "config.json").read_text())["num_hidden_layers"]
 
     def add_mtp(tensors: dict) -> None:

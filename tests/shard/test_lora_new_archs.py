@@ -8,6 +8,8 @@ one batch, whole and chunked prompts; and bf16 serving on Phi-3 (as test_lora_bf
 - Gemma 3's vision-language checkpoint nests the LM's names; its adapters name it otherwise
   and carry vision-tower modules, which the text-only server leaves out.
 - gpt-oss: adapters on its attention (sinks, biases); its Mixture-of-Experts MLP untouched.
+- DeepSeek-V3: adapters on the latent attention's projections, except kv_b_proj (refused: it
+  is absorbed into the query and the output).
 - OLMo 2: q/k terms normed with the products over the whole projection, o/down terms before
   the post norms. Granite: o/down terms scaled with the products (residual_multiplier).
 - Phi-3's checkpoint fuses q/k/v into one qkv_proj and gate/up into one gate_up_proj tensor,
@@ -54,6 +56,15 @@ CASES = {
     "gpt_oss_sinks_clamped": {
         "qv_r4": ADAPTERS["qv_r4"],
         "all_linear_r8": dict(r=8, lora_alpha=16, target_modules="all-linear"),
+    },
+    # DeepSeek-V3's latent attention: terms on the query's bottleneck (q_a_proj, whole on every
+    # rank) and its heads (q_b_proj), on the latent's projection and on o_proj (PEFT turns MLP
+    # targets into terms on the routed experts' parameters, which are refused)
+    "deepseek_v3_mla": {
+        "latent_r4": dict(
+            r=4, lora_alpha=8, target_modules=["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa"]
+        ),
+        "o_r8": dict(r=8, lora_alpha=16, target_modules=["o_proj"]),
     },
 }
 
@@ -120,6 +131,15 @@ def test_the_fused_terms_have_one_sub_module_per_checkpoint_module(setup):
     only: no gate_up term)."""
     model, _, service, _ = setup
     layer = service.runner.model.layers[0]
+    if model.startswith("deepseek"):  # latent attention: each projection is its own module
+        attention = layer.self_attn
+        q_a_proj, _, q_b_proj = attention.q_proj
+        assert [len(m.lora.out_slices) for m in (q_a_proj, q_b_proj, attention.kv_a_proj)] == [
+            1,
+            1,
+            1,
+        ]
+        return
     qkv = layer.self_attn.qkv_proj.lora
     fused = model.startswith("phi3")
     assert len(qkv.out_slices) == (1 if fused else 3)
@@ -155,3 +175,13 @@ def test_llama_names_on_a_fused_checkpoint_are_refused_naming_them(tiny_model, t
         AdapterError, match=r"'qkv_proj'.*has separate q_proj/k_proj/v_proj; .* gate_proj/up_proj"
     ):
         LoraManager(llama_model, LoraSettings(adapters={"phi3": phi3}, max_loras=1))
+
+
+def test_a_term_on_deepseeks_absorbed_kv_b_proj_is_refused_naming_it(tiny_model, tmp_path):
+    """kv_b_proj is multiplied into each query and each output at load (latent attention's
+    absorbed form): a term on it cannot be added per request, so such an adapter is refused."""
+    base = tiny_model("deepseek_v3_mla")
+    path = make_adapter(base, tmp_path / "kv_b", seed=0, r=4, target_modules=["kv_b_proj"])
+    model = load_model(base, dtype=torch.float32, device=CPU, dist=Distributed())
+    with pytest.raises(AdapterError, match=r"adapter 'kv_b': target_modules \['kv_b_proj'\]"):
+        LoraManager(model, LoraSettings(adapters={"kv_b": path}, max_loras=1))

@@ -36,6 +36,10 @@ MOE_TP = [
     "gpt_oss_mxfp4",
     # GLM-4.5: the grouped sigmoid router, replicated; the ungated shared experts split
     "glm4_moe_grouped",
+    # DeepSeek: query heads and kv_b_proj's up-projections split, the latent projections
+    # (with biases in V2's case) computed whole on both ranks, each caching the same latent
+    "deepseek_v3_mla",
+    "deepseek_v2_grouped",
 ]
 
 # Their q/k norms add one all_reduce a layer (both norms' sums of squares in one).

@@ -286,6 +286,45 @@ MOE_MODELS["gpt_oss_mxfp4"] = (
     "GptOssForCausalLM",
     {**MOE_MODELS["gpt_oss_sinks_clamped"][1], "mxfp4_experts": True},
 )
+# DeepSeek's multi-head latent attention (a 32-wide latent and 8 rotary dims shared by the 4
+# heads of 16 + 8 query/key dims and 16 value dims), the rotary dims interleaved as released.
+# V3: queries through a 48-wide bottleneck; YaRN from 16 positions with DeepSeek's mscale (the
+# query scale grows too); GLM-4.5's grouped sigmoid router, top-3 of the best 2 of 4 groups,
+# scaled by 2.5; one shared expert; the first layer dense.
+MOE_MODELS["deepseek_v3_mla"] = (
+    "DeepseekV3ForCausalLM",
+    {
+        "num_hidden_layers": 3,
+        "num_experts_per_tok": 3,
+        "routed_scaling_factor": 2.5,
+        "rope_parameters": {**YARN_ROPE, "mscale": 1.0, "mscale_all_dim": 1.0},
+    },
+)
+# V2 (V2-Lite's shape: one q_proj, no bottleneck): softmax routing, top-2 of the best of 4
+# groups by their best probability (both its experts: the greedy top-2 often differ), scaled by
+# 2.0 and not renormalised; latent projections with biases (attention_bias).
+MOE_MODELS["deepseek_v2_grouped"] = (
+    "DeepseekV2ForCausalLM",
+    {
+        "num_hidden_layers": 3,
+        "topk_method": "group_limited_greedy",
+        "topk_group": 1,
+        "routed_scaling_factor": 2.0,
+        "attention_bias": True,
+    },
+)
+# GLM-4.7-Flash: V3's layers, its dense ones listed (here the last, not the first), the plain
+# rope, one expert group (top-2 of 8, renormalised, scaled by 1.8).
+MOE_MODELS["glm4_moe_lite_mla"] = (
+    "Glm4MoeLiteForCausalLM",
+    {
+        "num_hidden_layers": 3,
+        "mlp_layer_types": ["sparse", "sparse", "dense"],
+        "n_group": 1,
+        "topk_group": 1,
+        "routed_scaling_factor": 1.8,
+    },
+)
 # The same Qwen3-MoE saved as transformers 5 holds it (stacked experts, `save_original_format`
 # off): the layout the loader must read besides the Hub's.
 MOE_MODELS["qwen3_moe_stacked"] = (

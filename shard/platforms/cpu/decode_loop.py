@@ -13,8 +13,8 @@ It computes exactly what DecoderModel.forward computes (tests/shard/test_cpu_dec
 them bit for bit, for every architecture): every sub-step that is not plain here (a quantized or
 oneDNN weight, q/k norms, a rotary that is not the whole-head position-only rotation or none
 (NoPE), a norm whose weight is not in the model's dtype or a residual add without a norm, a
-gated activation other than SwiGLU, the sandwich norms, a Mixture-of-Experts MLP) calls the
-module that owns it. Attention sinks (gpt-oss) are
+gated activation other than SwiGLU, the sandwich norms, a Mixture-of-Experts MLP, DeepSeek's
+latent attention as a whole) calls the module that owns it. Attention sinks (gpt-oss) are
 the native decode kernel's own. It runs decode-only steps;
 prefill and chunked steps run the module forward. A step whose tokens use adapters runs a
 second copy of the loop whose linears add their LoRA terms, as the modules do.
@@ -70,6 +70,9 @@ class _Layer:
     window: int  # 0: full attention
     softcap: float  # 0: none
     sinks: torch.Tensor | None  # gpt-oss's per-head sink logits, float32
+    # the whole attention as its module (DeepSeek's latent attention), in place of the five
+    # fields above it; None: the loop's own calls
+    attention_module: Callable[..., torch.Tensor] | None = None
 
 
 class CpuDecodePath:
@@ -113,7 +116,7 @@ class CpuDecodePath:
         attention = model.layers[0].self_attn
         if not (isinstance(attention.backend, TorchAttentionBackend) and attention.backend.native):
             return "the attention backend is not the native torch one"
-        if attention.qkv_proj.head_dim > MAX_NATIVE_HEAD_DIM:
+        if isinstance(attention, Attention) and attention.qkv_proj.head_dim > MAX_NATIVE_HEAD_DIM:
             return f"head_dim {attention.qkv_proj.head_dim} is above {MAX_NATIVE_HEAD_DIM}"
         return None
 
@@ -144,13 +147,16 @@ class CpuDecodePath:
                 x = layer.first_norm(residual)
             else:
                 x, residual = layer.input_norm(hidden, residual)
-            q, k, v = layer.rotate(layer.qkv(x), positions, meta)
-            store_kv(k, v, kv, slots)
-            out = paged_decode(
-                q, kv[0], kv[1], tables, lens, layer.scale, layer.window, layer.softcap,
-                layer.sinks,
-            )  # fmt: skip
-            x = layer.o_proj(out.flatten(1))
+            if layer.attention_module is not None:
+                x = layer.attention_module(x, positions, kv, meta)
+            else:
+                q, k, v = layer.rotate(layer.qkv(x), positions, meta)
+                store_kv(k, v, kv, slots)
+                out = paged_decode(
+                    q, kv[0], kv[1], tables, lens, layer.scale, layer.window, layer.softcap,
+                    layer.sinks,
+                )  # fmt: skip
+                x = layer.o_proj(out.flatten(1))
             if layer.post_attention_norm is not None:
                 x = layer.post_attention_norm(x)
             if layer.residual_scale is not None:
@@ -171,22 +177,34 @@ class CpuDecodePath:
         """The layer's loop entry; with `lora`, its linears add their LoRA terms."""
         attention, mlp = layer.self_attn, layer.mlp
         post_attention, post_mlp = layer.post_attention_norm, layer.post_mlp_norm
-        return _Layer(
+        common = dict(
             first_norm=_norm(layer.input_layernorm, dtype),
             input_norm=_add_norm(layer.input_layernorm, dtype),
             pre_mlp_norm=_add_norm(layer.pre_mlp_layernorm, dtype),
             post_attention_norm=None if post_attention is None else _norm(post_attention, dtype),
             post_mlp_norm=None if post_mlp is None else _norm(post_mlp, dtype),
             residual_scale=layer.residual_scale,
+            mlp=_mlp(mlp, lora),
+        )
+        if not isinstance(attention, Attention):  # its module stores and reads its own cache
+            return _Layer(
+                **common, qkv=_not_called, o_proj=_not_called, rotate=_not_called, scale=0.0,
+                window=0, softcap=0.0, sinks=None, attention_module=attention,
+            )  # fmt: skip
+        return _Layer(
+            **common,
             qkv=_linear(attention.qkv_proj, lora),
             o_proj=_linear(attention.o_proj, lora),
-            mlp=_mlp(mlp, lora),
             rotate=_rotation(attention),
             scale=attention.scale,
             window=attention.window or 0,
             softcap=attention.softcap or 0.0,
             sinks=attention.sinks,
         )
+
+
+def _not_called(*args: object) -> tuple[torch.Tensor, ...]:
+    raise AssertionError("a layer whose attention is its module calls no sub-step of it")
 
 
 def _native_weight(norm: torch.nn.Module, dtype: torch.dtype) -> bool:

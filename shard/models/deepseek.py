@@ -1,0 +1,186 @@
+"""DeepSeek-V2 and DeepSeek-V3 (`DeepseekV2ForCausalLM`, `DeepseekV3ForCausalLM`: also DeepSeek-R1,
+Kimi K2 and Moonlight, which are V3 checkpoints), and GLM-4.7-Flash (`Glm4MoeLiteForCausalLM`:
+V3's layers, its dense and sparse layers listed by `mlp_layer_types`): multi-head latent
+attention in every layer (shard/models/latent_attention.py), Mixture-of-Experts MLPs after the
+first `first_k_dense_replace` dense ones, with `n_shared_experts` shared experts as one ungated
+MLP.
+
+Routers, as transformers computes them (the router kept in float32):
+- V3: GLM-4.5's (shard/models/glm4_moe.py `grouped_sigmoid_moe`): sigmoid scores, a correction
+  bias in the choice, the best `topk_group` of `n_group` groups, renormalised
+  (`norm_topk_prob`), times `routed_scaling_factor`.
+- V2: softmax probabilities, the top k of all experts (`topk_method` "greedy", V2-Lite) or of
+  the `topk_group` groups with the highest best probability ("group_limited_greedy"), times
+  `routed_scaling_factor`, never renormalised.
+
+With YaRN (`mscale_all_dim`), the query scale is multiplied by yarn_mscale(factor,
+mscale_all_dim)^2. V3's released checkpoints hold a multi-token-prediction layer after the
+last: skipped."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from shard.layers.rotary import RopeConfig, yarn_mscale
+from shard.models.blocks import DecoderModel
+from shard.models.config import MlaConfig, ModelConfig, MoeConfig, UnsupportedArchitectureError
+from shard.models.glm4_moe import GLM4_MOE_NAMES, grouped_sigmoid_moe
+from shard.models.names import STACKED_EXPERT_NAMES, stacked_experts
+from shard.models.qwen2_moe import experts_per_token
+from shard.weights import Weights
+
+DEEPSEEK_NAMES = {
+    **GLM4_MOE_NAMES,
+    "q_proj": ("model.layers.{i}.self_attn.q_proj",),
+    "q_a_proj": ("model.layers.{i}.self_attn.q_a_proj",),
+    "q_a_layernorm": ("model.layers.{i}.self_attn.q_a_layernorm",),
+    "q_b_proj": ("model.layers.{i}.self_attn.q_b_proj",),
+    "kv_a_proj": ("model.layers.{i}.self_attn.kv_a_proj_with_mqa",),
+    "kv_a_layernorm": ("model.layers.{i}.self_attn.kv_a_layernorm",),
+    "kv_b_proj": ("model.layers.{i}.self_attn.kv_b_proj",),
+}
+
+
+def mla_config(raw: dict[str, Any]) -> MlaConfig:
+    q_lora_rank = raw.get("q_lora_rank")
+    mla = MlaConfig(
+        q_lora_rank=int(q_lora_rank) if q_lora_rank else None,
+        kv_lora_rank=int(raw["kv_lora_rank"]),
+        qk_nope_head_dim=int(raw["qk_nope_head_dim"]),
+        qk_rope_head_dim=int(raw["qk_rope_head_dim"]),
+        v_head_dim=int(raw["v_head_dim"]),
+        # V2's complex rotation pairs neighbouring dims as V3's rope_interleave does
+        rope_interleave=bool(raw.get("rope_interleave", True)),
+    )
+    for field in ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim"):
+        if getattr(mla, field) < 1:
+            raise UnsupportedArchitectureError(f"{field} = {getattr(mla, field)} must be positive")
+    if mla.qk_rope_head_dim < 2 or mla.qk_rope_head_dim % 2:
+        raise UnsupportedArchitectureError(
+            f"qk_rope_head_dim = {mla.qk_rope_head_dim} must be a positive even number"
+        )
+    if raw.get("head_dim") not in (None, mla.qk_rope_head_dim):
+        # transformers tabulates the rotary over head_dim (it sets it to qk_rope_head_dim)
+        raise UnsupportedArchitectureError(
+            f"head_dim = {raw['head_dim']} must equal qk_rope_head_dim = "
+            f"{mla.qk_rope_head_dim}: the rotary tables are that wide"
+        )
+    return mla
+
+
+def query_scale(raw: dict[str, Any], mla: MlaConfig) -> float:
+    """(qk_nope + qk_rope)^-0.5, times yarn_mscale(factor, mscale_all_dim)^2 under YaRN."""
+    scale = (mla.qk_nope_head_dim + mla.qk_rope_head_dim) ** -0.5
+    rope = raw.get("rope_parameters") or {}
+    if rope.get("rope_type", "default") != "default" and rope.get("mscale_all_dim"):
+        scale *= yarn_mscale(float(rope["factor"]), float(rope["mscale_all_dim"])) ** 2
+    return scale
+
+
+def grouped_softmax_moe(raw: dict[str, Any], config: ModelConfig) -> MoeConfig:
+    """DeepSeek-V2's router."""
+    experts = raw.get("n_routed_experts") or raw.get("num_experts") or 0
+    method = raw.get("topk_method") or "greedy"
+    if method not in ("greedy", "group_limited_greedy"):
+        raise UnsupportedArchitectureError(
+            f"topk_method = {method!r} is not served (greedy, group_limited_greedy)"
+        )
+    if raw.get("norm_topk_prob"):
+        # transformers' DeepSeek-V2 never renormalises; DeepSeek's own code does, unscaled
+        raise UnsupportedArchitectureError(
+            "norm_topk_prob = true: transformers' DeepSeek-V2 ignores it and DeepSeek's code "
+            "renormalises instead of scaling, so the model it means is ambiguous"
+        )
+    groups, top_groups = 1, 1
+    if method == "group_limited_greedy":
+        groups, top_groups = int(raw.get("n_group") or 1), int(raw.get("topk_group") or 1)
+    if experts < 1 or experts % groups:
+        raise UnsupportedArchitectureError(
+            f"n_routed_experts = {experts} must be a positive multiple of n_group = {groups}"
+        )
+    if not 1 <= top_groups <= groups:
+        raise UnsupportedArchitectureError(
+            f"topk_group = {top_groups} must be between 1 and n_group = {groups}"
+        )
+    top_k = experts_per_token(raw, experts)
+    if top_k > top_groups * (experts // groups):
+        raise UnsupportedArchitectureError(
+            f"num_experts_per_tok = {top_k} is more than the {top_groups} kept groups of "
+            f"{experts // groups} experts hold"
+        )
+    dense = int(raw.get("first_k_dense_replace") or 0)
+    return MoeConfig(
+        num_experts=experts,
+        top_k=top_k,
+        intermediate_size=raw["moe_intermediate_size"],
+        renormalize=False,
+        round_weights=False,  # transformers weights the experts' outputs in float32
+        sparse_layers=tuple(i >= dense for i in range(config.num_layers)),
+        shared_expert_intermediate_size=raw["moe_intermediate_size"]
+        * int(raw.get("n_shared_experts") or 0),
+        num_groups=groups,
+        top_groups=top_groups,
+        routed_scaling=float(raw.get("routed_scaling_factor") or 1.0),
+        shared_expert_gated=False,
+        float32_router=True,
+    )
+
+
+class DeepseekV3ForCausalLM(DecoderModel):
+    NAMES = DEEPSEEK_NAMES
+    SKIPS_MTP_LAYERS = True
+
+    @staticmethod
+    def router(raw: dict[str, Any], config: ModelConfig) -> MoeConfig:
+        return grouped_sigmoid_moe(raw, config)
+
+    @classmethod
+    def adapt_config(cls, raw: dict[str, Any], config: ModelConfig) -> ModelConfig:
+        mla = mla_config(raw)
+        # the rotary tables are the rotary key part's width (GLM-4.7-Flash's config aliases
+        # head_dim to it rather than stating it)
+        rope = RopeConfig.from_config_dict(raw, mla.qk_rope_head_dim)
+        if rope.rotary_dim != mla.qk_rope_head_dim:
+            raise UnsupportedArchitectureError(
+                f"partial_rotary_factor = {rope.partial_rotary_factor}: latent attention "
+                f"rotates all qk_rope_head_dim = {mla.qk_rope_head_dim} dims"
+            )
+        return replace(
+            config,
+            head_dim=mla.qk_rope_head_dim,
+            rope=rope,
+            mla=mla,
+            attention_scale=query_scale(raw, mla),
+            moe=cls.router(raw, config),
+        )
+
+    @classmethod
+    def names_for(cls, weights: Weights) -> dict[str, tuple[str, ...]]:
+        return {**cls.NAMES, **STACKED_EXPERT_NAMES} if stacked_experts(weights.has) else cls.NAMES
+
+
+class DeepseekV2ForCausalLM(DeepseekV3ForCausalLM):
+    SKIPS_MTP_LAYERS = False
+
+    @staticmethod
+    def router(raw: dict[str, Any], config: ModelConfig) -> MoeConfig:
+        return grouped_softmax_moe(raw, config)
+
+
+class Glm4MoeLiteForCausalLM(DeepseekV3ForCausalLM):
+    """GLM-4.7-Flash: DeepSeek-V3's latent attention and router, its dense and sparse layers
+    listed by `mlp_layer_types`."""
+
+    @staticmethod
+    def router(raw: dict[str, Any], config: ModelConfig) -> MoeConfig:
+        moe = grouped_sigmoid_moe(raw, config)
+        kinds = raw.get("mlp_layer_types")
+        if kinds is None:
+            return moe
+        if len(kinds) != config.num_layers or not set(kinds) <= {"dense", "sparse"}:
+            raise UnsupportedArchitectureError(
+                f"mlp_layer_types = {kinds} must name each of the {config.num_layers} layers "
+                "'dense' or 'sparse'"
+            )
+        return replace(moe, sparse_layers=tuple(kind == "sparse" for kind in kinds))
