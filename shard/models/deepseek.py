@@ -25,9 +25,8 @@ from typing import Any
 from shard.layers.rotary import RopeConfig, yarn_mscale
 from shard.models.blocks import DecoderModel
 from shard.models.config import MlaConfig, ModelConfig, MoeConfig, UnsupportedArchitectureError
-from shard.models.glm4_moe import GLM4_MOE_NAMES, grouped_sigmoid_moe
+from shard.models.glm4_moe import GLM4_MOE_NAMES, grouped_sigmoid_moe, grouped_top_k
 from shard.models.names import STACKED_EXPERT_NAMES, stacked_experts
-from shard.models.qwen2_moe import experts_per_token
 from shard.weights import Weights
 
 DEEPSEEK_NAMES = {
@@ -95,20 +94,7 @@ def grouped_softmax_moe(raw: dict[str, Any], config: ModelConfig) -> MoeConfig:
     groups, top_groups = 1, 1
     if method == "group_limited_greedy":
         groups, top_groups = int(raw.get("n_group") or 1), int(raw.get("topk_group") or 1)
-    if experts < 1 or experts % groups:
-        raise UnsupportedArchitectureError(
-            f"n_routed_experts = {experts} must be a positive multiple of n_group = {groups}"
-        )
-    if not 1 <= top_groups <= groups:
-        raise UnsupportedArchitectureError(
-            f"topk_group = {top_groups} must be between 1 and n_group = {groups}"
-        )
-    top_k = experts_per_token(raw, experts)
-    if top_k > top_groups * (experts // groups):
-        raise UnsupportedArchitectureError(
-            f"num_experts_per_tok = {top_k} is more than the {top_groups} kept groups of "
-            f"{experts // groups} experts hold"
-        )
+    top_k = grouped_top_k(raw, experts, groups, top_groups)
     dense = int(raw.get("first_k_dense_replace") or 0)
     return MoeConfig(
         num_experts=experts,

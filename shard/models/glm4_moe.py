@@ -29,9 +29,9 @@ GLM4_MOE_NAMES = {
 }
 
 
-def grouped_sigmoid_moe(raw: dict[str, Any], config: ModelConfig) -> MoeConfig:
-    experts = raw.get("n_routed_experts") or raw.get("num_local_experts") or 0
-    groups, top_groups = int(raw.get("n_group") or 1), int(raw.get("topk_group") or 1)
+def grouped_top_k(raw: dict[str, Any], experts: int, groups: int, top_groups: int) -> int:
+    """num_experts_per_tok, for a router choosing within the best `top_groups` of `groups`
+    equal groups of `experts`; raises naming the field of a config it cannot serve."""
     if experts < 1 or experts % groups:
         raise UnsupportedArchitectureError(
             f"n_routed_experts = {experts} must be a positive multiple of n_group = {groups}"
@@ -46,6 +46,13 @@ def grouped_sigmoid_moe(raw: dict[str, Any], config: ModelConfig) -> MoeConfig:
             f"num_experts_per_tok = {top_k} is more than the {top_groups} kept groups of "
             f"{experts // groups} experts hold"
         )
+    return top_k
+
+
+def grouped_sigmoid_moe(raw: dict[str, Any], config: ModelConfig) -> MoeConfig:
+    experts = raw.get("n_routed_experts") or raw.get("num_local_experts") or 0
+    groups, top_groups = int(raw.get("n_group") or 1), int(raw.get("topk_group") or 1)
+    top_k = grouped_top_k(raw, experts, groups, top_groups)
     if groups > 1 and experts // groups < 2:
         raise UnsupportedArchitectureError(
             f"each of the n_group = {groups} groups needs 2 experts: a group scores by its best two"
