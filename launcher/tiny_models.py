@@ -49,6 +49,7 @@ ARCHITECTURES = {
     "Olmo2ForCausalLM": "Olmo2Config",
     "Olmo3ForCausalLM": "Olmo3Config",
     "Exaone4ForCausalLM": "Exaone4Config",
+    "Glm4ForCausalLM": "Glm4Config",
     "MixtralForCausalLM": "MixtralConfig",
     "Qwen2MoeForCausalLM": "Qwen2MoeConfig",
     "Qwen3MoeForCausalLM": "Qwen3MoeConfig",
@@ -99,6 +100,7 @@ POST_LLAMA_ARCHITECTURES = (
     "Olmo2ForCausalLM",
     "Olmo3ForCausalLM",
     "Exaone4ForCausalLM",
+    "Glm4ForCausalLM",
 )
 MOE_ARCHITECTURES = (
     "MixtralForCausalLM",

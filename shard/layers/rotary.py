@@ -15,6 +15,9 @@ Two variants change what a token's table row is, not how it rotates:
   token by its own sequence's length (see `_token_seq_lens`). Both tables are stacked in one
   buffer, short rows first, and a token reads row `position + long_offset` when long: the
   kernels see just another table row index.
+
+And one changes which dims pair up: `interleaved` (GLM-4, DeepSeek) turns (x0, x1), (x2, x3)...
+as pairs; each head's rotated dims are reordered evens-then-odds first, which makes them halves.
 """
 
 from __future__ import annotations
@@ -61,6 +64,9 @@ class RopeConfig:
     # original_max_position_embeddings (short) and past it (long).
     short_factor: tuple[float, ...] = ()
     long_factor: tuple[float, ...] = ()
+    # The rotated dims come as interleaved pairs (x0, x1), (x2, x3)... each turned by one
+    # frequency (GLM-4's and DeepSeek's GPT-J-style rotation), not as two halves.
+    interleaved: bool = False
 
     def __post_init__(self) -> None:
         dim = self.rotary_dim
@@ -283,6 +289,15 @@ class RotaryEmbedding(nn.Module):
         self.ops = platform_of(device)
         self.register_buffer("cos", cos.to(device), persistent=False)
         self.register_buffer("sin", sin.to(device), persistent=False)
+        # Interleaved pairs are reordered evens-then-odds (the dims past rotary_dim stay) and
+        # then turned as halves: the same rotation of each pair, the dims of q and of k in the
+        # same new order, so every query-key product is transformers'.
+        order = None
+        if config.interleaved:
+            r = self.rotary_dim
+            parts = (torch.arange(0, r, 2), torch.arange(1, r, 2), torch.arange(r, config.head_dim))
+            order = torch.cat(parts).to(device)
+        self.register_buffer("deinterleave", order, persistent=False)
         # One module serves every layer, and every layer of a step passes the same positions
         # tensor (and metadata): its table rows and gathered cos/sin are kept for the next layer
         # (keyed by identity, which holding the tensors keeps unique) instead of being computed
@@ -300,7 +315,11 @@ class RotaryEmbedding(nn.Module):
         (the CPU decode fast path). False for partial rotary (`rotary_dim` < head_dim: only the
         leading dims rotate, the tables are that wide) and longrope (the row depends on the
         token's sequence length): call the module, with the step's metadata, then."""
-        return self.rotary_dim == self.config.head_dim and self.long_offset is None
+        return (
+            self.rotary_dim == self.config.head_dim
+            and self.long_offset is None
+            and not self.config.interleaved
+        )
 
     def _cos_sin(self, rows: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         step = self._step
@@ -346,6 +365,8 @@ class RotaryEmbedding(nn.Module):
         `meta`, the step's metadata, matters to longrope only (which tables each token reads,
         see `_token_seq_lens`); without it every token counts as the last of its sequence."""
         rows = self._rows(positions, meta)
+        if self.deinterleave is not None:
+            q, k = q[..., self.deinterleave], k[..., self.deinterleave]
         if torch.compiler.is_compiling():
             # Inductor fuses the gather and both rotations into one loop; the eager shortcuts
             # below (a per-step cache keyed by identity, a storage check) cannot be traced.

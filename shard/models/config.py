@@ -106,8 +106,6 @@ class MlaConfig:
     qk_nope_head_dim: int  # each head's query/key dims without position encoding
     qk_rope_head_dim: int  # ... and with it (rotary)
     v_head_dim: int
-    # the rotary dims stored as interleaved pairs (x0, x1), (x2, x3)... (DeepSeek's release)
-    rope_interleave: bool
 
 
 @dataclass(frozen=True)

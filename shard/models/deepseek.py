@@ -49,8 +49,6 @@ def mla_config(raw: dict[str, Any]) -> MlaConfig:
         qk_nope_head_dim=int(raw["qk_nope_head_dim"]),
         qk_rope_head_dim=int(raw["qk_rope_head_dim"]),
         v_head_dim=int(raw["v_head_dim"]),
-        # V2's complex rotation pairs neighbouring dims as V3's rope_interleave does
-        rope_interleave=bool(raw.get("rope_interleave", True)),
     )
     for field in ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim"):
         if getattr(mla, field) < 1:
@@ -127,6 +125,8 @@ class DeepseekV3ForCausalLM(DecoderModel):
         # the rotary tables are the rotary key part's width (GLM-4.7-Flash's config aliases
         # head_dim to it rather than stating it)
         rope = RopeConfig.from_config_dict(raw, mla.qk_rope_head_dim)
+        # V2's complex rotation pairs neighbouring dims as V3's rope_interleave does
+        rope = replace(rope, interleaved=bool(raw.get("rope_interleave", True)))
         if rope.rotary_dim != mla.qk_rope_head_dim:
             raise UnsupportedArchitectureError(
                 f"partial_rotary_factor = {rope.partial_rotary_factor}: latent attention "

@@ -18,8 +18,7 @@ across ranks; the latent's projection (kv_a_proj_with_mqa) and the query's down 
 (q_a_proj) are computed whole on every rank, so every rank caches the same latent.
 
 DeepSeek stores the rotary dims as interleaved pairs (rope_interleave, and V2's complex
-rotation); q_r and k_r are de-interleaved (evens, then odds) before the usual rotation of
-halves, which is how transformers computes it too: a query-key product is the same either way.
+rotation): the rotary's `interleaved` option (shard/layers/rotary.py).
 """
 
 from __future__ import annotations
@@ -70,12 +69,6 @@ class LatentAttention(nn.Module):
         self.scale = scale
         self.num_heads = w_uk.shape[0]
         self.window = None  # what the CUDA graph and decode paths read of an attention
-        if mla.rope_interleave:
-            rope = mla.qk_rope_head_dim
-            order = torch.cat((torch.arange(0, rope, 2), torch.arange(1, rope, 2)))
-            self.register_buffer("deinterleave", order.to(w_uk.device), persistent=False)
-        else:
-            self.deinterleave = None
 
     @property
     def cache_shape(self) -> tuple[int, int]:
@@ -144,10 +137,9 @@ class LatentAttention(nn.Module):
         )
         latent, k_rope = self.kv_a_proj(hidden).split([rank, rope], -1)
         latent = self.kv_a_norm(latent.contiguous())
-        k_rope = k_rope.unsqueeze(1)
-        if self.deinterleave is not None:
-            q_rope, k_rope = q_rope[..., self.deinterleave], k_rope[..., self.deinterleave]
-        q_rope, k_rope = self.rotary(positions, q_rope.contiguous(), k_rope.contiguous(), meta)
+        q_rope, k_rope = self.rotary(
+            positions, q_rope.contiguous(), k_rope[:, None].contiguous(), meta
+        )
         # each head's query in latent space: q_nope W_UK^T, [T, H, rank]
         q_latent = torch.bmm(q_nope.transpose(0, 1), self.w_uk).transpose(0, 1)
         query = torch.cat((q_latent, q_rope), -1)

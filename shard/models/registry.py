@@ -32,6 +32,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Olmo2ForCausalLM": ("shard.models.olmo2", "Olmo2ForCausalLM"),
     "Olmo3ForCausalLM": ("shard.models.olmo2", "Olmo3ForCausalLM"),
     "Exaone4ForCausalLM": ("shard.models.exaone4", "Exaone4ForCausalLM"),
+    "Glm4ForCausalLM": ("shard.models.glm4", "Glm4ForCausalLM"),
     "MixtralForCausalLM": ("shard.models.mixtral", "MixtralForCausalLM"),
     "GptOssForCausalLM": ("shard.models.gpt_oss", "GptOssForCausalLM"),
     "Qwen2MoeForCausalLM": ("shard.models.qwen2_moe", "Qwen2MoeForCausalLM"),

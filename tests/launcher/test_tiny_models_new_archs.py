@@ -27,6 +27,7 @@ NORMS_PER_LAYER = {
     "Olmo2ForCausalLM": 4,  # after attention and the MLP, and q/k over the whole projection
     "Olmo3ForCausalLM": 4,
     "Exaone4ForCausalLM": 4,
+    "Glm4ForCausalLM": 4,
 }
 
 
@@ -221,6 +222,7 @@ FEATURES = [
     ("olmo3_sliding_one_kv_head", {"layer_types": ["full_attention", "full_attention"]}),
     # no window: every layer full and rotating (transformers needs layer_types to agree)
     ("exaone4_sliding_nope", {"sliding_window": None, "layer_types": ["full_attention"] * 2}),
+    ("glm4_interleaved_partial", {"partial_rotary_factor": 1.0}),
 ]
 
 

@@ -63,6 +63,7 @@ MODELS = [
     # 2) and one replicated on both (OLMo 3); per-head q/k norms and a NoPE layer (EXAONE 4)
     *PROJECTION_QK_NORM,
     "exaone4_sliding_nope",
+    "glm4_interleaved_partial",  # fused gate_up and interleaved partial rotary, heads split
     # Mixture-of-Experts: every expert's intermediate split per rank (the stacked layout too);
     # the shared expert and the routed ones reduced together
     *MOE_TP,

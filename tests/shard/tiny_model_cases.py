@@ -195,6 +195,9 @@ NEW_ARCH_MODELS: dict[str, tuple[str, dict]] = {
         "Exaone4ForCausalLM",
         {"sliding_window": 7, "layer_types": ["sliding_attention", "full_attention"]},
     ),
+    # GLM-4 dense: the rotary over the first half of each head (its default factor 0.5) in
+    # interleaved pairs, four norms a layer under GLM's names, q/k/v biases, a fused gate_up.
+    "glm4_interleaved_partial": ("Glm4ForCausalLM", {"head_dim": 16, "num_key_value_heads": 2}),
 }
 
 # Gemma 3 4B and up and Mistral Small 3.1 and later as released: vision-language checkpoints

@@ -1,0 +1,35 @@
+"""GLM-4 dense (`Glm4ForCausalLM`: GLM-4-9B-0414, GLM-4-32B-0414, GLM-Z1): four norms a layer
+(before attention and after it, before the MLP and after it: the sandwich norms, under GLM's
+names), q/k/v biases without an o_proj bias, gate/up fused in one `gate_up_proj` tensor, and
+rotary over the first half of each head (partial_rotary_factor 0.5) in interleaved pairs."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from shard.models.blocks import DecoderModel
+from shard.models.config import ModelConfig
+from shard.models.names import LLAMA_NAMES
+
+GLM4_NAMES = {
+    **LLAMA_NAMES,
+    "gate_up_proj": ("model.layers.{i}.mlp.gate_up_proj",),
+    # the blocks' sandwich norms: after attention, before the MLP, after the MLP
+    "post_attention_layernorm": ("model.layers.{i}.post_self_attn_layernorm",),
+    "pre_feedforward_layernorm": ("model.layers.{i}.post_attention_layernorm",),
+    "post_feedforward_layernorm": ("model.layers.{i}.post_mlp_layernorm",),
+}
+
+
+class Glm4ForCausalLM(DecoderModel):
+    NAMES = GLM4_NAMES
+
+    @classmethod
+    def adapt_config(cls, raw: dict[str, Any], config: ModelConfig) -> ModelConfig:
+        return replace(
+            config,
+            o_bias=False,
+            sandwich_norms=True,
+            rope=replace(config.rope, interleaved=True),
+        )
