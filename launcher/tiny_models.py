@@ -50,6 +50,8 @@ ARCHITECTURES = {
     "Olmo3ForCausalLM": "Olmo3Config",
     "Exaone4ForCausalLM": "Exaone4Config",
     "Glm4ForCausalLM": "Glm4Config",
+    "SeedOssForCausalLM": "SeedOssConfig",
+    "Ernie4_5ForCausalLM": "Ernie4_5Config",
     "MixtralForCausalLM": "MixtralConfig",
     "Qwen2MoeForCausalLM": "Qwen2MoeConfig",
     "Qwen3MoeForCausalLM": "Qwen3MoeConfig",
@@ -101,6 +103,8 @@ POST_LLAMA_ARCHITECTURES = (
     "Olmo3ForCausalLM",
     "Exaone4ForCausalLM",
     "Glm4ForCausalLM",
+    "SeedOssForCausalLM",
+    "Ernie4_5ForCausalLM",
 )
 MOE_ARCHITECTURES = (
     "MixtralForCausalLM",

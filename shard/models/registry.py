@@ -33,6 +33,8 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Olmo3ForCausalLM": ("shard.models.olmo2", "Olmo3ForCausalLM"),
     "Exaone4ForCausalLM": ("shard.models.exaone4", "Exaone4ForCausalLM"),
     "Glm4ForCausalLM": ("shard.models.glm4", "Glm4ForCausalLM"),
+    "SeedOssForCausalLM": ("shard.models.seed_oss", "SeedOssForCausalLM"),
+    "Ernie4_5ForCausalLM": ("shard.models.ernie4_5", "Ernie4_5ForCausalLM"),
     "MixtralForCausalLM": ("shard.models.mixtral", "MixtralForCausalLM"),
     "GptOssForCausalLM": ("shard.models.gpt_oss", "GptOssForCausalLM"),
     "Qwen2MoeForCausalLM": ("shard.models.qwen2_moe", "Qwen2MoeForCausalLM"),

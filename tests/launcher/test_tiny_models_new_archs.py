@@ -28,6 +28,8 @@ NORMS_PER_LAYER = {
     "Olmo3ForCausalLM": 4,
     "Exaone4ForCausalLM": 4,
     "Glm4ForCausalLM": 4,
+    "SeedOssForCausalLM": 2,
+    "Ernie4_5ForCausalLM": 2,
 }
 
 
@@ -223,6 +225,8 @@ FEATURES = [
     # no window: every layer full and rotating (transformers needs layer_types to agree)
     ("exaone4_sliding_nope", {"sliding_window": None, "layer_types": ["full_attention"] * 2}),
     ("glm4_interleaved_partial", {"partial_rotary_factor": 1.0}),
+    ("seed_oss_out_bias", {"attention_out_bias": False}),
+    ("ernie4_5_biased_interleaved", {"use_bias": False}),
 ]
 
 

@@ -64,6 +64,7 @@ MODELS = [
     *PROJECTION_QK_NORM,
     "exaone4_sliding_nope",
     "glm4_interleaved_partial",  # fused gate_up and interleaved partial rotary, heads split
+    "ernie4_5_biased_interleaved",  # o_proj and down_proj biases added once, by rank 0
     # Mixture-of-Experts: every expert's intermediate split per rank (the stacked layout too);
     # the shared expert and the routed ones reduced together
     *MOE_TP,

@@ -198,6 +198,14 @@ NEW_ARCH_MODELS: dict[str, tuple[str, dict]] = {
     # GLM-4 dense: the rotary over the first half of each head (its default factor 0.5) in
     # interleaved pairs, four norms a layer under GLM's names, q/k/v biases, a fused gate_up.
     "glm4_interleaved_partial": ("Glm4ForCausalLM", {"head_dim": 16, "num_key_value_heads": 2}),
+    # Seed-OSS: q/k/v biases (its default) and an o_proj bias of its own switch
+    "seed_oss_out_bias": (
+        "SeedOssForCausalLM",
+        {"head_dim": 16, "num_key_value_heads": 2, "attention_out_bias": True},
+    ),
+    # ERNIE 4.5: a bias on every projection (q/k/v/o and the MLP's), interleaved pairs rotated
+    # over the whole head, tied embeddings (its default)
+    "ernie4_5_biased_interleaved": ("Ernie4_5ForCausalLM", {"head_dim": 16, "use_bias": True}),
 }
 
 # Gemma 3 4B and up and Mistral Small 3.1 and later as released: vision-language checkpoints
