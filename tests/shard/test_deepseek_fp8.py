@@ -21,12 +21,11 @@ import pytest
 import torch
 from paged_helpers import assert_every_step_equals_reference, run_paged
 from safetensors.torch import save_file
+from test_fp8_models import _weights as linear_and_expert_weights
 from transformers import AutoModelForCausalLM, FineGrainedFP8Config
 
 from launcher.tiny_models import build_model
 from shard.distributed import Distributed
-from shard.layers.moe import FusedMoE
-from shard.layers.quant.base import LinearWeight
 from shard.models import load_model
 
 CPU = torch.device("cpu")
@@ -101,12 +100,7 @@ def test_served_as_transformers_serves_it_dequantized(checkpoint):
 
 def _weights(model) -> dict[str, torch.Tensor]:
     """Every linear's weight as it multiplies, the experts and the absorbed kv_b_proj halves."""
-    found = {}
-    for name, module in model.named_modules():
-        if isinstance(module, LinearWeight):
-            found[name] = module(torch.eye(module.in_features)).T
-        elif isinstance(module, FusedMoE):
-            found[f"{name}.w13"], found[f"{name}.w2"] = module.w13, module.w2
+    found = linear_and_expert_weights(model)
     for name, buffer in model.named_buffers():
         if name.endswith(("w_uk", "w_uv")):
             found[name] = buffer
