@@ -68,7 +68,6 @@ class LatentAttention(nn.Module):
         self.mla = mla
         self.scale = scale
         self.num_heads = w_uk.shape[0]
-        self.window = None  # what the CUDA graph and decode paths read of an attention
 
     @property
     def cache_shape(self) -> tuple[int, int]:
