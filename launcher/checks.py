@@ -165,9 +165,9 @@ def _positive(value: object) -> int | None:
 
 def _experts(config: dict[str, Any]) -> tuple[str, int] | None:
     """(the config's field, the number of routed experts): Mixtral says num_local_experts,
-    Qwen2-MoE and Qwen3-MoE num_experts, GLM-4.5 and DeepSeek n_routed_experts; None for a
-    model without experts."""
-    for field in ("num_local_experts", "num_experts", "n_routed_experts"):
+    Qwen2-MoE and Qwen3-MoE num_experts, GLM-4.5 and DeepSeek n_routed_experts, ERNIE 4.5
+    moe_num_experts; None for a model without experts."""
+    for field in ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"):
         count = _positive(config.get(field))
         if count is not None:
             return field, count
@@ -195,22 +195,25 @@ def _dense_reason(config: dict[str, Any]) -> str | None:
     first = _positive(config.get("first_k_dense_replace"))  # GLM-4.5, DeepSeek
     if first is not None:
         return f"first_k_dense_replace {first}"
+    for field in ("moe_layer_start_index", "moe_layer_interval"):  # ERNIE 4.5
+        value = _positive(config.get(field))
+        if value is not None and value > (0 if field.endswith("index") else 1):
+            return f"{field} {value}"
     return None
 
 
 def _shared(config: dict[str, Any]) -> tuple[str, int] | None:
     """The shared expert's intermediate size and where the config says it: Qwen2-MoE's
-    shared_expert_intermediate_size, or GLM-4.5's and DeepSeek's n_shared_experts experts of
-    moe_intermediate_size (one MLP of their total width)."""
+    shared_expert_intermediate_size, or GLM-4.5's and DeepSeek's n_shared_experts (ERNIE 4.5's
+    moe_num_shared_experts) experts of moe_intermediate_size (one MLP of their total width)."""
     size = _positive(config.get("shared_expert_intermediate_size"))
     if size is not None:
         return f"shared_expert_intermediate_size {size}", size
-    count, each = (
-        _positive(config.get("n_shared_experts")),
-        _positive(config.get("moe_intermediate_size")),
-    )
-    if count is not None and each is not None:
-        return f"n_shared_experts {count} x moe_intermediate_size {each}", count * each
+    each = _positive(config.get("moe_intermediate_size"))
+    for field in ("n_shared_experts", "moe_num_shared_experts"):
+        count = _positive(config.get(field))
+        if count is not None and each is not None:
+            return f"{field} {count} x moe_intermediate_size {each}", count * each
     return None
 
 

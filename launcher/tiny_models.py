@@ -52,6 +52,7 @@ ARCHITECTURES = {
     "Glm4ForCausalLM": "Glm4Config",
     "SeedOssForCausalLM": "SeedOssConfig",
     "Ernie4_5ForCausalLM": "Ernie4_5Config",
+    "Ernie4_5_MoeForCausalLM": "Ernie4_5_MoeConfig",
     "MixtralForCausalLM": "MixtralConfig",
     "Qwen2MoeForCausalLM": "Qwen2MoeConfig",
     "Qwen3MoeForCausalLM": "Qwen3MoeConfig",
@@ -115,6 +116,7 @@ MOE_ARCHITECTURES = (
     "DeepseekV2ForCausalLM",
     "DeepseekV3ForCausalLM",
     "Glm4MoeLiteForCausalLM",
+    "Ernie4_5_MoeForCausalLM",
 )
 # Multi-head latent attention (DeepSeek's)
 MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM")

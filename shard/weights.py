@@ -191,6 +191,11 @@ class Weights:
         text-only server never runs)."""
         self.consumed.update(k for k in self._keys if k.startswith(prefixes))
 
+    def skip_named(self, part: str) -> None:
+        """Every tensor with `part` in its name is deliberately not loaded (ERNIE 4.5's
+        multi-token-prediction modules, which transformers drops by that substring too)."""
+        self.consumed.update(k for k in self._keys if part in k)
+
     def get_tensor(self, name: str, *, stored_dtype: bool = False) -> torch.Tensor:
         """The whole tensor, for replicated parameters (norms)."""
         shape = self.shape(name)

@@ -48,26 +48,30 @@ def route(
     num_groups: int = 1,
     top_groups: int = 1,
     scale: float = 1.0,
+    correction_bias: torch.Tensor | None = None,
+    renormalize_min: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Router logits [T, E] -> (weights [T, K] float32, expert ids [T, K] int32): softmax in
-    float32, the top k, divided by their sum with `renormalize`, times `scale`
-    (DeepSeek-V2's routed_scaling_factor), rounded to `round_to` where the model's reference
-    weights its experts in its dtype (transformers' Qwen MoE blocks). With `num_groups` > 1
-    (DeepSeek-V2's group-limited greedy choice) the top k come from the `top_groups` of
-    `num_groups` equal groups of experts whose best probability is highest."""
+    float32, the top k, divided by their sum (at least `renormalize_min`) with `renormalize`,
+    times `scale` (DeepSeek-V2's routed_scaling_factor), rounded to `round_to` where the model's
+    reference weights its experts in its dtype (transformers' Qwen MoE blocks, ERNIE 4.5).
+    With `correction_bias` ([E], ERNIE 4.5) the choice reads the probabilities plus the bias,
+    the weights the probabilities. With `num_groups` > 1 (DeepSeek-V2's group-limited greedy
+    choice) the top k come from the `top_groups` of `num_groups` equal groups of experts whose
+    best probability is highest."""
     probs = torch.softmax(logits.float(), dim=-1)
-    choice = probs
+    choice = probs if correction_bias is None else probs + correction_bias
     if num_groups > 1:
         tokens, experts = probs.shape
-        grouped = probs.view(tokens, num_groups, experts // num_groups)
+        grouped = choice.view(tokens, num_groups, experts // num_groups)
         kept = torch.topk(grouped.amax(dim=-1), top_groups, dim=-1, sorted=False)[1]
         mask = torch.zeros(tokens, num_groups, dtype=torch.bool, device=probs.device)
         mask.scatter_(1, kept, True)
-        # probabilities are positive: a zeroed expert is never chosen over a kept one
-        choice = grouped.masked_fill(~mask[:, :, None], 0.0).view(tokens, experts)
-    weights, ids = torch.topk(choice, top_k, dim=-1)
+        choice = grouped.masked_fill(~mask[:, :, None], float("-inf")).view(tokens, experts)
+    ids = torch.topk(choice, top_k, dim=-1)[1]
+    weights = probs.gather(1, ids)
     if renormalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights = weights / weights.sum(dim=-1, keepdim=True).clamp(min=renormalize_min)
     if scale != 1.0:
         weights = weights * scale
     if round_to is not None:

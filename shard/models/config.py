@@ -93,6 +93,11 @@ class MoeConfig:
     # the router's weight and logits in float32, read from the stored values (GLM-4.5's and
     # DeepSeek's, which transformers keeps in float32)
     float32_router: bool = False
+    # a per-expert bias added to the scores for the choice only (`router_correction_bias`:
+    # GLM-4.5's and DeepSeek-V3's sigmoid scores, ERNIE 4.5's softmax probabilities)
+    correction_bias: bool = False
+    # renormalised weights are divided by max(their sum, this) (ERNIE 4.5's moe_norm_min)
+    renormalize_min: float = 0.0
 
 
 @dataclass(frozen=True)

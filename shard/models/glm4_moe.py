@@ -26,6 +26,7 @@ GLM4_MOE_NAMES = {
         "model.layers.{i}.mlp.shared_experts.up_proj",
     ),
     "shared_expert_down_proj": ("model.layers.{i}.mlp.shared_experts.down_proj",),
+    "router_correction_bias": ("model.layers.{i}.mlp.gate.e_score_correction_bias",),
 }
 
 
@@ -73,6 +74,7 @@ def grouped_sigmoid_moe(raw: dict[str, Any], config: ModelConfig) -> MoeConfig:
         routed_scaling=float(raw.get("routed_scaling_factor") or 1.0),
         shared_expert_gated=False,
         float32_router=True,
+        correction_bias=True,
     )
 
 

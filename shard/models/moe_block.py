@@ -1,8 +1,9 @@
 """The Mixture-of-Experts MLP block: a router (gpt-oss's with a bias; GLM-4.5's and
 DeepSeek-V3's sigmoid scores chosen by group with a correction bias; DeepSeek-V2's softmax,
-chosen by group and scaled) picks each token's top-k experts, the experts run as one
-fused layer (shard/layers/moe.py), and an optional shared expert every token takes (Qwen2-MoE: a
-gated MLP scaled by sigmoid(shared_expert_gate(x)); GLM-4.5: ungated) is added;
+chosen by group and scaled; ERNIE 4.5's softmax chosen with a correction bias) picks each
+token's top-k experts, the experts run as one fused layer (shard/layers/moe.py), and an
+optional shared expert every token takes (Qwen2-MoE: a gated MLP scaled by
+sigmoid(shared_expert_gate(x)); GLM-4.5, DeepSeek, ERNIE 4.5: ungated) is added;
 the rank's partial outputs of both are all-reduced once, as a dense MLP's row-parallel down
 projection is.
 
@@ -81,10 +82,10 @@ class SparseMoeBlock(nn.Module):
             )
         bias = weights.get_tensor(f"{names.one('router')}.bias") if moe.router_bias else None
         correction = None
-        if moe.scoring == "sigmoid":
-            name = f"{names.one('router')}.e_score_correction_bias"
-            if weights.has(name):
-                correction = weights.get_tensor(name, stored_dtype=True).float()
+        if moe.correction_bias:
+            name = names.one("router_correction_bias")
+            if weights.has(name):  # ERNIE 4.5 stores it [1, E]
+                correction = weights.get_tensor(name, stored_dtype=True).float().reshape(-1)
         return cls(router, experts, moe, weights.dist, shared, shared_gate, bias, correction)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -122,6 +123,8 @@ class SparseMoeBlock(nn.Module):
             num_groups=moe.num_groups,
             top_groups=moe.top_groups,
             scale=moe.routed_scaling,
+            correction_bias=self.correction_bias,
+            renormalize_min=moe.renormalize_min,
         )
 
 

@@ -35,6 +35,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Glm4ForCausalLM": ("shard.models.glm4", "Glm4ForCausalLM"),
     "SeedOssForCausalLM": ("shard.models.seed_oss", "SeedOssForCausalLM"),
     "Ernie4_5ForCausalLM": ("shard.models.ernie4_5", "Ernie4_5ForCausalLM"),
+    "Ernie4_5_MoeForCausalLM": ("shard.models.ernie4_5_moe", "Ernie4_5_MoeForCausalLM"),
     "MixtralForCausalLM": ("shard.models.mixtral", "MixtralForCausalLM"),
     "GptOssForCausalLM": ("shard.models.gpt_oss", "GptOssForCausalLM"),
     "Qwen2MoeForCausalLM": ("shard.models.qwen2_moe", "Qwen2MoeForCausalLM"),

@@ -272,3 +272,23 @@ def test_deepseek_fields_name_the_experts_the_shared_ones_and_the_dense_layers(t
     assert "which has dense layers: first_k_dense_replace 1)" in refusal(False, 8, dense)
     with pytest.raises(ShardCountError, match="--compile does not serve"):
         check_experts(False, 1, path, compiled=True)
+
+
+def test_ernie_fields_name_the_experts_the_shared_ones_and_the_dense_layers(tmp_path):
+    ernie = {
+        "architectures": ["Ernie4_5_MoeForCausalLM"],
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "moe_num_experts": 8,
+        "moe_k": 2,
+        "moe_intermediate_size": 16,
+        "moe_num_shared_experts": 3,
+        "intermediate_size": 96,
+        "moe_layer_start_index": 1,
+    }
+    path = model(tmp_path, ernie)
+    assert "(moe_num_shared_experts 3 x moe_intermediate_size 16 in" in refusal(True, 32, path)
+    assert "model's 8 experts (moe_num_experts in" in refusal(True, 16, path)
+    dense = model(tmp_path, {**ernie, "intermediate_size": 100})
+    assert "which has dense layers: moe_layer_start_index 1)" in refusal(False, 8, dense)
+    check_experts(True, 4, model(tmp_path, {**ernie, "moe_num_shared_experts": 2}))

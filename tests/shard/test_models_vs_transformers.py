@@ -106,6 +106,7 @@ KEPT_FLOAT32 = {
     "glm4_moe_grouped": r"\.router$",
     "deepseek_v3_mla": r"\.router$",
     "glm4_moe_lite_mla": r"\.router$",
+    "ernie4_5_moe_biased_choice": r"\.router$",
 }
 # Models whose transformers' own half-precision logits are beyond 3e-2 of float32's (OLMo 2's
 # post norms: 0.039 in bf16 on these prompts; DeepSeek-V3's case: 0.031): compared with that

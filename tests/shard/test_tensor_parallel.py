@@ -40,6 +40,8 @@ MOE_TP = [
     # (with biases in V2's case) computed whole on both ranks, each caching the same latent
     "deepseek_v3_mla",
     "deepseek_v2_grouped",
+    # ERNIE 4.5: the softmax choice with a correction bias, the dense layers' biases
+    "ernie4_5_moe_biased_choice",
 ]
 
 # Their q/k norms add one all_reduce a layer (both norms' sums of squares in one).

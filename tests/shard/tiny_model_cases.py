@@ -336,6 +336,20 @@ MOE_MODELS["glm4_moe_lite_mla"] = (
         "routed_scaling_factor": 1.8,
     },
 )
+# ERNIE 4.5 MoE: softmax top-3 of 8 chosen with a correction bias, renormalised, one shared
+# expert; only the middle layer sparse (moe_layer_interval 2); interleaved rotary.
+MOE_MODELS["ernie4_5_moe_biased_choice"] = (
+    "Ernie4_5_MoeForCausalLM",
+    {
+        "num_hidden_layers": 3,
+        "head_dim": 16,
+        "moe_num_experts": 8,
+        "moe_k": 3,
+        "moe_intermediate_size": 32,
+        "moe_num_shared_experts": 1,
+        "moe_layer_interval": 2,
+    },
+)
 # The same Qwen3-MoE saved as transformers 5 holds it (stacked experts, `save_original_format`
 # off): the layout the loader must read besides the Hub's.
 MOE_MODELS["qwen3_moe_stacked"] = (
