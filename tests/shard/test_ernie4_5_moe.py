@@ -1,6 +1,6 @@
 """ERNIE 4.5 MoE's pieces beyond the whole-model comparisons (test_models_vs_transformers.py,
-test_tensor_parallel.py): its router against transformers' own module, the multi-token
-prediction modules of the releases skipped, configs refused by field."""
+test_tensor_parallel.py; its MTP modules skipped: test_glm4_moe.py): its router against
+transformers' own module, configs refused by field."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import shutil
 
 import pytest
 import torch
-from paged_helpers import run_paged
 from transformers import Ernie4_5_MoeConfig
 from transformers.models.ernie4_5_moe.modeling_ernie4_5_moe import Ernie4_5_MoeTopKRouter
 
@@ -17,7 +16,6 @@ from shard.distributed import Distributed
 from shard.layers.moe import route
 from shard.models import load_model
 from shard.models.config import UnsupportedArchitectureError
-from tests.shard.test_model_loading import copy_with_tensors
 
 CPU = torch.device("cpu")
 NAME = "ernie4_5_moe_biased_choice"
@@ -49,23 +47,6 @@ def test_router_equals_transformers(experts, top_k, norm_min):
     # the bias moves the choice: without it, other experts
     unbiased = route(logits, top_k, renormalize=True, round_to=None)[1]
     assert not torch.equal(unbiased.sort(dim=1).values, ids.sort(dim=1).values)
-
-
-def test_multi_token_prediction_modules_are_skipped(tiny_model, tmp_path):
-    source = tiny_model(NAME)
-
-    def add_mtp(tensors: dict) -> None:
-        for name in ("model.mtp_block.0.self_attn.q_proj.weight", "model.mtp_emb_norm.0.weight"):
-            tensors[name] = torch.ones(4, 4)
-
-    copy_with_tensors(source, tmp_path / "mtp", add_mtp)
-    plain = load_model(source, dtype=torch.float32, device=CPU, dist=Distributed())
-    with_mtp = load_model(tmp_path / "mtp", dtype=torch.float32, device=CPU, dist=Distributed())
-    prompt = [torch.arange(3, 24)]
-    want_logits, want_tokens = run_paged(plain, prompt, 2)
-    logits, tokens = run_paged(with_mtp, prompt, 2)
-    assert tokens == want_tokens
-    assert all(torch.equal(a, b) for a, b in zip(logits, want_logits, strict=True))
 
 
 @pytest.mark.parametrize(

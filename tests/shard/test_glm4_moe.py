@@ -54,16 +54,25 @@ def test_router_equals_transformers(experts, groups, top_groups, top_k, renormal
     torch.testing.assert_close(weights.gather(1, order), want_weights.gather(1, want_order))
 
 
-@pytest.mark.parametrize("name", ["glm4_moe_grouped", "deepseek_v3_mla", "glm4_moe_lite_mla"])
-def test_multi_token_prediction_layers_are_skipped(tiny_model, tmp_path, name):
-    """The releases (GLM-4.5's, DeepSeek-V3's) store the MTP layer as one more layer (and its
-    own norms and projection)."""
+# GLM-4.5's and DeepSeek-V3's releases store the MTP layer as one more layer (its own norms and
+# projection too); ERNIE 4.5's as modules of its own
+AFTER_THE_LAST = ("model.layers.{layers}.eh_proj.weight", "model.layers.{layers}.enorm.weight",
+                  "model.layers.{layers}.self_attn.q_proj.weight")  # fmt: skip
+ERNIE_MTP = ("model.mtp_block.0.self_attn.q_proj.weight", "model.mtp_emb_norm.0.weight")
+
+
+@pytest.mark.parametrize(
+    "name, mtp",
+    [("glm4_moe_grouped", AFTER_THE_LAST), ("deepseek_v3_mla", AFTER_THE_LAST),
+     ("glm4_moe_lite_mla", AFTER_THE_LAST), ("ernie4_5_moe_biased_choice", ERNIE_MTP)],
+)  # fmt: skip
+def test_multi_token_prediction_layers_are_skipped(tiny_model, tmp_path, name, mtp):
     source = tiny_model(name)
     layers = json.loads((source / "config.json").read_text())["num_hidden_layers"]
 
     def add_mtp(tensors: dict) -> None:
-        for name in ("eh_proj.weight", "enorm.weight", "self_attn.q_proj.weight"):
-            tensors[f"model.layers.{layers}.{name}"] = torch.ones(4, 4)
+        for tensor in mtp:
+            tensors[tensor.format(layers=layers)] = torch.ones(4, 4)
 
     copy_with_tensors(source, tmp_path / "mtp", add_mtp)
     plain = load_model(source, dtype=torch.float32, device=CPU, dist=Distributed())
