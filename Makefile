@@ -32,6 +32,10 @@ $(STAMP): pyproject.toml tests/deploy/checkov_env.py
 	# checkov, for deploy/'s checks, in an environment of its own (.venv/checkov): its pins
 	# conflict with the project's (tests/deploy/checkov_env.py says which).
 	$(VENV_PY) -m tests.deploy.checkov_env
+	# The shard's native CPU kernels, built for this machine's CPU and cached (a minute or two of
+	# one core), so that neither a first `make serve` nor the tests spend it; a machine that
+	# cannot build them serves on the torch paths, as the shard's log then says.
+	$(VENV_PY) -m shard.platforms.cpu.native
 	touch $@
 
 serve: $(STAMP)

@@ -124,6 +124,9 @@ def router_spec(
         str(cfg.port),
         "--served-model-name",
         served_name,
+        # started beside the shards, the router waits for them as long as the launcher does
+        "--shard-connect-timeout",
+        str(cfg.shard_startup_timeout),
     ]
     for name in (
         *ROUTER_INT_FLAGS,

@@ -1,6 +1,11 @@
-"""Starts the shards, waits until each answers Health, starts the router, and keeps them running
-together: if any child dies the others are stopped at once; a stop request stops all of them in
-order, gracefully."""
+"""Starts the shards and the router, waits until each shard answers Health, and keeps them
+running together: if any child dies the others are stopped at once; a stop request stops all of
+them in order, gracefully.
+
+The router starts beside the shards rather than after them: its imports and its tokenizer take
+seconds that the shards' loading then hides, and it waits for their sockets itself
+(router/client.py: ShardClient.connect, for --shard-connect-timeout, which the launcher sets to
+its own startup timeout)."""
 
 from __future__ import annotations
 
@@ -123,14 +128,10 @@ class Supervisor:
             self._claim_sockets()
             for spec in self.plan.shards:
                 self._shards.append(self._spawn(spec))
+            self._router = self._spawn(self.plan.router)
             if not self._wait_for_shards():
                 return 0
-            self._router = self._spawn(self.plan.router)
-            log.info(
-                "all %d shard(s) ready; router started (pid %d)",
-                len(self._shards),
-                self._router.pid,
-            )
+            log.info("all %d shard(s) ready", len(self._shards))
             self._supervise()
             log.info("stop requested: shutting down")
             return 0
@@ -200,7 +201,9 @@ class Supervisor:
             code = child.poll()
             if code is None:
                 continue
-            when = "before it became ready" if during_startup else "unexpectedly"
+            # The router has no readiness of its own here: it serves once the shards do.
+            shard_starting = during_startup and child is not self._router
+            when = "before it became ready" if shard_starting else "unexpectedly"
             error = StartupFailed if during_startup else ChildExited
             # Even exit code 0 is a failure: a server process has no reason to finish on its own.
             summary = f"{child.name} {describe_exit(code)} {when}"

@@ -24,7 +24,7 @@ EXIT_SHARDS_LOST = 4
 async def build_infer(args: RouterArgs) -> Infer:
     """Tokenizer, shard connection, Info, Warmup: everything before the first request."""
     tokenizer = Tokenizer.from_dir(args.model_id)
-    client = await ShardClient.connect(args.shard_uds_path)
+    client = await ShardClient.connect(args.shard_uds_path, args.shard_connect_timeout)
     try:
         info = await client.info()
         check_draft_model(args, info)

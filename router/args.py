@@ -21,6 +21,9 @@ from router.step_deadlines import DEFAULT_STEP_TIMEOUT_S
 API_KEY_ENV = "SWITCHYARD_API_KEY"
 # TGI's default: bodies are small JSON documents; the token limits are the real bound on prompts.
 DEFAULT_PAYLOAD_LIMIT = 2_000_000
+# Run alone, the router expects shards that are already up; the launcher passes its own startup
+# timeout instead, having started the router beside shards that may load for minutes.
+DEFAULT_CONNECT_TIMEOUT_S = 60.0
 # Distinct LoRA adapters the shards hold on the device at once (the launcher's default too).
 DEFAULT_MAX_LORAS = 4
 # Input bounds beyond TGI's flags (docs/architecture.md, "Bounded input").
@@ -58,6 +61,9 @@ class RouterArgs:
     # Seconds a decode step may take before the shards are declared hung; scaled per step
     # (router/step_deadlines.py). 0 on the command line: never.
     shard_step_timeout: float | None = DEFAULT_STEP_TIMEOUT_S
+    # Seconds to wait at startup for the shards' sockets and connections (they may still be
+    # loading: the launcher starts the router beside them and passes its own startup timeout).
+    shard_connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S
     max_batch_size: int | None = None
     prefill_chunking: bool = True
     prefill_chunk_tokens: int | None = None
@@ -138,6 +144,13 @@ def build_parser() -> argparse.ArgumentParser:
         "stops (503 on /health, an error to every request); one more such budget per 1024 "
         "prompt tokens in the step, and 10x for the first 10 steps; 0: never (default: "
         f"{DEFAULT_STEP_TIMEOUT_S:g})",
+    )
+    p.add_argument(
+        "--shard-connect-timeout",
+        type=_non_negative_float,
+        default=DEFAULT_CONNECT_TIMEOUT_S,
+        help="seconds to wait at startup for every shard's socket to appear and answer (the "
+        f"shards may still be loading their model; default: {DEFAULT_CONNECT_TIMEOUT_S:g})",
     )
     p.add_argument(
         "--max-batch-size", type=_positive_int, default=None, help="requests per batch (unbounded)"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import grpc
 
@@ -19,6 +20,9 @@ from switchyard_pb import generate_pb2 as pb
 from switchyard_pb import generate_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
+
+# How often a starting router looks for a shard's socket: a small delay on a startup of seconds.
+SOCKET_POLL_S = 0.02
 
 # Prefill answers carry logprobs of whole prompts (and warmup batches are large): no size cap.
 CHANNEL_OPTIONS = [
@@ -68,6 +72,19 @@ def _answers(method: str, results: list) -> list:
     return results
 
 
+async def _socket_exists(target: str, deadline: float, timeout: float) -> None:
+    """Returns once a unix: target's socket file exists (at once for any other target);
+    TimeoutError naming it at `deadline`."""
+    if not target.startswith("unix:"):
+        return
+    path = Path(target.removeprefix("unix:").removeprefix("//"))
+    loop = asyncio.get_running_loop()
+    while not path.exists():
+        if loop.time() >= deadline:
+            raise TimeoutError(f"no shard is serving at {path} after {timeout:g} s")
+        await asyncio.sleep(SOCKET_POLL_S)
+
+
 def _as_target(url: str) -> str:
     # ServiceDiscovery may answer bare socket paths; gRPC needs the unix:// scheme.
     return url if "://" in url or url.startswith("unix:") else f"unix://{url}"
@@ -86,32 +103,39 @@ class ShardClient:
 
     @classmethod
     async def connect(cls, uds_path: str, timeout: float = 60.0) -> ShardClient:
-        """Connects to rank 0, then to every shard it lists in ServiceDiscovery."""
-        first = grpc.aio.insecure_channel(shard_url(uds_path, 0), options=CHANNEL_OPTIONS)
+        """Connects to rank 0, then to every shard it lists in ServiceDiscovery, all within
+        `timeout` seconds. A shard's socket appears once it has loaded its model and serves:
+        the router waits for each to exist before it dials it, since gRPC would otherwise back
+        off between failed attempts (1 s, growing) and connect seconds after the shard came up."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        first_target = shard_url(uds_path, 0)
+        await _socket_exists(first_target, deadline, timeout)
+        first = grpc.aio.insecure_channel(first_target, options=CHANNEL_OPTIONS)
         try:
-            await asyncio.wait_for(first.channel_ready(), timeout)
+            await asyncio.wait_for(first.channel_ready(), max(0.0, deadline - loop.time()))
             stub = pb_grpc.TextGenerationServiceStub(first)
             urls = list((await stub.ServiceDiscovery(pb.ServiceDiscoveryRequest())).urls)
         except BaseException:
             await first.close()
             raise
-        first_target = shard_url(uds_path, 0)
         channels = [first]
-        for url in urls:
-            target = _as_target(url)
-            if target == first_target:
-                continue
-            channels.append(grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS))
-        client = cls(channels)
         try:
+            for url in urls:
+                target = _as_target(url)
+                if target == first_target:
+                    continue
+                await _socket_exists(target, deadline, timeout)
+                channels.append(grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS))
             await asyncio.wait_for(
-                asyncio.gather(*(c.channel_ready() for c in channels[1:])), timeout
+                asyncio.gather(*(c.channel_ready() for c in channels[1:])),
+                max(0.0, deadline - loop.time()),
             )
         except BaseException:
-            await client.close()
+            await asyncio.gather(*(c.close() for c in channels))
             raise
         log.info("connected to %d shard(s): %s", len(channels), urls or [first_target])
-        return client
+        return cls(channels)
 
     async def close(self) -> None:
         await asyncio.gather(*(c.close() for c in self._channels), return_exceptions=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import kubernetes_validate
 import pytest
-from cloudcoil.models.prometheus_operator import v1 as prometheus_operator
 
 from tests.deploy.manifests import KUSTOMIZATIONS, Obj, build, object_files, objects, written
 
@@ -29,6 +28,10 @@ def validate(obj: Obj) -> None:
 def crd_problems(obj: Obj) -> list[str]:
     """The fields the CRD's schema rejects (pydantic raises) or does not know: its models
     ignore unknown fields, so a field lost in the round trip was not in the schema."""
+    # imported here: its thousands of models take ~3 s, which every test worker would pay
+    # collecting this file
+    from cloudcoil.models.prometheus_operator import v1 as prometheus_operator
+
     model = getattr(prometheus_operator, obj["kind"])
     kept = model.model_validate(obj).model_dump(by_alias=True, exclude_unset=True, mode="json")
     return list(_lost(obj, kept))

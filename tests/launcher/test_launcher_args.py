@@ -123,6 +123,8 @@ def test_shard_and_router_command_lines():
         "8080",
         "--served-model-name",
         "org/model",
+        "--shard-connect-timeout",  # the launcher's own startup timeout (default)
+        "300.0",
         "--max-best-of",
         "3",
         "--waiting-served-ratio",

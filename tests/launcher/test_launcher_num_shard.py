@@ -33,11 +33,19 @@ def gpus(n: int):
         ("", 4, 1),
     ],
 )
-def test_default_is_the_visible_gpus_or_one(monkeypatch, visible, torch_count, expected):
+def test_default_is_the_visible_gpus_or_one(monkeypatch, tmp_path, visible, torch_count, expected):
+    monkeypatch.setattr("launcher.devices.NVIDIA_DRIVER_GPUS", tmp_path)  # a driver is loaded
     monkeypatch.setattr(torch.cuda, "device_count", lambda: torch_count)
     assert default_num_shard(visible) == expected
     env = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
     assert parse_args([], LauncherEnv.from_environ(env)).num_shard == expected
+
+
+@pytest.mark.parametrize("visible", [None, "0,1"])
+def test_without_the_nvidia_driver_torch_is_not_asked(monkeypatch, tmp_path, visible):
+    monkeypatch.setattr("launcher.devices.NVIDIA_DRIVER_GPUS", tmp_path / "absent")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: pytest.fail("torch was asked"))
+    assert default_num_shard(visible) == 1
 
 
 def test_more_shards_than_gpus_is_refused(tmp_path):

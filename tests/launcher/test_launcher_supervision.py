@@ -20,7 +20,7 @@ from tests.launcher.launcher_process import (
 )
 
 
-def test_starts_shards_then_router_and_stops_all_on_sigterm(model_dir, sock_prefix, standin_env):
+def test_starts_shards_and_router_and_stops_all_on_sigterm(model_dir, sock_prefix, standin_env):
     # A stale file where shard 0 must bind: the launcher has to clear it first.
     sock_prefix.parent.joinpath("shard-0").write_text("stale")
     args = launcher_args(
@@ -144,6 +144,8 @@ def test_shard_death_exits_within_2_s_with_one_line_then_its_last_log_lines(
     args = launcher_args(model_dir, sock_prefix, "--num-shard", str(num_shard))
     launcher = LauncherProcess(args, env)
     launcher.wait_for_line("[router] router listening")
+    # started beside the shards, the router may listen before the launcher has seen them ready
+    launcher.wait_for_line(f"all {num_shard} shard(s) ready")
     rec = records(env)
     victim = f"shard {num_shard - 1}"
     killed = time.monotonic()

@@ -9,21 +9,11 @@ from typing import Literal
 
 import jsonschema
 import pytest
-from agents import (
-    Agent,
-    ModelSettings,
-    OpenAIChatCompletionsModel,
-    Runner,
-    function_tool,
-    set_tracing_disabled,
-)
 from openai import AsyncOpenAI
 
 from launcher.chat_families import family_tokenizer, save_family
 from tests.router.harness import async_test, router_env
 from tests.router.test_chat_tools import ALARM, HERMES, walking
-
-set_tracing_disabled(True)  # the SDK would otherwise try to upload traces to OpenAI
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +64,18 @@ async def test_openai_client_tool_loop(qwen):
 async def test_agent_framework_two_step_tool_loop(qwen):
     """openai-agents calls the tool the server enforced, sends back its result, and gets the
     final answer (the SDK resets tool_choice after a call, so the second step is free text)."""
+    # imported here, not at the top: the SDK takes ~3 s to import, which every test worker
+    # would pay collecting this file
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+
+    set_tracing_disabled(True)  # the SDK would otherwise try to upload traces to OpenAI
     path, tok = qwen
     calls: list[str] = []
 

@@ -44,8 +44,6 @@ import weakref
 from collections.abc import Callable
 
 import torch
-import torch._inductor.config
-import torch.fx.experimental._config
 
 from shard.attention import AttentionBackend, StepMetadata, attend
 from shard.attention.backend import register_graph_attend
@@ -213,7 +211,12 @@ def _large_step(forward: Callable, *args: object) -> torch.Tensor:
 
 def _configure_inductor() -> None:
     """Process-wide: torch.compile's `options` did not reach the lazy compilation of the
-    first call (measured), and a shard compiles nothing else."""
+    first call (measured), and a shard compiles nothing else. Imported here, not at the top:
+    inductor takes ~2.5 s to import, which every shard would pay at startup for a flag it
+    rarely has (the custom ops above need only torch.library)."""
+    import torch._inductor.config
+    import torch.fx.experimental._config
+
     config = torch._inductor.config
     # freezing: weights are constants of the graph, which lets inductor pack them for oneDNN
     # (its weight-prepack pass) and its GEMM template, instead of multiplying unpacked bf16

@@ -30,6 +30,15 @@ class Servicer(generate_pb2_grpc.TextGenerationServiceServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, "model still loading")
         return generate_pb2.HealthResponse()
 
+    async def ServiceDiscovery(self, request, context):  # noqa: N802 (gRPC method name)
+        """Every rank's socket, as the real shard lists them (the stand-in router waits for
+        them all before it says it listens)."""
+        prefix = os.environ["FAKE_UDS_PATH"]
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        return generate_pb2.ServiceDiscoveryResponse(
+            urls=[f"unix://{prefix}-{r}" for r in range(world)]
+        )
+
 
 def record(args: argparse.Namespace) -> None:
     pid_dir = os.environ.get("FAKE_PID_DIR")
@@ -92,6 +101,7 @@ def main() -> None:
         for layer in range(30):
             print(f"shard {RANK} loading layer {layer}", flush=True)
         time.sleep(3600)
+    os.environ["FAKE_UDS_PATH"] = args.uds_path
     asyncio.run(serve(f"{args.uds_path}-{RANK}"))
 
 

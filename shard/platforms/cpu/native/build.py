@@ -30,8 +30,10 @@ builder from vector.h (shared loads and stores) and each kernel's source:
 - rows_moe.cpp: a Mixture-of-Experts layer's SwiGLU experts over a decode step's rows and each
   token's weighted sum in one call, with rows_gemm.cpp's kernel.
 
-The build needs a C++ compiler and ninja, takes ~30 s once per machine and torch version, and is
-cached by torch (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions). Where it cannot be
+The build needs a C++ compiler and ninja, takes 30-90 s of one core once per machine and torch
+version, and is cached by torch (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions);
+`make install` runs it (`python -m shard.platforms.cpu.native`), so that a first shard
+start does not spend its readiness time compiling. Where it cannot be
 built, or with SWITCHYARD_CPU_KERNELS=0, each caller keeps its torch path, which computes the same
 (accumulating in fp32 too), and the shard's log says which one runs and why.
 """
@@ -326,3 +328,11 @@ def _build(isa: str, flags: list[str], capability: str, amx_attempt: bool = Fals
         module.attention_path(),
     )
     return module
+
+
+def main() -> int:
+    """Builds this CPU's extension now (or finds it cached) and says which kernels it has. Exit
+    status 0 either way: a machine that cannot build it still serves, on the torch paths."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    _module()
+    return 0
