@@ -12,6 +12,9 @@ class CausalLM(nn.Module):
     num_layers: int
     num_kv_heads: int  # per rank
     head_dim: int
+    # The cache's values are its keys (multi-head latent attention): one plane is stored and
+    # read as both, halving the cache
+    values_are_keys: bool = False
     vocab_size: int  # unpadded
     max_position_embeddings: int
     eos_token_ids: list[int]
@@ -38,13 +41,19 @@ class CausalLM(nn.Module):
         raise NotImplementedError
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
+        """One [2, num_blocks, block_size, kv_heads, head_dim] tensor per layer, keys then values.
+        Where the values are the keys, both planes are one: a stride-0 view of a single plane, so
+        every backend keeps reading [0] as keys and [1] as values (and writes both alike)."""
+        planes = 1 if self.values_are_keys else 2
+        shape = (planes, num_blocks, block_size, self.num_kv_heads, self.head_dim)
         # Zeroed rather than empty: never-written slots then hold finite values.
-        shape = (2, num_blocks, block_size, self.num_kv_heads, self.head_dim)
         return [
-            torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)
+            torch.zeros(shape, dtype=self.dtype, device=self.device).expand(2, *shape[1:])
+            for _ in range(self.num_layers)
         ]
 
     def kv_cache_bytes_per_token(self) -> int:
         """Keys and values of one token in every layer, on this rank."""
         element = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element
+        planes = 1 if self.values_are_keys else 2
+        return planes * self.num_layers * self.num_kv_heads * self.head_dim * element

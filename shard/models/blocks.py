@@ -77,6 +77,8 @@ class Attention(nn.Module):
         # this rank's heads' sink logits, float32 [heads] (gpt-oss), or None
         self.register_buffer("sinks", sinks, persistent=False)
 
+    values_are_keys = False  # the cache holds keys and values apart
+
     @property
     def cache_shape(self) -> tuple[int, int]:
         """(KV heads, head dims) of this layer's cache entry, on this rank."""
@@ -343,6 +345,7 @@ class DecoderModel(CausalLM):
         self.num_kv_heads, self.head_dim = (
             self.layers[0].self_attn.cache_shape if self.layers else (0, config.head_dim)
         )
+        self.values_are_keys = bool(self.layers) and self.layers[0].self_attn.values_are_keys
         self.vocab_size = config.vocab_size
         self.max_position_embeddings = config.max_position_embeddings
         self.eos_token_ids = list(config.eos_token_ids)

@@ -11,6 +11,8 @@ afterwards gives head h's output. So the cache holds, per token, the one vector 
 the attention is multi-query attention of one KV head over it: every query head's
 [q_h W_UK_h^T, rotated q_r] against [c, rotated k_r] as keys, with those same vectors as values
 (the output's first kv_lora_rank dims are the softmax-weighted latent; the rest is dropped).
+The cache keeps that vector once (`values_are_keys`: its value plane is a view of its key
+plane, shard/models/base.py), so a token costs one 576-wide row per layer.
 The query scale stays the expanded head's (qk_nope + qk_rope dims), as transformers computes it.
 
 Tensor parallel: query heads (q_b_proj or q_proj rows, kv_b_proj rows, o_proj columns) split
@@ -68,6 +70,9 @@ class LatentAttention(nn.Module):
         self.mla = mla
         self.scale = scale
         self.num_heads = w_uk.shape[0]
+
+    # the cached vectors serve as keys and as values: the cache stores them once
+    values_are_keys = True
 
     @property
     def cache_shape(self) -> tuple[int, int]:

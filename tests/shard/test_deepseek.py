@@ -59,17 +59,57 @@ def test_v2_router_equals_transformers(experts, method, groups, top_groups, top_
 
 @pytest.mark.parametrize("name", ["deepseek_v3_mla", "deepseek_v2_grouped"])
 def test_the_cache_holds_one_latent_vector_a_token(tiny_model, name):
-    """kv_lora_rank + qk_rope_head_dim values a token and layer (twice: the kernels' key and
-    value halves), not the expanded heads' keys and values."""
+    """kv_lora_rank + qk_rope_head_dim values a token and layer, stored once (the kernels read
+    the one plane as keys and as values), not the expanded heads' keys and values."""
     model = load_model(tiny_model(name), dtype=torch.bfloat16, device=CPU, dist=Distributed())
     config = json.loads((tiny_model(name) / "config.json").read_text())
-    width = config["kv_lora_rank"] + config["qk_rope_head_dim"]
+    width, layers = config["kv_lora_rank"] + config["qk_rope_head_dim"], config["num_hidden_layers"]
     caches = model.allocate_kv_cache(3, 16)
-    assert [c.shape for c in caches] == [(2, 3, 16, 1, width)] * config["num_hidden_layers"]
-    assert model.kv_cache_bytes_per_token() == config["num_hidden_layers"] * 2 * width * 2
+    assert [c.shape for c in caches] == [(2, 3, 16, 1, width)] * layers
+    assert all(c.untyped_storage().nbytes() == 3 * 16 * width * 2 for c in caches)
+    assert all(c[0].data_ptr() == c[1].data_ptr() for c in caches)
+    assert model.kv_cache_bytes_per_token() == layers * width * 2
     heads = config["num_attention_heads"]
     expanded = 2 * heads * (config["qk_nope_head_dim"] + config["qk_rope_head_dim"])
-    assert 2 * width < expanded
+    assert width < expanded
+
+
+def test_a_plain_attention_cache_keeps_keys_and_values_apart(tiny_model):
+    model = load_model(tiny_model("mistral_mqa"), dtype=torch.bfloat16, device=CPU,
+                       dist=Distributed())  # fmt: skip
+    (cache, *_) = model.allocate_kv_cache(3, 16)
+    assert cache.is_contiguous() and cache[0].data_ptr() != cache[1].data_ptr()
+    per_token = 2 * model.num_kv_heads * model.head_dim * 2
+    assert cache.untyped_storage().nbytes() == 3 * 16 * per_token
+    assert model.kv_cache_bytes_per_token() == model.num_layers * per_token
+
+
+def test_a_one_plane_cache_through_compile_equals_eager(tmp_path, monkeypatch):
+    """--compile on latent attention (layers all dense: --compile refuses experts): the graph
+    writes the cache's one plane, never its stride-0 two-plane view. AOTAutograd's
+    functionalization is what refuses a self-overlapping input it must write, so inductor's
+    code generation (a minute here) is left out: backend aot_eager."""
+    import functools
+
+    from shard.attention import get_attention_backend
+    from shard.platforms.cpu import compiled
+
+    path = build_model(tmp_path / "dense_mla", "DeepseekV3ForCausalLM", num_hidden_layers=2,
+                       first_k_dense_replace=2)  # fmt: skip
+    model = load_model(path, dtype=torch.float32, device=CPU, dist=Distributed())
+    assert model.values_are_keys
+    prompts = [torch.arange(3, 12), torch.arange(5, 9)]
+    want_logits, want = run_paged(model, prompts, 4)
+    monkeypatch.setattr(compiled.torch, "compile",
+                        functools.partial(torch.compile, backend="aot_eager"))  # fmt: skip
+    forward = compiled.CompiledForward(model, get_attention_backend("torch"))
+    try:
+        got_logits, got = run_paged(model, prompts, 4, decode_forward=forward)
+    finally:
+        torch._dynamo.reset()  # no aot_eager graph left for a later test's --compile
+    assert got == want
+    for a, b in zip(got_logits, want_logits, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
 # Each value changed alone: transformers' logits move by more than 1e-2 (so a server ignoring it

@@ -252,13 +252,16 @@ class TorchAttentionBackend:
         kv_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
     ) -> None:
+        one_plane = kv_cache.stride(0) == 0  # the values are the keys (latent attention)
         kernel = store_kv_kernel() if self.native and key.device.type == "cpu" else None
-        if kernel is not None and key.dtype == value.dtype == kv_cache.dtype:
+        if kernel is not None and key.dtype == value.dtype == kv_cache.dtype and not one_plane:
             kernel(key, value, kv_cache, slot_mapping)
             return
         keys, values = _slot_rows(kv_cache)
         slots = slot_mapping.long()  # index_copy_ wants int64; callers may hand us int32
         keys.index_copy_(0, slots, key.to(keys.dtype))
+        if one_plane:
+            return
         values.index_copy_(0, slots, value.to(values.dtype))
 
     def prefill(

@@ -83,6 +83,8 @@ def _attend_impl(
         raise RuntimeError("switchyard::attend called outside a compiled forward pass")
     backend, meta, n = _STEP.backend, _STEP.meta, _step_tokens()
     cap = softcap or None
+    if kv_cache.shape[0] == 1:  # a one-plane cache (values = keys), as the graph holds it
+        kv_cache = kv_cache.expand(2, *kv_cache.shape[1:])
     if q.shape[0] == n:
         return attend(backend, q, k, v, kv_cache, meta, scale, window or None, cap, sinks)
     out = torch.zeros_like(q)  # a padded one-token step: the pad row attends to nothing
@@ -286,6 +288,10 @@ class CompiledForward:
             # contents never become guards that would recompile per step kind.
             limit = self._small_step_tokens
             step = self._small if limit is None or tokens <= limit else self._large
-            return step(self._model_forward, input_ids, positions, kv_caches, None)[:tokens]
+            # A cache whose values are its keys is a stride-0 view of one plane
+            # (shard/models/base.py); a graph input the attend op writes into must not overlap
+            # itself, so the graph gets the plane and the op expands it again.
+            planes = [c[:1] if c.stride(0) == 0 else c for c in kv_caches]
+            return step(self._model_forward, input_ids, positions, planes, None)[:tokens]
         finally:
             _STEP.meta = None
