@@ -61,6 +61,7 @@ ARCHITECTURES = {
     "DeepseekV2ForCausalLM": "DeepseekV2Config",
     "DeepseekV3ForCausalLM": "DeepseekV3Config",
     "Glm4MoeLiteForCausalLM": "Glm4MoeLiteConfig",
+    "MiniMaxM2ForCausalLM": "MiniMaxM2Config",
 }
 
 
@@ -117,6 +118,7 @@ MOE_ARCHITECTURES = (
     "DeepseekV3ForCausalLM",
     "Glm4MoeLiteForCausalLM",
     "Ernie4_5_MoeForCausalLM",
+    "MiniMaxM2ForCausalLM",
 )
 # Multi-head latent attention (DeepSeek's)
 MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM")
@@ -349,6 +351,16 @@ def _tiny_defaults(
             "n_shared_experts": 1,
             "n_group": 4,
             "topk_group": 2,
+        }
+    if architecture == "MiniMaxM2ForCausalLM":
+        # the releases' 256 experts (top 8) and head_dim 128, rotary over its first 64
+        head_dim = overrides.get("head_dim", hidden_size // num_attention_heads)
+        return {
+            "head_dim": head_dim,
+            "rotary_dim": head_dim // 2,  # the releases' own field for the partial rotary
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "max_position_embeddings": 512,
         }
     if architecture in MOE_ARCHITECTURES or architecture in POST_LLAMA_ARCHITECTURES:
         # the defaults' 32k-131k positions would tabulate rotary tables far past any test

@@ -8,8 +8,10 @@
   one all-reduce a layer adds them. Every rank holds the same number of columns, and KV heads
   shared by several ranks are shared evenly (`head_range`), so the sum over ranks divided by
   world_size x the local width is the mean over the whole projection, replicated heads counted
-  alike in both. With one rank it is transformers' mean exactly. In float32, the weight applied
-  in float32, rounded once (transformers' Olmo2RMSNorm).
+  alike in both. With one rank it is transformers' mean exactly. Normed in float32; the weight
+  applied in float32 and the product rounded once (OLMo's Olmo2RMSNorm, the model's "fp32_rms"
+  norm), or applied in the model's dtype after the normed values are rounded (MiniMax-M2's
+  plain RMSNorm, "rms").
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ class ProjectionQKNorm(nn.Module):
         self, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float, dist: Distributed
     ) -> None:
         super().__init__()
-        # float32, this rank's columns: [local heads x head_dim], [local KV heads x head_dim]
+        # this rank's columns: [local heads x head_dim], [local KV heads x head_dim]; float32:
+        # applied before the rounding to the model's dtype, else after it
         self.q_weight = nn.Parameter(q_weight, requires_grad=False)
         self.k_weight = nn.Parameter(k_weight, requires_grad=False)
         self.eps = eps
@@ -54,6 +57,7 @@ class ProjectionQKNorm(nn.Module):
         num_heads: int,
         num_kv_heads: int,
         head_dim: int,
+        weight_in_float32: bool = True,
     ) -> ProjectionQKNorm:
         """This rank's columns of both norms: its query heads', and its KV heads' (shared
         where there are fewer than ranks, as the qkv projection shares them)."""
@@ -62,7 +66,8 @@ class ProjectionQKNorm(nn.Module):
         def columns(prefix: str, heads: int, kv: bool) -> torch.Tensor:
             name = f"{prefix}.weight"
             first, last = head_range(heads, dist.rank, dist.world_size, replicate=kv, tensor=name)
-            return weights.get_range(name, 0, first * head_dim, last * head_dim).float()
+            weight = weights.get_range(name, 0, first * head_dim, last * head_dim)
+            return weight.float() if weight_in_float32 else weight
 
         return cls(
             columns(q_prefix, num_heads, False), columns(k_prefix, num_kv_heads, True), eps, dist
@@ -79,6 +84,12 @@ class ProjectionQKNorm(nn.Module):
             sums = torch.stack((q32.pow(2).sum(-1), k32.pow(2).sum(-1)), dim=1)
             sums = self.dist.all_reduce(sums) / self.dist.world_size
             q_mean, k_mean = sums[:, :1] / q32.shape[1], sums[:, 1:] / k32.shape[1]
-        q_out = self.q_weight * (q32 * torch.rsqrt(q_mean + self.eps))
-        k_out = self.k_weight * (k32 * torch.rsqrt(k_mean + self.eps))
-        return q_out.to(q.dtype).view(q.shape), k_out.to(k.dtype).view(k.shape)
+        q_out = self._weighted(self.q_weight, q32 * torch.rsqrt(q_mean + self.eps), q.dtype)
+        k_out = self._weighted(self.k_weight, k32 * torch.rsqrt(k_mean + self.eps), k.dtype)
+        return q_out.view(q.shape), k_out.view(k.shape)
+
+    @staticmethod
+    def _weighted(weight: torch.Tensor, normed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if weight.dtype == torch.float32:
+            return (weight * normed).to(dtype)
+        return weight * normed.to(dtype)

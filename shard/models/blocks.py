@@ -112,6 +112,7 @@ class Attention(nn.Module):
                 num_heads=config.num_heads,
                 num_kv_heads=config.num_kv_heads,
                 head_dim=config.head_dim,
+                weight_in_float32=config.norm == "fp32_rms",
             )
         elif config.qk_norm:
             qk_norm = HeadQKNorm(

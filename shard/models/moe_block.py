@@ -101,8 +101,13 @@ class SparseMoeBlock(nn.Module):
     def _route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         moe = self.moe
         if moe.scoring == "sigmoid":
+            # GLM-4.5's and DeepSeek's logits in float32; MiniMax-M2's in the model's dtype
+            if moe.float32_router:
+                logits = F.linear(x.float(), self.router)
+            else:
+                logits = F.linear(x, self.router)
             return route_grouped_sigmoid(
-                F.linear(x.float(), self.router),
+                logits,
                 self.top_k,
                 correction_bias=self.correction_bias,
                 num_groups=moe.num_groups,

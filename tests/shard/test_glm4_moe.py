@@ -64,7 +64,8 @@ ERNIE_MTP = ("model.mtp_block.0.self_attn.q_proj.weight", "model.mtp_emb_norm.0.
 @pytest.mark.parametrize(
     "name, mtp",
     [("glm4_moe_grouped", AFTER_THE_LAST), ("deepseek_v3_mla", AFTER_THE_LAST),
-     ("glm4_moe_lite_mla", AFTER_THE_LAST), ("ernie4_5_moe_biased_choice", ERNIE_MTP)],
+     ("glm4_moe_lite_mla", AFTER_THE_LAST), ("ernie4_5_moe_biased_choice", ERNIE_MTP),
+     ("minimax_m2_projection_norms", AFTER_THE_LAST)],
 )  # fmt: skip
 def test_multi_token_prediction_layers_are_skipped(tiny_model, tmp_path, name, mtp):
     source = tiny_model(name)

@@ -350,6 +350,12 @@ MOE_MODELS["ernie4_5_moe_biased_choice"] = (
         "moe_layer_interval": 2,
     },
 )
+# MiniMax-M2: q/k normed over the whole projection, rotary over half of each head (the release's
+# `rotary_dim`), sigmoid routing chosen with a correction bias, renormalised, in every layer.
+MOE_MODELS["minimax_m2_projection_norms"] = (
+    "MiniMaxM2ForCausalLM",
+    {"num_hidden_layers": 3, "num_local_experts": 8, "num_experts_per_tok": 3},
+)
 # The same Qwen3-MoE saved as transformers 5 holds it (stacked experts, `save_original_format`
 # off): the layout the loader must read besides the Hub's.
 MOE_MODELS["qwen3_moe_stacked"] = (

@@ -305,8 +305,10 @@ def _build(isa: str, flags: list[str], capability: str, amx_attempt: bool = Fals
     source = "\n".join(path.read_text() for path in SOURCES)
     # The ISA in the name, torch's version in the digest: a cache directory shared by machines
     # of different CPUs, or kept across a torch upgrade, never hands a shard a build it cannot
-    # run (torch's own rebuild check hashes only the sources and flags).
-    key = " ".join([source, *flags, torch.__version__])
+    # run (torch's own rebuild check hashes only the sources and flags). Torch's install
+    # directory too: two environments sharing the cache (two venvs, a checkout and its CI clone)
+    # would otherwise rewrite each other's build file (its include paths) and rebuild in turn.
+    key = " ".join([source, *flags, torch.__version__, str(Path(torch.__file__).parent)])
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     name = f"switchyard_cpu_kernels_{isa}_{digest}"
     try:
