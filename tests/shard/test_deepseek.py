@@ -7,10 +7,10 @@ changing the model as transformers computes it, configs refused by field."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
+from config_edits import assert_refused
 from paged_helpers import assert_every_step_equals_reference, run_paged
 from transformers import AutoModelForCausalLM, DeepseekV2Config
 from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkRouter
@@ -19,7 +19,6 @@ from launcher.tiny_models import build_model
 from shard.distributed import Distributed
 from shard.layers.moe import route
 from shard.models import load_model
-from shard.models.config import UnsupportedArchitectureError
 from tests.shard.tiny_model_cases import MOE_MODELS
 
 CPU = torch.device("cpu")
@@ -160,9 +159,4 @@ def test_each_config_value_is_served_as_transformers_computes_it(
 def test_configs_it_cannot_serve_are_refused_naming_the_field(
     tiny_model, tmp_path, name, change, field
 ):
-    dst = tmp_path / "bad"
-    shutil.copytree(tiny_model(name), dst)
-    config = json.loads((dst / "config.json").read_text())
-    (dst / "config.json").write_text(json.dumps({**config, **change}))
-    with pytest.raises(UnsupportedArchitectureError, match=field):
-        load_model(dst, dtype=torch.float32, device=CPU, dist=Distributed())
+    assert_refused(tiny_model(name), tmp_path / "bad", change, field)

@@ -4,18 +4,13 @@ transformers' own module, configs refused by field."""
 
 from __future__ import annotations
 
-import json
-import shutil
-
 import pytest
 import torch
+from config_edits import assert_refused
 from transformers import Ernie4_5_MoeConfig
 from transformers.models.ernie4_5_moe.modeling_ernie4_5_moe import Ernie4_5_MoeTopKRouter
 
-from shard.distributed import Distributed
 from shard.layers.moe import route
-from shard.models import load_model
-from shard.models.config import UnsupportedArchitectureError
 
 CPU = torch.device("cpu")
 NAME = "ernie4_5_moe_biased_choice"
@@ -58,9 +53,4 @@ def test_router_equals_transformers(experts, top_k, norm_min):
     ],
 )
 def test_configs_it_cannot_serve_are_refused_naming_the_field(tiny_model, tmp_path, change, field):
-    dst = tmp_path / "bad"
-    shutil.copytree(tiny_model(NAME), dst)
-    config = json.loads((dst / "config.json").read_text())
-    (dst / "config.json").write_text(json.dumps({**config, **change}))
-    with pytest.raises(UnsupportedArchitectureError, match=field):
-        load_model(dst, dtype=torch.float32, device=CPU, dist=Distributed())
+    assert_refused(tiny_model(NAME), tmp_path / "bad", change, field)

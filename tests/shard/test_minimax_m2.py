@@ -5,11 +5,9 @@ release's config fields transformers does not read refused where they name anoth
 
 from __future__ import annotations
 
-import json
-import shutil
-
 import pytest
 import torch
+from config_edits import assert_refused, with_config
 from paged_helpers import run_paged
 from safetensors import safe_open
 from transformers import MiniMaxM2Config
@@ -19,7 +17,6 @@ from launcher.tiny_models import build_model
 from shard.distributed import Distributed
 from shard.layers.moe import route_grouped_sigmoid
 from shard.models import load_model
-from shard.models.config import UnsupportedArchitectureError
 from tests.shard.tiny_model_cases import MOE_MODELS
 
 CPU = torch.device("cpu")
@@ -72,13 +69,8 @@ def test_transformers_stacked_layout_equals_the_hubs(tmp_path):
     ],
 )
 def test_release_fields_naming_another_model_are_refused(tiny_model, tmp_path, change, field):
-    dst = tmp_path / "bad"
-    shutil.copytree(tiny_model(NAME), dst)
-    config = json.loads((dst / "config.json").read_text())
-    (dst / "config.json").write_text(json.dumps({**config, **change}))
-    with pytest.raises(UnsupportedArchitectureError, match=field):
-        load_model(dst, dtype=torch.float32, device=CPU, dist=Distributed())
+    assert_refused(tiny_model(NAME), tmp_path / "bad", change, field)
     # the release's own values are served
     release = {"scoring_func": "sigmoid", "qk_norm_type": "per_layer", "use_routing_bias": True}
-    (dst / "config.json").write_text(json.dumps({**config, **release}))
-    load_model(dst, dtype=torch.float32, device=CPU, dist=Distributed())
+    path = with_config(tiny_model(NAME), tmp_path / "release", release)
+    load_model(path, dtype=torch.float32, device=CPU, dist=Distributed())
