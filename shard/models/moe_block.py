@@ -100,12 +100,13 @@ class SparseMoeBlock(nn.Module):
 
     def _route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         moe = self.moe
+        # GLM-4.5's, DeepSeek's and ERNIE's logits in float32; the others' (MiniMax-M2's sigmoid
+        # scores too) in the model's dtype
+        if moe.float32_router:
+            logits = F.linear(x.float(), self.router, self.router_bias)
+        else:
+            logits = F.linear(x, self.router, self.router_bias)
         if moe.scoring == "sigmoid":
-            # GLM-4.5's and DeepSeek's logits in float32; MiniMax-M2's in the model's dtype
-            if moe.float32_router:
-                logits = F.linear(x.float(), self.router)
-            else:
-                logits = F.linear(x, self.router)
             return route_grouped_sigmoid(
                 logits,
                 self.top_k,
@@ -115,10 +116,6 @@ class SparseMoeBlock(nn.Module):
                 renormalize=self.renormalize,
                 scale=moe.routed_scaling,
             )
-        if moe.float32_router:
-            logits = F.linear(x.float(), self.router, self.router_bias)
-        else:
-            logits = F.linear(x, self.router, self.router_bias)
         round_to = x.dtype if self.round_weights else None
         return route(
             logits,
