@@ -18,9 +18,12 @@ from router.tool_calls.types import CallDelta, TextDelta, ToolCall, ToolParser, 
 _ALNUM = string.ascii_letters + string.digits
 
 
-def call_id(parser: ToolParser) -> str:
-    """A new call's id. Mistral's templates take exactly nine letters and digits; others get
-    OpenAI's `call_` form."""
+def call_id(parser: ToolParser, written: str | None = None) -> str:
+    """A call's id: the one the model wrote where its format has one (`written`), else a new
+    one. Mistral's templates take exactly nine letters and digits; others get OpenAI's `call_`
+    form."""
+    if written is not None:
+        return written
     if parser.name == "mistral":
         return "".join(secrets.choice(_ALNUM) for _ in range(9))
     return f"call_{secrets.token_hex(12)}"
@@ -72,7 +75,7 @@ class AnswerShape:
     def _call(self, call: ToolCall) -> dict[str, Any]:
         assert self.tools is not None
         return {
-            "id": call_id(self.tools),
+            "id": call_id(self.tools, call.id),
             "type": "function",
             "function": {"name": call.name, "arguments": call.arguments},
         }
@@ -143,7 +146,7 @@ class AnswerStream:
             function: dict[str, Any] = {"arguments": part.arguments}
             if part.name is not None:
                 assert self.shape.tools is not None
-                call["id"] = self._ids[part.index] = call_id(self.shape.tools)
+                call["id"] = self._ids[part.index] = call_id(self.shape.tools, part.id)
                 call["type"] = "function"
                 function = {"name": part.name, "arguments": part.arguments}
             call["function"] = function

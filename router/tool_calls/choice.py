@@ -46,6 +46,8 @@ def plan_tools(body: ChatRequest, features: ChatFeatures) -> ToolPlan:
     if choice == "none":
         return ToolPlan(shown, None, None)
     parser = features.tool_parser
+    if parser is not None:
+        parser = parser.for_tools(tools)
     if choice is None or choice == "auto":
         if parser is None or not features.auto_tool_choice:
             raise ValidationError(

@@ -116,6 +116,9 @@ class ScanParser:
         decided pieces and how many characters of `text` they cover."""
         raise NotImplementedError
 
+    def for_tools(self, tools: Sequence[Tool]) -> ScanParser:
+        return self
+
     def parse(self, text: str) -> Parsed:
         pieces, _ = self.scan(text, True, True)
         return parsed(text, pieces)
@@ -158,7 +161,7 @@ class ScanStream:
         out: list[Delta] = []
         for piece in pieces:
             if isinstance(piece, ToolCall):
-                out.append(CallDelta(self._calls, name=piece.name))
+                out.append(CallDelta(self._calls, name=piece.name, id=piece.id))
                 out.append(CallDelta(self._calls, arguments=piece.arguments))
                 self._calls += 1
             else:

@@ -4,8 +4,8 @@ Under `required` or a named function the grammar (each parser's `grammar`) decid
 character of the answer but the arguments' values, so a call cannot turn out malformed: its
 name can be told as soon as its head is written and its arguments streamed in fragments, as
 OpenAI streams them. (Under `auto` a call is told only once complete and checked, since a
-botched one must stay text.) Only the JSON formats: pythonic arguments are not JSON text until
-converted, so its calls stream whole.
+botched one must stay text.) Only the JSON formats: pythonic and the XML formats' arguments are
+not JSON text until converted, so their calls stream whole.
 """
 
 from __future__ import annotations
@@ -21,6 +21,14 @@ ARGUMENT_HEADS: dict[str, re.Pattern[str]] = {
     "llama3_json": re.compile(r'\{"name": "(?P<name>[^"]+)", "parameters": '),
     "mistral": re.compile(
         r'\{"name": "(?P<name>[^"]+)", "arguments": |\[TOOL_CALLS\](?P<bare>[^\[\s]+)\[ARGS\]'
+    ),
+    "deepseek_v3": re.compile(
+        r"<｜tool▁call▁begin｜>function<｜tool▁sep｜>(?P<name>[^\n]+)\n```json\n"
+    ),
+    "deepseek_v31": re.compile(r"<｜tool▁call▁begin｜>(?P<name>[^<]+)<｜tool▁sep｜>"),
+    "kimi_k2": re.compile(
+        r"<\|tool_call_begin\|>(?P<id>functions\.(?P<name>[^\s<]+?):\d+)"
+        r"<\|tool_call_argument_begin\|>"
     ),
     # The canonical form the harmony reasoning parser passes on, or the grammar's own header.
     "openai": re.compile(
@@ -51,8 +59,9 @@ class EnforcedCallStream:
                 if found is None:
                     break
                 self._index += 1
-                name = found.group("name") or found.group("bare")
-                out.append(CallDelta(self._index, name=name))
+                groups = found.groupdict()
+                name = groups.get("name") or groups["bare"]
+                out.append(CallDelta(self._index, name=name, id=groups.get("id")))
                 self._held = self._held[found.end() :]
                 self._in_arguments, self._depth = True, 0
                 continue

@@ -22,6 +22,10 @@ class Tool:
 class ToolCall:
     name: str
     arguments: str  # JSON text of an object, as OpenAI's `function.arguments`
+    # The id the model wrote for the call, where its format has one (Kimi K2's
+    # `functions.get_weather:0`): its template reads it back from the history, so it is the
+    # call's `id`. None: the server makes one up.
+    id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,7 @@ class CallDelta:
     index: int
     name: str | None = None
     arguments: str = ""
+    id: str | None = None  # with the name: the id the model wrote (ToolCall.id)
 
 
 Delta = TextDelta | CallDelta
@@ -73,6 +78,10 @@ class ToolParser(Protocol):
     # Markers that are special tokens in the family's tokenizers: their text must reach the
     # parser although the answer's text leaves special tokens out.
     markers: ClassVar[tuple[str, ...]]
+
+    def for_tools(self, tools: Sequence[Tool]) -> ToolParser:
+        """The parser for one request's answers: formats whose arguments are text (the XML
+        ones) read each value's type from its tool's schema; the others return themselves."""
 
     def parse(self, text: str) -> Parsed: ...
 

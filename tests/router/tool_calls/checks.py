@@ -16,6 +16,7 @@ def run_stream(parser: ToolParser, fragments: list[str]) -> tuple[str, list[Tool
     text: list[str] = []
     names: list[str] = []
     arguments: list[str] = []
+    ids: list[str | None] = []
     for delta in deltas:
         if isinstance(delta, TextDelta):
             assert delta.text.strip(), f"a whitespace-only content delta: {deltas}"
@@ -26,10 +27,12 @@ def run_stream(parser: ToolParser, fragments: list[str]) -> tuple[str, list[Tool
             assert delta.index == len(names), deltas
             names.append(delta.name)
             arguments.append(delta.arguments)
+            ids.append(delta.id)
         else:
-            assert delta.index == len(names) - 1, deltas
+            assert delta.index == len(names) - 1 and delta.id is None, deltas
             arguments[delta.index] += delta.arguments
-    return "".join(text), [ToolCall(n, a) for n, a in zip(names, arguments, strict=True)]
+    calls = [ToolCall(*call) for call in zip(names, arguments, ids, strict=True)]
+    return "".join(text), calls
 
 
 def check_stream(parser: ToolParser, text: str, fragments: list[str]) -> None:

@@ -69,6 +69,70 @@ ACCEPTED = {
         '{"city": "Oslo", "days": 0, "unit": "f", "note": "ok"}<|call|>',
     ],
 }
+
+
+def _xml(call: str, params: str, end: str, *pairs: tuple[str, str]) -> str:
+    return call + "".join(params.format(k=k, v=v) for k, v in pairs) + end
+
+
+WEATHER_PAIRS = (("city", "Paris"), ("days", "3"), ("unit", "c"))
+OSLO_PAIRS = (("city", "Oslo"), ("days", "0"), ("unit", "f"), ("note", "ok"))
+QWEN3_CODER = (
+    "<tool_call>\n<function={}>\n",
+    "<parameter={k}>\n{v}\n</parameter>\n",
+    "</function>\n</tool_call>",
+)
+SEED = (
+    "<seed:tool_call>\n<function={}>\n",
+    "<parameter={k}>{v}</parameter>\n",
+    "</function>\n</seed:tool_call>",
+)
+GLM45 = ("<tool_call>{}\n", "<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n", "</tool_call>")
+GLM47 = ("<tool_call>{}", "<arg_key>{k}</arg_key><arg_value>{v}</arg_value>", "</tool_call>")
+MINIMAX = ('<invoke name="{}">\n', '<parameter name="{k}">{v}</parameter>\n', "</invoke>\n")
+
+
+def xml_calls(layout: tuple[str, str, str], separator: str, *calls) -> str:
+    call, params, end = layout
+    return separator.join(_xml(call.format(name), params, end, *pairs) for name, pairs in calls)
+
+
+def minimax(*calls) -> str:
+    return "<minimax:tool_call>\n" + xml_calls(MINIMAX, "", *calls) + "</minimax:tool_call>"
+
+
+DS_CALL = "<｜tool▁call▁begin｜>{}<｜tool▁sep｜>{}<｜tool▁call▁end｜>"
+DS3_CALL = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>{}\n```json\n{}\n```<｜tool▁call▁end｜>"
+KIMI_CALL = "<|tool_call_begin|>functions.{}:{}<|tool_call_argument_begin|>{}<|tool_call_end|>"
+OSLO = '{"city": "Oslo", "days": 0, "unit": "f", "note": "ok"}'
+ONE, BOTH = [("get_weather", WEATHER_PAIRS)], [("ping", ()), ("get_weather", OSLO_PAIRS)]
+ACCEPTED |= {
+    "qwen3_coder": [xml_calls(QWEN3_CODER, "\n", *ONE), xml_calls(QWEN3_CODER, "\n", *BOTH)],
+    "seed_oss": [xml_calls(SEED, "\n", *ONE), xml_calls(SEED, "\n", *BOTH)],
+    "glm45": [xml_calls(GLM45, "\n", *ONE), xml_calls(GLM45, "\n", *BOTH)],
+    "glm47": [xml_calls(GLM47, "", *ONE), xml_calls(GLM47, "", *BOTH)],
+    "minimax_m2": [minimax(*ONE), minimax(*BOTH)],
+    "deepseek_v3": [
+        "<｜tool▁calls▁begin｜>" + DS3_CALL.format("get_weather", ARGS) + "<｜tool▁calls▁end｜>",
+        "<｜tool▁calls▁begin｜>" + DS3_CALL.format("ping", "{}") + "\n"
+        + DS3_CALL.format("get_weather", OSLO) + "<｜tool▁calls▁end｜>",
+    ],
+    "deepseek_v31": [
+        "<｜tool▁calls▁begin｜>" + DS_CALL.format("get_weather", ARGS) + "<｜tool▁calls▁end｜>",
+        "<｜tool▁calls▁begin｜>" + DS_CALL.format("ping", "{}")
+        + DS_CALL.format("get_weather", OSLO) + "<｜tool▁calls▁end｜>",
+    ],
+    "kimi_k2": [
+        "<|tool_calls_section_begin|>" + KIMI_CALL.format("get_weather", 0, ARGS)
+        + "<|tool_calls_section_end|>",
+        "<|tool_calls_section_begin|>" + KIMI_CALL.format("ping", 0, "{}")
+        + KIMI_CALL.format("get_weather", 1, OSLO) + "<|tool_calls_section_end|>",
+    ],
+}  # fmt: skip
+# How each format writes the enum value "c" (the JSON ones: `"c"`).
+UNIT_C = {"qwen3_coder": "\nc\n", "seed_oss": ">c<", "glm45": ">c<", "glm47": ">c<",
+          "minimax_m2": ">c<"}  # fmt: skip
+
 # Variants: which parser, and which markers the tokenizer does not hold as one token.
 VARIANTS = {
     "hermes": ("hermes", set()),
@@ -77,6 +141,10 @@ VARIANTS = {
     "mistral_args": ("mistral", set()),  # `[ARGS]` is a token: the newer form
     "pythonic": ("pythonic", set()),
     "openai": ("openai", set()),
+    **{name: (name, set()) for name in UNIT_C},
+    "deepseek_v3": ("deepseek_v3", set()),
+    "deepseek_v31": ("deepseek_v31", set()),
+    "kimi_k2": ("kimi_k2", set()),
 }
 
 
@@ -85,7 +153,9 @@ def tokenizer():
     tok = build_tokenizer(512)
     # As in Qwen's tokenizers: `<tool_call>` and `</tool_call>` are added tokens, not special.
     tok.add_tokens([AddedToken(m, special=False, normalized=False) for m in (OPEN, CLOSE)])
-    special = {m for parser in TOOL_PARSERS.values() for m in parser.markers}
+    # The others as special tokens: GLM's argument tags among them, so the XML grammars meet
+    # a value's closing tag both as a token (GLM) and as text (Qwen3-Coder's `</parameter>`).
+    special = {m for parser in TOOL_PARSERS.values() for m in parser.markers} - {OPEN, CLOSE}
     tok.add_special_tokens({"additional_special_tokens": sorted(special)})
     return tok
 
@@ -107,7 +177,7 @@ def marker_of(tokenizer, text_only: set[str]):
 
 def grammar_of(tokenizer, variant: str, tools=TOOLS, parallel=True) -> tuple[ToolParser, str]:
     name, text_only = VARIANTS[variant]
-    parser = tool_parser(name)
+    parser = tool_parser(name).for_tools(tools)
     return parser, parser.grammar(tools, parallel, marker_of(tokenizer, text_only))
 
 
@@ -157,7 +227,9 @@ def test_grammar_refuses_what_it_must(tokenizer, ll_tokenizer, variant):
     assert takes(ll_tokenizer, tokenizer, single, one)
     assert not takes(ll_tokenizer, tokenizer, single, two)  # two calls, one allowed
     assert not takes(ll_tokenizer, tokenizer, single, one.replace("get_weather", "get_weathe"))
-    assert not takes(ll_tokenizer, tokenizer, single, one.replace('"c"', '"k"'))  # not in enum
+    unit = UNIT_C.get(variant, '"c"')
+    assert unit in one
+    assert not takes(ll_tokenizer, tokenizer, single, one.replace(unit, unit.replace("c", "k")))
     # A named choice offers its tool only.
     _, named = grammar_of(tokenizer, variant, tools=[TOOLS[1]], parallel=False)
     assert not takes(ll_tokenizer, tokenizer, named, one)
@@ -165,21 +237,28 @@ def test_grammar_refuses_what_it_must(tokenizer, ll_tokenizer, variant):
 
 def walk(tokenizer, ll_tokenizer, grammar: str, seed: int) -> str:
     """A random answer under `grammar`: random allowed tokens, stopping at random where it may
-    stop (never over 300 tokens)."""
+    stop (past 150 tokens, a token that ends it where there is one; never over 600)."""
     rng = random.Random(seed)
     found = matcher(ll_tokenizer, grammar)
     tokens: list[int] = []
-    while not found.is_stopped() and len(tokens) < 300:
+    while not found.is_stopped() and len(tokens) < 600:
         if found.is_accepting() and rng.random() < 0.5:
             break
         bias = found.compute_logit_bias()
         allowed = [i for i, b in enumerate(bias) if b and i != EOS]
         if not allowed:
             break
+        if len(tokens) > 150:  # long enough: head for an end (a block's closer, say)
+            allowed = [i for i in allowed if _ends(found, i)] or allowed
         tokens.append(rng.choice(allowed))
         assert found.consume_token(tokens[-1]), found.get_error()
     assert found.is_accepting(), tokenizer.decode(tokens)
     return tokenizer.decode(tokens)
+
+
+def _ends(found: llguidance.LLMatcher, token: int) -> bool:
+    after = found.deep_copy()
+    return after.consume_token(token) and after.is_accepting()
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
