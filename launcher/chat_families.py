@@ -412,6 +412,71 @@ class Family:
     extra_eos_tokens: tuple[str, ...] = ()
 
 
+# Qwen3-Coder / Qwen3.5: Qwen's turns, calls as XML with each value on lines of its own (a
+# mapping or list as JSON, anything else as Python's `str`, as Qwen3-Coder's template does).
+QWEN3_CODER_TEMPLATE = r"""{%- if tools -%}
+  {{- '<|im_start|>system\n# Tools\n<tools>' -}}
+  {%- for tool in tools -%}{{- '\n' + tool | tojson -}}{%- endfor -%}
+  {{- '\n</tools>\nCall a function as <tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n'
+      + '</parameter>\n</function>\n</tool_call><|im_end|>\n' -}}
+{%- endif -%}
+{%- for message in messages -%}
+  {%- set content = message.content if message.content is string else '' -%}
+  {%- if message.role == 'assistant' -%}
+    {{- '<|im_start|>assistant\n' + content -}}
+    {%- for call in message.tool_calls or [] -%}
+      {{- '\n<tool_call>\n<function=' + call.function.name + '>\n' -}}
+      {%- for key, value in (call.function.arguments or {}).items() -%}
+        {%- if value is mapping or (value is sequence and value is not string) -%}
+          {%- set value = value | tojson -%}
+        {%- endif -%}
+        {{- '<parameter=' + key + '>\n' + value | string + '\n</parameter>\n' -}}
+      {%- endfor -%}
+      {{- '</function>\n</tool_call>' -}}
+    {%- endfor -%}
+    {{- '<|im_end|>\n' -}}
+  {%- elif message.role == 'tool' -%}
+    {{- '<|im_start|>user\n<tool_response>\n' + content + '\n</tool_response><|im_end|>\n' -}}
+  {%- else -%}
+    {{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>\n' -}}
+  {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}"""
+
+# Kimi K2: each call written back under its id (`functions.<name>:<index>`), each result under
+# its `tool_call_id`; the section and call markers are special tokens.
+KIMI_TOOL_MARKERS = (
+    "<|tool_calls_section_begin|>",
+    "<|tool_calls_section_end|>",
+    "<|tool_call_begin|>",
+    "<|tool_call_argument_begin|>",
+    "<|tool_call_end|>",
+)
+KIMI_K2_TEMPLATE = _ARGS_JSON + r"""{%- if tools -%}
+  {{- '<|im_system|>tool_declare<|im_middle|>' + tools | tojson + '<|im_end|>' -}}
+{%- endif -%}
+{%- for message in messages -%}
+  {%- set content = message.content if message.content is string else '' -%}
+  {%- if message.role == 'assistant' -%}
+    {{- '<|im_assistant|>assistant<|im_middle|>' + content -}}
+    {%- if message.tool_calls -%}
+      {{- '<|tool_calls_section_begin|>' -}}
+      {%- for call in message.tool_calls -%}
+        {{- '<|tool_call_begin|>' + call.id + '<|tool_call_argument_begin|>'
+            + args_json(call.function.arguments) + '<|tool_call_end|>' -}}
+      {%- endfor -%}
+      {{- '<|tool_calls_section_end|>' -}}
+    {%- endif -%}
+    {{- '<|im_end|>' -}}
+  {%- elif message.role == 'tool' -%}
+    {{- '<|im_system|>tool<|im_middle|>## Return of ' + message.tool_call_id + '\n' + content
+        + '<|im_end|>' -}}
+  {%- else -%}
+    {{- '<|im_' + message.role + '|>' + message.role + '<|im_middle|>' + content + '<|im_end|>' -}}
+  {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_assistant|>assistant<|im_middle|>' -}}{%- endif -%}"""
+
 _DEEPSEEK_TOOL_MARKERS = tuple(
     f"<｜tool▁{kind}▁{edge}｜>"
     for kind in ("calls", "call", "outputs", "output")
@@ -526,6 +591,33 @@ FAMILIES: dict[str, Family] = {
             tool_parser="openai",
             reasoning_parser="openai_gptoss",
             extra_eos_tokens=("<|call|>",),  # a call ends the turn too: the caller answers it
+        ),
+        Family(
+            name="qwen3_coder",
+            template=QWEN3_CODER_TEMPLATE,
+            special_tokens=("<|im_start|>", "<|im_end|>"),
+            added_tokens=("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"),
+            eos_token="<|im_end|>",
+            bos_token=None,
+            tool_parser="qwen3_coder",
+            reasoning_parser=None,
+        ),
+        Family(
+            name="kimi_k2",
+            template=KIMI_K2_TEMPLATE,
+            special_tokens=(
+                "<|im_system|>",
+                "<|im_user|>",
+                "<|im_assistant|>",
+                "<|im_middle|>",
+                "<|im_end|>",
+                *KIMI_TOOL_MARKERS,
+            ),  # fmt: skip
+            added_tokens=(),
+            eos_token="<|im_end|>",
+            bos_token=None,
+            tool_parser="kimi_k2",
+            reasoning_parser=None,
         ),
         # The default tiny template: it ignores `tools` and cannot render tool calls, for the
         # tests of a template that cannot do tools.

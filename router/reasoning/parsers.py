@@ -1,9 +1,11 @@
-"""The think-block parsers: `<think>…</think>` reasoning before the answer (DeepSeek-R1, Qwen3).
+"""The think-block parsers: `<think>…</think>` reasoning before the answer (DeepSeek-R1, Qwen3,
+GLM-4.5, MiniMax-M2; Seed-OSS's `<seed:think>…</seed:think>`).
 
-Both read the same markers; they differ only where the answer does not begin with `<think>`:
-DeepSeek-R1 models sometimes leave the opening tag out, so deepseek_r1 reads such an answer as
-reasoning still (up to `</think>`, or all of it); Qwen3 without thinking writes no block at all,
-so qwen3 reads it as content.
+They differ only where the answer does not begin with the opening tag: DeepSeek-R1 models
+sometimes leave it out, and MiniMax-M2 and Seed-OSS answers start inside their block, so
+deepseek_r1, minimax_m2 and seed_oss read such an answer as reasoning still (up to the closing
+tag, or all of it); Qwen3 and GLM-4.5 without thinking write no block at all, so qwen3 and glm45
+read it as content.
 
 Whitespace: reasoning is stripped at both ends (Qwen3 writes `<think>\\n…\\n</think>`), content is
 stripped at its start only where it follows `</think>`. A stream gives the same text as `parse`
@@ -54,6 +56,24 @@ class DeepSeekR1Parser(ThinkParser):
 class Qwen3Parser(ThinkParser):
     name = "qwen3"
     optional = True
+
+
+class Glm45Parser(ThinkParser):
+    name = "glm45"
+    optional = True
+
+
+class MiniMaxM2Parser(ThinkParser):
+    name = "minimax_m2"
+    optional = False
+
+
+class SeedOssParser(ThinkParser):
+    name = "seed_oss"
+    start = "<seed:think>"
+    end = "</seed:think>"
+    markers = (start, end)
+    optional = False
 
 
 State = Literal["lead", "reasoning", "content"]

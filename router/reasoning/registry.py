@@ -3,11 +3,25 @@
 from __future__ import annotations
 
 from router.reasoning.harmony import HarmonyParser
-from router.reasoning.parsers import DeepSeekR1Parser, Qwen3Parser
+from router.reasoning.parsers import (
+    DeepSeekR1Parser,
+    Glm45Parser,
+    MiniMaxM2Parser,
+    Qwen3Parser,
+    SeedOssParser,
+)
 from router.reasoning.types import ReasoningParser
 
 REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
-    parser.name: parser for parser in (DeepSeekR1Parser, Qwen3Parser, HarmonyParser)
+    parser.name: parser
+    for parser in (
+        DeepSeekR1Parser,
+        Qwen3Parser,
+        HarmonyParser,
+        Glm45Parser,
+        MiniMaxM2Parser,
+        SeedOssParser,
+    )
 }
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from launcher.chat_families import FAMILIES, family_tokenizer, save_family
 
-TOOL_FAMILIES = ["qwen", "llama3", "mistral", "llama4", "deepseek_r1"]
+TOOL_FAMILIES = ["qwen", "llama3", "mistral", "llama4", "deepseek_r1", "qwen3_coder", "kimi_k2"]
 
 TOOLS = [
     {
@@ -76,6 +76,8 @@ TOOL_LISTING = {
     "mistral": lambda tool: json.dumps({"type": "function", "function": _fn(tool)}),
     "llama4": lambda tool: json.dumps(_fn(tool), indent=4),
     "deepseek_r1": lambda tool: json.dumps(_fn(tool)),
+    "qwen3_coder": lambda tool: json.dumps(tool),
+    "kimi_k2": lambda tool: json.dumps(tool),
 }
 
 # The earlier call and its result, exactly as each family writes them.
@@ -127,6 +129,21 @@ HISTORY_PARTS = {
         "<｜tool▁outputs▁end｜>",
         "<｜User｜>And the time in Tokyo?",
     ],
+    "qwen3_coder": [
+        "<|im_start|>system\n# Tools\n<tools>\n",
+        "<|im_start|>assistant\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+        "</parameter>\n</function>\n</tool_call><|im_end|>\n",
+        f"<|im_start|>user\n<tool_response>\n{RESULT}\n</tool_response><|im_end|>\n",
+        "<|im_start|>user\nAnd the time in Tokyo?<|im_end|>\n",
+    ],
+    "kimi_k2": [
+        "<|im_system|>tool_declare<|im_middle|>[{",
+        "<|im_user|>user<|im_middle|>Weather in Paris?<|im_end|>",
+        f"<|im_assistant|>assistant<|im_middle|><|tool_calls_section_begin|><|tool_call_begin|>"
+        f'{CALL_ID}<|tool_call_argument_begin|>{{"city": "Paris"}}<|tool_call_end|>'
+        "<|tool_calls_section_end|><|im_end|>",
+        f"<|im_system|>tool<|im_middle|>## Return of {CALL_ID}\n{RESULT}<|im_end|>",
+    ],
 }
 
 GENERATION_PROMPT_END = {
@@ -135,6 +152,8 @@ GENERATION_PROMPT_END = {
     "mistral": "[/INST]",  # no assistant header: the model answers right after [/INST]
     "llama4": "<|eot|><|header_start|>assistant<|header_end|>\n\n",
     "deepseek_r1": "<｜User｜>And the time in Tokyo?<｜Assistant｜><think>\n",
+    "qwen3_coder": "<|im_end|>\n<|im_start|>assistant\n",
+    "kimi_k2": "<|im_end|><|im_assistant|>assistant<|im_middle|>",
 }
 
 
@@ -151,7 +170,8 @@ def render(tokenizer, messages, **kwargs) -> str:
 
 def _arguments(name: str) -> str | dict:
     # pythonic calls need an object (test_pythonic_arguments_must_be_an_object)
-    return {"city": "Paris"} if name == "llama4" else '{"city": "Paris"}'
+    # and so does Qwen3-Coder's template, which writes each argument apart
+    return {"city": "Paris"} if name in ("llama4", "qwen3_coder") else '{"city": "Paris"}'
 
 
 @pytest.mark.parametrize("name", TOOL_FAMILIES)

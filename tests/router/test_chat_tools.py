@@ -290,6 +290,12 @@ FAMILY_CALLS = [
      'Sure. [TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}]',
      "Sure."),
     ("llama4", "pythonic", '[get_weather(city="Paris", unit="c")]', None),
+    ("qwen3_coder", "qwen3_coder", "Let me look.\n<tool_call>\n<function=get_weather>\n"
+     "<parameter=city>\nParis\n</parameter>\n<parameter=unit>\nc\n</parameter>\n</function>\n"
+     "</tool_call>", "Let me look."),
+    ("kimi_k2", "kimi_k2", "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+     '<|tool_call_argument_begin|>{"city": "Paris", "unit": "c"}<|tool_call_end|>'
+     "<|tool_calls_section_end|>", None),
 ]  # fmt: skip
 
 
@@ -303,7 +309,7 @@ async def test_each_format_whole_streamed_and_enforced(family, parser, answer, c
     # Llama's templates write the tools as indented JSON: long prompts in a tiny vocabulary.
     flags = {"tool_call_parser": parser, "enable_auto_tool_choice": True, "max_input_tokens": 3000}
     async with router_env(tmp_path, 1, scripted(tok, answer), **flags) as env:
-        status, text = await post(env, tools=[WEATHER])
+        status, text = await post(env, tools=[WEATHER], max_tokens=300)
         assert status == 200, text
         message = json.loads(text)["choices"][0]["message"]
         assert message["content"] == content
@@ -312,14 +318,21 @@ async def test_each_format_whole_streamed_and_enforced(family, parser, answer, c
         assert json.loads(call["function"]["arguments"]) == ARGUMENTS
         if parser == "mistral":  # Mistral's templates take nine letters and digits
             assert len(call["id"]) == 9 and call["id"].isalnum()
-        status, text = await post(env, stream=True, tools=[WEATHER])
+        if parser == "kimi_k2":  # the id the model wrote, which Kimi's template reads back
+            assert call["id"] == "functions.get_weather:0"
+        status, text = await post(env, stream=True, tools=[WEATHER], max_tokens=300)
         deltas, finishes = stream_deltas(text)
         assert "".join(d.get("content") or "" for d in deltas) == (content or "")
         (streamed,) = joined_calls(deltas)
         assert json.loads(streamed["arguments"]) == ARGUMENTS and finishes[-1] == "tool_calls"
+        assert streamed["id"] == call["id"] or parser != "kimi_k2"
     async with router_env(tmp_path, 1, walking(tok), **flags) as env:
         status, text = await post(
-            env, tools=[FORECAST, ALARM], tool_choice="required", parallel_tool_calls=False
+            env,
+            tools=[FORECAST, ALARM],
+            tool_choice="required",
+            parallel_tool_calls=False,
+            max_tokens=300,  # the XML formats are long in a tiny vocabulary
         )
         assert status == 200, text
         out = json.loads(text)["choices"][0]

@@ -6,11 +6,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.reasoning.parsers import DeepSeekR1Parser, Qwen3Parser, ThinkParser
+from router.reasoning.parsers import (
+    DeepSeekR1Parser,
+    Glm45Parser,
+    MiniMaxM2Parser,
+    Qwen3Parser,
+    SeedOssParser,
+    ThinkParser,
+)
 from router.reasoning.registry import REASONING_PARSERS, reasoning_parser
 from router.reasoning.types import ContentDelta, ReasoningDelta, Split
 
 R1, QWEN = DeepSeekR1Parser(), Qwen3Parser()
+GLM, MINIMAX, SEED = Glm45Parser(), MiniMaxM2Parser(), SeedOssParser()
 
 
 @pytest.mark.parametrize(
@@ -37,6 +45,17 @@ R1, QWEN = DeepSeekR1Parser(), Qwen3Parser()
         (R1, "a</think>b</think><think>c", True, Split("a", "b</think><think>c")),
         # Trailing whitespace of content stays; inner whitespace of reasoning stays.
         (R1, " a \n b </think> c \n", True, Split("a \n b", "c \n")),
+        # GLM-4.5 writes its block when it thinks (its template closes an empty one when not).
+        (GLM, "<think>plan</think>Answer", False, Split("plan", "Answer")),
+        (GLM, "Answer", False, Split(None, "Answer")),
+        # MiniMax-M2's answers start inside the block its template opened, or not.
+        (MINIMAX, "plan\n</think>\n\nAnswer", True, Split("plan", "Answer")),
+        (MINIMAX, "plan</think>Answer", False, Split("plan", "Answer")),
+        (MINIMAX, "<think>plan</think>Answer", False, Split("plan", "Answer")),
+        # Seed-OSS's own markers; `<think>` is text to it.
+        (SEED, "<seed:think>a <think> b</seed:think>Hi", False, Split("a <think> b", "Hi")),
+        (SEED, "a</seed:think>Hi", False, Split("a", "Hi")),
+        (SEED, "<think>a</think>b", False, Split("<think>a</think>b", None)),
     ],
 )
 def test_parse(parser: ThinkParser, text: str, opened: bool, split: Split) -> None:
@@ -81,11 +100,13 @@ def test_qwen3_holds_the_lead_until_decided() -> None:
 
 
 def test_registry() -> None:
-    assert set(REASONING_PARSERS) == {"deepseek_r1", "qwen3", "openai_gptoss"}
+    assert set(REASONING_PARSERS) == {"deepseek_r1", "qwen3", "openai_gptoss", "glm45",
+                                      "minimax_m2", "seed_oss"}  # fmt: skip
     assert isinstance(reasoning_parser("qwen3"), Qwen3Parser)
     parser = reasoning_parser("deepseek_r1")
     assert (parser.name, parser.start, parser.end) == ("deepseek_r1", "<think>", "</think>")
-    with pytest.raises(ValueError, match="deepseek_r1, openai_gptoss, qwen3"):
+    assert (SEED.markers, SEED.gated) == (("<seed:think>", "</seed:think>"), True)
+    with pytest.raises(ValueError, match="deepseek_r1, glm45, minimax_m2, openai_gptoss, qwen3"):
         reasoning_parser("nope")
 
 
