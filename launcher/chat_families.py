@@ -452,7 +452,9 @@ KIMI_TOOL_MARKERS = (
     "<|tool_call_argument_begin|>",
     "<|tool_call_end|>",
 )
-KIMI_K2_TEMPLATE = _ARGS_JSON + r"""{%- if tools -%}
+KIMI_K2_TEMPLATE = (
+    _ARGS_JSON
+    + r"""{%- if tools -%}
   {{- '<|im_system|>tool_declare<|im_middle|>' + tools | tojson + '<|im_end|>' -}}
 {%- endif -%}
 {%- for message in messages -%}
@@ -476,6 +478,7 @@ KIMI_K2_TEMPLATE = _ARGS_JSON + r"""{%- if tools -%}
   {%- endif -%}
 {%- endfor -%}
 {%- if add_generation_prompt -%}{{- '<|im_assistant|>assistant<|im_middle|>' -}}{%- endif -%}"""
+)
 
 _DEEPSEEK_TOOL_MARKERS = tuple(
     f"<｜tool▁{kind}▁{edge}｜>"

@@ -12,12 +12,16 @@ from launcher.args import parse_args
 from launcher.commands import Programs, build_plan
 from router.args import REASONING_PARSERS, TOOL_CALL_PARSERS
 from router.args import parse_args as router_args
+from router.reasoning.registry import REASONING_PARSERS as REASONING_REGISTRY
 from router.reasoning.registry import reasoning_parser
-from router.tool_calls.registry import tool_parser
+from router.tool_calls.registry import TOOL_PARSERS, tool_parser
 from tests.launcher.test_launcher_args import CPU_ENV
 
 
 def test_every_flag_value_names_a_parser():
+    # and every parser is a flag value: a parser the flags lack could never be chosen
+    assert set(TOOL_CALL_PARSERS) == set(TOOL_PARSERS)
+    assert set(REASONING_PARSERS) == set(REASONING_REGISTRY)
     for name in TOOL_CALL_PARSERS:
         assert tool_parser(name).name == name
     for name in REASONING_PARSERS:
