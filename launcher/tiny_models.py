@@ -50,6 +50,8 @@ ARCHITECTURES = {
     "Olmo3ForCausalLM": "Olmo3Config",
     "Exaone4ForCausalLM": "Exaone4Config",
     "Glm4ForCausalLM": "Glm4Config",
+    "CohereForCausalLM": "CohereConfig",
+    "Cohere2ForCausalLM": "Cohere2Config",
     "SeedOssForCausalLM": "SeedOssConfig",
     "Ernie4_5ForCausalLM": "Ernie4_5Config",
     "Ernie4_5_MoeForCausalLM": "Ernie4_5_MoeConfig",
@@ -107,6 +109,8 @@ POST_LLAMA_ARCHITECTURES = (
     "Glm4ForCausalLM",
     "SeedOssForCausalLM",
     "Ernie4_5ForCausalLM",
+    "CohereForCausalLM",
+    "Cohere2ForCausalLM",
 )
 MOE_ARCHITECTURES = (
     "MixtralForCausalLM",

@@ -82,11 +82,41 @@ class GemmaRMSNorm(Fp32RMSNorm):
         return cls(1.0 + weights.get_tensor(f"{prefix}.weight").float(), eps)
 
 
+class LayerNorm(nn.Module):
+    """Cohere's LayerNorm: (x - mean) * rsqrt(var + eps) * w, no bias, in float32 and rounded
+    once to x's dtype (transformers' CohereLayerNorm). Not an RMSNorm: the platforms' RMS
+    kernels (and the CPU decode loop's, which take RMSNorms only) never see it; torch's
+    layer_norm serves every device."""
+
+    def __init__(self, weight: torch.Tensor, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.eps = eps
+
+    @classmethod
+    def load(cls, weights: Weights, prefix: str, eps: float) -> LayerNorm:
+        return cls(weights.get_tensor(f"{prefix}.weight").float(), eps)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """norm(x); with `residual`, (norm(x + residual), x + residual)."""
+        if residual is not None:
+            summed = x + residual
+            return self._norm(summed), summed
+        return self._norm(x)
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        normed = F.layer_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        return (normed * self.weight).to(x.dtype)
+
+
 # config's norm kind -> the layer (shard/models/config.py: ModelConfig.norm)
-NORMS: dict[str, type[RMSNorm]] = {
+NORMS: dict[str, type[RMSNorm] | type[LayerNorm]] = {
     "rms": RMSNorm,
     "gemma_rms": GemmaRMSNorm,
     "fp32_rms": Fp32RMSNorm,
+    "layer": LayerNorm,
 }
 
 

@@ -12,7 +12,8 @@ A model file names its checkpoint tensors (a `Names` table) and maps its config.
 - `SparseMoeBlock` (shard/models/moe_block.py): the Mixture-of-Experts MLP of the layers
   `ModelConfig.moe` makes sparse (a router, the fused experts, an optional shared expert).
 - `DecoderLayer`: two norms (before attention, before the MLP: Llama, Qwen, Phi-3), or with
-  `sandwich_norms` four (also after each: Gemma 2 and 3).
+  `sandwich_norms` four (also after each: Gemma 2 and 3), or with `parallel_block` one, whose
+  output both attention and the MLP read (Cohere).
 - `DecoderModel`: embedding (optionally scaled), the layers, the final norm, the LM head (tied
   or not), final-logit soft-capping. Architectures subclass it with their names and config.
 """
@@ -28,7 +29,7 @@ from torch import nn
 from shard.attention import AttentionBackend, StepMetadata, attend, get_attention_backend
 from shard.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from shard.layers.linear import QKVParallelLinear, RowParallelLinear, head_range
-from shard.layers.norm import NORMS, ResidualAdd, RMSNorm
+from shard.layers.norm import NORMS, LayerNorm, ResidualAdd, RMSNorm
 from shard.layers.qk_norm import HeadQKNorm, ProjectionQKNorm
 from shard.layers.quant.config import QuantizationConfig
 from shard.layers.rotary import NoRotary, RopeConfig, RotaryEmbedding
@@ -45,7 +46,7 @@ from shard.weights import Weights
 _MAX_MTP_LAYERS = 8
 
 
-def load_norm(weights: Weights, prefix: str, config: ModelConfig) -> RMSNorm:
+def load_norm(weights: Weights, prefix: str, config: ModelConfig) -> RMSNorm | LayerNorm:
     return NORMS[config.norm].load(weights, prefix, config.rms_norm_eps)
 
 
@@ -158,19 +159,22 @@ class Attention(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm attention and MLP, each added to the residual stream; with `sandwich_norms`
     their outputs are normed too before the add (Gemma 2/3's post_attention_layernorm and
-    post_feedforward_layernorm; its pre_feedforward_layernorm is the MLP's input norm)."""
+    post_feedforward_layernorm; its pre_feedforward_layernorm is the MLP's input norm). A
+    `parallel` layer (Cohere) has no norm before the MLP: attention and the MLP both read the
+    input norm's output."""
 
     def __init__(
         self,
-        input_layernorm: RMSNorm,
+        input_layernorm: RMSNorm | LayerNorm,
         self_attn: Attention | LatentAttention,
-        pre_mlp_layernorm: RMSNorm,
+        pre_mlp_layernorm: RMSNorm | LayerNorm | None,
         mlp: GatedMLP | SparseMoeBlock,
         post_attention_norm: RMSNorm | None = None,
         post_mlp_norm: RMSNorm | None = None,
         residual_scale: float | None = None,
     ) -> None:
         super().__init__()
+        self.parallel = pre_mlp_layernorm is None
         self.input_layernorm = input_layernorm
         self.self_attn = self_attn
         self.pre_mlp_layernorm = pre_mlp_layernorm
@@ -188,7 +192,7 @@ class DecoderLayer(nn.Module):
         rotary: RotaryEmbedding | NoRotary,
         backend: AttentionBackend,
     ) -> DecoderLayer:
-        def norm(ours: str) -> RMSNorm:
+        def norm(ours: str) -> RMSNorm | LayerNorm:
             return load_norm(weights, names.one(ours), config)
 
         attention: Attention | LatentAttention
@@ -203,6 +207,8 @@ class DecoderLayer(nn.Module):
         else:
             mlp = GatedMLP.load(weights, names, config)
         scale = config.residual_scale
+        if config.parallel_block:
+            return cls(norm("input_layernorm"), attention, None, mlp)
         if not config.sandwich_norms:
             return cls(
                 norm("input_layernorm"),
@@ -247,6 +253,10 @@ class DecoderLayer(nn.Module):
             residual, x = hidden, self.input_layernorm(hidden)
         else:
             x, residual = self.input_layernorm(hidden, residual)
+        if self.pre_mlp_layernorm is None:  # parallel: the stream gets attention's output
+            # first, then (in the next norm) the MLP's, in the order transformers adds them
+            attended = self.self_attn(x, positions, kv_cache, meta)
+            return self.mlp(x), residual + attended
         x = self.self_attn(x, positions, kv_cache, meta)
         if self.post_attention_norm is not None:
             x = self.post_attention_norm(x)
@@ -340,6 +350,7 @@ class DecoderModel(CausalLM):
             self.lm_head = ParallelLMHead.load(weights, lm_head, config.vocab_size)
         self.final_softcap = config.final_softcap
         self.logits_divisor = config.logits_divisor
+        self.logits_scale = config.logits_scale
 
         self.num_layers = config.num_layers
         # every layer's cache entry has the first's shape
@@ -369,6 +380,8 @@ class DecoderModel(CausalLM):
         logits = self.lm_head(hidden)
         if self.logits_divisor is not None:
             logits = logits / self.logits_divisor
+        if self.logits_scale is not None:
+            logits = logits * self.logits_scale
         if self.final_softcap is None:
             return logits
         # in float32 (transformers caps in the model's dtype; float32 is the closer to exact)

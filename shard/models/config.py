@@ -141,7 +141,11 @@ class ModelConfig:
     quantization: QuantizationConfig | None = None
     # The options the shared blocks take (shard/models/blocks.py); an architecture's own file
     # sets those its config states differently from Llama's defaults.
-    norm: str = "rms"  # a kind of shard/layers/norm.py's NORMS: "rms", "gemma_rms", "fp32_rms"
+    # a kind of shard/layers/norm.py's NORMS: "rms", "gemma_rms", "fp32_rms", "layer"
+    norm: str = "rms"
+    # attention and the MLP read the same normed input and both outputs join the stream (Cohere:
+    # one norm a layer); False: one after the other, each with its own norm
+    parallel_block: bool = False
     sandwich_norms: bool = False  # four norms a layer (Gemma 2/3): also after attention and MLP
     # with sandwich_norms, False: only the norms after attention and the MLP (OLMo 2, EXAONE 4)
     pre_norms: bool = True
@@ -164,6 +168,8 @@ class ModelConfig:
     residual_scale: float | None = None
     # The logits are divided by this (Granite's logits_scaling); None: as the LM head gives them.
     logits_divisor: float | None = None
+    # ... or multiplied by this (Cohere's logit_scale)
+    logits_scale: float | None = None
     # The Mixture-of-Experts MLP (Mixtral, Qwen2-MoE, Qwen3-MoE); None: every MLP dense.
     moe: MoeConfig | None = None
     # Multi-head latent attention in every layer (DeepSeek); None: the q/k/v `Attention`.

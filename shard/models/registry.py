@@ -33,6 +33,8 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Olmo3ForCausalLM": ("shard.models.olmo2", "Olmo3ForCausalLM"),
     "Exaone4ForCausalLM": ("shard.models.exaone4", "Exaone4ForCausalLM"),
     "Glm4ForCausalLM": ("shard.models.glm4", "Glm4ForCausalLM"),
+    "CohereForCausalLM": ("shard.models.cohere", "CohereForCausalLM"),
+    "Cohere2ForCausalLM": ("shard.models.cohere", "Cohere2ForCausalLM"),
     "SeedOssForCausalLM": ("shard.models.seed_oss", "SeedOssForCausalLM"),
     "Ernie4_5ForCausalLM": ("shard.models.ernie4_5", "Ernie4_5ForCausalLM"),
     "Ernie4_5_MoeForCausalLM": ("shard.models.ernie4_5_moe", "Ernie4_5_MoeForCausalLM"),

@@ -43,6 +43,8 @@ CASES = {
     "olmo2_projection_qk_norm": ADAPTERS,
     # o/down terms scaled with the products by Granite's residual_multiplier
     "granite_multipliers": ADAPTERS,
+    # Cohere 2: attention's and the MLP's terms on one normed input, added to the stream apart
+    "cohere2_sliding_nope": ADAPTERS,
     # Gemma 3 as released (vision-language, served text only): PEFT's adapters name the LM's
     # modules as transformers 5 does (`model.language_model...`), unlike the Hub's files, and
     # these also adapt the vision tower (its q/v_proj; all-linear: its fc1, fc2, out_proj too),

@@ -107,6 +107,7 @@ KEPT_FLOAT32 = {
     "deepseek_v3_mla": r"\.router$",
     "glm4_moe_lite_mla": r"\.router$",
     "ernie4_5_moe_biased_choice": r"\.router$",
+    "cohere2_sliding_nope": r"norm\b",  # Cohere's LayerNorms scale in float32
 }
 # Models whose transformers' own half-precision logits are beyond 3e-2 of float32's (OLMo 2's
 # post norms: 0.039 in bf16 on these prompts; DeepSeek-V3's case: 0.031; MiniMax-M2's, whose

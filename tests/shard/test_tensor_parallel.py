@@ -71,6 +71,7 @@ MODELS = [
     "exaone4_sliding_nope",
     "glm4_interleaved_partial",  # fused gate_up and interleaved partial rotary, heads split
     "ernie4_5_biased_interleaved",  # o_proj and down_proj biases added once, by rank 0
+    "cohere2_sliding_nope",  # attention and MLP in parallel: both outputs reduced, then added
     # Mixture-of-Experts: every expert's intermediate split per rank (the stacked layout too);
     # the shared expert and the routed ones reduced together
     *MOE_TP,

@@ -206,6 +206,15 @@ NEW_ARCH_MODELS: dict[str, tuple[str, dict]] = {
     # ERNIE 4.5: a bias on every projection (q/k/v/o and the MLP's), interleaved pairs rotated
     # over the whole head, tied embeddings (its default)
     "ernie4_5_biased_interleaved": ("Ernie4_5ForCausalLM", {"head_dim": 16, "use_bias": True}),
+    # Command R: one LayerNorm a layer, attention and MLP in parallel, interleaved rotary, tied
+    # embeddings, the logits scaled (its default 0.0625)
+    "cohere_parallel_layernorm": ("CohereForCausalLM", {"num_key_value_heads": 2}),
+    # Command R7B / A: Cohere's layers, the sliding one rotating and the full one without
+    # position encoding
+    "cohere2_sliding_nope": (
+        "Cohere2ForCausalLM",
+        {"sliding_window": 7, "layer_types": ["sliding_attention", "full_attention"]},
+    ),
 }
 
 # Gemma 3 4B and up and Mistral Small 3.1 and later as released: vision-language checkpoints

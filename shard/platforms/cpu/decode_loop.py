@@ -12,7 +12,8 @@ the same order, on the same inputs, without the Python around them.
 It computes exactly what DecoderModel.forward computes (tests/shard/test_cpu_decode.py compares
 them bit for bit, for every architecture): every sub-step that is not plain here (a quantized or
 oneDNN weight, q/k norms, a rotary that is not the whole-head position-only rotation or none
-(NoPE), a norm whose weight is not in the model's dtype or a residual add without a norm, a
+(NoPE), a norm whose weight is not in the model's dtype, a LayerNorm (Cohere's, whose layers
+run attention and the MLP in parallel) or a residual add without a norm, a
 gated activation other than SwiGLU, the sandwich norms, a Mixture-of-Experts MLP, DeepSeek's
 latent attention as a whole) calls the module that owns it. Attention sinks (gpt-oss) are
 the native decode kernel's own. It runs decode-only steps;
@@ -56,7 +57,7 @@ class _Layer:
 
     first_norm: Norm  # the input norm of the first layer, whose input is the stream itself
     input_norm: AddNorm  # (hidden, residual) -> (norm(hidden + residual), hidden + residual)
-    pre_mlp_norm: AddNorm
+    pre_mlp_norm: AddNorm | None  # None: a parallel layer (Cohere), whose MLP reads the input norm
     post_attention_norm: Norm | None  # the sandwich norms (Gemma), else None
     post_mlp_norm: Norm | None
     residual_scale: float | None  # Granite's residual_multiplier
@@ -147,6 +148,7 @@ class CpuDecodePath:
                 x = layer.first_norm(residual)
             else:
                 x, residual = layer.input_norm(hidden, residual)
+            normed = x
             if layer.attention_module is not None:
                 x = layer.attention_module(x, positions, kv, meta)
             else:
@@ -157,6 +159,10 @@ class CpuDecodePath:
                     layer.sinks,
                 )  # fmt: skip
                 x = layer.o_proj(out.flatten(1))
+            if layer.pre_mlp_norm is None:  # parallel: attention's output joins the stream first
+                residual = residual + x
+                hidden = layer.mlp(normed)
+                continue
             if layer.post_attention_norm is not None:
                 x = layer.post_attention_norm(x)
             if layer.residual_scale is not None:
@@ -180,7 +186,7 @@ class CpuDecodePath:
         common = dict(
             first_norm=_norm(layer.input_layernorm, dtype),
             input_norm=_add_norm(layer.input_layernorm, dtype),
-            pre_mlp_norm=_add_norm(layer.pre_mlp_layernorm, dtype),
+            pre_mlp_norm=None if layer.parallel else _add_norm(layer.pre_mlp_layernorm, dtype),
             post_attention_norm=None if post_attention is None else _norm(post_attention, dtype),
             post_mlp_norm=None if post_mlp is None else _norm(post_mlp, dtype),
             residual_scale=layer.residual_scale,
