@@ -84,6 +84,16 @@ def skip_spaces(text: str, pos: int) -> int:
     return pos
 
 
+def occurrences(text: str, needle: str, begin: int = 0) -> list[int]:
+    """Where `needle` occurs in `text` from `begin` on (a closing marker a block may end at)."""
+    found = []
+    at = text.find(needle, begin)
+    while at >= 0:
+        found.append(at)
+        at = text.find(needle, at + len(needle))
+    return found
+
+
 def partial_marker(text: str, markers: Sequence[str]) -> int:
     """The length of the longest tail of `text` that is the start of one of `markers` (but not
     the whole marker): what must wait for more text before it can be called content."""

@@ -25,6 +25,7 @@ from router.tool_calls.common import (
     literal,
     load_json,
     name_literal,
+    occurrences,
     partial_marker,
 )
 from router.tool_calls.types import MarkerTerm, Tool
@@ -51,7 +52,7 @@ class HermesParser(ScanParser):
                 return pieces, end
             pieces.append(text[pos:start])
             body = start + len(OPEN)
-            closes = _closers(text, body)
+            closes = occurrences(text, CLOSE, body)
             for close in closes:
                 call = call_from_object(load_json(text[body:close]))
                 if call is not None:
@@ -78,16 +79,6 @@ class HermesParser(ScanParser):
             )
 
         return lark(calls_rules(tools, call, parallel, separator=literal("\n")))
-
-
-def _closers(text: str, begin: int) -> list[int]:
-    """Where `</tool_call>` occurs in text from begin on."""
-    found = []
-    at = text.find(CLOSE, begin)
-    while at >= 0:
-        found.append(at)
-        at = text.find(CLOSE, at + len(CLOSE))
-    return found
 
 
 def _in_json_string(text: str, begin: int, at: int) -> bool:

@@ -35,6 +35,7 @@ from router.tool_calls.common import (
     json_term,
     lark,
     literal,
+    occurrences,
     partial_marker,
     skip_spaces,
 )
@@ -97,7 +98,7 @@ class XmlCallParser(ScanParser):
                 return pieces, len(text) - held
             pieces.append(text[pos:start])
             body = start + len(fmt.block_open)
-            closes = _all(text, fmt.block_close, body)
+            closes = occurrences(text, fmt.block_close, body)
             for close in closes:
                 calls = self._calls(text[body:close])
                 if calls:
@@ -161,7 +162,7 @@ class XmlCallParser(ScanParser):
         """The closing tag that ends a value: the first one followed by another parameter, the
         call's end, or the body's."""
         fmt = self.format
-        for at in _all(body, fmt.param_close, begin):
+        for at in occurrences(body, fmt.param_close, begin):
             after = skip_spaces(body, at + len(fmt.param_close))
             if after == len(body) or fmt.param_head.match(body, after):
                 return at
@@ -285,12 +286,3 @@ def _one_newline_off(value: str) -> str:
     if value.endswith("\n"):
         value = value[:-1]
     return value
-
-
-def _all(text: str, needle: str, begin: int) -> list[int]:
-    found = []
-    at = text.find(needle, begin)
-    while at >= 0:
-        found.append(at)
-        at = text.find(needle, at + len(needle))
-    return found
