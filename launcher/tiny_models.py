@@ -64,6 +64,7 @@ ARCHITECTURES = {
     "DeepseekV3ForCausalLM": "DeepseekV3Config",
     "Glm4MoeLiteForCausalLM": "Glm4MoeLiteConfig",
     "MiniMaxM2ForCausalLM": "MiniMaxM2Config",
+    "OlmoeForCausalLM": "OlmoeConfig",
 }
 
 
@@ -123,6 +124,7 @@ MOE_ARCHITECTURES = (
     "Glm4MoeLiteForCausalLM",
     "Ernie4_5_MoeForCausalLM",
     "MiniMaxM2ForCausalLM",
+    "OlmoeForCausalLM",
 )
 # Multi-head latent attention (DeepSeek's)
 MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM")

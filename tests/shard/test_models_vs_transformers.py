@@ -121,7 +121,14 @@ HALF_AS_TRANSFORMERS = (
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize(
-    "name", ["qwen2_bias", "qwen2_moe_shared_dense", "minimax_m2_projection_norms", *KEPT_FLOAT32]
+    "name",
+    [
+        "qwen2_bias",
+        "qwen2_moe_shared_dense",
+        "minimax_m2_projection_norms",
+        "olmoe_projection_norms",
+        *KEPT_FLOAT32,
+    ],  # fmt: skip
 )
 def test_half_precision_tracks_float32(tiny_model, dtype, name):
     path = tiny_model(name)

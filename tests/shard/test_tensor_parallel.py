@@ -45,11 +45,12 @@ MOE_TP = [
     # MiniMax-M2: whole-projection q/k norms (their all-reduce) with partial rotary, the
     # sigmoid router's logits in the model's dtype
     "minimax_m2_projection_norms",
+    "olmoe_projection_norms",  # the same norms with Llama's rounding; every layer sparse
 ]
 
 # Their q/k norms add one all_reduce a layer (both norms' sums of squares in one).
 PROJECTION_QK_NORM = ["olmo2_projection_qk_norm", "olmo3_sliding_one_kv_head"]
-PROJECTION_QK_NORM_MOE = ["minimax_m2_projection_norms"]
+PROJECTION_QK_NORM_MOE = ["minimax_m2_projection_norms", "olmoe_projection_norms"]
 
 CPU = torch.device("cpu")
 # GQA split across ranks, one KV head replicated on both, qkv bias, and a vocab of 509 (padded).

@@ -271,6 +271,12 @@ MOE_MODELS: dict[str, tuple[str, dict]] = {
             "head_dim": 32,
         },
     ),
+    # OLMoE: q/k normed over the whole projection (Llama's rounding), top-3 of 8 without
+    # renormalisation, each expert intermediate_size wide, in every layer
+    "olmoe_projection_norms": (
+        "OlmoeForCausalLM",
+        {"num_experts": 8, "num_experts_per_tok": 3, "intermediate_size": 32},
+    ),
     # GLM-4.5: sigmoid scores chosen with a correction bias within the best 2 of 4 groups of 2
     # experts, top-3, renormalised and scaled by 2.5; one shared expert ungated; the first layer
     # dense; q/k norms, q/k/v biases without an o_proj bias, rotary over half of each head.
