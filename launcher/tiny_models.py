@@ -65,6 +65,7 @@ ARCHITECTURES = {
     "Glm4MoeLiteForCausalLM": "Glm4MoeLiteConfig",
     "MiniMaxM2ForCausalLM": "MiniMaxM2Config",
     "OlmoeForCausalLM": "OlmoeConfig",
+    "GraniteMoeForCausalLM": "GraniteMoeConfig",
 }
 
 
@@ -125,6 +126,7 @@ MOE_ARCHITECTURES = (
     "Ernie4_5_MoeForCausalLM",
     "MiniMaxM2ForCausalLM",
     "OlmoeForCausalLM",
+    "GraniteMoeForCausalLM",
 )
 # Multi-head latent attention (DeepSeek's)
 MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM")

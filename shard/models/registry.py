@@ -43,6 +43,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen2MoeForCausalLM": ("shard.models.qwen2_moe", "Qwen2MoeForCausalLM"),
     "Qwen3MoeForCausalLM": ("shard.models.qwen3_moe", "Qwen3MoeForCausalLM"),
     "OlmoeForCausalLM": ("shard.models.olmoe", "OlmoeForCausalLM"),
+    "GraniteMoeForCausalLM": ("shard.models.granite_moe", "GraniteMoeForCausalLM"),
     "Glm4MoeForCausalLM": ("shard.models.glm4_moe", "Glm4MoeForCausalLM"),
     # multi-head latent attention; V3 also serves DeepSeek-R1, Kimi K2 and Moonlight
     "DeepseekV2ForCausalLM": ("shard.models.deepseek", "DeepseekV2ForCausalLM"),

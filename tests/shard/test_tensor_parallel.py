@@ -46,6 +46,7 @@ MOE_TP = [
     # sigmoid router's logits in the model's dtype
     "minimax_m2_projection_norms",
     "olmoe_projection_norms",  # the same norms with Llama's rounding; every layer sparse
+    "granite_moe_multipliers",  # stacked experts split per rank under Granite's multipliers
 ]
 
 # Their q/k norms add one all_reduce a layer (both norms' sums of squares in one).

@@ -277,6 +277,20 @@ MOE_MODELS: dict[str, tuple[str, dict]] = {
         "OlmoeForCausalLM",
         {"num_experts": 8, "num_experts_per_tok": 3, "intermediate_size": 32},
     ),
+    # Granite 3 MoE: Granite's multipliers, top-2 of 6 by logit, softmax over the two, weights
+    # rounded to the dtype
+    "granite_moe_multipliers": (
+        "GraniteMoeForCausalLM",
+        {
+            "num_local_experts": 6,
+            "num_experts_per_tok": 2,
+            "intermediate_size": 48,
+            "embedding_multiplier": 4.0,
+            "attention_multiplier": 0.1,
+            "residual_multiplier": 0.5,
+            "logits_scaling": 2.0,
+        },
+    ),  # fmt: skip
     # GLM-4.5: sigmoid scores chosen with a correction bias within the best 2 of 4 groups of 2
     # experts, top-3, renormalised and scaled by 2.5; one shared expert ungated; the first layer
     # dense; q/k norms, q/k/v biases without an o_proj bias, rotary over half of each head.
