@@ -35,6 +35,7 @@ ARCHITECTURES = {
     "LlamaForCausalLM": "LlamaConfig",
     "MistralForCausalLM": "MistralConfig",
     "MinistralForCausalLM": "MinistralConfig",
+    "Ministral3ForCausalLM": "Ministral3Config",
     # Mistral Small 3.1 and later as released: Pixtral's vision tower before a Mistral
     "Mistral3ForConditionalGeneration": "MistralConfig",
     "Qwen2ForCausalLM": "Qwen2Config",
@@ -207,6 +208,7 @@ def build_model(
     module_names: bool = False,
     mxfp4_experts: bool = False,
     chat_family: str | None = None,
+    text_config: str | None = None,
     **config_overrides,
 ) -> Path:
     """Writes config, safetensors weights and tokenizer of a random model to `path`.
@@ -221,6 +223,8 @@ def build_model(
     `chat_family`: the tokenizer and chat template of a `launcher.chat_families` family (tool
     calls, reasoning); the embedding then grows to cover its added tokens when they pass
     `vocab_size`.
+    `text_config`: a vision-language wrapper's language-model config class in place of the
+    architecture's own (`Ministral3Config`: Ministral 3 as released, a Mistral3 wrapper).
     """
     import torch
     import transformers
@@ -236,7 +240,7 @@ def build_model(
 
         tokenizer = family_tokenizer(chat_family, vocab_size)
         vocab_size = max(vocab_size, len(tokenizer))
-    config_cls = getattr(transformers, ARCHITECTURES[architecture])
+    config_cls = getattr(transformers, text_config or ARCHITECTURES[architecture])
     if architecture in MLA_ARCHITECTURES:
         # latent attention expands every head's keys and values: transformers' MLA wants as
         # many "KV heads" as heads

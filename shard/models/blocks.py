@@ -63,6 +63,7 @@ class Attention(nn.Module):
         softcap: float | None = None,
         qk_norm: HeadQKNorm | ProjectionQKNorm | None = None,
         sinks: torch.Tensor | None = None,
+        position_scale: tuple[float, int] | None = None,
     ) -> None:
         super().__init__()
         self.qkv_proj = qkv_proj
@@ -75,6 +76,7 @@ class Attention(nn.Module):
         self.scale = scale
         self.window = window  # sliding-window layer: attends to the last `window` positions
         self.softcap = softcap
+        self.position_scale = position_scale  # ModelConfig.query_position_scale
         # this rank's heads' sink logits, float32 [heads] (gpt-oss), or None
         self.register_buffer("sinks", sinks, persistent=False)
 
@@ -137,7 +139,17 @@ class Attention(nn.Module):
             softcap=config.attn_softcap,
             qk_norm=qk_norm,
             sinks=sinks,
+            position_scale=config.query_position_scale,
         )
+
+    def scale_queries(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Rotated queries [T, heads, D] times their position's factor (`position_scale`),
+        computed in float32 and rounded to q's dtype before the product, as transformers."""
+        if self.position_scale is None:
+            return q
+        beta, original = self.position_scale
+        factor = 1 + beta * torch.log(1 + torch.floor(positions / original))
+        return q * factor.to(q.dtype)[:, None, None]
 
     def forward(
         self,
@@ -150,6 +162,7 @@ class Attention(nn.Module):
         if self.qk_norm is not None:
             q, k = self.qk_norm(q, k)
         q, k = self.rotary(positions, q, k, meta)
+        q = self.scale_queries(q, positions)
         out = attend(
             self.backend, q, k, v, kv_cache, meta, self.scale, self.window, self.softcap, self.sinks
         )

@@ -154,6 +154,10 @@ class ModelConfig:
     embed_scale: float | None = None  # embeddings multiplied by it (Gemma: sqrt(hidden))
     attention_scale: float | None = None  # the query scale; None: head_dim ** -0.5
     attn_softcap: float | None = None  # scores s -> cap * tanh(s / cap) (Gemma 2)
+    # (beta, original_max_position_embeddings): each query, once rotated, multiplied by
+    # 1 + beta * log(1 + floor(position / original)), which leaves it as it is below `original`
+    # (Ministral 3's and Mistral 4's llama_4_scaling_beta); None: not scaled by position
+    query_position_scale: tuple[float, int] | None = None
     # a learned logit per query head in every softmax's denominator (gpt-oss's `sinks`)
     attention_sinks: bool = False
     final_softcap: float | None = None  # logits likewise (Gemma 2 and 3)

@@ -1,17 +1,49 @@
 """Llama, Mistral and Ministral: the shared blocks as they are (two RMSNorms a layer, SwiGLU,
-rotary over whole heads, sliding windows where the config names them); and Mistral Small 3.1
-and later as released, vision-language checkpoints around a Mistral, served text only."""
+rotary over whole heads, sliding windows where the config names them); Ministral 3 the same with
+its queries scaled by position past the rope's original length (`llama_4_scaling_beta`); and
+Mistral Small 3.1 and later and Ministral 3 as released, vision-language checkpoints around one
+of those, served text only."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 from shard.models.blocks import DecoderModel
+from shard.models.config import ModelConfig, UnsupportedArchitectureError
 from shard.models.names import LLAMA_NAMES
 from shard.models.text_only import TextOnly
+
+
+def llama4_query_scale(raw: dict[str, Any]) -> tuple[float, int]:
+    """(beta, original length) of a config whose model scales its queries by position
+    (ModelConfig.query_position_scale); refused where the rope parameters lack them."""
+    rope = raw.get("rope_parameters") or {}
+    beta, original = rope.get("llama_4_scaling_beta"), rope.get("original_max_position_embeddings")
+    if beta is None or not original:
+        raise UnsupportedArchitectureError(
+            "rope_parameters: llama_4_scaling_beta and original_max_position_embeddings are "
+            "needed to scale the queries by position"
+        )
+    return float(beta), int(original)
 
 
 class LlamaForCausalLM(DecoderModel):
     NAMES = LLAMA_NAMES
 
 
+class Ministral3ForCausalLM(LlamaForCausalLM):
+    @classmethod
+    def adapt_config(cls, raw: dict[str, Any], config: ModelConfig) -> ModelConfig:
+        return replace(config, query_position_scale=llama4_query_scale(raw))
+
+
 class Mistral3ForConditionalGeneration(TextOnly, LlamaForCausalLM):
-    """Mistral Small 3.1 / 3.2, Magistral Small: Pixtral's vision tower before a Mistral."""
+    """Mistral Small 3.1 / 3.2, Magistral Small (a Mistral), Ministral 3 (a Ministral 3):
+    Pixtral's vision tower before the language model."""
+
+    @classmethod
+    def adapt_config(cls, raw: dict[str, Any], config: ModelConfig) -> ModelConfig:
+        if raw.get("model_type") == "ministral3":
+            return Ministral3ForCausalLM.adapt_config(raw, config)
+        return config

@@ -18,6 +18,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     # Mistral with per-layer attention types (transformers loads a Mistral config that has
     # layer_types as Ministral; ModelConfig.layer_windows follows layer_types).
     "MinistralForCausalLM": ("shard.models.llama", "LlamaForCausalLM"),
+    "Ministral3ForCausalLM": ("shard.models.llama", "Ministral3ForCausalLM"),
     # Mistral Small 3.1 and later as released (vision-language), served text only
     "Mistral3ForConditionalGeneration": ("shard.models.llama", "Mistral3ForConditionalGeneration"),
     "Qwen2ForCausalLM": ("shard.models.qwen2", "Qwen2ForCausalLM"),

@@ -18,6 +18,13 @@ YARN_ROPE = {
     "original_max_position_embeddings": 16,
 }
 
+MINISTRAL3 = {
+    "head_dim": 16,
+    "max_position_embeddings": 512,
+    "rope_parameters": {**YARN_ROPE, "llama_4_scaling_beta": 0.5, "mscale": 1.0,
+                        "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0},
+}  # fmt: skip
+
 # name -> (architecture, config overrides)
 TINY_MODELS: dict[str, tuple[str, dict]] = {
     "llama_gqa_llama3": (
@@ -206,6 +213,9 @@ NEW_ARCH_MODELS: dict[str, tuple[str, dict]] = {
     # ERNIE 4.5: a bias on every projection (q/k/v/o and the MLP's), interleaved pairs rotated
     # over the whole head, tied embeddings (its default)
     "ernie4_5_biased_interleaved": ("Ernie4_5ForCausalLM", {"head_dim": 16, "use_bias": True}),
+    # Ministral 3: YaRN from 16 positions, and past them the queries scaled by position
+    # (llama_4_scaling_beta; 0.5 here, 0.1 released, so the factor is visible at 21-42 tokens)
+    "ministral3_position_scaled": ("Ministral3ForCausalLM", MINISTRAL3),
     # Command R: one LayerNorm a layer, attention and MLP in parallel, interleaved rotary, tied
     # embeddings, the logits scaled (its default 0.0625)
     "cohere_parallel_layernorm": ("CohereForCausalLM", {"num_key_value_heads": 2}),
@@ -229,6 +239,11 @@ VISION_LANGUAGE_MODELS: dict[str, tuple[str, dict]] = {
     "gemma3_vision_language_module_names": (
         "Gemma3ForConditionalGeneration",
         {**NEW_ARCH_MODELS["gemma3_qk_norm_local_rope"][1], "module_names": True},
+    ),
+    # Ministral 3 as released: Pixtral's tower before a Ministral 3 (queries scaled by position)
+    "ministral3_vision_language": (
+        "Mistral3ForConditionalGeneration",
+        {**MINISTRAL3, "text_config": "Ministral3Config"},
     ),
     # Mistral Small 3.1 style: Pixtral's tower before a Mistral (GQA, untied lm_head, no window).
     "mistral3_vision_language": (

@@ -291,7 +291,22 @@ def _gate_up(linear: MergedColumnParallelLinear, act: str, lora: bool) -> Linear
 
 
 def _rotation(attention: Attention) -> Rotate:
-    """(qkv product, positions, meta) -> q, k (rotated) and v, each [T, heads, D]."""
+    """(qkv product, positions, meta) -> q, k (rotated) and v, each [T, heads, D]; the queries
+    scaled by position where the model says so (Attention.scale_queries)."""
+    rotate = _rotation_only(attention)
+    if attention.position_scale is None:
+        return rotate
+
+    def scaled(
+        qkv: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> tuple[torch.Tensor, ...]:
+        q, k, v = rotate(qkv, positions, meta)
+        return attention.scale_queries(q, positions), k, v
+
+    return scaled
+
+
+def _rotation_only(attention: Attention) -> Rotate:
     proj, rotary = attention.qkv_proj, attention.rotary
     heads, kv_heads, d = proj.num_heads, proj.num_kv_heads, proj.head_dim
     kernel = native.rotary_kernel()
