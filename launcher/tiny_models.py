@@ -67,6 +67,7 @@ ARCHITECTURES = {
     "MiniMaxM2ForCausalLM": "MiniMaxM2Config",
     "OlmoeForCausalLM": "OlmoeConfig",
     "GraniteMoeForCausalLM": "GraniteMoeConfig",
+    "Mistral4ForCausalLM": "Mistral4Config",
 }
 
 
@@ -128,9 +129,15 @@ MOE_ARCHITECTURES = (
     "MiniMaxM2ForCausalLM",
     "OlmoeForCausalLM",
     "GraniteMoeForCausalLM",
+    "Mistral4ForCausalLM",
 )
 # Multi-head latent attention (DeepSeek's)
-MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM")
+MLA_ARCHITECTURES = (
+    "DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM",
+    "Glm4MoeLiteForCausalLM",
+    "Mistral4ForCausalLM",
+)
 # The router's weights spread wider than the rest: its top-k choices then have clear margins,
 # so a model that computes the layer's input within rounding picks the same experts.
 _ROUTER_SPREAD = 0.3

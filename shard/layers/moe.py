@@ -50,6 +50,7 @@ def route(
     scale: float = 1.0,
     correction_bias: torch.Tensor | None = None,
     renormalize_min: float = 0.0,
+    group_score: str = "max",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Router logits [T, E] -> (weights [T, K] float32, expert ids [T, K] int32): softmax in
     float32, the top k, divided by their sum (at least `renormalize_min`) with `renormalize`,
@@ -58,13 +59,18 @@ def route(
     With `correction_bias` ([E], ERNIE 4.5) the choice reads the probabilities plus the bias,
     the weights the probabilities. With `num_groups` > 1 (DeepSeek-V2's group-limited greedy
     choice) the top k come from the `top_groups` of `num_groups` equal groups of experts whose
-    best probability is highest."""
+    best probability is highest (`group_score` "max"), or whose two best summed are ("top2":
+    Mistral 4)."""
     probs = torch.softmax(logits.float(), dim=-1)
     choice = probs if correction_bias is None else probs + correction_bias
     if num_groups > 1:
         tokens, experts = probs.shape
         grouped = choice.view(tokens, num_groups, experts // num_groups)
-        kept = torch.topk(grouped.amax(dim=-1), top_groups, dim=-1, sorted=False)[1]
+        if group_score == "top2":
+            ranked = torch.topk(grouped, 2, dim=-1)[0].sum(dim=-1)
+        else:
+            ranked = grouped.amax(dim=-1)
+        kept = torch.topk(ranked, top_groups, dim=-1, sorted=False)[1]
         mask = torch.zeros(tokens, num_groups, dtype=torch.bool, device=probs.device)
         mask.scatter_(1, kept, True)
         choice = grouped.masked_fill(~mask[:, :, None], float("-inf")).view(tokens, experts)

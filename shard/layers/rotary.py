@@ -461,3 +461,17 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     if rotary_dim < x.shape[-1]:
         return torch.cat((_rotate(x[..., :rotary_dim], cos, sin), x[..., rotary_dim:]), -1)
     return x * cos + x.roll(rotary_dim // 2, dims=-1) * sin
+
+
+def scaled_by_position(
+    q: torch.Tensor, positions: torch.Tensor, scale: tuple[float, int] | None
+) -> torch.Tensor:
+    """Rotated queries [T, heads, D] times 1 + beta * log(1 + floor(position / original)) for
+    `scale` = (beta, original) (Llama 4's attention temperature, as Ministral 3 and Mistral 4
+    apply it to every layer); the factor in float32, rounded to q's dtype before the product, as
+    transformers computes it. None: q as it is."""
+    if scale is None:
+        return q
+    beta, original = scale
+    factor = 1 + beta * torch.log(1 + torch.floor(positions / original))
+    return q * factor.to(q.dtype)[:, None, None]

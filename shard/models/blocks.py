@@ -32,7 +32,7 @@ from shard.layers.linear import QKVParallelLinear, RowParallelLinear, head_range
 from shard.layers.norm import NORMS, LayerNorm, ResidualAdd, RMSNorm
 from shard.layers.qk_norm import HeadQKNorm, ProjectionQKNorm
 from shard.layers.quant.config import QuantizationConfig
-from shard.layers.rotary import NoRotary, RopeConfig, RotaryEmbedding
+from shard.layers.rotary import NoRotary, RopeConfig, RotaryEmbedding, scaled_by_position
 from shard.models.base import CausalLM
 from shard.models.config import ModelConfig
 from shard.models.latent_attention import LatentAttention
@@ -143,13 +143,8 @@ class Attention(nn.Module):
         )
 
     def scale_queries(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Rotated queries [T, heads, D] times their position's factor (`position_scale`),
-        computed in float32 and rounded to q's dtype before the product, as transformers."""
-        if self.position_scale is None:
-            return q
-        beta, original = self.position_scale
-        factor = 1 + beta * torch.log(1 + torch.floor(positions / original))
-        return q * factor.to(q.dtype)[:, None, None]
+        """Rotated queries [T, heads, D] times their position's factor (`position_scale`)."""
+        return scaled_by_position(q, positions, self.position_scale)
 
     def forward(
         self,

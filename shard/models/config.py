@@ -98,6 +98,9 @@ class MoeConfig:
     correction_bias: bool = False
     # renormalised weights are divided by max(their sum, this) (ERNIE 4.5's moe_norm_min)
     renormalize_min: float = 0.0
+    # with softmax scoring and groups, what ranks a group: "max", its best probability
+    # (DeepSeek-V2's group_limited_greedy), or "top2", its two best summed (Mistral 4)
+    group_score: str = "max"
 
 
 @dataclass(frozen=True)

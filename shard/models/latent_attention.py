@@ -32,7 +32,7 @@ from shard.attention import AttentionBackend, StepMetadata, attend
 from shard.layers.linear import ColumnParallelLinear, RowParallelLinear, head_range
 from shard.layers.norm import NORMS, RMSNorm
 from shard.layers.quant.base import Piece
-from shard.layers.rotary import RotaryEmbedding
+from shard.layers.rotary import RotaryEmbedding, scaled_by_position
 from shard.models.config import MlaConfig, ModelConfig
 from shard.models.names import Names
 from shard.weights import Weights
@@ -70,6 +70,7 @@ class LatentAttention(nn.Module):
         self.mla = mla
         self.scale = scale
         self.num_heads = w_uk.shape[0]
+        self.position_scale: tuple[float, int] | None = None  # ModelConfig.query_position_scale
 
     # the cached vectors serve as keys and as values: the cache stores them once
     values_are_keys = True
@@ -122,10 +123,12 @@ class LatentAttention(nn.Module):
         w_uv = w_b[:, mla.qk_nope_head_dim :].transpose(1, 2).contiguous()
         o_proj = RowParallelLinear.load(weights, names.one("o_proj"), bias=config.o_bias)
         scale = config.attention_scale or qk_dim**-0.5
-        return cls(
+        attention = cls(
             q_proj, kv_a_proj, kv_a_norm, w_uk, w_uv, o_proj, rotary, backend,
             mla=mla, scale=scale,
         )  # fmt: skip
+        attention.position_scale = config.query_position_scale
+        return attention
 
     def forward(
         self,
@@ -144,6 +147,9 @@ class LatentAttention(nn.Module):
         q_rope, k_rope = self.rotary(
             positions, q_rope.contiguous(), k_rope[:, None].contiguous(), meta
         )
+        # Mistral 4 scales the whole query by position, before it meets the keys
+        q_nope = scaled_by_position(q_nope, positions, self.position_scale)
+        q_rope = scaled_by_position(q_rope, positions, self.position_scale)
         # each head's query in latent space: q_nope W_UK^T, [T, H, rank]
         q_latent = torch.bmm(q_nope.transpose(0, 1), self.w_uk).transpose(0, 1)
         query = torch.cat((q_latent, q_rope), -1)

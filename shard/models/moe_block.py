@@ -127,6 +127,7 @@ class SparseMoeBlock(nn.Module):
             scale=moe.routed_scaling,
             correction_bias=self.correction_bias,
             renormalize_min=moe.renormalize_min,
+            group_score=moe.group_score,
         )
 
 

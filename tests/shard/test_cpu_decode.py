@@ -36,7 +36,7 @@ pytestmark = pytest.mark.skipif(
     sorted(TINY_MODELS)
     + sorted(NEW_ARCH_MODELS)
     + ["mixtral_top2", "qwen2_moe_shared_dense", "gpt_oss_sinks_clamped", "glm4_moe_grouped"]
-    + ["deepseek_v3_mla"]  # the latent attention's module inside the loop
+    + ["deepseek_v3_mla", "mistral4_grouped_position_scaled"]  # latent attention's module
     + ["minimax_m2_projection_norms"]  # whole-projection q/k norms and partial rotary
     + ["olmoe_projection_norms", "granite_moe_multipliers"],
 )

@@ -47,6 +47,8 @@ MOE_TP = [
     "minimax_m2_projection_norms",
     "olmoe_projection_norms",  # the same norms with Llama's rounding; every layer sparse
     "granite_moe_multipliers",  # stacked experts split per rank under Granite's multipliers
+    # Mistral 4: latent attention's heads split, each rank's queries scaled by position
+    "mistral4_grouped_position_scaled",
 ]
 
 # Their q/k norms add one all_reduce a layer (both norms' sums of squares in one).

@@ -439,3 +439,14 @@ GGUF_MODELS: dict[str, tuple[str, str, dict]] = {
     # Mixtral: a llama file with experts, its Q/K rows interleaved as every llama file's.
     "mixtral": ("llama", *MOE_MODELS["mixtral_top2"]),
 }  # fmt: skip
+# Mistral 4: DeepSeek-V3's latent attention and layers, a softmax router keeping 2 of 4 groups by
+# their two best probabilities, top-2 renormalised and scaled by 1.5; YaRN from 16 positions and
+# the queries scaled by position past them (beta 0.5).
+MOE_MODELS["mistral4_grouped_position_scaled"] = (
+    "Mistral4ForCausalLM",
+    {
+        "num_hidden_layers": 3,
+        "routed_scaling_factor": 1.5,
+        "rope_parameters": MINISTRAL3["rope_parameters"],
+    },
+)
