@@ -68,6 +68,7 @@ ARCHITECTURES = {
     "OlmoeForCausalLM": "OlmoeConfig",
     "GraniteMoeForCausalLM": "GraniteMoeConfig",
     "Mistral4ForCausalLM": "Mistral4Config",
+    "Dots1ForCausalLM": "Dots1Config",
 }
 
 
@@ -130,6 +131,7 @@ MOE_ARCHITECTURES = (
     "OlmoeForCausalLM",
     "GraniteMoeForCausalLM",
     "Mistral4ForCausalLM",
+    "Dots1ForCausalLM",
 )
 # Multi-head latent attention (DeepSeek's)
 MLA_ARCHITECTURES = (

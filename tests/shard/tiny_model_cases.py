@@ -450,3 +450,23 @@ MOE_MODELS["mistral4_grouped_position_scaled"] = (
         "rope_parameters": MINISTRAL3["rope_parameters"],
     },
 )
+# dots.llm1: Qwen3's per-head q/k norms over GLM-4.5's routing (sigmoid scores with a correction
+# bias, the best 2 of 4 groups, top-3 not renormalised, scaled by 2.0), one shared expert, the
+# first layer dense; the last layer sliding (layer_types from max_window_layers).
+MOE_MODELS["dots1_grouped_sliding"] = (
+    "Dots1ForCausalLM",
+    {
+        "num_hidden_layers": 3,
+        "n_routed_experts": 8,
+        "n_group": 4,
+        "topk_group": 2,
+        "num_experts_per_tok": 3,
+        "n_shared_experts": 1,
+        "moe_intermediate_size": 32,
+        "first_k_dense_replace": 1,
+        "routed_scaling_factor": 2.0,
+        "norm_topk_prob": False,
+        "sliding_window": 7,
+        "max_window_layers": 2,
+    },
+)
