@@ -69,6 +69,7 @@ ARCHITECTURES = {
     "GraniteMoeForCausalLM": "GraniteMoeConfig",
     "Mistral4ForCausalLM": "Mistral4Config",
     "Dots1ForCausalLM": "Dots1Config",
+    "SolarOpenForCausalLM": "SolarOpenConfig",
 }
 
 
@@ -132,7 +133,10 @@ MOE_ARCHITECTURES = (
     "GraniteMoeForCausalLM",
     "Mistral4ForCausalLM",
     "Dots1ForCausalLM",
+    "SolarOpenForCausalLM",
 )
+# Every MLP an expert block: the released configs have no intermediate_size
+_NO_DENSE_MLP = ("SolarOpenForCausalLM",)
 # Multi-head latent attention (DeepSeek's)
 MLA_ARCHITECTURES = (
     "DeepseekV2ForCausalLM",
@@ -299,6 +303,10 @@ def build_model(
         from launcher.tiny_mxfp4 import to_mxfp4
 
         to_mxfp4(path, seed)
+    if architecture in _NO_DENSE_MLP:  # as released: the config names no dense MLP size
+        saved = json.loads((path / "config.json").read_text())
+        saved.pop("intermediate_size", None)
+        (path / "config.json").write_text(json.dumps(saved, indent=2))
     tokenizer.save_pretrained(path)
     # A generation_config with eos lets both transformers and Switchyard stop on the same token.
     eos_token_id = tokenizer.eos_token_id

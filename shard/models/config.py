@@ -245,7 +245,8 @@ class ModelConfig:
             architecture=architecture,
             vocab_size=config["vocab_size"],
             hidden_size=config["hidden_size"],
-            intermediate_size=config["intermediate_size"],
+            # absent where every MLP is an expert block (Solar Open)
+            intermediate_size=config.get("intermediate_size") or 0,
             num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=config.get("num_key_value_heads") or num_heads,

@@ -47,6 +47,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "GraniteMoeForCausalLM": ("shard.models.granite_moe", "GraniteMoeForCausalLM"),
     "Glm4MoeForCausalLM": ("shard.models.glm4_moe", "Glm4MoeForCausalLM"),
     "Dots1ForCausalLM": ("shard.models.dots1", "Dots1ForCausalLM"),
+    "SolarOpenForCausalLM": ("shard.models.solar_open", "SolarOpenForCausalLM"),
     # multi-head latent attention; V3 also serves DeepSeek-R1, Kimi K2 and Moonlight
     "DeepseekV2ForCausalLM": ("shard.models.deepseek", "DeepseekV2ForCausalLM"),
     "DeepseekV3ForCausalLM": ("shard.models.deepseek", "DeepseekV3ForCausalLM"),

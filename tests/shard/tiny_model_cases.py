@@ -470,3 +470,19 @@ MOE_MODELS["dots1_grouped_sliding"] = (
         "max_window_layers": 2,
     },
 )
+# Solar Open: Llama's attention (head_dim 16 != hidden / heads) over GLM-4.5's routing in every
+# layer: the best 2 of 4 groups, top-3 renormalised (its default), scaled by 1.5, one shared
+# expert.
+MOE_MODELS["solar_open_grouped"] = (
+    "SolarOpenForCausalLM",
+    {
+        "head_dim": 16,
+        "n_routed_experts": 8,
+        "n_group": 4,
+        "topk_group": 2,
+        "num_experts_per_tok": 3,
+        "n_shared_experts": 1,
+        "moe_intermediate_size": 32,
+        "routed_scaling_factor": 1.5,
+    },
+)
