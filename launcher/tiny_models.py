@@ -70,6 +70,8 @@ ARCHITECTURES = {
     "Mistral4ForCausalLM": "Mistral4Config",
     "Dots1ForCausalLM": "Dots1Config",
     "SolarOpenForCausalLM": "SolarOpenConfig",
+    "GraniteSWAForCausalLM": "GraniteSWAConfig",
+    "GraniteMoeSWAForCausalLM": "GraniteMoeSWAConfig",
 }
 
 
@@ -117,6 +119,7 @@ POST_LLAMA_ARCHITECTURES = (
     "Ernie4_5ForCausalLM",
     "CohereForCausalLM",
     "Cohere2ForCausalLM",
+    "GraniteSWAForCausalLM",
 )
 MOE_ARCHITECTURES = (
     "MixtralForCausalLM",
@@ -134,6 +137,7 @@ MOE_ARCHITECTURES = (
     "Mistral4ForCausalLM",
     "Dots1ForCausalLM",
     "SolarOpenForCausalLM",
+    "GraniteMoeSWAForCausalLM",
 )
 # Every MLP an expert block: the released configs have no intermediate_size
 _NO_DENSE_MLP = ("SolarOpenForCausalLM",)

@@ -45,6 +45,8 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen3MoeForCausalLM": ("shard.models.qwen3_moe", "Qwen3MoeForCausalLM"),
     "OlmoeForCausalLM": ("shard.models.olmoe", "OlmoeForCausalLM"),
     "GraniteMoeForCausalLM": ("shard.models.granite_moe", "GraniteMoeForCausalLM"),
+    "GraniteSWAForCausalLM": ("shard.models.granite_swa", "GraniteSWAForCausalLM"),
+    "GraniteMoeSWAForCausalLM": ("shard.models.granite_swa", "GraniteMoeSWAForCausalLM"),
     "Glm4MoeForCausalLM": ("shard.models.glm4_moe", "Glm4MoeForCausalLM"),
     "Dots1ForCausalLM": ("shard.models.dots1", "Dots1ForCausalLM"),
     "SolarOpenForCausalLM": ("shard.models.solar_open", "SolarOpenForCausalLM"),

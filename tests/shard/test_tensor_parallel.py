@@ -47,6 +47,8 @@ MOE_TP = [
     "minimax_m2_projection_norms",
     "olmoe_projection_norms",  # the same norms with Llama's rounding; every layer sparse
     "granite_moe_multipliers",  # stacked experts split per rank under Granite's multipliers
+    # sink logits read per rank's heads, a fused shared expert split by columns and rows
+    "granite_moe_swa_shared",
     # Mistral 4: latent attention's heads split, each rank's queries scaled by position
     "mistral4_grouped_position_scaled",
 ]

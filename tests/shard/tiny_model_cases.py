@@ -18,6 +18,12 @@ YARN_ROPE = {
     "original_max_position_embeddings": 16,
 }
 
+GRANITE_MULTIPLIERS = {
+    "embedding_multiplier": 4.0,
+    "attention_multiplier": 0.1,
+    "residual_multiplier": 0.5,
+    "logits_scaling": 2.0,
+}
 MINISTRAL3 = {
     "head_dim": 16,
     "max_position_embeddings": 512,
@@ -216,6 +222,17 @@ NEW_ARCH_MODELS: dict[str, tuple[str, dict]] = {
     # Ministral 3: YaRN from 16 positions, and past them the queries scaled by position
     # (llama_4_scaling_beta; 0.5 here, 0.1 released, so the factor is visible at 21-42 tokens)
     "ministral3_position_scaled": ("Ministral3ForCausalLM", MINISTRAL3),
+    # Granite with windows: Granite's multipliers, sink logits, the sliding layer rotating and
+    # the full one without position encoding (its layer_rope_theta 0)
+    "granite_swa_sinks_nope": (
+        "GraniteSWAForCausalLM",
+        {
+            **GRANITE_MULTIPLIERS,
+            "sliding_window": 7,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "layer_rope_theta": [10000.0, 0],
+        },
+    ),  # fmt: skip
     # Command R: one LayerNorm a layer, attention and MLP in parallel, interleaved rotary, tied
     # embeddings, the logits scaled (its default 0.0625)
     "cohere_parallel_layernorm": ("CohereForCausalLM", {"num_key_value_heads": 2}),
@@ -484,5 +501,20 @@ MOE_MODELS["solar_open_grouped"] = (
         "n_shared_experts": 1,
         "moe_intermediate_size": 32,
         "routed_scaling_factor": 1.5,
+    },
+)
+# Granite MoE with windows: top-2 of 6 by logit, a shared expert (its gate and up fused), sink
+# logits, a window in the first layer, a rope base per layer (500 and 10000)
+MOE_MODELS["granite_moe_swa_shared"] = (
+    "GraniteMoeSWAForCausalLM",
+    {
+        **GRANITE_MULTIPLIERS,
+        "num_local_experts": 6,
+        "num_experts_per_tok": 2,
+        "intermediate_size": 48,
+        "shared_intermediate_size": 32,
+        "sliding_window": 7,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "layer_rope_theta": [500.0, 10000.0],
     },
 )
