@@ -72,6 +72,7 @@ ARCHITECTURES = {
     "SolarOpenForCausalLM": "SolarOpenConfig",
     "GraniteSWAForCausalLM": "GraniteSWAConfig",
     "GraniteMoeSWAForCausalLM": "GraniteMoeSWAConfig",
+    "ExaoneMoeForCausalLM": "ExaoneMoeConfig",
 }
 
 
@@ -138,6 +139,7 @@ MOE_ARCHITECTURES = (
     "Dots1ForCausalLM",
     "SolarOpenForCausalLM",
     "GraniteMoeSWAForCausalLM",
+    "ExaoneMoeForCausalLM",
 )
 # Every MLP an expert block: the released configs have no intermediate_size
 _NO_DENSE_MLP = ("SolarOpenForCausalLM",)

@@ -518,3 +518,21 @@ MOE_MODELS["granite_moe_swa_shared"] = (
         "layer_rope_theta": [500.0, 10000.0],
     },
 )
+# K-EXAONE: EXAONE 4's per-head q/k norms, the sliding layer rotating and the full one NoPE, in
+# pre-norm layers; the first MLP dense, the others routed as DeepSeek-V3 (2 of 4 groups, top-3
+# renormalised, scaled by 2.5), one shared expert.
+MOE_MODELS["exaone_moe_grouped_nope"] = (
+    "ExaoneMoeForCausalLM",
+    {
+        "num_hidden_layers": 3,
+        "num_experts": 8,
+        "n_group": 4,
+        "topk_group": 2,
+        "num_experts_per_tok": 3,
+        "num_shared_experts": 1,
+        "moe_intermediate_size": 32,
+        "first_k_dense_replace": 1,
+        "sliding_window": 7,
+        "sliding_window_pattern": 2,
+    },
+)
