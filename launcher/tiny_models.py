@@ -121,6 +121,7 @@ POST_LLAMA_ARCHITECTURES = (
     "CohereForCausalLM",
     "Cohere2ForCausalLM",
     "GraniteSWAForCausalLM",
+    "Ministral3ForCausalLM",
 )
 MOE_ARCHITECTURES = (
     "MixtralForCausalLM",

@@ -30,6 +30,10 @@ NORMS_PER_LAYER = {
     "Glm4ForCausalLM": 4,
     "SeedOssForCausalLM": 2,
     "Ernie4_5ForCausalLM": 2,
+    "CohereForCausalLM": 1,  # one LayerNorm, attention and the MLP in parallel
+    "Cohere2ForCausalLM": 1,
+    "GraniteSWAForCausalLM": 2,
+    "Ministral3ForCausalLM": 2,
 }
 
 
