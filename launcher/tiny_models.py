@@ -5,6 +5,7 @@ There is no model hub here, so every test model comes from this one builder.
 The tokenizer is byte-level, so any text (multi-byte UTF-8 included) round-trips.
 """
 
+import copy
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -265,6 +266,9 @@ def build_model(
         # latent attention expands every head's keys and values: transformers' MLA wants as
         # many "KV heads" as heads
         num_key_value_heads = num_attention_heads
+    # transformers' configs edit nested values in place (Mistral 4's fills partial_rotary_factor
+    # into rope_parameters): the caller's dicts, often shared by several cases, stay untouched
+    config_overrides = copy.deepcopy(config_overrides)
     defaults = _tiny_defaults(architecture, hidden_size, num_attention_heads, config_overrides)
     config_overrides = {**defaults, **config_overrides}
     config = config_cls(
