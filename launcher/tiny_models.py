@@ -74,6 +74,7 @@ ARCHITECTURES = {
     "GraniteSWAForCausalLM": "GraniteSWAConfig",
     "GraniteMoeSWAForCausalLM": "GraniteMoeSWAConfig",
     "ExaoneMoeForCausalLM": "ExaoneMoeConfig",
+    "FlexOlmoForCausalLM": "FlexOlmoConfig",
 }
 
 
@@ -142,6 +143,7 @@ MOE_ARCHITECTURES = (
     "SolarOpenForCausalLM",
     "GraniteMoeSWAForCausalLM",
     "ExaoneMoeForCausalLM",
+    "FlexOlmoForCausalLM",
 )
 # Every MLP an expert block: the released configs have no intermediate_size
 _NO_DENSE_MLP = ("SolarOpenForCausalLM",)

@@ -21,13 +21,17 @@ class OlmoeForCausalLM(Qwen2MoeForCausalLM):
             raise UnsupportedArchitectureError(
                 f"clip_qkv = {raw['clip_qkv']} (q/k/v clamped before attention) is not supported"
             )
-        experts = raw.get("num_experts") or raw.get("num_local_experts") or 0
-        moe = MoeConfig(
-            num_experts=experts,
-            top_k=experts_per_token(raw, experts),
-            intermediate_size=config.intermediate_size,
-            renormalize=bool(raw.get("norm_topk_prob", False)),
-            round_weights=True,
-            sparse_layers=(True,) * config.num_layers,
-        )
-        return replace(config, qk_norm=True, projection_qk_norm=True, moe=moe)
+        return replace(config, qk_norm=True, projection_qk_norm=True, moe=olmoe_moe(raw, config))
+
+
+def olmoe_moe(raw: dict[str, Any], config: ModelConfig) -> MoeConfig:
+    """OLMoE's experts, in every layer (FlexOlmo's too)."""
+    experts = raw.get("num_experts") or raw.get("num_local_experts") or 0
+    return MoeConfig(
+        num_experts=experts,
+        top_k=experts_per_token(raw, experts),
+        intermediate_size=config.intermediate_size,
+        renormalize=bool(raw.get("norm_topk_prob", False)),
+        round_weights=True,
+        sparse_layers=(True,) * config.num_layers,
+    )

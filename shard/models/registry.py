@@ -44,6 +44,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen2MoeForCausalLM": ("shard.models.qwen2_moe", "Qwen2MoeForCausalLM"),
     "Qwen3MoeForCausalLM": ("shard.models.qwen3_moe", "Qwen3MoeForCausalLM"),
     "OlmoeForCausalLM": ("shard.models.olmoe", "OlmoeForCausalLM"),
+    "FlexOlmoForCausalLM": ("shard.models.flex_olmo", "FlexOlmoForCausalLM"),
     "GraniteMoeForCausalLM": ("shard.models.granite_moe", "GraniteMoeForCausalLM"),
     "GraniteSWAForCausalLM": ("shard.models.granite_swa", "GraniteSWAForCausalLM"),
     "GraniteMoeSWAForCausalLM": ("shard.models.granite_swa", "GraniteMoeSWAForCausalLM"),

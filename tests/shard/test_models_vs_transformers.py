@@ -108,12 +108,14 @@ KEPT_FLOAT32 = {
     "glm4_moe_lite_mla": r"\.router$",
     "ernie4_5_moe_biased_choice": r"\.router$",
     "cohere2_sliding_nope": r"norm\b",  # Cohere's LayerNorms scale in float32
+    "flex_olmo_post_norms": r"norm\b",  # OLMo 2's
 }
 # Models whose transformers' own half-precision logits are beyond 3e-2 of float32's (OLMo 2's
 # post norms: 0.039 in bf16 on these prompts; DeepSeek-V3's case: 0.031; MiniMax-M2's, whose
 # router logits are in bf16 and flip an expert choice: 0.25): compared with that error instead.
 HALF_AS_TRANSFORMERS = (
     "olmo2_projection_qk_norm",
+    "flex_olmo_post_norms",  # OLMo 2's post norms again: 0.066 in bf16
     "deepseek_v3_mla",
     "minimax_m2_projection_norms",
 )

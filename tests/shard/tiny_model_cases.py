@@ -536,3 +536,9 @@ MOE_MODELS["exaone_moe_grouped_nope"] = (
         "sliding_window_pattern": 2,
     },
 )
+# FlexOlmo: OLMo 2's post norms and whole-projection q/k norms (float32) over OLMoE's experts,
+# top-3 of 7 not renormalised (its defaults' shape)
+MOE_MODELS["flex_olmo_post_norms"] = (
+    "FlexOlmoForCausalLM",
+    {"num_experts": 7, "num_experts_per_tok": 3, "intermediate_size": 32},
+)
