@@ -75,6 +75,7 @@ ARCHITECTURES = {
     "GraniteMoeSWAForCausalLM": "GraniteMoeSWAConfig",
     "ExaoneMoeForCausalLM": "ExaoneMoeConfig",
     "FlexOlmoForCausalLM": "FlexOlmoConfig",
+    "YoutuForCausalLM": "YoutuConfig",
 }
 
 
@@ -124,6 +125,7 @@ POST_LLAMA_ARCHITECTURES = (
     "Cohere2ForCausalLM",
     "GraniteSWAForCausalLM",
     "Ministral3ForCausalLM",
+    "YoutuForCausalLM",
 )
 MOE_ARCHITECTURES = (
     "MixtralForCausalLM",
@@ -153,6 +155,7 @@ MLA_ARCHITECTURES = (
     "DeepseekV3ForCausalLM",
     "Glm4MoeLiteForCausalLM",
     "Mistral4ForCausalLM",
+    "YoutuForCausalLM",
 )
 # The router's weights spread wider than the rest: its top-k choices then have clear margins,
 # so a model that computes the layer's input within rounding picks the same experts.

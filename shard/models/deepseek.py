@@ -1,6 +1,7 @@
 """DeepSeek-V2 and DeepSeek-V3 (`DeepseekV2ForCausalLM`, `DeepseekV3ForCausalLM`: also DeepSeek-R1,
-Kimi K2 and Moonlight, which are V3 checkpoints), and GLM-4.7-Flash (`Glm4MoeLiteForCausalLM`:
-V3's layers, its dense and sparse layers listed by `mlp_layer_types`): multi-head latent
+Kimi K2 and Moonlight, which are V3 checkpoints), GLM-4.7-Flash (`Glm4MoeLiteForCausalLM`:
+V3's layers, its dense and sparse layers listed by `mlp_layer_types`) and Youtu-LLM
+(`YoutuForCausalLM`: V3's attention, every MLP dense): multi-head latent
 attention in every layer (shard/models/latent_attention.py), Mixture-of-Experts MLPs after the
 first `first_k_dense_replace` dense ones, with `n_shared_experts` shared experts as one ungated
 MLP.
@@ -116,7 +117,7 @@ class DeepseekV3ForCausalLM(DecoderModel):
     SKIPS_MTP_LAYERS = True
 
     @staticmethod
-    def router(raw: dict[str, Any], config: ModelConfig) -> MoeConfig:
+    def router(raw: dict[str, Any], config: ModelConfig) -> MoeConfig | None:
         return grouped_sigmoid_moe(raw, config)
 
     @classmethod
@@ -152,6 +153,16 @@ class DeepseekV2ForCausalLM(DeepseekV3ForCausalLM):
     @staticmethod
     def router(raw: dict[str, Any], config: ModelConfig) -> MoeConfig:
         return grouped_softmax_moe(raw, config)
+
+
+class YoutuForCausalLM(DeepseekV3ForCausalLM):
+    """Youtu-LLM (Tencent): DeepSeek-V3's latent attention in Llama's layers, every MLP dense."""
+
+    SKIPS_MTP_LAYERS = False
+
+    @staticmethod
+    def router(raw: dict[str, Any], config: ModelConfig) -> MoeConfig | None:
+        return None
 
 
 class Glm4MoeLiteForCausalLM(DeepseekV3ForCausalLM):

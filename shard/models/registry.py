@@ -56,6 +56,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "DeepseekV2ForCausalLM": ("shard.models.deepseek", "DeepseekV2ForCausalLM"),
     "DeepseekV3ForCausalLM": ("shard.models.deepseek", "DeepseekV3ForCausalLM"),
     "Glm4MoeLiteForCausalLM": ("shard.models.deepseek", "Glm4MoeLiteForCausalLM"),  # GLM-4.7-Flash
+    "YoutuForCausalLM": ("shard.models.deepseek", "YoutuForCausalLM"),
     "MiniMaxM2ForCausalLM": ("shard.models.minimax_m2", "MiniMaxM2ForCausalLM"),
     "Mistral4ForCausalLM": ("shard.models.mistral4", "Mistral4ForCausalLM"),
 }

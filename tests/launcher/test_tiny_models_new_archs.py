@@ -34,6 +34,7 @@ NORMS_PER_LAYER = {
     "Cohere2ForCausalLM": 1,
     "GraniteSWAForCausalLM": 2,
     "Ministral3ForCausalLM": 2,
+    "YoutuForCausalLM": 4,  # and the latent attention's q_a and kv_a norms
 }
 
 

@@ -222,6 +222,9 @@ NEW_ARCH_MODELS: dict[str, tuple[str, dict]] = {
     # Ministral 3: YaRN from 16 positions, and past them the queries scaled by position
     # (llama_4_scaling_beta; 0.5 here, 0.1 released, so the factor is visible at 21-42 tokens)
     "ministral3_position_scaled": ("Ministral3ForCausalLM", MINISTRAL3),
+    # Youtu-LLM: DeepSeek-V3's latent attention (a query bottleneck, interleaved rotary) in
+    # Llama's layers with dense MLPs, tied embeddings (its default)
+    "youtu_mla_dense": ("YoutuForCausalLM", {}),
     # Granite with windows: Granite's multipliers, sink logits, the sliding layer rotating and
     # the full one without position encoding (its layer_rope_theta 0)
     "granite_swa_sinks_nope": (
