@@ -76,6 +76,7 @@ ARCHITECTURES = {
     "ExaoneMoeForCausalLM": "ExaoneMoeConfig",
     "FlexOlmoForCausalLM": "FlexOlmoConfig",
     "YoutuForCausalLM": "YoutuConfig",
+    "AfmoeForCausalLM": "AfmoeConfig",
 }
 
 
@@ -146,6 +147,7 @@ MOE_ARCHITECTURES = (
     "GraniteMoeSWAForCausalLM",
     "ExaoneMoeForCausalLM",
     "FlexOlmoForCausalLM",
+    "AfmoeForCausalLM",
 )
 # Every MLP an expert block: the released configs have no intermediate_size
 _NO_DENSE_MLP = ("SolarOpenForCausalLM",)
@@ -160,7 +162,7 @@ MLA_ARCHITECTURES = (
 # The router's weights spread wider than the rest: its top-k choices then have clear margins,
 # so a model that computes the layer's input within rounding picks the same experts.
 _ROUTER_SPREAD = 0.3
-_ROUTERS = ("mlp.gate.weight", "mlp.router.weight")
+_ROUTERS = ("mlp.gate.weight", "mlp.router.weight", "mlp.router.gate.weight")
 # gpt-oss's attention sinks: a logit per head of the size of the scores', so that a model
 # ignoring them (or applying them to the wrong head) is visibly off.
 _SINK_MEAN, _SINK_SPREAD = 0.5, 1.0
@@ -305,7 +307,7 @@ def build_model(
                 param.normal_(0.0, _ROUTER_SPREAD)
             elif name.endswith("self_attn.sinks"):
                 param.normal_(_SINK_MEAN, _SINK_SPREAD)
-            elif name.endswith("e_score_correction_bias"):
+            elif name.endswith(("e_score_correction_bias", "mlp.expert_bias")):  # AFMoE's
                 param.normal_(0.0, _CORRECTION_SPREAD)
             elif "norm" not in name:
                 param.normal_(0.0, 0.08 if "embed" in name or "lm_head" in name else 0.05)

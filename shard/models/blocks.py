@@ -28,9 +28,15 @@ from torch import nn
 
 from shard.attention import AttentionBackend, StepMetadata, attend, get_attention_backend
 from shard.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from shard.layers.linear import QKVParallelLinear, RowParallelLinear, head_range
+from shard.layers.linear import (
+    ColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+    head_range,
+)
 from shard.layers.norm import NORMS, LayerNorm, ResidualAdd, RMSNorm
 from shard.layers.qk_norm import HeadQKNorm, ProjectionQKNorm
+from shard.layers.quant.base import Piece
 from shard.layers.quant.config import QuantizationConfig
 from shard.layers.rotary import NoRotary, RopeConfig, RotaryEmbedding, scaled_by_position
 from shard.models.base import CausalLM
@@ -64,6 +70,7 @@ class Attention(nn.Module):
         qk_norm: HeadQKNorm | ProjectionQKNorm | None = None,
         sinks: torch.Tensor | None = None,
         position_scale: tuple[float, int] | None = None,
+        output_gate: ColumnParallelLinear | None = None,
     ) -> None:
         super().__init__()
         self.qkv_proj = qkv_proj
@@ -77,6 +84,8 @@ class Attention(nn.Module):
         self.window = window  # sliding-window layer: attends to the last `window` positions
         self.softcap = softcap
         self.position_scale = position_scale  # ModelConfig.query_position_scale
+        # hidden -> this rank's heads' gates [T, H D] (ModelConfig.attention_output_gate), or None
+        self.output_gate = output_gate
         # this rank's heads' sink logits, float32 [heads] (gpt-oss), or None
         self.register_buffer("sinks", sinks, persistent=False)
 
@@ -122,12 +131,17 @@ class Attention(nn.Module):
                 load_norm(weights, names.one("q_norm"), config),
                 load_norm(weights, names.one("k_norm"), config),
             )
+        dist = weights.dist
+        first, last = head_range(config.num_heads, dist.rank, dist.world_size, replicate=False)
         sinks = None
         if config.attention_sinks:
             name = names.one("sinks")
-            dist = weights.dist
-            first, last = head_range(config.num_heads, dist.rank, dist.world_size, replicate=False)
             sinks = weights.get_range(name, 0, first, last, stored_dtype=True).float()
+        gate = None
+        if config.attention_output_gate:
+            rows = Piece(names.one("attn_output_gate"), first * config.head_dim,
+                         last * config.head_dim)  # fmt: skip
+            gate = ColumnParallelLinear.load_rows(weights, rows, bias=False)
         scale = config.attention_scale or config.head_dim**-0.5
         return cls(
             qkv,
@@ -140,6 +154,7 @@ class Attention(nn.Module):
             qk_norm=qk_norm,
             sinks=sinks,
             position_scale=config.query_position_scale,
+            output_gate=gate,
         )
 
     def scale_queries(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -161,7 +176,14 @@ class Attention(nn.Module):
         out = attend(
             self.backend, q, k, v, kv_cache, meta, self.scale, self.window, self.softcap, self.sinks
         )
-        return self.o_proj(out.flatten(1))
+        return self.o_proj(self.gated(out.flatten(1), hidden))
+
+    def gated(self, out: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """Attention's output [T, H D] times sigmoid(output_gate(hidden)), in the model's dtype
+        as transformers computes it; as it is without a gate."""
+        if self.output_gate is None:
+            return out
+        return out * torch.sigmoid(self.output_gate(hidden))
 
 
 class DecoderLayer(nn.Module):

@@ -163,6 +163,9 @@ class ModelConfig:
     query_position_scale: tuple[float, int] | None = None
     # a learned logit per query head in every softmax's denominator (gpt-oss's `sinks`)
     attention_sinks: bool = False
+    # attention's output, before o_proj, times sigmoid of a projection of the layer's input, one
+    # gate per head dim (AFMoE's gate_proj)
+    attention_output_gate: bool = False
     final_softcap: float | None = None  # logits likewise (Gemma 2 and 3)
     # Per layer where the rope differs by layer type (Gemma 3's local and global bases);
     # empty: `rope` in every layer.

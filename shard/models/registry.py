@@ -50,6 +50,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "GraniteMoeSWAForCausalLM": ("shard.models.granite_swa", "GraniteMoeSWAForCausalLM"),
     "Glm4MoeForCausalLM": ("shard.models.glm4_moe", "Glm4MoeForCausalLM"),
     "Dots1ForCausalLM": ("shard.models.dots1", "Dots1ForCausalLM"),
+    "AfmoeForCausalLM": ("shard.models.afmoe", "AfmoeForCausalLM"),
     "ExaoneMoeForCausalLM": ("shard.models.exaone_moe", "ExaoneMoeForCausalLM"),
     "SolarOpenForCausalLM": ("shard.models.solar_open", "SolarOpenForCausalLM"),
     # multi-head latent attention; V3 also serves DeepSeek-R1, Kimi K2 and Moonlight

@@ -49,6 +49,8 @@ MOE_TP = [
     "granite_moe_multipliers",  # stacked experts split per rank under Granite's multipliers
     # sink logits read per rank's heads, a fused shared expert split by columns and rows
     "granite_moe_swa_shared",
+    # attention's output gate read per rank's heads; sigmoid scores with an expert bias
+    "afmoe_gated_nope",
     # Mistral 4: latent attention's heads split, each rank's queries scaled by position
     "mistral4_grouped_position_scaled",
 ]

@@ -545,3 +545,23 @@ MOE_MODELS["flex_olmo_post_norms"] = (
     "FlexOlmoForCausalLM",
     {"num_experts": 7, "num_experts_per_tok": 3, "intermediate_size": 32},
 )
+# AFMoE (Arcee Trinity): four float32 norms a layer, per-head q/k norms, attention's output gated,
+# the sliding layer rotating and the full one NoPE, embeddings scaled (mup_enabled); the first
+# MLP dense, then sigmoid scores chosen with an expert bias, top-3 of 8 renormalised, times 1.5,
+# one shared expert.
+MOE_MODELS["afmoe_gated_nope"] = (
+    "AfmoeForCausalLM",
+    {
+        "num_hidden_layers": 3,
+        "head_dim": 16,
+        "num_experts": 8,
+        "num_experts_per_tok": 3,
+        "num_shared_experts": 1,
+        "moe_intermediate_size": 32,
+        "num_dense_layers": 1,
+        "route_scale": 1.5,
+        "mup_enabled": True,
+        "sliding_window": 7,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+    },
+)

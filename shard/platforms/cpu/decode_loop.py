@@ -71,6 +71,7 @@ class _Layer:
     window: int  # 0: full attention
     softcap: float  # 0: none
     sinks: torch.Tensor | None  # gpt-oss's per-head sink logits, float32
+    output_gate: Linear | None  # AFMoE's gate on attention's output (Attention.gated), or None
     # the whole attention as its module (DeepSeek's latent attention), in place of the five
     # fields above it; None: the loop's own calls
     attention_module: Callable[..., torch.Tensor] | None = None
@@ -158,7 +159,10 @@ class CpuDecodePath:
                     q, kv[0], kv[1], tables, lens, layer.scale, layer.window, layer.softcap,
                     layer.sinks,
                 )  # fmt: skip
-                x = layer.o_proj(out.flatten(1))
+                flat = out.flatten(1)
+                if layer.output_gate is not None:
+                    flat = flat * torch.sigmoid(layer.output_gate(normed))
+                x = layer.o_proj(flat)
             if layer.pre_mlp_norm is None:  # parallel: attention's output joins the stream first
                 residual = residual + x
                 hidden = layer.mlp(normed)
@@ -195,7 +199,7 @@ class CpuDecodePath:
         if not isinstance(attention, Attention):  # its module stores and reads its own cache
             return _Layer(
                 **common, qkv=_not_called, o_proj=_not_called, rotate=_not_called, scale=0.0,
-                window=0, softcap=0.0, sinks=None, attention_module=attention,
+                window=0, softcap=0.0, sinks=None, output_gate=None, attention_module=attention,
             )  # fmt: skip
         return _Layer(
             **common,
@@ -206,7 +210,12 @@ class CpuDecodePath:
             window=attention.window or 0,
             softcap=attention.softcap or 0.0,
             sinks=attention.sinks,
+            output_gate=_optional_linear(attention.output_gate, lora),
         )
+
+
+def _optional_linear(linear: ColumnParallelLinear | None, lora: bool) -> Linear | None:
+    return None if linear is None else _linear(linear, lora)
 
 
 def _not_called(*args: object) -> tuple[torch.Tensor, ...]:
