@@ -42,8 +42,8 @@ DEFAULT_MAX_HEADERS = 128  # aiohttp's (hyper, under TGI, allows 100)
 # The registries' names (router/tool_calls/registry.py, router/reasoning/registry.py), spelled out
 # so that parsing flags imports no parser; a test keeps them equal.
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic", "openai", "qwen3_coder",
-                     "glm45", "glm47", "minimax_m2", "seed_oss", "deepseek_v3", "deepseek_v31",
-                     "kimi_k2")  # fmt: skip
+                     "qwen3_xml", "ernie45", "glm45", "glm47", "minimax_m2", "seed_oss",
+                     "deepseek_v3", "deepseek_v31", "kimi_k2")  # fmt: skip
 REASONING_PARSERS = ("deepseek_r1", "qwen3", "openai_gptoss", "glm45", "minimax_m2", "seed_oss")
 
 
@@ -261,7 +261,8 @@ def add_chat_parser_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) 
         default=None,
         help="the model's tool-call format, for `tools` on /v1/chat/completions: hermes (Qwen2.5, "
         "Qwen3, Hermes), llama3_json (Llama 3.1-3.3), mistral, pythonic (Llama 4), openai "
-        "(gpt-oss, with --reasoning-parser openai_gptoss), qwen3_coder (Qwen3-Coder, Qwen3.5), "
+        "(gpt-oss, with --reasoning-parser openai_gptoss), qwen3_coder or qwen3_xml (Qwen3-Coder, "
+        "Qwen3.5), ernie45 (ERNIE 4.5: hermes' blocks), "
         "glm45/glm47 (GLM-4.5 to 4.7), minimax_m2, seed_oss, deepseek_v3, deepseek_v31 "
         "(DeepSeek-V3.1 and later), kimi_k2; needed for tool_choice required or a named function",
     )

@@ -14,14 +14,16 @@ import re
 
 from router.tool_calls.types import CallDelta, Delta
 
+_HERMES = re.compile(r'<tool_call>\s*\{"name": "(?P<name>[^"]+)", "arguments": ')
 # What the grammars write before a call's arguments object (with the separators their JSON
 # uses), by parser name; `name` is the function's.
 ARGUMENT_HEADS: dict[str, re.Pattern[str]] = {
-    "hermes": re.compile(r'<tool_call>\s*\{"name": "(?P<name>[^"]+)", "arguments": '),
+    "hermes": _HERMES,
     "llama3_json": re.compile(r'\{"name": "(?P<name>[^"]+)", "parameters": '),
     "mistral": re.compile(
         r'\{"name": "(?P<name>[^"]+)", "arguments": |\[TOOL_CALLS\](?P<bare>[^\[\s]+)\[ARGS\]'
     ),
+    "ernie45": _HERMES,  # Hermes' blocks under vLLM's other name
     "deepseek_v3": re.compile(
         r"<｜tool▁call▁begin｜>function<｜tool▁sep｜>(?P<name>[^\n]+)\n```json\n"
     ),

@@ -81,6 +81,12 @@ class HermesParser(ScanParser):
         return lark(calls_rules(tools, call, parallel, separator=literal("\n")))
 
 
+class Ernie45Parser(HermesParser):
+    """ERNIE 4.5's calls are Hermes' blocks; vLLM names its parser ernie45."""
+
+    name: ClassVar[str] = "ernie45"
+
+
 def _in_json_string(text: str, begin: int, at: int) -> bool:
     """Whether position `at` lies inside a JSON string literal of the JSON starting at begin
     (a closer there is part of an argument whose string has not ended yet)."""

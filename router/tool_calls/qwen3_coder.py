@@ -38,3 +38,9 @@ class Qwen3CoderParser(XmlCallParser):
         param_end="\n",
         separator="\n",
     )
+
+
+class Qwen3XmlParser(Qwen3CoderParser):
+    """The same format under vLLM's other name for it."""
+
+    name: ClassVar[str] = "qwen3_xml"

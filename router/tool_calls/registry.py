@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from router.tool_calls.deepseek import DeepSeekV3Parser, DeepSeekV31Parser
 from router.tool_calls.glm45 import Glm45Parser, Glm47Parser
-from router.tool_calls.hermes import HermesParser
+from router.tool_calls.hermes import Ernie45Parser, HermesParser
 from router.tool_calls.kimi_k2 import KimiK2Parser
 from router.tool_calls.llama3_json import Llama3JsonParser
 from router.tool_calls.minimax_m2 import MiniMaxM2Parser
 from router.tool_calls.mistral import MistralParser
 from router.tool_calls.openai import OpenAIParser
 from router.tool_calls.pythonic import PythonicParser
-from router.tool_calls.qwen3_coder import Qwen3CoderParser
+from router.tool_calls.qwen3_coder import Qwen3CoderParser, Qwen3XmlParser
 from router.tool_calls.seed_oss import SeedOssParser
 from router.tool_calls.types import ToolParser
 
@@ -24,6 +24,8 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
         PythonicParser,
         OpenAIParser,
         Qwen3CoderParser,
+        Qwen3XmlParser,
+        Ernie45Parser,
         Glm45Parser,
         Glm47Parser,
         MiniMaxM2Parser,

@@ -11,7 +11,8 @@ from router.tool_calls.types import ToolCall
 
 def test_names_are_vllm_names():
     assert set(TOOL_PARSERS) == {"hermes", "llama3_json", "mistral", "openai", "pythonic",
-                                 "qwen3_coder", "glm45", "glm47", "minimax_m2", "seed_oss",
+                                 "qwen3_coder", "qwen3_xml", "ernie45", "glm45", "glm47",
+                                 "minimax_m2", "seed_oss",
                                  "deepseek_v3", "deepseek_v31", "kimi_k2"}  # fmt: skip
     for name, parser in TOOL_PARSERS.items():
         assert tool_parser(name).name == name
@@ -19,7 +20,7 @@ def test_names_are_vllm_names():
 
 
 def test_unknown_name_lists_the_choices():
-    with pytest.raises(ValueError, match="one of: deepseek_v3, deepseek_v31, glm45, glm47, "):
+    with pytest.raises(ValueError, match="one of: deepseek_v3, deepseek_v31, ernie45, glm45, "):
         tool_parser("nope")
 
 
