@@ -12,19 +12,11 @@ from typing import Any
 
 from shard.models.config import ModelConfig
 from shard.models.granite import GraniteForCausalLM
-from shard.models.granite_moe import (
-    GRANITE_MOE_NAMES,
-    GRANITE_MOE_SAVED_NAMES,
-    GraniteMoeForCausalLM,
-)
+from shard.models.granite_moe import GraniteMoeSharedForCausalLM
 from shard.models.names import LLAMA_NAMES
 from shard.weights import Weights
 
 SINKS = {"sinks": ("model.layers.{i}.self_attn.sinks",)}
-SHARED_MLP = {
-    "shared_expert_gate_up_proj": ("model.layers.{i}.shared_mlp.input_linear",),
-    "shared_expert_down_proj": ("model.layers.{i}.shared_mlp.output_linear",),
-}
 
 
 def windows_sinks_ropes(raw: dict[str, Any], config: ModelConfig) -> ModelConfig:
@@ -49,19 +41,13 @@ class GraniteSWAForCausalLM(GraniteForCausalLM):
         return windows_sinks_ropes(raw, super().adapt_config(raw, config))
 
 
-class GraniteMoeSWAForCausalLM(GraniteMoeForCausalLM):
-    NAMES = {**GRANITE_MOE_NAMES, **SINKS, **SHARED_MLP}
+class GraniteMoeSWAForCausalLM(GraniteMoeSharedForCausalLM):
+    NAMES = {**GraniteMoeSharedForCausalLM.NAMES, **SINKS}
 
     @classmethod
     def adapt_config(cls, raw: dict[str, Any], config: ModelConfig) -> ModelConfig:
-        config = windows_sinks_ropes(raw, super().adapt_config(raw, config))
-        assert config.moe is not None
-        shared = int(raw.get("shared_intermediate_size") or 0)
-        moe = replace(config.moe, shared_expert_intermediate_size=shared, shared_expert_gated=False)
-        return replace(config, moe=moe)
+        return windows_sinks_ropes(raw, super().adapt_config(raw, config))
 
     @classmethod
     def names_for(cls, weights: Weights) -> dict[str, tuple[str, ...]]:
-        if super().names_for(weights) is GRANITE_MOE_SAVED_NAMES:
-            return {**GRANITE_MOE_SAVED_NAMES, **SINKS, **SHARED_MLP}
-        return cls.NAMES
+        return {**super().names_for(weights), **SINKS}

@@ -46,6 +46,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "OlmoeForCausalLM": ("shard.models.olmoe", "OlmoeForCausalLM"),
     "FlexOlmoForCausalLM": ("shard.models.flex_olmo", "FlexOlmoForCausalLM"),
     "GraniteMoeForCausalLM": ("shard.models.granite_moe", "GraniteMoeForCausalLM"),
+    "GraniteMoeSharedForCausalLM": ("shard.models.granite_moe", "GraniteMoeSharedForCausalLM"),
     "GraniteSWAForCausalLM": ("shard.models.granite_swa", "GraniteSWAForCausalLM"),
     "GraniteMoeSWAForCausalLM": ("shard.models.granite_swa", "GraniteMoeSWAForCausalLM"),
     "Glm4MoeForCausalLM": ("shard.models.glm4_moe", "Glm4MoeForCausalLM"),

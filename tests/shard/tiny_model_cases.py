@@ -565,3 +565,9 @@ MOE_MODELS["afmoe_gated_nope"] = (
         "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
     },
 )
+# Granite MoE with a shared expert (its gate and up fused), Granite's multipliers
+MOE_MODELS["granite_moe_shared"] = (
+    "GraniteMoeSharedForCausalLM",
+    {**GRANITE_MULTIPLIERS, "num_local_experts": 6, "num_experts_per_tok": 2,
+     "intermediate_size": 48, "shared_intermediate_size": 32},
+)  # fmt: skip
