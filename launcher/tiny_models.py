@@ -78,6 +78,8 @@ ARCHITECTURES = {
     "FlexOlmoForCausalLM": "FlexOlmoConfig",
     "YoutuForCausalLM": "YoutuConfig",
     "AfmoeForCausalLM": "AfmoeConfig",
+    "HunYuanDenseV1ForCausalLM": "HunYuanDenseV1Config",
+    "HunYuanMoEV1ForCausalLM": "HunYuanMoEV1Config",
 }
 
 
@@ -128,6 +130,7 @@ POST_LLAMA_ARCHITECTURES = (
     "GraniteSWAForCausalLM",
     "Ministral3ForCausalLM",
     "YoutuForCausalLM",
+    "HunYuanDenseV1ForCausalLM",
 )
 MOE_ARCHITECTURES = (
     "MixtralForCausalLM",
@@ -150,6 +153,7 @@ MOE_ARCHITECTURES = (
     "ExaoneMoeForCausalLM",
     "FlexOlmoForCausalLM",
     "AfmoeForCausalLM",
+    "HunYuanMoEV1ForCausalLM",
 )
 # Every MLP an expert block: the released configs have no intermediate_size
 _NO_DENSE_MLP = ("SolarOpenForCausalLM",)

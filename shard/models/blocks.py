@@ -71,6 +71,7 @@ class Attention(nn.Module):
         sinks: torch.Tensor | None = None,
         position_scale: tuple[float, int] | None = None,
         output_gate: ColumnParallelLinear | None = None,
+        norm_after_rope: bool = False,
     ) -> None:
         super().__init__()
         self.qkv_proj = qkv_proj
@@ -86,6 +87,7 @@ class Attention(nn.Module):
         self.position_scale = position_scale  # ModelConfig.query_position_scale
         # hidden -> this rank's heads' gates [T, H D] (ModelConfig.attention_output_gate), or None
         self.output_gate = output_gate
+        self.norm_after_rope = norm_after_rope  # ModelConfig.qk_norm_after_rope
         # this rank's heads' sink logits, float32 [heads] (gpt-oss), or None
         self.register_buffer("sinks", sinks, persistent=False)
 
@@ -155,6 +157,7 @@ class Attention(nn.Module):
             sinks=sinks,
             position_scale=config.query_position_scale,
             output_gate=gate,
+            norm_after_rope=config.qk_norm_after_rope,
         )
 
     def scale_queries(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -169,14 +172,24 @@ class Attention(nn.Module):
         meta: StepMetadata,
     ) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
-        if self.qk_norm is not None:
-            q, k = self.qk_norm(q, k)
-        q, k = self.rotary(positions, q, k, meta)
+        q, k = self.position(q, k, positions, meta)
         q = self.scale_queries(q, positions)
         out = attend(
             self.backend, q, k, v, kv_cache, meta, self.scale, self.window, self.softcap, self.sinks
         )
         return self.o_proj(self.gated(out.flatten(1), hidden))
+
+    def position(
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, meta: StepMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q and k [T, heads, D] normed (with q/k norms) and rotated: the norms first, or with
+        `norm_after_rope` (Hunyuan) last."""
+        if self.qk_norm is not None and not self.norm_after_rope:
+            q, k = self.qk_norm(q, k)
+        q, k = self.rotary(positions, q, k, meta)
+        if self.qk_norm is not None and self.norm_after_rope:
+            q, k = self.qk_norm(q, k)
+        return q, k
 
     def gated(self, out: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """Attention's output [T, H D] times sigmoid(output_gate(hidden)), in the model's dtype

@@ -154,6 +154,8 @@ class ModelConfig:
     pre_norms: bool = True
     # q/k norms over the whole projection rather than each head (OLMo 2; qk_norm True too)
     projection_qk_norm: bool = False
+    # q/k norms applied to the rotated q and k rather than before the rotation (Hunyuan)
+    qk_norm_after_rope: bool = False
     embed_scale: float | None = None  # embeddings multiplied by it (Gemma: sqrt(hidden))
     attention_scale: float | None = None  # the query scale; None: head_dim ** -0.5
     attn_softcap: float | None = None  # scores s -> cap * tanh(s / cap) (Gemma 2)

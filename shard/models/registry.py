@@ -52,6 +52,8 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Glm4MoeForCausalLM": ("shard.models.glm4_moe", "Glm4MoeForCausalLM"),
     "Dots1ForCausalLM": ("shard.models.dots1", "Dots1ForCausalLM"),
     "AfmoeForCausalLM": ("shard.models.afmoe", "AfmoeForCausalLM"),
+    "HunYuanDenseV1ForCausalLM": ("shard.models.hunyuan", "HunYuanDenseV1ForCausalLM"),
+    "HunYuanMoEV1ForCausalLM": ("shard.models.hunyuan", "HunYuanMoEV1ForCausalLM"),
     "ExaoneMoeForCausalLM": ("shard.models.exaone_moe", "ExaoneMoeForCausalLM"),
     "SolarOpenForCausalLM": ("shard.models.solar_open", "SolarOpenForCausalLM"),
     # multi-head latent attention; V3 also serves DeepSeek-R1, Kimi K2 and Moonlight

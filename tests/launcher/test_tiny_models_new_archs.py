@@ -35,6 +35,7 @@ NORMS_PER_LAYER = {
     "GraniteSWAForCausalLM": 2,
     "Ministral3ForCausalLM": 2,
     "YoutuForCausalLM": 4,  # and the latent attention's q_a and kv_a norms
+    "HunYuanDenseV1ForCausalLM": 4,  # and the q/k norms after the rotary
 }
 
 

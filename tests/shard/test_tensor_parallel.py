@@ -51,6 +51,8 @@ MOE_TP = [
     "granite_moe_swa_shared",
     # attention's output gate read per rank's heads; sigmoid scores with an expert bias
     "afmoe_gated_nope",
+    # q/k norms after the rotary on each rank's heads; a float32 router and a shared MLP
+    "hunyuan_moe_shared",
     # Mistral 4: latent attention's heads split, each rank's queries scaled by position
     "mistral4_grouped_position_scaled",
 ]

@@ -24,6 +24,8 @@ GRANITE_MULTIPLIERS = {
     "residual_multiplier": 0.5,
     "logits_scaling": 2.0,
 }
+# Hunyuan's "dynamic" rope with a fixed alpha (the checkpoints' form)
+HUNYUAN_ROPE = {"rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 50.0, "factor": 1.0}
 MINISTRAL3 = {
     "head_dim": 16,
     "max_position_embeddings": 512,
@@ -222,6 +224,11 @@ NEW_ARCH_MODELS: dict[str, tuple[str, dict]] = {
     # Ministral 3: YaRN from 16 positions, and past them the queries scaled by position
     # (llama_4_scaling_beta; 0.5 here, 0.1 released, so the factor is visible at 21-42 tokens)
     "ministral3_position_scaled": ("Ministral3ForCausalLM", MINISTRAL3),
+    # Hunyuan dense: per-head q/k norms after the rotary, the rope base stretched by alpha
+    "hunyuan_norm_after_rope": (
+        "HunYuanDenseV1ForCausalLM",
+        {"head_dim": 16, "rope_parameters": HUNYUAN_ROPE},
+    ),
     # Youtu-LLM: DeepSeek-V3's latent attention (a query bottleneck, interleaved rotary) in
     # Llama's layers with dense MLPs, tied embeddings (its default)
     "youtu_mla_dense": ("YoutuForCausalLM", {}),
@@ -570,4 +577,10 @@ MOE_MODELS["granite_moe_shared"] = (
     "GraniteMoeSharedForCausalLM",
     {**GRANITE_MULTIPLIERS, "num_local_experts": 6, "num_experts_per_tok": 2,
      "intermediate_size": 48, "shared_intermediate_size": 32},
+)  # fmt: skip
+# Hunyuan MoE: Hunyuan's attention, a float32 router, top-2 of 6 renormalised, a shared MLP
+MOE_MODELS["hunyuan_moe_shared"] = (
+    "HunYuanMoEV1ForCausalLM",
+    {"head_dim": 16, "rope_parameters": HUNYUAN_ROPE, "num_experts": 6, "moe_topk": 2,
+     "intermediate_size": 48},
 )  # fmt: skip

@@ -320,15 +320,13 @@ def _rotation_only(attention: Attention) -> Rotate:
     heads, kv_heads, d = proj.num_heads, proj.num_kv_heads, proj.head_dim
     kernel = native.rotary_kernel()
     if attention.qk_norm is not None or not rotary.plain or kernel is None:
-        # the modules: q/k norms between split and rotary, or a rotation the kernel lacks
+        # the module's: q/k norms around the rotary, or a rotation the kernel lacks
 
         def modules(
             qkv: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
         ) -> tuple[torch.Tensor, ...]:
             q, k, v = proj.split(qkv)
-            if attention.qk_norm is not None:
-                q, k = attention.qk_norm(q, k)
-            q, k = rotary(positions, q, k, meta)
+            q, k = attention.position(q, k, positions, meta)
             return q if heads_contiguous(q) else q.contiguous(), k, v
 
         return modules
