@@ -26,7 +26,12 @@ from typing import Any
 from shard.layers.rotary import RopeConfig, yarn_mscale
 from shard.models.blocks import DecoderModel
 from shard.models.config import MlaConfig, ModelConfig, MoeConfig, UnsupportedArchitectureError
-from shard.models.glm4_moe import GLM4_MOE_NAMES, grouped_sigmoid_moe, grouped_top_k
+from shard.models.glm4_moe import (
+    GLM4_MOE_NAMES,
+    grouped_sigmoid_moe,
+    grouped_top_k,
+    listed_sparse_layers,
+)
 from shard.models.names import STACKED_EXPERT_NAMES, stacked_experts
 from shard.weights import Weights
 
@@ -171,13 +176,4 @@ class Glm4MoeLiteForCausalLM(DeepseekV3ForCausalLM):
 
     @staticmethod
     def router(raw: dict[str, Any], config: ModelConfig) -> MoeConfig:
-        moe = grouped_sigmoid_moe(raw, config)
-        kinds = raw.get("mlp_layer_types")
-        if kinds is None:
-            return moe
-        if len(kinds) != config.num_layers or not set(kinds) <= {"dense", "sparse"}:
-            raise UnsupportedArchitectureError(
-                f"mlp_layer_types = {kinds} must name each of the {config.num_layers} layers "
-                "'dense' or 'sparse'"
-            )
-        return replace(moe, sparse_layers=tuple(kind == "sparse" for kind in kinds))
+        return listed_sparse_layers(raw, config, grouped_sigmoid_moe(raw, config))

@@ -13,13 +13,19 @@ from shard.models.config import ModelConfig
 from shard.models.olmo2 import OLMO2_NAMES
 
 
+def exaone_rotary_layers(raw: dict[str, Any], config: ModelConfig) -> tuple[bool, ...]:
+    """With a sliding window only the sliding layers rotate (the full ones are NoPE); without
+    one, every layer (an empty tuple)."""
+    if raw.get("sliding_window") is None:
+        return ()
+    return tuple(window is not None for window in config.layer_windows)
+
+
 class Exaone4ForCausalLM(DecoderModel):
     NAMES = OLMO2_NAMES
     CONFIG_DEFAULTS = {"qk_norm": True}
 
     @classmethod
     def adapt_config(cls, raw: dict[str, Any], config: ModelConfig) -> ModelConfig:
-        rotary = ()
-        if raw.get("sliding_window") is not None:
-            rotary = tuple(window is not None for window in config.layer_windows)
+        rotary = exaone_rotary_layers(raw, config)
         return replace(config, sandwich_norms=True, pre_norms=False, rotary_layers=rotary)

@@ -10,8 +10,9 @@ from dataclasses import replace
 from typing import Any
 
 from shard.models.blocks import DecoderModel
-from shard.models.config import ModelConfig, UnsupportedArchitectureError
-from shard.models.glm4_moe import GLM4_MOE_NAMES, grouped_sigmoid_moe
+from shard.models.config import ModelConfig
+from shard.models.exaone4 import exaone_rotary_layers
+from shard.models.glm4_moe import GLM4_MOE_NAMES, grouped_sigmoid_moe, listed_sparse_layers
 from shard.models.names import STACKED_EXPERT_NAMES, stacked_experts
 from shard.weights import Weights
 
@@ -29,25 +30,14 @@ class ExaoneMoeForCausalLM(DecoderModel):
 
     @classmethod
     def adapt_config(cls, raw: dict[str, Any], config: ModelConfig) -> ModelConfig:
-        rotary = ()
-        if raw.get("sliding_window") is not None:
-            rotary = tuple(window is not None for window in config.layer_windows)
         # DeepSeek-V3's router under EXAONE's field names
         deepseek = {
             **raw,
             "n_routed_experts": raw.get("num_experts"),
             "n_shared_experts": raw.get("num_shared_experts"),
         }
-        moe = grouped_sigmoid_moe(deepseek, config)
-        kinds = raw.get("mlp_layer_types")
-        if kinds is not None:
-            if len(kinds) != config.num_layers or not set(kinds) <= {"dense", "sparse"}:
-                raise UnsupportedArchitectureError(
-                    f"mlp_layer_types = {kinds} must name each of the {config.num_layers} "
-                    "layers 'dense' or 'sparse'"
-                )
-            moe = replace(moe, sparse_layers=tuple(kind == "sparse" for kind in kinds))
-        return replace(config, rotary_layers=rotary, moe=moe)
+        moe = listed_sparse_layers(raw, config, grouped_sigmoid_moe(deepseek, config))
+        return replace(config, rotary_layers=exaone_rotary_layers(raw, config), moe=moe)
 
     @classmethod
     def names_for(cls, weights: Weights) -> dict[str, tuple[str, ...]]:

@@ -78,6 +78,20 @@ def grouped_sigmoid_moe(raw: dict[str, Any], config: ModelConfig) -> MoeConfig:
     )
 
 
+def listed_sparse_layers(raw: dict[str, Any], config: ModelConfig, moe: MoeConfig) -> MoeConfig:
+    """`moe` with its sparse layers as `mlp_layer_types` lists them, where the config has the
+    list (GLM-4.7-Flash, K-EXAONE)."""
+    kinds = raw.get("mlp_layer_types")
+    if kinds is None:
+        return moe
+    if len(kinds) != config.num_layers or not set(kinds) <= {"dense", "sparse"}:
+        raise UnsupportedArchitectureError(
+            f"mlp_layer_types = {kinds} must name each of the {config.num_layers} layers "
+            "'dense' or 'sparse'"
+        )
+    return replace(moe, sparse_layers=tuple(kind == "sparse" for kind in kinds))
+
+
 class Glm4MoeForCausalLM(DecoderModel):
     NAMES = GLM4_MOE_NAMES
     SKIPS_MTP_LAYERS = True
