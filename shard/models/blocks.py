@@ -217,7 +217,6 @@ class DecoderLayer(nn.Module):
         residual_scale: float | None = None,
     ) -> None:
         super().__init__()
-        self.parallel = pre_mlp_layernorm is None
         self.input_layernorm = input_layernorm
         self.self_attn = self_attn
         self.pre_mlp_layernorm = pre_mlp_layernorm
@@ -280,6 +279,11 @@ class DecoderLayer(nn.Module):
             residual_scale=scale,
         )
 
+    @property
+    def parallel(self) -> bool:
+        """Attention and the MLP read the same normed input (Cohere): no norm before the MLP."""
+        return self.pre_mlp_layernorm is None
+
     def forward(
         self,
         hidden: torch.Tensor,
@@ -296,7 +300,7 @@ class DecoderLayer(nn.Module):
             residual, x = hidden, self.input_layernorm(hidden)
         else:
             x, residual = self.input_layernorm(hidden, residual)
-        if self.pre_mlp_layernorm is None:  # parallel: the stream gets attention's output
+        if self.parallel:  # the stream gets attention's output
             # first, then (in the next norm) the MLP's, in the order transformers adds them
             attended = self.self_attn(x, positions, kv_cache, meta)
             return self.mlp(x), residual + attended

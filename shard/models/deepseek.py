@@ -28,8 +28,8 @@ from shard.models.blocks import DecoderModel
 from shard.models.config import MlaConfig, ModelConfig, MoeConfig, UnsupportedArchitectureError
 from shard.models.glm4_moe import (
     GLM4_MOE_NAMES,
+    deepseek_moe,
     grouped_sigmoid_moe,
-    grouped_top_k,
     listed_sparse_layers,
 )
 from shard.models.names import STACKED_EXPERT_NAMES, stacked_experts
@@ -83,7 +83,6 @@ def query_scale(raw: dict[str, Any], mla: MlaConfig) -> float:
 
 def grouped_softmax_moe(raw: dict[str, Any], config: ModelConfig) -> MoeConfig:
     """DeepSeek-V2's router."""
-    experts = raw.get("n_routed_experts") or raw.get("num_experts") or 0
     method = raw.get("topk_method") or "greedy"
     if method not in ("greedy", "group_limited_greedy"):
         raise UnsupportedArchitectureError(
@@ -98,22 +97,8 @@ def grouped_softmax_moe(raw: dict[str, Any], config: ModelConfig) -> MoeConfig:
     groups, top_groups = 1, 1
     if method == "group_limited_greedy":
         groups, top_groups = int(raw.get("n_group") or 1), int(raw.get("topk_group") or 1)
-    top_k = grouped_top_k(raw, experts, groups, top_groups)
-    dense = int(raw.get("first_k_dense_replace") or 0)
-    return MoeConfig(
-        num_experts=experts,
-        top_k=top_k,
-        intermediate_size=raw["moe_intermediate_size"],
-        renormalize=False,
-        round_weights=False,  # transformers weights the experts' outputs in float32
-        sparse_layers=tuple(i >= dense for i in range(config.num_layers)),
-        shared_expert_intermediate_size=raw["moe_intermediate_size"]
-        * int(raw.get("n_shared_experts") or 0),
-        num_groups=groups,
-        top_groups=top_groups,
-        routed_scaling=float(raw.get("routed_scaling_factor") or 1.0),
-        shared_expert_gated=False,
-        float32_router=True,
+    return deepseek_moe(
+        raw, config, groups=groups, top_groups=top_groups, renormalize=False, float32_router=True
     )
 
 

@@ -13,7 +13,7 @@ from shard.models.blocks import DecoderModel
 from shard.models.config import ModelConfig
 from shard.models.exaone4 import exaone_rotary_layers
 from shard.models.glm4_moe import GLM4_MOE_NAMES, grouped_sigmoid_moe, listed_sparse_layers
-from shard.models.names import STACKED_EXPERT_NAMES, stacked_experts
+from shard.models.names import STACKED_EXPERT_NAMES, in_some_layer, stacked_experts
 from shard.weights import Weights
 
 # The Hub's files keep each router's correction bias on the MoE block (`mlp.`), where
@@ -42,10 +42,7 @@ class ExaoneMoeForCausalLM(DecoderModel):
     @classmethod
     def names_for(cls, weights: Weights) -> dict[str, tuple[str, ...]]:
         table = cls.NAMES
-        if any(weights.has(f"model.layers.{i}.mlp.gate.e_score_correction_bias") for i in
-               range(_MAX_LAYERS)):  # fmt: skip
-            table = {**table, "router_correction_bias": GLM4_MOE_NAMES["router_correction_bias"]}
+        router_bias = GLM4_MOE_NAMES["router_correction_bias"]
+        if in_some_layer(weights.has, router_bias[0]):
+            table = {**table, "router_correction_bias": router_bias}
         return {**table, **STACKED_EXPERT_NAMES} if stacked_experts(weights.has) else table
-
-
-_MAX_LAYERS = 1024

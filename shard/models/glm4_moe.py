@@ -50,29 +50,50 @@ def grouped_top_k(raw: dict[str, Any], experts: int, groups: int, top_groups: in
     return top_k
 
 
-def grouped_sigmoid_moe(raw: dict[str, Any], config: ModelConfig) -> MoeConfig:
-    experts = raw.get("n_routed_experts") or raw.get("num_local_experts") or 0
-    groups, top_groups = int(raw.get("n_group") or 1), int(raw.get("topk_group") or 1)
+def deepseek_moe(
+    raw: dict[str, Any], config: ModelConfig, *, groups: int, top_groups: int, **options: Any
+) -> MoeConfig:
+    """The Mixture-of-Experts layout DeepSeek's configs state (and GLM-4.5's, Mistral 4's):
+    n_routed_experts experts of moe_intermediate_size after the first first_k_dense_replace dense
+    layers, chosen within `top_groups` of `groups` expert groups, routed_scaling_factor, and
+    n_shared_experts shared experts as one ungated MLP; the experts' outputs weighted in float32
+    as transformers weights them. `options`: the router's own MoeConfig fields."""
+    experts = int(
+        raw.get("n_routed_experts") or raw.get("num_local_experts") or raw.get("num_experts") or 0
+    )
     top_k = grouped_top_k(raw, experts, groups, top_groups)
-    if groups > 1 and experts // groups < 2:
-        raise UnsupportedArchitectureError(
-            f"each of the n_group = {groups} groups needs 2 experts: a group scores by its best two"
-        )
+    if options.get("scoring") == "sigmoid" or options.get("group_score") == "top2":
+        if groups > 1 and experts // groups < 2:
+            raise UnsupportedArchitectureError(
+                f"each of the n_group = {groups} groups needs 2 experts: a group scores by its "
+                "best two"
+            )
     dense = int(raw.get("first_k_dense_replace") or 0)
     return MoeConfig(
         num_experts=experts,
         top_k=top_k,
         intermediate_size=raw["moe_intermediate_size"],
-        renormalize=bool(raw.get("norm_topk_prob", True)),
-        round_weights=False,  # transformers weights the experts' outputs in float32
+        round_weights=False,
         sparse_layers=tuple(i >= dense for i in range(config.num_layers)),
         shared_expert_intermediate_size=raw["moe_intermediate_size"]
         * int(raw.get("n_shared_experts") or 0),
-        scoring="sigmoid",
         num_groups=groups,
         top_groups=top_groups,
         routed_scaling=float(raw.get("routed_scaling_factor") or 1.0),
         shared_expert_gated=False,
+        **options,
+    )
+
+
+def grouped_sigmoid_moe(raw: dict[str, Any], config: ModelConfig) -> MoeConfig:
+    """DeepSeek-V3's router: sigmoid scores, a correction bias in the choice, in float32."""
+    return deepseek_moe(
+        raw,
+        config,
+        groups=int(raw.get("n_group") or 1),
+        top_groups=int(raw.get("topk_group") or 1),
+        renormalize=bool(raw.get("norm_topk_prob", True)),
+        scoring="sigmoid",
         float32_router=True,
         correction_bias=True,
     )

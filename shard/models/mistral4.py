@@ -11,32 +11,17 @@ from typing import Any
 
 from shard.models.config import ModelConfig, MoeConfig, UnsupportedArchitectureError
 from shard.models.deepseek import DeepseekV3ForCausalLM
-from shard.models.glm4_moe import grouped_top_k
+from shard.models.glm4_moe import deepseek_moe
 from shard.models.llama import llama4_query_scale
 
 
 def mistral4_moe(raw: dict[str, Any], config: ModelConfig) -> MoeConfig:
-    experts = int(raw.get("n_routed_experts") or raw.get("num_local_experts") or 0)
-    groups, top_groups = int(raw.get("n_group") or 1), int(raw.get("topk_group") or 1)
-    if groups > 1 and experts // groups < 2:
-        raise UnsupportedArchitectureError(
-            f"n_group = {groups}: each group ranks by its two best experts, so it needs at least "
-            f"two of the {experts}"
-        )
-    dense = int(raw.get("first_k_dense_replace") or 0)
-    return MoeConfig(
-        num_experts=experts,
-        top_k=grouped_top_k(raw, experts, groups, top_groups),
-        intermediate_size=raw["moe_intermediate_size"],
+    return deepseek_moe(
+        raw,
+        config,
+        groups=int(raw.get("n_group") or 1),
+        top_groups=int(raw.get("topk_group") or 1),
         renormalize=bool(raw.get("norm_topk_prob", True)),
-        round_weights=False,  # the experts' outputs weighted in float32, as DeepSeek-V3's
-        sparse_layers=tuple(i >= dense for i in range(config.num_layers)),
-        shared_expert_intermediate_size=raw["moe_intermediate_size"]
-        * int(raw.get("n_shared_experts") or 0),
-        num_groups=groups,
-        top_groups=top_groups,
-        routed_scaling=float(raw.get("routed_scaling_factor") or 1.0),
-        shared_expert_gated=False,
         group_score="top2",
     )
 

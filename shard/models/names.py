@@ -68,7 +68,12 @@ STACKED_EXPERT_NAMES: dict[str, tuple[str, ...]] = {
 def stacked_experts(has: Callable[[str], bool]) -> bool:
     """Whether a checkpoint (`has`: Weights.has) stores its experts as transformers 5 holds
     them, stacked, rather than as the Hub's per-expert modules."""
-    return any(has(f"model.layers.{i}.mlp.experts.gate_up_proj") for i in range(_MAX_LAYERS))
+    return in_some_layer(has, "model.layers.{i}.mlp.experts.gate_up_proj")
+
+
+def in_some_layer(has: Callable[[str], bool], template: str) -> bool:
+    """Whether a checkpoint holds `template` (with `{i}` for the layer) in any layer."""
+    return any(has(template.format(i=i)) for i in range(_MAX_LAYERS))
 
 
 _MAX_LAYERS = 1024
