@@ -51,13 +51,23 @@ def grouped_top_k(raw: dict[str, Any], experts: int, groups: int, top_groups: in
 
 
 def deepseek_moe(
-    raw: dict[str, Any], config: ModelConfig, *, groups: int, top_groups: int, **options: Any
+    raw: dict[str, Any],
+    config: ModelConfig,
+    *,
+    groups: int | None = None,
+    top_groups: int | None = None,
+    **options: Any,
 ) -> MoeConfig:
     """The Mixture-of-Experts layout DeepSeek's configs state (and GLM-4.5's, Mistral 4's):
     n_routed_experts experts of moe_intermediate_size after the first first_k_dense_replace dense
     layers, chosen within `top_groups` of `groups` expert groups, routed_scaling_factor, and
     n_shared_experts shared experts as one ungated MLP; the experts' outputs weighted in float32
-    as transformers weights them. `options`: the router's own MoeConfig fields."""
+    as transformers weights them. The groups are n_group and topk_group unless given;
+    `renormalize` is norm_topk_prob (true when absent) unless given. `options`: the router's own
+    MoeConfig fields."""
+    groups = int(raw.get("n_group") or 1) if groups is None else groups
+    top_groups = int(raw.get("topk_group") or 1) if top_groups is None else top_groups
+    options.setdefault("renormalize", bool(raw.get("norm_topk_prob", True)))
     experts = int(
         raw.get("n_routed_experts") or raw.get("num_local_experts") or raw.get("num_experts") or 0
     )
@@ -87,16 +97,7 @@ def deepseek_moe(
 
 def grouped_sigmoid_moe(raw: dict[str, Any], config: ModelConfig) -> MoeConfig:
     """DeepSeek-V3's router: sigmoid scores, a correction bias in the choice, in float32."""
-    return deepseek_moe(
-        raw,
-        config,
-        groups=int(raw.get("n_group") or 1),
-        top_groups=int(raw.get("topk_group") or 1),
-        renormalize=bool(raw.get("norm_topk_prob", True)),
-        scoring="sigmoid",
-        float32_router=True,
-        correction_bias=True,
-    )
+    return deepseek_moe(raw, config, scoring="sigmoid", float32_router=True, correction_bias=True)
 
 
 def listed_sparse_layers(raw: dict[str, Any], config: ModelConfig, moe: MoeConfig) -> MoeConfig:

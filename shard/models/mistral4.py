@@ -16,14 +16,7 @@ from shard.models.llama import llama4_query_scale
 
 
 def mistral4_moe(raw: dict[str, Any], config: ModelConfig) -> MoeConfig:
-    return deepseek_moe(
-        raw,
-        config,
-        groups=int(raw.get("n_group") or 1),
-        top_groups=int(raw.get("topk_group") or 1),
-        renormalize=bool(raw.get("norm_topk_prob", True)),
-        group_score="top2",
-    )
+    return deepseek_moe(raw, config, group_score="top2")
 
 
 class Mistral4ForCausalLM(DeepseekV3ForCausalLM):
