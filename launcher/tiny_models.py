@@ -80,8 +80,16 @@ ARCHITECTURES = {
     "AfmoeForCausalLM": "AfmoeConfig",
     "HunYuanDenseV1ForCausalLM": "HunYuanDenseV1Config",
     "HunYuanMoEV1ForCausalLM": "HunYuanMoEV1Config",
+    "Qwen3_5ForCausalLM": "Qwen3_5TextConfig",
+    "Qwen3_5MoeForCausalLM": "Qwen3_5MoeTextConfig",
+    # Qwen3.5 as released: the vision-language wrapper around its LM
+    "Qwen3_5ForConditionalGeneration": "Qwen3_5TextConfig",
+    "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeTextConfig",
 }
 
+
+_QWEN3_5_VISION = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                   "out_hidden_size": 64, "num_position_embeddings": 16}  # fmt: skip
 
 # Vision-language wrappers -> their config class and its arguments besides the LM's config: a
 # tiny vision tower (its weights are saved, as in the released checkpoints, and a text-only
@@ -92,6 +100,9 @@ VISION_LANGUAGE = {
                           "num_attention_heads": 2, "image_size": 28, "patch_size": 14},
         "mm_tokens_per_image": 4,  # a whole number of the 2x2 patches' pooling windows
     }),
+    "Qwen3_5ForConditionalGeneration": ("Qwen3_5Config", {"vision_config": _QWEN3_5_VISION}),
+    "Qwen3_5MoeForConditionalGeneration": ("Qwen3_5MoeConfig", {
+        "vision_config": _QWEN3_5_VISION}),
     "Mistral3ForConditionalGeneration": ("Mistral3Config", {
         "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
                           "num_attention_heads": 2, "head_dim": 16, "image_size": 28,
@@ -131,6 +142,8 @@ POST_LLAMA_ARCHITECTURES = (
     "Ministral3ForCausalLM",
     "YoutuForCausalLM",
     "HunYuanDenseV1ForCausalLM",
+    "Qwen3_5ForCausalLM",
+    "Qwen3_5ForConditionalGeneration",
 )
 MOE_ARCHITECTURES = (
     "MixtralForCausalLM",
@@ -154,6 +167,15 @@ MOE_ARCHITECTURES = (
     "FlexOlmoForCausalLM",
     "AfmoeForCausalLM",
     "HunYuanMoEV1ForCausalLM",
+    "Qwen3_5MoeForCausalLM",
+    "Qwen3_5MoeForConditionalGeneration",
+)
+# Gated DeltaNet linear attention in some layers (Qwen3.5)
+LINEAR_ATTENTION_ARCHITECTURES = (
+    "Qwen3_5ForCausalLM",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForCausalLM",
+    "Qwen3_5MoeForConditionalGeneration",
 )
 # Every MLP an expert block: the released configs have no intermediate_size
 _NO_DENSE_MLP = ("SolarOpenForCausalLM",)
@@ -187,7 +209,10 @@ _NORM_IDENTITY = {
     "Phi3ForCausalLM": 1.0,
     **dict.fromkeys(POST_LLAMA_ARCHITECTURES, 1.0),
     **dict.fromkeys(MOE_ARCHITECTURES, 1.0),
+    **dict.fromkeys(LINEAR_ATTENTION_ARCHITECTURES, 0.0),  # 1 + w, but for the gated norm:
 }
+# norms computing x * w in a model whose others compute x * (1 + w)
+_PLAIN_NORMS = ("linear_attn.norm.weight",)
 _NORM_SPREAD = 0.1
 
 
@@ -317,6 +342,8 @@ def build_model(
                 param.normal_(0.0, _CORRECTION_SPREAD)
             elif "norm" not in name:
                 param.normal_(0.0, 0.08 if "embed" in name or "lm_head" in name else 0.05)
+            elif name.endswith(_PLAIN_NORMS):
+                param.normal_(1.0, _NORM_SPREAD)
             elif architecture in _NORM_IDENTITY:
                 param.normal_(_NORM_IDENTITY[architecture], _NORM_SPREAD)
     # transformers 5 writes the Hub's names by default; without them, its own module names
@@ -414,6 +441,22 @@ def _tiny_defaults(
             "num_local_experts": 8,
             "num_experts_per_tok": 2,
             "max_position_embeddings": 512,
+        }
+    if architecture in LINEAR_ATTENTION_ARCHITECTURES:
+        # the releases' 248k vocabulary, head_dim 256 and 16-32 linear heads of 128: every
+        # other layer linear (from the last, a softmax one), value heads wider than key heads
+        head_dim = overrides.get("head_dim", hidden_size // num_attention_heads)
+        moe = {"num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+               "shared_expert_intermediate_size": 48}  # fmt: skip
+        return {
+            "head_dim": head_dim,
+            "full_attention_interval": 2,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "linear_key_head_dim": 16,
+            "linear_value_head_dim": 24,
+            "max_position_embeddings": 512,
+            **(moe if "Moe" in architecture else {}),
         }
     if architecture in MOE_ARCHITECTURES or architecture in POST_LLAMA_ARCHITECTURES:
         # the defaults' 32k-131k positions would tabulate rotary tables far past any test

@@ -25,6 +25,14 @@ from shard.requests import NewRequest, Tokens
 from shard.sampling.sampler import SamplingTensors
 
 
+def _cat_slots(slots: list[torch.Tensor | None]) -> torch.Tensor | None:
+    if all(s is None for s in slots):
+        return None
+    if any(s is None for s in slots):
+        raise ValueError("batches with and without recurrent state slots cannot be joined")
+    return torch.cat(slots)  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True)
 class RequestInfo:
     """The per-request facts that never change while the request lives on the shard."""
@@ -91,9 +99,15 @@ class Batch:
     # phase's guesses by request id, with the history length they follow.
     draft_lens: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
     guesses: dict[int, tuple[int, list[int]]] = field(default_factory=dict)
+    # [B] int64 on the host: each request's slot in the recurrent state pools of a model with
+    # linear attention (shard/models/linear_attention.py), None for a model without. `start`
+    # gives rows 0..B-1; the servicer assigns slots no live batch holds (shard/state_slots.py).
+    state_slots: torch.Tensor | None = None
 
     @classmethod
-    def start(cls, batch_id: int, new: list[NewRequest], device: torch.device) -> "Batch":
+    def start(
+        cls, batch_id: int, new: list[NewRequest], device: torch.device, recurrent: bool = False
+    ) -> "Batch":
         """The state of a new batch of requests, none of them computed yet (but for a cached
         prefix)."""
         requests = []
@@ -103,6 +117,11 @@ class Batch:
                     f"request {r.id}: {len(r.slots)} KV slots for {len(r.input_ids)} prompt tokens"
                 )
             _check_prefix(r)
+            if recurrent and r.prefix_len:
+                raise ValueError(
+                    f"request {r.id}: a cached prefix cannot start a model with linear attention "
+                    "(its per-sequence state is not in the KV blocks)"
+                )
             requests.append(
                 RequestInfo(
                     id=r.id,
@@ -133,6 +152,7 @@ class Batch:
             lora_slots=torch.full((len(new),), -1, dtype=torch.int32),
             # A cached prefix holds the draft's K/V too: prompt blocks always do (shard/draft.py).
             draft_lens=torch.tensor([r.prefix_len for r in new], dtype=torch.int64),
+            state_slots=torch.arange(len(new)) if recurrent else None,
         )
 
     def __len__(self) -> int:
@@ -175,6 +195,7 @@ class Batch:
             },
             draft_lens=self.draft_lens[keep],
             guesses={rid: g for rid, g in self.guesses.items() if rid in kept_ids},
+            state_slots=None if self.state_slots is None else self.state_slots[keep],
         )
 
     @classmethod
@@ -198,4 +219,5 @@ class Batch:
             prompt_logprobs={k: v for b in batches for k, v in b.prompt_logprobs.items()},
             draft_lens=torch.cat([b.draft_lens for b in batches]),
             guesses={k: v for b in batches for k, v in b.guesses.items()},
+            state_slots=_cat_slots([b.state_slots for b in batches]),
         )

@@ -27,6 +27,7 @@ from shard.requests import Generation, Tokens
 from shard.sampling.graph_heads import DEFAULT_TOP_N
 from shard.sampling.sampler import SampleOutput, SamplingTensors, sample
 from shard.sampling.token_masks import TokenMasks, gather_token_masks
+from shard.state_slots import DEFAULT_STATE_SLOTS
 from shard.step_inputs import (
     HostStep,
     StepInputs,
@@ -111,6 +112,7 @@ class ModelRunner:
         self.block_size = block_size
         self.kv_caches: list[torch.Tensor] | None = None
         self.num_blocks = 0  # of the KV cache allocated (0: none yet)
+        self.state_slots = 0  # sequences the recurrent state pools hold (linear attention)
         self.lora = lora  # the per-step LoRA context every LoRA term reads, when adapters exist
         self.graphs = graphs
         self.draft = draft
@@ -133,9 +135,12 @@ class ModelRunner:
             self.draft.free_kv_cache()
         self.num_blocks = 0
 
-    def allocate_kv_cache(self, num_blocks: int) -> None:
+    def allocate_kv_cache(self, num_blocks: int, state_slots: int = DEFAULT_STATE_SLOTS) -> None:
+        """The paged cache of `num_blocks`, and for a model with linear attention state pools
+        of `state_slots` sequences (Batch.state_slots index them)."""
         self.free_kv_cache()  # the old cache goes before the new one is allocated
-        self.kv_caches = self.model.allocate_kv_cache(num_blocks, self.block_size)
+        self.state_slots = state_slots if self.model.recurrent else 0
+        self.kv_caches = self.model.allocate_kv_cache(num_blocks, self.block_size, self.state_slots)
         if self.draft is not None:  # the same blocks, addressed by the same tables
             self.draft.allocate_kv_cache(num_blocks)
         self.num_blocks = num_blocks

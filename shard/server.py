@@ -30,6 +30,7 @@ from shard.requests import NewRequest
 from shard.runner import ForwardFailed, ModelRunner, StepTimings
 from shard.sampling.graph_heads import DEFAULT_TOP_N
 from shard.sockets import shard_url
+from shard.state_slots import DEFAULT_STATE_SLOTS, assign_state_slots
 from shard.steps_ahead import StepsAhead
 from switchyard_pb import generate_pb2, generate_pb2_grpc
 
@@ -124,6 +125,7 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             eos_token_ids=model.eos_token_ids,
             rope_regime_boundary=model.config.rope_regime_boundary,
             draft_model_id=self.runner.draft.model_id if self.runner.draft is not None else "",
+            recurrent_state=model.recurrent,
         )
 
     async def Health(self, request, context):
@@ -231,8 +233,14 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             requests, slots, failures = self._assign_adapters(requests)
             new = []
             if requests:  # else every new request failed for its adapter
-                new = [Batch.start(request.batch.id, requests, self.runner.device)]
+                runner = self.runner
+                new = [
+                    Batch.start(request.batch.id, requests, runner.device, runner.model.recurrent)
+                ]
                 new[0].lora_slots = slots.to(new[0].lora_slots.device)
+                if new[0].state_slots is not None:  # before _take: its batches hold slots too
+                    live = [b.state_slots for b in self.cache.values()]
+                    new[0].state_slots = assign_state_slots(len(requests), live, runner.state_slots)
             batches = [*self._take(list(request.cached_batches)), *new]
             response = generate_pb2.PrefillResponse(
                 adapter_failures=failures, lora=self._lora_stats()
@@ -350,7 +358,10 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             self.ahead.drop()
             # The worst-case batch only needs blocks up to the highest id it references.
             highest = max((b for r in request.batch.requests for b in r.blocks), default=0)
-            runner.allocate_kv_cache(highest + 1)
+            # A model with linear attention holds a state per running sequence: as many as the
+            # router's --max-batch-size (a default without), reported back as the limit.
+            slots = (request.max_batch_size or DEFAULT_STATE_SLOTS) if runner.model.recurrent else 0
+            runner.allocate_kv_cache(highest + 1, max(slots, len(request.batch.requests)))
             platform_of(runner.device).reset_peak_memory(runner.device)
             if request.batch.requests:
                 run_warmup_steps(runner, request.batch)
@@ -369,14 +380,16 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
                 self.kv_settings,
                 runner.device,
                 request.max_batch_total_tokens,
-                reserved_bytes=graphs_bytes,
+                reserved_bytes=graphs_bytes + slots * runner.model.state_bytes_per_slot(),
             )
-            runner.allocate_kv_cache(num_blocks)
+            runner.allocate_kv_cache(num_blocks, slots)
             runner.capture_graphs(width, top_n)
             log.info("KV cache: %d blocks of %d tokens", num_blocks, runner.block_size)
             runner.faults = self.faults
             return generate_pb2.WarmupResponse(
-                max_supported_total_tokens=num_blocks * runner.block_size, num_blocks=num_blocks
+                max_supported_total_tokens=num_blocks * runner.block_size,
+                num_blocks=num_blocks,
+                max_batch_size=slots,
             )
 
         return await self._abort_on_error(context, warmup)
@@ -405,7 +418,7 @@ def run_warmup_steps(runner: ModelRunner, batch: generate_pb2.Batch) -> None:
     compile every graph a step can reach (CompiledForward.warm_up)."""
 
     def worst_case() -> None:
-        runner.step(wire.new_batch(batch, runner.device)[0])
+        runner.step(wire.new_batch(batch, runner.device, runner.model.recurrent)[0])
 
     if not runner.compiled:
         worst_case()
@@ -414,7 +427,7 @@ def run_warmup_steps(runner: ModelRunner, batch: generate_pb2.Batch) -> None:
     one = generate_pb2.Batch(id=batch.id, requests=[first], size=1)
 
     def first_tokens(n: int) -> None:  # n tokens of the first prompt (fewer when it is shorter)
-        runner.step(wire.new_batch(one, runner.device)[0], {first.id: n})
+        runner.step(wire.new_batch(one, runner.device, runner.model.recurrent)[0], {first.id: n})
 
     runner.forward.warm_up(worst_case, first_tokens, sum(len(r.input_ids) for r in batch.requests))
 

@@ -122,7 +122,10 @@ def build_step_inputs(
     per sample, at consecutive packed indices and history lengths."""
     device = batch.history.device if device is None else device
     starts = batch.cache_lens if starts is None else starts
-    if proposed is None and bool(((q_lens == 1) & (batch.history_lens - starts == 1)).all()):
+    every_row_decodes = bool(((q_lens == 1) & (batch.history_lens - starts == 1)).all())
+    # (a one-token prompt of a linear-attention model starts its state: a prefill row)
+    starts_state = batch.state_slots is not None and bool((starts == 0).any())
+    if proposed is None and every_row_decodes and not starts_state:
         return _decode_step_inputs(batch, starts, device)
     return _step_inputs(batch, q_lens, starts, device, proposed)
 
@@ -145,6 +148,7 @@ def _decode_step_inputs(batch: Batch, starts: torch.Tensor, device: torch.device
             "decode_context": positions + 1,
             "history_lens": batch.history_lens,
             **({"token_lora_slots": lora_slots} if lora_slots is not None else {}),
+            **({"decode_state_slots": batch.state_slots} if batch.state_slots is not None else {}),
         },
         device,
     )
@@ -178,14 +182,20 @@ def _step_inputs(
     """`build_step_inputs` of any step."""
     # A row verifying proposals runs as one decode row per token (`_decode_rows`).
     verifying = proposed > 0 if proposed is not None else torch.zeros_like(q_lens, dtype=torch.bool)
-    rows_p = ((q_lens > 1) & ~verifying).nonzero().squeeze(1)
-    rows_d, offsets_d = _decode_rows((q_lens == 1) | verifying, proposed)
+    # A linear-attention row that starts its sequence with one token is a prefill row: only
+    # the prefill path starts a state from zeros (AttentionMetadata.host_fresh).
+    single = q_lens == 1
+    if batch.state_slots is not None:
+        single &= starts > 0
+    rows_p = ((q_lens > 0) & ~single & ~verifying).nonzero().squeeze(1)
+    rows_d, offsets_d = _decode_rows(single | verifying, proposed)
     last = torch.full_like(q_lens, -1)
     positions, slots, token_rows = [], [], []
     parts: dict[str, torch.Tensor] = {}  # what else the device needs, uploaded with them
 
     prefill_shape = (0, 0)  # the longest query and context of the prefill part
     num_prefill_tokens = 0
+    host_prefill: tuple[tuple[int, ...], tuple[bool, ...]] = ((), ())
     if len(rows_p):
         lens = q_lens[rows_p]
         start = starts[rows_p]
@@ -213,6 +223,9 @@ def _step_inputs(
             prefill_context=context,
             prefill_seq_lens=batch.history_lens[rows_p],
         )
+        if batch.state_slots is not None:  # linear attention: each chunk's state slot
+            parts.update(prefill_state_slots=batch.state_slots[rows_p])
+            host_prefill = (tuple(lens.tolist()), tuple((start == 0).tolist()))
 
     if len(rows_d):
         pos_d = starts[rows_d] + offsets_d
@@ -228,6 +241,10 @@ def _step_inputs(
             decode_context=pos_d + 1,
             decode_seq_lens=batch.history_lens[rows_d] + offsets_d,
         )
+        if batch.state_slots is not None:
+            if proposed is not None:  # the router refuses speculation for these models
+                raise ValueError("a model with linear attention cannot verify proposed tokens")
+            parts.update(decode_state_slots=batch.state_slots[rows_d])
 
     known = batch.history_lens if proposed is None else batch.history_lens + proposed
     sample_rows = ((q_lens > 0) & (starts + q_lens == known)).nonzero().squeeze(1)
@@ -266,7 +283,12 @@ def _step_inputs(
         input_ids=batch.history[on_device["token_rows"], on_device["positions"]],
         positions=on_device["positions"],
         meta=_metadata(
-            batch, on_device, num_prefill_tokens, prefill_shape, once_per_row=proposed is None
+            batch,
+            on_device,
+            num_prefill_tokens,
+            prefill_shape,
+            once_per_row=proposed is None,
+            host_prefill=host_prefill,
         ),
         token_rows=on_device["token_rows"],
         sample_rows=on_device["sample_rows"],
@@ -320,8 +342,10 @@ def _metadata(
     num_prefill_tokens: int,
     prefill_shape: tuple[int, int],
     once_per_row: bool = True,
+    host_prefill: tuple[tuple[int, ...], tuple[bool, ...]] = ((), ()),
 ) -> StepMetadata:
-    """The attention metadata of the step's parts, from their uploaded indices."""
+    """The attention metadata of the step's parts, from their uploaded indices (and for linear
+    attention's prompt chunks, their lengths and fresh starts on the host)."""
     slot_mapping = on_device["slot_mapping"]
     prefill = decode = None
     if "prefill_rows" in on_device:
@@ -334,6 +358,9 @@ def _metadata(
             max_seqlen_q=prefill_shape[0],
             max_seqlen_k=prefill_shape[1],
             seq_lens=on_device["prefill_seq_lens"].to(torch.int32),
+            state_slots=on_device.get("prefill_state_slots"),
+            host_query_lens=host_prefill[0],
+            host_fresh=host_prefill[1],
         )
     if "decode_rows" in on_device:
         rows = on_device["decode_rows"]
@@ -345,6 +372,7 @@ def _metadata(
             block_tables=batch.block_tables if everyone else batch.block_tables[rows],
             context_lens=on_device["decode_context"].to(torch.int32),
             seq_lens=on_device["decode_seq_lens"].to(torch.int32),
+            state_slots=on_device.get("decode_state_slots"),
         )
     if decode is None or prefill is None:
         return decode if prefill is None else prefill  # type: ignore[return-value]

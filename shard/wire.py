@@ -43,10 +43,13 @@ def new_request(r: pb.Request) -> NewRequest:
     )
 
 
-def new_batch(batch: pb.Batch, device: torch.device) -> tuple[Batch, list[NewRequest]]:
-    """The state of a batch of new requests, and the requests (for warmup and benchmarks)."""
+def new_batch(
+    batch: pb.Batch, device: torch.device, recurrent: bool = False
+) -> tuple[Batch, list[NewRequest]]:
+    """The state of a batch of new requests, and the requests (for warmup and benchmarks);
+    `recurrent`: the model keeps states per sequence (Batch.state_slots)."""
     requests = [new_request(r) for r in batch.requests]
-    return Batch.start(batch.id, requests, device), requests
+    return Batch.start(batch.id, requests, device, recurrent), requests
 
 
 def cached_batch(batch: Batch) -> pb.CachedBatch:

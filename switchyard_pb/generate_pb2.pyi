@@ -19,7 +19,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model_id", "dtype", "device_type", "block_size", "world_size", "vocab_size", "max_position_embeddings", "attention_impl", "eos_token_ids", "rope_regime_boundary", "draft_model_id")
+    __slots__ = ("model_id", "dtype", "device_type", "block_size", "world_size", "vocab_size", "max_position_embeddings", "attention_impl", "eos_token_ids", "rope_regime_boundary", "draft_model_id", "recurrent_state")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +31,7 @@ class InfoResponse(_message.Message):
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     ROPE_REGIME_BOUNDARY_FIELD_NUMBER: _ClassVar[int]
     DRAFT_MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    RECURRENT_STATE_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     dtype: str
     device_type: str
@@ -42,7 +43,8 @@ class InfoResponse(_message.Message):
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
     rope_regime_boundary: int
     draft_model_id: str
-    def __init__(self, model_id: _Optional[str] = ..., dtype: _Optional[str] = ..., device_type: _Optional[str] = ..., block_size: _Optional[int] = ..., world_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_position_embeddings: _Optional[int] = ..., attention_impl: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., rope_regime_boundary: _Optional[int] = ..., draft_model_id: _Optional[str] = ...) -> None: ...
+    recurrent_state: bool
+    def __init__(self, model_id: _Optional[str] = ..., dtype: _Optional[str] = ..., device_type: _Optional[str] = ..., block_size: _Optional[int] = ..., world_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_position_embeddings: _Optional[int] = ..., attention_impl: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., rope_regime_boundary: _Optional[int] = ..., draft_model_id: _Optional[str] = ..., recurrent_state: _Optional[bool] = ...) -> None: ...
 
 class ServiceDiscoveryRequest(_message.Message):
     __slots__ = ()
@@ -334,26 +336,30 @@ class DecodeResponse(_message.Message):
     def __init__(self, generations: _Optional[_Iterable[_Union[Generation, _Mapping]]] = ..., batch: _Optional[_Union[CachedBatch, _Mapping]] = ..., concat_ns: _Optional[int] = ..., forward_ns: _Optional[int] = ..., decode_ns: _Optional[int] = ..., total_ns: _Optional[int] = ..., lora: _Optional[_Union[LoraStats, _Mapping]] = ...) -> None: ...
 
 class WarmupRequest(_message.Message):
-    __slots__ = ("batch", "max_input_tokens", "max_total_tokens", "max_prefill_tokens", "max_batch_total_tokens")
+    __slots__ = ("batch", "max_input_tokens", "max_total_tokens", "max_prefill_tokens", "max_batch_total_tokens", "max_batch_size")
     BATCH_FIELD_NUMBER: _ClassVar[int]
     MAX_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     batch: Batch
     max_input_tokens: int
     max_total_tokens: int
     max_prefill_tokens: int
     max_batch_total_tokens: int
-    def __init__(self, batch: _Optional[_Union[Batch, _Mapping]] = ..., max_input_tokens: _Optional[int] = ..., max_total_tokens: _Optional[int] = ..., max_prefill_tokens: _Optional[int] = ..., max_batch_total_tokens: _Optional[int] = ...) -> None: ...
+    max_batch_size: int
+    def __init__(self, batch: _Optional[_Union[Batch, _Mapping]] = ..., max_input_tokens: _Optional[int] = ..., max_total_tokens: _Optional[int] = ..., max_prefill_tokens: _Optional[int] = ..., max_batch_total_tokens: _Optional[int] = ..., max_batch_size: _Optional[int] = ...) -> None: ...
 
 class WarmupResponse(_message.Message):
-    __slots__ = ("max_supported_total_tokens", "num_blocks")
+    __slots__ = ("max_supported_total_tokens", "num_blocks", "max_batch_size")
     MAX_SUPPORTED_TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     max_supported_total_tokens: int
     num_blocks: int
-    def __init__(self, max_supported_total_tokens: _Optional[int] = ..., num_blocks: _Optional[int] = ...) -> None: ...
+    max_batch_size: int
+    def __init__(self, max_supported_total_tokens: _Optional[int] = ..., num_blocks: _Optional[int] = ..., max_batch_size: _Optional[int] = ...) -> None: ...
 
 class LoadAdapterRequest(_message.Message):
     __slots__ = ("name", "path")

@@ -31,6 +31,12 @@ class AttentionMetadata:
     # static buffers, whose values change from replay to replay, so no backend may read them on the
     # host or size anything from them; only their shapes (bucket x widest block table) hold.
     captured: bool = False
+    # Linear-attention layers (shard/models/linear_attention.py) keep a state per sequence
+    # instead of K/V: [B] int64 each sequence's state slot; for a prompt chunk, on the host, each
+    # sequence's query length and whether it starts there (else it continues from its slot).
+    state_slots: torch.Tensor | None = None
+    host_query_lens: tuple[int, ...] = ()
+    host_fresh: tuple[bool, ...] = ()
     # What a backend derives from the metadata once per step and every layer reuses (the torch
     # decode path's gather index, by window). The metadata lives for one step, so does this.
     derived: dict[object, object] = field(default_factory=dict, repr=False, compare=False)

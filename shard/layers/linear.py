@@ -181,8 +181,11 @@ class QKVParallelLinear(ColumnParallelLinear):
         num_kv_heads: int,
         head_dim: int,
         bias: bool,
+        gated_query: bool = False,
     ) -> QKVParallelLinear:
-        """`prefixes`: the q, k, v checkpoint modules, or one module that already fuses them."""
+        """`prefixes`: the q, k, v checkpoint modules, or one module that already fuses them.
+        `gated_query`: q's rows hold each head's query and then its output gate (Qwen3.5); the
+        queries are taken, every other head_dim rows."""
         rank, world = weights.dist.rank, weights.dist.world_size
         if len(prefixes) == 3:
             sources = [(p, 0) for p in prefixes]
@@ -198,6 +201,12 @@ class QKVParallelLinear(ColumnParallelLinear):
             Piece(name, offset + a * head_dim, offset + b * head_dim)
             for (name, offset), (a, b) in zip(sources, (q, kv, kv), strict=True)
         ]
+        if gated_query:
+            if len(prefixes) != 3:
+                raise WeightsError(f"a gated q_proj must be its own tensor, got {prefixes}")
+            queries = [Piece(q_name[: -len(".weight")], 2 * h * head_dim, (2 * h + 1) * head_dim)
+                       for h in range(*q)]  # fmt: skip
+            pieces = queries + pieces[1:]
         layer = cls(
             *cls.load_pieces(weights, pieces, bias=bias),
             num_heads=q[1] - q[0],

@@ -10,6 +10,8 @@ from shard.attention import StepMetadata
 
 class CausalLM(nn.Module):
     num_layers: int
+    # layers with a paged KV cache (the rest keep a state per sequence: linear attention)
+    num_paged_layers: int
     num_kv_heads: int  # per rank
     head_dim: int
     # The cache's values are its keys (multi-head latent attention): one plane is stored and
@@ -40,20 +42,31 @@ class CausalLM(nn.Module):
         """[N, hidden] -> float32 [N, vocab_size], the full vocabulary on every rank."""
         raise NotImplementedError
 
-    def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
-        """One [2, num_blocks, block_size, kv_heads, head_dim] tensor per layer, keys then values.
-        Where the values are the keys, both planes are one: a stride-0 view of a single plane, so
-        every backend keeps reading [0] as keys and [1] as values (and writes both alike)."""
+    # Whether some layers keep a state per sequence (linear attention), in pools of
+    # `state_slots` sequences that allocate_kv_cache makes beside the paged cache.
+    recurrent: bool = False
+
+    def state_bytes_per_slot(self) -> int:
+        """One sequence's state in every recurrent layer, on this rank (0: none)."""
+        return 0
+
+    def allocate_kv_cache(
+        self, num_blocks: int, block_size: int, state_slots: int = 0
+    ) -> list[torch.Tensor]:
+        """One [2, num_blocks, block_size, kv_heads, head_dim] tensor per paged layer, keys then
+        values (a model with recurrent layers adds their state pools: DecoderModel). Where the
+        values are the keys, both planes are one: a stride-0 view of a single plane, so every
+        backend keeps reading [0] as keys and [1] as values (and writes both alike)."""
         planes = 1 if self.values_are_keys else 2
         shape = (planes, num_blocks, block_size, self.num_kv_heads, self.head_dim)
         # Zeroed rather than empty: never-written slots then hold finite values.
         return [
             torch.zeros(shape, dtype=self.dtype, device=self.device).expand(2, *shape[1:])
-            for _ in range(self.num_layers)
+            for _ in range(self.num_paged_layers)
         ]
 
     def kv_cache_bytes_per_token(self) -> int:
         """Keys and values of one token in every layer, on this rank."""
         element = torch.empty((), dtype=self.dtype).element_size()
         planes = 1 if self.values_are_keys else 2
-        return planes * self.num_layers * self.num_kv_heads * self.head_dim * element
+        return planes * self.num_paged_layers * self.num_kv_heads * self.head_dim * element

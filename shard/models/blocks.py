@@ -42,6 +42,7 @@ from shard.layers.rotary import NoRotary, RopeConfig, RotaryEmbedding, scaled_by
 from shard.models.base import CausalLM
 from shard.models.config import ModelConfig
 from shard.models.latent_attention import LatentAttention
+from shard.models.linear_attention import GatedDeltaNet, RecurrentState
 from shard.models.mlp import GatedMLP
 from shard.models.moe_block import SparseMoeBlock
 from shard.models.names import LLAMA_NAMES, Names
@@ -114,6 +115,7 @@ class Attention(nn.Module):
             num_kv_heads=config.num_kv_heads,
             head_dim=config.head_dim,
             bias=config.qkv_bias,
+            gated_query=config.query_gate,
         )
         o_proj = RowParallelLinear.load(weights, names.one("o_proj"), bias=config.o_bias)
         qk_norm: HeadQKNorm | ProjectionQKNorm | None = None
@@ -144,6 +146,8 @@ class Attention(nn.Module):
             rows = Piece(names.one("attn_output_gate"), first * config.head_dim,
                          last * config.head_dim)  # fmt: skip
             gate = ColumnParallelLinear.load_rows(weights, rows, bias=False)
+        elif config.query_gate:
+            gate = query_gate(weights, names.many("qkv_proj")[0], range(first, last), config)
         scale = config.attention_scale or config.head_dim**-0.5
         return cls(
             qkv,
@@ -199,6 +203,21 @@ class Attention(nn.Module):
         return out * torch.sigmoid(self.output_gate(hidden))
 
 
+def query_gate(
+    weights: Weights, q_proj: str, heads: range, config: ModelConfig
+) -> ColumnParallelLinear:
+    """The output gate of `heads` where q_proj's rows hold each head's query and then its gate
+    (ModelConfig.query_gate; QKVParallelLinear.load_qkv takes the queries)."""
+    d = config.head_dim
+    pieces = [Piece(q_proj, (2 * h + 1) * d, (2 * h + 2) * d) for h in heads]
+    weight = ColumnParallelLinear.load_pieces(weights, pieces, bias=config.qkv_bias)
+    return ColumnParallelLinear(*weight)._record(weights, pieces)
+
+
+# What mixes a layer's tokens: softmax attention, latent attention, or linear attention
+Mixer = Attention | LatentAttention | GatedDeltaNet
+
+
 class DecoderLayer(nn.Module):
     """Pre-norm attention and MLP, each added to the residual stream; with `sandwich_norms`
     their outputs are normed too before the add (Gemma 2/3's post_attention_layernorm and
@@ -209,7 +228,7 @@ class DecoderLayer(nn.Module):
     def __init__(
         self,
         input_layernorm: RMSNorm | LayerNorm,
-        self_attn: Attention | LatentAttention,
+        self_attn: Mixer,
         pre_mlp_layernorm: RMSNorm | LayerNorm | None,
         mlp: GatedMLP | SparseMoeBlock,
         post_attention_norm: RMSNorm | None = None,
@@ -237,8 +256,10 @@ class DecoderLayer(nn.Module):
         def norm(ours: str) -> RMSNorm | LayerNorm:
             return load_norm(weights, names.one(ours), config)
 
-        attention: Attention | LatentAttention
-        if config.mla is not None:
+        attention: Mixer
+        if config.linear(names.layer):
+            attention = GatedDeltaNet.load(weights, names, config)
+        elif config.mla is not None:
             assert isinstance(rotary, RotaryEmbedding)
             attention = LatentAttention.load(weights, names, config, rotary, backend)
         else:
@@ -400,16 +421,47 @@ class DecoderModel(CausalLM):
         self.logits_scale = config.logits_scale
 
         self.num_layers = config.num_layers
-        # every layer's cache entry has the first's shape
+        # every attention layer's cache entry has the first's shape; linear layers keep a state
+        # per sequence instead (RecurrentState)
+        attending = [m for m in self.mixers if not isinstance(m, GatedDeltaNet)]
         self.num_kv_heads, self.head_dim = (
-            self.layers[0].self_attn.cache_shape if self.layers else (0, config.head_dim)
+            attending[0].cache_shape if attending else (0, config.head_dim)
         )
-        self.values_are_keys = bool(self.layers) and self.layers[0].self_attn.values_are_keys
+        self.values_are_keys = bool(attending) and attending[0].values_are_keys
+        self.num_paged_layers = len(attending)
         self.vocab_size = config.vocab_size
         self.max_position_embeddings = config.max_position_embeddings
         self.eos_token_ids = list(config.eos_token_ids)
         self.dtype = weights.dtype
         self.device = weights.device
+
+    @property
+    def mixers(self) -> list[Mixer]:
+        return [layer.self_attn for layer in self.layers]
+
+    @property
+    def recurrent(self) -> bool:
+        return any(isinstance(m, GatedDeltaNet) for m in self.mixers)
+
+    def allocate_kv_cache(
+        self, num_blocks: int, block_size: int, state_slots: int = 0
+    ) -> list[torch.Tensor]:
+        """CausalLM's paged caches for the attention layers; a linear layer's entry is its
+        RecurrentState pools of `state_slots` sequences."""
+        paged = iter(super().allocate_kv_cache(num_blocks, block_size))
+        return [
+            RecurrentState.empty(state_slots, m.shape, self.dtype, self.device)  # type: ignore[misc]
+            if isinstance(m, GatedDeltaNet)
+            else next(paged)
+            for m in self.mixers
+        ]
+
+    def state_bytes_per_slot(self) -> int:
+        return sum(
+            RecurrentState.bytes_per_slot(m.shape, self.dtype)
+            for m in self.mixers
+            if isinstance(m, GatedDeltaNet)
+        )
 
     def forward(
         self,

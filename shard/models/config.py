@@ -117,6 +117,27 @@ class MlaConfig:
 
 
 @dataclass(frozen=True)
+class LinearAttentionConfig:
+    """Gated DeltaNet linear attention (Qwen3.5, Qwen3-Next; shard/models/linear_attention.py):
+    the layers it replaces softmax attention in, and its shapes. Each such layer keeps a fixed
+    state per sequence (a recurrent matrix per value head and the last conv inputs) instead of
+    K/V per token."""
+
+    layers: tuple[bool, ...]  # per layer: linear attention (True) or softmax attention
+    num_key_heads: int
+    num_value_heads: int  # a multiple of num_key_heads: each key head serves that many
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int  # the causal depthwise convolution over q, k and v
+
+    @property
+    def conv_channels(self) -> int:
+        return (
+            2 * self.num_key_heads * self.key_head_dim + self.num_value_heads * self.value_head_dim
+        )
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     architecture: str
     vocab_size: int
@@ -168,6 +189,9 @@ class ModelConfig:
     # attention's output, before o_proj, times sigmoid of a projection of the layer's input, one
     # gate per head dim (AFMoE's gate_proj)
     attention_output_gate: bool = False
+    # the same gate, from q_proj: its rows hold each head's query and then that head's gate
+    # (Qwen3.5, Qwen3-Next)
+    query_gate: bool = False
     final_softcap: float | None = None  # logits likewise (Gemma 2 and 3)
     # Per layer where the rope differs by layer type (Gemma 3's local and global bases);
     # empty: `rope` in every layer.
@@ -186,6 +210,12 @@ class ModelConfig:
     moe: MoeConfig | None = None
     # Multi-head latent attention in every layer (DeepSeek); None: the q/k/v `Attention`.
     mla: MlaConfig | None = None
+    # Gated DeltaNet in the layers it names (Qwen3.5); None: softmax attention in every layer.
+    linear_attention: LinearAttentionConfig | None = None
+
+    def linear(self, layer: int) -> bool:
+        """Whether `layer` mixes tokens with linear attention (a state per sequence, no KV)."""
+        return self.linear_attention is not None and self.linear_attention.layers[layer]
 
     def sparse_mlp(self, layer: int) -> bool:
         return self.moe is not None and self.moe.sparse_layers[layer]

@@ -61,6 +61,14 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "DeepseekV3ForCausalLM": ("shard.models.deepseek", "DeepseekV3ForCausalLM"),
     "Glm4MoeLiteForCausalLM": ("shard.models.deepseek", "Glm4MoeLiteForCausalLM"),  # GLM-4.7-Flash
     "YoutuForCausalLM": ("shard.models.deepseek", "YoutuForCausalLM"),
+    # Gated DeltaNet linear attention in three layers of four (a state per sequence)
+    "Qwen3_5ForCausalLM": ("shard.models.qwen3_5", "Qwen3_5ForCausalLM"),
+    "Qwen3_5MoeForCausalLM": ("shard.models.qwen3_5", "Qwen3_5MoeForCausalLM"),
+    "Qwen3_5ForConditionalGeneration": ("shard.models.qwen3_5", "Qwen3_5ForConditionalGeneration"),
+    "Qwen3_5MoeForConditionalGeneration": (
+        "shard.models.qwen3_5",
+        "Qwen3_5MoeForConditionalGeneration",
+    ),
     "MiniMaxM2ForCausalLM": ("shard.models.minimax_m2", "MiniMaxM2ForCausalLM"),
     "Mistral4ForCausalLM": ("shard.models.mistral4", "Mistral4ForCausalLM"),
 }

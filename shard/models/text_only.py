@@ -30,6 +30,7 @@ VISION_PREFIXES = (
     "multi_modal_projector.",
     "model.vision_tower.",
     "model.multi_modal_projector.",
+    "model.visual.",  # Qwen3.5's
 )
 
 

@@ -66,6 +66,10 @@ class PagedLayout:
             cu_seqlens_q=cu,
             max_seqlen_q=max(q_lens),
             max_seqlen_k=max(stops),
+            # linear attention's state slot per sequence: its index
+            state_slots=torch.tensor(seqs, dtype=torch.int64),
+            host_query_lens=tuple(q_lens),
+            host_fresh=tuple(a == 0 for a in starts),
         )
 
     def decode(
@@ -79,6 +83,7 @@ class PagedLayout:
             ),
             block_tables=self.block_tables(seqs),
             context_lens=torch.tensor([p + 1 for p in positions], dtype=torch.int32),
+            state_slots=torch.tensor(seqs, dtype=torch.int64),
         )
 
 
@@ -101,7 +106,7 @@ def run_paged(
     num_blocks = sum(-(-(n + steps + 1) // block_size) for n in lens) + 3
     layout = PagedLayout(block_size, num_blocks, seed=seed)
     seqs = [layout.add(n + steps + 1) for n in lens]
-    caches = model.allocate_kv_cache(num_blocks, block_size)
+    caches = model.allocate_kv_cache(num_blocks, block_size, len(prompts))
     positions, meta = layout.prefill(seqs, [0] * len(lens), lens)
     with torch.inference_mode():
         logits = model.compute_logits(model(torch.cat(prompts), positions, caches, meta))

@@ -258,7 +258,17 @@ NEW_ARCH_MODELS: dict[str, tuple[str, dict]] = {
 # (Gemma3ForConditionalGeneration, Mistral3ForConditionalGeneration), served as their LMs. Gemma
 # 3's LM is gemma3_qk_norm_local_rope's; the files are the Hub's (`language_model.model...`) or
 # transformers 5's module names (`model.language_model...`).
+# Qwen3.5: Gated DeltaNet linear attention in every other layer (value heads twice the key
+# heads, of other dims), softmax layers with q/k norms, a query-computed output gate and a
+# quarter of each head rotated; 1 + w norms
+NEW_ARCH_MODELS["qwen3_5_linear_attention"] = ("Qwen3_5ForCausalLM", {"num_hidden_layers": 4})
+
 VISION_LANGUAGE_MODELS: dict[str, tuple[str, dict]] = {
+    # Qwen3.5 as released (transformers 5's names: model.language_model., model.visual.)
+    "qwen3_5_vision_language": (
+        "Qwen3_5ForConditionalGeneration",
+        {"num_hidden_layers": 4, "module_names": True},
+    ),
     "gemma3_vision_language": (
         "Gemma3ForConditionalGeneration",
         NEW_ARCH_MODELS["gemma3_qk_norm_local_rope"][1],
@@ -358,6 +368,12 @@ MOE_MODELS: dict[str, tuple[str, dict]] = {
 # truncated); a biased router over 6 experts, top-2; biased experts whose clamped SwiGLU binds
 # (a limit of 0.3, where gate and up values here spread about +-0.4: Qwen's SwiGLU would differ);
 # expert intermediate size 96: three MXFP4 blocks of 32, which two shards split mid-block.
+# Qwen3.5-MoE: Qwen3.5's layers over top-2 of 6 experts (always renormalised) and a shared
+# expert behind a sigmoid gate, stacked as transformers 5 saves them
+MOE_MODELS["qwen3_5_moe_linear_attention"] = (
+    "Qwen3_5MoeForCausalLM",
+    {"num_hidden_layers": 4, "stacked_experts": True},
+)
 MOE_MODELS["gpt_oss_sinks_clamped"] = (
     "GptOssForCausalLM",
     {"intermediate_size": 96, "sliding_window": 7, "swiglu_limit": 0.3},

@@ -15,7 +15,8 @@ oneDNN weight, q/k norms, a rotary that is not the whole-head position-only rota
 (NoPE), a norm whose weight is not in the model's dtype, a LayerNorm (Cohere's, whose layers
 run attention and the MLP in parallel) or a residual add without a norm, a
 gated activation other than SwiGLU, the sandwich norms, a Mixture-of-Experts MLP, DeepSeek's
-latent attention as a whole) calls the module that owns it. Attention sinks (gpt-oss) are
+latent attention, Gated DeltaNet linear attention, each as a whole) calls the module
+that owns it. Attention sinks (gpt-oss) are
 the native decode kernel's own. It runs decode-only steps;
 prefill and chunked steps run the module forward. A step whose tokens use adapters runs a
 second copy of the loop whose linears add their LoRA terms, as the modules do.
@@ -115,7 +116,11 @@ class CpuDecodePath:
             return f"the native kernels are not built ({native.unavailable_reason() or 'failed'})"
         if not model.layers:
             return "the model has no layers"
-        attention = model.layers[0].self_attn
+        # (linear-attention layers have no backend: the first that attends says which)
+        attending = [m for m in model.mixers if hasattr(m, "backend")]
+        if not attending:
+            return "no layer attends over a paged cache"
+        attention = attending[0]
         if not (isinstance(attention.backend, TorchAttentionBackend) and attention.backend.native):
             return "the attention backend is not the native torch one"
         if isinstance(attention, Attention) and attention.qkv_proj.head_dim > MAX_NATIVE_HEAD_DIM:

@@ -1,0 +1,271 @@
+"""Gated DeltaNet, the linear attention of Qwen3.5's and Qwen3-Next's linear layers.
+
+Instead of K/V per token, each sequence keeps a fixed state in every such layer: the last
+`conv_kernel - 1` inputs of a causal depthwise convolution over q, k and v, and one
+[key_dim, value_dim] matrix per value head that each token decays and corrects (the delta rule)
+and each query reads. The states live in per-layer pools with a slot per running sequence
+(`RecurrentState`); the step's metadata says each sequence's slot (`state_slots`) and, for
+prompt chunks, whether the sequence starts there or continues from its slot (chunked prefill).
+
+The math itself is shard/layers/gated_delta.py's. Tensor parallel splits the key heads (and
+with them their value heads) across ranks; out_proj is a row-parallel linear.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from shard.attention import AttentionMetadata, MixedMetadata, StepMetadata
+from shard.layers.gated_delta import (
+    causal_conv1d_decode,
+    causal_conv1d_prefill,
+    gated_delta_decode,
+    gated_delta_prefill,
+)
+from shard.layers.linear import ColumnParallelLinear, RowParallelLinear, head_range
+from shard.layers.quant.base import Piece
+from shard.models.config import LinearAttentionConfig, ModelConfig
+from shard.models.names import Names
+from shard.weights import Weights, WeightsError
+
+# Our names of a linear layer's modules -> the checkpoint's (Qwen3.5's layout)
+LINEAR_ATTENTION_NAMES: dict[str, tuple[str, ...]] = {
+    "linear_qkv": ("model.layers.{i}.linear_attn.in_proj_qkv",),
+    "linear_z": ("model.layers.{i}.linear_attn.in_proj_z",),
+    "linear_b": ("model.layers.{i}.linear_attn.in_proj_b",),
+    "linear_a": ("model.layers.{i}.linear_attn.in_proj_a",),
+    "linear_conv": ("model.layers.{i}.linear_attn.conv1d",),
+    "linear_dt_bias": ("model.layers.{i}.linear_attn.dt_bias",),
+    "linear_a_log": ("model.layers.{i}.linear_attn.A_log",),
+    "linear_norm": ("model.layers.{i}.linear_attn.norm",),
+    "linear_out": ("model.layers.{i}.linear_attn.out_proj",),
+}
+
+
+@dataclass
+class RecurrentState:
+    """One linear layer's state pools, a slot per running sequence (on this rank's heads)."""
+
+    conv: torch.Tensor  # [slots, conv channels, conv_kernel - 1], the model's dtype
+    state: torch.Tensor  # [slots, value heads, key_head_dim, value_head_dim] float32
+
+    @classmethod
+    def empty(
+        cls, slots: int, shape: LinearShape, dtype: torch.dtype, device: torch.device
+    ) -> RecurrentState:
+        # zeroed so that never-used slots hold finite values
+        return cls(
+            conv=torch.zeros(
+                slots, shape.conv_channels, shape.conv_kernel - 1, dtype=dtype, device=device
+            ),  # fmt: skip
+            state=torch.zeros(
+                slots,
+                shape.value_heads,
+                shape.key_dim,
+                shape.value_dim,
+                dtype=torch.float32,
+                device=device,
+            ),  # fmt: skip
+        )
+
+    @staticmethod
+    def bytes_per_slot(shape: LinearShape, dtype: torch.dtype) -> int:
+        element = torch.empty((), dtype=dtype).element_size()
+        conv = shape.conv_channels * (shape.conv_kernel - 1) * element
+        return conv + shape.value_heads * shape.key_dim * shape.value_dim * 4
+
+
+@dataclass(frozen=True)
+class LinearShape:
+    """A linear layer's sizes on this rank."""
+
+    key_heads: int
+    value_heads: int
+    key_dim: int
+    value_dim: int
+    conv_kernel: int
+
+    @property
+    def conv_channels(self) -> int:
+        return 2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+
+
+def _ranked(weights: Weights, cfg: LinearAttentionConfig) -> tuple[range, range]:
+    """This rank's key heads and the value heads they serve."""
+    dist = weights.dist
+    if cfg.num_key_heads % dist.world_size:
+        raise WeightsError(
+            f"{dist.world_size} shards cannot split the {cfg.num_key_heads} linear-attention key "
+            "heads (linear_num_key_heads): the shard count must divide it"
+        )
+    first, last = head_range(cfg.num_key_heads, dist.rank, dist.world_size, replicate=False)
+    group = cfg.num_value_heads // cfg.num_key_heads
+    return range(first, last), range(first * group, last * group)
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(
+        self,
+        in_proj_qkvz: ColumnParallelLinear,
+        in_proj_ba: ColumnParallelLinear,
+        conv_weight: torch.Tensor,
+        dt_bias: torch.Tensor,
+        a_log: torch.Tensor,
+        norm_weight: torch.Tensor,
+        out_proj: RowParallelLinear,
+        shape: LinearShape,
+        eps: float,
+    ) -> None:
+        super().__init__()
+        self.in_proj_qkvz = in_proj_qkvz  # [q | k | v | z] of this rank's heads
+        self.in_proj_ba = in_proj_ba  # [b | a]: per value head, the write strength and decay
+        self.register_buffer("conv_weight", conv_weight, persistent=False)  # [channels, K]
+        self.register_buffer("dt_bias", dt_bias, persistent=False)
+        # the decay's scale, -exp(A_log), kept in float32 as transformers computes it
+        self.register_buffer("neg_a", -a_log.float().exp(), persistent=False)
+        self.register_buffer("norm_weight", norm_weight, persistent=False)
+        self.out_proj = out_proj
+        self.shape = shape
+        self.eps = eps
+
+    @classmethod
+    def load(cls, weights: Weights, names: Names, config: ModelConfig) -> GatedDeltaNet:
+        cfg = config.linear_attention
+        assert cfg is not None
+        keys, values = _ranked(weights, cfg)
+        dk, dv = cfg.key_head_dim, cfg.value_head_dim
+        key_size = cfg.num_key_heads * dk
+        qkv, conv = names.one("linear_qkv"), names.one("linear_conv")
+        # in_proj_qkv's rows and the conv's channels: all q heads, all k heads, all v heads
+        spans = [
+            (keys.start * dk, keys.stop * dk),
+            (key_size + keys.start * dk, key_size + keys.stop * dk),
+            (2 * key_size + values.start * dv, 2 * key_size + values.stop * dv),
+        ]
+        z = names.one("linear_z")
+        pieces = [Piece(qkv, a, b) for a, b in spans]
+        pieces.append(Piece(z, values.start * dv, values.stop * dv))
+        qkvz = ColumnParallelLinear(*ColumnParallelLinear.load_pieces(weights, pieces, bias=False))
+        ba_pieces = [
+            Piece(names.one("linear_b"), values.start, values.stop),
+            Piece(names.one("linear_a"), values.start, values.stop),
+        ]
+        ba = ColumnParallelLinear(*ColumnParallelLinear.load_pieces(weights, ba_pieces, bias=False))
+        conv_weight = torch.cat(
+            [weights.get_range(f"{conv}.weight", 0, a, b) for a, b in spans]
+        ).flatten(1)  # [channels, 1, K] -> [channels, K]
+        if conv_weight.shape[1] != cfg.conv_kernel:
+            raise WeightsError(
+                f"{conv}.weight has a kernel of {conv_weight.shape[1]}, the config says "
+                f"{cfg.conv_kernel} (linear_conv_kernel_dim)"
+            )
+        if weights.has(f"{conv}.bias"):
+            raise WeightsError(f"{conv}.bias: a biased linear-attention conv is not supported")
+        shape = LinearShape(len(keys), len(values), dk, dv, cfg.conv_kernel)
+        return cls(
+            qkvz._record(weights, pieces),
+            ba._record(weights, ba_pieces),
+            conv_weight,
+            weights.get_range(names.one("linear_dt_bias"), 0, values.start, values.stop),
+            weights.get_range(names.one("linear_a_log"), 0, values.start, values.stop),
+            weights.get_tensor(f"{names.one('linear_norm')}.weight"),
+            RowParallelLinear.load(weights, names.one("linear_out"), bias=False),
+            shape,
+            config.rms_norm_eps,
+        )
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        cache: RecurrentState,
+        meta: StepMetadata,
+    ) -> torch.Tensor:
+        s = self.shape
+        key_size, value_size = s.key_heads * s.key_dim, s.value_heads * s.value_dim
+        mixed, z = self.in_proj_qkvz(hidden).split([s.conv_channels, value_size], dim=-1)
+        b, a = self.in_proj_ba(hidden).split([s.value_heads, s.value_heads], dim=-1)
+        beta = b.sigmoid()
+        # the per-token log decay: float32, as transformers (an fp16 exp would overflow)
+        g = self.neg_a * F.softplus(a.float() + self.dt_bias)
+        out = torch.empty(hidden.shape[0], s.value_heads, s.value_dim, dtype=hidden.dtype,
+                          device=hidden.device)  # fmt: skip
+        for part, start, stop in _parts(meta, hidden.shape[0]):
+            conv = self._conv(mixed[start:stop], cache, part)
+            q, k, v = conv.split([key_size, key_size, value_size], dim=-1)
+            out[start:stop] = self._delta(
+                q.unflatten(-1, (s.key_heads, s.key_dim)),
+                k.unflatten(-1, (s.key_heads, s.key_dim)),
+                v.unflatten(-1, (s.value_heads, s.value_dim)),
+                g[start:stop],
+                beta[start:stop],
+                cache,
+                part,
+            )
+        normed = gated_rms_norm(out, z.unflatten(-1, (s.value_heads, s.value_dim)),
+                                self.norm_weight, self.eps)  # fmt: skip
+        return self.out_proj(normed.flatten(1))
+
+    def _conv(
+        self, x: torch.Tensor, cache: RecurrentState, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        slots = _slots(meta)
+        if meta.is_prefill:
+            return causal_conv1d_prefill(
+                x, self.conv_weight, cache.conv, slots, list(meta.host_query_lens),
+                list(meta.host_fresh),
+            )  # fmt: skip
+        return causal_conv1d_decode(x, self.conv_weight, cache.conv, slots)
+
+    def _delta(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        cache: RecurrentState,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        slots = _slots(meta)
+        if meta.is_prefill:
+            return gated_delta_prefill(
+                q, k, v, g, beta, cache.state, slots, list(meta.host_query_lens),
+                list(meta.host_fresh),
+            )  # fmt: skip
+        return gated_delta_decode(q, k, v, g, beta, cache.state, slots)
+
+
+def gated_rms_norm(
+    x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """RMSNorm over each head's values, times silu(gate): transformers' order of dtypes (the
+    normed values back in the model's dtype before the weight, the gate in float32)."""
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    h = weight * h.to(dtype)
+    return (h * F.silu(gate.float())).to(dtype)
+
+
+def _parts(meta: StepMetadata, tokens: int) -> list[tuple[AttentionMetadata, int, int]]:
+    """The step's parts with their packed token ranges: prompt chunks first, then decode rows."""
+    if isinstance(meta, MixedMetadata):
+        n = meta.num_prefill_tokens
+        parts = []
+        if meta.prefill is not None:
+            parts.append((meta.prefill, 0, n))
+        if meta.decode is not None:
+            parts.append((meta.decode, n, tokens))
+        return parts
+    return [(meta, 0, tokens)]
+
+
+def _slots(meta: AttentionMetadata) -> torch.Tensor:
+    if meta.state_slots is None:
+        raise ValueError("a linear-attention layer ran without its sequences' state slots")
+    return meta.state_slots
