@@ -41,6 +41,14 @@ def check_num_shard(
             f"(num_attention_heads in {model_dir / 'config.json'}); each shard must hold a "
             f"whole number of heads: pass one of {_divisors(heads)}"
         )
+    config = _text_config(model_dir) or {}
+    linear_heads = _positive(config.get("linear_num_key_heads"))
+    if linear_heads is not None and linear_heads % num_shard:
+        raise ShardCountError(
+            f"--num-shard {num_shard} does not divide the model's {linear_heads} linear-attention "
+            f"key heads (linear_num_key_heads in {model_dir / 'config.json'}): pass one of "
+            f"{_divisors(linear_heads)}"
+        )
     if kv_heads is not None and kv_heads % num_shard and num_shard % kv_heads:
         # KV heads split across shards, or, when there are fewer of them, are replicated.
         raise ShardCountError(

@@ -11,6 +11,7 @@ from router.args import RouterArgs, parse_args
 from router.client import ShardClient, ShardError
 from router.infer import Infer, model_info
 from router.limits import ConfigError
+from router.model_fit import fit_to_model
 from router.server import create_app, serve
 from router.tokenizer import Tokenizer
 from router.warmup import warm_up
@@ -29,6 +30,7 @@ async def build_infer(args: RouterArgs) -> Infer:
         info = await client.info()
         check_draft_model(args, info)
         limits = await warm_up(client, args, info)
+        args = fit_to_model(args, info.recurrent_state, limits)
     except BaseException:
         await client.close()
         raise

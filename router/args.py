@@ -71,8 +71,9 @@ class RouterArgs:
     max_batch_size: int | None = None
     prefill_chunking: bool = True
     prefill_chunk_tokens: int | None = None
-    # Automatic prefix caching (router/prefix_cache.py).
-    prefix_caching: bool = True
+    # Automatic prefix caching (router/prefix_cache.py). None: on, unless the model keeps a state
+    # per sequence (router/model_fit.py).
+    prefix_caching: bool | None = None
     max_top_n_tokens: int = 5
     payload_limit: int = DEFAULT_PAYLOAD_LIMIT
     max_stop_sequence_length: int = DEFAULT_MAX_STOP_SEQUENCE_LENGTH
@@ -177,9 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--prefix-caching",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=None,
         help="keep the KV blocks of computed prompts and reuse them for later requests that "
-        "start with the same tokens (default: on)",
+        "start with the same tokens (default: on, but off for models with linear attention)",
     )
     p.add_argument("--max-top-n-tokens", type=_non_negative_int, default=5)
     p.add_argument(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 
 from router.adapters import AdapterRegistry
 from router.args import RouterArgs
@@ -54,6 +55,8 @@ class Infer:
         client: ShardClient,
         tokenizer: Tokenizer,
     ) -> None:
+        if args.prefix_caching is None:  # not fitted to the model (router/model_fit.py): on
+            args = replace(args, prefix_caching=True)
         self.args = args
         self.limits = limits
         self.model = model

@@ -49,6 +49,8 @@ class Limits:
     block_size: int
     num_blocks: int = 0
     max_supported_total_tokens: int = 0
+    # The most sequences the shards run at once (their recurrent state slots); 0: no limit.
+    shard_max_batch_size: int = 0
 
     def blocks_for(self, tokens: int) -> int:
         return math.ceil(tokens / self.block_size)

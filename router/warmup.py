@@ -10,6 +10,7 @@ the memory left and answers how many tokens fit.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from router.api.openai import MAX_LOGIT_BIAS_TOKENS
 from router.args import RouterArgs
@@ -97,11 +98,13 @@ async def warm_up(client: ShardClient, args: RouterArgs, info: pb.InfoResponse) 
             max_total_tokens=limits.max_total_tokens,
             max_prefill_tokens=limits.max_batch_prefill_tokens,
             max_batch_total_tokens=_requested_cache_tokens(args, limits),
+            max_batch_size=args.max_batch_size or 0,
         )
     )
     # The warmup batch is gone from the shards' point of view only once cleared.
     await client.clear_cache()
     fitted = apply_capacity(limits, answer.max_supported_total_tokens, answer.num_blocks)
+    fitted = replace(fitted, shard_max_batch_size=answer.max_batch_size)
     log.info(
         "KV cache: %d blocks of %d tokens; max_input_tokens=%d max_total_tokens=%d "
         "max_batch_prefill_tokens=%d max_batch_total_tokens=%d",

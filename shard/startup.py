@@ -208,6 +208,7 @@ def compiled_forward(
         attention=attention,
         quantized=quantized,
         experts=experts,
+        recurrent=bool(getattr(model, "recurrent", False)),
     )
     log.info("--compile: the forward pass is compiled with torch.compile (inductor) at warmup")
     return CompiledForward(model, get_attention_backend(attention))

@@ -253,7 +253,7 @@ def gated_delta_prefill(
 
     def blocks(x: torch.Tensor) -> torch.Tensor:
         """[T, H, ...] -> [N, H, C, ...] float32, positions past a sequence's end zero."""
-        x = torch.cat([x.float(), x.new_ones(1, *x.shape[1:], dtype=torch.float32)])
+        x = torch.cat([x.float(), x.new_zeros(1, *x.shape[1:], dtype=torch.float32)])
         x = x.index_select(0, gather).unflatten(0, (-1, CHUNK_SIZE))
         return x.transpose(1, 2)
 

@@ -447,10 +447,11 @@ class DecoderModel(CausalLM):
         self, num_blocks: int, block_size: int, state_slots: int = 0
     ) -> list[torch.Tensor]:
         """CausalLM's paged caches for the attention layers; a linear layer's entry is its
-        RecurrentState pools of `state_slots` sequences."""
+        RecurrentState pools of `state_slots` sequences and one more, a scratch slot that
+        CUDA graphs' padded rows update (shard/platforms/cuda/graphs.py)."""
         paged = iter(super().allocate_kv_cache(num_blocks, block_size))
         return [
-            RecurrentState.empty(state_slots, m.shape, self.dtype, self.device)  # type: ignore[misc]
+            RecurrentState.empty(state_slots + 1, m.shape, self.dtype, self.device)  # type: ignore[misc]
             if isinstance(m, GatedDeltaNet)
             else next(paged)
             for m in self.mixers

@@ -36,7 +36,16 @@ NORMS_PER_LAYER = {
     "Ministral3ForCausalLM": 2,
     "YoutuForCausalLM": 4,  # and the latent attention's q_a and kv_a norms
     "HunYuanDenseV1ForCausalLM": 4,  # and the q/k norms after the rotary
+    # two a layer, and every other layer's q/k norms (softmax) or gated norm (linear)
+    "Qwen3_5ForCausalLM": 3.5,
 }
+# norms computing x * (1 + w), but for Qwen3.5's gated norm of linear attention's output
+ZERO_CENTRED = ("Gemma", "Qwen3_5")
+PLAIN_NORMS = ("linear_attn.norm.weight",)
+
+
+def _identity(architecture: str, key: str) -> float:
+    return 0.0 if architecture.startswith(ZERO_CENTRED) and not key.endswith(PLAIN_NORMS) else 1.0
 
 
 @pytest.fixture(scope="module")
@@ -119,20 +128,19 @@ def test_config_round_trips_the_overrides(built, name):
 @pytest.mark.parametrize("name", sorted(NEW_ARCH_MODELS))
 def test_norms_are_random_around_their_identity_and_matter(built, name):
     architecture, _ = NEW_ARCH_MODELS[name]
-    identity = 0.0 if architecture.startswith("Gemma") else 1.0  # Gemma: x * (1 + w)
     model = _load(built(name))
     norms = {k: v for k, v in model.state_dict().items() if "norm" in k}
     layers = model.config.num_hidden_layers
     assert len(norms) == NORMS_PER_LAYER[architecture] * layers + 1
     for key, w in norms.items():
-        assert abs(w.mean().item() - identity) < 0.1, key
+        assert abs(w.mean().item() - _identity(architecture, key)) < 0.1, key
         assert 0.04 < w.std().item() < 0.2, key  # N(identity, 0.1): 16 or 64 draws
     assert len({tuple(w.tolist()) for w in norms.values()}) == len(norms)  # each its own draw
 
     before = _logits(model)
     with torch.no_grad():
-        for w in norms.values():
-            w.fill_(identity)
+        for key, w in norms.items():
+            w.fill_(_identity(architecture, key))
     assert _max_diff(before, _logits(model)) > 1e-2
 
 

@@ -173,6 +173,7 @@ def check_supported(
     attention: str,
     quantized: bool,
     experts: bool = False,
+    recurrent: bool = False,
 ) -> None:
     """Raises ValueError naming --compile and the reason when this shard cannot compile."""
     reasons = []
@@ -187,6 +188,9 @@ def check_supported(
     if experts:
         # the grouped experts' shapes follow each step's routing: a graph per routing
         reasons.append("Mixture-of-Experts models are not supported with it")
+    if recurrent:
+        # prompt chunks run per sequence from host lengths, and the states update in place
+        reasons.append("models with linear attention (Qwen3.5) are not supported with it")
     if device.type == "cpu" and not any(shutil.which(cxx) for cxx in ("g++", "c++", "clang++")):
         reasons.append("inductor builds C++ kernels and no C++ compiler is on PATH")
     if reasons:

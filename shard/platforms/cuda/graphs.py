@@ -42,6 +42,7 @@ import torch
 from shard.attention import AttentionMetadata
 from shard.cuda_graph_buckets import DEFAULT_BUCKETS, CudaGraphsError
 from shard.layers.lora import LoraStep
+from shard.models.linear_attention import RecurrentState
 
 log = logging.getLogger(__name__)
 
@@ -207,6 +208,10 @@ class DecodeGraphs:
         self.block_tables = torch.zeros(n, width, dtype=torch.int32, device=device)
         self.context_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.token_slots = torch.full((n,), -1, dtype=torch.int32, device=device)
+        # Linear attention's state slots; a padded row's is the pools' scratch slot, so that
+        # it updates no live sequence's state (DecoderModel.allocate_kv_cache adds it).
+        self.scratch_slot = scratch_state_slot(kv_caches)
+        self.state_slots = torch.full((n,), self.scratch_slot, dtype=torch.long, device=device)
         heads: tuple[str | None, ...] = (None,)
         if self.heads is not None:
             self.heads.allocate(n, width, device, top_n)
@@ -246,6 +251,7 @@ class DecodeGraphs:
             block_tables=self.block_tables[:size],
             context_lens=self.context_lens[:size],
             captured=True,
+            state_slots=self.state_slots[:size],
         )
         hidden = self.forward(self.input_ids[:size], self.positions[:size], kv_caches, meta)
         if head is not None:
@@ -311,6 +317,8 @@ class DecodeGraphs:
         self.context_lens[:rows].copy_(meta.context_lens)
         if token_slots is not None:
             self.token_slots[:rows].copy_(token_slots)
+        if meta.state_slots is not None:
+            self.state_slots[:rows].copy_(meta.state_slots)
         if rows < size:
             for buffer in (self.input_ids, self.positions, self.slot_mapping):
                 buffer[rows:size].zero_()
@@ -318,6 +326,15 @@ class DecodeGraphs:
             self.block_tables[rows:size, 0].fill_(0)
             self.context_lens[rows:size].fill_(1)
             self.token_slots[rows:size].fill_(-1)
+            self.state_slots[rows:size].fill_(self.scratch_slot)
+
+
+def scratch_state_slot(kv_caches: list) -> int:
+    """The recurrent state pools' last slot, which no sequence is given (0 without pools)."""
+    for cache in kv_caches:
+        if isinstance(cache, RecurrentState):
+            return cache.conv.shape[0] - 1
+    return 0
 
 
 def block_table_width(max_total_tokens: int, block_size: int) -> int:
