@@ -30,6 +30,7 @@ from shard.distributed import Distributed
 from shard.lora.adapter import AdapterError
 from shard.lora.manager import LoraManager, LoraSettings
 from shard.models import load_model
+from shard.models.linear_attention import GatedDeltaNet
 from tests.shard.servicer_helpers import prompts
 from tests.shard.test_lora_vs_peft import LOGPROB_ATOL, NEW_TOKENS, lora_service, serve_mixed
 
@@ -62,6 +63,12 @@ CASES = {
     # DeepSeek-V3's latent attention: terms on the query's bottleneck (q_a_proj, whole on every
     # rank) and its heads (q_b_proj), on the latent's projection and on o_proj (PEFT turns MLP
     # targets into terms on the routed experts' parameters, which are refused)
+    # Qwen3.5: q_proj's terms on each head's query and its output gate alike; all-linear adds
+    # terms on linear attention's projections (q/k/v with z in one product, b with a, out_proj)
+    "qwen3_5_linear_attention": {
+        "qv_r4": ADAPTERS["qv_r4"],
+        "all_linear_r8": dict(r=8, lora_alpha=16, target_modules="all-linear"),
+    },
     "deepseek_v3_mla": {
         "latent_r4": dict(
             r=4, lora_alpha=8, target_modules=["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa"]
@@ -132,7 +139,9 @@ def test_the_fused_terms_have_one_sub_module_per_checkpoint_module(setup):
     once); Gemma's come from three and two tensors, as Llama's (gpt-oss's MLP is experts
     only: no gate_up term)."""
     model, _, service, _ = setup
-    layer = service.runner.model.layers[0]
+    # the first layer that attends (Qwen3.5's first is linear attention)
+    layers = service.runner.model.layers
+    layer = next(x for x in layers if not isinstance(x.self_attn, GatedDeltaNet))
     if model.startswith("deepseek"):  # latent attention: each projection is its own module
         attention = layer.self_attn
         q_a_proj, _, q_b_proj = attention.q_proj

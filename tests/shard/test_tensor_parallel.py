@@ -55,6 +55,9 @@ MOE_TP = [
     "hunyuan_moe_shared",
     # Mistral 4: latent attention's heads split, each rank's queries scaled by position
     "mistral4_grouped_position_scaled",
+    # Qwen3.5-MoE: linear attention's key heads (and their value heads) split with their
+    # conv channels and state pools; the stacked experts and the gated shared expert
+    "qwen3_5_moe_linear_attention",
 ]
 
 # Their q/k norms add one all_reduce a layer (both norms' sums of squares in one).
@@ -82,6 +85,9 @@ MODELS = [
     "glm4_interleaved_partial",  # fused gate_up and interleaved partial rotary, heads split
     "ernie4_5_biased_interleaved",  # o_proj and down_proj biases added once, by rank 0
     "cohere2_sliding_nope",  # attention and MLP in parallel: both outputs reduced, then added
+    # linear attention split by key heads (out_proj reduced as o_proj is); the query-computed
+    # output gate read per rank's heads
+    "qwen3_5_linear_attention",
     # Mixture-of-Experts: every expert's intermediate split per rank (the stacked layout too);
     # the shared expert and the routed ones reduced together
     *MOE_TP,
