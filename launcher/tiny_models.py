@@ -85,6 +85,7 @@ ARCHITECTURES = {
     # Qwen3.5 as released: the vision-language wrapper around its LM
     "Qwen3_5ForConditionalGeneration": "Qwen3_5TextConfig",
     "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeTextConfig",
+    "Qwen3NextForCausalLM": "Qwen3NextConfig",
 }
 
 
@@ -169,6 +170,7 @@ MOE_ARCHITECTURES = (
     "HunYuanMoEV1ForCausalLM",
     "Qwen3_5MoeForCausalLM",
     "Qwen3_5MoeForConditionalGeneration",
+    "Qwen3NextForCausalLM",
 )
 # Gated DeltaNet linear attention in some layers (Qwen3.5)
 LINEAR_ATTENTION_ARCHITECTURES = (
@@ -176,6 +178,7 @@ LINEAR_ATTENTION_ARCHITECTURES = (
     "Qwen3_5ForConditionalGeneration",
     "Qwen3_5MoeForCausalLM",
     "Qwen3_5MoeForConditionalGeneration",
+    "Qwen3NextForCausalLM",
 )
 # Every MLP an expert block: the released configs have no intermediate_size
 _NO_DENSE_MLP = ("SolarOpenForCausalLM",)
@@ -456,7 +459,7 @@ def _tiny_defaults(
             "linear_key_head_dim": 16,
             "linear_value_head_dim": 24,
             "max_position_embeddings": 512,
-            **(moe if "Moe" in architecture else {}),
+            **(moe if "Moe" in architecture or "Next" in architecture else {}),
         }
     if architecture in MOE_ARCHITECTURES or architecture in POST_LLAMA_ARCHITECTURES:
         # the defaults' 32k-131k positions would tabulate rotary tables far past any test

@@ -55,3 +55,28 @@ def plan_num_blocks(
             f"{settings.block_size} tokens)"
         )
     return fits
+
+
+# The most of the cache's memory the recurrent state pools take when the router sets no
+# --max-batch-size: the rest stays for the attention layers' K/V.
+STATE_SHARE = 0.5
+
+
+def plan_state_slots(
+    bytes_per_slot: int,
+    settings: KvCacheSettings,
+    device: torch.device,
+    requested: int,
+    default: int,
+) -> int:
+    """Sequences a linear-attention model's state pools hold: `requested` (the router's
+    --max-batch-size) when given, else `default` or as many as half the cache's memory holds."""
+    if requested or not bytes_per_slot:
+        return requested or default
+    budget, _ = platform_of(device).kv_cache_budget(device, settings, 0)
+    fits = int(budget * STATE_SHARE // bytes_per_slot)
+    if fits < 1:
+        raise KvCacheTooLargeError(
+            f"no memory left for one sequence's linear-attention state ({bytes_per_slot} bytes)"
+        )
+    return min(default, fits)

@@ -21,7 +21,7 @@ import torch
 from shard import wire
 from shard.batch import Batch
 from shard.faults import Faults
-from shard.kv_cache import KvCacheSettings, plan_num_blocks
+from shard.kv_cache import KvCacheSettings, plan_num_blocks, plan_state_slots
 from shard.lora.manager import LoraManager
 from shard.platforms import platform_of
 from shard.platforms.cuda.graphs import block_table_width
@@ -359,8 +359,17 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
             # The worst-case batch only needs blocks up to the highest id it references.
             highest = max((b for r in request.batch.requests for b in r.blocks), default=0)
             # A model with linear attention holds a state per running sequence: as many as the
-            # router's --max-batch-size (a default without), reported back as the limit.
-            slots = (request.max_batch_size or DEFAULT_STATE_SLOTS) if runner.model.recurrent else 0
+            # router's --max-batch-size (without: a default, fewer where memory is short),
+            # reported back as the limit.
+            slots = 0
+            if runner.model.recurrent:
+                slots = plan_state_slots(
+                    runner.model.state_bytes_per_slot(),
+                    self.kv_settings,
+                    runner.device,
+                    request.max_batch_size,
+                    DEFAULT_STATE_SLOTS,
+                )
             runner.allocate_kv_cache(highest + 1, max(slots, len(request.batch.requests)))
             platform_of(runner.device).reset_peak_memory(runner.device)
             if request.batch.requests:

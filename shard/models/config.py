@@ -129,6 +129,9 @@ class LinearAttentionConfig:
     key_head_dim: int
     value_head_dim: int
     conv_kernel: int  # the causal depthwise convolution over q, k and v
+    # Qwen3-Next's checkpoints: q, k, v, z in one in_proj_qkvz and b, a in one in_proj_ba,
+    # grouped by key head; False: Qwen3.5's in_proj_qkv, in_proj_z, in_proj_b, in_proj_a
+    fused_projections: bool = False
 
     @property
     def conv_channels(self) -> int:

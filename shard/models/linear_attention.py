@@ -43,6 +43,9 @@ LINEAR_ATTENTION_NAMES: dict[str, tuple[str, ...]] = {
     "linear_a_log": ("model.layers.{i}.linear_attn.A_log",),
     "linear_norm": ("model.layers.{i}.linear_attn.norm",),
     "linear_out": ("model.layers.{i}.linear_attn.out_proj",),
+    # Qwen3-Next's fused projections (LinearAttentionConfig.fused_projections)
+    "linear_qkvz": ("model.layers.{i}.linear_attn.in_proj_qkvz",),
+    "linear_ba": ("model.layers.{i}.linear_attn.in_proj_ba",),
 }
 
 
@@ -107,6 +110,25 @@ def _ranked(weights: Weights, cfg: LinearAttentionConfig) -> tuple[range, range]
     return range(first, last), range(first * group, last * group)
 
 
+def _grouped_pieces(
+    names: Names, cfg: LinearAttentionConfig, keys: range
+) -> tuple[list[Piece], list[Piece]]:
+    """Qwen3-Next's in_proj_qkvz rows, per key head g: its q, its k, then the v and the z of its
+    value heads; in_proj_ba's: the b, then the a of its value heads. Taken as this rank's
+    [q | k | v | z] and [b | a], the order of Qwen3.5's separate projections."""
+    dk, dv = cfg.key_head_dim, cfg.value_head_dim
+    group = cfg.num_value_heads // cfg.num_key_heads
+    qkvz, ba = names.one("linear_qkvz"), names.one("linear_ba")
+    # offsets within a key head's rows: q, k, v, z
+    size = 2 * dk + 2 * group * dv
+    parts = [(0, dk), (dk, 2 * dk), (2 * dk, 2 * dk + group * dv), (2 * dk + group * dv, size)]
+    pieces = [Piece(qkvz, g * size + a, g * size + b) for a, b in parts for g in keys]
+    ba_pieces = [
+        Piece(ba, g * 2 * group + a, g * 2 * group + a + group) for a in (0, group) for g in keys
+    ]
+    return pieces, ba_pieces
+
+
 class GatedDeltaNet(nn.Module):
     def __init__(
         self,
@@ -139,21 +161,24 @@ class GatedDeltaNet(nn.Module):
         keys, values = _ranked(weights, cfg)
         dk, dv = cfg.key_head_dim, cfg.value_head_dim
         key_size = cfg.num_key_heads * dk
-        qkv, conv = names.one("linear_qkv"), names.one("linear_conv")
-        # in_proj_qkv's rows and the conv's channels: all q heads, all k heads, all v heads
+        conv = names.one("linear_conv")
+        # the conv's channels (and in_proj_qkv's rows): all q heads, all k heads, all v heads
         spans = [
             (keys.start * dk, keys.stop * dk),
             (key_size + keys.start * dk, key_size + keys.stop * dk),
             (2 * key_size + values.start * dv, 2 * key_size + values.stop * dv),
         ]
-        z = names.one("linear_z")
-        pieces = [Piece(qkv, a, b) for a, b in spans]
-        pieces.append(Piece(z, values.start * dv, values.stop * dv))
+        if cfg.fused_projections:
+            pieces, ba_pieces = _grouped_pieces(names, cfg, keys)
+        else:
+            qkv, z = names.one("linear_qkv"), names.one("linear_z")
+            pieces = [Piece(qkv, a, b) for a, b in spans]
+            pieces.append(Piece(z, values.start * dv, values.stop * dv))
+            ba_pieces = [
+                Piece(names.one("linear_b"), values.start, values.stop),
+                Piece(names.one("linear_a"), values.start, values.stop),
+            ]
         qkvz = ColumnParallelLinear(*ColumnParallelLinear.load_pieces(weights, pieces, bias=False))
-        ba_pieces = [
-            Piece(names.one("linear_b"), values.start, values.stop),
-            Piece(names.one("linear_a"), values.start, values.stop),
-        ]
         ba = ColumnParallelLinear(*ColumnParallelLinear.load_pieces(weights, ba_pieces, bias=False))
         conv_weight = torch.cat(
             [weights.get_range(f"{conv}.weight", 0, a, b) for a, b in spans]

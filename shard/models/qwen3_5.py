@@ -103,3 +103,20 @@ class Qwen3_5ForConditionalGeneration(TextOnly, Qwen3_5ForCausalLM):
 
 class Qwen3_5MoeForConditionalGeneration(TextOnly, Qwen3_5MoeForCausalLM):
     """Qwen3.5-MoE as released, served as its language model."""
+
+
+class Qwen3NextForCausalLM(Qwen3_5MoeForCausalLM):
+    """Qwen3-Next: Qwen3.5-MoE's layers with linear attention's projections fused by key head
+    (in_proj_qkvz, in_proj_ba), and Qwen2-MoE's sparse-layer fields (norm_topk_prob,
+    decoder_sparse_step, mlp_only_layers)."""
+
+    @classmethod
+    def adapt_config(cls, raw: dict[str, Any], config: ModelConfig) -> ModelConfig:
+        config = qwen3_5_config(raw, config)
+        assert config.linear_attention is not None
+        fused = replace(config.linear_attention, fused_projections=True)
+        config = qwen_moe_config(raw, replace(config, linear_attention=fused), shared=True)
+        if config.moe is None:
+            return config
+        renormalize = bool(raw.get("norm_topk_prob", True))  # transformers' default
+        return replace(config, moe=replace(config.moe, renormalize=renormalize))

@@ -69,6 +69,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
         "shard.models.qwen3_5",
         "Qwen3_5MoeForConditionalGeneration",
     ),
+    "Qwen3NextForCausalLM": ("shard.models.qwen3_5", "Qwen3NextForCausalLM"),
     "MiniMaxM2ForCausalLM": ("shard.models.minimax_m2", "MiniMaxM2ForCausalLM"),
     "Mistral4ForCausalLM": ("shard.models.mistral4", "Mistral4ForCausalLM"),
 }

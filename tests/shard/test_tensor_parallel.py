@@ -58,6 +58,8 @@ MOE_TP = [
     # Qwen3.5-MoE: linear attention's key heads (and their value heads) split with their
     # conv channels and state pools; the stacked experts and the gated shared expert
     "qwen3_5_moe_linear_attention",
+    # Qwen3-Next: the fused projections' rows taken per key head group; dense layers between
+    "qwen3_next_fused_projections",
 ]
 
 # Their q/k norms add one all_reduce a layer (both norms' sums of squares in one).

@@ -374,6 +374,12 @@ MOE_MODELS["qwen3_5_moe_linear_attention"] = (
     "Qwen3_5MoeForCausalLM",
     {"num_hidden_layers": 4, "stacked_experts": True},
 )
+# Qwen3-Next: the same layers with linear attention's projections fused by key head
+# (in_proj_qkvz, in_proj_ba); experts in every other layer, the Hub's per-expert tensors
+MOE_MODELS["qwen3_next_fused_projections"] = (
+    "Qwen3NextForCausalLM",
+    {"num_hidden_layers": 4, "decoder_sparse_step": 2},
+)
 MOE_MODELS["gpt_oss_sinks_clamped"] = (
     "GptOssForCausalLM",
     {"intermediate_size": 96, "sliding_window": 7, "swiglu_limit": 0.3},
