@@ -150,6 +150,15 @@ def head_range(
     )
 
 
+def gated_query_pieces(prefix: str, heads: range, head_dim: int, *, gate: bool) -> list[Piece]:
+    """The query rows (or with `gate` the gate rows) of `heads` in a q_proj whose rows hold
+    each head's query and then its output gate (Qwen3.5's)."""
+    first = 1 if gate else 0
+    return [
+        Piece(prefix, (2 * h + first) * head_dim, (2 * h + first + 1) * head_dim) for h in heads
+    ]
+
+
 class QKVParallelLinear(ColumnParallelLinear):
     """q, k and v projections in one matmul, packed per rank as [q_r, k_r, v_r].
 
@@ -204,9 +213,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         if gated_query:
             if len(prefixes) != 3:
                 raise WeightsError(f"a gated q_proj must be its own tensor, got {prefixes}")
-            queries = [Piece(q_name[: -len(".weight")], 2 * h * head_dim, (2 * h + 1) * head_dim)
-                       for h in range(*q)]  # fmt: skip
-            pieces = queries + pieces[1:]
+            pieces = gated_query_pieces(prefixes[0], range(*q), head_dim, gate=False) + pieces[1:]
         layer = cls(
             *cls.load_pieces(weights, pieces, bias=bias),
             num_heads=q[1] - q[0],

@@ -32,6 +32,7 @@ from shard.layers.linear import (
     ColumnParallelLinear,
     QKVParallelLinear,
     RowParallelLinear,
+    gated_query_pieces,
     head_range,
 )
 from shard.layers.norm import NORMS, LayerNorm, ResidualAdd, RMSNorm
@@ -208,8 +209,7 @@ def query_gate(
 ) -> ColumnParallelLinear:
     """The output gate of `heads` where q_proj's rows hold each head's query and then its gate
     (ModelConfig.query_gate; QKVParallelLinear.load_qkv takes the queries)."""
-    d = config.head_dim
-    pieces = [Piece(q_proj, (2 * h + 1) * d, (2 * h + 2) * d) for h in heads]
+    pieces = gated_query_pieces(q_proj, heads, config.head_dim, gate=True)
     weight = ColumnParallelLinear.load_pieces(weights, pieces, bias=config.qkv_bias)
     return ColumnParallelLinear(*weight)._record(weights, pieces)
 
