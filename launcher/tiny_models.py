@@ -45,6 +45,8 @@ ARCHITECTURES = {
     "Gemma3ForCausalLM": "Gemma3TextConfig",  # text-only Gemma 3 (Gemma3Config is the VLM's)
     # Gemma 3 4B and up as released: the vision-language wrapper around Gemma3TextConfig's LM
     "Gemma3ForConditionalGeneration": "Gemma3TextConfig",
+    "Gemma4ForCausalLM": "Gemma4TextConfig",
+    "Gemma4ForConditionalGeneration": "Gemma4TextConfig",
     "Phi3ForCausalLM": "Phi3Config",
     "SmolLM3ForCausalLM": "SmolLM3Config",
     "GraniteForCausalLM": "GraniteConfig",
@@ -104,6 +106,13 @@ VISION_LANGUAGE = {
     "Qwen3_5ForConditionalGeneration": ("Qwen3_5Config", {"vision_config": _QWEN3_5_VISION}),
     "Qwen3_5MoeForConditionalGeneration": ("Qwen3_5MoeConfig", {
         "vision_config": _QWEN3_5_VISION}),
+    "Gemma4ForConditionalGeneration": ("Gemma4Config", {
+        "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                          "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16,
+                          "position_embedding_size": 64},
+        "audio_config": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                         "subsampling_conv_channels": [8, 4], "output_proj_dims": 32},
+    }),
     "Mistral3ForConditionalGeneration": ("Mistral3Config", {
         "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
                           "num_attention_heads": 2, "head_dim": 16, "image_size": 28,
@@ -200,6 +209,11 @@ _SINK_MEAN, _SINK_SPREAD = 0.5, 1.0
 # GLM-4.5's per-expert correction of the sigmoid scores its router chooses by (zeros at init):
 # about the size of the scores' own spread, so that the choices with it differ from those without
 _CORRECTION_SPREAD = 0.2
+# Gemma 4's multipliers that are ones at init (each layer's output scalar, its router's input
+# scale and per-expert scale): random around one, so that one left out shows
+_GEMMA4_SCALES = ("layer_scalar", "router.scale", "router.per_expert_scale")
+_SCALE_SPREAD = 0.2
+_GEMMA4_ROUTER_SPREAD = 1.0
 
 # Where each norm's weight is its identity: Gemma norms compute x * (1 + w), others x * w. Left
 # at their init (zeros for Gemma) a norm's weight would be invisible: a model computing x * w or
@@ -210,6 +224,8 @@ _NORM_IDENTITY = {
     "Gemma3ForCausalLM": 0.0,
     "Gemma3ForConditionalGeneration": 0.0,
     "Phi3ForCausalLM": 1.0,
+    "Gemma4ForCausalLM": 1.0,  # x * w, unlike Gemma 2 and 3
+    "Gemma4ForConditionalGeneration": 1.0,
     **dict.fromkeys(POST_LLAMA_ARCHITECTURES, 1.0),
     **dict.fromkeys(MOE_ARCHITECTURES, 1.0),
     **dict.fromkeys(LINEAR_ATTENTION_ARCHITECTURES, 0.0),  # 1 + w, but for the gated norm:
@@ -310,7 +326,9 @@ def build_model(
     # transformers' configs edit nested values in place (Mistral 4's fills partial_rotary_factor
     # into rope_parameters): the caller's dicts, often shared by several cases, stay untouched
     config_overrides = copy.deepcopy(config_overrides)
-    defaults = _tiny_defaults(architecture, hidden_size, num_attention_heads, config_overrides)
+    defaults = _tiny_defaults(
+        architecture, hidden_size, num_attention_heads, config_overrides, vocab_size
+    )
     config_overrides = {**defaults, **config_overrides}
     config = config_cls(
         vocab_size=vocab_size,
@@ -321,7 +339,7 @@ def build_model(
         num_key_value_heads=num_key_value_heads,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=None,
+        pad_token_id=config_overrides.pop("pad_token_id", None),
         **config_overrides,
     )
     if architecture in VISION_LANGUAGE:
@@ -333,11 +351,17 @@ def build_model(
     # token-equality tests compare real decisions rather than numerical ties.
     with torch.no_grad():
         # GLM-4.5's routers' correction biases are buffers, saved with the weights
+        # (and Gemma 4's layer scalars, ones at init)
         corrections = [
-            (n, b) for n, b in model.named_buffers() if n.endswith("e_score_correction_bias")
-        ]
+            (n, b) for n, b in model.named_buffers()
+            if n.endswith(("e_score_correction_bias", "layer_scalar"))
+        ]  # fmt: skip
         for name, param in [*model.named_parameters(), *corrections]:
-            if name.endswith(_ROUTERS):  # an MoE router
+            if name.endswith(_GEMMA4_SCALES):
+                param.normal_(1.0, _SCALE_SPREAD)
+            elif name.endswith("router.proj.weight"):  # Gemma 4's: its inputs are ~H ** -0.5
+                param.normal_(0.0, _GEMMA4_ROUTER_SPREAD)
+            elif name.endswith(_ROUTERS):  # an MoE router
                 param.normal_(0.0, _ROUTER_SPREAD)
             elif name.endswith("self_attn.sinks"):
                 param.normal_(_SINK_MEAN, _SINK_SPREAD)
@@ -375,11 +399,27 @@ def build_model(
 
 
 def _tiny_defaults(
-    architecture: str, hidden_size: int, num_attention_heads: int, overrides: dict
+    architecture: str,
+    hidden_size: int,
+    num_attention_heads: int,
+    overrides: dict,
+    vocab_size: int = 512,
 ) -> dict:
     """Config values whose transformers defaults are sized for the real models (Gemma's head_dim
     256 and 4096-token window, Gemma 3's 131072 positions, which the server tabulates rotary
     tables for); `overrides` win over these."""
+    if architecture.startswith("Gemma4"):
+        # the releases' head_dim 256 (512 global), 512-1024-token windows, 131072 positions,
+        # and the per-layer embeddings' 262144-row table of 256 a layer
+        head_dim = overrides.get("head_dim", hidden_size // num_attention_heads)
+        return {
+            "head_dim": head_dim,
+            "global_head_dim": 2 * head_dim,
+            "sliding_window": 8,
+            "max_position_embeddings": 512,
+            "hidden_size_per_layer_input": 0,
+            "vocab_size_per_layer_input": vocab_size,
+        }
     if architecture.startswith("Gemma"):
         head_dim = overrides.get("head_dim", hidden_size // num_attention_heads)
         return {

@@ -191,10 +191,12 @@ class QKVParallelLinear(ColumnParallelLinear):
         head_dim: int,
         bias: bool,
         gated_query: bool = False,
+        queries_only: bool = False,
     ) -> QKVParallelLinear:
         """`prefixes`: the q, k, v checkpoint modules, or one module that already fuses them.
         `gated_query`: q's rows hold each head's query and then its output gate (Qwen3.5); the
-        queries are taken, every other head_dim rows."""
+        queries are taken, every other head_dim rows. `queries_only`: q alone, for a layer that
+        reads another's keys and values (`split` then gives k and v of no heads)."""
         rank, world = weights.dist.rank, weights.dist.world_size
         if len(prefixes) == 3:
             sources = [(p, 0) for p in prefixes]
@@ -214,6 +216,8 @@ class QKVParallelLinear(ColumnParallelLinear):
             if len(prefixes) != 3:
                 raise WeightsError(f"a gated q_proj must be its own tensor, got {prefixes}")
             pieces = gated_query_pieces(prefixes[0], range(*q), head_dim, gate=False) + pieces[1:]
+        if queries_only:
+            pieces, kv = pieces[:1], (0, 0)
         layer = cls(
             *cls.load_pieces(weights, pieces, bias=bias),
             num_heads=q[1] - q[0],
@@ -226,10 +230,11 @@ class QKVParallelLinear(ColumnParallelLinear):
         """[T, (H + 2 Hkv) D] -> q [T, H, D], k [T, Hkv, D], v [T, Hkv, D] (this rank's heads)."""
         d = self.head_dim
         q, k, v = out.split([self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], -1)
+        tokens = out.shape[0]  # (k and v may have no heads: `queries_only`)
         return (
-            q.view(-1, self.num_heads, d),
-            k.view(-1, self.num_kv_heads, d),
-            v.view(-1, self.num_kv_heads, d),
+            q.view(tokens, self.num_heads, d),
+            k.view(tokens, self.num_kv_heads, d),
+            v.view(tokens, self.num_kv_heads, d),
         )
 
 

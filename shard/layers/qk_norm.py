@@ -26,11 +26,14 @@ from shard.weights import Weights
 
 
 class HeadQKNorm(nn.Module):
-    def __init__(self, q_norm: RMSNorm, k_norm: RMSNorm) -> None:
+    def __init__(self, q_norm: RMSNorm, k_norm: RMSNorm | None) -> None:
+        """`k_norm` None: a layer that reads another layer's normed keys (Gemma 4's KV
+        sharing), which calls `q_norm` alone."""
         super().__init__()
         self.q_norm, self.k_norm = q_norm, k_norm
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.k_norm is not None, "a layer without keys of its own norms its queries alone"
         return self.q_norm(q), self.k_norm(k)
 
 

@@ -16,6 +16,11 @@ Two variants change what a token's table row is, not how it rotates:
   buffer, short rows first, and a token reads row `position + long_offset` when long: the
   kernels see just another table row index.
 
+- proportional (Gemma 4's global layers): whole heads rotate as halves, but only the first
+  `rotated_fraction` of the frequency pairs turn (each pair (i, i + D/2) at base^(-2i/D)); the
+  others have frequency zero, so their rows are cos 1, sin 0 and they pass through exactly.
+  Not partial rotary, whose halves are taken within the leading dims.
+
 And one changes which dims pair up: `interleaved` (GLM-4, DeepSeek) turns (x0, x1), (x2, x3)...
 as pairs; each head's rotated dims are reordered evens-then-odds first, which makes them halves.
 """
@@ -32,7 +37,7 @@ from torch import nn
 from shard.attention.metadata import AttentionMetadata, MixedMetadata, StepMetadata
 from shard.platforms import platform_of
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "proportional")
 # What Phi-3's first configs called longrope (transformers' Phi3Config renames it likewise).
 _ROPE_TYPE_ALIASES = {"su": "longrope"}
 # The types whose pretraining length transformers takes from the config's top level first
@@ -67,6 +72,9 @@ class RopeConfig:
     # The rotated dims come as interleaved pairs (x0, x1), (x2, x3)... each turned by one
     # frequency (GLM-4's and DeepSeek's GPT-J-style rotation), not as two halves.
     interleaved: bool = False
+    # proportional only: the fraction of each head's frequency pairs that turn (its
+    # partial_rotary_factor); the tables still span the whole head
+    rotated_fraction: float = 1.0
 
     def __post_init__(self) -> None:
         dim = self.rotary_dim
@@ -122,6 +130,12 @@ class RopeConfig:
             factor = max_pos / original_max_pos if implied else 1.0
         factor = float(factor)
         longrope = rope_type == "longrope"
+        # proportional rope reads partial_rotary_factor as the share of frequencies that turn,
+        # over the whole head (transformers' _compute_proportional_rope_parameters)
+        proportional = rope_type == "proportional"
+        rotated_fraction = float(partial or 1.0) if proportional else 1.0
+        if proportional:
+            partial = 1.0
         return cls(
             head_dim=head_dim,
             max_position_embeddings=max_pos,
@@ -138,6 +152,7 @@ class RopeConfig:
             partial_rotary_factor=float(partial or 1.0),
             short_factor=_factor_list(params, "short_factor") if longrope else (),
             long_factor=_factor_list(params, "long_factor") if longrope else (),
+            rotated_fraction=rotated_fraction,
         )
 
     def inv_freq(self, long: bool = False) -> torch.Tensor:
@@ -149,6 +164,8 @@ class RopeConfig:
             ext = torch.tensor(self.long_factor if long else self.short_factor, dtype=torch.float32)
             # In transformers' order of roundings: the divisor times the base's power, inverted.
             return 1.0 / (ext * self.theta**exponents)
+        if self.rope_type == "proportional":
+            return self._proportional()
         inv_freq = 1.0 / (self.theta**exponents)
         if self.rope_type == "linear":
             return inv_freq / self.factor
@@ -157,6 +174,14 @@ class RopeConfig:
         if self.rope_type == "yarn":
             return self._yarn(inv_freq)
         return inv_freq
+
+    def _proportional(self) -> torch.Tensor:
+        # The turning pairs' exponents are over the whole head (2i / head_dim), then zeros for
+        # the rest, all divided by `factor`: in transformers' order of roundings.
+        turning = int(self.rotated_fraction * self.head_dim // 2)
+        exponents = torch.arange(0, 2 * turning, 2, dtype=torch.int64).float() / self.head_dim
+        still = torch.zeros(self.head_dim // 2 - turning, dtype=torch.float32)
+        return torch.cat((1.0 / (self.theta**exponents), still)) / self.factor
 
     def _llama3(self, inv_freq: torch.Tensor) -> torch.Tensor:
         # Long wavelengths are slowed down by `factor`, short ones kept, the band between
@@ -384,6 +409,21 @@ class RotaryEmbedding(nn.Module):
         num_heads = q.shape[1]
         return rotated[:, :num_heads], rotated[:, num_heads:]
 
+    def rotate_queries(
+        self, positions: torch.Tensor, q: torch.Tensor, meta: StepMetadata | None = None
+    ) -> torch.Tensor:
+        """q [T, H, D] rotated alone, for a layer that reads another layer's rotated keys
+        (Gemma 4's KV-sharing layers): the torch form on every platform (the platforms' kernels
+        take q and k together, some in place)."""
+        rows = self._rows(positions, meta)
+        if self.deinterleave is not None:
+            q = q[..., self.deinterleave]
+        if torch.compiler.is_compiling():
+            cos, sin = self._gather(rows, q.dtype)
+        else:
+            cos, sin = self._cos_sin(rows, q.dtype)
+        return _rotate(q, cos, sin)
+
 
 class NoRotary(nn.Module):
     """A layer without position encoding (NoPE: SmolLM3's every fourth layer): q and k pass as
@@ -399,6 +439,11 @@ class NoRotary(nn.Module):
         meta: StepMetadata | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return q, k
+
+    def rotate_queries(
+        self, positions: torch.Tensor, q: torch.Tensor, meta: StepMetadata | None = None
+    ) -> torch.Tensor:
+        return q
 
 
 def _token_seq_lens(positions: torch.Tensor, meta: StepMetadata | None) -> torch.Tensor:

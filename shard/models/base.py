@@ -57,13 +57,19 @@ class CausalLM(nn.Module):
         values (a model with recurrent layers adds their state pools: DecoderModel). Where the
         values are the keys, both planes are one: a stride-0 view of a single plane, so every
         backend keeps reading [0] as keys and [1] as values (and writes both alike)."""
-        planes = 1 if self.values_are_keys else 2
-        shape = (planes, num_blocks, block_size, self.num_kv_heads, self.head_dim)
-        # Zeroed rather than empty: never-written slots then hold finite values.
         return [
-            torch.zeros(shape, dtype=self.dtype, device=self.device).expand(2, *shape[1:])
+            self.paged_cache(num_blocks, block_size, self.num_kv_heads, self.head_dim)
             for _ in range(self.num_paged_layers)
         ]
+
+    def paged_cache(
+        self, num_blocks: int, block_size: int, kv_heads: int, head_dim: int
+    ) -> torch.Tensor:
+        """One layer's [2, num_blocks, block_size, kv_heads, head_dim] cache."""
+        planes = 1 if self.values_are_keys else 2
+        shape = (planes, num_blocks, block_size, kv_heads, head_dim)
+        # Zeroed rather than empty: never-written slots then hold finite values.
+        return torch.zeros(shape, dtype=self.dtype, device=self.device).expand(2, *shape[1:])
 
     def kv_cache_bytes_per_token(self) -> int:
         """Keys and values of one token in every layer, on this rank."""

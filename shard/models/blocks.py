@@ -35,7 +35,7 @@ from shard.layers.linear import (
     gated_query_pieces,
     head_range,
 )
-from shard.layers.norm import NORMS, LayerNorm, ResidualAdd, RMSNorm
+from shard.layers.norm import NORMS, Fp32RMSNorm, LayerNorm, ResidualAdd, RMSNorm
 from shard.layers.qk_norm import HeadQKNorm, ProjectionQKNorm
 from shard.layers.quant.base import Piece
 from shard.layers.quant.config import QuantizationConfig
@@ -47,7 +47,7 @@ from shard.models.linear_attention import GatedDeltaNet, RecurrentState
 from shard.models.mlp import GatedMLP
 from shard.models.moe_block import SparseMoeBlock
 from shard.models.names import LLAMA_NAMES, Names
-from shard.weights import Weights
+from shard.weights import Weights, WeightsError
 
 # How many layers past the last one may hold multi-token-prediction weights (the releases have
 # num_nextn_predict_layers = 1); all of them are skipped.
@@ -74,6 +74,7 @@ class Attention(nn.Module):
         position_scale: tuple[float, int] | None = None,
         output_gate: ColumnParallelLinear | None = None,
         norm_after_rope: bool = False,
+        value_norm: RMSNorm | None = None,
     ) -> None:
         super().__init__()
         self.qkv_proj = qkv_proj
@@ -90,6 +91,11 @@ class Attention(nn.Module):
         # hidden -> this rank's heads' gates [T, H D] (ModelConfig.attention_output_gate), or None
         self.output_gate = output_gate
         self.norm_after_rope = norm_after_rope  # ModelConfig.qk_norm_after_rope
+        self.value_norm = value_norm  # ModelConfig.value_norm
+        # KV sharing (ModelConfig.kv_sources), wired by DecoderModel: the keys and values this
+        # layer keeps for later layers, or those it reads instead of computing its own
+        self.shares: SharedKV | None = None
+        self.reads: SharedKV | None = None
         # this rank's heads' sink logits, float32 [heads] (gpt-oss), or None
         self.register_buffer("sinks", sinks, persistent=False)
 
@@ -109,14 +115,22 @@ class Attention(nn.Module):
         rotary: RotaryEmbedding | NoRotary,
         backend: AttentionBackend,
     ) -> Attention:
+        layer = names.layer
+        head_dim, reads_other = config.head_dim_of(layer), config.kv_source(layer) is not None
+        prefixes = names.many("qkv_proj")
+        if config.values_from_keys and config.values_from_keys[layer]:
+            if len(prefixes) != 3:
+                raise WeightsError(f"values taken from the keys need k_proj apart, not {prefixes}")
+            prefixes = [prefixes[0], prefixes[1], prefixes[1]]  # v: k's rows, as they come out
         qkv = QKVParallelLinear.load_qkv(
             weights,
-            names.many("qkv_proj"),
+            prefixes,
             num_heads=config.num_heads,
-            num_kv_heads=config.num_kv_heads,
-            head_dim=config.head_dim,
+            num_kv_heads=config.kv_heads_of(layer),
+            head_dim=head_dim,
             bias=config.qkv_bias,
             gated_query=config.query_gate,
+            queries_only=reads_other,
         )
         o_proj = RowParallelLinear.load(weights, names.one("o_proj"), bias=config.o_bias)
         qk_norm: HeadQKNorm | ProjectionQKNorm | None = None
@@ -134,8 +148,12 @@ class Attention(nn.Module):
         elif config.qk_norm:
             qk_norm = HeadQKNorm(
                 load_norm(weights, names.one("q_norm"), config),
-                load_norm(weights, names.one("k_norm"), config),
+                # a layer reading another's keys has no key norm of its own
+                None if reads_other else load_norm(weights, names.one("k_norm"), config),
             )
+        value_norm = None
+        if config.value_norm and not reads_other:
+            value_norm = Fp32RMSNorm(torch.ones(head_dim, device=weights.device), config.rms_norm_eps)
         dist = weights.dist
         first, last = head_range(config.num_heads, dist.rank, dist.world_size, replicate=False)
         sinks = None
@@ -144,12 +162,12 @@ class Attention(nn.Module):
             sinks = weights.get_range(name, 0, first, last, stored_dtype=True).float()
         gate = None
         if config.attention_output_gate:
-            rows = Piece(names.one("attn_output_gate"), first * config.head_dim,
-                         last * config.head_dim)  # fmt: skip
+            rows = Piece(names.one("attn_output_gate"), first * head_dim,
+                         last * head_dim)  # fmt: skip
             gate = ColumnParallelLinear.load_rows(weights, rows, bias=False)
         elif config.query_gate:
             gate = query_gate(weights, names.many("qkv_proj")[0], range(first, last), config)
-        scale = config.attention_scale or config.head_dim**-0.5
+        scale = config.attention_scale or head_dim**-0.5
         return cls(
             qkv,
             o_proj,
@@ -163,6 +181,7 @@ class Attention(nn.Module):
             position_scale=config.query_position_scale,
             output_gate=gate,
             norm_after_rope=config.qk_norm_after_rope,
+            value_norm=value_norm,
         )
 
     def scale_queries(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -177,7 +196,19 @@ class Attention(nn.Module):
         meta: StepMetadata,
     ) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
-        q, k = self.position(q, k, positions, meta)
+        if self.reads is not None:
+            # the source layer's keys and values, rotated and normed, with its cache: storing
+            # them again writes what is there (no backend needs a separate read-only path)
+            k, v = self.reads.k, self.reads.v
+            if self.qk_norm is not None:
+                q = self.qk_norm.q_norm(q)
+            q = self.rotary.rotate_queries(positions, q, meta)
+        else:
+            if self.value_norm is not None:
+                v = self.value_norm(v)
+            q, k = self.position(q, k, positions, meta)
+            if self.shares is not None:
+                self.shares.k, self.shares.v = k, v
         q = self.scale_queries(q, positions)
         out = attend(
             self.backend, q, k, v, kv_cache, meta, self.scale, self.window, self.softcap, self.sinks
@@ -202,6 +233,16 @@ class Attention(nn.Module):
         if self.output_gate is None:
             return out
         return out * torch.sigmoid(self.output_gate(hidden))
+
+
+class SharedKV:
+    """The keys and values one layer computed in the step being run, kept for the later layers
+    that attend over them (ModelConfig.kv_sources). Plain attributes, not buffers: they hold
+    the step's tensors only while it runs (a captured graph's, in its pool)."""
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
 
 
 def query_gate(
@@ -405,9 +446,10 @@ class DecoderModel(CausalLM):
             weights, f"{names.one('embed_tokens')}.weight", config.vocab_size, config.embed_scale
         )
         self.layers = nn.ModuleList(
-            DecoderLayer.load(weights, Names(table, i), config, rotaries[i], backend)
+            self.load_layer(weights, Names(table, i), config, rotaries[i], backend)
             for i in range(config.num_layers)
         )
+        self._share_kv(config)
         self.norm = load_norm(weights, names.one("norm"), config)
         lm_head = f"{names.one('lm_head')}.weight"
         if config.tie_word_embeddings:
@@ -421,19 +463,51 @@ class DecoderModel(CausalLM):
         self.logits_scale = config.logits_scale
 
         self.num_layers = config.num_layers
-        # every attention layer's cache entry has the first's shape; linear layers keep a state
-        # per sequence instead (RecurrentState)
-        attending = [m for m in self.mixers if not isinstance(m, GatedDeltaNet)]
-        self.num_kv_heads, self.head_dim = (
-            attending[0].cache_shape if attending else (0, config.head_dim)
-        )
-        self.values_are_keys = bool(attending) and attending[0].values_are_keys
-        self.num_paged_layers = len(attending)
+        # The layers with a paged cache of their own: not the linear ones, which keep a state
+        # per sequence instead (RecurrentState), nor those reading another layer's. Their cache
+        # entries may differ in shape (Gemma 4's global layers); num_kv_heads and head_dim are
+        # the first's.
+        self._cache_owners = [
+            i for i, m in enumerate(self.mixers)
+            if not isinstance(m, GatedDeltaNet) and config.kv_source(i) is None
+        ]  # fmt: skip
+        owners = [self.mixers[i] for i in self._cache_owners]
+        self.num_kv_heads, self.head_dim = owners[0].cache_shape if owners else (0, config.head_dim)
+        self.values_are_keys = bool(owners) and owners[0].values_are_keys
+        self.num_paged_layers = len(owners)
         self.vocab_size = config.vocab_size
         self.max_position_embeddings = config.max_position_embeddings
         self.eos_token_ids = list(config.eos_token_ids)
         self.dtype = weights.dtype
         self.device = weights.device
+
+    @classmethod
+    def load_layer(
+        cls,
+        weights: Weights,
+        names: Names,
+        config: ModelConfig,
+        rotary: RotaryEmbedding | NoRotary,
+        backend: AttentionBackend,
+    ) -> nn.Module:
+        """One decoder layer (an architecture whose layers are composed otherwise, Gemma 4's,
+        returns its own; it keeps the mixer as `self_attn`)."""
+        return DecoderLayer.load(weights, names, config, rotary, backend)
+
+    def _share_kv(self, config: ModelConfig) -> None:
+        """Each layer that reads another's keys and values gets the other's SharedKV."""
+        shared: dict[int, SharedKV] = {}
+        for layer in range(config.num_layers):
+            source = config.kv_source(layer)
+            if source is None:
+                continue
+            producer, consumer = self.mixers[source], self.mixers[layer]
+            if not (isinstance(producer, Attention) and isinstance(consumer, Attention)):
+                raise ValueError(f"layer {layer} cannot read layer {source}'s keys and values")
+            if source >= layer or config.kv_source(source) is not None:
+                raise ValueError(f"layer {layer} reads layer {source}, not an earlier owner")
+            producer.shares = shared.setdefault(source, SharedKV())
+            consumer.reads = producer.shares
 
     @property
     def mixers(self) -> list[Mixer]:
@@ -449,13 +523,23 @@ class DecoderModel(CausalLM):
         """CausalLM's paged caches for the attention layers; a linear layer's entry is its
         RecurrentState pools of `state_slots` sequences and one more, a scratch slot that
         CUDA graphs' padded rows update (shard/platforms/cuda/graphs.py)."""
-        paged = iter(super().allocate_kv_cache(num_blocks, block_size))
-        return [
-            RecurrentState.empty(state_slots + 1, m.shape, self.dtype, self.device)  # type: ignore[misc]
-            if isinstance(m, GatedDeltaNet)
-            else next(paged)
-            for m in self.mixers
-        ]
+        caches: list[torch.Tensor] = []
+        for layer, m in enumerate(self.mixers):
+            source = self.config.kv_source(layer)
+            if isinstance(m, GatedDeltaNet):
+                pools = RecurrentState.empty(state_slots + 1, m.shape, self.dtype, self.device)
+                caches.append(pools)  # type: ignore[arg-type]
+            elif source is not None:
+                caches.append(caches[source])  # the same tensor: its layer writes it
+            else:
+                caches.append(self.paged_cache(num_blocks, block_size, *m.cache_shape))
+        return caches
+
+    def kv_cache_bytes_per_token(self) -> int:
+        planes = 1 if self.values_are_keys else 2
+        element = torch.empty((), dtype=self.dtype).element_size()
+        shapes = [self.mixers[i].cache_shape for i in self._cache_owners]
+        return sum(planes * heads * dim * element for heads, dim in shapes)
 
     def state_bytes_per_slot(self) -> int:
         return sum(

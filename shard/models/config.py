@@ -141,6 +141,16 @@ class LinearAttentionConfig:
 
 
 @dataclass(frozen=True)
+class PerLayerInputConfig:
+    """Gemma 4's per-layer embeddings (PLE; shard/models/gemma4.py): a second embedding table
+    gives each token a `size`-wide input per layer, joined with a projection of its main
+    embedding, which each layer gates into its residual stream."""
+
+    vocab_size: int
+    size: int
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     architecture: str
     vocab_size: int
@@ -215,6 +225,32 @@ class ModelConfig:
     mla: MlaConfig | None = None
     # Gated DeltaNet in the layers it names (Qwen3.5); None: softmax attention in every layer.
     linear_attention: LinearAttentionConfig | None = None
+    # Per layer (KV heads, head dims) where the layers differ (Gemma 4's global layers: wider
+    # heads, fewer KV heads); empty: num_kv_heads and head_dim in every layer.
+    layer_attention_shapes: tuple[tuple[int, int], ...] = ()
+    # Per layer whether its values are its keys' projection, before the key norm and rotary (no
+    # v_proj: Gemma 4's attention_k_eq_v in its global layers); empty: none are.
+    values_from_keys: tuple[bool, ...] = ()
+    # the values normed per head, without a weight (Gemma 4's v_norm)
+    value_norm: bool = False
+    # Per layer the earlier layer whose keys and values (this step's and cached) it attends
+    # over, computing and caching none of its own (Gemma 4's num_kv_shared_layers); empty:
+    # every layer its own.
+    kv_sources: tuple[int | None, ...] = ()
+    # Gemma 4's per-layer embeddings; None: none.
+    per_layer_inputs: PerLayerInputConfig | None = None
+
+    def head_dim_of(self, layer: int) -> int:
+        return self.layer_attention_shapes[layer][1] if self.layer_attention_shapes else self.head_dim
+
+    def kv_heads_of(self, layer: int) -> int:
+        if self.layer_attention_shapes:
+            return self.layer_attention_shapes[layer][0]
+        return self.num_kv_heads
+
+    def kv_source(self, layer: int) -> int | None:
+        """The layer whose keys and values `layer` reads (None: its own)."""
+        return self.kv_sources[layer] if self.kv_sources else None
 
     def linear(self, layer: int) -> bool:
         """Whether `layer` mixes tokens with linear attention (a state per sequence, no KV)."""

@@ -27,6 +27,9 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Gemma3ForCausalLM": ("shard.models.gemma3", "Gemma3ForCausalLM"),
     # Gemma 3 4B and up as released (vision-language), served text only
     "Gemma3ForConditionalGeneration": ("shard.models.gemma3", "Gemma3ForConditionalGeneration"),
+    "Gemma4ForCausalLM": ("shard.models.gemma4", "Gemma4ForCausalLM"),
+    # Gemma 4 as released (vision and audio towers), served text only
+    "Gemma4ForConditionalGeneration": ("shard.models.gemma4", "Gemma4ForConditionalGeneration"),
     "Phi3ForCausalLM": ("shard.models.phi3", "Phi3ForCausalLM"),
     "SmolLM3ForCausalLM": ("shard.models.smollm3", "SmolLM3ForCausalLM"),
     "GraniteForCausalLM": ("shard.models.granite", "GraniteForCausalLM"),

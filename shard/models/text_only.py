@@ -31,6 +31,10 @@ VISION_PREFIXES = (
     "model.vision_tower.",
     "model.multi_modal_projector.",
     "model.visual.",  # Qwen3.5's
+    # Gemma 4's: the audio tower and both towers' embedders into the LM
+    "model.audio_tower.",
+    "model.embed_vision.",
+    "model.embed_audio.",
 )
 
 

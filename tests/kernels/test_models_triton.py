@@ -42,6 +42,11 @@ CASES = {
     # DeepSeek's latent attention: both kernels over one cached 64-wide latent (32 + 32
     # rotary dims) that every query head reads
     "deepseek_v3_mla": {},
+    # Gemma 4: global layers of 128-dim heads (values their keys, one KV head) beside 64-dim
+    # sliding ones; experts beside the dense MLP. And the small models' per-layer embeddings
+    # and layers attending over earlier layers' caches.
+    "gemma4_experts_beside_dense": {},
+    "gemma4_per_layer_inputs_kv_sharing": {"num_key_value_heads": 1},
 }
 # Phi-3's longrope factors, one per rotated frequency: 64 * 0.75 / 2 of them at this head size
 FREQUENCIES = 24

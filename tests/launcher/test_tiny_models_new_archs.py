@@ -38,9 +38,25 @@ NORMS_PER_LAYER = {
     "HunYuanDenseV1ForCausalLM": 4,  # and the q/k norms after the rotary
     # two a layer, and every other layer's q/k norms (softmax) or gated norm (linear)
     "Qwen3_5ForCausalLM": 3.5,
+    "Gemma4ForCausalLM": 6,  # Gemma 3's; its value norms have no weight
+}
+# Cases whose layers differ in their norms: the total, the final norm included
+NORMS_IN_ALL = {
+    # six a layer, and a norm of each layer's per-layer input; the two KV-sharing layers have
+    # no key norm; and the per-layer embeddings' projection norm
+    "gemma4_per_layer_inputs_kv_sharing": 6 * 6 + 6 - 2 + 1 + 1,
+}
+# Overrides that transformers' config turns into another field on save: (that field, how to
+# find the value in it)
+CONVERTED = {
+    # Gemma 4's global layers' KV heads, into per_layer_config's entries
+    "num_global_key_value_heads": (
+        "per_layer_config",
+        lambda field, value: {e["num_key_value_heads"] for e in field.values()} == {value},
+    ),
 }
 # norms computing x * (1 + w), but for Qwen3.5's gated norm of linear attention's output
-ZERO_CENTRED = ("Gemma", "Qwen3_5")
+ZERO_CENTRED = ("Gemma2", "Gemma3", "Qwen3_5")  # (Gemma 4's are x * w)
 PLAIN_NORMS = ("linear_attn.norm.weight",)
 
 
@@ -119,6 +135,10 @@ def test_config_round_trips_the_overrides(built, name):
     raw = json.loads((path / "config.json").read_text())  # what the server reads
     loaded = AutoConfig.from_pretrained(path).to_dict()
     for key, value in overrides.items():
+        if key in CONVERTED:
+            field, holds = CONVERTED[key]
+            assert holds(raw[field], value) and holds(loaded[field], value), (key, raw[field])
+            continue
         assert _contains(raw[key], value), (key, raw[key])
         assert _contains(loaded[key], value), (key, loaded[key])
     assert raw["architectures"] == [architecture] and raw["pad_token_id"] is None
@@ -131,7 +151,8 @@ def test_norms_are_random_around_their_identity_and_matter(built, name):
     model = _load(built(name))
     norms = {k: v for k, v in model.state_dict().items() if "norm" in k}
     layers = model.config.num_hidden_layers
-    assert len(norms) == NORMS_PER_LAYER[architecture] * layers + 1
+    expected = NORMS_IN_ALL.get(name, NORMS_PER_LAYER.get(architecture, 0) * layers + 1)
+    assert len(norms) == expected
     for key, w in norms.items():
         assert abs(w.mean().item() - _identity(architecture, key)) < 0.1, key
         assert 0.04 < w.std().item() < 0.2, key  # N(identity, 0.1): 16 or 64 draws

@@ -109,6 +109,9 @@ KEPT_FLOAT32 = {
     "ernie4_5_moe_biased_choice": r"\.router$",
     "cohere2_sliding_nope": r"norm\b",  # Cohere's LayerNorms scale in float32
     "flex_olmo_post_norms": r"norm\b",  # OLMo 2's
+    # Gemma 4's norms scale in float32 (the router's and the values' weightless ones too)
+    "gemma4_experts_beside_dense": r"norm",
+    "gemma4_per_layer_inputs_kv_sharing": r"norm",
 }
 # Models whose transformers' own half-precision logits are beyond 3e-2 of float32's (OLMo 2's
 # post norms: 0.039 in bf16 on these prompts; DeepSeek-V3's case: 0.031; MiniMax-M2's, whose
@@ -118,6 +121,10 @@ HALF_AS_TRANSFORMERS = (
     "flex_olmo_post_norms",  # OLMo 2's post norms again: 0.066 in bf16
     "deepseek_v3_mla",
     "minimax_m2_projection_norms",
+    # Gemma 4's per-layer embeddings gate every layer's stream: transformers' bf16 is 0.30 off
+    "gemma4_per_layer_inputs_kv_sharing",
+    # Gemma 4's router reads the stream in half precision and flips an expert choice: 0.65
+    "gemma4_experts_beside_dense",
 )
 
 

@@ -606,3 +606,54 @@ MOE_MODELS["hunyuan_moe_shared"] = (
     {"head_dim": 16, "rope_parameters": HUNYUAN_ROPE, "num_experts": 6, "moe_topk": 2,
      "intermediate_size": 48},
 )  # fmt: skip
+
+# Gemma 4 (text). The small models' shape (E2B/E4B): per-layer embeddings of 8 a layer, the
+# last two layers reading the keys and values of the last earlier layer of their kind (layers 3
+# and 2) with MLPs twice as wide; global layers of 32-dim heads rotated by proportional rope
+# (4 of their 16 frequencies turn); final logits soft-capped.
+GEMMA4_LAYERS = ["sliding_attention", "sliding_attention", "full_attention"] * 2
+NEW_ARCH_MODELS["gemma4_per_layer_inputs_kv_sharing"] = (
+    "Gemma4ForCausalLM",
+    {
+        "num_hidden_layers": 6,
+        "layer_types": GEMMA4_LAYERS,
+        "hidden_size_per_layer_input": 8,
+        "num_kv_shared_layers": 2,
+        "use_double_wide_mlp": True,
+        "final_logit_softcapping": 3.0,
+    },
+)
+# The larger dense model's shape (31B): the global layers' values are their keys' projection,
+# with one KV head where the sliding layers have two.
+NEW_ARCH_MODELS["gemma4_keys_as_values"] = (
+    "Gemma4ForCausalLM",
+    {
+        "num_hidden_layers": 3,
+        "layer_types": GEMMA4_LAYERS[:3],
+        "attention_k_eq_v": True,
+        "num_global_key_value_heads": 1,
+    },
+)
+# Gemma 4 as released: the vision and audio towers around the E2B-shaped LM, transformers 5's
+# names (model.language_model., model.vision_tower., model.audio_tower.)
+VISION_LANGUAGE_MODELS["gemma4_vision_language"] = (
+    "Gemma4ForConditionalGeneration",
+    # (Gemma's pad token: transformers' text-only forward of the wrapper reads it)
+    {**NEW_ARCH_MODELS["gemma4_per_layer_inputs_kv_sharing"][1], "module_names": True,
+     "pad_token_id": 0},  # fmt: skip
+)
+# The MoE model's shape (26B-A4B): top-2 of 6 experts beside every layer's dense MLP, routed
+# from the un-normed stream with a scale per expert; values from keys in the global layers
+MOE_MODELS["gemma4_experts_beside_dense"] = (
+    "Gemma4ForCausalLM",
+    {
+        "num_hidden_layers": 3,
+        "layer_types": GEMMA4_LAYERS[:3],
+        "attention_k_eq_v": True,
+        "num_global_key_value_heads": 1,
+        "enable_moe_block": True,
+        "num_experts": 6,
+        "top_k_experts": 2,
+        "moe_intermediate_size": 32,
+    },
+)

@@ -116,6 +116,14 @@ class CpuDecodePath:
             return f"the native kernels are not built ({native.unavailable_reason() or 'failed'})"
         if not model.layers:
             return "the model has no layers"
+        if any(type(layer) is not DecoderLayer for layer in model.layers):
+            return "its layers are not the shared DecoderLayer (the loop restates that one)"
+        # (layers whose values are normed, or whose keys and values are another's: Gemma 4's)
+        if any(
+            isinstance(m, Attention) and (m.value_norm is not None or m.reads is not None)
+            for m in model.mixers
+        ):
+            return "some layer norms its values or reads another layer's keys and values"
         # (linear-attention layers have no backend: the first that attends says which)
         attending = [m for m in model.mixers if hasattr(m, "backend")]
         if not attending:
