@@ -335,7 +335,7 @@ class Gemma4DecoderLayer(nn.Module):
         self.self_attn = self_attn
         self.mlp = mlp
         self.register_buffer("layer_scalar", layer_scalar, persistent=False)
-        self.experts = experts
+        self.sparse = experts  # (not `experts`: the FusedMoE inside it is that)
         self.per_layer_input = per_layer_input
 
     @classmethod
@@ -379,8 +379,8 @@ class Gemma4DecoderLayer(nn.Module):
         x = self.self_attn(norms["input_layernorm"](stream), positions, kv_cache, meta)
         x, stream = norms["pre_feedforward_layernorm"](norms["post_attention_layernorm"](x), stream)
         x = self.mlp(x)
-        if self.experts is not None:
-            x = norms["post_feedforward_layernorm_1"](x) + self.experts(stream)
+        if self.sparse is not None:
+            x = norms["post_feedforward_layernorm_1"](x) + self.sparse(stream)
         stream = stream + norms["post_feedforward_layernorm"](x)
         if self.per_layer_input is not None:
             assert layer_input is not None
