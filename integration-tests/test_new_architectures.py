@@ -42,7 +42,14 @@ CASES = {**NEW_ARCH_MODELS, **VISION_LANGUAGE_MODELS}
 
 @pytest.fixture(
     scope="module",
-    params=["gemma2_softcap_alternating", "phi3_partial_longrope", "gemma3_vision_language"],
+    params=[
+        "gemma2_softcap_alternating",
+        "phi3_partial_longrope",
+        "gemma3_vision_language",
+        # per-layer embeddings and KV-sharing layers, whose caches are their sources', under
+        # chunked prefill and cached prefixes
+        "gemma4_vision_language",
+    ],
 )
 def served(request, tmp_path_factory):
     architecture, overrides = CASES[request.param]

@@ -33,6 +33,7 @@ from shard.layers.embedding import VocabParallelEmbedding
 from shard.layers.linear import ColumnParallelLinear, RowParallelLinear
 from shard.layers.moe import FusedMoE, route
 from shard.layers.norm import Fp32RMSNorm, RMSNorm
+from shard.layers.quant.base import Piece
 from shard.layers.rotary import NoRotary, RopeConfig, RotaryEmbedding
 from shard.models.blocks import Attention, DecoderModel, load_norm, sqrt_hidden
 from shard.models.config import (
@@ -272,15 +273,16 @@ class PerLayerEmbeddings(nn.Module):
     def __init__(
         self,
         table: VocabParallelEmbedding,
-        projection: torch.Tensor,
+        projection: ColumnParallelLinear,
         norm: RMSNorm,
         num_layers: int,
+        hidden_size: int,
         size: int,
     ) -> None:
         super().__init__()
         self.table = table
-        self.projection = nn.Parameter(projection, requires_grad=False)
-        self.projection_scale = projection.shape[1] ** -0.5
+        self.projection = projection  # whole on every rank (each needs every layer's input)
+        self.projection_scale = hidden_size**-0.5
         self.norm = norm
         self.num_layers, self.size = num_layers, size
 
@@ -300,18 +302,21 @@ class PerLayerEmbeddings(nn.Module):
                 f"{names.one('embed_tokens_per_layer')}: {table.weight.shape[1]} columns, not "
                 f"{config.num_layers} layers x hidden_size_per_layer_input {spec.size}"
             )
+        projection = names.one("per_layer_model_projection")
+        rows = Piece(projection, 0, ColumnParallelLinear.out_features_of(weights, projection))
         return cls(
             table,
-            _replicated(weights, names.one("per_layer_model_projection")),
+            ColumnParallelLinear.load_rows(weights, rows, bias=False),
             load_norm(weights, names.one("per_layer_projection_norm"), config),
             config.num_layers,
+            config.hidden_size,
             spec.size,
         )
 
     def forward(self, input_ids: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
         shape = (-1, self.num_layers, self.size)
         own = self.table(input_ids).view(shape)
-        projected = F.linear(embedded, self.projection) * self.projection_scale
+        projected = self.projection(embedded) * self.projection_scale
         return (self.norm(projected.view(shape)) + own) * 2**-0.5
 
 

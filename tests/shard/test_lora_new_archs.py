@@ -69,6 +69,18 @@ CASES = {
         "qv_r4": ADAPTERS["qv_r4"],
         "all_linear_r8": dict(r=8, lora_alpha=16, target_modules="all-linear"),
     },
+    # Gemma 4 (E2B's shape): the KV-sharing layers' q terms over their sources' keys; all-linear
+    # adds terms on the per-layer embeddings' projection (whole on every rank) and each layer's
+    # gate and projection of them
+    "gemma4_per_layer_inputs_kv_sharing": {
+        "qv_r4": ADAPTERS["qv_r4"],
+        "all_linear_r8": dict(r=8, lora_alpha=16, target_modules="all-linear"),
+    },
+    # Gemma 4 (31B's shape): a k_proj term reaches the global layers' values too (their values
+    # are k_proj's output)
+    "gemma4_keys_as_values": {
+        "kv_r4": dict(r=4, lora_alpha=8, target_modules=["k_proj", "v_proj"]),
+    },
     "deepseek_v3_mla": {
         "latent_r4": dict(
             r=4, lora_alpha=8, target_modules=["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa"]
