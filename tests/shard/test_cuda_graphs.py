@@ -128,6 +128,9 @@ CASES = [
     ("qwen2_moe_shared_dense", "torch"),
     # linear attention's state pools: the padded row updates the scratch slot, not a live one
     ("qwen3_5_linear_attention", "torch"),
+    # Gemma 4: the KV-sharing layers read the keys and values their source kept in the same
+    # captured step; per-layer embeddings from the static input ids
+    ("gemma4_per_layer_inputs_kv_sharing", "torch"),
 ]
 
 
