@@ -111,7 +111,7 @@ def compile_decode(
     sinks: bool = False,
 ) -> None:
     t = TYPES[dtype]
-    cfg = decode.default_decode_config()
+    cfg = decode.default_decode_config(head_dim)
     ptrs = {n: f"*{t}" for n in ("q_ptr", "cache_ptr", "out_ptr")}
     ptrs |= {"block_tables_ptr": "*i32", "context_lens_ptr": "*i32", "scale_log2": "fp32"}
     ptrs |= {"softcap_log2": "fp32", "sinks_ptr": "*fp32"}
@@ -254,6 +254,9 @@ def main() -> int:
     compile_decode(torch.bfloat16, 80, splits=8, sliding=True, softcap=True)
     compile_decode(torch.bfloat16, 128, splits=8, per_sequence=True)  # CUDA graphs' decode
     compile_decode(torch.bfloat16, 80, splits=8, sliding=True, per_sequence=True)
+    # Gemma 4's global layers' 512-dim heads, whose tiles are the configs' smallest
+    compile_prefill(torch.bfloat16, 512, sliding=True)
+    compile_decode(torch.bfloat16, 512, splits=8, per_sequence=True)
     compile_reduce_and_kv_write(torch.bfloat16, 80)
     compile_elementwise(torch.bfloat16)
     # W4A16: decode (split-K epilogue) and prefill in bf16, act-order, a mid-size M with a

@@ -174,10 +174,15 @@ class DecodeConfig:
     num_stages: int
 
 
-def default_decode_config() -> DecodeConfig:
+def default_decode_config(head_dim: int) -> DecodeConfig:
     if interpreting():
         return DecodeConfig(16, 1, 1)
-    # Not yet tuned on a GPU (see docs/kernels.md).
+    # Not yet tuned on a GPU (see docs/kernels.md). Heads past 128 dims take 8 warps (at 4 the
+    # [BLOCK_N, D] tiles spill registers: ~1.1 KiB of stack at 256) and at 512 half the tile.
+    if head_dim > 256:
+        return DecodeConfig(32, 8, 2)
+    if head_dim > 128:
+        return DecodeConfig(64, 8, 2)
     return DecodeConfig(64, 4, 2)
 
 
@@ -237,7 +242,7 @@ def paged_decode(
         check_device(sinks)
         check_sinks(sinks, num_heads)
     group = num_heads // num_kv_heads
-    cfg = config or default_decode_config()
+    cfg = config or default_decode_config(head_dim)
     max_context = block_tables.shape[1] * cache_block_size
     if window is not None:
         max_context = min(max_context, window)

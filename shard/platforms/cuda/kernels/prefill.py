@@ -276,7 +276,14 @@ def default_prefill_config(head_dim: int, dtype: torch.dtype) -> PrefillConfig:
         # at head dim 128 (an H100's whole budget; more than an A100 has).
         return PrefillConfig(64, 32, 4, 2)
     # Not yet tuned on a GPU (see docs/kernels.md): flash-attention 2's usual Hopper/Ampere
-    # shape, 8 warps once the head dim makes the [M, D] accumulator large.
+    # shape, 8 warps once the head dim makes the [M, D] accumulator large. Wider heads (Gemma's
+    # 256, Gemma 4's global 512) take smaller tiles and two stages: at 512 the usual shape needs
+    # 256 KiB of shared memory, more than an H100 has; these need 96 and 128 KiB (compiled for
+    # sm_90 by tests/kernels/gpu_compile.py).
+    if head_dim > 256:
+        return PrefillConfig(64, 32, 8, 2)
+    if head_dim > 128:
+        return PrefillConfig(64, 64, 8, 2)
     return PrefillConfig(128, 64, 8 if head_dim > 64 else 4, 3)
 
 
