@@ -57,7 +57,5 @@ def whole_model_tiles():
             "default_prefill_config",
             lambda head_dim, dtype: prefill.PrefillConfig(64, 64, 1, 1),
         )
-        mp.setattr(
-            decode, "default_decode_config", lambda head_dim: decode.DecodeConfig(64, 1, 1)
-        )
+        mp.setattr(decode, "default_decode_config", lambda head_dim: decode.DecodeConfig(64, 1, 1))
         yield

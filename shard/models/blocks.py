@@ -153,7 +153,9 @@ class Attention(nn.Module):
             )
         value_norm = None
         if config.value_norm and not reads_other:
-            value_norm = Fp32RMSNorm(torch.ones(head_dim, device=weights.device), config.rms_norm_eps)
+            value_norm = Fp32RMSNorm(
+                torch.ones(head_dim, device=weights.device), config.rms_norm_eps
+            )
         dist = weights.dist
         first, last = head_range(config.num_heads, dist.rank, dist.world_size, replicate=False)
         sinks = None

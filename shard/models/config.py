@@ -241,7 +241,9 @@ class ModelConfig:
     per_layer_inputs: PerLayerInputConfig | None = None
 
     def head_dim_of(self, layer: int) -> int:
-        return self.layer_attention_shapes[layer][1] if self.layer_attention_shapes else self.head_dim
+        return (
+            self.layer_attention_shapes[layer][1] if self.layer_attention_shapes else self.head_dim
+        )
 
     def kv_heads_of(self, layer: int) -> int:
         if self.layer_attention_shapes:

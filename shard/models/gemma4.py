@@ -367,9 +367,7 @@ class Gemma4DecoderLayer(nn.Module):
             GatedMLP.load(weights, names, config),
             weights.get_tensor(names.one("layer_scalar")),
             None if config.moe is None else Gemma4Experts.load(weights, names, config),
-            None
-            if config.per_layer_inputs is None
-            else PerLayerInput.load(weights, names, config),
+            None if config.per_layer_inputs is None else PerLayerInput.load(weights, names, config),
         )
 
     def forward(
@@ -439,7 +437,9 @@ class Gemma4ForCausalLM(DecoderModel):
         if self.per_layer_embeddings is not None:
             inputs = self.per_layer_embeddings(input_ids, stream)
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
-            stream = layer(stream, positions, kv_cache, meta, None if inputs is None else inputs[:, i])
+            stream = layer(
+                stream, positions, kv_cache, meta, None if inputs is None else inputs[:, i]
+            )
         return self.norm(stream)
 
 

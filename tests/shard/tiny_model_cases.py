@@ -639,8 +639,11 @@ NEW_ARCH_MODELS["gemma4_keys_as_values"] = (
 VISION_LANGUAGE_MODELS["gemma4_vision_language"] = (
     "Gemma4ForConditionalGeneration",
     # (Gemma's pad token: transformers' text-only forward of the wrapper reads it)
-    {**NEW_ARCH_MODELS["gemma4_per_layer_inputs_kv_sharing"][1], "module_names": True,
-     "pad_token_id": 0},  # fmt: skip
+    {
+        **NEW_ARCH_MODELS["gemma4_per_layer_inputs_kv_sharing"][1],
+        "module_names": True,
+        "pad_token_id": 0,
+    },  # fmt: skip
 )
 # The MoE model's shape (26B-A4B): top-2 of 6 experts beside every layer's dense MLP, routed
 # from the un-normed stream with a scale per expert; values from keys in the global layers
