@@ -44,6 +44,7 @@ from shard.models.config import (
 )
 from shard.models.gemma2 import GEMMA_NAMES
 from shard.models.mlp import GatedMLP
+from shard.models.moe_block import replicated_linear
 from shard.models.names import Names
 from shard.models.text_only import TextOnly
 from shard.weights import Weights, WeightsError
@@ -158,14 +159,6 @@ def gemma4_config(raw: dict[str, Any], config: ModelConfig) -> ModelConfig:
     )
 
 
-def _replicated(weights: Weights, prefix: str) -> torch.Tensor:
-    """A small linear every rank holds whole; a quantized one is refused, naming it."""
-    name = f"{prefix}.weight"
-    if not weights.has(name) and weights.has_module(prefix):
-        raise WeightsError(f"{prefix} is quantized: Gemma 4 serves it in floating point only")
-    return weights.get_tensor(name)
-
-
 class Gemma4Experts(nn.Module):
     """The MoE model's sparse half: routed from the layer's un-normed stream, run on its own
     norm of it, normed again; this rank's experts' outputs summed over ranks first."""
@@ -209,7 +202,7 @@ class Gemma4Experts(nn.Module):
             act=config.hidden_act,
             expert_parallel=weights.expert_parallel,
         )
-        router = _replicated(weights, names.one("router_proj"))
+        router = replicated_linear(weights, names.one("router_proj"))
         if router.shape[0] != moe.num_experts:
             raise WeightsError(
                 f"{names.one('router_proj')}: {router.shape[0]} rows for {moe.num_experts} experts"

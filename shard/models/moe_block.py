@@ -69,10 +69,10 @@ class SparseMoeBlock(nn.Module):
         if moe.shared_expert_intermediate_size:
             shared = GatedMLP.load(weights, names, config, prefix="shared_expert_")
             if moe.shared_expert_gated:
-                shared_gate = _replicated(weights, names.one("shared_expert_gate"))
+                shared_gate = replicated_linear(weights, names.one("shared_expert_gate"))
         # GLM-4.5's and DeepSeek's routers are kept in float32, read from the stored values
         # (transformers' too)
-        router = _replicated(weights, names.one("router"), stored_dtype=moe.float32_router)
+        router = replicated_linear(weights, names.one("router"), stored_dtype=moe.float32_router)
         if moe.float32_router:
             router = router.float()
         if router.shape[0] != moe.num_experts:
@@ -131,7 +131,7 @@ class SparseMoeBlock(nn.Module):
         )
 
 
-def _replicated(weights: Weights, prefix: str, *, stored_dtype: bool = False) -> torch.Tensor:
+def replicated_linear(weights: Weights, prefix: str, *, stored_dtype: bool = False) -> torch.Tensor:
     """A small linear every rank holds whole (the router, the shared expert's gate); a
     quantized one is refused, naming the format and the module."""
     name = f"{prefix}.weight"
