@@ -32,17 +32,22 @@ def attend(
     window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    store: bool = True,
 ) -> torch.Tensor:
-    """Stores the step's new K/V, then attends each token over its sequence's context, or over
-    the last `window` positions of it (itself included) for a sliding-window layer; with
+    """Stores the step's new K/V (unless `store` is False: another layer's, already in the
+    cache this layer reads, Gemma 4's KV sharing), then attends each token over its sequence's
+    context, or over the last `window` positions of it (itself included) for a sliding-window
+    layer; with
     `softcap`, each scaled score s becomes softcap * tanh(s / softcap) before the mask and the
     softmax (Gemma 2); with `sinks` ([query heads] float32, gpt-oss), each head's softmax
     denominator also counts exp(sinks[h]), a logit with no value."""
     softcap = softcap or None  # 0 means off, as the kernels take it: one spelling from here on
     if torch.compiler.is_compiling():  # --compile: one opaque op reading the step's metadata
         assert _graph_attend is not None, "a traced attend needs --compile's op registered"
+        # (its op always stores: for a layer reading another's K/V, the same values again)
         return _graph_attend(q, k, v, kv_cache, scale, window, softcap, sinks)
-    backend.store_kv(k, v, kv_cache, meta.slot_mapping)
+    if store:
+        backend.store_kv(k, v, kv_cache, meta.slot_mapping)
     if isinstance(meta, AttentionMetadata):
         if meta.is_prefill:
             return backend.prefill(q, k, v, kv_cache, meta, scale, window, softcap, sinks)

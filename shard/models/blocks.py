@@ -199,8 +199,8 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
         if self.reads is not None:
-            # the source layer's keys and values, rotated and normed, with its cache: storing
-            # them again writes what is there (no backend needs a separate read-only path)
+            # the source layer's keys and values, rotated and normed, already in its cache
+            # (this layer's cache entry is that tensor)
             k, v = self.reads.k, self.reads.v
             if self.qk_norm is not None:
                 q = self.qk_norm.q_norm(q)
@@ -213,8 +213,9 @@ class Attention(nn.Module):
                 self.shares.k, self.shares.v = k, v
         q = self.scale_queries(q, positions)
         out = attend(
-            self.backend, q, k, v, kv_cache, meta, self.scale, self.window, self.softcap, self.sinks
-        )
+            self.backend, q, k, v, kv_cache, meta, self.scale, self.window, self.softcap,
+            self.sinks, store=self.reads is None,
+        )  # fmt: skip
         return self.o_proj(self.gated(out.flatten(1), hidden))
 
     def position(
