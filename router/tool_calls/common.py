@@ -53,6 +53,19 @@ def call_from_object(obj: Any, argument_keys: Sequence[str] = ("arguments",)) ->
     return ToolCall(name, dump_arguments(arguments))
 
 
+def calls_from_list(
+    obj: Any, argument_keys: Sequence[str] = ("arguments",)
+) -> list[ToolCall] | None:
+    """The calls of a decoded JSON list whose every item is a call (`call_from_object`); None
+    for anything else, an empty list included."""
+    if not isinstance(obj, list) or not obj:
+        return None
+    calls = [call_from_object(item, argument_keys) for item in obj]
+    if any(call is None for call in calls):
+        return None
+    return calls  # type: ignore[return-value]
+
+
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 

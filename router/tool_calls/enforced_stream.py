@@ -15,11 +15,18 @@ import re
 from router.tool_calls.types import CallDelta, Delta
 
 _HERMES = re.compile(r'<tool_call>\s*\{"name": "(?P<name>[^"]+)", "arguments": ')
+_LLAMA3 = re.compile(r'\{"name": "(?P<name>[^"]+)", "parameters": ')
+# A call object in a JSON list (granite, phi4_mini_json, hunyuan_a13b).
+_LISTED = re.compile(r'\{"name": "(?P<name>[^"]+)", "arguments": ')
 # What the grammars write before a call's arguments object (with the separators their JSON
 # uses), by parser name; `name` is the function's.
 ARGUMENT_HEADS: dict[str, re.Pattern[str]] = {
     "hermes": _HERMES,
-    "llama3_json": re.compile(r'\{"name": "(?P<name>[^"]+)", "parameters": '),
+    "llama3_json": _LLAMA3,
+    "llama4_json": _LLAMA3,  # llama3_json under vLLM's other name
+    "granite": _LISTED,
+    "phi4_mini_json": _LISTED,
+    "hunyuan_a13b": _LISTED,
     "mistral": re.compile(
         r'\{"name": "(?P<name>[^"]+)", "arguments": |\[TOOL_CALLS\](?P<bare>[^\[\s]+)\[ARGS\]'
     ),

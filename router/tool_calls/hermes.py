@@ -28,7 +28,7 @@ from router.tool_calls.common import (
     occurrences,
     partial_marker,
 )
-from router.tool_calls.types import MarkerTerm, Tool
+from router.tool_calls.types import MarkerTerm, Tool, ToolCall
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
@@ -39,25 +39,38 @@ class HermesParser(ScanParser):
     # `<tool_call>` is an added token that is not special in Qwen's tokenizers: its text is
     # already in the answer's text.
     markers: ClassVar[tuple[str, ...]] = ()
+    # A block's markers; a subclass with the same layout but other markers or bodies (Hunyuan's
+    # lists of calls) gives its own, and its `read_block`.
+    block_open: ClassVar[str] = OPEN
+    block_close: ClassVar[str] = CLOSE
+
+    def read_block(self, body: str) -> list[ToolCall] | None:
+        """The calls a block's body holds, None where it is not calls."""
+        call = call_from_object(load_json(body))
+        return [call] if call is not None else None
 
     def scan(self, text: str, at_start: bool, final: bool) -> tuple[list[Piece], int]:
         pieces: list[Piece] = []
         pos = 0
         while True:
-            start = text.find(OPEN, pos)
+            start = text.find(self.block_open, pos)
             if start < 0:
                 # No block opens: all is content but a tail that may be the start of one.
-                end = len(text) if final else len(text) - partial_marker(text[pos:], (OPEN,))
+                end = (
+                    len(text)
+                    if final
+                    else len(text) - partial_marker(text[pos:], (self.block_open,))
+                )
                 pieces.append(text[pos:end])
                 return pieces, end
             pieces.append(text[pos:start])
-            body = start + len(OPEN)
-            closes = occurrences(text, CLOSE, body)
+            body = start + len(self.block_open)
+            closes = occurrences(text, self.block_close, body)
             for close in closes:
-                call = call_from_object(load_json(text[body:close]))
-                if call is not None:
-                    pos = close + len(CLOSE)
-                    pieces.append(call)
+                calls = self.read_block(text[body:close])
+                if calls is not None:
+                    pos = close + len(self.block_close)
+                    pieces += calls
                     break
             else:
                 if not final and (not closes or _in_json_string(text, body, closes[0])):
@@ -65,7 +78,7 @@ class HermesParser(ScanParser):
                 if not closes:
                     pieces.append(text[start:])  # never closed: content
                     return pieces, len(text)
-                pos = closes[0] + len(CLOSE)  # not a call: content up to its first closer
+                pos = closes[0] + len(self.block_close)  # not a call: content to its first closer
                 pieces.append(text[start:pos])
 
     def grammar(self, tools: Sequence[Tool], parallel: bool, marker: MarkerTerm) -> str:

@@ -1,4 +1,5 @@
-"""Llama 3.1-3.3 JSON tool calling: the answer is the call itself,
+"""Llama 3.1-3.3 JSON tool calling (llama3_json; llama4_json is vLLM's other name for it):
+the answer is the call itself,
 
     {"name": "get_weather", "parameters": {"city": "Paris"}}
 
@@ -54,6 +55,12 @@ class Llama3JsonParser(ScanParser):
             return f"{head} {name_literal(tool.name)} {middle} {json_term(tool.parameters)} {tail}"
 
         return lark(calls_rules(tools, call, parallel, separator=literal("; ")))
+
+
+class Llama4JsonParser(Llama3JsonParser):
+    """vLLM's other name for Llama 3's JSON calls, for Llama 4 models prompted that way."""
+
+    name: ClassVar[str] = "llama4_json"
 
 
 def _after_tag(text: str) -> int:

@@ -65,20 +65,34 @@ class PythonicParser(ScanParser):
         return [text], len(text)
 
     def grammar(self, tools: Sequence[Tool], parallel: bool, marker: MarkerTerm) -> str:
-        rules: list[str] = []
-        numbers = itertools.count()
+        return lark(pythonic_rules(tools, parallel, literal(", "), (literal("["), literal("]"))))
 
-        def call(tool: Tool) -> str:
-            if not tool.name.isidentifier():  # the parser could not read the call back
-                raise ValueError(
-                    f"pythonic calls name a function by a Python identifier: {tool.name!r}"
-                )
-            head = f"args_{next(numbers)}"
-            rules.extend(_argument_rules(head, tool.parameters))
-            return f"{literal(tool.name + '(')} {head} {literal(')')}"
 
-        found = calls_rules(tools, call, parallel, literal(", "), (literal("["), literal("]")))
-        return lark(found + rules)
+class Llama4PythonicParser(PythonicParser):
+    """Llama 4's pythonic calls, maybe between `<|python_start|>` and `<|python_end|>` (which
+    `pythonic` reads too); vLLM names its parser llama4_pythonic."""
+
+    name: ClassVar[str] = "llama4_pythonic"
+
+
+def pythonic_rules(
+    tools: Sequence[Tool], parallel: bool, separator: str, around: tuple[str, str]
+) -> list[str]:
+    """`calls_rules` for calls written `name(keyword=value, ...)`, each value a `%json` of its
+    property's schema (JSON's literals are read back as Python's)."""
+    rules: list[str] = []
+    numbers = itertools.count()
+
+    def call(tool: Tool) -> str:
+        if not tool.name.isidentifier():  # the parser could not read the call back
+            raise ValueError(
+                f"pythonic calls name a function by a Python identifier: {tool.name!r}"
+            )
+        head = f"args_{next(numbers)}"
+        rules.extend(_argument_rules(head, tool.parameters))
+        return f"{literal(tool.name + '(')} {head} {literal(')')}"
+
+    return calls_rules(tools, call, parallel, separator, around) + rules
 
 
 def _calls(text: str, pos: int) -> list[Piece]:
@@ -91,14 +105,16 @@ def _calls(text: str, pos: int) -> list[Piece]:
     for _ in range(_TRIES):
         if close <= pos:
             break
-        calls = _read(text[pos:close].rstrip())
+        calls = read_calls(text[pos:close].rstrip())
         if calls is not None:
             return [*calls, text[close:region_end] + text[after:]]
         close = text.rfind("]", pos, close - 1) + 1  # a shorter list, for text after it
     return []
 
 
-def _read(source: str) -> list[ToolCall] | None:
+def read_calls(source: str) -> list[ToolCall] | None:
+    """The calls of `source` when it is a Python list of calls with literal keyword arguments
+    only, else None."""
     try:
         with warnings.catch_warnings():
             # The model's text may hold escapes Python frowns on (`\/`): not the log's business.

@@ -13,7 +13,9 @@ def test_names_are_vllm_names():
     assert set(TOOL_PARSERS) == {"hermes", "llama3_json", "mistral", "openai", "pythonic",
                                  "qwen3_coder", "qwen3_xml", "ernie45", "glm45", "glm47",
                                  "minimax_m2", "seed_oss",
-                                 "deepseek_v3", "deepseek_v31", "kimi_k2"}  # fmt: skip
+                                 "deepseek_v3", "deepseek_v31", "kimi_k2", "llama4_pythonic",
+                                 "llama4_json", "granite", "phi4_mini_json", "hunyuan_a13b",
+                                 "olmo3"}  # fmt: skip
     for name, parser in TOOL_PARSERS.items():
         assert tool_parser(name).name == name
         assert isinstance(parser.markers, tuple)
