@@ -88,6 +88,9 @@ ARCHITECTURES = {
     "Qwen3_5ForConditionalGeneration": "Qwen3_5TextConfig",
     "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeTextConfig",
     "Qwen3NextForCausalLM": "Qwen3NextConfig",
+    "Llama4ForCausalLM": "Llama4TextConfig",
+    # Llama 4 as released: the vision-language wrapper around Llama4TextConfig's LM
+    "Llama4ForConditionalGeneration": "Llama4TextConfig",
 }
 
 
@@ -112,6 +115,12 @@ VISION_LANGUAGE = {
                           "position_embedding_size": 64},
         "audio_config": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
                          "subsampling_conv_channels": [8, 4], "output_proj_dims": 32},
+    }),
+    "Llama4ForConditionalGeneration": ("Llama4Config", {
+        "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                          "num_attention_heads": 2, "image_size": 28, "patch_size": 14,
+                          "vision_output_dim": 32, "projector_input_dim": 32,
+                          "projector_output_dim": 32},
     }),
     "Mistral3ForConditionalGeneration": ("Mistral3Config", {
         "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
@@ -180,6 +189,8 @@ MOE_ARCHITECTURES = (
     "Qwen3_5MoeForCausalLM",
     "Qwen3_5MoeForConditionalGeneration",
     "Qwen3NextForCausalLM",
+    "Llama4ForCausalLM",
+    "Llama4ForConditionalGeneration",
 )
 # Gated DeltaNet linear attention in some layers (Qwen3.5)
 LINEAR_ATTENTION_ARCHITECTURES = (
@@ -202,7 +213,9 @@ MLA_ARCHITECTURES = (
 # The router's weights spread wider than the rest: its top-k choices then have clear margins,
 # so a model that computes the layer's input within rounding picks the same experts.
 _ROUTER_SPREAD = 0.3
-_ROUTERS = ("mlp.gate.weight", "mlp.router.weight", "mlp.router.gate.weight")
+_ROUTERS = (
+    "mlp.gate.weight", "mlp.router.weight", "mlp.router.gate.weight", "feed_forward.router.weight"
+)  # fmt: skip
 # gpt-oss's attention sinks: a logit per head of the size of the scores', so that a model
 # ignoring them (or applying them to the wrong head) is visibly off.
 _SINK_MEAN, _SINK_SPREAD = 0.5, 1.0
@@ -419,6 +432,20 @@ def _tiny_defaults(
             "max_position_embeddings": 512,
             "hidden_size_per_layer_input": 0,
             "vocab_size_per_layer_input": vocab_size,
+        }
+    if architecture.startswith("Llama4"):
+        # the releases' 8192-token chunks and temperature floor, 131072 positions, 16-128
+        # experts of 8192 beside dense MLPs of 16384, NoPE every fourth layer: tests see each
+        # feature within a few tokens and two layers
+        return {
+            "head_dim": hidden_size // num_attention_heads,
+            "max_position_embeddings": 512,
+            "attention_chunk_size": 8,
+            "floor_scale": 4,
+            "attn_scale": 0.5,
+            "num_local_experts": 4,
+            "intermediate_size_mlp": 96,
+            "no_rope_layer_interval": 2,
         }
     if architecture.startswith("Gemma"):
         head_dim = overrides.get("head_dim", hidden_size // num_attention_heads)

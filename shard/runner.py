@@ -135,6 +135,12 @@ class ModelRunner:
             self.draft.free_kv_cache()
         self.num_blocks = 0
 
+    def tabulate_positions(self, positions: int) -> None:
+        """The model's rotary tables (and the draft model's) for positions below `positions`."""
+        self.model.tabulate_positions(positions)
+        if self.draft is not None:
+            self.draft.model.tabulate_positions(positions)
+
     def allocate_kv_cache(self, num_blocks: int, state_slots: int = DEFAULT_STATE_SLOTS) -> None:
         """The paged cache of `num_blocks`, and for a model with linear attention state pools
         of `state_slots` sequences (Batch.state_slots index them)."""

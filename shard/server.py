@@ -370,6 +370,10 @@ class TextGenerationService(generate_pb2_grpc.TextGenerationServiceServicer):
                     request.max_batch_size,
                     DEFAULT_STATE_SLOTS,
                 )
+            # rotary tables for the longest request the router admits (and the most proposals
+            # a step verifies past it), before the cache takes what memory is left
+            longest = request.max_total_tokens or runner.model.max_position_embeddings
+            runner.tabulate_positions(longest + MAX_DRAFT_TOKENS)
             runner.allocate_kv_cache(highest + 1, max(slots, len(request.batch.requests)))
             platform_of(runner.device).reset_peak_memory(runner.device)
             if request.batch.requests:

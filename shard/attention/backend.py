@@ -33,11 +33,12 @@ def attend(
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
     store: bool = True,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Stores the step's new K/V (unless `store` is False: another layer's, already in the
     cache this layer reads, Gemma 4's KV sharing), then attends each token over its sequence's
     context, or over the last `window` positions of it (itself included) for a sliding-window
-    layer; with
+    layer, or over the positions of its own chunk of `chunk` (Llama 4's local layers); with
     `softcap`, each scaled score s becomes softcap * tanh(s / softcap) before the mask and the
     softmax (Gemma 2); with `sinks` ([query heads] float32, gpt-oss), each head's softmax
     denominator also counts exp(sinks[h]), a logit with no value."""
@@ -45,29 +46,45 @@ def attend(
     if torch.compiler.is_compiling():  # --compile: one opaque op reading the step's metadata
         assert _graph_attend is not None, "a traced attend needs --compile's op registered"
         # (its op always stores: for a layer reading another's K/V, the same values again)
-        return _graph_attend(q, k, v, kv_cache, scale, window, softcap, sinks)
+        return _graph_attend(q, k, v, kv_cache, scale, window, softcap, sinks, chunk)
     if store:
         backend.store_kv(k, v, kv_cache, meta.slot_mapping)
     if isinstance(meta, AttentionMetadata):
         if meta.is_prefill:
-            return backend.prefill(q, k, v, kv_cache, meta, scale, window, softcap, sinks)
-        return backend.decode(q, kv_cache, meta, scale, window, softcap, sinks)
+            return backend.prefill(
+                q, k, v, kv_cache, meta, scale, window, softcap, sinks, chunk=chunk
+            )
+        return backend.decode(q, kv_cache, meta, scale, window, softcap, sinks, chunk=chunk)
     n = meta.num_prefill_tokens
     parts = []
     if meta.prefill is not None:
         parts.append(
             backend.prefill(
-                q[:n], k[:n], v[:n], kv_cache, meta.prefill, scale, window, softcap, sinks
-            )
+                q[:n],
+                k[:n],
+                v[:n],
+                kv_cache,
+                meta.prefill,
+                scale,
+                window,
+                softcap,
+                sinks,
+                chunk=chunk,
+            )  # fmt: skip
         )
     if meta.decode is not None:
-        parts.append(backend.decode(q[n:], kv_cache, meta.decode, scale, window, softcap, sinks))
+        parts.append(
+            backend.decode(q[n:], kv_cache, meta.decode, scale, window, softcap, sinks, chunk=chunk)
+        )
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 class AttentionBackend(Protocol):
     """`window`: None for full causal attention; W for sliding-window attention, where the query
     at position p sees the keys at positions p - W + 1 .. p (Mistral; Qwen2's sliding layers).
+
+    `chunk` (keyword): None, or C for chunked attention (Llama 4's local layers): the query at
+    position p sees the keys at positions p // C * C .. p, those of its own chunk of C.
 
     `softcap`: None (or 0) for plain scores; C for attention-logit soft-capping (Gemma 2): each
     scaled score s = (q . k) * scale is replaced by C * tanh(s / C) before the causal / window
@@ -96,6 +113,8 @@ class AttentionBackend(Protocol):
         window: int | None = None,
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
+        *,
+        chunk: int | None = None,
     ) -> torch.Tensor: ...
 
     def decode(
@@ -107,6 +126,8 @@ class AttentionBackend(Protocol):
         window: int | None = None,
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
+        *,
+        chunk: int | None = None,
     ) -> torch.Tensor: ...
 
 

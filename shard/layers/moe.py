@@ -11,9 +11,9 @@ Either way the caller all-reduces once, as after a dense MLP's row-parallel down
 
 Checkpoints come in these layouts, all read: the Hub's per-expert modules
 (`experts.{e}.gate_proj.weight` ..., Mixtral's `w1/w3/w2`), transformers 5's own stacked
-parameters (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I]), and gpt-oss's
-transposed, interleaved ones with biases, in floating point or MXFP4
-(shard/layers/moe_interleaved.py).
+parameters (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I]; Llama 4's
+transposed: [E, H, 2I] and [E, I, H]), and gpt-oss's transposed, interleaved ones with biases,
+in floating point or MXFP4 (shard/layers/moe_interleaved.py).
 """
 
 from __future__ import annotations
@@ -80,6 +80,19 @@ def route(
         weights = weights / weights.sum(dim=-1, keepdim=True).clamp(min=renormalize_min)
     if scale != 1.0:
         weights = weights * scale
+    if round_to is not None:
+        weights = weights.to(round_to).float()
+    return weights, ids.to(torch.int32)
+
+
+def route_top_sigmoid(
+    logits: torch.Tensor, top_k: int, *, round_to: torch.dtype | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Llama 4's router: logits [T, E] -> (weights [T, K] float32, expert ids [T, K] int32): the
+    k highest logits, each weighted by its sigmoid (in float32, rounded to `round_to` as
+    transformers rounds it to the model's dtype); not renormalised."""
+    top, ids = torch.topk(logits, top_k, dim=-1)
+    weights = torch.sigmoid(top.float())
     if round_to is not None:
         weights = weights.to(round_to).float()
     return weights, ids.to(torch.int32)
@@ -172,11 +185,13 @@ class FusedMoE(nn.Module):
         expert_parallel: bool,
         interleaved: bool = False,
         swiglu: tuple[float, float] | None = None,
+        transposed: bool = False,
     ) -> FusedMoE:
         """`gate_up`: the gate and up modules' names with `{e}` for the expert (per-expert
         checkpoints), or the one stacked gate_up parameter; `down` likewise. `interleaved`:
         gpt-oss's layout (shard/layers/moe_interleaved.py), with biases; `swiglu`: the clamped
-        SwiGLU's (alpha, limit)."""
+        SwiGLU's (alpha, limit); `transposed`: the stacked parameters are Llama 4's, input
+        dimension first (gate_up [E, H, 2I], down [E, I, H])."""
         world, rank = weights.dist.world_size, weights.dist.rank
         if not interleaved:  # MXFP4 is gpt-oss's layout's own, dequantized by its reader
             _refuse_quantized(weights, gate_up + [down])
@@ -206,7 +221,9 @@ class FusedMoE(nn.Module):
                 weights, gate_up, down, num_experts, experts, cols, intermediate_size
             )
         else:
-            w13, w2 = _read_stacked(weights, gate_up, down, experts, cols, intermediate_size)
+            w13, w2 = _read_stacked(
+                weights, gate_up, down, experts, cols, intermediate_size, transposed
+            )
         return cls(
             w13,
             w2,
@@ -360,22 +377,31 @@ def _read_stacked(
     experts: range,
     cols: tuple[int, int],
     intermediate_size: int,
+    transposed: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stacked experts (transformers 5's [E, 2I, H] and [E, H, I]; `transposed`: Llama 4's
+    [E, H, 2I] and [E, I, H]) -> this rank's w13 and w2 in ours."""
     (stacked,) = gate_up
-    e_all, rows, _ = weights.shape(stacked)
+    # the dims of gate_up's and of down's intermediate size
+    pair_dim, down_dim = (2, 1) if transposed else (1, 2)
+    e_all, rows = weights.shape(stacked)[0], weights.shape(stacked)[pair_dim]
     if rows != 2 * intermediate_size:
         raise WeightsError(
-            f"{stacked}: {rows} rows are not gate and up of intermediate size {intermediate_size}"
+            f"{stacked}: dim {pair_dim} is {rows}, not gate and up of intermediate size "
+            f"{intermediate_size}"
         )
-    _check_intermediate(weights, down, 2, intermediate_size)
+    _check_intermediate(weights, down, down_dim, intermediate_size)
     start, stop = cols
     if len(experts) != e_all:  # expert parallel: this rank's experts, whole
         w13 = weights.get_range(stacked, 0, experts.start, experts.stop)
         w2 = weights.get_range(down, 0, experts.start, experts.stop)
-        return w13, w2
-    up = intermediate_size
-    w13 = weights.get_concat([(stacked, start, stop), (stacked, up + start, up + stop)], 1)
-    w2 = weights.get_range(down, 2, start, stop)
+    else:
+        up = intermediate_size
+        pieces = [(stacked, start, stop), (stacked, up + start, up + stop)]
+        w13 = weights.get_concat(pieces, pair_dim)
+        w2 = weights.get_range(down, down_dim, start, stop)
+    if transposed:
+        return w13.transpose(1, 2).contiguous(), w2.transpose(1, 2).contiguous()
     return w13, w2
 
 

@@ -1,7 +1,11 @@
 """Rotary position embedding (neox style, as Llama: rotate the two halves of each head).
 
-cos/sin are tabulated once in float32 for every position up to max_position_embeddings and
-gathered by the positions tensor, so a step costs an index rather than a cos/sin per token. The
+cos/sin are tabulated once in float32 for every position a request may reach and gathered by
+the positions tensor, so a step costs an index rather than a cos/sin per token. The tables are
+sized for the positions served, not for max_position_embeddings: Llama 4 Scout's 10M positions
+would take 10 GiB a shard. A model is loaded with LOAD_POSITIONS rows at most; the shard's
+warmup sizes them to the router's --max-total-tokens (`RotaryEmbedding.tabulate`) before the
+KV cache takes the remaining memory and before CUDA graphs capture them. The
 rotation is the platform's kernel where it has one (shard/platforms/: on the CPU in eager mode one
 native pass, bit for bit the torch form's; on CUDA one Triton kernel in place), else torch's.
 
@@ -294,26 +298,19 @@ def _tables(
     return torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)
 
 
+# The positions a model's tables hold when it is loaded (at most max_position_embeddings): what
+# a model run without a shard's warmup (tests, tools) may reach. 64 MiB at head dim 128.
+LOAD_POSITIONS = 65536
+
+
 class RotaryEmbedding(nn.Module):
     def __init__(self, config: RopeConfig, device: torch.device) -> None:
         super().__init__()
         self.config = config
         self.rotary_dim = config.rotary_dim
-        positions = config.max_position_embeddings
-        # longrope: the row of the long table for position p is p + long_offset. Short rows are
-        # read only by sequences no longer than original_max_position_embeddings, whose
-        # positions are below it, so the short table stops there.
-        self.long_offset: int | None = None
-        if config.rope_type == "longrope":
-            self.long_offset = min(config.original_max_position_embeddings, positions)
-            short = _tables(config.inv_freq(long=False), self.long_offset, config.attention_factor)
-            long = _tables(config.inv_freq(long=True), positions, config.attention_factor)
-            cos, sin = torch.cat((short[0], long[0])), torch.cat((short[1], long[1]))
-        else:
-            cos, sin = _tables(config.inv_freq(), positions, config.attention_factor)
         self.ops = platform_of(device)
-        self.register_buffer("cos", cos.to(device), persistent=False)
-        self.register_buffer("sin", sin.to(device), persistent=False)
+        self.long_offset: int | None = None
+        self.tabulate(LOAD_POSITIONS, device)
         # Interleaved pairs are reordered evens-then-odds (the dims past rotary_dim stay) and
         # then turned as halves: the same rotation of each pair, the dims of q and of k in the
         # same new order, so every query-key product is transformers'.
@@ -332,6 +329,27 @@ class RotaryEmbedding(nn.Module):
         # in-place write.
         self._step: tuple[torch.Tensor, torch.dtype, torch.Tensor, torch.Tensor] | None = None
         self._kept_rows: tuple[torch.Tensor, StepMetadata | None, torch.Tensor] | None = None
+
+    def tabulate(self, positions: int, device: torch.device | None = None) -> None:
+        """(Re)builds the tables for positions 0 .. positions - 1, at most the model's
+        max_position_embeddings (a shard's warmup: the router's longest request)."""
+        config = self.config
+        positions = max(1, min(positions, config.max_position_embeddings))
+        device = self.cos.device if device is None else device
+        # longrope: the row of the long table for position p is p + long_offset. Short rows are
+        # read only by sequences no longer than original_max_position_embeddings, whose
+        # positions are below it, so the short table stops there.
+        if config.rope_type == "longrope":
+            self.long_offset = min(config.original_max_position_embeddings, positions)
+            short = _tables(config.inv_freq(long=False), self.long_offset, config.attention_factor)
+            long = _tables(config.inv_freq(long=True), positions, config.attention_factor)
+            cos, sin = torch.cat((short[0], long[0])), torch.cat((short[1], long[1]))
+        else:
+            cos, sin = _tables(config.inv_freq(), positions, config.attention_factor)
+        self.register_buffer("cos", cos.to(device), persistent=False)
+        self.register_buffer("sin", sin.to(device), persistent=False)
+        self._step = self._kept_rows = None
+        self.positions = positions
 
     @property
     def plain(self) -> bool:
@@ -508,15 +526,30 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + x.roll(rotary_dim // 2, dims=-1) * sin
 
 
+@dataclass(frozen=True)
+class QueryPositionScale:
+    """Llama 4's attention temperature: each query, once rotated, times
+    1 + beta * log(1 + floor((position + offset) / interval)), which leaves the queries below
+    position interval - offset as they are. Llama 4 applies it in its layers without rotary
+    (offset 1, `floor_scale`, the product formed in float32 and rounded once); Ministral 3 and
+    Mistral 4 in every layer (offset 0, the rope's original length, the factor rounded to the
+    queries' dtype before the product), each as transformers computes it."""
+
+    beta: float
+    interval: int
+    offset: int = 0
+    wide_product: bool = False
+
+
 def scaled_by_position(
-    q: torch.Tensor, positions: torch.Tensor, scale: tuple[float, int] | None
+    q: torch.Tensor, positions: torch.Tensor, scale: QueryPositionScale | None
 ) -> torch.Tensor:
-    """Rotated queries [T, heads, D] times 1 + beta * log(1 + floor(position / original)) for
-    `scale` = (beta, original) (Llama 4's attention temperature, as Ministral 3 and Mistral 4
-    apply it to every layer); the factor in float32, rounded to q's dtype before the product, as
-    transformers computes it. None: q as it is."""
+    """Rotated queries [T, heads, D] scaled by their positions (QueryPositionScale); None: q as
+    it is."""
     if scale is None:
         return q
-    beta, original = scale
-    factor = 1 + beta * torch.log(1 + torch.floor(positions / original))
-    return q * factor.to(q.dtype)[:, None, None]
+    steps = torch.floor((positions + scale.offset) / scale.interval)
+    factor = (1 + scale.beta * torch.log1p(steps))[:, None, None]
+    if scale.wide_product:
+        return (q * factor).to(q.dtype)
+    return q * factor.to(q.dtype)

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from shard.attention import StepMetadata
+from shard.layers.rotary import RotaryEmbedding
 
 
 class CausalLM(nn.Module):
@@ -32,6 +33,13 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:
         """input_ids, positions [T] int64 -> final hidden states [T, hidden]."""
         raise NotImplementedError
+
+    def tabulate_positions(self, positions: int) -> None:
+        """Sizes every rotary table for positions 0 .. positions - 1 (at most the model's
+        max_position_embeddings): a shard's warmup, for the router's longest request."""
+        for module in self.modules():
+            if isinstance(module, RotaryEmbedding):
+                module.tabulate(positions)
 
     def adapter_module(self, name: str) -> str | None:
         """A LoRA adapter's module name -> the checkpoint module it adapts; None for one in a

@@ -39,7 +39,13 @@ from shard.layers.norm import NORMS, Fp32RMSNorm, LayerNorm, ResidualAdd, RMSNor
 from shard.layers.qk_norm import HeadQKNorm, ProjectionQKNorm
 from shard.layers.quant.base import Piece
 from shard.layers.quant.config import QuantizationConfig
-from shard.layers.rotary import NoRotary, RopeConfig, RotaryEmbedding, scaled_by_position
+from shard.layers.rotary import (
+    NoRotary,
+    QueryPositionScale,
+    RopeConfig,
+    RotaryEmbedding,
+    scaled_by_position,
+)
 from shard.models.base import CausalLM
 from shard.models.config import ModelConfig
 from shard.models.latent_attention import LatentAttention
@@ -71,7 +77,8 @@ class Attention(nn.Module):
         softcap: float | None = None,
         qk_norm: HeadQKNorm | ProjectionQKNorm | None = None,
         sinks: torch.Tensor | None = None,
-        position_scale: tuple[float, int] | None = None,
+        position_scale: QueryPositionScale | None = None,
+        chunk: int | None = None,
         output_gate: ColumnParallelLinear | None = None,
         norm_after_rope: bool = False,
         value_norm: RMSNorm | None = None,
@@ -86,6 +93,7 @@ class Attention(nn.Module):
         self.backend = backend
         self.scale = scale
         self.window = window  # sliding-window layer: attends to the last `window` positions
+        self.chunk = chunk  # chunked layer: attends within its query's chunk of `chunk`
         self.softcap = softcap
         self.position_scale = position_scale  # ModelConfig.query_position_scale
         # hidden -> this rank's heads' gates [T, H D] (ModelConfig.attention_output_gate), or None
@@ -151,11 +159,14 @@ class Attention(nn.Module):
                 # a layer reading another's keys has no key norm of its own
                 None if reads_other else load_norm(weights, names.one("k_norm"), config),
             )
+        norm_after_rope = config.qk_norm_after_rope
+        if config.qk_l2_norm and config.rotates(layer):
+            key_norm = None if reads_other else weightless_norm(head_dim, weights, config)
+            qk_norm = HeadQKNorm(weightless_norm(head_dim, weights, config), key_norm)
+            norm_after_rope = True
         value_norm = None
         if config.value_norm and not reads_other:
-            value_norm = Fp32RMSNorm(
-                torch.ones(head_dim, device=weights.device), config.rms_norm_eps
-            )
+            value_norm = weightless_norm(head_dim, weights, config)
         dist = weights.dist
         first, last = head_range(config.num_heads, dist.rank, dist.world_size, replicate=False)
         sinks = None
@@ -180,9 +191,10 @@ class Attention(nn.Module):
             softcap=config.attn_softcap,
             qk_norm=qk_norm,
             sinks=sinks,
-            position_scale=config.query_position_scale,
+            position_scale=config.position_scale_of(layer),
+            chunk=config.chunk_of(layer),
             output_gate=gate,
-            norm_after_rope=config.qk_norm_after_rope,
+            norm_after_rope=norm_after_rope,
             value_norm=value_norm,
         )
 
@@ -214,7 +226,7 @@ class Attention(nn.Module):
         q = self.scale_queries(q, positions)
         out = attend(
             self.backend, q, k, v, kv_cache, meta, self.scale, self.window, self.softcap,
-            self.sinks, store=self.reads is None,
+            self.sinks, store=self.reads is None, chunk=self.chunk,
         )  # fmt: skip
         return self.o_proj(self.gated(out.flatten(1), hidden))
 
@@ -236,6 +248,12 @@ class Attention(nn.Module):
         if self.output_gate is None:
             return out
         return out * torch.sigmoid(self.output_gate(hidden))
+
+
+def weightless_norm(dim: int, weights: Weights, config: ModelConfig) -> Fp32RMSNorm:
+    """A per-head norm without a weight, in float32 (Gemma 4's value norm, Llama 4's q/k L2
+    norm): its weight ones."""
+    return Fp32RMSNorm(torch.ones(dim, device=weights.device), config.rms_norm_eps)
 
 
 class SharedKV:

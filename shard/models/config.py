@@ -9,7 +9,7 @@ from typing import Any
 
 from shard.layers.activation import gated_activation
 from shard.layers.quant.config import QuantizationConfig, parse_quantization_config
-from shard.layers.rotary import RopeConfig
+from shard.layers.rotary import QueryPositionScale, RopeConfig
 
 
 class UnsupportedArchitectureError(ValueError):
@@ -81,6 +81,7 @@ class MoeConfig:
     interleaved_experts: bool = False
     expert_act: str | None = None
     swiglu: tuple[float, float] | None = None
+    # Llama 4: "top_sigmoid", the top-k logits each weighted by its sigmoid (route_top_sigmoid).
     # GLM-4.5 (DeepSeek-V3's router): "sigmoid" scores chosen with a per-expert correction bias
     # within the best `top_groups` of `num_groups` expert groups, the weights times
     # `routed_scaling` (shard/layers/moe.py route_grouped_sigmoid); the router in float32. Its
@@ -101,6 +102,12 @@ class MoeConfig:
     # with softmax scoring and groups, what ranks a group: "max", its best probability
     # (DeepSeek-V2's group_limited_greedy), or "top2", its two best summed (Mistral 4)
     group_score: str = "max"
+    # Llama 4: each chosen expert reads the token times its weight and its output is added as
+    # it is (the weight inside the expert's nonlinearity), where the others weight the outputs
+    weights_on_input: bool = False
+    # transformers' stacked expert parameters input dimension first (Llama 4's gate_up
+    # [E, H, 2I] and down [E, I, H]); per-expert checkpoints are read as every model's
+    transposed_experts: bool = False
 
 
 @dataclass(frozen=True)
@@ -190,13 +197,21 @@ class ModelConfig:
     projection_qk_norm: bool = False
     # q/k norms applied to the rotated q and k rather than before the rotation (Hunyuan)
     qk_norm_after_rope: bool = False
+    # the rotated q and k normed per head without a weight (an L2 norm over the head's mean
+    # square), in the layers that rotate (Llama 4's use_qk_norm); qk_norm stays False
+    qk_l2_norm: bool = False
     embed_scale: float | None = None  # embeddings multiplied by it (Gemma: sqrt(hidden))
     attention_scale: float | None = None  # the query scale; None: head_dim ** -0.5
     attn_softcap: float | None = None  # scores s -> cap * tanh(s / cap) (Gemma 2)
-    # (beta, original_max_position_embeddings): each query, once rotated, multiplied by
-    # 1 + beta * log(1 + floor(position / original)), which leaves it as it is below `original`
-    # (Ministral 3's and Mistral 4's llama_4_scaling_beta); None: not scaled by position
-    query_position_scale: tuple[float, int] | None = None
+    # each query, once rotated, scaled by its position (Ministral 3's and Mistral 4's
+    # llama_4_scaling_beta, Llama 4's attn_temperature_tuning); None: not scaled by position
+    query_position_scale: QueryPositionScale | None = None
+    # Per layer whether query_position_scale applies (Llama 4: the layers without rotary);
+    # empty: every layer.
+    position_scaled_layers: tuple[bool, ...] = ()
+    # Per layer the attention chunk it attends within (Llama 4's chunked_attention layers: a
+    # query sees the keys of its own chunk of that many positions), or None; empty: none.
+    layer_chunks: tuple[int | None, ...] = ()
     # a learned logit per query head in every softmax's denominator (gpt-oss's `sinks`)
     attention_sinks: bool = False
     # attention's output, before o_proj, times sigmoid of a projection of the layer's input, one
@@ -266,6 +281,14 @@ class ModelConfig:
 
     def rotates(self, layer: int) -> bool:
         return self.rotary_layers[layer] if self.rotary_layers else True
+
+    def position_scale_of(self, layer: int) -> QueryPositionScale | None:
+        if self.position_scaled_layers and not self.position_scaled_layers[layer]:
+            return None
+        return self.query_position_scale
+
+    def chunk_of(self, layer: int) -> int | None:
+        return self.layer_chunks[layer] if self.layer_chunks else None
 
     @property
     def rope_regime_boundary(self) -> int:

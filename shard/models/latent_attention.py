@@ -32,7 +32,7 @@ from shard.attention import AttentionBackend, StepMetadata, attend
 from shard.layers.linear import ColumnParallelLinear, RowParallelLinear, head_range
 from shard.layers.norm import NORMS, RMSNorm
 from shard.layers.quant.base import Piece
-from shard.layers.rotary import RotaryEmbedding, scaled_by_position
+from shard.layers.rotary import QueryPositionScale, RotaryEmbedding, scaled_by_position
 from shard.models.config import MlaConfig, ModelConfig
 from shard.models.names import Names
 from shard.weights import Weights
@@ -70,7 +70,7 @@ class LatentAttention(nn.Module):
         self.mla = mla
         self.scale = scale
         self.num_heads = w_uk.shape[0]
-        self.position_scale: tuple[float, int] | None = None  # ModelConfig.query_position_scale
+        self.position_scale: QueryPositionScale | None = None  # ModelConfig.query_position_scale
 
     # the cached vectors serve as keys and as values: the cache stores them once
     values_are_keys = True
@@ -127,7 +127,7 @@ class LatentAttention(nn.Module):
             q_proj, kv_a_proj, kv_a_norm, w_uk, w_uv, o_proj, rotary, backend,
             mla=mla, scale=scale,
         )  # fmt: skip
-        attention.position_scale = config.query_position_scale
+        attention.position_scale = config.position_scale_of(names.layer)
         return attention
 
     def forward(

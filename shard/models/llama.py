@@ -9,15 +9,16 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from shard.layers.rotary import QueryPositionScale
 from shard.models.blocks import DecoderModel
 from shard.models.config import ModelConfig, UnsupportedArchitectureError
 from shard.models.names import LLAMA_NAMES
 from shard.models.text_only import TextOnly
 
 
-def llama4_query_scale(raw: dict[str, Any]) -> tuple[float, int]:
-    """(beta, original length) of a config whose model scales its queries by position
-    (ModelConfig.query_position_scale); refused where the rope parameters lack them."""
+def llama4_query_scale(raw: dict[str, Any]) -> QueryPositionScale:
+    """How a config whose model scales its queries by position past the rope's original length
+    does it (ModelConfig.query_position_scale); refused where the rope parameters lack it."""
     rope = raw.get("rope_parameters") or {}
     beta, original = rope.get("llama_4_scaling_beta"), rope.get("original_max_position_embeddings")
     if beta is None or not original:
@@ -25,7 +26,7 @@ def llama4_query_scale(raw: dict[str, Any]) -> tuple[float, int]:
             "rope_parameters: llama_4_scaling_beta and original_max_position_embeddings are "
             "needed to scale the queries by position"
         )
-    return float(beta), int(original)
+    return QueryPositionScale(float(beta), int(original))
 
 
 class LlamaForCausalLM(DecoderModel):

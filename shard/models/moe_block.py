@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shard.distributed import Distributed
-from shard.layers.moe import FusedMoE, route, route_grouped_sigmoid
+from shard.layers.moe import FusedMoE, route, route_grouped_sigmoid, route_top_sigmoid
 from shard.models.config import ModelConfig, MoeConfig
 from shard.models.mlp import GatedMLP
 from shard.models.names import Names
@@ -64,6 +64,7 @@ class SparseMoeBlock(nn.Module):
             expert_parallel=weights.expert_parallel,
             interleaved=moe.interleaved_experts,
             swiglu=moe.swiglu,
+            transposed=moe.transposed_experts,
         )
         shared, shared_gate = None, None
         if moe.shared_expert_intermediate_size:
@@ -90,13 +91,28 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         topk_weights, topk_ids = self._route(x)
-        out = self.experts(x, topk_weights, topk_ids)
+        if self.moe.weights_on_input:
+            out = self._experts_on_weighted_inputs(x, topk_weights, topk_ids)
+        else:
+            out = self.experts(x, topk_weights, topk_ids)
         if self.shared_expert is not None:
             shared = self.shared_expert.partial(x)
             if self.shared_expert_gate is not None:
                 shared = torch.sigmoid(F.linear(x, self.shared_expert_gate)) * shared
             out = out + shared
         return self.dist.all_reduce(out)
+
+    def _experts_on_weighted_inputs(
+        self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """sum_k expert_{ids[t, k]}(w[t, k] x[t]) (Llama 4; MoeConfig.weights_on_input): each
+        (token, choice) pair is one row of the fused experts, its input weighted in the model's
+        dtype as transformers weights it, its output taken with weight 1."""
+        tokens, k = topk_ids.shape
+        weighted = (x[:, None, :] * topk_weights.to(x.dtype)[:, :, None]).reshape(tokens * k, -1)
+        ones = torch.ones(tokens * k, 1, dtype=torch.float32, device=x.device)
+        out = self.experts(weighted, ones, topk_ids.reshape(tokens * k, 1))
+        return out if k == 1 else out.view(tokens, k, -1).sum(dim=1)
 
     def _route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         moe = self.moe
@@ -106,6 +122,10 @@ class SparseMoeBlock(nn.Module):
             logits = F.linear(x.float(), self.router, self.router_bias)
         else:
             logits = F.linear(x, self.router, self.router_bias)
+        if moe.scoring == "top_sigmoid":
+            return route_top_sigmoid(
+                logits, self.top_k, round_to=x.dtype if self.round_weights else None
+            )
         if moe.scoring == "sigmoid":
             return route_grouped_sigmoid(
                 logits,

@@ -12,6 +12,7 @@ is plain rotary. The multi-token-prediction weights (`mtp.`) are not run.
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from shard.models.blocks import DecoderModel
@@ -19,7 +20,7 @@ from shard.models.config import LinearAttentionConfig, ModelConfig, UnsupportedA
 from shard.models.linear_attention import LINEAR_ATTENTION_NAMES
 from shard.models.names import LLAMA_NAMES, QWEN_MOE_NAMES, STACKED_EXPERT_NAMES, stacked_experts
 from shard.models.qwen2_moe import qwen_moe_config
-from shard.models.text_only import HUB_LAYOUT, MODULE_LAYOUT, TextOnly, nest
+from shard.models.text_only import TextOnly, holds
 from shard.weights import Weights
 
 _MTP = ("mtp.",)
@@ -90,10 +91,7 @@ class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):
     @classmethod
     def names_for(cls, weights: Weights) -> dict[str, tuple[str, ...]]:
         # (in the language model's own names or nested in a vision-language checkpoint's)
-        def has(name: str) -> bool:
-            nested = (nest(name, layout) for layout in (MODULE_LAYOUT, HUB_LAYOUT))
-            return weights.has(name) or any(weights.has(n) for n in nested)
-
+        has = partial(holds, weights)
         return {**cls.NAMES, **STACKED_EXPERT_NAMES} if stacked_experts(has) else cls.NAMES
 
 

@@ -75,6 +75,9 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen3NextForCausalLM": ("shard.models.qwen3_5", "Qwen3NextForCausalLM"),
     "MiniMaxM2ForCausalLM": ("shard.models.minimax_m2", "MiniMaxM2ForCausalLM"),
     "Mistral4ForCausalLM": ("shard.models.mistral4", "Mistral4ForCausalLM"),
+    "Llama4ForCausalLM": ("shard.models.llama4", "Llama4ForCausalLM"),
+    # Llama 4 Scout and Maverick as released (vision-language), served text only
+    "Llama4ForConditionalGeneration": ("shard.models.llama4", "Llama4ForConditionalGeneration"),
 }
 SUPPORTED_ARCHITECTURES = tuple(sorted(ARCHITECTURES))
 

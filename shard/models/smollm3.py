@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from shard.models.blocks import DecoderModel
-from shard.models.config import ModelConfig
+from shard.models.config import ModelConfig, UnsupportedArchitectureError
 
 
 def rotary_layers(raw: dict[str, Any], field: str, num_layers: int) -> tuple[bool, ...]:
@@ -16,7 +16,7 @@ def rotary_layers(raw: dict[str, Any], field: str, num_layers: int) -> tuple[boo
     if flags is None:
         return ()
     if len(flags) != num_layers:
-        raise ValueError(f"{field} names {len(flags)} layers, not {num_layers}")
+        raise UnsupportedArchitectureError(f"{field} names {len(flags)} layers, not {num_layers}")
     return tuple(bool(flag) for flag in flags)
 
 

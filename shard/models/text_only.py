@@ -35,6 +35,9 @@ VISION_PREFIXES = (
     "model.audio_tower.",
     "model.embed_vision.",
     "model.embed_audio.",
+    # Llama 4's
+    "vision_model.",
+    "model.vision_model.",
 )
 
 
@@ -67,6 +70,13 @@ def unnest(name: str) -> str | None:
             if (found := _rebase(name, nested, plain)) is not None:
                 return found
     return None
+
+
+def holds(weights: Weights, name: str) -> bool:
+    """Whether the checkpoint holds a causal LM's tensor `name`, as it is or nested in either
+    layout (for a model file's choice of names, made before the nesting)."""
+    nested = (nest(name, layout) for layout in (MODULE_LAYOUT, HUB_LAYOUT))
+    return weights.has(name) or any(weights.has(n) for n in nested)
 
 
 def layout_of(has: Callable[[str], bool]) -> dict[str, str]:

@@ -82,6 +82,7 @@ def compile_prefill(
     sliding: bool = False,
     softcap: bool = False,
     sinks: bool = False,
+    chunked: bool = False,
 ) -> None:
     t = TYPES[dtype]
     cfg = prefill.default_prefill_config(head_dim, dtype)
@@ -94,10 +95,11 @@ def compile_prefill(
         prefill._prefill_kernel, ptrs,
         dict(GROUP=4, HEAD_DIM=head_dim, BLOCK_D=head_block(head_dim), BLOCK_M=cfg.block_m,
              BLOCK_N=cfg.block_n, CACHE_BLOCK_SIZE=16, HAS_PREFIX=True, SLIDING=sliding,
-             SOFTCAP=softcap, SINKS=sinks, **dot_options(dtype)),
+             CHUNKED=chunked, SOFTCAP=softcap, SINKS=sinks, **dot_options(dtype)),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    what = f"prefill {t} d{head_dim} sliding={sliding} softcap={softcap} sinks={sinks}"
+    what = f"prefill {t} d{head_dim} sliding={sliding} chunked={chunked} softcap={softcap}"
+    what += f" sinks={sinks}"
     report(f"{what} {cfg}", compiled)
 
 
@@ -109,6 +111,7 @@ def compile_decode(
     per_sequence: bool = False,
     softcap: bool = False,
     sinks: bool = False,
+    chunked: bool = False,
 ) -> None:
     t = TYPES[dtype]
     cfg = decode.default_decode_config(head_dim)
@@ -120,12 +123,12 @@ def compile_decode(
         decode._paged_decode_kernel, ptrs,
         dict(NUM_HEADS=32, GROUP=4, BLOCK_G=16, HEAD_DIM=head_dim, BLOCK_D=head_block(head_dim),
              BLOCK_N=cfg.block_n, CACHE_BLOCK_SIZE=16, NUM_SPLITS=splits, SLIDING=sliding,
-             SPLIT_PER_SEQUENCE=per_sequence, SOFTCAP=softcap, SINKS=sinks,
+             CHUNKED=chunked, SPLIT_PER_SEQUENCE=per_sequence, SOFTCAP=softcap, SINKS=sinks,
              **dot_options(dtype)),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     name = f"decode {t} d{head_dim} splits={splits} sliding={sliding} per_seq={per_sequence}"
-    name += f" softcap={softcap} sinks={sinks}"
+    name += f" chunked={chunked} softcap={softcap} sinks={sinks}"
     report(f"{name} {cfg}", compiled)
 
 
@@ -257,6 +260,9 @@ def main() -> int:
     # Gemma 4's global layers' 512-dim heads, whose tiles are the configs' smallest
     compile_prefill(torch.bfloat16, 512, sliding=True)
     compile_decode(torch.bfloat16, 512, splits=8, per_sequence=True)
+    # Llama 4's chunked layers
+    compile_prefill(torch.bfloat16, 128, chunked=True)
+    compile_decode(torch.bfloat16, 128, splits=8, per_sequence=True, chunked=True)
     compile_reduce_and_kv_write(torch.bfloat16, 80)
     compile_elementwise(torch.bfloat16)
     # W4A16: decode (split-K epilogue) and prefill in bf16, act-order, a mid-size M with a

@@ -33,6 +33,7 @@ def decode_case(
     window: int | None = None,
     softcap: float | None = None,
     scale: float | None = None,
+    chunk: int | None = None,
 ):
     gen = torch.Generator().manual_seed(seed)
     # Reserved beyond the context, as the router does: the block table is wider than needed.
@@ -44,17 +45,21 @@ def decode_case(
     q = randn(len(contexts), heads + 2 * kv_heads, head_dim, dtype=dtype, gen=gen)[:, :heads]
     ref_meta, ref_cache = as_float(meta, cache)
     scale = head_dim**-0.5 if scale is None else scale
-    expected = REFERENCE.decode(q.float().cpu(), ref_cache, ref_meta, scale, window, softcap)
+    expected = REFERENCE.decode(
+        q.float().cpu(), ref_cache, ref_meta, scale, window, softcap, chunk=chunk
+    )
     return q, cache, meta, expected
 
 
 def run_decode(
-    contexts, heads, kv_heads, head_dim, dtype, num_splits, seed=0, window=None
+    contexts, heads, kv_heads, head_dim, dtype, num_splits, seed=0, window=None, chunk=None
 ) -> torch.Tensor:
-    q, cache, meta, expected = decode_case(contexts, heads, kv_heads, head_dim, dtype, seed, window)
+    q, cache, meta, expected = decode_case(
+        contexts, heads, kv_heads, head_dim, dtype, seed, window, chunk=chunk
+    )
     out = paged_decode(
         q, cache, meta.block_tables, meta.context_lens, head_dim**-0.5,
-        window=window, num_splits=num_splits,
+        window=window, num_splits=num_splits, chunk=chunk,
     )  # fmt: skip
     assert out.dtype == dtype and out.shape == q.shape
     torch.testing.assert_close(out.float().cpu(), expected, **TOLERANCES[dtype])
@@ -79,6 +84,24 @@ def test_sliding_window(window, num_splits):
     # Contexts shorter than, equal to and longer than the windows; splits cut up the window,
     # so some splits of short windows hold no tokens.
     run_decode([3, 16, 30, 61], 8, 2, 64, torch.float32, num_splits, seed=4, window=window)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("chunk", [1, 8, 16, 30])
+def test_attention_chunks(chunk, num_splits):
+    # Queries at a chunk's first position, at its last, inside one, and before the first ends.
+    run_decode([3, 16, 31, 61, 33], 8, 2, 64, torch.float32, num_splits, seed=11, chunk=chunk)
+
+
+@pytest.mark.parametrize("num_splits", [2, 4])
+def test_attention_chunks_split_per_sequence(num_splits):
+    contexts = [25, 2, 64, 40]
+    q, cache, meta, expected = decode_case(contexts, 4, 2, 64, torch.float32, seed=12, chunk=24)
+    out = paged_decode(
+        q, cache, meta.block_tables, meta.context_lens, 64**-0.5,
+        chunk=24, num_splits=num_splits, split_per_sequence=True,
+    )  # fmt: skip
+    torch.testing.assert_close(out.float().cpu(), expected, **TOLERANCES[torch.float32])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

@@ -32,6 +32,7 @@ def run_prefill(
     window: int | None = None,
     softcap: float | None = None,
     scale: float | None = None,
+    chunk: int | None = None,
     seed: int = 0,
 ) -> None:
     """Prefill of new_lens[i] tokens after prefixes[i] cached ones, compared with the reference.
@@ -51,11 +52,11 @@ def run_prefill(
     out = varlen_prefill(
         q, k, v, meta.cu_seqlens_q, meta.cu_seqlens_q, meta.max_seqlen_q, scale,
         kv_cache=cache, block_tables=meta.block_tables, context_lens=meta.context_lens,
-        window=window, softcap=softcap, config=config,
+        window=window, softcap=softcap, chunk=chunk, config=config,
     )  # fmt: skip
     ref_meta, ref_cache = as_float(meta, cache)
     ref_qkv = (q.float().cpu(), k.float().cpu(), v.float().cpu(), ref_cache, ref_meta, scale)
-    expected = REFERENCE.prefill(*ref_qkv, window, softcap)
+    expected = REFERENCE.prefill(*ref_qkv, window, softcap, chunk=chunk)
     assert out.dtype == dtype and out.shape == q.shape
     torch.testing.assert_close(out.float().cpu(), expected, **TOLERANCES[dtype])
     if softcap:
@@ -90,6 +91,20 @@ def test_larger_tiles_than_the_sequences():
     # The GPU's tile shape on interpreter-sized inputs: everything fits in one diagonal tile.
     cfg = PrefillConfig(block_m=64, block_n=32, num_warps=4, num_stages=1)
     run_prefill([5, 0], [9, 40], 4, 2, 80, torch.float32, config=cfg, seed=4)
+
+
+@pytest.mark.parametrize("chunk", [1, 6, 16, 23, 40])
+def test_attention_chunks(chunk):
+    # Chunks inside one tile, of exactly one tile, across tiles, and longer than some contexts;
+    # chunk starts in the cached prefix, in the new keys, inside a query tile (so the rows of
+    # one tile see different chunks), or nowhere.
+    run_prefill([0, 7, 30, 45], [37, 21, 18, 3], 4, 2, 64, torch.float32, chunk=chunk, seed=9)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_attention_chunks_16_bit_with_the_gpu_tile_shape(dtype):
+    cfg = PrefillConfig(block_m=64, block_n=32, num_warps=4, num_stages=1)
+    run_prefill([50, 0], [20, 70], 8, 1, 128, dtype, config=cfg, chunk=24, seed=10)
 
 
 @pytest.mark.parametrize("window", [1, 5, 16, 23, 40])

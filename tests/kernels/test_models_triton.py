@@ -47,6 +47,9 @@ CASES = {
     # and layers attending over earlier layers' caches.
     "gemma4_experts_beside_dense": {},
     "gemma4_per_layer_inputs_kv_sharing": {"num_key_value_heads": 1},
+    # Llama 4: chunks of 8 positions in both kernels (prompts cross several); the fused MoE
+    # kernel on inputs weighted by the router, one choice each
+    "llama4_chunked_nope_top1": {"num_key_value_heads": 1},
 }
 # Phi-3's longrope factors, one per rotated frequency: 64 * 0.75 / 2 of them at this head size
 FREQUENCIES = 24

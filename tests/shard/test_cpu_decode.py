@@ -69,6 +69,16 @@ def test_not_built_for_layers_of_their_own(tiny_model, name, caplog):
     assert "not the shared DecoderLayer" in caplog.text
 
 
+def test_not_built_for_chunked_attention(tiny_model, caplog):
+    # Llama 4's chunked layers: the native decode kernel has no chunks (the attention backend
+    # falls back to its masked path per step), so the loop leaves the model to its forward
+    name = "llama4_chunked_nope_top1"
+    model = load_model(tiny_model(name), dtype=torch.bfloat16, device=CPU, dist=Distributed())
+    with caplog.at_level("INFO"):
+        assert CpuDecodePath.build(model, None) is None
+    assert "attends in chunks" in caplog.text
+
+
 class Spy:
     """The runner's decode path, counting the steps it ran."""
 

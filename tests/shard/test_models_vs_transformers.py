@@ -112,6 +112,8 @@ KEPT_FLOAT32 = {
     # Gemma 4's norms scale in float32 (the router's and the values' weightless ones too)
     "gemma4_experts_beside_dense": r"norm",
     "gemma4_per_layer_inputs_kv_sharing": r"norm",
+    # Llama 4's q/k L2 norms (weightless: ones in float32)
+    "llama4_chunked_nope_top1": r"qk_norm",
 }
 # Models whose transformers' own half-precision logits are beyond 3e-2 of float32's (OLMo 2's
 # post norms: 0.039 in bf16 on these prompts; DeepSeek-V3's case: 0.031; MiniMax-M2's, whose

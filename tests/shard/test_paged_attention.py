@@ -7,16 +7,23 @@ import torch
 from paged_helpers import PagedLayout
 
 from shard.attention import get_attention_backend
+from shard.platforms.cpu.attention import TorchAttentionBackend
 
 D = 8
 BLOCK = 16
 
 
 def naive_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    window: int | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """q [Lq, H, D] at the last Lq of the Lk positions of k/v [Lk, Hkv, D]; float64, causal;
-    with a window, query i sees key j only when i - window < j (transformers' sliding mask)."""
+    with a window, query i sees key j only when i - window < j (transformers' sliding mask);
+    with chunks, only when i // chunk == j // chunk (its chunked mask)."""
     group = q.shape[1] // k.shape[1]
     k = k.double().repeat_interleave(group, dim=1)
     v = v.double().repeat_interleave(group, dim=1)
@@ -27,6 +34,8 @@ def naive_attention(
     causal = k_pos <= q_pos
     if window is not None:
         causal &= k_pos > q_pos - window
+    if chunk is not None:
+        causal &= k_pos // chunk == q_pos // chunk
     probs = scores.masked_fill(~causal, float("-inf")).softmax(-1)
     return torch.einsum("hqk,khd->qhd", probs, v).float()
 
@@ -66,6 +75,18 @@ def test_prefill_ragged_packed(backend, heads, kv_heads):
 
 @pytest.mark.parametrize("window", [None, 1, 5, 16, 24])
 def test_prefill_with_cached_prefix(backend, window):
+    prefill_with_cached_prefix(backend, window=window)
+
+
+# chunks shorter than a block and not dividing it, a block, and longer than every sequence
+# (within one chunk the native kernel takes the sequence, else the masked path)
+@pytest.mark.parametrize("chunk", [3, 7, 16, 20, 64])
+@pytest.mark.parametrize("native", [True, False])
+def test_prefill_in_attention_chunks(chunk, native):
+    prefill_with_cached_prefix(TorchAttentionBackend(native=native), chunk=chunk)
+
+
+def prefill_with_cached_prefix(backend, *, window=None, chunk=None):
     torch.manual_seed(1)
     heads, kv_heads = 4, 2
     prefixes, totals = [16, 7, 0, 30], [21, 27, 9, 31]
@@ -88,10 +109,10 @@ def test_prefill_with_cached_prefix(backend, window):
     v = torch.cat([vv[p:] for vv, p in zip(full_v, prefixes, strict=True)])
     q = torch.randn(k.shape[0], heads, D)
     backend.store_kv(k, v, cache, meta.slot_mapping)
-    out = backend.prefill(q, k, v, cache, meta, scale=0.3, window=window)
+    out = backend.prefill(q, k, v, cache, meta, scale=0.3, window=window, chunk=chunk)
     cu = meta.cu_seqlens_q.tolist()
     for i, (a, b) in enumerate(zip(cu[:-1], cu[1:], strict=True)):
-        expected = naive_attention(q[a:b], full_k[i], full_v[i], 0.3, window)
+        expected = naive_attention(q[a:b], full_k[i], full_v[i], 0.3, window, chunk)
         torch.testing.assert_close(out[a:b], expected, atol=1e-5, rtol=1e-5)
 
 
@@ -100,6 +121,17 @@ def test_prefill_with_cached_prefix(backend, window):
     [(4, 4, None), (4, 2, None), (6, 1, None), (4, 2, 1), (4, 2, 7), (6, 1, 16)],
 )
 def test_decode_matches_naive(backend, heads, kv_heads, window):
+    decode_matches_naive(backend, heads, kv_heads, window=window)
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 16, 17, 40])
+@pytest.mark.parametrize("native", [True, False])
+def test_decode_in_attention_chunks(chunk, native):
+    # contexts ending at a chunk's first and last positions, and inside one
+    decode_matches_naive(TorchAttentionBackend(native=native), 4, 2, chunk=chunk)
+
+
+def decode_matches_naive(backend, heads, kv_heads, *, window=None, chunk=None):
     torch.manual_seed(2)
     contexts = [1, 17, 33, 40, 16]
     layout = PagedLayout(BLOCK, num_blocks=16, seed=3)
@@ -122,10 +154,11 @@ def test_decode_matches_naive(backend, heads, kv_heads, window):
         cache,
         meta.slot_mapping,
     )
-    out = backend.decode(q, cache, meta, scale=D**-0.5, window=window)
+    out = backend.decode(q, cache, meta, scale=D**-0.5, window=window, chunk=chunk)
     assert out.shape == (len(contexts), heads, D)
     for i in range(len(contexts)):
-        expected = naive_attention(q[i : i + 1], full_k[i], full_v[i], D**-0.5, window)[0]
+        expected = naive_attention(q[i : i + 1], full_k[i], full_v[i], D**-0.5, window, chunk)
+        expected = expected[0]
         torch.testing.assert_close(out[i], expected, atol=1e-5, rtol=1e-5)
 
 

@@ -63,6 +63,9 @@ MOE_TP = [
     # Gemma 4's experts beside the dense MLP, reduced apart (each half is normed after its
     # sum); the global layers' one KV head, its values its keys' rows, replicated on both
     "gemma4_experts_beside_dense",
+    # Llama 4: experts read transposed, split by columns; their weights on the inputs; the
+    # ungated shared expert split; chunked and position-scaled layers on each rank's heads
+    "llama4_chunked_nope_top1",
 ]
 
 # Their q/k norms add one all_reduce a layer (both norms' sums of squares in one).
@@ -76,8 +79,11 @@ ALL_REDUCES = {
     "gemma4_experts_beside_dense": (3, 1),
     "gemma4_per_layer_inputs_kv_sharing": (3, 2),
 }
-# Models whose layers the CPU decode loop does not restate (tests/shard/test_cpu_decode.py)
-OWN_LAYERS = ["gemma4_per_layer_inputs_kv_sharing", "gemma4_experts_beside_dense"]
+# Models whose layers the CPU decode loop does not restate (tests/shard/test_cpu_decode.py):
+# Gemma 4's own layers; Llama 4's chunked attention, which the native decode kernel lacks
+OWN_LAYERS = [
+    "gemma4_per_layer_inputs_kv_sharing", "gemma4_experts_beside_dense", "llama4_chunked_nope_top1"
+]  # fmt: skip
 # How far two ranks' float32 logits may be from one's: the sums' order differs. Gemma 4's
 # per-layer input is an RMSNorm straight after a row-parallel sum over 8 inputs (4 a rank),
 # which rescales that sum's rounding with it, in each of 6 layers: 1.6e-5 where the others

@@ -660,3 +660,35 @@ MOE_MODELS["gemma4_experts_beside_dense"] = (
         "moe_intermediate_size": 32,
     },
 )
+
+# Llama 4 (text): the Maverick shape, dense and MoE layers alternating (interleave 2): layer 0
+# rotates (interleaved pairs), attends in chunks of 8 positions and L2-norms q and k; layer 1
+# has no rotary, attends to everything and scales its queries by position (from position 3 on);
+# one of 4 experts a token, weighted on its input, beside the shared expert.
+MOE_MODELS["llama4_chunked_nope_top1"] = (
+    "Llama4ForCausalLM",
+    {"interleave_moe_layer_step": 2, "num_experts_per_tok": 1},
+)
+# The Scout shape: every layer sparse, three with rotary and chunks, one without (interval 4),
+# llama3 rope scaling; top-2 (released models take 1; transformers computes any top-k)
+MOE_MODELS["llama4_scout_top2"] = (
+    "Llama4ForCausalLM",
+    {
+        "num_hidden_layers": 4,
+        "no_rope_layer_interval": 4,
+        "num_experts_per_tok": 2,
+        "rope_parameters": {
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    },  # fmt: skip
+)
+# Llama 4 as released: the vision model and projector around the Maverick-shaped LM
+VISION_LANGUAGE_MODELS["llama4_vision_language"] = (
+    "Llama4ForConditionalGeneration",
+    MOE_MODELS["llama4_chunked_nope_top1"][1],
+)

@@ -67,7 +67,11 @@ def _slots(block_tables: torch.Tensor, positions: torch.Tensor, block_size: int)
 
 
 def _decode_gather_index(
-    meta: AttentionMetadata, block_size: int, window: int | None, dtype: torch.dtype
+    meta: AttentionMetadata,
+    block_size: int,
+    window: int | None,
+    dtype: torch.dtype,
+    chunk: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Cache slot of every position each sequence's query sees, flattened from [B, width], and
     the additive score mask [B, 1, 1, width] in `dtype` (0 where the position is real, -inf
@@ -76,10 +80,12 @@ def _decode_gather_index(
 
     A row covers its last `width` positions: the whole context (width = longest context), or
     with a sliding window only the window (width = min(longest context, window)), so a long
-    context costs no more than its window. The same for every layer with the same window, so
-    it is computed once per step and kept in the metadata's `derived` (which lives for one step).
+    context costs no more than its window; with chunks, the row's own chunk up to its query
+    (width = min(longest context, chunk), from the chunk's first position). The same for every
+    layer with the same window and chunk, so it is computed once per step and kept in the
+    metadata's `derived` (which lives for one step).
     """
-    key = ("torch_decode_index", window, dtype)
+    key = ("torch_decode_index", window, chunk, dtype)
     if key in meta.derived:
         return meta.derived[key]  # type: ignore[return-value]
     context_lens = meta.context_lens.long()
@@ -87,8 +93,12 @@ def _decode_gather_index(
         max_ctx = meta.block_tables.shape[1] * block_size
     else:
         max_ctx = int(context_lens.max())
-    width = max_ctx if window is None else min(max_ctx, window)
-    first = (context_lens - width).clamp_(min=0)
+    span = window or chunk
+    width = max_ctx if span is None else min(max_ctx, span)
+    if chunk is None:
+        first = (context_lens - width).clamp_(min=0)
+    else:  # the query, at position context_len - 1, sees its chunk from the chunk's start
+        first = (context_lens - 1).div_(chunk, rounding_mode="floor").mul_(chunk)
     positions = first[:, None] + torch.arange(width, device=context_lens.device)
     last = context_lens[:, None] - 1
     # A padded position reads the row's own newest slot, written by this very step: its value
@@ -103,24 +113,40 @@ def _decode_gather_index(
 
 
 def _native_prefill_split(
-    meta: AttentionMetadata, plan: list[_PrefillSequence], window: int | None, cells: int
+    meta: AttentionMetadata,
+    plan: list[_PrefillSequence],
+    window: int | None,
+    cells: int,
+    chunk: int | None = None,
 ) -> tuple[list[int], list[int]]:
     """The step's prefill sequences (indices into the plan) whose queries x keys are at most
-    `cells`, for the native kernel, and the others; once per step, window and line."""
-    key = ("native_prefill_split", window, cells)
+    `cells`, for the native kernel, and the others; once per step, window, chunk and line.
+    The kernel has no chunks: with them, only sequences within their first chunk (where
+    chunking changes nothing) are its."""
+    key = ("native_prefill_split", window, chunk, cells)
     if key not in meta.derived:
         native, rest = [], []
         for i, (seq, context) in enumerate(zip(plan, meta.context_lens.tolist(), strict=True)):
             q_len = seq.stop - seq.start
             keys = context if window is None else min(context, window + q_len - 1)
-            (native if q_len * keys <= cells else rest).append(i)
+            fits = q_len * keys <= cells and (chunk is None or context <= chunk)
+            (native if fits else rest).append(i)
         meta.derived[key] = (native, rest)
+    return meta.derived[key]  # type: ignore[return-value]
+
+
+def _beyond_first_chunk(meta: AttentionMetadata, chunk: int) -> bool:
+    """Whether some sequence's context passes its first attention chunk (once per step)."""
+    key = ("beyond_first_chunk", chunk)
+    if key not in meta.derived:
+        meta.derived[key] = int(meta.context_lens.max()) > chunk
     return meta.derived[key]  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
 class _PrefillSequence:
-    """One packed sequence of a prefill step, as every layer with the same window sees it."""
+    """One packed sequence of a prefill step, as every layer with the same window (or chunk)
+    sees it."""
 
     start: int  # its query tokens in the packed step
     stop: int
@@ -129,14 +155,15 @@ class _PrefillSequence:
 
 
 def _prefill_plan(
-    meta: AttentionMetadata, block_size: int, window: int | None
+    meta: AttentionMetadata, block_size: int, window: int | None, chunk: int | None = None
 ) -> list[_PrefillSequence]:
-    """Each sequence's query range, prefix rows and mask, computed once per step and window
-    (the metadata's `derived`) rather than once per layer: building them costs ~10 small ops
-    a sequence. A sequence that reads no cached prefix and whose window (if any) spans its
-    whole chunk is plain causal attention: SDPA's is_causal takes no mask and skips the
-    blocks above the diagonal instead of computing and discarding them."""
-    key = ("torch_prefill_plan", window)
+    """Each sequence's query range, prefix rows and mask, computed once per step, window and
+    chunk (the metadata's `derived`) rather than once per layer: building them costs ~10 small
+    ops a sequence. A sequence that reads no cached prefix and whose window (if any) spans its
+    whole prefill chunk, or whose queries lie in one attention chunk starting at its first
+    query, is plain causal attention: SDPA's is_causal takes no mask and skips the blocks above
+    the diagonal instead of computing and discarding them."""
+    key = ("torch_prefill_plan", window, chunk)
     if key in meta.derived:
         return meta.derived[key]  # type: ignore[return-value]
     assert meta.cu_seqlens_q is not None, "prefill needs cu_seqlens_q"
@@ -148,7 +175,10 @@ def _prefill_plan(
     ):
         q_len, prefix = stop - start, context - (stop - start)
         first = 0 if window is None else max(0, prefix - window + 1)
-        if prefix == first and (window is None or window >= q_len):
+        if chunk is not None:  # the first query's attention chunk
+            first = prefix // chunk * chunk
+        one_chunk = chunk is None or (prefix + q_len - 1) // chunk == first // chunk
+        if prefix == first and (window is None or window >= q_len) and one_chunk:
             plan.append(_PrefillSequence(start, stop, None, None))
             continue
         slots = None
@@ -156,12 +186,14 @@ def _prefill_plan(
             positions = torch.arange(first, prefix, device=device)
             slots = _slots(meta.block_tables[i : i + 1], positions, block_size)[0]
         # Query j sits at position prefix + j and sees keys up to there (and, with a
-        # window, only those within `window` positions of it).
+        # window, only those within `window` positions of it; with chunks, those of its chunk).
         q_pos = torch.arange(prefix, prefix + q_len, device=device)[:, None]
         k_pos = torch.arange(first, prefix + q_len, device=device)[None, :]
         mask = k_pos <= q_pos
         if window is not None:
             mask &= k_pos > q_pos - window
+        if chunk is not None:
+            mask &= k_pos >= q_pos // chunk * chunk
         plan.append(_PrefillSequence(start, stop, slots, mask))
     meta.derived[key] = plan
     return plan
@@ -275,18 +307,20 @@ class TorchAttentionBackend:
         window: int | None = None,
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
+        *,
+        chunk: int | None = None,
     ) -> torch.Tensor:
         """Causal attention per packed sequence; a cached prefix (context_lens > query length)
         is read from the cache and comes before the new tokens. With a window, only the part
         of the prefix the first query can see is read. With `softcap`, the native kernels cap
         the scores themselves; the sequences SDPA would take (it cannot cap) take the explicit
         scores path instead, as every sequence does with `sinks` (no native kernel has them)."""
-        plan = _prefill_plan(meta, kv_cache.shape[2], window)
+        plan = _prefill_plan(meta, kv_cache.shape[2], window, chunk)
         sequences: list[int] | range = range(len(plan))
         native = self.native and sinks is None
         kernel, cells = _prefill_kernel(q, kv_cache) if native else (None, 0)
         if kernel is not None:
-            native, sequences = _native_prefill_split(meta, plan, window, cells)
+            native, sequences = _native_prefill_split(meta, plan, window, cells, chunk)
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
             kernel(
                 q, kv_cache[0], kv_cache[1], meta.block_tables, meta.context_lens,
@@ -330,13 +364,16 @@ class TorchAttentionBackend:
         window: int | None = None,
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
+        *,
+        chunk: int | None = None,
     ) -> torch.Tensor:
-        """One query per sequence against its context (or its window). On the CPU, the native
-        paged kernel (shard/platforms/cpu/native/build.py) where it could be built; otherwise all
-        sequences in one batched pass: every row gathers the same number of slots and masks the ones
-        it lacks. With `softcap`, the kernel caps the scores itself; the batched pass then computes
-        its scores explicitly (_explicit_attention) instead of through SDPA, which cannot cap,
-        as it does with `sinks` (the kernel counts them in its softmax).
+        """One query per sequence against its context (or its window, or its chunk). On the
+        CPU, the native paged kernel (shard/platforms/cpu/native/build.py) where it could be
+        built (it has no chunks: not for a step past its first); otherwise all sequences in one
+        batched pass: every row gathers the same number of slots and masks the ones it lacks.
+        With `softcap`, the kernel caps the scores itself; the batched pass then computes its
+        scores explicitly (_explicit_attention) instead of through SDPA, which cannot cap, as
+        it does with `sinks` (the kernel counts them in its softmax).
 
         K/V are gathered with index_select (several times faster than advanced indexing on CPU)
         and handed to SDPA as heads-first strided views of the gathered rows, 4-D, so torch's
@@ -347,6 +384,8 @@ class TorchAttentionBackend:
         inputs would take SDPA's unfused math path, which is slower than either.
         """
         kernel = paged_decode_kernel() if self.native and q.device.type == "cpu" else None
+        if chunk is not None and kernel is not None and _beyond_first_chunk(meta, chunk):
+            kernel = None
         if kernel is not None and kv_cache.dtype == q.dtype:
             return kernel(
                 q if heads_contiguous(q) else q.contiguous(),
@@ -360,7 +399,7 @@ class TorchAttentionBackend:
                 sinks,
             )
         keys, values = _slot_rows(kv_cache)
-        flat, mask = _decode_gather_index(meta, kv_cache.shape[2], window, q.dtype)
+        flat, mask = _decode_gather_index(meta, kv_cache.shape[2], window, q.dtype, chunk)
         batch, num_heads, head_dim = q.shape
         num_kv_heads = keys.shape[1]
 

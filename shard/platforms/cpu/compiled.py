@@ -61,11 +61,11 @@ _STEP = _Step()
 # Python dispatch (aliasing checks, the mutated input's bookkeeping) cost ~65 us a call, 30 a
 # step (bench/profile_decode.py --compile: the op's own time fell from 154 to 89 us a call).
 _LIBRARY = torch.library.Library("switchyard", "DEF")
-# window 0: none; softcap 0: none (the schema has no optional scalars worth their cost here);
-# sinks: gpt-oss's per-head attention sinks, or None.
+# window 0: none; softcap 0: none; chunk 0: none (the schema has no optional scalars worth their
+# cost here); sinks: gpt-oss's per-head attention sinks, or None.
 _LIBRARY.define(
     "attend(Tensor q, Tensor k, Tensor v, Tensor(a!) kv_cache, float scale, int window, "
-    "float softcap, Tensor? sinks) -> Tensor"
+    "float softcap, Tensor? sinks, int chunk) -> Tensor"
 )
 
 
@@ -78,6 +78,7 @@ def _attend_impl(
     window: int,
     softcap: float,
     sinks: torch.Tensor | None,
+    chunk: int,
 ) -> torch.Tensor:
     if _STEP.backend is None or _STEP.meta is None:
         raise RuntimeError("switchyard::attend called outside a compiled forward pass")
@@ -86,11 +87,15 @@ def _attend_impl(
     if kv_cache.shape[0] == 1:  # a one-plane cache (values = keys), as the graph holds it
         kv_cache = kv_cache.expand(2, *kv_cache.shape[1:])
     if q.shape[0] == n:
-        return attend(backend, q, k, v, kv_cache, meta, scale, window or None, cap, sinks)
+        return attend(
+            backend, q, k, v, kv_cache, meta, scale, window or None, cap, sinks,
+            chunk=chunk or None,
+        )  # fmt: skip
     out = torch.zeros_like(q)  # a padded one-token step: the pad row attends to nothing
     out[:n] = attend(
-        backend, q[:n], k[:n], v[:n], kv_cache, meta, scale, window or None, cap, sinks
-    )
+        backend, q[:n], k[:n], v[:n], kv_cache, meta, scale, window or None, cap, sinks,
+        chunk=chunk or None,
+    )  # fmt: skip
     return out
 
 
@@ -105,7 +110,7 @@ _LIBRARY.impl("attend", _attend_impl, "CPU")
 
 
 @torch.library.register_fake("switchyard::attend")
-def _(q, k, v, kv_cache, scale, window, softcap, sinks):  # type: ignore[no-untyped-def]
+def _(q, k, v, kv_cache, scale, window, softcap, sinks, chunk):  # type: ignore[no-untyped-def]
     return torch.empty_like(q)
 
 
@@ -121,9 +126,12 @@ def _attend_in_graph(
     window: int | None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
-    """What `attend` becomes inside the compiled graph (window 0: none; softcap 0: none)."""
-    return _attend_op(q, k, v, kv_cache, scale, window or 0, float(softcap or 0.0), sinks)
+    """What `attend` becomes inside the compiled graph (window, softcap, chunk 0: none)."""
+    return _attend_op(
+        q, k, v, kv_cache, scale, window or 0, float(softcap or 0.0), sinks, chunk or 0
+    )
 
 
 register_graph_attend(_attend_in_graph)

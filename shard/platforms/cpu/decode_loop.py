@@ -124,6 +124,8 @@ class CpuDecodePath:
             for m in model.mixers
         ):
             return "some layer norms its values or reads another layer's keys and values"
+        if any(isinstance(m, Attention) and m.chunk is not None for m in model.mixers):
+            return "some layer attends in chunks (Llama 4's), which the native kernel has not"
         # (linear-attention layers have no backend: the first that attends says which)
         attending = [m for m in model.mixers if hasattr(m, "backend")]
         if not attending:
@@ -343,7 +345,6 @@ def _rotation_only(attention: Attention) -> Rotate:
             return q if heads_contiguous(q) else q.contiguous(), k, v
 
         return modules
-    cos, sin = rotary.cos, rotary.sin
     qk_cols, joint = (heads + kv_heads) * d, heads + kv_heads
 
     def fused(
@@ -351,7 +352,8 @@ def _rotation_only(attention: Attention) -> Rotate:
     ) -> tuple[torch.Tensor, ...]:
         # q's and k's heads are neighbours in each row of the fused product: one rotation
         rows = qkv.shape[0]
-        rotated = kernel(qkv[:, :qk_cols].view(rows, joint, d), cos, sin, positions)
+        # (the tables read at each call: a shard's warmup sizes them after this is built)
+        rotated = kernel(qkv[:, :qk_cols].view(rows, joint, d), rotary.cos, rotary.sin, positions)
         v = qkv[:, qk_cols:].view(rows, kv_heads, d)
         return rotated[:, :heads], rotated[:, heads:], v
 

@@ -11,7 +11,8 @@ so the context is cut into `num_splits` contiguous ranges processed in parallel,
 partial result that `decode_reduce` combines. `choose_num_splits` decides.
 
 Sliding-window layers (SLIDING) start each sequence's loop at its window's first position, so a
-long context costs only its window; the splits cut up the window.
+long context costs only its window; the splits cut up the window. Chunked layers (CHUNKED,
+Llama 4's local layers) likewise start at the first position of the query's chunk.
 
 Soft-capped layers (SOFTCAP, Gemma 2) cap every score before the softmax
 (shard/platforms/cuda/kernels/ softmax.py); the splits' log-sum-exps are of the capped scores, so
@@ -78,6 +79,7 @@ def _paged_decode_kernel(
     NUM_SPLITS: tl.constexpr,
     SPLIT_PER_SEQUENCE: tl.constexpr,
     SLIDING: tl.constexpr,
+    CHUNKED: tl.constexpr,
     SOFTCAP: tl.constexpr,
     SINKS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -88,10 +90,13 @@ def _paged_decode_kernel(
     split = tl.program_id(2)
 
     context_len = tl.load(context_lens_ptr + seq)
-    # The first position the query sees: splits cut up the window, not the whole context.
+    # The first position the query sees: splits cut up the window (or the query's chunk), not
+    # the whole context.
     first_pos = 0
     if SLIDING:
         first_pos = tl.maximum(context_len - window, 0)
+    if CHUNKED:  # the query is at position context_len - 1
+        first_pos = (context_len - 1) // window * window
     if SPLIT_PER_SEQUENCE:
         # Each sequence's own span cut into NUM_SPLITS (whole tiles): the grid was sized for
         # the longest context the block table can hold, not for this step's contexts.
@@ -214,14 +219,17 @@ def paged_decode(
     window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    chunk: int | None = None,
     num_splits: int | None = None,
     config: DecodeConfig | None = None,
     split_per_sequence: bool = False,
 ) -> torch.Tensor:
     """q [B, H, D] against each sequence's first context_lens[b] cached tokens -> [B, H, D];
-    with `window`, against only the last `window` of them. With `softcap` (None or 0: off), each
-    scaled score s becomes softcap * tanh(s / softcap) before the softmax (Gemma 2). With `sinks`
-    ([H] float32, gpt-oss), head h's softmax denominator also counts exp(sinks[h]).
+    with `window`, against only the last `window` of them; with `chunk`, against only those of
+    the query's own chunk (from its position rounded down to a multiple of `chunk`). With
+    `softcap` (None or 0: off), each scaled score s becomes softcap * tanh(s / softcap) before
+    the softmax (Gemma 2). With `sinks` ([H] float32, gpt-oss), head h's softmax denominator
+    also counts exp(sinks[h]).
 
     `num_splits=None` lets `choose_num_splits` decide. Its context bound is the block table's
     width (or the window, if smaller), known on the host, so deciding costs no device-to-host
@@ -244,8 +252,11 @@ def paged_decode(
     group = num_heads // num_kv_heads
     cfg = config or default_decode_config(head_dim)
     max_context = block_tables.shape[1] * cache_block_size
-    if window is not None:
-        max_context = min(max_context, window)
+    if window is not None and chunk is not None:
+        raise ValueError("a layer attends in a sliding window or in chunks, not both")
+    span = window or chunk
+    if span is not None:
+        max_context = min(max_context, span)
     if num_splits is None:
         num_splits = choose_num_splits(batch, num_kv_heads, max_context, num_sms(q.device))
     tokens_per_split = triton.cdiv(triton.cdiv(max_context, num_splits), cfg.block_n) * cfg.block_n
@@ -269,7 +280,7 @@ def paged_decode(
         scale_log2,
         softcap_log2,
         tokens_per_split,
-        window or 0,
+        span or 0,
         *q.stride(),
         *out.stride(),
         *kv_cache.stride(),
@@ -284,6 +295,7 @@ def paged_decode(
         NUM_SPLITS=num_splits,
         SPLIT_PER_SEQUENCE=split_per_sequence,
         SLIDING=window is not None,
+        CHUNKED=chunk is not None,
         SOFTCAP=bool(softcap),
         SINKS=sinks is not None,
         **dot_options(q.dtype),

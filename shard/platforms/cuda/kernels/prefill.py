@@ -12,8 +12,11 @@ The packed part is split into tiles every row of the block sees (no mask, the bu
 and the tiles along the diagonal (masked), so the mask costs nothing off the diagonal.
 
 Sliding-window layers (SLIDING, Mistral; Qwen2's sliding layers): a query sees only the keys less
-than `window` positions before it. Tiles wholly before the block's first window start are never
-read, and the tiles where the windows of the block's rows start are masked like the diagonal.
+than `window` positions before it. Chunked layers (CHUNKED, Llama 4's local layers): a query sees
+only the keys of its own chunk of `window` positions (those from its position rounded down to a
+multiple of `window`). Either way the first key a row sees rises with the row, so tiles wholly
+before the block's first row's first key are never read, and the tiles where the block's rows'
+first keys lie are masked like the diagonal.
 
 Soft-capped layers (SOFTCAP, Gemma 2): every score is capped before the masks and the softmax
 (shard/platforms/cuda/kernels/softmax.py); off, the kernel is the same as without the option.
@@ -36,6 +39,15 @@ from shard.platforms.cuda.kernels.softmax import attend_tile, check_sinks, score
 
 
 @triton.jit
+def _first_seen(position, window, CHUNKED: tl.constexpr):
+    """The first position the query at `position` sees: in its sliding window, or (CHUNKED) in
+    its chunk of `window` positions."""
+    if CHUNKED:
+        return position // window * window
+    return position - window + 1
+
+
+@triton.jit
 def _masked_new_keys(
     q,
     m_i,
@@ -48,6 +60,7 @@ def _masked_new_keys(
     k_start,
     k_len,
     shift,
+    prefix,
     window,
     offs_m,
     offs_n,
@@ -58,13 +71,15 @@ def _masked_new_keys(
     softcap_log2,
     BLOCK_N: tl.constexpr,
     SLIDING: tl.constexpr,
+    CHUNKED: tl.constexpr,
     SOFTCAP: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
     """Folds in the packed new keys lo .. hi with every mask applied: the causal diagonal, the
-    sequence's end and (SLIDING) the window's start. Query row m sees new key n when
-    n <= m + shift and, with a window, n > m + shift - window."""
+    sequence's end and (SLIDING, CHUNKED) the row's first key. Query row m (at position
+    prefix + shift + m) sees new key n (at prefix + n) when n <= m + shift and, with a window or
+    chunks, prefix + n >= its first position seen."""
     for start_n in range(lo, hi, BLOCK_N):
         pos = start_n + offs_n
         valid = pos < k_len
@@ -72,8 +87,9 @@ def _masked_new_keys(
         k = tl.load(k_base + rows * stride_kt, mask=valid[:, None] & d_mask, other=0.0)
         v = tl.load(v_base + rows * stride_vt, mask=valid[:, None] & d_mask, other=0.0)
         seen = (pos[None, :] <= offs_m[:, None] + shift) & valid[None, :]
-        if SLIDING:
-            seen = seen & (pos[None, :] > offs_m[:, None] + shift - window)
+        if SLIDING or CHUNKED:
+            first = _first_seen(prefix + shift + offs_m[:, None], window, CHUNKED)
+            seen = seen & (prefix + pos[None, :] >= first)
         m_i, l_i, acc = attend_tile(
             q,
             k,
@@ -133,6 +149,7 @@ def _prefill_kernel(
     CACHE_BLOCK_SIZE: tl.constexpr,
     HAS_PREFIX: tl.constexpr,
     SLIDING: tl.constexpr,
+    CHUNKED: tl.constexpr,
     SOFTCAP: tl.constexpr,
     SINKS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -165,12 +182,15 @@ def _prefill_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
+    # the cached tokens before the new keys: new key n is at position prefix + n
+    prefix = k_len * 0
     if HAS_PREFIX:
         prefix = tl.load(context_lens_ptr + seq) - k_len
         bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
         first_pos = 0
-        if SLIDING:  # the first position the block's first row sees
-            first_pos = tl.maximum(prefix + shift + start_m * BLOCK_M - window + 1, 0)
+        if SLIDING or CHUNKED:  # the first position the block's first row sees
+            first_row = prefix + shift + start_m * BLOCK_M
+            first_pos = tl.maximum(_first_seen(first_row, window, CHUNKED), 0)
         for start_n in range(first_pos, prefix, BLOCK_N):
             pos = start_n + offs_n
             valid = pos < prefix
@@ -181,8 +201,9 @@ def _prefill_kernel(
             k = tl.load(ptrs, mask=kv_mask, other=0.0)
             v = tl.load(ptrs + stride_c_kv, mask=kv_mask, other=0.0)
             seen = valid[None, :]
-            if SLIDING:  # row m is at position prefix + shift + m
-                seen = seen & (pos[None, :] > prefix + shift + offs_m[:, None] - window)
+            if SLIDING or CHUNKED:  # row m is at position prefix + shift + m
+                first = _first_seen(prefix + shift + offs_m[:, None], window, CHUNKED)
+                seen = seen & (pos[None, :] >= first)
             m_i, l_i, acc = attend_tile(
                 q,
                 k,
@@ -205,17 +226,22 @@ def _prefill_kernel(
     full_end = tl.minimum(start_m * BLOCK_M + shift + 1, k_len) // BLOCK_N * BLOCK_N
     # The diagonal: the last row of the block sees keys up to (start_m + 1) * BLOCK_M - 1 + shift.
     diag_end = tl.minimum((start_m + 1) * BLOCK_M + shift, k_len)
-    # With a sliding window, keys from `full_start` on are inside every row's window; the tiles
-    # between the first row's window start and there are masked.
+    # With a sliding window or chunks, keys from `full_start` on are seen by every row (the
+    # last row's first key seen is the highest); the tiles between the first row's first key
+    # and there are masked.
     full_start = 0
-    if SLIDING:
-        first_key = tl.maximum(start_m * BLOCK_M + shift - window + 1, 0) // BLOCK_N * BLOCK_N
-        last_row_first_key = tl.maximum((start_m + 1) * BLOCK_M + shift - window, 0)
+    if SLIDING or CHUNKED:
+        first_row = prefix + shift + start_m * BLOCK_M
+        first_key = tl.maximum(_first_seen(first_row, window, CHUNKED) - prefix, 0)
+        first_key = first_key // BLOCK_N * BLOCK_N
+        last_row = first_row + BLOCK_M - 1
+        last_row_first_key = tl.maximum(_first_seen(last_row, window, CHUNKED) - prefix, 0)
         full_start = tl.cdiv(last_row_first_key, BLOCK_N) * BLOCK_N
         m_i, l_i, acc = _masked_new_keys(
             q, m_i, l_i, acc, k_base, v_base, first_key, tl.minimum(full_start, diag_end),
-            k_start, k_len, shift, window, offs_m, offs_n, d_mask, stride_kt, stride_vt,
-            scale_log2, softcap_log2, BLOCK_N, SLIDING, SOFTCAP, DOT_PRECISION, DOT_UPCAST,
+            k_start, k_len, shift, prefix, window, offs_m, offs_n, d_mask, stride_kt, stride_vt,
+            scale_log2, softcap_log2, BLOCK_N, SLIDING, CHUNKED, SOFTCAP, DOT_PRECISION,
+            DOT_UPCAST,
         )  # fmt: skip
     for start_n in range(full_start, full_end, BLOCK_N):
         rows = (k_start + start_n + offs_n).to(tl.int64)[:, None]
@@ -242,8 +268,8 @@ def _prefill_kernel(
         )
     m_i, l_i, acc = _masked_new_keys(
         q, m_i, l_i, acc, k_base, v_base, tl.maximum(full_end, full_start), diag_end,
-        k_start, k_len, shift, window, offs_m, offs_n, d_mask, stride_kt, stride_vt,
-        scale_log2, softcap_log2, BLOCK_N, SLIDING, SOFTCAP, DOT_PRECISION, DOT_UPCAST,
+        k_start, k_len, shift, prefix, window, offs_m, offs_n, d_mask, stride_kt, stride_vt,
+        scale_log2, softcap_log2, BLOCK_N, SLIDING, CHUNKED, SOFTCAP, DOT_PRECISION, DOT_UPCAST,
     )  # fmt: skip
 
     if SINKS:  # the sink in base 2 (log2(e)), against the same max as the sum
@@ -302,6 +328,7 @@ def varlen_prefill(
     window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    chunk: int | None = None,
     config: PrefillConfig | None = None,
 ) -> torch.Tensor:
     """Causal attention of packed queries q [Tq, H, D] over packed keys/values k, v [Tk, Hkv, D]
@@ -309,13 +336,16 @@ def varlen_prefill(
 
     With kv_cache/block_tables/context_lens, sequence i first attends to the
     `context_lens[i] - k_len` cached tokens before its new keys. With `window`, a query sees
-    only the keys less than `window` positions before it. With `softcap` (None or 0: off), each
+    only the keys less than `window` positions before it; with `chunk`, only the keys of its own
+    chunk (positions c * chunk .. (c + 1) * chunk - 1). With `softcap` (None or 0: off), each
     scaled score s becomes softcap * tanh(s / softcap) before the masks and the softmax (Gemma
     2). With `sinks` ([H] float32, gpt-oss), head h's softmax denominator also counts
     exp(sinks[h]). Returns [Tq, H, D] in q's dtype.
     """
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
+    if window is not None and chunk is not None:
+        raise ValueError("a layer attends in a sliding window or in chunks, not both")
     if num_heads % num_kv_heads:
         raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv_heads} KV heads")
     out = torch.empty_like(q)
@@ -352,7 +382,7 @@ def varlen_prefill(
         q if sinks is None else sinks,  # a dummy where SINKS is compiled out
         scale_log2,
         softcap_log2,
-        window or 0,
+        chunk or window or 0,
         *q.stride(),
         *k.stride(),
         *v.stride(),
@@ -367,6 +397,7 @@ def varlen_prefill(
         CACHE_BLOCK_SIZE=cache_block_size,
         HAS_PREFIX=has_prefix,
         SLIDING=window is not None,
+        CHUNKED=chunk is not None,
         SOFTCAP=bool(softcap),
         SINKS=sinks is not None,
         **dot_options(q.dtype),
