@@ -1,4 +1,4 @@
-"""Gemma 2, Phi-3 and Gemma 3 as released (vision-language, served text only) end to end: the
+"""Gemma 2, Phi-3, Gemma 3, Gemma 4 and Llama 4 as released (vision-language, served text only) end to end: the
 real launcher with two shards, prefix caching on and a small prefill budget (prompts chunked
 across 16-token blocks), serving prompts that share prefixes; greedy ids and logprobs equal
 transformers.
@@ -49,6 +49,9 @@ CASES = {**NEW_ARCH_MODELS, **VISION_LANGUAGE_MODELS}
         # per-layer embeddings and KV-sharing layers, whose caches are their sources', under
         # chunked prefill and cached prefixes
         "gemma4_vision_language",
+        # attention chunks of 8 positions crossed by every prompt and by the prefill chunks and
+        # cached blocks; NoPE layers' position-scaled queries; experts on weighted inputs
+        "llama4_vision_language",
     ],
 )
 def served(request, tmp_path_factory):

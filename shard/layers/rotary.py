@@ -336,6 +336,8 @@ class RotaryEmbedding(nn.Module):
         config = self.config
         positions = max(1, min(positions, config.max_position_embeddings))
         device = self.cos.device if device is None else device
+        if getattr(self, "positions", None) == positions and self.cos.device == device:
+            return  # the same tables: kept (a compiled forward's graphs hold these tensors)
         # longrope: the row of the long table for position p is p + long_offset. Short rows are
         # read only by sequences no longer than original_max_position_embeddings, whose
         # positions are below it, so the short table stops there.
