@@ -1,7 +1,7 @@
-"""Gemma 2, Phi-3, Gemma 3, Gemma 4 and Llama 4 as released (vision-language, served text only) end to end: the
-real launcher with two shards, prefix caching on and a small prefill budget (prompts chunked
-across 16-token blocks), serving prompts that share prefixes; greedy ids and logprobs equal
-transformers.
+"""Gemma 2, Phi-3, and Gemma 3, Gemma 4 and Llama 4 as released (vision-language, served text
+only) end to end: the real launcher with two shards, prefix caching on and a small prefill
+budget (prompts chunked across 16-token blocks), serving prompts that share prefixes; greedy ids
+and logprobs equal transformers.
 
 Gemma 2's windows (7 tokens) are shorter than every prompt and its soft-caps small enough to
 matter; Phi-3's longrope boundary (32 tokens) falls between the short and the long prompts, so
