@@ -384,7 +384,8 @@ def _read_stacked(
     (stacked,) = gate_up
     # the dims of gate_up's and of down's intermediate size
     pair_dim, down_dim = (2, 1) if transposed else (1, 2)
-    e_all, rows = weights.shape(stacked)[0], weights.shape(stacked)[pair_dim]
+    shape = weights.shape(stacked)
+    e_all, rows = shape[0], shape[pair_dim]
     if rows != 2 * intermediate_size:
         raise WeightsError(
             f"{stacked}: dim {pair_dim} is {rows}, not gate and up of intermediate size "

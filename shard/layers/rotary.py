@@ -310,6 +310,7 @@ class RotaryEmbedding(nn.Module):
         self.rotary_dim = config.rotary_dim
         self.ops = platform_of(device)
         self.long_offset: int | None = None
+        self.positions = 0  # the tables' rows (and the short ones before them, for longrope)
         self.tabulate(LOAD_POSITIONS, device)
         # Interleaved pairs are reordered evens-then-odds (the dims past rotary_dim stay) and
         # then turned as halves: the same rotation of each pair, the dims of q and of k in the
@@ -336,7 +337,7 @@ class RotaryEmbedding(nn.Module):
         config = self.config
         positions = max(1, min(positions, config.max_position_embeddings))
         device = self.cos.device if device is None else device
-        if getattr(self, "positions", None) == positions and self.cos.device == device:
+        if self.positions == positions and self.cos.device == device:
             return  # the same tables: kept (a compiled forward's graphs hold these tensors)
         # longrope: the row of the long table for position p is p + long_offset. Short rows are
         # read only by sequences no longer than original_max_position_embeddings, whose
