@@ -131,7 +131,7 @@ def _launch(
     try:
         check_num_shard(cfg.num_shard, model_dir, env.cuda_visible_devices)
         check_experts(cfg.expert_parallel, cfg.num_shard, model_dir, cfg.compile)
-        check_quantization(cfg.quantize, cfg.num_shard, model_dir, cfg.compile)
+        check_quantization(cfg.quantize, cfg.num_shard, model_dir, cfg.compile, cfg.expert_parallel)
         if draft_dir is not None:  # sharded over the same ranks; its checkpoint says its format
             check_num_shard(cfg.num_shard, draft_dir, env.cuda_visible_devices)
             check_quantization(None, cfg.num_shard, draft_dir, False)

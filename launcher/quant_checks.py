@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from launcher.checks import _dense_reason, _experts, _positive
+from launcher.checks import _dense_reason, _expert_intermediate, _experts, _positive
 from shard.layers.quant.config import (
     QuantizationConfig,
     QuantizationConfigError,
@@ -21,8 +21,17 @@ class QuantizationCheckError(ValueError):
     pass
 
 
+# A routed expert's module as most checkpoints name it: what a config's `dynamic` or `ignore`
+# rules are asked about (gptqmodel's MoE recipe leaves `.*\.experts\..*` in floating point)
+EXPERT_MODULE = "model.layers.0.mlp.experts.0.gate_proj"
+
+
 def check_quantization(
-    quantize: str | None, num_shard: int, model_dir: Path, compiled: bool = False
+    quantize: str | None,
+    num_shard: int,
+    model_dir: Path,
+    compiled: bool = False,
+    expert_parallel: bool = False,
 ) -> None:
     """Raises QuantizationCheckError naming the flag, the checkpoint's value and the fix."""
     config = _read_config(model_dir)
@@ -60,8 +69,10 @@ def check_quantization(
     if not quant.int4_linears:  # experts only (check_experts), or FP8, whose cuts any split
         return
     shapes = config.get("text_config", config)  # multimodal wrappers nest the LM's config
-    if not _splits(shapes, quant, num_shard):
-        working = [n for n in range(1, 65) if _splits(shapes, quant, n)]
+    # int4 experts split by their intermediate size, unless each shard holds whole experts
+    split_experts = not expert_parallel and quant.quantizes(EXPERT_MODULE)
+    if not _splits(shapes, quant, num_shard, split_experts):
+        working = [n for n in range(1, 65) if _splits(shapes, quant, n, split_experts)]
         raise QuantizationCheckError(
             f"--num-shard {num_shard} cannot split this {quant.method} checkpoint: each shard's "
             f"slice of every layer must fall on quantization group boundaries (group_size "
@@ -78,14 +89,15 @@ def _read_config(model_dir: Path) -> dict[str, Any]:
     return config if isinstance(config, dict) else {}
 
 
-def _splits(config: dict[str, Any], quant: QuantizationConfig, n: int) -> bool:
+def _splits(config: dict[str, Any], quant: QuantizationConfig, n: int, split_experts: bool) -> bool:
     """Whether every quantized tensor-parallel linear of a Llama-family model (or of a
-    Mixture-of-Experts one's attention, shared expert and dense layers) splits across n shards."""
+    Mixture-of-Experts one's attention, shared expert and dense layers, and its experts where
+    `split_experts`) splits across n shards."""
     try:
         heads = int(config["num_attention_heads"])
         kv_heads = int(config.get("num_key_value_heads") or heads)
         head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
-        intermediates = _mlp_sizes(config)
+        intermediates = _mlp_sizes(config, split_experts)
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return True  # not a shape we know: the shard's loader checks every tensor
     if heads % n or (kv_heads % n and n % kv_heads):
@@ -103,15 +115,19 @@ def _splits(config: dict[str, Any], quant: QuantizationConfig, n: int) -> bool:
     )
 
 
-def _mlp_sizes(config: dict[str, Any]) -> list[int]:
-    """The intermediate sizes of the MLPs that quantized tensor-parallel linears hold. Not a
-    Mixture-of-Experts model's routed experts: the shard refuses int4 experts at any shard
-    count, naming them, and float ones are split as launcher/checks.py check_experts checks.
-    So Mixtral's intermediate_size (its experts') is not one; a Qwen-MoE's is where some layers
-    stay dense, and its shared expert's shared_expert_intermediate_size is."""
+def _mlp_sizes(config: dict[str, Any], split_experts: bool) -> list[int]:
+    """The intermediate sizes of the MLPs that quantized tensor-parallel linears hold: a dense
+    model's; a Mixture-of-Experts model's dense layers (a Qwen-MoE's intermediate_size where
+    some layers stay dense), its shared expert's (shared_expert_intermediate_size), and with
+    `split_experts` (int4 experts, tensor parallel) its routed experts' (moe_intermediate_size,
+    or Mixtral's intermediate_size). Floating-point experts are split as launcher/checks.py
+    check_experts checks."""
     if _experts(config) is None:
         return [int(config["intermediate_size"])]
     sizes = [_positive(config.get("shared_expert_intermediate_size"))]
+    experts = _expert_intermediate(config)
+    if split_experts and experts is not None:
+        sizes.append(experts[1])
     if "moe_intermediate_size" in config and _dense_reason(config):
         sizes.append(_positive(config.get("intermediate_size")))
     return [size for size in sizes if size is not None]

@@ -13,7 +13,9 @@ Checkpoints come in these layouts, all read: the Hub's per-expert modules
 (`experts.{e}.gate_proj.weight` ..., Mixtral's `w1/w3/w2`), transformers 5's own stacked
 parameters (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I]; Llama 4's
 transposed: [E, H, 2I] and [E, I, H]), and gpt-oss's transposed, interleaved ones with biases,
-in floating point or MXFP4 (shard/layers/moe_interleaved.py).
+in floating point or MXFP4 (shard/layers/moe_interleaved.py). Quantized experts: FP8 per
+expert (shard/layers/moe_fp8.py) and int4 per expert (AWQ, GPTQ, compressed-tensors:
+shard/layers/moe_int4.py).
 """
 
 from __future__ import annotations
@@ -24,9 +26,17 @@ import torch
 from torch import nn
 
 from shard.layers.moe_fp8 import keeps_fp8_experts, read_fp8_expert, stack_fp8_experts
+from shard.layers.moe_int4 import (
+    INT4_TENSORS,
+    Int4Layer,
+    int4_layer,
+    is_int4_expert,
+    read_int4_expert,
+)
 from shard.layers.moe_interleaved import read_interleaved
 from shard.layers.quant.fp8 import SCALE_NAMES, UNUSED, Fp8Weight, scale_name
 from shard.layers.quant.fp8_source import read_dequantized
+from shard.layers.quant.int4 import QuantizedWeight
 from shard.layers.quant.reader import FeatureRange
 from shard.platforms import platform_of
 from shard.platforms.fp8_scales import Fp8Scales
@@ -34,6 +44,9 @@ from shard.weights import Weights, WeightsError
 
 log = logging.getLogger(__name__)
 _logged: list[str] = []  # the first FP8 expert read in this process, once logged
+
+# A layer's experts of one kind: floating point or FP8 [E, N, K], or int4 (moe_int4.py)
+ExpertWeights = torch.Tensor | Int4Layer
 
 # The placeholder of a per-expert checkpoint name ("model.layers.0.mlp.experts.{e}.gate_proj").
 EXPERT = "{e}"
@@ -132,14 +145,15 @@ def route_grouped_sigmoid(
 
 
 class FusedMoE(nn.Module):
-    """This rank's experts: w13 [E_r, 2 I_r, H] (gate rows first), w2 [E_r, H, I_r]; gpt-oss's
-    biases w13_bias [E_r, 2 I_r] and w2_bias [E_r, H] (None on the ranks that leave it to rank 0)
-    and its clamped SwiGLU's (alpha, limit)."""
+    """This rank's experts: w13 [E_r, 2 I_r, H] (gate rows first), w2 [E_r, H, I_r], or int4
+    experts of those shapes (shard/layers/moe_int4.py); gpt-oss's biases w13_bias [E_r, 2 I_r]
+    and w2_bias [E_r, H] (None on the ranks that leave it to rank 0) and its clamped SwiGLU's
+    (alpha, limit)."""
 
     def __init__(
         self,
-        w13: torch.Tensor,
-        w2: torch.Tensor,
+        w13: ExpertWeights,
+        w2: ExpertWeights,
         *,
         num_experts: int,
         first_expert: int,
@@ -152,8 +166,13 @@ class FusedMoE(nn.Module):
         w2_scales: Fp8Scales | None = None,
     ) -> None:
         super().__init__()
-        self.w13 = nn.Parameter(w13, requires_grad=False)
-        self.w2 = nn.Parameter(w2, requires_grad=False)
+        self.w13: ExpertWeights
+        self.w2: ExpertWeights
+        if isinstance(w13, torch.Tensor) and isinstance(w2, torch.Tensor):
+            self.w13 = nn.Parameter(w13, requires_grad=False)
+            self.w2 = nn.Parameter(w2, requires_grad=False)
+        else:  # int4: submodules holding their packed buffers
+            self.w13, self.w2 = w13, w2
         self.register_buffer("w13_bias", w13_bias, persistent=False)
         self.register_buffer("w2_bias", w2_bias, persistent=False)
         # FP8 experts (w13 and w2 float8_e4m3fn): their scales and inputs per scale
@@ -168,7 +187,7 @@ class FusedMoE(nn.Module):
             self.extras = {"swiglu_alpha": swiglu[0], "swiglu_limit": swiglu[1]}
         self.num_experts = num_experts  # the model's, over all ranks
         self.first_expert = first_expert  # this rank's first (expert parallel), else 0
-        self.local_experts = w13.shape[0]
+        self.local_experts = len(w13)
         self.act = act  # a name of shard/platforms/activations.py's table
         self.triton = triton  # the Triton kernel (always on CUDA; interpreted in CPU tests)
 
@@ -265,8 +284,8 @@ class FusedMoE(nn.Module):
 
 
 def _refuse_quantized(weights: Weights, names: list[str]) -> None:
-    """Int4 experts need a grouped int4 kernel, which we do not have: refused at load, naming
-    the format and the module, rather than dequantized behind the user's back."""
+    """Quantized experts in transformers' stacked layout (one tensor for every expert): refused
+    at load, naming the format and the module; the Hub's per-expert tensors are read."""
     config = weights.quantization
     if config is None:
         return
@@ -277,16 +296,17 @@ def _refuse_quantized(weights: Weights, names: list[str]) -> None:
                 f"FP8 experts in transformers' stacked layout ({module} with its scales) are "
                 "not supported; checkpoints with a tensor per expert (the Hub's layout) are"
             )
+        if EXPERT in name:
+            continue  # one module per expert: read by its format (int4 or FP8)
         if (
             config.quantizes(module)
             and not weights.has(f"{module}.weight")
             and not (weights.has(module))
         ):
             raise WeightsError(
-                f"{config.method} {'int4 ' if config.int4_linears else ''}experts are not "
-                f"supported: {module} is quantized, and Mixture-of-Experts layers serve "
-                "floating-point expert weights only (a checkpoint that leaves the experts "
-                "unquantized, or the unquantized model, serves)"
+                f"{config.method} {'int4 ' if config.int4_linears else ''}experts in one "
+                f"stacked tensor are not supported: {module} is quantized; checkpoints with "
+                "tensors per expert (experts.{e}.gate_proj ..., the Hub's layout) are"
             )
 
 
@@ -298,16 +318,21 @@ def _read_per_expert(
     experts: range,
     cols: tuple[int, int],
     intermediate_size: int,
-) -> tuple[torch.Tensor, torch.Tensor, Fp8Scales | None, Fp8Scales | None]:
+) -> tuple[ExpertWeights, ExpertWeights, Fp8Scales | None, Fp8Scales | None]:
     """w13 and w2 stacked over this rank's experts, and FP8 experts' scales where the Triton
-    kernel takes them as stored (else FP8 experts are dequantized, and the scales None)."""
+    kernel takes them as stored (else FP8 experts are dequantized, and the scales None); int4
+    experts as moe_int4.int4_layer keeps them."""
     gate, up = gate_up
     start, stop = cols
     w13: torch.Tensor | None = None
     w2: torch.Tensor | None = None
     kept: list[tuple[Fp8Weight, Fp8Weight]] = []
+    int4: list[tuple[QuantizedWeight, QuantizedWeight]] = []
     for j, e in enumerate(experts):
         modules = [m.replace(EXPERT, str(e)) for m in (gate, up, down)]
+        if is_int4_expert(weights, modules[0]):
+            int4.append(read_int4_expert(weights, modules, start, stop, intermediate_size))
+            continue
         _check_intermediate(weights, f"{modules[2]}.weight", 1, intermediate_size)
         if _fp8(weights, modules[0]):
             if keeps_fp8_experts(weights):
@@ -324,6 +349,12 @@ def _read_per_expert(
             w2 = rows.new_empty((len(experts), *rows.shape))
         w13[j], w2[j] = pair, rows
     _mark_other_experts(weights, gate_up + [down], experts, num_experts)
+    if int4:
+        if len(int4) != len(experts):
+            raise WeightsError(f"{down}: some experts are int4 and some are not")
+        w13s, w2s = zip(*int4, strict=True)
+        layers = int4_layer(list(w13s), weights, gate), int4_layer(list(w2s), weights, down)
+        return *layers, None, None
     if kept:
         return stack_fp8_experts(kept, down)
     if w13 is None or w2 is None:
@@ -365,7 +396,7 @@ def _mark_other_experts(weights: Weights, names: list[str], experts: range, tota
         if e not in experts:
             for m in names:
                 module = m.replace(EXPERT, str(e))
-                for suffix in ("weight", *SCALE_NAMES, *UNUSED):
+                for suffix in ("weight", *SCALE_NAMES, *UNUSED, *INT4_TENSORS):
                     if weights.has(f"{module}.{suffix}"):
                         weights.mark_consumed(f"{module}.{suffix}")
 

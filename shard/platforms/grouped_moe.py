@@ -12,14 +12,18 @@ shard/platforms/cuda/kernels/fused_moe.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from shard.platforms.activations import CLAMPED_SWIGLU, GATED_ACTIVATIONS, SILU, clamped_swiglu
 
 Swiglu = Callable[[torch.Tensor], torch.Tensor | None]
+# A layer's experts of one kind: a stacked tensor [E, N, K], or one linear module per expert
+# (int4 experts off the Triton kernel: each expert's module computes x @ w.T itself)
+Experts = torch.Tensor | Sequence[nn.Module]
 Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 # A platform's whole SwiGLU computation in one call (x, w13, w2, topk_weights, topk_ids: the
 # arguments of grouped_experts), or None for a step it does not take.
@@ -30,8 +34,8 @@ SwigluExperts = Callable[
 
 def grouped_experts(
     x: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
+    w13: Experts,
+    w2: Experts,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     act: str,
@@ -47,11 +51,12 @@ def grouped_experts(
     """See Platform.fused_moe. `swiglu`: the platform's fused silu(gate) * up of a [N, 2I]
     product, or None (torch's two ops); `linear`: the platform's x @ w.T of a plain weight;
     `swiglu_experts`: the platform's whole computation below in one call, where it has one
-    (plain SwiGLU experts without biases)."""
+    (plain SwiGLU experts without biases, stacked). w13 and w2 may instead be sequences of
+    per-expert linear modules (int4 experts), each called on its rows."""
     tokens, k = topk_ids.shape
     if tokens == 0:
         return torch.zeros_like(x)
-    plain = w13_bias is None and w2_bias is None
+    plain = w13_bias is None and w2_bias is None and isinstance(w13, torch.Tensor)
     if act == SILU and plain and swiglu_experts is not None:
         out = swiglu_experts(x, w13, w2, topk_weights, topk_ids)
         if out is not None:
@@ -61,7 +66,7 @@ def grouped_experts(
     order = torch.argsort(flat, stable=True)
     kept = int((flat < 0).sum())
     order = order[kept:]
-    counts = torch.bincount(flat[order], minlength=w13.shape[0]).tolist()
+    counts = torch.bincount(flat[order], minlength=len(w13)).tolist()
     gathered = x.index_select(0, order // k)
     math = _ExpertMath(act, swiglu, linear, w13_bias, w2_bias, swiglu_alpha, swiglu_limit)
     results = _expert_loop(gathered, counts, w13, w2, math)
@@ -109,6 +114,12 @@ class _ExpertMath:
     alpha: float = 1.702
     limit: float = 7.0
 
+    def apply(self, rows: torch.Tensor, weight: torch.Tensor | nn.Module) -> torch.Tensor:
+        """rows @ weight.T: a plain weight through the platform's linear, a module by itself."""
+        if isinstance(weight, nn.Module):
+            return weight(rows)
+        return self.linear(rows, weight)
+
     def hidden(self, product: torch.Tensor) -> torch.Tensor:
         if self.act == SILU and self.swiglu is not None:
             fused = self.swiglu(product)
@@ -123,8 +134,8 @@ class _ExpertMath:
 def _expert_loop(
     gathered: torch.Tensor,
     counts: list[int],
-    w13: torch.Tensor,
-    w2: torch.Tensor,
+    w13: Experts,
+    w2: Experts,
     math: _ExpertMath,
 ) -> torch.Tensor:
     """Each expert's rows of `gathered` (grouped by expert, `counts` each) through its MLP. A
@@ -135,10 +146,10 @@ def _expert_loop(
         if not count:
             continue
         stop = start + count
-        product = math.linear(gathered[start:stop], w13[expert])
+        product = math.apply(gathered[start:stop], w13[expert])
         if math.w13_bias is not None:
             product = product + math.w13_bias[expert]
-        out = math.linear(math.hidden(product), w2[expert])
+        out = math.apply(math.hidden(product), w2[expert])
         if math.w2_bias is not None:
             out = out + math.w2_bias[expert]
         results[start:stop] = out

@@ -20,6 +20,7 @@ from shard.distributed import Distributed
 from shard.layers.quant.fp8_linear import TritonFp8
 from shard.layers.quant.int4_triton import TritonInt4
 from shard.models import load_model
+from shard.platforms.int4_experts import Int4Experts
 from tests.shard.paged_helpers import assert_every_step_equals_reference, run_paged
 from tests.shard.quant_fixtures import fixture
 
@@ -36,6 +37,8 @@ CASES = {
     "hf_fp8_block_phi3": TritonFp8,
     # FP8 experts kept FP8 for the fused MoE kernel (its FP8_W variant), FP8 attention
     "hf_fp8_block_qwen3_moe": torch.float8_e4m3fn,
+    # GPTQ experts kept int4 for the fused MoE kernel (its INT4_W variant), int4 attention
+    "gptq_g32_sym_qwen3_moe": Int4Experts,
 }
 
 
@@ -46,7 +49,11 @@ def test_greedy_ids_and_logits_equal_transformers_on_the_library_dequantized_mod
     ours = load_model(
         fixture(name), dtype=torch.float32, device=DEVICE, dist=Distributed(), attention="triton"
     )
-    if CASES[name] == torch.float8_e4m3fn:
+    if CASES[name] is Int4Experts:
+        experts = ours.layers[0].mlp.experts
+        assert isinstance(experts.w13, Int4Experts) and isinstance(experts.w2, Int4Experts)
+        assert isinstance(ours.layers[0].self_attn.o_proj.weight, TritonInt4)
+    elif CASES[name] == torch.float8_e4m3fn:
         experts = ours.layers[0].mlp.experts
         assert experts.w13.dtype == experts.w2.dtype == torch.float8_e4m3fn
         assert isinstance(ours.layers[0].self_attn.o_proj.weight, TritonFp8)

@@ -674,7 +674,7 @@ def _reference_weight(ref: dict, prefix: str):
 
 
 # Served fixtures that build_moe.py builds (reference/ included); `verify` checks them too.
-BUILT_BY_MOE = ("gptq_g32_sym_qwen3_moe_float_experts",)
+BUILT_BY_MOE = ("gptq_g32_sym_qwen3_moe", "gptq_g32_sym_qwen3_moe_float_experts")
 # FP8 fixtures that build_fp8.py builds: `verify` writes their expected.json; their layouts are
 # checked by build_fp8.py's own `verify` (layouts() here knows only the int4 ones).
 BUILT_BY_FP8 = (

@@ -5,12 +5,12 @@ gptq_g32_sym_qwen3_moe_float_experts, with gptqmodel itself.
 A tiny Qwen3-MoE (launcher/tiny_models.build_model, 4 experts, top 2) quantized by gptqmodel
 7.7.0's own MoE support (its `qwen3_moe` definition: attention and every routed expert's
 gate/up/down quantized, the router `mlp.gate` kept in fp16), saved in the Hub's per-expert layout
-(`mlp.experts.{e}.gate_proj.qweight` ...). Switchyard refuses int4 experts at load, naming the
-format and the module (tests/shard/test_quantized_moe.py), so this fixture has no `reference/`:
-tests/shard/quant_fixtures.py serves every directory that has one. provenance.json records the
-tool's own checks instead: that gptqmodel calibrated every expert, that its own forward stays
+(`mlp.experts.{e}.gate_proj.qweight` ...). Its `reference/` is written by --reference from the
+checkpoint as it stands (not quantized again): gptqmodel's own dequantization of every quantized
+module, experts included, as build.py's gptq stage writes the dense fixtures'. provenance.json
+records the tool's checks too: that gptqmodel calibrated every expert, that its own forward stays
 close to the float source, and that its expert tensors unpack by the same GPTQ layout as the
-dense fixtures' (README.md), exactly.
+dense fixtures' (README.md), exactly. tests/shard/test_quantized_moe.py serves it.
 
 --float-experts builds the same model with gptqmodel's common MoE recipe, the `dynamic` rule
 `{"-:.*\\.experts\\..*": {}}`: attention int4, every routed expert left in fp16 (and saved so).
@@ -21,8 +21,10 @@ and `build.py verify` writes its expected.json. tests/shard/test_quantized_moe.p
 Same venv as build.py's gptq stage (its docstring has the install commands). From the repo root:
 
   GPTQMODEL_CPU_WORKERS=2 /tmp/qtools/bin/python tests/quant_fixtures/build_moe.py   # ~20 s
+  GPTQMODEL_CPU_WORKERS=2 /tmp/qtools/bin/python tests/quant_fixtures/build_moe.py --reference
   GPTQMODEL_CPU_WORKERS=2 /tmp/qtools/bin/python tests/quant_fixtures/build_moe.py --float-experts
-  ONLY=gptq_g32_sym_qwen3_moe_float_experts .venv/bin/python tests/quant_fixtures/build.py verify
+  ONLY=gptq_g32_sym_qwen3_moe,gptq_g32_sym_qwen3_moe_float_experts \
+      .venv/bin/python tests/quant_fixtures/build.py verify
 """
 
 from __future__ import annotations
@@ -258,12 +260,62 @@ def reference_and_checks(fx: Path, float_dir: Path) -> list[dict]:
     return found
 
 
+def reference_of_int4_experts() -> None:
+    """--reference: reference/ of the int4-experts fixture as it stands, and provenance.json's
+    checks again (the float source rebuilt from its seed for the comparisons)."""
+    fx = HERE / NAME
+    work = Path(tempfile.mkdtemp(prefix="quant_moe_"))
+    os.chdir(work)
+    try:
+        float_dir = build.build_float(SPEC, work / "float")
+        found = [what_was_quantized(fx, float_experts=False)]
+        dequant, tool_logits = tool_dequant(fx)
+        found.append(layout_check(fx, dequant))
+        build.write_reference(fx, dequant)
+        found.append(build.float_vs_ref(fx, float_dir))
+        found.append(
+            build.compare(
+                fx, tool_logits, "gptqmodel GPTQModel.load(backend=gptq_torch) fp16 forward"
+            )
+        )
+        try:
+            found.append(
+                build.compare(
+                    fx,
+                    build.transformers_on_quant_dir(fx),
+                    "transformers AutoModelForCausalLM fp32 on the quantized dir (optimum + gptqmodel auto kernel)",
+                )
+            )
+        except Exception as e:  # noqa: BLE001 - recorded, not fatal
+            found.append(dict(against="transformers on the quantized dir", error=repr(e)[:500]))
+        for c in found:
+            print(" ", c)
+        prov = json.loads((fx / "provenance.json").read_text())
+        prov["reference"] = dict(
+            function="gptqmodel GPTQModel.load(quant_dir, backend=BACKEND.GPTQ_TORCH); per quant module "
+            "(attention and every expert's gate/up/down_proj): dequantize_weight() with scales cast to "
+            "fp32, transposed; every other tensor (router, norms, embeddings) cast to fp32",
+            dtype="float32",
+            written_by="build_moe.py --reference, from the checkpoint as quantized (not quantized again)",
+        )
+        prov["notes"] = [
+            n for n in prov.get("notes", []) if not n.startswith("No reference/")
+        ]
+        prov["checks"] = found
+        build.write_provenance(fx, prov)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main(argv: list[str]) -> None:
     import gptqmodel
 
+    if argv == ["--reference"]:
+        reference_of_int4_experts()
+        return
     float_experts = argv == ["--float-experts"]
     if argv and not float_experts:
-        sys.exit(f"usage: build_moe.py [--float-experts], not {argv}")
+        sys.exit(f"usage: build_moe.py [--float-experts | --reference], not {argv}")
     name = FLOAT_EXPERTS if float_experts else NAME
     dynamic = EXPERTS_UNQUANTIZED if float_experts else None
     work = Path(tempfile.mkdtemp(prefix="quant_moe_"))
@@ -321,8 +373,7 @@ def main(argv: list[str]) -> None:
         else:
             prov.update(
                 notes=[
-                    "No reference/: Switchyard refuses int4 experts at load (shard/layers/moe.py _refuse_quantized), "
-                    "and tests/shard/quant_fixtures.py serves every fixture that has a reference/.",
+                    "reference/ is written by build_moe.py --reference (run it after this).",
                     "gptqmodel 7.7.0 requires torch>=2.14.1 on paper; installed with --no-deps on torch 2.13.0+cpu and ran on CPU.",
                 ],
                 checks=checks(fx, float_dir),

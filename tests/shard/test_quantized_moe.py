@@ -1,14 +1,14 @@
 """An int4 Mixture-of-Experts checkpoint as gptqmodel writes it (tests/quant_fixtures/
 gptq_g32_sym_qwen3_moe: attention and every routed expert quantized, the router kept in fp16; see
-build_moe.py) is refused at load with a WeightsError naming the format and the first expert
-module, never dequantized behind the user's back; the launcher lets it through to the shard, whose
-one-line refusal the user sees, rather than misreporting a shard-count problem. The launcher's
-split check counts a Mixture-of-Experts model's quantized MLPs: its shared expert and dense layers,
-not its routed experts.
+build_moe.py) is served with its experts kept int4, against transformers on its reference/
+(gptqmodel's own dequantization), on one shard and per rank of two, tensor and expert parallel
+(the two ranks' sums: tests/shard/test_tensor_parallel.py; the Triton kernel on it:
+tests/kernels/test_quantized_triton.py). The launcher's split check counts the experts'
+intermediate size where they are int4 and split by it (tensor parallel), not under
+--expert-parallel, nor where they are floating point.
 
 The same recipe with gptqmodel's `dynamic` rule that leaves the experts in fp16
-(gptq_g32_sym_qwen3_moe_float_experts, int4 attention) serves: against transformers on its
-reference/ (gptqmodel's dequantization), on one shard and per rank of two."""
+(gptq_g32_sym_qwen3_moe_float_experts, int4 attention) serves too, its experts in fp16 as saved."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from launcher.quant_checks import QuantizationCheckError, check_quantization
 from shard.distributed import Distributed
 from shard.layers.moe import FusedMoE
 from shard.layers.quant.config import parse_quantization_config
+from shard.layers.quant.int4_cpu import CpuInt4
 from shard.layers.quant.int4_dequant import DequantizingInt4
 from shard.models import load_model
 from shard.weights import WeightsError
@@ -37,10 +38,6 @@ FLOAT_EXPERTS = "gptq_g32_sym_qwen3_moe_float_experts"
 # test_quantized_models.py's: fp32 against the library-dequantized model in transformers.
 STEPS, ATOL = 4, 1e-4
 GATE_UP = ("gate_proj", "up_proj")
-EXPERTS_REFUSED = (
-    r"^gptq int4 experts are not supported: model\.layers\.0\.mlp\.experts\.0\.gate_proj is "
-    r"quantized, and Mixture-of-Experts layers serve floating-point expert weights only"
-)
 
 
 def load(path: Path, rank: int = 0, world: int = 1, expert_parallel: bool = False):
@@ -51,7 +48,7 @@ def load(path: Path, rank: int = 0, world: int = 1, expert_parallel: bool = Fals
 
 
 def test_gptqmodel_quantized_the_experts_and_kept_the_router_in_floating_point():
-    """The premise of the refusals below, and the fixture is not among the served ones."""
+    """The premise of the serving tests below."""
     keys = checkpoint_keys(MOE)
     assert quant_config(MOE)["quant_method"] == "gptq" and quant_config(MOE)["bits"] == 4
     for layer in (0, 1):
@@ -62,17 +59,48 @@ def test_gptqmodel_quantized_the_experts_and_kept_the_router_in_floating_point()
                 assert f"{module}.weight" not in keys
         assert f"model.layers.{layer}.self_attn.q_proj.qweight" in keys
         assert f"model.layers.{layer}.mlp.gate.weight" in keys
-    assert MOE not in SERVED
+    assert MOE not in SERVED and SERVED_MOE == [MOE, FLOAT_EXPERTS]
 
 
-@pytest.mark.parametrize(
-    ("rank", "world", "expert_parallel"),
-    [(0, 1, False), (1, 2, False), (1, 2, True)],
-    ids=["one-shard", "tensor-parallel-rank-1", "expert-parallel-rank-1"],
-)
-def test_int4_experts_are_refused_naming_the_format_and_the_module(rank, world, expert_parallel):
-    with pytest.raises(WeightsError, match=EXPERTS_REFUSED):
-        load(fixture(MOE), rank, world, expert_parallel)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int4_experts_stay_int4_one_platform_linear_per_expert(dtype):
+    """Off the Triton kernel each expert is an int4 linear of the platform's: torch's CPU int4
+    kernel for bf16 (group 32 is one it takes), dequantizing a slice at a time for fp32. No
+    floating-point copy of any expert is kept."""
+    ours = load_model(fixture(MOE), dtype=dtype, device=CPU, dist=Distributed())
+    kind = CpuInt4 if dtype == torch.bfloat16 else DequantizingInt4
+    for layer in ours.layers:
+        experts = layer.mlp.experts
+        assert isinstance(experts, FusedMoE) and len(experts.w13) == len(experts.w2) == 4
+        assert all(type(w) is kind for w in [*experts.w13, *experts.w2])
+        assert not any(p.is_floating_point() for p in experts.parameters())
+        floats = [b for b in experts.buffers() if b.is_floating_point() and b.numel() > 64 * 4]
+        assert all(b.shape[0] <= 4 for b in floats)  # scales per group, not weights
+    # the first layer's experts on a decode-sized and a prefill-sized step against gptqmodel's
+    # dequantized weights, in float64: bf16's error (its rounded scales and activations)
+    ref = load_file(fixture(MOE) / "reference" / "model.safetensors")
+    experts = ours.layers[0].mlp.experts
+    gen = torch.Generator().manual_seed(4)
+    for tokens in (1, 400):  # ~200 rows an expert: the dense path past DENSE_MIN_ROWS
+        x = torch.randn(tokens, 128, generator=gen).to(dtype)
+        ids = torch.stack([torch.randperm(4, generator=gen)[:2] for _ in range(tokens)]).int()
+        weights = torch.softmax(torch.randn(tokens, 2, generator=gen), -1)
+        got = experts(x, weights, ids)
+        want = _experts_reference(ref, "model.layers.0.mlp", x, weights, ids)
+        tolerance = 2e-2 * want.abs().max().item() if dtype == torch.bfloat16 else 1e-5
+        torch.testing.assert_close(got.double(), want, atol=tolerance, rtol=0)
+
+
+def _experts_reference(ref, mlp: str, x, weights, ids) -> torch.Tensor:
+    """sum over k of weights[t, k] * down_e(silu(gate_e x) * up_e x), e = ids[t, k], float64."""
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for k in range(ids.shape[1]):
+            e, row = int(ids[t, k]), x[t].double()
+            w = {p: ref[f"{mlp}.experts.{e}.{p}.weight"].double() for p in (*GATE_UP, "down_proj")}
+            hidden = torch.nn.functional.silu(w["gate_proj"] @ row) * (w["up_proj"] @ row)
+            out[t] += weights[t, k].double() * (w["down_proj"] @ hidden)
+    return out
 
 
 def test_a_quantized_router_is_refused_naming_it(tmp_path):
@@ -101,7 +129,7 @@ def test_a_quantized_router_is_refused_naming_it(tmp_path):
 def test_gptqmodel_left_the_experts_in_floating_point_by_its_dynamic_rule():
     """The premise of the serving tests below: gptqmodel's MoE recipe saved every routed expert
     as an fp16 `.weight`, attention as GPTQ, and our config reads its rule as gptqmodel does."""
-    assert SERVED_MOE == [FLOAT_EXPERTS] and FLOAT_EXPERTS not in SERVED
+    assert FLOAT_EXPERTS in SERVED_MOE and FLOAT_EXPERTS not in SERVED
     raw = quant_config(FLOAT_EXPERTS)
     assert raw["dynamic"] == {"-:.*\\.experts\\..*": {}}
     config, keys = parse_quantization_config(raw), checkpoint_keys(FLOAT_EXPERTS)
@@ -128,7 +156,10 @@ def test_logits_and_greedy_ids_match_transformers_on_the_library_dequantized_mod
         attn, experts = layer.self_attn, layer.mlp.experts
         assert isinstance(attn.qkv_proj.weight, DequantizingInt4)
         assert isinstance(attn.o_proj.weight, DequantizingInt4)
-        assert isinstance(experts, FusedMoE) and experts.w13.dtype == torch.float32
+        if name == MOE:
+            assert isinstance(experts.w13[0], DequantizingInt4)
+        else:
+            assert isinstance(experts, FusedMoE) and experts.w13.dtype == torch.float32
     ref = AutoModelForCausalLM.from_pretrained(fixture(name) / "reference", dtype=torch.float32)
     batch = _prompts(ours.vocab_size)
     logits, tokens = run_paged(ours, batch, STEPS, seed=3)
@@ -137,7 +168,18 @@ def test_logits_and_greedy_ids_match_transformers_on_the_library_dequantized_mod
 
 def _dense(linear) -> torch.Tensor:
     """An int4 linear's weight, dequantized: its matmul applied to the identity, (out, in)."""
-    return linear.weight(torch.eye(linear.weight.in_features)).T
+    return _dense_weight(linear.weight)
+
+
+def _dense_weight(weight) -> torch.Tensor:
+    return weight(torch.eye(weight.in_features)).T
+
+
+def _experts_dense(experts) -> tuple[torch.Tensor, torch.Tensor]:
+    """w13 and w2 stacked as floating point: int4 experts' weights dequantized."""
+    if isinstance(experts.w13, torch.Tensor):
+        return experts.w13, experts.w2
+    return tuple(torch.stack([_dense_weight(w) for w in ws]) for ws in (experts.w13, experts.w2))
 
 
 @pytest.mark.parametrize("name", SERVED_MOE)
@@ -149,7 +191,8 @@ def _dense(linear) -> torch.Tensor:
 def test_each_rank_holds_exactly_its_slice_of_the_reference(name, rank, world, expert_parallel):
     """Attention: its q/k/v heads and o_proj input columns, int4, equal to gptqmodel's
     dequantization; experts: every expert's intermediate slice (tensor parallel) or its experts
-    whole (expert parallel), the checkpoint's fp16 exactly."""
+    whole (expert parallel): the checkpoint's fp16 exactly, or gptqmodel's dequantization of
+    its int4 exactly."""
     ref = load_file(fixture(name) / "reference" / "model.safetensors")
     ours = load(fixture(name), rank, world, expert_parallel)
     num_experts = 4
@@ -170,48 +213,30 @@ def test_each_rank_holds_exactly_its_slice_of_the_reference(name, rank, world, e
         ]
         down = [ref[f"{mlp}.experts.{e}.down_proj.weight"].chunk(parts, 1)[part] for e in experts]
         w13, w2 = torch.stack(gate_up), torch.stack(down)
-        assert torch.equal(layer.mlp.experts.w13, w13) and torch.equal(layer.mlp.experts.w2, w2)
+        ours13, ours2 = _experts_dense(layer.mlp.experts)
+        assert torch.equal(ours13, w13) and torch.equal(ours2, w2)
 
 
 # -- the launcher ------------------------------------------------------------------------
 
 
-def test_the_launcher_leaves_the_refusal_to_the_shard_which_names_it(monkeypatch, caplog):
-    """The user's path: the launcher's checks pass (shard counts that split every quantized
-    linear are not the problem), it hands the shard its command line, and the shard exits 1
-    with one error line naming the format and the module, not a traceback."""
-    from shard.__main__ import main as shard_main
-
-    for num_shard in (1, 2, 4):
-        check_quantization(None, num_shard, fixture(MOE))
-    check_quantization("gptq", 1, fixture(MOE))
-
-    class ShardOnly:  # runs each shard's command line in this process instead of spawning it
-        def __init__(self, plan, _settings) -> None:
-            self.plan = plan
-
-        def request_stop(self) -> None:
-            pass
-
-        def run(self) -> int:
-            codes = [shard_main(list(s.argv[s.argv.index("serve") :])) for s in self.plan.shards]
-            return max(codes)
-
-    monkeypatch.setattr(launcher_main, "Supervisor", ShardOnly)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    argv = ["--model-id", str(fixture(MOE)), "--dtype", "float32", "--quantize", "gptq"]
-    with caplog.at_level("ERROR"):
-        assert launcher_main.main(argv) == 1
-    errors = [r for r in caplog.records if r.levelname == "ERROR"]
-    assert len(errors) == 1 and errors[0].exc_info is None
-    assert errors[0].getMessage().startswith("cannot start: gptq int4 experts are not supported")
-    assert "model.layers.0.mlp.experts.0.gate_proj" in errors[0].getMessage()
+def test_the_launcher_splits_int4_experts_on_their_groups_unless_expert_parallel():
+    """Expert intermediate 64, group 32: each expert's down_proj inputs split on group
+    boundaries across 1 or 2 shards, not 4 (16 a shard); --expert-parallel keeps experts whole,
+    so 4 shards of one expert each split only attention (hidden 128: 32 inputs a shard)."""
+    path = fixture(MOE)
+    for num_shard in (1, 2):
+        check_quantization(None, num_shard, path)
+    with pytest.raises(QuantizationCheckError, match=r"--num-shard 4 .*values that work: 1, 2$"):
+        check_quantization(None, 4, path)
+    check_quantization("gptq", 4, path, expert_parallel=True)
 
 
+@pytest.mark.parametrize("name", [MOE, FLOAT_EXPERTS])
 @pytest.mark.parametrize(
     "flags", [[], ["--num-shard", "2"], ["--num-shard", "2", "--expert-parallel"]]
 )
-def test_the_launcher_spawns_the_shards_of_float_experts(monkeypatch, flags):
+def test_the_launcher_spawns_the_shards_of_int4_and_float_experts(monkeypatch, name, flags):
     """Every pre-spawn check passes (shard counts, experts, quantization) and the shards get
     their command lines."""
 
@@ -229,7 +254,7 @@ def test_the_launcher_spawns_the_shards_of_float_experts(monkeypatch, flags):
 
     monkeypatch.setattr(launcher_main, "Supervisor", Spawned)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    argv = ["--model-id", str(fixture(FLOAT_EXPERTS)), "--quantize", "gptq", *flags]
+    argv = ["--model-id", str(fixture(name)), "--quantize", "gptq", *flags]
     assert launcher_main.main(argv) == 0
     num_shard = int(flags[1]) if flags else 1
     assert len(Spawned.plan.shards) == num_shard
@@ -247,10 +272,13 @@ def test_the_launcher_splits_float_experts_on_the_attention_groups_only():
         check_quantization(None, 4, path)
 
 
-def _moe_config(tmp_path: Path, **fields) -> Path:
-    """The fixture's config.json (GPTQ, group 32, 4 heads of 32, 2 KV heads) with `fields`."""
+def _moe_config(tmp_path: Path, drop: tuple[str, ...] = (), **fields) -> Path:
+    """The fixture's config.json (GPTQ, group 32, 4 heads of 32, 2 KV heads) with `fields`,
+    without `drop`."""
     config = json.loads((fixture(MOE) / "config.json").read_text())
     config.update(fields)
+    for field in drop:
+        del config[field]
     (tmp_path / "config.json").write_text(json.dumps(config))
     return tmp_path
 
@@ -266,13 +294,14 @@ def test_an_intermediate_size_no_layer_uses_does_not_refuse_a_shard_count(tmp_pa
         )
 
 
-def test_mixtral_experts_intermediate_size_is_not_a_quantized_linears(tmp_path):
-    """Mixtral's intermediate_size is its experts': int4 experts are refused at any shard
-    count by the shard (above), so --num-shard 2 is not refused as a split problem."""
-    path = _moe_config(
-        tmp_path, architectures=["MixtralForCausalLM"], model_type="mixtral", intermediate_size=96
-    )
-    check_quantization(None, 2, path)
+def test_mixtral_experts_intermediate_size_is_the_int4_experts(tmp_path):
+    """Mixtral's intermediate_size is its experts': int4 experts of 96 cannot split across 2
+    shards on groups of 32 (48 a shard), unless --expert-parallel keeps them whole."""
+    mixtral = dict(architectures=["MixtralForCausalLM"], model_type="mixtral")
+    path = _moe_config(tmp_path, ("moe_intermediate_size",), **mixtral, intermediate_size=96)
+    with pytest.raises(QuantizationCheckError, match=r"--num-shard 2 .*values that work: 1$"):
+        check_quantization(None, 2, path)
+    check_quantization(None, 2, path, expert_parallel=True)
 
 
 def test_a_shared_expert_that_cannot_split_is_refused(tmp_path):

@@ -13,6 +13,7 @@ import torch.distributed as tdist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from paged_helpers import NATIVE_REASON, run_paged
+from quant_fixtures import fixture
 from safetensors.torch import save_file
 
 from shard.distributed import Distributed, init_distributed
@@ -25,6 +26,8 @@ from shard.sampling.sampler import SamplingTensors, sample
 from shard.weights import Weights
 
 WORLD = 2
+# Checkpoints made by a quantization tool (tests/shard/quant_fixtures.py), not built here
+QUANT_MOE = ["gptq_g32_sym_qwen3_moe"]
 # Mixture-of-Experts models, run both tensor parallel (the default) and expert parallel.
 # gpt-oss: biased experts (the down bias added by one rank), its release's MXFP4 experts read in
 # slices that split a 32-wide block, its sinks split with the query heads.
@@ -66,6 +69,9 @@ MOE_TP = [
     # Llama 4: experts read transposed, split by columns; their weights on the inputs; the
     # ungated shared expert split; chunked and position-scaled layers on each rank's heads
     "llama4_chunked_nope_top1",
+    # int4 experts as gptqmodel saved them (tests/quant_fixtures/): each expert's GPTQ gate/up
+    # columns and down rows cut on group boundaries, int4 attention split likewise
+    *QUANT_MOE,
 ]
 
 # Their q/k norms add one all_reduce a layer (both norms' sums of squares in one).
@@ -122,7 +128,7 @@ MODELS = [
     # the shared expert and the routed ones reduced together
     *MOE_TP,
 ]
-PROMPTS = [torch.arange(5, 26), torch.arange(40, 77) * 3 % 500]  # 21 and 37 tokens
+PROMPTS = [torch.arange(5, 26), torch.arange(40, 77) * 3 % 300]  # 21 and 37 tokens, ids < 320
 STEPS = 3
 
 
@@ -227,8 +233,15 @@ def worker(rank: int, port: int, layer_dir: str, model_dirs: dict[str, str], out
 
 
 def _expert_elements(model: torch.nn.Module) -> int:
-    """The elements of the model's routed experts' weights this rank holds."""
-    return sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    """The elements of the model's routed experts' weights this rank holds (int4 experts'
+    packed tensors are their modules' buffers; not the biases, which only rank 0 may hold)."""
+    weights = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    int4 = (".experts.w13.", ".experts.w2.")
+    return weights + sum(b.numel() for n, b in model.named_buffers() if any(k in n for k in int4))
+
+
+def model_dir(tiny_model, name: str):
+    return fixture(name) if name in QUANT_MOE else tiny_model(name)
 
 
 class count_collectives:
@@ -283,7 +296,7 @@ def ranks(tiny_model, tmp_path_factory):
         {k: v for k, v in layer_inputs().items() if k not in ("x", "ids")},
         layer_dir / "model.safetensors",
     )
-    model_dirs = {name: str(tiny_model(name)) for name in MODELS}
+    model_dirs = {name: str(model_dir(tiny_model, name)) for name in MODELS}
     out_dir = tmp_path_factory.mktemp("tp_out")
     mp.spawn(
         worker,
@@ -364,7 +377,9 @@ def test_decode_path_equals_module_forward_on_each_rank(ranks, name):
 
 @pytest.mark.parametrize("name", MODELS)
 def test_two_ranks_match_one(ranks, tiny_model, name):
-    single = load_model(tiny_model(name), dtype=torch.float32, device=CPU, dist=Distributed())
+    single = load_model(
+        model_dir(tiny_model, name), dtype=torch.float32, device=CPU, dist=Distributed()
+    )
     want_logits, want_tokens = run_paged(single, PROMPTS, STEPS, seed=3)
     atol = TWO_RANKS_ATOL.get(name, 1e-5)
     for rank, res in enumerate(ranks):
@@ -378,7 +393,9 @@ def test_two_ranks_match_one(ranks, tiny_model, name):
 def test_expert_parallel_ranks_match_one(ranks, tiny_model, name):
     """Each rank holds half the experts whole, skips the other half's choices, and the one
     all_reduce per layer sums the halves."""
-    single = load_model(tiny_model(name), dtype=torch.float32, device=CPU, dist=Distributed())
+    single = load_model(
+        model_dir(tiny_model, name), dtype=torch.float32, device=CPU, dist=Distributed()
+    )
     want_logits, want_tokens = run_paged(single, PROMPTS, STEPS, seed=3)
     for rank, res in enumerate(ranks):
         logits, tokens = res[f"{name}/ep"]
@@ -394,7 +411,9 @@ def test_expert_parallel_ranks_match_one(ranks, tiny_model, name):
 @pytest.mark.parametrize("mode", ["", "/ep"])
 @pytest.mark.parametrize("name", MOE_TP)
 def test_each_rank_holds_half_the_expert_weights(ranks, tiny_model, name, mode):
-    single = load_model(tiny_model(name), dtype=torch.float32, device=CPU, dist=Distributed())
+    single = load_model(
+        model_dir(tiny_model, name), dtype=torch.float32, device=CPU, dist=Distributed()
+    )
     whole = _expert_elements(single)
     assert whole > 0
     assert [res[f"{name}{mode}/expert_elements"] for res in ranks] == [whole // WORLD] * WORLD

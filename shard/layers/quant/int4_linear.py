@@ -98,19 +98,25 @@ class Int4Method:
                 f"that work for it: {', '.join(map(str, working))}"
             )
 
-    def load_columns(self, weights: Weights, pieces: Sequence[Piece]) -> LinearWeight:
+    def read_columns(self, weights: Weights, pieces: Sequence[Piece]) -> QuantizedWeight:
+        """The pieces' output features side by side, every input feature."""
         parts = []
         for piece in pieces:
             k = self.in_features(weights, piece.prefix)
             n = self.out_features(weights, piece.prefix)
             cols = FeatureRange(piece.start, piece.stop, n)
             parts.append(self.reader.read(weights, piece.prefix, FeatureRange.whole(k), cols))
-        qw = concat_columns(parts, [p.prefix for p in pieces])
-        return int4_weight(qw, weights.dtype, weights.triton)
+        return concat_columns(parts, [p.prefix for p in pieces])
 
-    def load_rows(self, weights: Weights, piece: Piece) -> LinearWeight:
+    def read_rows(self, weights: Weights, piece: Piece) -> QuantizedWeight:
+        """The piece's input features, every output feature."""
         k = self.in_features(weights, piece.prefix)
         n = self.out_features(weights, piece.prefix)
         rows = FeatureRange(piece.start, piece.stop, k)
-        qw = self.reader.read(weights, piece.prefix, rows, FeatureRange.whole(n))
-        return int4_weight(qw, weights.dtype, weights.triton)
+        return self.reader.read(weights, piece.prefix, rows, FeatureRange.whole(n))
+
+    def load_columns(self, weights: Weights, pieces: Sequence[Piece]) -> LinearWeight:
+        return int4_weight(self.read_columns(weights, pieces), weights.dtype, weights.triton)
+
+    def load_rows(self, weights: Weights, piece: Piece) -> LinearWeight:
+        return int4_weight(self.read_rows(weights, piece), weights.dtype, weights.triton)

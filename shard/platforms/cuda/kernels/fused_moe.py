@@ -36,13 +36,20 @@ element in memory.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
 from shard.platforms.cuda.kernels import check_device, dot_options
+from shard.platforms.cuda.kernels.int4_dequant import EXPONENT_2P23
+from shard.platforms.cuda.kernels.moe_int4 import check_int4, int4_args, int4_groups, int4_tile
 from shard.platforms.fp8_scales import Fp8Scales
+from shard.platforms.int4_experts import Int4Experts
+
+# A layer's experts of one kind: dense or FP8 [E, N, K], or an int4 stack
+Experts = torch.Tensor | Int4Experts
 
 # Activation names (shard/platforms/activations.py) -> the epilogue's compile-time switch.
 # 3, gpt-oss's clamped SwiGLU, reads the up half too (alpha, limit): the kernel tests for it.
@@ -243,17 +250,21 @@ def _block_rows(sorted_ids_ptr, expert_ids_ptr, total_ptr, num_pairs, BLOCK_M: t
 
 
 @triton.jit
-def _gate_up_kernel(x_ptr, w_ptr, b_ptr, s_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr,
-                    total_ptr, num_pairs, inter, hidden, stride_xt, stride_xh, stride_we,
-                    stride_wn, stride_wk, stride_be, stride_se, stride_sn, stride_ot, alpha, limit,
+def _gate_up_kernel(x_ptr, w_ptr, b_ptr, s_ptr, z_ptr, gi_ptr, out_ptr, sorted_ids_ptr,
+                    expert_ids_ptr, total_ptr, num_pairs, inter, hidden, stride_xt, stride_xh,
+                    stride_we, stride_wn, stride_wk, stride_be, stride_se, stride_sn, stride_zg,
+                    stride_ge, group_size, exponent, stride_ot, alpha, limit,
                     TOP_K: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    FP8_W: tl.constexpr, SCALE_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                    FP8_W: tl.constexpr, SCALE_K: tl.constexpr, INT4_W: tl.constexpr,
+                    ROW_GROUPS: tl.constexpr, ACT_ORDER: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
                     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr):  # fmt: skip
     """out[p, n] = act(gate) * up for the block's pairs p, columns n of this program's tile
     (HAS_BIAS: gate and up plus the expert's bias rows n and I + n first; clamped_swiglu:
     gpt-oss's activation of both halves, with `alpha` and `limit`; FP8_W: FP8 weights, each
-    scaled by s[e, n, k // SCALE_K] and rounded to x's dtype before the tile matmul)."""
+    scaled by s[e, n, k // SCALE_K] and rounded to x's dtype before the tile matmul; INT4_W:
+    an Int4Experts stack, w its qweight, z and s its zeros and scales, gi its g_idx, each tile
+    dequantized by moe_int4.int4_tile)."""
     past, expert, pairs, valid = _block_rows(
         sorted_ids_ptr, expert_ids_ptr, total_ptr, num_pairs, BLOCK_M
     )
@@ -271,10 +282,19 @@ def _gate_up_kernel(x_ptr, w_ptr, b_ptr, s_ptr, out_ptr, sorted_ids_ptr, expert_
         ks = k0 + offs_k
         if EVEN_K:
             a = tl.load(x_rows + ks[None, :] * stride_xh)
+        else:  # past H x reads 0: nothing is added, whatever the weight holds there
+            a = tl.load(x_rows + ks[None, :] * stride_xh, mask=ks[None, :] < hidden, other=0.0)
+        if INT4_W:
+            g = int4_tile(w_ptr, z_ptr, s_ptr, gi_ptr, expert, k0, cols, hidden, stride_we,
+                          stride_wk, stride_se, stride_zg, stride_ge, group_size, exponent,
+                          a.dtype, BLOCK_K, ROW_GROUPS, ACT_ORDER, EVEN_K)  # fmt: skip
+            u = int4_tile(w_ptr, z_ptr, s_ptr, gi_ptr, expert, k0, cols + inter, hidden,
+                          stride_we, stride_wk, stride_se, stride_zg, stride_ge, group_size,
+                          exponent, a.dtype, BLOCK_K, ROW_GROUPS, ACT_ORDER, EVEN_K)  # fmt: skip
+        elif EVEN_K:
             g = tl.load(gate_cols + ks[:, None] * stride_wk)
             u = tl.load(up_cols + ks[:, None] * stride_wk)
-        else:  # past H both operands read 0: nothing is added, whatever lies there
-            a = tl.load(x_rows + ks[None, :] * stride_xh, mask=ks[None, :] < hidden, other=0.0)
+        else:
             g = tl.load(gate_cols + ks[:, None] * stride_wk, mask=ks[:, None] < hidden, other=0.0)
             u = tl.load(up_cols + ks[:, None] * stride_wk, mask=ks[:, None] < hidden, other=0.0)
         if FP8_W:  # a K tile lies in one scale block (fused_moe chooses BLOCK_K so)
@@ -306,15 +326,16 @@ def _gate_up_kernel(x_ptr, w_ptr, b_ptr, s_ptr, out_ptr, sorted_ids_ptr, expert_
 
 
 @triton.jit
-def _down_kernel(h_ptr, w_ptr, b_ptr, s_ptr, weights_ptr, out_ptr, sorted_ids_ptr,
-                 expert_ids_ptr, total_ptr, num_pairs, hidden, inter, stride_ht, stride_we,
-                 stride_wn, stride_wk, stride_be, stride_se, stride_sn, stride_ot,
-                 HAS_BIAS: tl.constexpr, FP8_W: tl.constexpr, SCALE_K: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 DOT_UPCAST: tl.constexpr):  # fmt: skip
+def _down_kernel(h_ptr, w_ptr, b_ptr, s_ptr, z_ptr, gi_ptr, weights_ptr, out_ptr,
+                 sorted_ids_ptr, expert_ids_ptr, total_ptr, num_pairs, hidden, inter, stride_ht,
+                 stride_we, stride_wn, stride_wk, stride_be, stride_se, stride_sn, stride_zg,
+                 stride_ge, group_size, exponent, stride_ot, HAS_BIAS: tl.constexpr,
+                 FP8_W: tl.constexpr, SCALE_K: tl.constexpr, INT4_W: tl.constexpr,
+                 ROW_GROUPS: tl.constexpr, ACT_ORDER: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr):  # fmt: skip
     """out[p, n] = topk_weight[p] * ((w2[e] @ h[p])[n] + bias[e, n]) in fp32, for the block's
-    pairs p (HAS_BIAS; else no bias; FP8_W as in _gate_up_kernel)."""
+    pairs p (HAS_BIAS; else no bias; FP8_W and INT4_W as in _gate_up_kernel)."""
     past, expert, pairs, valid = _block_rows(
         sorted_ids_ptr, expert_ids_ptr, total_ptr, num_pairs, BLOCK_M
     )
@@ -330,9 +351,15 @@ def _down_kernel(h_ptr, w_ptr, b_ptr, s_ptr, weights_ptr, out_ptr, sorted_ids_pt
         ks = k0 + offs_k
         if EVEN_K:
             a = tl.load(h_rows + ks[None, :])
-            b = tl.load(w_cols + ks[:, None] * stride_wk)
         else:
             a = tl.load(h_rows + ks[None, :], mask=ks[None, :] < inter, other=0.0)
+        if INT4_W:
+            b = int4_tile(w_ptr, z_ptr, s_ptr, gi_ptr, expert, k0, cols, inter, stride_we,
+                          stride_wk, stride_se, stride_zg, stride_ge, group_size, exponent,
+                          a.dtype, BLOCK_K, ROW_GROUPS, ACT_ORDER, EVEN_K)  # fmt: skip
+        elif EVEN_K:
+            b = tl.load(w_cols + ks[:, None] * stride_wk)
+        else:
             b = tl.load(w_cols + ks[:, None] * stride_wk, mask=ks[:, None] < inter, other=0.0)
         if FP8_W:
             scales = s_ptr + expert * stride_se + (k0 // SCALE_K)
@@ -366,11 +393,39 @@ def _sum_kernel(rows_ptr, ids_ptr, out_ptr, hidden, num_experts, stride_ot, TOP_
     tl.store(out_ptr + token * stride_ot + offs, acc.to(out_ptr.dtype.element_ty), mask=in_row)
 
 
-def _check(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+def _dims(w13: Experts, w2: Experts) -> tuple[int, int, int]:
+    """(experts, hidden, intermediate) of w13, for dense and int4 experts alike."""
+    if isinstance(w13, Int4Experts):
+        return len(w13), w13.in_features, w13.out_features // 2
+    return w13.shape[0], w13.shape[2], w2.shape[2]
+
+
+def _check(x: torch.Tensor, w13: Experts, w2: Experts, topk_weights: torch.Tensor,
            topk_ids: torch.Tensor) -> None:  # fmt: skip
     """The kernels trust shapes and dtypes (a wrong one reads out of bounds): say it here."""
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"x must be fp32, fp16 or bf16, got {x.dtype}")
+    if isinstance(w13, Int4Experts) or isinstance(w2, Int4Experts):
+        _check_int4(x, w13, w2)
+    else:
+        _check_dense(x, w13, w2)
+    _check_routing(x, topk_weights, topk_ids)
+
+
+def _check_int4(x: torch.Tensor, w13: Experts, w2: Experts) -> None:
+    if not (isinstance(w13, Int4Experts) and isinstance(w2, Int4Experts)):
+        raise ValueError("fused_moe: w13 and w2 are both int4 experts, or neither")
+    experts, hidden, inter = _dims(w13, w2)
+    if w13.out_features % 2 or hidden != x.shape[-1] or x.dim() != 2:
+        raise ValueError(
+            f"x {tuple(x.shape)} and int4 w13 of [{w13.out_features}, {hidden}]: want [T, H], "
+            "[2I, H]"
+        )
+    check_int4(w13, "w13", experts, 2 * inter, hidden)
+    check_int4(w2, "w2", experts, hidden, inter)
+
+
+def _check_dense(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> None:
     if any(w.dtype not in (x.dtype, torch.float8_e4m3fn) for w in (w13, w2)):
         raise ValueError(
             f"weights {w13.dtype}, {w2.dtype} for x in {x.dtype}: x's dtype or FP8 (with scales)"
@@ -383,6 +438,9 @@ def _check(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: t
             f"x {tuple(x.shape)}, w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}: want [T, H], "
             "[E, 2I, H], [E, H, I]"
         )
+
+
+def _check_routing(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> None:
     if topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0] or topk_ids.dtype.is_floating_point:
         raise ValueError(f"topk_ids {topk_ids.dtype} {tuple(topk_ids.shape)}: want integer [T, K]")
     if topk_weights.shape != topk_ids.shape or topk_weights.dtype != torch.float32:
@@ -393,11 +451,15 @@ def _check(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: t
 
 
 def _check_biases(
-    w13: torch.Tensor,
-    w2: torch.Tensor,
+    w13: Experts,
+    w2: Experts,
     w13_bias: torch.Tensor | None,
     w2_bias: torch.Tensor | None,
 ) -> None:
+    if w13_bias is None and w2_bias is None:
+        return
+    if isinstance(w13, Int4Experts) or isinstance(w2, Int4Experts):
+        raise ValueError("fused_moe: int4 experts take no biases")
     experts, two_i, _ = w13.shape
     hidden = w2.shape[1]
     for name, bias, shape in (("w13_bias", w13_bias, (experts, two_i)),
@@ -411,7 +473,11 @@ def _check_biases(
             )
 
 
-def _check_fp8(w: torch.Tensor, fp8: Fp8Scales | None, name: str) -> None:
+def _check_fp8(w: Experts, fp8: Fp8Scales | None, name: str) -> None:
+    if isinstance(w, Int4Experts):
+        if fp8 is not None:
+            raise ValueError(f"fused_moe: {name} is int4; FP8 scales are for FP8 weights")
+        return
     if (w.dtype == torch.float8_e4m3fn) != (fp8 is not None):
         raise ValueError(f"fused_moe: {name} is {w.dtype}; FP8 weights come with their scales")
     if fp8 is None:
@@ -438,22 +504,38 @@ def _k_tile(preferred: int, fp8: Fp8Scales | None, k: int) -> int:
     return tile
 
 
-def _fp8_args(w: torch.Tensor, fp8: Fp8Scales | None) -> tuple[torch.Tensor]:
-    return (w if fp8 is None else fp8.scales,)  # a dummy pointer when there are no scales
+def _tensors(w: Experts) -> tuple[torch.Tensor, ...]:
+    return (w.qweight, w.scales) if isinstance(w, Int4Experts) else (w,)
 
 
-def _fp8_strides(fp8: Fp8Scales | None) -> tuple[int, int]:
-    return (0, 0) if fp8 is None else (fp8.scales.stride(0), fp8.scales.stride(1))
-
-
-def _scale_k(fp8: Fp8Scales | None) -> int:
-    return 1 if fp8 is None else fp8.block_k
+def _weight_kwargs(w: Experts, fp8: Fp8Scales | None, block_k: int) -> dict[str, Any]:
+    """A kernel's weight operands: a dense or FP8 tensor [E, N, K] (with its scales), or an
+    int4 stack (moe_int4.py); the pointers a variant does not read are any tensor."""
+    if isinstance(w, Int4Experts):
+        row_groups, act_order = int4_groups(w, block_k)
+        zeros, scales, g_idx, stride_se, stride_zg, stride_ge = int4_args(w)
+        return dict(
+            w_ptr=w.qweight, s_ptr=scales, z_ptr=zeros, gi_ptr=g_idx,
+            stride_we=w.qweight.stride(0), stride_wn=1, stride_wk=w.qweight.stride(1),
+            stride_se=stride_se, stride_sn=0, stride_zg=stride_zg, stride_ge=stride_ge,
+            group_size=w.group_size, exponent=EXPONENT_2P23, FP8_W=False, SCALE_K=1,
+            INT4_W=True, ROW_GROUPS=row_groups, ACT_ORDER=act_order,
+        )  # fmt: skip
+    scales = w if fp8 is None else fp8.scales
+    return dict(
+        w_ptr=w, s_ptr=scales, z_ptr=w, gi_ptr=w, stride_we=w.stride(0), stride_wn=w.stride(1),
+        stride_wk=w.stride(2), stride_se=0 if fp8 is None else scales.stride(0),
+        stride_sn=0 if fp8 is None else scales.stride(1), stride_zg=0, stride_ge=0,
+        group_size=1, exponent=EXPONENT_2P23, FP8_W=fp8 is not None,
+        SCALE_K=1 if fp8 is None else fp8.block_k, INT4_W=False, ROW_GROUPS=False,
+        ACT_ORDER=False,
+    )  # fmt: skip
 
 
 def fused_moe(
     x: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
+    w13: Experts,
+    w2: Experts,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     act: str,
@@ -471,7 +553,9 @@ def fused_moe(
     dtype. gpt-oss's: w13_bias [E, 2I] and w2_bias [E, H] (each optional; under tensor
     parallelism only one rank passes w2_bias, the caller summing the ranks' outputs), and the
     clamped SwiGLU's alpha and limit. FP8 experts: w13 and w2 float8_e4m3fn with their
-    `Fp8Scales` (shard.layers.quant.fp8's form, per expert). `tiles`: a fixed tile config
+    `Fp8Scales` (shard.layers.quant.fp8's form, per expert). Int4 experts: w13 and w2
+    `Int4Experts` stacks (shard/platforms/int4_experts.py: [2I, H] and [H, I] per expert as
+    outputs by inputs). `tiles`: a fixed tile config
     (tests), else default_tiles."""
     code = ACTIVATIONS.get(act)
     if code is None:
@@ -480,9 +564,9 @@ def fused_moe(
     _check_biases(w13, w2, w13_bias, w2_bias)
     _check_fp8(w13, w13_scales, "w13")
     _check_fp8(w2, w2_scales, "w2")
-    check_device(x, w13, w2, topk_weights, topk_ids)
+    check_device(x, *_tensors(w13), *_tensors(w2), topk_weights, topk_ids)
     tokens, hidden = x.shape
-    experts, inter = w13.shape[0], w2.shape[2]
+    experts, _, inter = _dims(w13, w2)
     top_k = topk_ids.shape[1]
     out = torch.empty_like(x)
     if not tokens * hidden:
@@ -502,22 +586,23 @@ def fused_moe(
 
     hidden_act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
     _gate_up_kernel[(plan.max_blocks, triton.cdiv(inter, cfg.block_n))](
-        x, w13, w13 if w13_bias is None else w13_bias, *_fp8_args(w13, w13_scales), hidden_act,
-        plan.sorted_ids, plan.expert_ids, plan.total, pairs, inter, hidden, *x.stride(),
-        *w13.stride(), 0 if w13_bias is None else w13_bias.stride(0),
-        *_fp8_strides(w13_scales), hidden_act.stride(0), float(swiglu_alpha),
-        float(swiglu_limit), TOP_K=top_k, ACT=code, HAS_BIAS=w13_bias is not None,
-        FP8_W=w13_scales is not None, SCALE_K=_scale_k(w13_scales), **blocks, BLOCK_K=k13,
-        EVEN_K=hidden % k13 == 0, **options, **launch,
+        x_ptr=x, b_ptr=x if w13_bias is None else w13_bias, out_ptr=hidden_act,
+        sorted_ids_ptr=plan.sorted_ids, expert_ids_ptr=plan.expert_ids, total_ptr=plan.total,
+        num_pairs=pairs, inter=inter, hidden=hidden, stride_xt=x.stride(0), stride_xh=x.stride(1),
+        stride_be=0 if w13_bias is None else w13_bias.stride(0), stride_ot=hidden_act.stride(0),
+        alpha=float(swiglu_alpha), limit=float(swiglu_limit), TOP_K=top_k, ACT=code,
+        HAS_BIAS=w13_bias is not None, **_weight_kwargs(w13, w13_scales, k13), **blocks,
+        BLOCK_K=k13, EVEN_K=hidden % k13 == 0, **options, **launch,
     )  # fmt: skip
     rows = torch.empty(pairs, hidden, dtype=torch.float32, device=x.device)
     _down_kernel[(plan.max_blocks, triton.cdiv(hidden, cfg.block_n))](
-        hidden_act, w2, w2 if w2_bias is None else w2_bias, *_fp8_args(w2, w2_scales), weights,
-        rows, plan.sorted_ids, plan.expert_ids, plan.total, pairs, hidden, inter,
-        hidden_act.stride(0), *w2.stride(), 0 if w2_bias is None else w2_bias.stride(0),
-        *_fp8_strides(w2_scales), rows.stride(0), HAS_BIAS=w2_bias is not None,
-        FP8_W=w2_scales is not None, SCALE_K=_scale_k(w2_scales), **blocks, BLOCK_K=k2,
-        EVEN_K=inter % k2 == 0, **options, **launch,
+        h_ptr=hidden_act, b_ptr=x if w2_bias is None else w2_bias, weights_ptr=weights,
+        out_ptr=rows,
+        sorted_ids_ptr=plan.sorted_ids, expert_ids_ptr=plan.expert_ids, total_ptr=plan.total,
+        num_pairs=pairs, hidden=hidden, inter=inter, stride_ht=hidden_act.stride(0),
+        stride_be=0 if w2_bias is None else w2_bias.stride(0), stride_ot=rows.stride(0),
+        HAS_BIAS=w2_bias is not None, **_weight_kwargs(w2, w2_scales, k2), **blocks,
+        BLOCK_K=k2, EVEN_K=inter % k2 == 0, **options, **launch,
     )  # fmt: skip
     block = min(1024, triton.next_power_of_2(hidden))
     _sum_kernel[(tokens, triton.cdiv(hidden, block))](
