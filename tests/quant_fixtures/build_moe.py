@@ -298,9 +298,7 @@ def reference_of_int4_experts() -> None:
             dtype="float32",
             written_by="build_moe.py --reference, from the checkpoint as quantized (not quantized again)",
         )
-        prov["notes"] = [
-            n for n in prov.get("notes", []) if not n.startswith("No reference/")
-        ]
+        prov["notes"] = [n for n in prov.get("notes", []) if not n.startswith("No reference/")]
         prov["checks"] = found
         build.write_provenance(fx, prov)
     finally:
