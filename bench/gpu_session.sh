@@ -105,7 +105,7 @@ step speculative_bench 200 "$PY" -m bench.speculative --random-weights --concurr
 # biased experts too), the fused MoE kernel compiled and captured in a CUDA graph, MoE models in
 # decode graphs; then its benchmark.
 step seam_moe_tests 150 "${PYTEST[@]}" tests/kernels/test_fused_moe.py \
-    tests/kernels/test_models_triton.py tests/shard/test_attention_softcap.py \
+    tests/kernels/test_fused_moe_int4.py tests/kernels/test_models_triton.py tests/shard/test_attention_softcap.py \
     tests/shard/test_rotary_partial_longrope.py tests/shard/test_cuda_graphs.py \
     tests/kernels/test_attention_sinks.py -k "not adapter"
 step moe_bench 90 "$PY" bench/moe_kernel_gpu.py

@@ -13,6 +13,11 @@ same inputs:
   experts were one dense MLP. At small T it also reads far fewer weight bytes than the
   experts' (K experts' worth instead of up to min(E, T K)), so it bounds from below.
 
+And the same kernel with int4 experts ("int4": INT4_W, the layout of AWQ/GPTQ/compressed-tensors
+checkpoints after load, groups of 128, random codes), the bf16 experts being those int4 weights
+dequantized: "fused/int4" above 1 means int4 experts beat bf16 ones (decode reads a quarter of
+the bytes). Its max|diff| is against the bf16 fused kernel on the dequantized weights.
+
     .venv/bin/python -m bench.moe_kernel_gpu [--batches 1,2,4,...,256] [--repeats 50]
                                              [--warmup 10] [--no-graph]
 
@@ -47,6 +52,7 @@ EXPERTS = 128
 TOP_K = 8
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOLERANCE = 3e-2  # atol = rtol, bf16
+INT4_GROUP = 128
 L2_FLUSH_BYTES = 256 << 20
 
 
@@ -101,6 +107,22 @@ def routing(
     return (weights / weights.sum(-1, keepdim=True)).contiguous(), ids.to(torch.int32)
 
 
+def int4_experts(experts: int, outputs: int, inputs: int, device: torch.device):
+    """Random int4 experts (uniform codes, zero point 8, fp16 scales sized so the dequantized
+    weights are ~N(0, 1 / inputs) like the bf16 ones)."""
+    from shard.platforms.int4_experts import PACK, Int4Experts
+
+    gen = torch.Generator(device).manual_seed(experts * outputs + inputs)
+    words = torch.randint(-(2**31), 2**31 - 1, (experts, inputs // PACK, outputs), device=device,
+                          dtype=torch.int32, generator=gen)  # fmt: skip
+    groups = inputs // INT4_GROUP
+    zeros = torch.full((experts, groups, outputs), 8, dtype=torch.uint8, device=device)
+    # codes - 8 uniform on -8..7: standard deviation ~4.6
+    scales = torch.rand(experts, groups, outputs, device=device, generator=gen) + 0.5
+    scales = (scales / (4.6 * inputs**0.5)).half()
+    return Int4Experts(words, zeros, scales, INT4_GROUP)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not torch.cuda.is_available():
@@ -125,12 +147,10 @@ def main(argv: list[str] | None = None) -> int:
 
     gen = torch.Generator().manual_seed(args.seed)
     # Sized so that gate and up are ~N(0, 1) and the output O(1): errors read as relative.
-    w13 = (torch.randn(EXPERTS, 2 * INTERMEDIATE, HIDDEN, generator=gen) / HIDDEN**0.5).to(
-        device, dtype
-    )
-    w2 = (torch.randn(EXPERTS, HIDDEN, INTERMEDIATE, generator=gen) / INTERMEDIATE**0.5).to(
-        device, dtype
-    )
+    # The bf16 experts are the int4 ones dequantized, so both kernels compute the same layer.
+    q13 = int4_experts(EXPERTS, 2 * INTERMEDIATE, HIDDEN, device)
+    q2 = int4_experts(EXPERTS, HIDDEN, INTERMEDIATE, device)
+    w13, w2 = q13.dequantize(dtype), q2.dequantize(dtype)
     # The dense pair: as many weight rows as K experts hold (the first K experts' own rows).
     dense_up = w13[:TOP_K].reshape(TOP_K * 2 * INTERMEDIATE, HIDDEN)
     dense_down = w2[:TOP_K].permute(1, 0, 2).reshape(HIDDEN, TOP_K * INTERMEDIATE)
@@ -139,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
 
     header = (
         f"{'T':>5} {'BLOCK_M':>7} {'fused ms':>9} {'graph ms':>9} {'loop ms':>9} "
-        f"{'dense ms':>9} {'loop/fused':>10} {'dense/fused':>11} {'max|diff|':>9}  check"
+        f"{'dense ms':>9} {'loop/fused':>10} {'dense/fused':>11} {'max|diff|':>9} "
+        f"{'int4 ms':>8} {'fused/int4':>10} {'int4 diff':>9}  check"
     )
     print(header)
     print("-" * len(header))
@@ -160,6 +181,11 @@ def main(argv: list[str] | None = None) -> int:
         ) -> torch.Tensor:
             return grouped_experts(x, w13, w2, w, ids, "silu", swiglu=swiglu)
 
+        def int4(
+            x: torch.Tensor = x, w: torch.Tensor = topk_weights, ids: torch.Tensor = topk_ids
+        ) -> torch.Tensor:
+            return fused_moe(x, q13, q2, w, ids, "silu")
+
         def dense(x: torch.Tensor = x, h: torch.Tensor = h_dense) -> torch.Tensor:
             F.linear(x, dense_up)  # [T, 2 I K]; its FLOPs, not its values, are the point
             return F.linear(h, dense_down)
@@ -169,6 +195,10 @@ def main(argv: list[str] | None = None) -> int:
             error = (ours.float() - reference.float()).abs()
             diff = float(error.max())  # NaN anywhere fails the check below too
             ok = bool((error <= TOLERANCE * (1 + reference.float().abs())).all())
+            int4_error = (int4().float() - ours.float()).abs()
+            int4_diff = float(int4_error.max())
+            ok = ok and bool((int4_error <= TOLERANCE * (1 + ours.float().abs())).all())
+            int4_ms = median_ms(int4, args.warmup, args.repeats, flush)
             fused_ms = median_ms(fused, args.warmup, args.repeats, flush)
             loop_ms = median_ms(loop, args.warmup, args.repeats, flush)
             dense_ms = median_ms(dense, args.warmup, args.repeats, flush)
@@ -181,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         block_m = default_tiles(tokens * TOP_K, EXPERTS, dtype).block_m
         print(f"{tokens:>5} {block_m:>7} {fused_ms:>9.3f} {graph_ms:>9.3f} {loop_ms:>9.3f} "
               f"{dense_ms:>9.3f} {loop_ms / fused_ms:>10.2f} {dense_ms / fused_ms:>11.2f} "
-              f"{diff:>9.2e}  {'ok' if ok else 'FAIL'}", flush=True)  # fmt: skip
+              f"{diff:>9.2e} {int4_ms:>8.3f} {fused_ms / int4_ms:>10.2f} {int4_diff:>9.2e}  "
+              f"{'ok' if ok else 'FAIL'}", flush=True)  # fmt: skip
     if failed:
         print(f"{failed} batch size(s) failed the check against grouped_experts", file=sys.stderr)
     return 1 if failed else 0

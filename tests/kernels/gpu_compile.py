@@ -174,26 +174,32 @@ def compile_elementwise(dtype: torch.dtype) -> None:
     report(f"rotary {t} d128", compiled)
 
 
-def compile_fused_moe(dtype: torch.dtype, fp8: bool) -> None:
-    """The fused MoE's two grouped GEMMs (fused_moe.py) at Qwen3-30B-A3B's tiles, with bf16 or
-    FP8 experts (FP8_W: tiles scaled in registers)."""
+def compile_fused_moe(dtype: torch.dtype, weight: str, act_order: bool = False) -> None:
+    """The fused MoE's two grouped GEMMs (fused_moe.py) at Qwen3-30B-A3B's tiles, with experts
+    of `weight`: "dense" (x's dtype), "fp8" (FP8_W: tiles scaled in registers) or "int4"
+    (INT4_W: int4 tiles dequantized in registers; groups of 128, or act-order's per row)."""
     from shard.platforms.cuda.kernels import fused_moe
 
-    t, w = TYPES[dtype], "fp8e4nv" if fp8 else TYPES[dtype]
+    t = TYPES[dtype]
+    w = {"dense": t, "fp8": "fp8e4nv", "int4": "i32"}[weight]
     ptrs = {"x_ptr": f"*{t}", "h_ptr": f"*{t}", "w_ptr": f"*{w}", "b_ptr": f"*{t}",
-            "s_ptr": "*fp32", "out_ptr": f"*{t}", "sorted_ids_ptr": "*i32",
-            "expert_ids_ptr": "*i32", "total_ptr": "*i32", "weights_ptr": "*fp32",
-            "alpha": "fp32", "limit": "fp32"}  # fmt: skip
-    tiles = dict(FP8_W=fp8, SCALE_K=128, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, EVEN_K=True,
+            "s_ptr": "*fp16" if weight == "int4" else "*fp32", "z_ptr": "*u8", "gi_ptr": "*i32",
+            "out_ptr": f"*{t}", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32",
+            "total_ptr": "*i32", "weights_ptr": "*fp32", "alpha": "fp32",
+            "limit": "fp32"}  # fmt: skip
+    int4 = weight == "int4"
+    tiles = dict(FP8_W=weight == "fp8", SCALE_K=128, INT4_W=int4, ROW_GROUPS=act_order,
+                 ACT_ORDER=act_order, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, EVEN_K=True,
                  HAS_BIAS=False, **dot_options(dtype))  # fmt: skip
+    what = f"{t} {weight}{' act-order' if act_order else ''}"
     compiled = compile_kernel(
         fused_moe._gate_up_kernel, ptrs, dict(TOP_K=8, ACT=0, **tiles), num_warps=4, num_stages=3
     )
-    report(f"fused_moe gate_up {t} fp8={fp8}", compiled)
+    report(f"fused_moe gate_up {what}", compiled)
     compiled = compile_kernel(
         fused_moe._down_kernel, ptrs | {"out_ptr": "*fp32"}, tiles, num_warps=4, num_stages=3
     )
-    report(f"fused_moe down {t} fp8={fp8}", compiled)
+    report(f"fused_moe down {what}", compiled)
 
 
 def compile_w4a16(
@@ -283,8 +289,10 @@ def main() -> int:
                     compile_w4a16_defaults(dtype, m, split_k=1, act_order=act_order)
                     compile_w4a16_defaults(dtype, m, split_k=4, act_order=act_order)
                 compile_w4a16_defaults(dtype, m, split_k=2, group_size=32, even_k=False)
-    compile_fused_moe(torch.bfloat16, fp8=False)
-    compile_fused_moe(torch.bfloat16, fp8=True)
+    compile_fused_moe(torch.bfloat16, "dense")
+    compile_fused_moe(torch.bfloat16, "fp8")
+    compile_fused_moe(torch.bfloat16, "int4")
+    compile_fused_moe(torch.bfloat16, "int4", act_order=True)
     compile_lora(compile_kernel, report, everything="--all" in sys.argv)
     return 0
 

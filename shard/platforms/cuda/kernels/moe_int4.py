@@ -19,6 +19,8 @@ import triton.language as tl
 from shard.platforms.cuda.kernels.int4_dequant import codes_minus_zeros
 from shard.platforms.int4_experts import PACK, Int4Experts
 
+WORD = tl.constexpr(PACK)  # 4-bit codes per int32, as a kernel reads it
+
 
 @triton.jit
 def int4_tile(q_ptr, z_ptr, s_ptr, g_ptr, expert, k0, cols, k_total, stride_qe, stride_qk,
@@ -28,12 +30,12 @@ def int4_tile(q_ptr, z_ptr, s_ptr, g_ptr, expert, k0, cols, k_total, stride_qe, 
     """w[k0 : k0 + BLOCK_K, cols] of `expert` -> [BLOCK_K, BLOCK_N] in `dtype`. qweight,
     zeros and scales are contiguous along the outputs (Int4Experts makes them so). Words past
     k_total read 0 (finite weights: the caller's activations read 0 there)."""
-    words = k0 // PACK + tl.arange(0, BLOCK_K // PACK)
+    words = k0 // WORD + tl.arange(0, BLOCK_K // WORD)
     q = q_ptr + expert * stride_qe + cols[:, None] + words[None, :].to(tl.int64) * stride_qk
     if EVEN_K:
         packed = tl.load(q)
     else:
-        packed = tl.load(q, mask=words[None, :] < k_total // PACK, other=0)
+        packed = tl.load(q, mask=words[None, :] < k_total // WORD, other=0)
     meta = expert * stride_ze + cols  # [BLOCK_N]: this expert's column of zeros and scales
     if ROW_GROUPS:
         ks = tl.minimum(k0 + tl.arange(0, BLOCK_K), k_total - 1)
