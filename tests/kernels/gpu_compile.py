@@ -192,14 +192,13 @@ def compile_fused_moe(dtype: torch.dtype, weight: str, act_order: bool = False) 
                  ACT_ORDER=act_order, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, EVEN_K=True,
                  HAS_BIAS=False, **dot_options(dtype))  # fmt: skip
     what = f"{t} {weight}{' act-order' if act_order else ''}"
+    launch = dict(num_warps=fused_moe.INT4_WARPS if int4 else 4, num_stages=3)
     compiled = compile_kernel(
-        fused_moe._gate_up_kernel, ptrs, dict(TOP_K=8, ACT=0, **tiles), num_warps=4, num_stages=3
+        fused_moe._gate_up_kernel, ptrs, dict(TOP_K=8, ACT=0, **tiles), **launch
     )
-    report(f"fused_moe gate_up {what}", compiled)
-    compiled = compile_kernel(
-        fused_moe._down_kernel, ptrs | {"out_ptr": "*fp32"}, tiles, num_warps=4, num_stages=3
-    )
-    report(f"fused_moe down {what}", compiled)
+    report(f"fused_moe gate_up {what}", compiled, allow_spills=not int4)
+    compiled = compile_kernel(fused_moe._down_kernel, ptrs | {"out_ptr": "*fp32"}, tiles, **launch)
+    report(f"fused_moe down {what}", compiled, allow_spills=not int4)
 
 
 def compile_w4a16(
