@@ -7,7 +7,8 @@ tests/kernels/test_quantized_triton.py's, at the shard, where the interpreter's 
 
 AWQ (group 64) on 2 shards splits o_proj's 128 inputs into one group per shard; GPTQ act-order
 on 2 shards gives each shard rows of scattered groups; compressed-tensors' per-channel
-asymmetric scales split by rows too; transformers' FP8 Phi-3 splits inside its scale blocks.
+asymmetric scales split by rows too; transformers' FP8 Phi-3 splits inside its scale blocks;
+gptqmodel's int4 experts split by their intermediate groups.
 A broken checkpoint stops the launcher, naming the tensor.
 """
 
@@ -74,6 +75,8 @@ def assert_matches_reference(name: str, served: list[dict], what: str) -> None:
         # transformers' FP8 in 128-wide blocks: Phi-3's fused qkv_proj cut between k and v
         # inside a block, o_proj's 128 inputs cut inside one too
         "hf_fp8_block_phi3",
+        # gptqmodel's int4 Qwen3-MoE: every expert kept int4, each cut on its groups per shard
+        "gptq_g32_sym_qwen3_moe",
     ],
 )
 def test_one_and_two_shards_equal_transformers_on_the_library_dequantized_model(name):
