@@ -5,7 +5,8 @@ Each expert's modules are read by the checkpoint format's own reader into the on
 layout (shard/layers/quant/int4.py), this rank's part only: gate and up rows start:stop side by
 side (their output features), down's input features start:stop (tensor parallel), or the whole
 expert (expert parallel). Then, by where the experts run:
-- the Triton fused MoE kernel (CUDA; interpreted on a CPU in tests): one `Int4Experts` stack
+- the Triton fused MoE kernel (the Triton backend, and a platform whose `fused_moe` is that
+  kernel: CUDA's, whatever --attention says; interpreted on a CPU in tests): one `Int4Experts` stack
   per kind, dequantized tile by tile in registers (shard/platforms/cuda/kernels/moe_int4.py);
 - elsewhere (the CPU's grouped GEMMs): each expert an int4 linear weight of the platform
   (shard/layers/quant/int4_linear.py: torch's CPU int4 kernel for bf16, else dequantizing a
@@ -24,6 +25,7 @@ from shard.layers.quant.gptq import GptqReader
 from shard.layers.quant.int4 import QuantizedWeight
 from shard.layers.quant.int4_linear import Int4Method, int4_weight
 from shard.layers.quant.select import linear_method
+from shard.platforms import platform_of
 from shard.platforms.int4_experts import Int4Experts
 from shard.weights import Weights, WeightsError
 
@@ -68,7 +70,7 @@ def read_int4_expert(
 
 def int4_layer(experts: list[QuantizedWeight], weights: Weights, name: str) -> Int4Layer:
     """This rank's experts of one kind, as the experts' GEMMs will take them (module doc)."""
-    if weights.triton:
+    if weights.triton or platform_of(weights.device).moe_kernel == "triton":
         return _stack(experts, name)
     return nn.ModuleList(int4_weight(qw, weights.dtype, triton=False) for qw in experts)
 

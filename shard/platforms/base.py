@@ -31,6 +31,10 @@ class Platform:
     # The FP8 GEMM of shard/layers/quant/fp8_linear.py: "triton" (the W8A16 GEMM over the FP8
     # weight), None (the weight dequantized at load for the dense GEMM).
     fp8_kernel: str | None = None
+    # The kernel of `fused_moe`: "triton" (shard/platforms/cuda/kernels/fused_moe.py, which
+    # takes int4 experts stacked, shard/platforms/int4_experts.py), None (grouped GEMMs in torch,
+    # which take int4 experts as one int4 linear each).
+    moe_kernel: str | None = None
     # Whether a step's work on this device must keep every shape fixed by the batch alone: no
     # row subset chosen by the data (`nonzero`, a boolean index, a loop until a check holds),
     # since choosing one reads the device from the host, which stalls the host on everything

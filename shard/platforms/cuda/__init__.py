@@ -24,6 +24,7 @@ class CudaPlatform(Platform):
     dist_backend = "nccl"
     default_attention = "triton"
     int4_kernel = "tinygemm+triton"
+    moe_kernel = "triton"
     fp8_kernel = "triton"
     # tinygemm, the decode-sized int4 GEMM, takes bf16 only (shard/layers/quant/int4_cuda.py)
     int4_activation_dtype = torch.bfloat16
