@@ -39,6 +39,8 @@ CASES = {
     "hf_fp8_block_qwen3_moe": torch.float8_e4m3fn,
     # GPTQ experts kept int4 for the fused MoE kernel (its INT4_W variant), int4 attention
     "gptq_g32_sym_qwen3_moe": Int4Experts,
+    # llm-compressor's asymmetric W4A16 experts: their zero points in the kernel's tiles
+    "ct_w4a16_group32_asym_qwen3_moe": Int4Experts,
 }
 
 

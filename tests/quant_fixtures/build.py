@@ -673,8 +673,14 @@ def _reference_weight(ref: dict, prefix: str):
     raise KeyError(prefix)
 
 
-# Served fixtures that build_moe.py builds (reference/ included); `verify` checks them too.
-BUILT_BY_MOE = ("gptq_g32_sym_qwen3_moe", "gptq_g32_sym_qwen3_moe_float_experts")
+# Served fixtures that build_moe.py and build_moe_awq_ct.py build (reference/ included); `verify`
+# checks them too.
+BUILT_BY_MOE = (
+    "gptq_g32_sym_qwen3_moe",
+    "gptq_g32_sym_qwen3_moe_float_experts",
+    "awq_gemm_g32_qwen3_moe",
+    "ct_w4a16_group32_asym_qwen3_moe",
+)
 # FP8 fixtures that build_fp8.py builds: `verify` writes their expected.json; their layouts are
 # checked by build_fp8.py's own `verify` (layouts() here knows only the int4 ones).
 BUILT_BY_FP8 = (

@@ -18,6 +18,9 @@ That checkpoint serves, so it has a `reference/` like the dense fixtures' (gptqm
 dequantization of the attention modules; everything else the checkpoint's fp16 cast to fp32),
 and `build.py verify` writes its expected.json. tests/shard/test_quantized_moe.py serves it.
 
+The AWQ and compressed-tensors MoE fixtures (awq_gemm_g32_qwen3_moe, ct_w4a16_group32_asym_qwen3_moe)
+are built by build_moe_awq_ct.py beside this file, from the same SPEC shape.
+
 Same venv as build.py's gptq stage (its docstring has the install commands). From the repo root:
 
   GPTQMODEL_CPU_WORKERS=2 /tmp/qtools/bin/python tests/quant_fixtures/build_moe.py   # ~20 s

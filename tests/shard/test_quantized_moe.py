@@ -35,6 +35,12 @@ from shard.weights import WeightsError
 
 MOE = "gptq_g32_sym_qwen3_moe"
 FLOAT_EXPERTS = "gptq_g32_sym_qwen3_moe_float_experts"
+# The fixtures whose routed experts are int4: gptqmodel's GPTQ and AWQ, llm-compressor's W4A16
+INT4_EXPERTS = [
+    n
+    for n in SERVED_MOE
+    if "model.layers.0.mlp.experts.0.down_proj.weight" not in checkpoint_keys(n)
+]
 # test_quantized_models.py's: fp32 against the library-dequantized model in transformers.
 STEPS, ATOL = 4, 1e-4
 GATE_UP = ("gate_proj", "up_proj")
@@ -47,27 +53,34 @@ def load(path: Path, rank: int = 0, world: int = 1, expert_parallel: bool = Fals
     )
 
 
-def test_gptqmodel_quantized_the_experts_and_kept_the_router_in_floating_point():
-    """The premise of the serving tests below."""
-    keys = checkpoint_keys(MOE)
-    assert quant_config(MOE)["quant_method"] == "gptq" and quant_config(MOE)["bits"] == 4
+@pytest.mark.parametrize("name", INT4_EXPERTS)
+def test_the_tools_quantized_the_experts_and_kept_the_router_in_floating_point(name):
+    """The premise of the serving tests below: every routed expert packed as its format
+    packs (GPTQ and AWQ by gptqmodel, compressed-tensors by llm-compressor), the router not."""
+    keys, method = checkpoint_keys(name), quant_config(name)["quant_method"]
+    packed = "weight_packed" if method == "compressed-tensors" else "qweight"
     for layer in (0, 1):
         for expert in range(4):
             for proj in ("gate_proj", "up_proj", "down_proj"):
                 module = f"model.layers.{layer}.mlp.experts.{expert}.{proj}"
-                assert {f"{module}.qweight", f"{module}.scales"} <= keys
-                assert f"{module}.weight" not in keys
-        assert f"model.layers.{layer}.self_attn.q_proj.qweight" in keys
+                assert f"{module}.{packed}" in keys and f"{module}.weight" not in keys
+        assert f"model.layers.{layer}.self_attn.q_proj.{packed}" in keys
         assert f"model.layers.{layer}.mlp.gate.weight" in keys
-    assert MOE not in SERVED and SERVED_MOE == [MOE, FLOAT_EXPERTS]
+    assert name not in SERVED
+
+
+def test_every_format_has_an_int4_experts_fixture():
+    methods = {quant_config(name)["quant_method"] for name in INT4_EXPERTS}
+    assert methods == {"gptq", "awq", "compressed-tensors"} and MOE in INT4_EXPERTS
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_int4_experts_stay_int4_one_platform_linear_per_expert(dtype):
+@pytest.mark.parametrize("name", INT4_EXPERTS)
+def test_int4_experts_stay_int4_one_platform_linear_per_expert(name, dtype):
     """Off the Triton kernel each expert is an int4 linear of the platform's: torch's CPU int4
     kernel for bf16 (group 32 is one it takes), dequantizing a slice at a time for fp32. No
     floating-point copy of any expert is kept."""
-    ours = load_model(fixture(MOE), dtype=dtype, device=CPU, dist=Distributed())
+    ours = load_model(fixture(name), dtype=dtype, device=CPU, dist=Distributed())
     kind = CpuInt4 if dtype == torch.bfloat16 else DequantizingInt4
     for layer in ours.layers:
         experts = layer.mlp.experts
@@ -78,7 +91,7 @@ def test_int4_experts_stay_int4_one_platform_linear_per_expert(dtype):
         assert all(b.shape[0] <= 4 for b in floats)  # scales per group, not weights
     # the first layer's experts on a decode-sized and a prefill-sized step against gptqmodel's
     # dequantized weights, in float64: bf16's error (its rounded scales and activations)
-    ref = load_file(fixture(MOE) / "reference" / "model.safetensors")
+    ref = load_file(fixture(name) / "reference" / "model.safetensors")
     experts = ours.layers[0].mlp.experts
     gen = torch.Generator().manual_seed(4)
     for tokens in (1, 400):  # ~200 rows an expert: the dense path past DENSE_MIN_ROWS
@@ -156,7 +169,7 @@ def test_logits_and_greedy_ids_match_transformers_on_the_library_dequantized_mod
         attn, experts = layer.self_attn, layer.mlp.experts
         assert isinstance(attn.qkv_proj.weight, DequantizingInt4)
         assert isinstance(attn.o_proj.weight, DequantizingInt4)
-        if name == MOE:
+        if name in INT4_EXPERTS:
             assert isinstance(experts.w13[0], DequantizingInt4)
         else:
             assert isinstance(experts, FusedMoE) and experts.w13.dtype == torch.float32
@@ -232,7 +245,7 @@ def test_the_launcher_splits_int4_experts_on_their_groups_unless_expert_parallel
     check_quantization("gptq", 4, path, expert_parallel=True)
 
 
-@pytest.mark.parametrize("name", [MOE, FLOAT_EXPERTS])
+@pytest.mark.parametrize("name", [*INT4_EXPERTS, FLOAT_EXPERTS])
 @pytest.mark.parametrize(
     "flags", [[], ["--num-shard", "2"], ["--num-shard", "2", "--expert-parallel"]]
 )
@@ -254,7 +267,8 @@ def test_the_launcher_spawns_the_shards_of_int4_and_float_experts(monkeypatch, n
 
     monkeypatch.setattr(launcher_main, "Supervisor", Spawned)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    argv = ["--model-id", str(fixture(name)), "--quantize", "gptq", *flags]
+    method = quant_config(name)["quant_method"]
+    argv = ["--model-id", str(fixture(name)), "--quantize", method, *flags]
     assert launcher_main.main(argv) == 0
     num_shard = int(flags[1]) if flags else 1
     assert len(Spawned.plan.shards) == num_shard
