@@ -560,12 +560,9 @@ def build_ct(name: str, spec: dict, work: Path) -> None:
     import compressed_tensors
     import llmcompressor
     import torch
-    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
-    from compressed_tensors.quantization import QuantizationConfig
     from datasets import Dataset
     from llmcompressor import oneshot
     from llmcompressor.modifiers.quantization import GPTQModifier
-    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     fx = HERE / name
@@ -588,25 +585,7 @@ def build_ct(name: str, spec: dict, work: Path) -> None:
     del model
     finish_quant_dir(fx, float_dir)
 
-    # Reference: compressed-tensors' own decompressor for the saved format
-    # (PackedQuantizationCompressor.decompress: unpack_from_int32 + dequantize), scales in fp32.
-    cfg = json.loads((fx / "config.json").read_text())["quantization_config"]
-    qcfg = QuantizationConfig.model_validate(cfg)
-    assert qcfg.format == "pack-quantized", qcfg.format
-    scheme = qcfg.config_groups["group_0"]
-    sd = load_file(fx / "model.safetensors")
-    dequant = {}
-    for k in sd:
-        if k.endswith(".weight_packed"):
-            p = k[: -len(".weight_packed")]
-            local = {
-                s: sd[f"{p}.{s}"]
-                for s in ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape")
-                if f"{p}.{s}" in sd
-            }
-            local["weight_scale"] = local["weight_scale"].float()
-            dequant[p] = PackedQuantizationCompressor.decompress(local, scheme)["weight"].float()
-    write_reference(fx, dequant)
+    write_reference(fx, ct_dequantized(fx))
 
     checks = [float_vs_ref(fx, float_dir)]
     try:
@@ -648,6 +627,33 @@ def build_ct(name: str, spec: dict, work: Path) -> None:
         checks=checks,
     )
     write_provenance(fx, prov)
+
+
+def ct_dequantized(fx: Path) -> dict:
+    """Every pack-quantized module of fx, decompressed by compressed-tensors' own decompressor
+    for the saved format (PackedQuantizationCompressor.decompress: unpack_from_int32 +
+    dequantize), scales in fp32: {prefix: (out, in) fp32}."""
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+    from compressed_tensors.quantization import QuantizationConfig
+    from safetensors.torch import load_file
+
+    cfg = json.loads((fx / "config.json").read_text())["quantization_config"]
+    qcfg = QuantizationConfig.model_validate(cfg)
+    assert qcfg.format == "pack-quantized", qcfg.format
+    scheme = qcfg.config_groups["group_0"]
+    sd = load_file(fx / "model.safetensors")
+    dequant = {}
+    for k in sd:
+        if k.endswith(".weight_packed"):
+            p = k[: -len(".weight_packed")]
+            local = {
+                s: sd[f"{p}.{s}"]
+                for s in ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape")
+                if f"{p}.{s}" in sd
+            }
+            local["weight_scale"] = local["weight_scale"].float()
+            dequant[p] = PackedQuantizationCompressor.decompress(local, scheme)["weight"].float()
+    return dequant
 
 
 # ---------------------------------------------------------------- layouts (plain torch)

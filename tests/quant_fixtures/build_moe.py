@@ -236,11 +236,11 @@ def checks(fx: Path, float_dir: Path) -> list[dict]:
     return found
 
 
-def reference_and_checks(fx: Path, float_dir: Path) -> list[dict]:
-    """--float-experts: reference/ as build.py's gptq stage writes it (gptqmodel's dequantized
-    attention; the fp16 experts, router, norms, embeddings cast to fp32), then the dense
+def reference_and_checks(fx: Path, float_dir: Path, float_experts: bool = True) -> list[dict]:
+    """reference/ as build.py's gptq stage writes it (gptqmodel's dequantized modules: attention,
+    and the experts unless `float_experts`; every other tensor cast to fp32), then the dense
     fixtures' checks against it."""
-    found = [what_was_quantized(fx, float_experts=True)]
+    found = [what_was_quantized(fx, float_experts=float_experts)]
     dequant, tool_logits = tool_dequant(fx)
     found.append(layout_check(fx, dequant))
     build.write_reference(fx, dequant)
@@ -271,28 +271,7 @@ def reference_of_int4_experts() -> None:
     os.chdir(work)
     try:
         float_dir = build.build_float(SPEC, work / "float")
-        found = [what_was_quantized(fx, float_experts=False)]
-        dequant, tool_logits = tool_dequant(fx)
-        found.append(layout_check(fx, dequant))
-        build.write_reference(fx, dequant)
-        found.append(build.float_vs_ref(fx, float_dir))
-        found.append(
-            build.compare(
-                fx, tool_logits, "gptqmodel GPTQModel.load(backend=gptq_torch) fp16 forward"
-            )
-        )
-        try:
-            found.append(
-                build.compare(
-                    fx,
-                    build.transformers_on_quant_dir(fx),
-                    "transformers AutoModelForCausalLM fp32 on the quantized dir (optimum + gptqmodel auto kernel)",
-                )
-            )
-        except Exception as e:  # noqa: BLE001 - recorded, not fatal
-            found.append(dict(against="transformers on the quantized dir", error=repr(e)[:500]))
-        for c in found:
-            print(" ", c)
+        found = reference_and_checks(fx, float_dir, float_experts=False)
         prov = json.loads((fx / "provenance.json").read_text())
         prov["reference"] = dict(
             function="gptqmodel GPTQModel.load(quant_dir, backend=BACKEND.GPTQ_TORCH); per quant module "

@@ -49,28 +49,11 @@ import build_moe  # noqa: E402 - the tiny Qwen3-MoE's shape
 AWQ_NAME = "awq_gemm_g32_qwen3_moe"
 CT_NAME = "ct_w4a16_group32_asym_qwen3_moe"
 MOE = build_moe.MOE
-AWQ_SPEC = dict(
-    tool="awq",
-    arch="Qwen3MoeForCausalLM",
-    tie=False,
-    seed=112,
-    bits=4,
-    group_size=32,
-    sym=False,
-    format="gemm",
-    config=MOE,
-)
-CT_SPEC = dict(
-    tool="ct",
-    arch="Qwen3MoeForCausalLM",
-    tie=False,
-    seed=113,
-    bits=4,
-    group_size=32,
-    strategy="group",
-    symmetric=False,
-    config=MOE,
-)
+MOE_ARCH = build_moe.SPEC["arch"]
+# The GPTQ fixture's source model and group size (build_moe.SPEC), each its own seed and scheme
+_SOURCE = dict(arch=MOE_ARCH, tie=False, bits=4, group_size=32, config=MOE)
+AWQ_SPEC = dict(_SOURCE, tool="awq", seed=112, sym=False, format="gemm")
+CT_SPEC = dict(_SOURCE, tool="ct", seed=113, strategy="group", symmetric=False)
 # vLLM users' ignore list for Qwen3-MoE: lm_head and every router (mlp.gate, not mlp.gate_proj).
 CT_IGNORE = ["lm_head", "re:.*mlp.gate$"]
 LAYERS = build.SHAPE["num_hidden_layers"]
@@ -391,13 +374,10 @@ def build_ct(work: Path) -> None:
     import compressed_tensors
     import llmcompressor
     import torch
-    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
-    from compressed_tensors.quantization import QuantizationConfig
     from datasets import Dataset
     from llmcompressor import oneshot
     from llmcompressor.modeling.moe.linearize import get_linearized_moes
     from llmcompressor.modifiers.gptq import GPTQModifier
-    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     name, spec = CT_NAME, CT_SPEC
@@ -450,22 +430,7 @@ def build_ct(work: Path) -> None:
     )
 
     # Reference: compressed-tensors' own decompressor for the saved format, scales in fp32.
-    cfg = json.loads((fx / "config.json").read_text())["quantization_config"]
-    qcfg = QuantizationConfig.model_validate(cfg)
-    assert qcfg.format == "pack-quantized", qcfg.format
-    scheme = qcfg.config_groups["group_0"]
-    sd = load_file(fx / "model.safetensors")
-    dequant = {}
-    for k in sd:
-        if k.endswith(".weight_packed"):
-            p = k[: -len(".weight_packed")]
-            local = {
-                s: sd[f"{p}.{s}"]
-                for s in ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape")
-                if f"{p}.{s}" in sd
-            }
-            local["weight_scale"] = local["weight_scale"].float()
-            dequant[p] = PackedQuantizationCompressor.decompress(local, scheme)["weight"].float()
+    dequant = build.ct_dequantized(fx)
     build.write_reference(fx, dequant, restack=_restack_if_fused)
     found.append(check_reference_per_expert(fx, dequant))
     found.append(build.float_vs_ref(fx, float_dir))
@@ -496,7 +461,9 @@ def build_ct(work: Path) -> None:
         parameters=dict(
             config_groups=config_groups,
             ignore=CT_IGNORE,
-            ignore_as_saved=cfg["ignore"],
+            ignore_as_saved=json.loads((fx / "config.json").read_text())["quantization_config"][
+                "ignore"
+            ],
             moe_calibrate_all_experts=True,
             format="pack-quantized",
             strategy=spec["strategy"],
