@@ -46,7 +46,9 @@ TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic", "openai", "
                      "deepseek_v3", "deepseek_v31", "kimi_k2", "llama4_pythonic",
                      "llama4_json", "granite", "phi4_mini_json", "hunyuan_a13b",
                      "olmo3")  # fmt: skip
-REASONING_PARSERS = ("deepseek_r1", "qwen3", "openai_gptoss", "glm45", "minimax_m2", "seed_oss")
+REASONING_PARSERS = ("deepseek_r1", "qwen3", "openai_gptoss", "glm45", "minimax_m2", "seed_oss",
+                     "deepseek_v3", "ernie45", "granite", "hunyuan_a13b", "kimi_k2",
+                     "minimax_m2_append_think", "mistral", "olmo3", "step3")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -283,7 +285,10 @@ def add_chat_parser_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) 
         choices=REASONING_PARSERS,
         default=None,
         help="the model's reasoning goes to `reasoning_content`: deepseek_r1, qwen3, glm45, "
-        "minimax_m2, seed_oss (think blocks), openai_gptoss (gpt-oss's harmony channels)",
+        "minimax_m2, seed_oss, deepseek_v3 (DeepSeek-V3.1 and later), ernie45, kimi_k2, step3, "
+        "mistral (Magistral's [THINK]), granite (Granite 3.x), hunyuan_a13b, olmo3 (think "
+        "blocks), openai_gptoss (gpt-oss's harmony channels); minimax_m2_append_think leaves "
+        "MiniMax-M2's think block in the content",
     )
 
 

@@ -31,6 +31,7 @@ from router.handlers.openai_common import (
 )
 from router.handlers.sse import serve_sse
 from router.reasoning.gate import AfterReasoning, first_state
+from router.reasoning.text_markers import TextThinkParser
 from router.request import ValidRequest
 from router.tool_calls.choice import ToolPlan, plan_tools
 
@@ -61,7 +62,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     n = body.n or 1
     check_count(gens, n, "`n`")
     valid = await gens.validate(body.to_request(prompt, plan.grammar))
-    shape = _shape(gens, plan, prompt)
+    shape = _shape(gens, plan, prompt, valid.grammar is not None)
     valid = _after_reasoning(gens, valid, shape)
     with gens.permit(n):
         sent = submit_all(request, [valid], n, received)
@@ -105,9 +106,13 @@ def _check_template_reads(gens: Generations, plan: ToolPlan, messages: list[dict
         )
 
 
-def _shape(gens: Generations, plan: ToolPlan, prompt: str) -> AnswerShape:
+def _shape(gens: Generations, plan: ToolPlan, prompt: str, constrained: bool) -> AnswerShape:
     reasoning = gens.chat.reasoning
     start = first_state(prompt, reasoning) if reasoning is not None else "answer"
+    if constrained and isinstance(reasoning, TextThinkParser):
+        # Plain-text markers give a grammar no token to wait for: it constrains the first token,
+        # so what comes is the answer (Olmo 3's template opens a block the JSON never closes).
+        start = "answer"
     enforced = plan.grammar is not None
     return AnswerShape(reasoning, start, plan.parser, gens.chat.markers, enforced)
 

@@ -5,8 +5,8 @@ The gate watches the sampled token ids for the reasoning parser's end marker (on
 at startup); until it comes, every token is allowed. Where the answer may or may not open with a
 think block (Qwen3: it thinks only when its first token is the start marker), the first step
 allows the start marker beside what the grammar allows. Parsers that are not `gated` (harmony,
-whose reasoning is a channel, not a block) get no gate: their grammar holds from the first
-token.
+whose reasoning is a channel, not a block; think blocks spelled in plain text, with no token to
+watch for) get no gate: their grammar holds from the first token.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ def first_state(prompt: str, parser: ReasoningParser) -> str:
     """Where a request's answer starts: "reasoning" (the prompt opened the block, or the model
     always reasons first), "answer" (the template closed an empty block just before the answer,
     as Qwen3's does with enable_thinking false: no more thinking), or "first" (the model thinks
-    only if its first token opens the block; a parser without a think block, whose answers
-    each open their own messages, always)."""
+    only if its first token opens the block; a parser that is not gated, always: harmony's
+    answers each open their own messages, and a plain-text block is read from the answer)."""
     if not parser.gated:
         return "first"
     if opened_in(prompt, parser.start, parser.end):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from router.reasoning.parsers import SteppedStream, merged, partial_suffix
+from router.reasoning.stream import Delta, SteppedStream, first_of, merged, partial_suffix, run
 from router.reasoning.types import ContentDelta, ReasoningDelta, Split
 
 START, END, MESSAGE, CHANNEL = "<|start|>", "<|end|>", "<|message|>", "<|channel|>"
@@ -38,7 +38,6 @@ _STRAY = (MESSAGE, CHANNEL, CONSTRAIN)
 _OPENERS = (*MARKERS, "to=")
 _JOIN = "\n"
 
-Delta = ReasoningDelta | ContentDelta
 Kind = Literal["reasoning", "content", "call"]
 
 
@@ -55,11 +54,7 @@ class HarmonyParser:
 
     def parse(self, text: str, opened: bool) -> Split:
         """`opened` does not apply: every answer opens its own messages."""
-        stream = self.stream(opened)
-        deltas = [*stream.push(text), *stream.finish()]
-        reasoning = "".join(d.text for d in deltas if isinstance(d, ReasoningDelta))
-        content = "".join(d.text for d in deltas if isinstance(d, ContentDelta))
-        return Split(reasoning or None, content or None)
+        return run(self.stream(opened), text)
 
     def stream(self, opened: bool) -> HarmonyStream:
         return HarmonyStream()
@@ -124,7 +119,7 @@ class HarmonyStream(SteppedStream):
             return True
         if self._state == "header":
             return self._header(out)
-        at, marker = _first(self._buf, _BODY_ENDS)
+        at, marker = first_of(self._buf, _BODY_ENDS)
         if marker is None:
             keep = partial_suffix(self._buf, *MARKERS)
             self._body(_unmarked(self._buf[: len(self._buf) - keep]), out)
@@ -139,7 +134,7 @@ class HarmonyStream(SteppedStream):
         return True
 
     def _header(self, out: list[Delta]) -> bool:
-        at, marker = _first(self._buf, (MESSAGE, END, RETURN, CALL))
+        at, marker = first_of(self._buf, (MESSAGE, END, RETURN, CALL))
         if marker is None:
             return False  # headers are short: all of it waits for `<|message|>`
         if marker != MESSAGE:  # a message without a body: nothing to tell
@@ -167,12 +162,6 @@ class HarmonyStream(SteppedStream):
             text = _JOIN + text  # the next message of a kind already told
         self._fresh, self._said[kind] = False, True
         out.append(ReasoningDelta(text) if kind == "reasoning" else ContentDelta(text))
-
-
-def _first(text: str, markers: tuple[str, ...]) -> tuple[int, str | None]:
-    """Where the first of `markers` occurs in `text`, and which (None: none does)."""
-    found = [(at, m) for m in markers if (at := text.find(m)) >= 0]
-    return min(found) if found else (-1, None)
 
 
 def _unmarked(text: str) -> str:

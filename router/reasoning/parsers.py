@@ -1,25 +1,30 @@
-"""The think-block parsers: `<think>…</think>` reasoning before the answer (DeepSeek-R1, Qwen3,
-GLM-4.5, MiniMax-M2; Seed-OSS's `<seed:think>…</seed:think>`).
+"""The think-block parsers: `<think>…</think>` reasoning before the answer (DeepSeek-R1 and V3.1,
+Qwen3, GLM-4.5, MiniMax-M2, ERNIE 4.5, Kimi K2, Step3; Seed-OSS's `<seed:think>…</seed:think>`,
+Magistral's `[THINK]…[/THINK]`), the markers single tokens of the family's vocabulary.
 
 They differ only where the answer does not begin with the opening tag: DeepSeek-R1 models
-sometimes leave it out, and MiniMax-M2 and Seed-OSS answers start inside their block, so
-deepseek_r1, minimax_m2 and seed_oss read such an answer as reasoning still (up to the closing
-tag, or all of it); Qwen3 and GLM-4.5 without thinking write no block at all, so qwen3 and glm45
-read it as content.
+sometimes leave it out, and the templates of MiniMax-M2, Seed-OSS, ERNIE 4.5, Kimi K2 and Step3
+open the block in the prompt (or their models leave it out), so those parsers read such an answer
+as reasoning still (up to the closing tag, or all of it); Qwen3, GLM-4.5, Magistral and
+DeepSeek-V3 write no block when they do not think, so those read it as content. (Where a template
+closes an empty block at the prompt's end, thinking off, the answer is not parsed at all:
+`gate.first_state`.)
 
 Whitespace: reasoning is stripped at both ends (Qwen3 writes `<think>\\n…\\n</think>`), content is
 stripped at its start only where it follows `</think>`. A stream gives the same text as `parse`
 of the whole: it drops whitespace after a marker and holds back whitespace at the end of the
-reasoning until more reasoning comes (dropped if `</think>` or the end comes first).
+reasoning until more reasoning comes (dropped if `</think>` or the end comes first). A family
+whose content has more to take off (answer tags, placeholders) names a `content_stage`
+(router/reasoning/content.py) that the content passes through, whole or streamed.
 """
 
 from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from router.reasoning.types import ContentDelta, ReasoningDelta, Split
-
-Delta = ReasoningDelta | ContentDelta
+from router.reasoning.content import AnswerTags, Placeholder
+from router.reasoning.stream import Delta, SteppedStream, first_of, merged, partial_suffix, run
+from router.reasoning.types import ContentDelta, ReasoningDelta, ReasoningStream, Split
 
 
 class ThinkParser:
@@ -29,20 +34,43 @@ class ThinkParser:
     name: ClassVar[str]
     start: ClassVar[str] = "<think>"
     end: ClassVar[str] = "</think>"
+    # Other ways the model writes `start` and `end` (Granite's "Here's" for "Here is").
+    start_forms: ClassVar[tuple[str, ...]] = ()
+    end_forms: ClassVar[tuple[str, ...]] = ()
     markers: ClassVar[tuple[str, ...]] = (start, end)
     gated: ClassVar[bool] = True
     optional: ClassVar[bool]  # the answer thinks only if it begins with `start`
+
+    @property
+    def starts(self) -> tuple[str, ...]:
+        return (self.start, *self.start_forms)
+
+    @property
+    def ends(self) -> tuple[str, ...]:
+        return (self.end, *self.end_forms)
+
+    def content_stage(self) -> ReasoningStream | None:
+        """What the content passes through after the split (None: it is told as it is)."""
+        return None
 
     def parse(self, text: str, opened: bool) -> Split:
         body = text
         if not opened:
             lead = text.lstrip()
-            if lead.startswith(self.start):
-                body = lead[len(self.start) :]
+            opener = next((s for s in self.starts if lead.startswith(s)), None)
+            if opener is not None:
+                body = lead[len(opener) :]
             elif self.optional:
-                return Split(None, text or None)
-        reasoning, closed, content = body.partition(self.end)
-        return Split(reasoning.strip() or None, (content.lstrip() or None) if closed else None)
+                return Split(None, self._content(text))
+        at, end = first_of(body, self.ends)
+        if end is None:
+            return Split(body.strip() or None, None)
+        content = body[at + len(end) :].lstrip()
+        return Split(body[:at].strip() or None, self._content(content))
+
+    def _content(self, text: str) -> str | None:
+        stage = self.content_stage()
+        return run(stage, text).content if stage is not None else text or None
 
     def stream(self, opened: bool) -> ThinkStream:
         return ThinkStream(self, opened)
@@ -76,24 +104,55 @@ class SeedOssParser(ThinkParser):
     optional = False
 
 
+class MistralParser(ThinkParser):
+    """Magistral (2509 on): the model opens `[THINK]` itself when its system prompt asks it to
+    think, and answers straight away otherwise."""
+
+    name = "mistral"
+    start = "[THINK]"
+    end = "[/THINK]"
+    markers = (start, end)
+    optional = True
+
+
+class DeepSeekV3Parser(ThinkParser):
+    """DeepSeek-V3.1 and later: the template's `thinking` kwarg ends the prompt with `<think>`
+    (reasoning) or `</think>` (none); a model without the toggle (V3-0324) writes no block."""
+
+    name = "deepseek_v3"
+    optional = True
+
+
+class Step3Parser(ThinkParser):
+    """Step3: its template ends the prompt with `<think>\\n`; the answer reasons up to
+    `</think>`."""
+
+    name = "step3"
+    optional = False
+
+
+class Ernie45Parser(ThinkParser):
+    """ERNIE-4.5 Thinking: `…</think>` then the answer, maybe in `<response>…</response>`."""
+
+    name = "ernie45"
+    optional = False
+
+    def content_stage(self) -> ReasoningStream:
+        return AnswerTags("<response>", "</response>")
+
+
+class KimiK2Parser(ThinkParser):
+    """Kimi K2 (Thinking): reasoning first (unless the template closed the block: thinking off);
+    its `(no content)` placeholder before calls is no content."""
+
+    name = "kimi_k2"
+    optional = False
+
+    def content_stage(self) -> ReasoningStream:
+        return Placeholder("(no content)")
+
+
 State = Literal["lead", "reasoning", "content"]
-
-
-class SteppedStream:
-    """A stream that takes its buffered text apart one `_step` at a time: pushed text joins the
-    buffer, and steps run while they make progress (a step returns False to wait for more)."""
-
-    _buf: str
-
-    def push(self, text: str) -> list[Delta]:
-        self._buf += text
-        out: list[Delta] = []
-        while self._buf and self._step(out):
-            pass
-        return merged(out)
-
-    def _step(self, out: list[Delta]) -> bool:
-        raise NotImplementedError
 
 
 class ThinkStream(SteppedStream):
@@ -101,6 +160,8 @@ class ThinkStream(SteppedStream):
 
     def __init__(self, parser: ThinkParser, opened: bool) -> None:
         self._parser = parser
+        self._starts, self._ends = parser.starts, parser.ends
+        self._stage = parser.content_stage()
         # "lead": not yet known whether the answer opens with `start` (only when not opened).
         self._state: State = "reasoning" if opened else "lead"
         self._buf = ""  # text not yet given out: a possible marker's beginning
@@ -119,28 +180,30 @@ class ThinkStream(SteppedStream):
         else:
             self._content(text, out)
         self._space = ""  # reasoning cut off: its trailing whitespace goes, as in parse
+        if self._stage is not None:
+            out += self._stage.finish()
         return merged(out)
 
     def _step(self, out: list[Delta]) -> bool:
         """Handles what it can of the buffer; False when the rest must wait for more text."""
-        start, end = self._parser.start, self._parser.end
         if self._state == "lead":
             lead = self._buf.lstrip()
-            if lead.startswith(start):
-                self._buf, self._state = lead[len(start) :], "reasoning"
-            elif start.startswith(lead):
+            opener = next((s for s in self._starts if lead.startswith(s)), None)
+            if opener is not None:
+                self._buf, self._state = lead[len(opener) :], "reasoning"
+            elif any(s.startswith(lead) for s in self._starts):
                 return False  # "  <thi": may still become the opening tag
             else:
                 self._state = "content" if self._parser.optional else "reasoning"
             return True
         if self._state == "reasoning":
-            at = self._buf.find(end)
-            if at >= 0:
+            at, end = first_of(self._buf, self._ends)
+            if end is not None:
                 self._reason(self._buf[:at], out)
                 self._buf, self._state = self._buf[at + len(end) :], "content"
                 self._space, self._skip_space = "", True
                 return True
-            keep = partial_suffix(self._buf, end)
+            keep = partial_suffix(self._buf, *self._ends)
             self._reason(self._buf[: len(self._buf) - keep], out)
             self._buf = self._buf[len(self._buf) - keep :]
             return False
@@ -166,24 +229,9 @@ class ThinkStream(SteppedStream):
             if not text:
                 return
             self._skip_space = False
-        if text:
-            out.append(ContentDelta(text))
-
-
-def partial_suffix(text: str, *markers: str) -> int:
-    """The length of the longest end of `text` that is a proper beginning of one of `markers`."""
-    for n in range(min(len(text), max(map(len, markers)) - 1), 0, -1):
-        if any(len(m) > n and m.startswith(text[-n:]) for m in markers):
-            return n
-    return 0
-
-
-def merged(deltas: list[Delta]) -> list[Delta]:
-    """Neighbours of one kind as one delta."""
-    out: list[Delta] = []
-    for delta in deltas:
-        if out and type(out[-1]) is type(delta):
-            out[-1] = type(delta)(out[-1].text + delta.text)
+        if not text:
+            return
+        if self._stage is not None:
+            out += self._stage.push(text)
         else:
-            out.append(delta)
-    return out
+            out.append(ContentDelta(text))

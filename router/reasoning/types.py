@@ -36,9 +36,10 @@ class ReasoningParser(Protocol):
     # Special tokens whose text the parser must see in the answer (the answer's text leaves
     # special tokens out); each must be one token of the vocabulary (checked at startup).
     markers: ClassVar[tuple[str, ...]]
-    # Whether the reasoning is one think block from `start` to `end`, which a grammar waits out
-    # (router/reasoning/gate.py). Else (harmony's channels) a grammar constrains the answer from
-    # its first token, and `start`, `end` and `optional` do not apply.
+    # Whether the reasoning is one think block from `start` to `end`, markers that are tokens,
+    # which a grammar waits out (router/reasoning/gate.py). Else a grammar constrains the answer
+    # from its first token: harmony's channels (where `start`, `end` and `optional` do not
+    # apply), and think blocks spelled in plain text (router/reasoning/text_markers.py).
     gated: ClassVar[bool]
     start: ClassVar[str]  # "<think>"
     end: ClassVar[str]  # "</think>"

@@ -124,8 +124,86 @@ async def test_a_grammar_applies_after_the_reasoning(families):
         jsonschema.validate(json.loads(call["arguments"]), ALARM["function"]["parameters"])
 
 
+# vLLM's other families' layouts, on the tiny families' tokenizers: DeepSeek-R1's template opens
+# the block in the prompt (as Step3's, ERNIE's, Kimi's and MiniMax-M2's do), Qwen's does not.
+FAMILY_ANSWERS = [
+    ("deepseek_r1", "step3", "Check.\n</think>\n\nUmbrella.", "Check.", "Umbrella."),
+    ("deepseek_r1", "kimi_k2", "Check.\n</think>\n\n(no content)Umbrella.", "Check.", "Umbrella."),
+    (
+        "deepseek_r1",
+        "ernie45",
+        "Check.\n</think>\n\n<response>\nUmbrella.\n</response>\n",
+        "Check.",
+        "Umbrella.",
+    ),
+    (
+        "deepseek_r1",
+        "minimax_m2_append_think",
+        "Check.\n</think>\n\nUmbrella.",
+        None,
+        "<think>Check.\n</think>\n\nUmbrella.",
+    ),
+    ("qwen", "deepseek_v3", "<think>\nCheck.\n</think>\n\nUmbrella.", "Check.", "Umbrella."),
+    (
+        "qwen",
+        "hunyuan_a13b",
+        "<think>\nCheck.\n</think>\n<answer>\nUmbrella.\n</answer>",
+        "Check.",
+        "Umbrella.",
+    ),
+    (
+        "qwen",
+        "granite",
+        "Here is my thought process:\nCheck.\n\nHere is my response:\nUmbrella.",
+        "Check.",
+        "Umbrella.",
+    ),
+    ("qwen", "olmo3", "Check.</think>Umbrella.", "Check.", "Umbrella."),
+]
+
+
+@pytest.mark.parametrize("family,parser,answer,reasoning,content", FAMILY_ANSWERS)
 @async_test
-async def test_a_tokenizer_without_think_tokens_is_refused_at_startup(model_dir):
-    with pytest.raises(ConfigError, match="--reasoning-parser qwen3"):
-        async with router_env(model_dir, 1, reasoning_parser="qwen3"):
+async def test_each_family_whole_and_streamed(families, family, parser, answer, reasoning, content):
+    path, tok = families[family]
+    async with router_env(path, 1, scripted(tok, answer), reasoning_parser=parser) as env:
+        for stream in (False, True):
+            status, text = await post(env, stream=stream)
+            assert status == 200, text
+            if stream:
+                got = streamed(text)
+                got = got[0] or None, got[1] or None
+            else:
+                message = json.loads(text)["choices"][0]["message"]
+                got = message["reasoning_content"], message["content"]
+            assert got == (reasoning, content), (parser, stream)
+
+
+@pytest.mark.parametrize(
+    "parser,answer",
+    [
+        ("granite", "Here is my thought process: hmm Here is my response: not json at all"),
+        # Olmo 3's answers otherwise start inside the think block its template opens
+        ("olmo3", "hmm</think>not json at all"),
+    ],
+)
+@async_test
+async def test_plain_text_markers_leave_a_grammar_the_whole_answer(families, parser, answer):
+    """Plain-text markers are no tokens to wait for: the schema holds from the first token, and
+    the answer, which then cannot think, is all content."""
+    path, tok = families["qwen"]
+    async with router_env(path, 1, scripted(tok, answer), reasoning_parser=parser) as env:
+        status, text = await post(env, response_format=SCHEMA)
+        assert status == 200, text
+        message = json.loads(text)["choices"][0]["message"]
+        assert message["reasoning_content"] is None, message
+        jsonschema.validate(json.loads(message["content"]), FORECAST_PARAMETERS)
+        assert env.violations() == []
+
+
+@pytest.mark.parametrize("parser", ["qwen3", "mistral", "step3"])
+@async_test
+async def test_a_tokenizer_without_think_tokens_is_refused_at_startup(model_dir, parser):
+    with pytest.raises(ConfigError, match=f"--reasoning-parser {parser}"):
+        async with router_env(model_dir, 1, reasoning_parser=parser):
             pass

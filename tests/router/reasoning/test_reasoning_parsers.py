@@ -101,18 +101,45 @@ def test_qwen3_holds_the_lead_until_decided() -> None:
 
 def test_registry() -> None:
     assert set(REASONING_PARSERS) == {"deepseek_r1", "qwen3", "openai_gptoss", "glm45",
-                                      "minimax_m2", "seed_oss"}  # fmt: skip
+                                      "minimax_m2", "seed_oss", "deepseek_v3", "ernie45",
+                                      "granite", "hunyuan_a13b", "kimi_k2",
+                                      "minimax_m2_append_think", "mistral", "olmo3",
+                                      "step3"}  # fmt: skip
     assert isinstance(reasoning_parser("qwen3"), Qwen3Parser)
     parser = reasoning_parser("deepseek_r1")
     assert (parser.name, parser.start, parser.end) == ("deepseek_r1", "<think>", "</think>")
     assert (SEED.markers, SEED.gated) == (("<seed:think>", "</seed:think>"), True)
-    with pytest.raises(ValueError, match="deepseek_r1, glm45, minimax_m2, openai_gptoss, qwen3"):
+    with pytest.raises(ValueError, match="deepseek_r1, deepseek_v3, ernie45, glm45, granite"):
         reasoning_parser("nope")
 
 
-# Answers built from the pieces that matter: markers, their fragments, whitespace, text.
+@pytest.mark.parametrize("name", sorted(REASONING_PARSERS))
+def test_every_parser_keeps_the_contract(name: str) -> None:
+    """What the startup check and the gate rely on (router/chat_features.py): a gated parser's
+    `start` and `end` are among the markers checked as single tokens; markers are never empty
+    text; an empty answer is neither reasoning nor content, whole or streamed."""
+    parser = reasoning_parser(name)
+    assert parser.name == name and all(parser.markers)
+    if parser.gated:
+        assert {parser.start, parser.end} <= set(parser.markers)
+    for opened in (False, True):
+        assert parser.parse("", opened) == Split(None, None)
+        stream = parser.stream(opened)
+        assert [*stream.push(""), *stream.finish()] == []
+
+
+# Answers built from the pieces that matter: markers, their fragments, whitespace, text; and
+# for each parser its own markers (all spellings), their halves, and what its content stage
+# takes off (answer tags, placeholders).
 _ATOMS = ["<think>", "</think>", "<th", "</th", "ink>", "<", "/", "k>", " ", "\n", "a", "b c", "é"]
-answers = st.lists(st.sampled_from(_ATOMS), max_size=12).map("".join)
+_STAGED = ["<answer>", "</answer>", "<response>", "</response>", "(no content)", "(no", "nt)"]
+
+
+def answers(parser) -> st.SearchStrategy[str]:
+    own = [*getattr(parser, "starts", [parser.start]), *getattr(parser, "ends", [parser.end])]
+    halves = [half for m in own for half in (m[: len(m) // 2], m[len(m) // 2 :])]
+    atoms = [*_ATOMS, *own, *halves, *_STAGED]
+    return st.lists(st.sampled_from(atoms), max_size=12).map("".join)
 
 
 @st.composite
@@ -123,11 +150,15 @@ def cut(draw: st.DrawFn, text: str) -> list[str]:
     return [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
+# Every registered parser but harmony (tests/router/reasoning/test_reasoning_harmony.py).
+THINKERS = [reasoning_parser(name) for name in sorted(REASONING_PARSERS) if name != "openai_gptoss"]
+
+
 @pytest.mark.parametrize("opened", [False, True])
-@pytest.mark.parametrize("parser", [R1, QWEN], ids=lambda p: p.name)
-@settings(max_examples=300, deadline=None)
+@pytest.mark.parametrize("parser", THINKERS, ids=lambda p: p.name)
+@settings(max_examples=200, deadline=None)
 @given(data=st.data())
 def test_stream_equals_parse(parser: ThinkParser, opened: bool, data: st.DataObject) -> None:
-    text = data.draw(answers)
+    text = data.draw(answers(parser))
     pieces = data.draw(cut(text))
     assert streamed(parser, pieces, opened) == parser.parse(text, opened)
