@@ -14,7 +14,12 @@ from typing import Any
 from shard.models.blocks import DecoderModel
 from shard.models.config import ModelConfig, UnsupportedArchitectureError
 from shard.models.mixtral import MIXTRAL_NAMES, experts_in_every_layer
-from shard.models.names import STACKED_EXPERT_NAMES, stacked_experts
+from shard.models.names import (
+    PER_EXPERT_MLP_NAMES,
+    STACKED_EXPERT_NAMES,
+    per_expert_under_mlp,
+    stacked_experts,
+)
 from shard.weights import Weights
 
 MINIMAX_M2_NAMES = {
@@ -54,4 +59,6 @@ class MiniMaxM2ForCausalLM(DecoderModel):
     def names_for(cls, weights: Weights) -> dict[str, tuple[str, ...]]:
         if stacked_experts(weights.has):
             return {**cls.NAMES, **STACKED_MINIMAX_M2_NAMES}
+        if per_expert_under_mlp(weights.has_module):  # a quantization tool's split experts
+            return {**cls.NAMES, **STACKED_MINIMAX_M2_NAMES, **PER_EXPERT_MLP_NAMES}
         return cls.NAMES

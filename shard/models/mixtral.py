@@ -1,7 +1,8 @@
 """Mixtral: Mistral's attention over Mixture-of-Experts MLPs in every layer: softmax over the
 router's logits, the top k renormalised, the experts' outputs weighted in float32. The Hub's
 checkpoints name the block `block_sparse_moe` and each expert's gate, down and up w1, w2, w3;
-transformers 5 holds (and can save) them stacked under `mlp`."""
+transformers 5 holds (and can save) them stacked under `mlp`; quantization tools split those
+back into `mlp.experts.{e}.gate_proj` ... (names.PER_EXPERT_MLP_NAMES)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ from typing import Any
 
 from shard.models.blocks import DecoderModel
 from shard.models.config import ModelConfig, MoeConfig
-from shard.models.names import LLAMA_NAMES, STACKED_EXPERT_NAMES, stacked_experts
+from shard.models.names import (
+    LLAMA_NAMES,
+    PER_EXPERT_MLP_NAMES,
+    STACKED_EXPERT_NAMES,
+    per_expert_under_mlp,
+    stacked_experts,
+)
 from shard.models.qwen2_moe import experts_per_token
 from shard.weights import Weights
 
@@ -50,4 +57,8 @@ class MixtralForCausalLM(DecoderModel):
 
     @classmethod
     def names_for(cls, weights: Weights) -> dict[str, tuple[str, ...]]:
-        return {**cls.NAMES, **STACKED_EXPERT_NAMES} if stacked_experts(weights.has) else cls.NAMES
+        if stacked_experts(weights.has):
+            return {**cls.NAMES, **STACKED_EXPERT_NAMES}
+        if per_expert_under_mlp(weights.has_module):
+            return {**cls.NAMES, **PER_EXPERT_MLP_NAMES}
+        return cls.NAMES

@@ -65,6 +65,21 @@ STACKED_EXPERT_NAMES: dict[str, tuple[str, ...]] = {
 }
 
 
+# Mixtral's and MiniMax-M2's experts as quantization tools save them from transformers 5's
+# stacked modules, split back into one module per expert (gptqmodel's defuser, llm-compressor)
+# under `mlp` with Qwen-MoE's names, not the Hub's `block_sparse_moe.experts.{e}.w1/w3/w2`.
+PER_EXPERT_MLP_NAMES: dict[str, tuple[str, ...]] = {
+    key: QWEN_MOE_NAMES[key] for key in ("router", "expert_gate_up", "expert_down")
+}
+
+
+def per_expert_under_mlp(has_module: Callable[[str], bool]) -> bool:
+    """Whether a checkpoint (`has_module`: Weights.has_module) holds its first layer's experts
+    as modules of their own under `mlp` (the layers these models make sparse are all of
+    them)."""
+    return has_module("model.layers.0.mlp.experts.0.gate_proj")
+
+
 def stacked_experts(has: Callable[[str], bool]) -> bool:
     """Whether a checkpoint (`has`: Weights.has) stores its experts as transformers 5 holds
     them, stacked, rather than as the Hub's per-expert modules."""

@@ -667,11 +667,30 @@ def _fields(x, bits: int, n: int):
     return (x.unsqueeze(-1) >> sh) & ((1 << bits) - 1)
 
 
+# Mixtral's experts as gptqmodel saves them (mlp.experts.{e}.gate_proj ...) -> as transformers
+# saves reference/ (the Hub's block_sparse_moe.experts.{e}.w1 ...)
+HUB_EXPERT_LEAVES = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+
+
+def hub_expert_name(prefix: str) -> str:
+    """`model.layers.0.mlp.experts.3.gate_proj` -> `model.layers.0.block_sparse_moe.experts.3.w1`
+    (other names unchanged)."""
+    head, _, leaf = prefix.rpartition(".")
+    if ".mlp.experts." not in head or leaf not in HUB_EXPERT_LEAVES:
+        return prefix
+    return (
+        f"{head.replace('.mlp.experts.', '.block_sparse_moe.experts.')}.{HUB_EXPERT_LEAVES[leaf]}"
+    )
+
+
 def _reference_weight(ref: dict, prefix: str):
     """reference/'s (out, in) weight of quantized module `prefix`; a split gate_proj / up_proj
     (gptqmodel's Phi-3) is the first / second half of reference/'s fused gate_up_proj."""
     if prefix + ".weight" in ref:
         return ref[prefix + ".weight"]
+    hub = hub_expert_name(prefix)
+    if hub + ".weight" in ref:
+        return ref[hub + ".weight"]
     for half, leaf in enumerate(("gate_proj", "up_proj")):
         if prefix.endswith("." + leaf):
             fused = ref[prefix[: -len(leaf)] + "gate_up_proj.weight"]
@@ -682,6 +701,7 @@ def _reference_weight(ref: dict, prefix: str):
 # Served fixtures that build_moe.py and build_moe_awq_ct.py build (reference/ included); `verify`
 # checks them too.
 BUILT_BY_MOE = (
+    "gptq_g32_sym_mixtral",
     "gptq_g32_sym_qwen3_moe",
     "gptq_g32_sym_qwen3_moe_float_experts",
     "awq_gemm_g32_qwen3_moe",

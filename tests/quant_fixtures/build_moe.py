@@ -25,6 +25,7 @@ Same venv as build.py's gptq stage (its docstring has the install commands). Fro
 
   GPTQMODEL_CPU_WORKERS=2 /tmp/qtools/bin/python tests/quant_fixtures/build_moe.py   # ~20 s
   GPTQMODEL_CPU_WORKERS=2 /tmp/qtools/bin/python tests/quant_fixtures/build_moe.py --reference
+  GPTQMODEL_CPU_WORKERS=2 /tmp/qtools/bin/python tests/quant_fixtures/build_moe.py --mixtral
   GPTQMODEL_CPU_WORKERS=2 /tmp/qtools/bin/python tests/quant_fixtures/build_moe.py --float-experts
   ONLY=gptq_g32_sym_qwen3_moe,gptq_g32_sym_qwen3_moe_float_experts \
       .venv/bin/python tests/quant_fixtures/build.py verify
@@ -61,6 +62,14 @@ SPEC = dict(
     sym=True,
     format="gptq",
     config=MOE,
+)
+# --mixtral: a Mixtral of the same width, its 4 experts of intermediate_size 64 in every layer
+MIXTRAL = "gptq_g32_sym_mixtral"
+MIXTRAL_SPEC = dict(
+    SPEC,
+    arch="MixtralForCausalLM",
+    seed=114,
+    config=dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=64),
 )
 # --float-experts: the same builder, seed and calibration at half the width (hidden 64, so
 # head_dim 16; experts' intermediate 32), since its reference/ holds every expert in fp32 and
@@ -287,15 +296,99 @@ def reference_of_int4_experts() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def build_mixtral() -> None:
+    """--mixtral: a tiny Mixtral quantized by gptqmodel's own `mixtral` definition (attention
+    and every expert int4, the router fp16), reference/ written at once. gptqmodel splits
+    transformers 5's stacked experts into modules of their own and saves them as
+    `mlp.experts.{e}.gate_proj/up_proj/down_proj` with the router `mlp.gate`, not the Hub's
+    `block_sparse_moe.experts.{e}.w1/w3/w2`: the layout this fixture pins."""
+    import gptqmodel
+
+    work = Path(tempfile.mkdtemp(prefix="quant_moe_"))
+    os.chdir(work)
+    try:
+        float_dir = quantize(work, MIXTRAL, MIXTRAL_SPEC, None)
+        fx = HERE / MIXTRAL
+        prov = build.base_provenance(MIXTRAL, MIXTRAL_SPEC)
+        prov.update(
+            tool=dict(name="gptqmodel", version=gptqmodel.__version__),
+            function="gptqmodel.GPTQModel.load(float_dir, QuantizeConfig(...), dtype=float16) -> .quantize(calib) -> .save() "
+            "(gptqmodel/models/definitions/mixtral.py: q/k/v/o_proj and every expert, saved as "
+            "mlp.experts.{e}.gate_proj/up_proj/down_proj; mlp.gate not quantized)",
+            parameters=dict(
+                bits=SPEC["bits"],
+                group_size=SPEC["group_size"],
+                desc_act=SPEC["desc_act"],
+                sym=SPEC["sym"],
+                checkpoint_format=SPEC["format"],
+                pack_dtype="int32",
+                lm_head_quantized=False,
+            ),  # fmt: skip
+            versions=build._versions("gptqmodel", "optimum", "defuser"),
+            reference=dict(
+                function="gptqmodel GPTQModel.load(quant_dir, backend=BACKEND.GPTQ_TORCH); per quant module "
+                "(attention and every expert): dequantize_weight() with scales cast to fp32, transposed; "
+                "every other tensor cast to fp32",
+                dtype="float32",
+            ),
+            notes=[
+                "gptqmodel 7.7.0 requires torch>=2.14.1 on paper; installed with --no-deps on torch 2.13.0+cpu and ran on CPU."
+            ],
+            checks=mixtral_reference_and_checks(fx, float_dir),
+        )
+        build.write_provenance(fx, prov)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def mixtral_reference_and_checks(fx: Path, float_dir: Path) -> list[dict]:
+    """reference/ written as the Hub's Mixtral checkpoint (block_sparse_moe.experts.{e}.w1/w3/w2,
+    block_sparse_moe.gate) with safetensors, not save_pretrained: importing gptqmodel swaps
+    transformers' stacked Mixtral experts for modules of their own (its defuser), and
+    save_pretrained's conversion back to the Hub's names then writes a mix of both layouts."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    found = [what_was_quantized(fx, float_experts=False)]
+    dequant, tool_logits = tool_dequant(fx)
+    found.append(layout_check(fx, dequant))
+    tensors = {}
+    for key, value in load_file(fx / "model.safetensors").items():
+        prefix, leaf = key.rsplit(".", 1)
+        if prefix not in dequant:
+            tensors[key.replace(".mlp.gate.", ".block_sparse_moe.gate.")] = value.float()
+    for prefix, weight in dequant.items():
+        tensors[f"{build.hub_expert_name(prefix)}.weight"] = weight.float().contiguous()
+    ref = fx / "reference"
+    shutil.rmtree(ref, ignore_errors=True)
+    ref.mkdir()
+    save_file(tensors, ref / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((fx / "config.json").read_text())
+    config.pop("quantization_config")
+    config["dtype"] = "float32"
+    (ref / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    assert torch.isfinite(torch.cat([t.flatten() for t in tensors.values()])).all()
+    found.append(build.float_vs_ref(fx, float_dir))
+    found.append(
+        build.compare(fx, tool_logits, "gptqmodel GPTQModel.load(backend=gptq_torch) fp16 forward")
+    )
+    for c in found:
+        print(" ", c)
+    return found
+
+
 def main(argv: list[str]) -> None:
     import gptqmodel
 
     if argv == ["--reference"]:
         reference_of_int4_experts()
         return
+    if argv == ["--mixtral"]:
+        build_mixtral()
+        return
     float_experts = argv == ["--float-experts"]
     if argv and not float_experts:
-        sys.exit(f"usage: build_moe.py [--float-experts | --reference], not {argv}")
+        sys.exit(f"usage: build_moe.py [--float-experts | --reference | --mixtral], not {argv}")
     name = FLOAT_EXPERTS if float_experts else NAME
     dynamic = EXPERTS_UNQUANTIZED if float_experts else None
     work = Path(tempfile.mkdtemp(prefix="quant_moe_"))

@@ -13,6 +13,8 @@ from shard.weights import Weights
 
 ROOT = Path(__file__).resolve().parents[1] / "quant_fixtures"
 CPU = torch.device("cpu")
+# The Hub's names of Mixtral's expert projections -> the ones gptqmodel saves
+MLP_EXPERT_LEAVES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 
 
 def is_fp8(raw: dict) -> bool:
@@ -74,10 +76,17 @@ def splits_gate_up(name: str) -> bool:
 def reference_weights(name: str) -> dict[str, torch.Tensor]:
     """reference/'s tensors, plus, where the quantized checkpoint splits a module that
     reference/ fuses (gptqmodel's Phi-3 gate_proj / up_proj), each split module's half of the
-    fused weight under the checkpoint's name: every quantized module has its `.weight`."""
+    fused weight under the checkpoint's name, and where transformers saved Mixtral's experts
+    under the Hub's names (block_sparse_moe.experts.{e}.w1 ...), each also under the
+    checkpoint's (gptqmodel's mlp.experts.{e}.gate_proj ...): every quantized module has its
+    `.weight`."""
     from safetensors.torch import load_file
 
     ref = load_file(fixture(name) / "reference" / "model.safetensors")
+    for key in [k for k in ref if ".block_sparse_moe.experts." in k]:  # Mixtral's, as the Hub
+        head, leaf, _ = key.rsplit(".", 2)  # names them; the checkpoint says mlp.experts.{e}...
+        module = head.replace(".block_sparse_moe.experts.", ".mlp.experts.")
+        ref[f"{module}.{MLP_EXPERT_LEAVES[leaf]}.weight"] = ref[key]
     if splits_gate_up(name):
         for key in [k for k in ref if k.endswith(".mlp.gate_up_proj.weight")]:
             gate, up = ref[key].chunk(2)

@@ -5,11 +5,14 @@ release's config fields transformers does not read refused where they name anoth
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 from config_edits import assert_refused, with_config
 from paged_helpers import run_paged
 from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 from transformers import MiniMaxM2Config
 from transformers.models.minimax_m2.modeling_minimax_m2 import MiniMaxM2TopKRouter
 
@@ -54,6 +57,37 @@ def test_transformers_stacked_layout_equals_the_hubs(tmp_path):
     got, want = (
         run_paged(load_model(p, dtype=torch.float32, device=CPU, dist=Distributed()), PROMPTS, 2)
         for p in (stacked, hub)
+    )
+    assert got[1] == want[1]
+    for a, b in zip(got[0], want[0], strict=True):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+# The Hub's names -> a quantization tool's split experts under `mlp` (gptqmodel's defuser writes
+# Mixtral's so: tests/quant_fixtures/gptq_g32_sym_mixtral)
+SPLIT_UNDER_MLP = {".block_sparse_moe.gate.": ".mlp.gate.",
+                   ".block_sparse_moe.e_score_correction_bias": ".mlp.e_score_correction_bias",
+                   ".w1.": ".gate_proj.", ".w3.": ".up_proj.", ".w2.": ".down_proj.",
+                   ".block_sparse_moe.experts.": ".mlp.experts."}  # fmt: skip
+
+
+def test_experts_split_under_mlp_equal_the_hubs(tmp_path):
+    """The same weights under `mlp.experts.{e}.gate_proj` ..., `mlp.gate` and
+    `mlp.e_score_correction_bias`, as a quantization tool saves transformers 5's split experts."""
+    architecture, overrides = MOE_MODELS[NAME]
+    hub = build_model(tmp_path / "hub", architecture, **overrides)
+    split = tmp_path / "split"
+    shutil.copytree(hub, split)
+    tensors = {}
+    for key, value in load_file(hub / "model.safetensors").items():
+        for old, new in SPLIT_UNDER_MLP.items():
+            key = key.replace(old, new)
+        tensors[key] = value
+    assert "model.layers.0.mlp.experts.0.gate_proj.weight" in tensors
+    save_file(tensors, split / "model.safetensors", metadata={"format": "pt"})
+    got, want = (
+        run_paged(load_model(p, dtype=torch.float32, device=CPU, dist=Distributed()), PROMPTS, 2)
+        for p in (split, hub)
     )
     assert got[1] == want[1]
     for a, b in zip(got[0], want[0], strict=True):

@@ -19,7 +19,15 @@ from pathlib import Path
 import pytest
 import torch
 from paged_helpers import assert_equals_reference, run_paged
-from quant_fixtures import CPU, SERVED, SERVED_MOE, checkpoint_keys, fixture, quant_config
+from quant_fixtures import (
+    CPU,
+    SERVED,
+    SERVED_MOE,
+    checkpoint_keys,
+    fixture,
+    quant_config,
+    reference_weights,
+)
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
@@ -91,7 +99,7 @@ def test_int4_experts_stay_int4_one_platform_linear_per_expert(name, dtype):
         assert all(b.shape[0] <= 4 for b in floats)  # scales per group, not weights
     # the first layer's experts on a decode-sized and a prefill-sized step against gptqmodel's
     # dequantized weights, in float64: bf16's error (its rounded scales and activations)
-    ref = load_file(fixture(name) / "reference" / "model.safetensors")
+    ref = reference_weights(name)
     experts = ours.layers[0].mlp.experts
     gen = torch.Generator().manual_seed(4)
     for tokens in (1, 400):  # ~200 rows an expert: the dense path past DENSE_MIN_ROWS
@@ -206,7 +214,7 @@ def test_each_rank_holds_exactly_its_slice_of_the_reference(name, rank, world, e
     dequantization; experts: every expert's intermediate slice (tensor parallel) or its experts
     whole (expert parallel): the checkpoint's fp16 exactly, or gptqmodel's dequantization of
     its int4 exactly."""
-    ref = load_file(fixture(name) / "reference" / "model.safetensors")
+    ref = reference_weights(name)
     ours = load(fixture(name), rank, world, expert_parallel)
     num_experts = 4
     for i, layer in enumerate(ours.layers):

@@ -28,7 +28,8 @@ from shard.weights import Weights
 WORLD = 2
 # Checkpoints made by a quantization tool (tests/shard/quant_fixtures.py), not built here
 # (GPTQ packs the experts' codes along their inputs, AWQ along their outputs: each cut its way)
-QUANT_MOE = ["gptq_g32_sym_qwen3_moe", "awq_gemm_g32_qwen3_moe"]
+# Mixtral's experts as gptqmodel saves them, under `mlp` (shard/models/names.py)
+QUANT_MOE = ["gptq_g32_sym_qwen3_moe", "awq_gemm_g32_qwen3_moe", "gptq_g32_sym_mixtral"]
 # Mixture-of-Experts models, run both tensor parallel (the default) and expert parallel.
 # gpt-oss: biased experts (the down bias added by one rank), its release's MXFP4 experts read in
 # slices that split a 32-wide block, its sinks split with the query heads.
