@@ -41,7 +41,9 @@ ARCHITECTURES = {
     "Mistral3ForConditionalGeneration": "MistralConfig",
     "Qwen2ForCausalLM": "Qwen2Config",
     "Qwen3ForCausalLM": "Qwen3Config",
+    "GemmaForCausalLM": "GemmaConfig",
     "Gemma2ForCausalLM": "Gemma2Config",
+    "VaultGemmaForCausalLM": "VaultGemmaConfig",
     "Gemma3ForCausalLM": "Gemma3TextConfig",  # text-only Gemma 3 (Gemma3Config is the VLM's)
     # Gemma 3 4B and up as released: the vision-language wrapper around Gemma3TextConfig's LM
     "Gemma3ForConditionalGeneration": "Gemma3TextConfig",
@@ -53,7 +55,9 @@ ARCHITECTURES = {
     "Olmo2ForCausalLM": "Olmo2Config",
     "Olmo3ForCausalLM": "Olmo3Config",
     "Exaone4ForCausalLM": "Exaone4Config",
+    "GlmForCausalLM": "GlmConfig",
     "Glm4ForCausalLM": "Glm4Config",
+    "HeliumForCausalLM": "HeliumConfig",
     "CohereForCausalLM": "CohereConfig",
     "Cohere2ForCausalLM": "Cohere2Config",
     "SeedOssForCausalLM": "SeedOssConfig",
@@ -163,6 +167,8 @@ POST_LLAMA_ARCHITECTURES = (
     "HunYuanDenseV1ForCausalLM",
     "Qwen3_5ForCausalLM",
     "Qwen3_5ForConditionalGeneration",
+    "GlmForCausalLM",
+    "HeliumForCausalLM",
 )
 MOE_ARCHITECTURES = (
     "MixtralForCausalLM",
@@ -233,7 +239,9 @@ _GEMMA4_ROUTER_SPREAD = 1.0
 # skipping the norm would go unnoticed. Only these architectures get random norms, so the older
 # ones' checkpoints stay byte-identical to what their tests were written against.
 _NORM_IDENTITY = {
+    "GemmaForCausalLM": 0.0,
     "Gemma2ForCausalLM": 0.0,
+    "VaultGemmaForCausalLM": 0.0,
     "Gemma3ForCausalLM": 0.0,
     "Gemma3ForConditionalGeneration": 0.0,
     "Phi3ForCausalLM": 1.0,
@@ -447,7 +455,7 @@ def _tiny_defaults(
             "intermediate_size_mlp": 96,
             "no_rope_layer_interval": 2,
         }
-    if architecture.startswith("Gemma"):
+    if architecture.startswith(("Gemma", "VaultGemma")):
         head_dim = overrides.get("head_dim", hidden_size // num_attention_heads)
         return {
             "head_dim": head_dim,

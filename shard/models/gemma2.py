@@ -1,6 +1,8 @@
 """Gemma 2: GeGLU (gelu-tanh), four `1 + w` RMSNorms a layer (before and after attention and the
 MLP), embeddings scaled by sqrt(hidden), the query scaled by query_pre_attn_scalar, attention
-and final logits soft-capped, sliding and full layers alternating (layer_types)."""
+and final logits soft-capped, sliding and full layers alternating (layer_types).
+`VaultGemmaForCausalLM` (Google's differentially private VaultGemma) is Gemma 2 with two norms a
+layer, before attention and before the MLP (`pre_feedforward_layernorm`), none after."""
 
 from __future__ import annotations
 
@@ -39,3 +41,11 @@ class Gemma2ForCausalLM(DecoderModel):
     @classmethod
     def adapt_config(cls, raw: dict[str, Any], config: ModelConfig) -> ModelConfig:
         return gemma_config(raw, config)
+
+
+class VaultGemmaForCausalLM(DecoderModel):
+    NAMES = {**LLAMA_NAMES, "post_attention_layernorm": GEMMA_NAMES["pre_feedforward_layernorm"]}
+
+    @classmethod
+    def adapt_config(cls, raw: dict[str, Any], config: ModelConfig) -> ModelConfig:
+        return replace(gemma_config(raw, config), sandwich_norms=False)

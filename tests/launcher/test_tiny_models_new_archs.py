@@ -39,6 +39,10 @@ NORMS_PER_LAYER = {
     # two a layer, and every other layer's q/k norms (softmax) or gated norm (linear)
     "Qwen3_5ForCausalLM": 3.5,
     "Gemma4ForCausalLM": 6,  # Gemma 3's; its value norms have no weight
+    "GemmaForCausalLM": 2,
+    "VaultGemmaForCausalLM": 2,
+    "GlmForCausalLM": 2,
+    "HeliumForCausalLM": 2,
 }
 # Cases whose layers differ in their norms: the total, the final norm included
 NORMS_IN_ALL = {
@@ -56,7 +60,7 @@ CONVERTED = {
     ),
 }
 # norms computing x * (1 + w), but for Qwen3.5's gated norm of linear attention's output
-ZERO_CENTRED = ("Gemma2", "Gemma3", "Qwen3_5")  # (Gemma 4's are x * w)
+ZERO_CENTRED = ("GemmaFor", "Gemma2", "Gemma3", "VaultGemma", "Qwen3_5")  # (Gemma 4's are x * w)
 PLAIN_NORMS = ("linear_attn.norm.weight",)
 
 

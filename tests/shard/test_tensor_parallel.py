@@ -112,6 +112,9 @@ MODELS = [
     "gemma2_softcap_alternating",
     "gemma3_qk_norm_local_rope",
     "phi3_partial_longrope",
+    # the first Gemma's one KV head replicated; Helium's float32-scaled norms, interleaved rotary
+    "gemma_geglu_one_kv_head",
+    "helium_fp32_norms_qkv_bias",
     # q/k normed over the whole projection, each rank holding part of it: KV heads split (OLMo
     # 2) and one replicated on both (OLMo 3); per-head q/k norms and a NoPE layer (EXAONE 4)
     *PROJECTION_QK_NORM,

@@ -262,6 +262,27 @@ NEW_ARCH_MODELS: dict[str, tuple[str, dict]] = {
 # heads, of other dims), softmax layers with q/k norms, a query-computed output gate and a
 # quarter of each head rotated; 1 + w norms
 NEW_ARCH_MODELS["qwen3_5_linear_attention"] = ("Qwen3_5ForCausalLM", {"num_hidden_layers": 4})
+# The first Gemma: GeGLU (gelu-tanh), 1 + w norms, scaled embeddings, one KV head, tied
+NEW_ARCH_MODELS["gemma_geglu_one_kv_head"] = (
+    "GemmaForCausalLM",
+    {"head_dim": 16, "num_key_value_heads": 1, "tie_word_embeddings": True},
+)
+# VaultGemma: Gemma 2's layer types and soft-caps (gemma2_softcap_alternating's), two norms a
+# layer, the MLP's under `pre_feedforward_layernorm`
+NEW_ARCH_MODELS["vaultgemma_two_norms_softcap"] = (
+    "VaultGemmaForCausalLM",
+    {**NEW_ARCH_MODELS["gemma2_softcap_alternating"][1]},
+)
+# GLM-4-9B-chat as transformers ports it: GLM-4's attention and fused gate_up, two norms a layer
+NEW_ARCH_MODELS["glm_interleaved_partial_two_norms"] = (
+    "GlmForCausalLM",
+    {"head_dim": 16, "num_key_value_heads": 2},
+)
+# Helium: RMSNorms scaled in float32 before the rounding, q/k/v biases without an o_proj one
+NEW_ARCH_MODELS["helium_fp32_norms_qkv_bias"] = (
+    "HeliumForCausalLM",
+    {"head_dim": 16, "num_key_value_heads": 2, "attention_bias": True},
+)
 
 VISION_LANGUAGE_MODELS: dict[str, tuple[str, dict]] = {
     # Qwen3.5 as released (transformers 5's names: model.language_model., model.visual.)
