@@ -58,6 +58,7 @@ ARCHITECTURES = {
     "GlmForCausalLM": "GlmConfig",
     "Glm4ForCausalLM": "Glm4Config",
     "HeliumForCausalLM": "HeliumConfig",
+    "ArceeForCausalLM": "ArceeConfig",
     "CohereForCausalLM": "CohereConfig",
     "Cohere2ForCausalLM": "Cohere2Config",
     "SeedOssForCausalLM": "SeedOssConfig",
@@ -169,6 +170,7 @@ POST_LLAMA_ARCHITECTURES = (
     "Qwen3_5ForConditionalGeneration",
     "GlmForCausalLM",
     "HeliumForCausalLM",
+    "ArceeForCausalLM",
 )
 MOE_ARCHITECTURES = (
     "MixtralForCausalLM",

@@ -12,14 +12,16 @@ import torch
 import torch.nn.functional as F
 
 from shard.platforms import platform_of
-from shard.platforms.activations import CLAMPED_SWIGLU, GATED_ACTIVATIONS, SILU
+from shard.platforms.activations import CLAMPED_SWIGLU, GATED_ACTIVATIONS, MLP_ACTIVATIONS, SILU
 
 __all__ = [
     "CLAMPED_SWIGLU",
     "GATED_ACTIVATIONS",
+    "MLP_ACTIVATIONS",
     "SILU",
     "act_and_mul",
     "gated_activation",
+    "mlp_activation",
     "silu_and_mul",
     "swiglu",
 ]
@@ -34,6 +36,17 @@ def gated_activation(name: str) -> str:
             f"{', '.join(sorted(GATED_ACTIVATIONS))}"
         )
     return SILU if GATED_ACTIVATIONS[name] is F.silu else name
+
+
+def mlp_activation(name: str) -> str:
+    """An ungated MLP's activation by config.json's name; a ValueError naming the supported ones
+    otherwise (at load, before any weight is read)."""
+    if name not in MLP_ACTIVATIONS:
+        raise ValueError(
+            f"hidden activation {name!r} is not supported; supported: "
+            f"{', '.join(sorted(MLP_ACTIVATIONS))}"
+        )
+    return name
 
 
 def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,8 @@ A model file names its checkpoint tensors (a `Names` table) and maps its config.
   with `ModelConfig.mla`, `LatentAttention` (shard/models/latent_attention.py: DeepSeek's
   multi-head latent attention, caching one latent vector a token).
 - `GatedMLP` (shard/models/mlp.py): a fused gate_up product (two tensors or one fused),
-  act(gate) * up with the activation from shard/layers/activation.py's table, down projection.
+  act(gate) * up with the activation from shard/layers/activation.py's table, down projection;
+  or with `gated_mlp` False `UngatedMLP`: act(up), down projection.
 - `SparseMoeBlock` (shard/models/moe_block.py): the Mixture-of-Experts MLP of the layers
   `ModelConfig.moe` makes sparse (a router, the fused experts, an optional shared expert).
 - `DecoderLayer`: two norms (before attention, before the MLP: Llama, Qwen, Phi-3), or with
@@ -50,7 +51,7 @@ from shard.models.base import CausalLM
 from shard.models.config import ModelConfig
 from shard.models.latent_attention import LatentAttention
 from shard.models.linear_attention import GatedDeltaNet, RecurrentState
-from shard.models.mlp import GatedMLP
+from shard.models.mlp import GatedMLP, UngatedMLP
 from shard.models.moe_block import SparseMoeBlock
 from shard.models.names import LLAMA_NAMES, Names
 from shard.weights import Weights, WeightsError
@@ -292,7 +293,7 @@ class DecoderLayer(nn.Module):
         input_layernorm: RMSNorm | LayerNorm,
         self_attn: Mixer,
         pre_mlp_layernorm: RMSNorm | LayerNorm | None,
-        mlp: GatedMLP | SparseMoeBlock,
+        mlp: GatedMLP | UngatedMLP | SparseMoeBlock,
         post_attention_norm: RMSNorm | None = None,
         post_mlp_norm: RMSNorm | None = None,
         residual_scale: float | None = None,
@@ -326,11 +327,13 @@ class DecoderLayer(nn.Module):
             attention = LatentAttention.load(weights, names, config, rotary, backend)
         else:
             attention = Attention.load(weights, names, config, rotary, backend)
-        mlp: GatedMLP | SparseMoeBlock
+        mlp: GatedMLP | UngatedMLP | SparseMoeBlock
         if config.sparse_mlp(names.layer):
             mlp = SparseMoeBlock.load(weights, names, config)
-        else:
+        elif config.gated_mlp:
             mlp = GatedMLP.load(weights, names, config)
+        else:
+            mlp = UngatedMLP.load(weights, names, config)
         scale = config.residual_scale
         if config.parallel_block:
             return cls(norm("input_layernorm"), attention, None, mlp)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shard.layers.activation import gated_activation
+from shard.layers.activation import gated_activation, mlp_activation
 from shard.layers.quant.config import QuantizationConfig, parse_quantization_config
 from shard.layers.rotary import QueryPositionScale, RopeConfig
 
@@ -187,6 +187,9 @@ class ModelConfig:
     # sets those its config states differently from Llama's defaults.
     # a kind of shard/layers/norm.py's NORMS: "rms", "gemma_rms", "fp32_rms", "layer"
     norm: str = "rms"
+    # the dense MLP's kind: act(gate) * up (GatedMLP), or False act(up) alone (UngatedMLP:
+    # Arcee's), its `hidden_act` then a name of MLP_ACTIVATIONS
+    gated_mlp: bool = True
     # attention and the MLP read the same normed input and both outputs join the stream (Cohere:
     # one norm a layer); False: one after the other, each with its own norm
     parallel_block: bool = False
@@ -311,7 +314,10 @@ class ModelConfig:
         qkv_bias_default: bool = False,
         qk_norm: bool = False,
         quantization: QuantizationConfig | None = None,
+        gated_mlp: bool = True,
     ) -> ModelConfig:
+        """`gated_mlp` False: the dense MLP is act(up) (UngatedMLP), `hidden_act` an ungated
+        MLP's activation (relu2 among them)."""
         num_heads = config["num_attention_heads"]
         head_dim = config.get("head_dim") or config["hidden_size"] // num_heads
         attention_bias = config.get("attention_bias")
@@ -357,7 +363,10 @@ class ModelConfig:
             o_bias=bool(attention_bias),
             qk_norm=qk_norm,
             mlp_bias=bool(config.get("mlp_bias", False)),
-            hidden_act=gated_activation(config.get("hidden_act", "silu")),
+            hidden_act=(gated_activation if gated_mlp else mlp_activation)(
+                config.get("hidden_act", "silu")
+            ),
+            gated_mlp=gated_mlp,
             rope=rope,
             sliding_window=sliding_window,
             layer_windows=layer_windows,

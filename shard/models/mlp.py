@@ -1,15 +1,17 @@
-"""The gated MLP block: a fused gate_up product (two checkpoint tensors or one fused), act(gate)
-* up with the activation from shard/layers/activation.py's table, the down projection. Dense
-layers' MLP, and Qwen2-MoE's shared expert (whose names carry the `shared_expert_` prefix)."""
+"""The MLP blocks. `GatedMLP`: a fused gate_up product (two checkpoint tensors or one fused),
+act(gate) * up with the activation from shard/layers/activation.py's table, the down projection;
+dense layers' MLP, and Qwen2-MoE's shared expert (whose names carry the `shared_expert_` prefix).
+`UngatedMLP` (`ModelConfig.gated_mlp` False): act(up) and the down projection (Arcee's ReLU^2)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from shard.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from shard.layers.linear import ColumnParallelLinear, MergedColumnParallelLinear, RowParallelLinear
 from shard.models.config import ModelConfig
 from shard.models.names import Names
+from shard.platforms.activations import MLP_ACTIVATIONS
 from shard.weights import Weights
 
 
@@ -41,3 +43,26 @@ class GatedMLP(nn.Module):
     def partial(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's share of the output, before the all_reduce."""
         return self.down_proj.partial(self.gate_up_proj.act_and_mul(x, self.act))
+
+
+class UngatedMLP(nn.Module):
+    def __init__(
+        self, up_proj: ColumnParallelLinear, down_proj: RowParallelLinear, act: str
+    ) -> None:
+        super().__init__()
+        self.up_proj = up_proj
+        self.down_proj = down_proj
+        self.act = act  # a name of shard/platforms/activations.py's MLP_ACTIVATIONS
+
+    @classmethod
+    def load(cls, weights: Weights, names: Names, config: ModelConfig) -> UngatedMLP:
+        up = ColumnParallelLinear.load(weights, names.one("up_proj"), bias=config.mlp_bias)
+        down = RowParallelLinear.load(weights, names.one("down_proj"), bias=config.mlp_bias)
+        return cls(up, down, config.hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(MLP_ACTIVATIONS[self.act](self.up_proj(x)))
+
+    def partial(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's share of the output, before the all_reduce."""
+        return self.down_proj.partial(MLP_ACTIVATIONS[self.act](self.up_proj(x)))

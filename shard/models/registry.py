@@ -59,6 +59,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Glm4MoeForCausalLM": ("shard.models.glm4_moe", "Glm4MoeForCausalLM"),
     "Dots1ForCausalLM": ("shard.models.dots1", "Dots1ForCausalLM"),
     "AfmoeForCausalLM": ("shard.models.afmoe", "AfmoeForCausalLM"),
+    "ArceeForCausalLM": ("shard.models.arcee", "ArceeForCausalLM"),
     "HunYuanDenseV1ForCausalLM": ("shard.models.hunyuan", "HunYuanDenseV1ForCausalLM"),
     "HunYuanMoEV1ForCausalLM": ("shard.models.hunyuan", "HunYuanMoEV1ForCausalLM"),
     "ExaoneMoeForCausalLM": ("shard.models.exaone_moe", "ExaoneMoeForCausalLM"),

@@ -20,6 +20,19 @@ GATED_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 SILU = "silu"
 
+
+def relu2(x: torch.Tensor) -> torch.Tensor:
+    """relu(x) squared (transformers' ReLUSquaredActivation: Arcee's AFM, Nemotron)."""
+    return torch.square(F.relu(x))
+
+
+# An ungated MLP's activation of its up projection (shard/models/mlp.py UngatedMLP): the gated
+# table's functions, and those only ungated MLPs use
+MLP_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    **GATED_ACTIVATIONS,
+    "relu2": relu2,
+}
+
 # gpt-oss's experts: SwiGLU over clamped halves, with a sigmoid gain and up + 1. Not in the
 # table above, whose activations transform the gate only: this one takes its parameters
 # (alpha, limit) from the config and transforms the up half too.

@@ -43,6 +43,7 @@ NORMS_PER_LAYER = {
     "VaultGemmaForCausalLM": 2,
     "GlmForCausalLM": 2,
     "HeliumForCausalLM": 2,
+    "ArceeForCausalLM": 2,
 }
 # Cases whose layers differ in their norms: the total, the final norm included
 NORMS_IN_ALL = {

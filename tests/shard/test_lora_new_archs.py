@@ -46,6 +46,11 @@ CASES = {
     "granite_multipliers": ADAPTERS,
     # Cohere 2: attention's and the MLP's terms on one normed input, added to the stream apart
     "cohere2_sliding_nope": ADAPTERS,
+    # Arcee: up_proj's term before the ungated relu^2, down_proj's after it
+    "arcee_relu2_ungated_yarn": {
+        "qv_r4": ADAPTERS["qv_r4"],
+        "all_linear_r8": dict(r=8, lora_alpha=16, target_modules="all-linear"),
+    },
     # Gemma 3 as released (vision-language, served text only): PEFT's adapters name the LM's
     # modules as transformers 5 does (`model.language_model...`), unlike the Hub's files, and
     # these also adapt the vision tower (its q/v_proj; all-linear: its fc1, fc2, out_proj too),
@@ -169,6 +174,10 @@ def test_the_fused_terms_have_one_sub_module_per_checkpoint_module(setup):
     assert qkv.lora_a.shape[1] == len(qkv.out_slices)
     if model.startswith("gpt_oss"):
         assert not hasattr(layer.mlp, "gate_up_proj")
+        return
+    if model.startswith("arcee"):  # ungated: up_proj's term alone
+        assert not hasattr(layer.mlp, "gate_up_proj")
+        assert len(layer.mlp.up_proj.lora.out_slices) == 1
         return
     assert len(layer.mlp.gate_up_proj.lora.out_slices) == (1 if fused else 2)
 

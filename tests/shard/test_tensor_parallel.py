@@ -115,6 +115,7 @@ MODELS = [
     # the first Gemma's one KV head replicated; Helium's float32-scaled norms, interleaved rotary
     "gemma_geglu_one_kv_head",
     "helium_fp32_norms_qkv_bias",
+    "arcee_relu2_ungated_yarn",  # the ungated MLP's up_proj split by columns
     # q/k normed over the whole projection, each rank holding part of it: KV heads split (OLMo
     # 2) and one replicated on both (OLMo 3); per-head q/k norms and a NoPE layer (EXAONE 4)
     *PROJECTION_QK_NORM,

@@ -713,3 +713,8 @@ VISION_LANGUAGE_MODELS["llama4_vision_language"] = (
     "Llama4ForConditionalGeneration",
     MOE_MODELS["llama4_chunked_nope_top1"][1],
 )
+# Arcee's AFM: an ungated MLP, relu(up)^2 then down, and YaRN rope
+NEW_ARCH_MODELS["arcee_relu2_ungated_yarn"] = (
+    "ArceeForCausalLM",
+    {"head_dim": 16, "num_key_value_heads": 2, "rope_parameters": YARN_ROPE},
+)

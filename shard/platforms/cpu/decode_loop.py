@@ -37,7 +37,7 @@ from shard.layers.lora import LoraStep
 from shard.layers.norm import RMSNorm
 from shard.layers.quant.unquantized import DenseWeight
 from shard.models.blocks import Attention, DecoderLayer, DecoderModel
-from shard.models.mlp import GatedMLP
+from shard.models.mlp import GatedMLP, UngatedMLP
 from shard.models.moe_block import SparseMoeBlock
 from shard.platforms.cpu import MAX_NATIVE_HEAD_DIM, matmul_amx
 from shard.platforms.cpu.attention import TorchAttentionBackend
@@ -293,9 +293,10 @@ def _linear(linear: ColumnParallelLinear | RowParallelLinear, lora: bool) -> Lin
     return call
 
 
-def _mlp(mlp: GatedMLP | SparseMoeBlock, lora: bool) -> Linear:
-    """x -> the MLP's output: a dense one's two products as below; a Mixture-of-Experts block's
-    module (its router, its grouped experts, its all_reduce)."""
+def _mlp(mlp: GatedMLP | UngatedMLP | SparseMoeBlock, lora: bool) -> Linear:
+    """x -> the MLP's output: a gated one's two products as below; an ungated one's module (its
+    two linears, LoRA terms included), a Mixture-of-Experts block's module (its router, its
+    grouped experts, its all_reduce)."""
     if not isinstance(mlp, GatedMLP):
         return mlp
     gate_up, down = _gate_up(mlp.gate_up_proj, mlp.act, lora), _linear(mlp.down_proj, lora)
