@@ -15,7 +15,23 @@ from shard.platforms.activations import MLP_ACTIVATIONS
 from shard.weights import Weights
 
 
-class GatedMLP(nn.Module):
+class _DownProjected(nn.Module):
+    """An MLP whose last step is the row-parallel down projection of `hidden(x)`."""
+
+    down_proj: RowParallelLinear
+
+    def hidden(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.hidden(x))
+
+    def partial(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's share of the output, before the all_reduce."""
+        return self.down_proj.partial(self.hidden(x))
+
+
+class GatedMLP(_DownProjected):
     def __init__(
         self, gate_up_proj: MergedColumnParallelLinear, down_proj: RowParallelLinear, act: str
     ) -> None:
@@ -37,15 +53,11 @@ class GatedMLP(nn.Module):
         )
         return cls(gate_up, down, config.hidden_act)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.gate_up_proj.act_and_mul(x, self.act))
-
-    def partial(self, x: torch.Tensor) -> torch.Tensor:
-        """This rank's share of the output, before the all_reduce."""
-        return self.down_proj.partial(self.gate_up_proj.act_and_mul(x, self.act))
+    def hidden(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gate_up_proj.act_and_mul(x, self.act)
 
 
-class UngatedMLP(nn.Module):
+class UngatedMLP(_DownProjected):
     def __init__(
         self, up_proj: ColumnParallelLinear, down_proj: RowParallelLinear, act: str
     ) -> None:
@@ -60,9 +72,5 @@ class UngatedMLP(nn.Module):
         down = RowParallelLinear.load(weights, names.one("down_proj"), bias=config.mlp_bias)
         return cls(up, down, config.hidden_act)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(MLP_ACTIVATIONS[self.act](self.up_proj(x)))
-
-    def partial(self, x: torch.Tensor) -> torch.Tensor:
-        """This rank's share of the output, before the all_reduce."""
-        return self.down_proj.partial(MLP_ACTIVATIONS[self.act](self.up_proj(x)))
+    def hidden(self, x: torch.Tensor) -> torch.Tensor:
+        return MLP_ACTIVATIONS[self.act](self.up_proj(x))
