@@ -59,6 +59,12 @@ ARCHITECTURES = {
     "Glm4ForCausalLM": "Glm4Config",
     "HeliumForCausalLM": "HeliumConfig",
     "ArceeForCausalLM": "ArceeConfig",
+    "Starcoder2ForCausalLM": "Starcoder2Config",
+    "PhiForCausalLM": "PhiConfig",
+    "StableLmForCausalLM": "StableLmConfig",
+    "NemotronForCausalLM": "NemotronConfig",
+    "OlmoForCausalLM": "OlmoConfig",
+    "GPTNeoXForCausalLM": "GPTNeoXConfig",
     "CohereForCausalLM": "CohereConfig",
     "Cohere2ForCausalLM": "Cohere2Config",
     "SeedOssForCausalLM": "SeedOssConfig",
@@ -81,6 +87,9 @@ ARCHITECTURES = {
     "GraniteSWAForCausalLM": "GraniteSWAConfig",
     "GraniteMoeSWAForCausalLM": "GraniteMoeSWAConfig",
     "GraniteMoeSharedForCausalLM": "GraniteMoeSharedConfig",
+    "GraniteMoeHybridForCausalLM": "GraniteMoeHybridConfig",
+    "BambaForCausalLM": "BambaConfig",
+    "NemotronHForCausalLM": "NemotronHConfig",
     "ExaoneMoeForCausalLM": "ExaoneMoeConfig",
     "FlexOlmoForCausalLM": "FlexOlmoConfig",
     "YoutuForCausalLM": "YoutuConfig",
@@ -171,6 +180,12 @@ POST_LLAMA_ARCHITECTURES = (
     "GlmForCausalLM",
     "HeliumForCausalLM",
     "ArceeForCausalLM",
+    "Starcoder2ForCausalLM",
+    "PhiForCausalLM",
+    "StableLmForCausalLM",
+    "OlmoForCausalLM",  # (its norms have no weights: nothing random there)
+    "NemotronForCausalLM",  # 1 + w norms: _NORM_IDENTITY says 0
+    "GPTNeoXForCausalLM",
 )
 MOE_ARCHITECTURES = (
     "MixtralForCausalLM",
@@ -236,6 +251,11 @@ _GEMMA4_SCALES = ("layer_scalar", "router.scale", "router.per_expert_scale")
 _SCALE_SPREAD = 0.2
 _GEMMA4_ROUTER_SPREAD = 1.0
 
+# Mamba 2 mixers' per-head scalars, as ranges like the releases': time steps of about 0.02 to
+# 0.3 (dt_bias through softplus) and decays exp(A_log) of 0.4 to 2.7, so that some heads
+# remember a few tokens and others hundreds; the skip D around one
+_MAMBA_INIT = {"mamba.A_log": (-1.0, 1.0), "mamba.dt_bias": (-4.0, -1.0), "mamba.D": (0.5, 1.5)}
+
 # Where each norm's weight is its identity: Gemma norms compute x * (1 + w), others x * w. Left
 # at their init (zeros for Gemma) a norm's weight would be invisible: a model computing x * w or
 # skipping the norm would go unnoticed. Only these architectures get random norms, so the older
@@ -252,6 +272,10 @@ _NORM_IDENTITY = {
     **dict.fromkeys(POST_LLAMA_ARCHITECTURES, 1.0),
     **dict.fromkeys(MOE_ARCHITECTURES, 1.0),
     **dict.fromkeys(LINEAR_ATTENTION_ARCHITECTURES, 0.0),  # 1 + w, but for the gated norm:
+    "NemotronForCausalLM": 0.0,  # LayerNorm1P: 1 + w
+    "GraniteMoeHybridForCausalLM": 1.0,  # its Mamba layers' gated norms too
+    "BambaForCausalLM": 1.0,
+    "NemotronHForCausalLM": 1.0,
 }
 # norms computing x * w in a model whose others compute x * (1 + w)
 _PLAIN_NORMS = ("linear_attn.norm.weight",)
@@ -390,12 +414,17 @@ def build_model(
                 param.normal_(_SINK_MEAN, _SINK_SPREAD)
             elif name.endswith(("e_score_correction_bias", "mlp.expert_bias")):  # AFMoE's
                 param.normal_(0.0, _CORRECTION_SPREAD)
+            elif name.endswith(tuple(_MAMBA_INIT)):
+                low, high = _MAMBA_INIT[".".join(name.split(".")[-2:])]
+                param.uniform_(low, high)
             elif "norm" not in name:
                 param.normal_(0.0, 0.08 if "embed" in name or "lm_head" in name else 0.05)
             elif name.endswith(_PLAIN_NORMS):
                 param.normal_(1.0, _NORM_SPREAD)
             elif architecture in _NORM_IDENTITY:
-                param.normal_(_NORM_IDENTITY[architecture], _NORM_SPREAD)
+                # a LayerNorm's bias (zeros at init) is random around its identity, zero
+                bias = name.endswith(".bias")
+                param.normal_(0.0 if bias else _NORM_IDENTITY[architecture], _NORM_SPREAD)
     # transformers 5 writes the Hub's names by default; without them, its own module names
     # (stacked experts; a vision-language model's `model.language_model.`)
     hub_names = not (stacked_experts or module_names)
@@ -537,6 +566,28 @@ def _tiny_defaults(
             "linear_value_head_dim": 24,
             "max_position_embeddings": 512,
             **(moe if "Moe" in architecture or "Next" in architecture else {}),
+        }
+    if architecture == "NemotronHForCausalLM":
+        # the releases' 128 Mamba heads of 64 in 8 groups, a 128-wide state, head_dim 128
+        return {
+            "head_dim": hidden_size // num_attention_heads,
+            "mamba_num_heads": 8,
+            "mamba_head_dim": 16,
+            "n_groups": 2,
+            "ssm_state_size": 16,
+            "max_position_embeddings": 512,
+        }
+    if architecture in ("GraniteMoeHybridForCausalLM", "BambaForCausalLM"):
+        # the releases' 48-128 Mamba heads of 64 with a 128-256 state, 64 experts, and
+        # 128k positions: 8 heads in two groups (each group's B and C shared by four)
+        return {
+            "mamba_n_heads": 8,
+            "mamba_n_groups": 2,
+            "mamba_d_state": 16,
+            "mamba_d_head": 2 * hidden_size // 8,
+            "mamba_d_conv": 4,
+            "shared_intermediate_size": 96,
+            "max_position_embeddings": 512,
         }
     if architecture in MOE_ARCHITECTURES or architecture in POST_LLAMA_ARCHITECTURES:
         # the defaults' 32k-131k positions would tabulate rotary tables far past any test

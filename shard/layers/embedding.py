@@ -2,9 +2,10 @@
 
 The vocabulary is padded up to a multiple of the world size so every rank holds an equal block
 of rows (the padding rows are zero and their logits are cut off before anyone sees them).
-The LM head may share the embedding's weight (tied embeddings). The head multiplies with its
-own `prepare_weight` copy: on a CPU that packs weights, a tied head costs one more vocab x
-hidden matrix of memory and reads it several times faster than the embedding's row layout.
+The LM head may share the embedding's weight (tied embeddings) and may add a bias (Phi's). The
+head multiplies with its own `prepare_weight` copy: on a CPU that packs weights, a tied head
+costs one more vocab x hidden matrix of memory and reads it several times faster than the
+embedding's row layout.
 """
 
 from __future__ import annotations
@@ -72,7 +73,13 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(nn.Module):
     """Local logits for this rank's vocab block, all_gather'ed into the full (unpadded) vocab."""
 
-    def __init__(self, weight: nn.Parameter | torch.Tensor, vocab_size: int, dist: Distributed):
+    def __init__(
+        self,
+        weight: nn.Parameter | torch.Tensor,
+        vocab_size: int,
+        dist: Distributed,
+        bias: torch.Tensor | None = None,
+    ) -> None:
         super().__init__()
         # A tied head packs a copy of the embedding's weight (both are read-only after load);
         # where nothing is packed it holds the embedding's Parameter itself.
@@ -85,16 +92,39 @@ class ParallelLMHead(nn.Module):
             self.weight = nn.Parameter(packed, requires_grad=False)
         self.vocab_size = vocab_size
         self.dist = dist
+        # Phi's head adds a bias (this rank's vocab block of it, zero past the vocabulary), in
+        # the product as nn.Linear adds it: here, so that every platform's logits have it
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     @classmethod
-    def load(cls, weights: Weights, name: str, vocab_size: int) -> ParallelLMHead:
-        return cls(_read_vocab_block(weights, name, vocab_size), vocab_size, weights.dist)
+    def load(
+        cls, weights: Weights, name: str, vocab_size: int, bias: str | None = None
+    ) -> ParallelLMHead:
+        """`bias`: the checkpoint name of the head's bias, where it has one."""
+        return cls(
+            _read_vocab_block(weights, name, vocab_size),
+            vocab_size,
+            weights.dist,
+            None if bias is None else _read_vocab_block(weights, bias, vocab_size),
+        )
 
     @classmethod
-    def tied(cls, embedding: VocabParallelEmbedding) -> ParallelLMHead:
-        return cls(embedding.weight, embedding.vocab_size, embedding.dist)
+    def tied(
+        cls,
+        embedding: VocabParallelEmbedding,
+        weights: Weights | None = None,
+        bias: str | None = None,
+    ) -> ParallelLMHead:
+        """The embedding's weight as the head's; `bias`: the checkpoint name of a bias of the
+        head's own, read from `weights` (Phi's head keeps its bias when its weight is tied)."""
+        block = None
+        if bias is not None:
+            assert weights is not None, "a tied head's bias is read from the checkpoint"
+            block = _read_vocab_block(weights, bias, embedding.vocab_size)
+        return cls(embedding.weight, embedding.vocab_size, embedding.dist, block)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> float32 [N, vocab_size], the full vocabulary on every rank."""
-        logits = self.dist.all_gather(self.ops.linear(hidden, self.weight), dim=-1)
+        local = self.ops.linear(hidden, self.weight, self.bias)
+        logits = self.dist.all_gather(local, dim=-1)
         return logits[:, : self.vocab_size].float()

@@ -192,8 +192,12 @@ class QKVParallelLinear(ColumnParallelLinear):
         bias: bool,
         gated_query: bool = False,
         queries_only: bool = False,
+        by_head: bool = False,
     ) -> QKVParallelLinear:
         """`prefixes`: the q, k, v checkpoint modules, or one module that already fuses them.
+        `by_head`: the one fused module's rows hold each head's q, k and v in turn (GPT-NeoX's
+        query_key_value, heads x [q, k, v] x head_dim; as many KV heads as heads), where a fused
+        qkv_proj holds every q row, then k's, then v's.
         `gated_query`: q's rows hold each head's query and then its output gate (Qwen3.5); the
         queries are taken, every other head_dim rows. `queries_only`: q alone, for a layer that
         reads another's keys and values (`split` then gives k and v of no heads)."""
@@ -212,6 +216,14 @@ class QKVParallelLinear(ColumnParallelLinear):
             Piece(name, offset + a * head_dim, offset + b * head_dim)
             for (name, offset), (a, b) in zip(sources, (q, kv, kv), strict=True)
         ]
+        if by_head:
+            if len(prefixes) != 1 or num_kv_heads != num_heads:
+                raise WeightsError(f"q/k/v by head need one fused tensor and MHA, got {prefixes}")
+            pieces = [
+                Piece(prefixes[0], (3 * h + part) * head_dim, (3 * h + part + 1) * head_dim)
+                for part in range(3)
+                for h in range(*q)
+            ]
         if gated_query:
             if len(prefixes) != 3:
                 raise WeightsError(f"a gated q_proj must be its own tensor, got {prefixes}")

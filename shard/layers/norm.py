@@ -1,5 +1,6 @@
 """RMSNorm as Llama computes it: statistics in float32, scale applied in the model dtype;
-gpt-oss's (float32 throughout) and Gemma's (1 + w, float32 throughout). The platform's kernel
+gpt-oss's (float32 throughout) and Gemma's (1 + w, float32 throughout); LayerNorms (Cohere's,
+the GPT-style models' with a bias, Nemotron's 1 + w, OLMo's without weight). The platform's kernel
 where it has one (shard/platforms/: on the CPU one native pass where torch takes six ops, on a
 GPU one Triton kernel, the residual add included), else the torch form.
 
@@ -83,14 +84,22 @@ class GemmaRMSNorm(Fp32RMSNorm):
 
 
 class LayerNorm(nn.Module):
-    """Cohere's LayerNorm: (x - mean) * rsqrt(var + eps) * w, no bias, in float32 and rounded
-    once to x's dtype (transformers' CohereLayerNorm). Not an RMSNorm: the platforms' RMS
-    kernels (and the CPU decode loop's, which take RMSNorms only) never see it; torch's
-    layer_norm serves every device."""
+    """(x - mean) * rsqrt(var + eps) * w + b. Not an RMSNorm: the platforms' RMS kernels (and
+    the CPU decode loop's, which take RMSNorms only) never see it; torch's layer_norm serves
+    every device. This kind (`"layer"`) is Cohere's: no bias, in float32 with the weight kept
+    in float32, rounded once to x's dtype (transformers' CohereLayerNorm). The kinds below
+    differ in what they load and in the dtype they compute in (`in_float32`)."""
 
-    def __init__(self, weight: torch.Tensor, eps: float) -> None:
+    # computed in float32 and rounded once (Cohere's, OLMo's); False: torch's layer_norm in
+    # x's dtype with the weight and bias in it, as torch.nn.LayerNorm computes it
+    in_float32: bool = True
+
+    def __init__(
+        self, weight: torch.Tensor | None, eps: float, bias: torch.Tensor | None = None
+    ) -> None:
         super().__init__()
-        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.weight = None if weight is None else nn.Parameter(weight, requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.eps = eps
 
     @classmethod
@@ -107,8 +116,48 @@ class LayerNorm(nn.Module):
         return self._norm(x)
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.in_float32:
+            return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
         normed = F.layer_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return (normed * self.weight).to(x.dtype)
+        if self.weight is not None:
+            normed = normed * self.weight
+        if self.bias is not None:
+            normed = normed + self.bias
+        return normed.to(x.dtype)
+
+
+class BiasLayerNorm(LayerNorm):
+    """torch.nn.LayerNorm as the GPT-style models hold it (StarCoder2, Phi, StableLM,
+    GPT-NeoX): a weight and a bias in the model's dtype, torch's layer_norm in x's dtype (one
+    rounding inside the kernel), the very op transformers calls."""
+
+    in_float32 = False
+
+    @classmethod
+    def load(cls, weights: Weights, prefix: str, eps: float) -> LayerNorm:
+        return cls(
+            weights.get_tensor(f"{prefix}.weight"), eps, weights.get_tensor(f"{prefix}.bias")
+        )
+
+
+class LayerNorm1P(BiasLayerNorm):
+    """Nemotron's LayerNorm1P: the checkpoint stores w and the norm scales by 1 + w, with a bias.
+    transformers adds the 1 in the weight's dtype (the model's) on every call; the layer keeps
+    that sum, computed once at load the same way, so torch's layer_norm sees the scale itself."""
+
+    @classmethod
+    def load(cls, weights: Weights, prefix: str, eps: float) -> LayerNorm:
+        weight = weights.get_tensor(f"{prefix}.weight") + 1.0
+        return cls(weight, eps, weights.get_tensor(f"{prefix}.bias"))
+
+
+class WeightlessLayerNorm(LayerNorm):
+    """OLMo (1)'s LayerNorm: neither weight nor bias, in float32 and rounded once, its eps fixed
+    at 1e-5 whatever the config says (transformers' OlmoLayerNorm). Nothing is read."""
+
+    @classmethod
+    def load(cls, weights: Weights, prefix: str, eps: float) -> LayerNorm:
+        return cls(None, 1e-5)
 
 
 # config's norm kind -> the layer (shard/models/config.py: ModelConfig.norm)
@@ -117,6 +166,9 @@ NORMS: dict[str, type[RMSNorm] | type[LayerNorm]] = {
     "gemma_rms": GemmaRMSNorm,
     "fp32_rms": Fp32RMSNorm,
     "layer": LayerNorm,
+    "layer_bias": BiasLayerNorm,
+    "layer_1p": LayerNorm1P,
+    "layer_weightless": WeightlessLayerNorm,
 }
 
 

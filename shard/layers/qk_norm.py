@@ -1,7 +1,7 @@
 """The norms of q and k between the qkv projection and rotary, called as one: (q, k) -> (q, k).
 
 - `HeadQKNorm` (Qwen3, Gemma 3, EXAONE 4): each head's q and k normed over head_dim by the
-  model's norm kind.
+  model's norm kind, or by `PerHeadLayerNorm`s, whose weights differ by head (StableLM's).
 - `ProjectionQKNorm` (OLMo 2 and 3): q and k each normed over the whole projection, every
   head's dims at once. Under tensor parallelism a rank holds some of the heads, so the mean of
   squares needs every rank's part: each rank sums its own squares, q's and k's side by side, and
@@ -17,16 +17,16 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from shard.distributed import Distributed
 from shard.layers.linear import head_range
-from shard.layers.norm import RMSNorm
 from shard.weights import Weights
 
 
 class HeadQKNorm(nn.Module):
-    def __init__(self, q_norm: RMSNorm, k_norm: RMSNorm | None) -> None:
+    def __init__(self, q_norm: nn.Module, k_norm: nn.Module | None) -> None:
         """`k_norm` None: a layer that reads another layer's normed keys (Gemma 4's KV
         sharing), which calls `q_norm` alone."""
         super().__init__()
@@ -96,3 +96,34 @@ class ProjectionQKNorm(nn.Module):
         if weight.dtype == torch.float32:
             return (weight * normed).to(dtype)
         return weight * normed.to(dtype)
+
+
+class PerHeadLayerNorm(nn.Module):
+    """A LayerNorm over head_dim, without bias, whose weight is each head's own (StableLM's
+    qk_layernorm: `q_layernorm.norms.{h}`, one nn.LayerNorm a head), for this rank's heads:
+    their weights stacked [heads, D] in float32. Normed and scaled in float32 and rounded once,
+    as torch's layer_norm computes a half-precision input inside its kernel."""
+
+    def __init__(self, weight: torch.Tensor, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.eps = eps
+
+    @classmethod
+    def load(
+        cls, weights: Weights, prefix: str, num_heads: int, eps: float, *, kv: bool
+    ) -> PerHeadLayerNorm:
+        """This rank's heads' norms (`kv`: KV heads, shared where there are fewer than ranks, as
+        the qkv projection shares them); the other ranks' are theirs to read."""
+        dist = weights.dist
+        name = f"{prefix}.norms.{{h}}.weight"
+        first, last = head_range(num_heads, dist.rank, dist.world_size, replicate=kv, tensor=name)
+        for h in [*range(first), *range(last, num_heads)]:
+            weights.mark_consumed(name.format(h=h))
+        rows = [weights.get_tensor(name.format(h=h)).float() for h in range(first, last)]
+        return cls(torch.stack(rows), eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, heads, D] -> normed, in its dtype."""
+        normed = F.layer_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        return (normed * self.weight).to(x.dtype)

@@ -4,7 +4,8 @@ A model file names its checkpoint tensors (a `Names` table) and maps its config.
 `ModelConfig`; the blocks below read their options from that config and nothing else:
 - `Attention`: fused q/k/v (three checkpoint tensors or one fused), optional q/k norms of the
   model's norm kind, rotary per layer (its own base and scaling, partial rotary), a sliding
-  window per layer, the query scale, attention-logit soft-capping, q/k/v and o biases; or
+  window per layer, the query scale, attention-logit soft-capping, q/k/v and o biases, q/k/v
+  clamped (OLMo's clip_qkv); or
   with `ModelConfig.mla`, `LatentAttention` (shard/models/latent_attention.py: DeepSeek's
   multi-head latent attention, caching one latent vector a token).
 - `GatedMLP` (shard/models/mlp.py): a fused gate_up product (two tensors or one fused),
@@ -14,9 +15,10 @@ A model file names its checkpoint tensors (a `Names` table) and maps its config.
   `ModelConfig.moe` makes sparse (a router, the fused experts, an optional shared expert).
 - `DecoderLayer`: two norms (before attention, before the MLP: Llama, Qwen, Phi-3), or with
   `sandwich_norms` four (also after each: Gemma 2 and 3), or with `parallel_block` one, whose
-  output both attention and the MLP read (Cohere).
+  output both attention and the MLP read (Cohere, Phi), or two of the same input (GPT-NeoX).
 - `DecoderModel`: embedding (optionally scaled), the layers, the final norm, the LM head (tied
-  or not), final-logit soft-capping. Architectures subclass it with their names and config.
+  or not, with a bias or not), final-logit soft-capping. Architectures subclass it with their
+  names and config.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from shard.layers.linear import (
     head_range,
 )
 from shard.layers.norm import NORMS, Fp32RMSNorm, LayerNorm, ResidualAdd, RMSNorm
-from shard.layers.qk_norm import HeadQKNorm, ProjectionQKNorm
+from shard.layers.qk_norm import HeadQKNorm, PerHeadLayerNorm, ProjectionQKNorm
 from shard.layers.quant.base import Piece
 from shard.layers.quant.config import QuantizationConfig
 from shard.layers.rotary import (
@@ -50,7 +52,8 @@ from shard.layers.rotary import (
 from shard.models.base import CausalLM
 from shard.models.config import ModelConfig
 from shard.models.latent_attention import LatentAttention
-from shard.models.linear_attention import GatedDeltaNet, RecurrentState
+from shard.models.linear_attention import GatedDeltaNet, RecurrentMixer, RecurrentState
+from shard.models.mamba_mixer import Mamba2Mixer
 from shard.models.mlp import GatedMLP, UngatedMLP
 from shard.models.moe_block import SparseMoeBlock
 from shard.models.names import LLAMA_NAMES, Names
@@ -83,9 +86,12 @@ class Attention(nn.Module):
         output_gate: ColumnParallelLinear | None = None,
         norm_after_rope: bool = False,
         value_norm: RMSNorm | None = None,
+        clip_qkv: float | None = None,
     ) -> None:
         super().__init__()
         self.qkv_proj = qkv_proj
+        # OLMo's clip_qkv: the q/k/v product clamped to [-clip, clip] before anything reads it
+        self.clip_qkv = clip_qkv
         self.o_proj = o_proj
         # q and k normalised before rotary: per head (Qwen3, Gemma 3), or over the whole
         # projection (OLMo 2)
@@ -140,6 +146,7 @@ class Attention(nn.Module):
             bias=config.qkv_bias,
             gated_query=config.query_gate,
             queries_only=reads_other,
+            by_head=config.qkv_by_head,
         )
         o_proj = RowParallelLinear.load(weights, names.one("o_proj"), bias=config.o_bias)
         qk_norm: HeadQKNorm | ProjectionQKNorm | None = None
@@ -154,6 +161,14 @@ class Attention(nn.Module):
                 head_dim=config.head_dim,
                 weight_in_float32=config.norm == "fp32_rms",
             )
+        elif config.per_head_qk_layernorm:
+            eps = config.rms_norm_eps
+            qk_norm = HeadQKNorm(
+                PerHeadLayerNorm.load(weights, names.one("q_norm"), config.num_heads, eps,
+                                      kv=False),
+                PerHeadLayerNorm.load(weights, names.one("k_norm"), config.num_kv_heads, eps,
+                                      kv=True),
+            )  # fmt: skip
         elif config.qk_norm:
             qk_norm = HeadQKNorm(
                 load_norm(weights, names.one("q_norm"), config),
@@ -197,7 +212,13 @@ class Attention(nn.Module):
             output_gate=gate,
             norm_after_rope=norm_after_rope,
             value_norm=value_norm,
+            clip_qkv=config.clip_qkv,
         )
+
+    def clipped(self, qkv: torch.Tensor) -> torch.Tensor:
+        """The q/k/v product [T, (H + 2 Hkv) D] clamped where `clip_qkv` says (clamping the
+        fused product clamps q, k and v alike, as transformers clamps each)."""
+        return qkv if self.clip_qkv is None else qkv.clamp(-self.clip_qkv, self.clip_qkv)
 
     def scale_queries(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rotated queries [T, heads, D] times their position's factor (`position_scale`)."""
@@ -210,7 +231,7 @@ class Attention(nn.Module):
         kv_cache: torch.Tensor,
         meta: StepMetadata,
     ) -> torch.Tensor:
-        q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
+        q, k, v = self.qkv_proj.split(self.clipped(self.qkv_proj(hidden)))
         if self.reads is not None:
             # the source layer's keys and values, rotated and normed, already in its cache
             # (this layer's cache entry is that tensor)
@@ -277,16 +298,18 @@ def query_gate(
     return ColumnParallelLinear(*weight)._record(weights, pieces)
 
 
-# What mixes a layer's tokens: softmax attention, latent attention, or linear attention
-Mixer = Attention | LatentAttention | GatedDeltaNet
+# What mixes a layer's tokens: softmax attention, latent attention, linear attention, or a Mamba 2
+# state-space mixer
+Mixer = Attention | LatentAttention | GatedDeltaNet | Mamba2Mixer
 
 
 class DecoderLayer(nn.Module):
     """Pre-norm attention and MLP, each added to the residual stream; with `sandwich_norms`
     their outputs are normed too before the add (Gemma 2/3's post_attention_layernorm and
     post_feedforward_layernorm; its pre_feedforward_layernorm is the MLP's input norm). A
-    `parallel` layer (Cohere) has no norm before the MLP: attention and the MLP both read the
-    input norm's output."""
+    `parallel` layer (Cohere, Phi) has no norm before the MLP: attention and the MLP both read
+    the input norm's output, or with `parallel_mlp_norm` the MLP a norm of the layer's input of
+    its own (GPT-NeoX)."""
 
     def __init__(
         self,
@@ -297,6 +320,8 @@ class DecoderLayer(nn.Module):
         post_attention_norm: RMSNorm | None = None,
         post_mlp_norm: RMSNorm | None = None,
         residual_scale: float | None = None,
+        parallel_mlp_norm: RMSNorm | LayerNorm | None = None,
+        parallel_outputs_summed: bool = False,
     ) -> None:
         super().__init__()
         self.input_layernorm = input_layernorm
@@ -306,6 +331,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_norm = post_attention_norm
         self.post_mlp_norm = post_mlp_norm
         self.residual_scale = residual_scale
+        # parallel layers only (ModelConfig.parallel_mlp_norm, parallel_outputs_summed)
+        self.parallel_mlp_norm = parallel_mlp_norm
+        self.parallel_outputs_summed = parallel_outputs_summed
 
     @classmethod
     def load(
@@ -322,6 +350,8 @@ class DecoderLayer(nn.Module):
         attention: Mixer
         if config.linear(names.layer):
             attention = GatedDeltaNet.load(weights, names, config)
+        elif config.mamba_layer(names.layer):
+            attention = Mamba2Mixer.load(weights, names, config)
         elif config.mla is not None:
             assert isinstance(rotary, RotaryEmbedding)
             attention = LatentAttention.load(weights, names, config, rotary, backend)
@@ -336,7 +366,11 @@ class DecoderLayer(nn.Module):
             mlp = UngatedMLP.load(weights, names, config)
         scale = config.residual_scale
         if config.parallel_block:
-            return cls(norm("input_layernorm"), attention, None, mlp)
+            mlp_norm = norm("post_attention_layernorm") if config.parallel_mlp_norm else None
+            return cls(
+                norm("input_layernorm"), attention, None, mlp, parallel_mlp_norm=mlp_norm,
+                parallel_outputs_summed=config.parallel_outputs_summed,
+            )  # fmt: skip
         if not config.sandwich_norms:
             return cls(
                 norm("input_layernorm"),
@@ -386,9 +420,14 @@ class DecoderLayer(nn.Module):
             residual, x = hidden, self.input_layernorm(hidden)
         else:
             x, residual = self.input_layernorm(hidden, residual)
-        if self.parallel:  # the stream gets attention's output
-            # first, then (in the next norm) the MLP's, in the order transformers adds them
+        if self.parallel:
             attended = self.self_attn(x, positions, kv_cache, meta)
+            if self.parallel_mlp_norm is not None:  # GPT-NeoX: of the layer's input, the stream
+                x = self.parallel_mlp_norm(residual)
+            if self.parallel_outputs_summed:  # Phi: (attn + mlp) + stream, in the next norm
+                return attended + self.mlp(x), residual
+            # Cohere: the stream gets attention's output first, then (in the next norm) the
+            # MLP's, in the order transformers adds them
             return self.mlp(x), residual + attended
         x = self.self_attn(x, positions, kv_cache, meta)
         if self.post_attention_norm is not None:
@@ -476,12 +515,13 @@ class DecoderModel(CausalLM):
         self._share_kv(config)
         self.norm = load_norm(weights, names.one("norm"), config)
         lm_head = f"{names.one('lm_head')}.weight"
+        head_bias = f"{names.one('lm_head')}.bias" if config.lm_head_bias else None
         if config.tie_word_embeddings:
             if weights.has(lm_head):  # some exports save the tied copy too; it is the same data
                 weights.mark_consumed(lm_head)
-            self.lm_head = ParallelLMHead.tied(self.embed_tokens)
+            self.lm_head = ParallelLMHead.tied(self.embed_tokens, weights, head_bias)
         else:
-            self.lm_head = ParallelLMHead.load(weights, lm_head, config.vocab_size)
+            self.lm_head = ParallelLMHead.load(weights, lm_head, config.vocab_size, head_bias)
         self.final_softcap = config.final_softcap
         self.logits_divisor = config.logits_divisor
         self.logits_scale = config.logits_scale
@@ -493,7 +533,7 @@ class DecoderModel(CausalLM):
         # the first's.
         self._cache_owners = [
             i for i, m in enumerate(self.mixers)
-            if not isinstance(m, GatedDeltaNet) and config.kv_source(i) is None
+            if m is not None and not isinstance(m, RecurrentMixer) and config.kv_source(i) is None
         ]  # fmt: skip
         owners = [self.mixers[i] for i in self._cache_owners]
         self.num_kv_heads, self.head_dim = owners[0].cache_shape if owners else (0, config.head_dim)
@@ -534,12 +574,13 @@ class DecoderModel(CausalLM):
             consumer.reads = producer.shares
 
     @property
-    def mixers(self) -> list[Mixer]:
+    def mixers(self) -> list[Mixer | None]:
+        """Each layer's mixer; None for a layer without one (NemotronH's MLP blocks)."""
         return [layer.self_attn for layer in self.layers]
 
     @property
     def recurrent(self) -> bool:
-        return any(isinstance(m, GatedDeltaNet) for m in self.mixers)
+        return any(isinstance(m, RecurrentMixer) for m in self.mixers)
 
     def allocate_kv_cache(
         self, num_blocks: int, block_size: int, state_slots: int = 0
@@ -550,7 +591,9 @@ class DecoderModel(CausalLM):
         caches: list[torch.Tensor] = []
         for layer, m in enumerate(self.mixers):
             source = self.config.kv_source(layer)
-            if isinstance(m, GatedDeltaNet):
+            if m is None:  # no mixer, no cache: an empty entry keeps the list per layer
+                caches.append(torch.empty(0, dtype=self.dtype, device=self.device))
+            elif isinstance(m, RecurrentMixer):
                 pools = RecurrentState.empty(state_slots + 1, m.shape, self.dtype, self.device)
                 caches.append(pools)  # type: ignore[arg-type]
             elif source is not None:
@@ -569,7 +612,7 @@ class DecoderModel(CausalLM):
         return sum(
             RecurrentState.bytes_per_slot(m.shape, self.dtype)
             for m in self.mixers
-            if isinstance(m, GatedDeltaNet)
+            if isinstance(m, RecurrentMixer)
         )
 
     def forward(

@@ -148,6 +148,28 @@ class LinearAttentionConfig:
 
 
 @dataclass(frozen=True)
+class MambaConfig:
+    """Mamba 2 mixers (Granite 4.0-H's; shard/models/mamba_mixer.py) in the layers they name:
+    each keeps per sequence the last conv inputs and a [state_size, head_dim] state per head
+    instead of K/V per token. `num_groups` groups of heads share their B and C projections."""
+
+    layers: tuple[bool, ...]  # per layer: a Mamba 2 mixer (True) or softmax attention
+    num_heads: int
+    head_dim: int
+    num_groups: int
+    state_size: int
+    conv_kernel: int
+    conv_bias: bool
+    proj_bias: bool  # in_proj and out_proj biases
+    # the per-token step clamped to (low, high) after its softplus (time_step_limit)
+    time_step_limit: tuple[float, float] = (0.0, float("inf"))
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+
+@dataclass(frozen=True)
 class PerLayerInputConfig:
     """Gemma 4's per-layer embeddings (PLE; shard/models/gemma4.py): a second embedding table
     gives each token a `size`-wide input per layer, joined with a projection of its main
@@ -185,7 +207,8 @@ class ModelConfig:
     quantization: QuantizationConfig | None = None
     # The options the shared blocks take (shard/models/blocks.py); an architecture's own file
     # sets those its config states differently from Llama's defaults.
-    # a kind of shard/layers/norm.py's NORMS: "rms", "gemma_rms", "fp32_rms", "layer"
+    # a kind of shard/layers/norm.py's NORMS: "rms", "gemma_rms", "fp32_rms", "layer",
+    # "layer_bias", "layer_1p", "layer_weightless"
     norm: str = "rms"
     # the dense MLP's kind: act(gate) * up (GatedMLP), or False act(up) alone (UngatedMLP:
     # Arcee's), its `hidden_act` then a name of MLP_ACTIVATIONS
@@ -193,6 +216,12 @@ class ModelConfig:
     # attention and the MLP read the same normed input and both outputs join the stream (Cohere:
     # one norm a layer); False: one after the other, each with its own norm
     parallel_block: bool = False
+    # with parallel_block: the two outputs summed first and the sum added to the stream (Phi,
+    # GPT-NeoX: attn + mlp + residual), where Cohere adds attention's to the stream first
+    parallel_outputs_summed: bool = False
+    # with parallel_block: the MLP reads a norm of the layer's input of its own (GPT-NeoX's
+    # post_attention_layernorm), not attention's input norm
+    parallel_mlp_norm: bool = False
     sandwich_norms: bool = False  # four norms a layer (Gemma 2/3): also after attention and MLP
     # with sandwich_norms, False: only the norms after attention and the MLP (OLMo 2, EXAONE 4)
     pre_norms: bool = True
@@ -200,6 +229,9 @@ class ModelConfig:
     projection_qk_norm: bool = False
     # q/k norms applied to the rotated q and k rather than before the rotation (Hunyuan)
     qk_norm_after_rope: bool = False
+    # q/k LayerNorms (no bias) with a weight of each head's own, `{q,k}_norm.norms.{h}`
+    # (StableLM's qk_layernorm); qk_norm stays False
+    per_head_qk_layernorm: bool = False
     # the rotated q and k normed per head without a weight (an L2 norm over the head's mean
     # square), in the layers that rotate (Llama 4's use_qk_norm); qk_norm stays False
     qk_l2_norm: bool = False
@@ -224,6 +256,13 @@ class ModelConfig:
     # (Qwen3.5, Qwen3-Next)
     query_gate: bool = False
     final_softcap: float | None = None  # logits likewise (Gemma 2 and 3)
+    # the LM head adds a bias (Phi's lm_head.bias), its own even where its weight is tied
+    lm_head_bias: bool = False
+    # q, k and v clamped to [-clip, clip] right after their projection (OLMo's clip_qkv)
+    clip_qkv: float | None = None
+    # one fused q/k/v tensor whose rows hold each head's q, k and v in turn (GPT-NeoX's
+    # query_key_value), not every q row, then k's, then v's
+    qkv_by_head: bool = False
     # Per layer where the rope differs by layer type (Gemma 3's local and global bases);
     # empty: `rope` in every layer.
     layer_ropes: tuple[RopeConfig, ...] = ()
@@ -243,6 +282,11 @@ class ModelConfig:
     mla: MlaConfig | None = None
     # Gated DeltaNet in the layers it names (Qwen3.5); None: softmax attention in every layer.
     linear_attention: LinearAttentionConfig | None = None
+    # Mamba 2 mixers in the layers it names (Granite 4.0-H); None: none.
+    mamba: MambaConfig | None = None
+    # Per layer whether it is an MLP block alone, no mixer (NemotronH's one-module layers:
+    # shard/models/nemotron_h.py); empty: none is.
+    mlp_layers: tuple[bool, ...] = ()
     # Per layer (KV heads, head dims) where the layers differ (Gemma 4's global layers: wider
     # heads, fewer KV heads); empty: num_kv_heads and head_dim in every layer.
     layer_attention_shapes: tuple[tuple[int, int], ...] = ()
@@ -275,6 +319,10 @@ class ModelConfig:
     def linear(self, layer: int) -> bool:
         """Whether `layer` mixes tokens with linear attention (a state per sequence, no KV)."""
         return self.linear_attention is not None and self.linear_attention.layers[layer]
+
+    def mamba_layer(self, layer: int) -> bool:
+        """Whether `layer` mixes tokens with a Mamba 2 mixer (a state per sequence, no KV)."""
+        return self.mamba is not None and self.mamba.layers[layer]
 
     def sparse_mlp(self, layer: int) -> bool:
         return self.moe is not None and self.moe.sparse_layers[layer]

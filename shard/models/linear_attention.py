@@ -20,12 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from shard.attention import AttentionMetadata, MixedMetadata, StepMetadata
-from shard.layers.gated_delta import (
-    causal_conv1d_decode,
-    causal_conv1d_prefill,
-    gated_delta_decode,
-    gated_delta_prefill,
-)
+from shard.layers.causal_conv import causal_conv1d_decode, causal_conv1d_prefill
+from shard.layers.gated_delta import gated_delta_decode, gated_delta_prefill
 from shard.layers.linear import ColumnParallelLinear, RowParallelLinear, head_range
 from shard.layers.quant.base import Piece
 from shard.models.config import LinearAttentionConfig, ModelConfig
@@ -129,7 +125,14 @@ def _grouped_pieces(
     return pieces, ba_pieces
 
 
-class GatedDeltaNet(nn.Module):
+class RecurrentMixer(nn.Module):
+    """A mixer that keeps a fixed state per sequence in RecurrentState pools instead of K/V per
+    token (Gated DeltaNet, Mamba 2's shard/models/mamba_mixer.py); `shape` sizes its pools."""
+
+    shape: LinearShape
+
+
+class GatedDeltaNet(RecurrentMixer):
     def __init__(
         self,
         in_proj_qkvz: ColumnParallelLinear,
@@ -219,7 +222,7 @@ class GatedDeltaNet(nn.Module):
         g = self.neg_a * F.softplus(a.float() + self.dt_bias)
         out = torch.empty(hidden.shape[0], s.value_heads, s.value_dim, dtype=hidden.dtype,
                           device=hidden.device)  # fmt: skip
-        for part, start, stop in _parts(meta, hidden.shape[0]):
+        for part, start, stop in step_parts(meta, hidden.shape[0]):
             conv = self._conv(mixed[start:stop], cache, part)
             q, k, v = conv.split([key_size, key_size, value_size], dim=-1)
             out[start:stop] = self._delta(
@@ -238,7 +241,7 @@ class GatedDeltaNet(nn.Module):
     def _conv(
         self, x: torch.Tensor, cache: RecurrentState, meta: AttentionMetadata
     ) -> torch.Tensor:
-        slots = _slots(meta)
+        slots = state_slots(meta)
         if meta.is_prefill:
             return causal_conv1d_prefill(
                 x, self.conv_weight, cache.conv, slots, list(meta.host_query_lens),
@@ -256,7 +259,7 @@ class GatedDeltaNet(nn.Module):
         cache: RecurrentState,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        slots = _slots(meta)
+        slots = state_slots(meta)
         if meta.is_prefill:
             return gated_delta_prefill(
                 q, k, v, g, beta, cache.state, slots, list(meta.host_query_lens),
@@ -277,7 +280,7 @@ def gated_rms_norm(
     return (h * F.silu(gate.float())).to(dtype)
 
 
-def _parts(meta: StepMetadata, tokens: int) -> list[tuple[AttentionMetadata, int, int]]:
+def step_parts(meta: StepMetadata, tokens: int) -> list[tuple[AttentionMetadata, int, int]]:
     """The step's parts with their packed token ranges: prompt chunks first, then decode rows."""
     if isinstance(meta, MixedMetadata):
         n = meta.num_prefill_tokens
@@ -290,7 +293,7 @@ def _parts(meta: StepMetadata, tokens: int) -> list[tuple[AttentionMetadata, int
     return [(meta, 0, tokens)]
 
 
-def _slots(meta: AttentionMetadata) -> torch.Tensor:
+def state_slots(meta: AttentionMetadata) -> torch.Tensor:
     if meta.state_slots is None:
-        raise ValueError("a linear-attention layer ran without its sequences' state slots")
+        raise ValueError("a recurrent layer ran without its sequences' state slots")
     return meta.state_slots

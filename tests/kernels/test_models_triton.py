@@ -50,6 +50,9 @@ CASES = {
     # Llama 4: chunks of 8 positions in both kernels (prompts cross several); the fused MoE
     # kernel on inputs weighted by the router, one choice each
     "llama4_chunked_nope_top1": {"num_key_value_heads": 1},
+    # Granite 4.0-H: the kernels' attention layer between Mamba layers, whose state pools sit in
+    # the same cache list
+    "granite4_hybrid_dense_nope": {"num_key_value_heads": 1},
 }
 # Phi-3's longrope factors, one per rotated frequency: 64 * 0.75 / 2 of them at this head size
 FREQUENCIES = 24

@@ -44,12 +44,30 @@ NORMS_PER_LAYER = {
     "GlmForCausalLM": 2,
     "HeliumForCausalLM": 2,
     "ArceeForCausalLM": 2,
+    # LayerNorms with a bias: each norm two tensors (BIASED_NORMS)
+    "Starcoder2ForCausalLM": 2,
+    "PhiForCausalLM": 1,  # one a layer, attention and the MLP in parallel
+    "StableLmForCausalLM": 2,
+    "NemotronForCausalLM": 2,
+    "GPTNeoXForCausalLM": 2,  # in parallel: attention's and the MLP's, of the same input
 }
+# Architectures whose norms hold a bias besides the weight: tensors a norm
+BIASED_NORMS = tuple(
+    f"{name}ForCausalLM" for name in ("Starcoder2", "Phi", "StableLm", "Nemotron", "GPTNeoX")
+)
 # Cases whose layers differ in their norms: the total, the final norm included
 NORMS_IN_ALL = {
     # six a layer, and a norm of each layer's per-layer input; the two KV-sharing layers have
     # no key norm; and the per-layer embeddings' projection norm
     "gemma4_per_layer_inputs_kv_sharing": 6 * 6 + 6 - 2 + 1 + 1,
+    "phi_qk_layernorm_tied": 2 * (3 * 2 + 1),  # and each layer's q and k LayerNorms
+    # one norm a layer (weight and bias), and a weight for each of the 4 q and 2 k heads
+    "stablelm2_parallel_qk_layernorm": 2 * (2 + 4 + 2) + 2,
+    "olmo_weightless_norms_clip": 0,  # LayerNorms without weight or bias
+    # two a layer, and the three Mamba layers' gated norms
+    "granite4_hybrid_dense_nope": 2 * 4 + 3 + 1,
+    "bamba_hybrid_partial_rotary": 2 * 3 + 2 + 1,
+    "nemotron_h_one_module_layers": 6 + 3 + 1,  # one a layer, the Mamba layers' gated norms
 }
 # Overrides that transformers' config turns into another field on save: (that field, how to
 # find the value in it)
@@ -62,10 +80,13 @@ CONVERTED = {
 }
 # norms computing x * (1 + w), but for Qwen3.5's gated norm of linear attention's output
 ZERO_CENTRED = ("GemmaFor", "Gemma2", "Gemma3", "VaultGemma", "Qwen3_5")  # (Gemma 4's are x * w)
+ZERO_CENTRED += ("NemotronForCausalLM",)  # LayerNorm1P (not NemotronH's x * w)
 PLAIN_NORMS = ("linear_attn.norm.weight",)
 
 
 def _identity(architecture: str, key: str) -> float:
+    if key.endswith(".bias"):  # a LayerNorm's
+        return 0.0
     return 0.0 if architecture.startswith(ZERO_CENTRED) and not key.endswith(PLAIN_NORMS) else 1.0
 
 
@@ -156,8 +177,12 @@ def test_norms_are_random_around_their_identity_and_matter(built, name):
     model = _load(built(name))
     norms = {k: v for k, v in model.state_dict().items() if "norm" in k}
     layers = model.config.num_hidden_layers
-    expected = NORMS_IN_ALL.get(name, NORMS_PER_LAYER.get(architecture, 0) * layers + 1)
+    per_norm = 2 if architecture.startswith(BIASED_NORMS) else 1
+    expected = (NORMS_PER_LAYER.get(architecture, 0) * layers + 1) * per_norm
+    expected = NORMS_IN_ALL.get(name, expected)
     assert len(norms) == expected
+    if not norms:  # nothing random to check (OLMo's norms have no parameters)
+        return
     for key, w in norms.items():
         assert abs(w.mean().item() - _identity(architecture, key)) < 0.1, key
         assert 0.04 < w.std().item() < 0.2, key  # N(identity, 0.1): 16 or 64 draws
@@ -267,6 +292,11 @@ FEATURES = [
     ("glm4_interleaved_partial", {"partial_rotary_factor": 1.0}),
     ("seed_oss_out_bias", {"attention_out_bias": False}),
     ("ernie4_5_biased_interleaved", {"use_bias": False}),
+    ("olmo_weightless_norms_clip", {"clip_qkv": None}),
+    ("phi_parallel_head_bias", {"partial_rotary_factor": 1.0}),
+    ("stablelm2_qkv_bias", {"partial_rotary_factor": 1.0}),
+    ("nemotron_layernorm1p_relu2", {"partial_rotary_factor": 1.0}),
+    ("gpt_neox_parallel_two_norms", {"use_parallel_residual": False}),
 ]
 
 

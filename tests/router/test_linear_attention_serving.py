@@ -1,9 +1,10 @@
-"""A model with linear attention (Qwen3.5's Gated DeltaNet: a state per sequence, not K/V per
-token), end to end: the real router over a real shard. Concurrent requests of different
-lengths, prompts split into chunks while others decode, a one-token prompt, requests that
-finish and free their state slots for the next ones: greedy ids as transformers generates
-them. The router serves such a model without prefix caching, refuses prefix caching and
-speculation asked for by name, and keeps batches within the shard's state slots."""
+"""A model with recurrent layers (Qwen3.5's Gated DeltaNet, Granite 4.0-H's and NemotronH's
+Mamba 2: a state per sequence, not K/V per token), end to end: the real router over a real shard.
+Concurrent requests of different lengths, prompts split into chunks while others decode, a
+one-token prompt, requests that finish and free their state slots for the next ones: greedy ids
+as transformers generates them. The router serves such a model without prefix caching, refuses
+prefix caching and speculation asked for by name, and keeps batches within the shard's state
+slots."""
 
 from __future__ import annotations
 
@@ -23,10 +24,19 @@ from tests.shard.tiny_model_cases import NEW_ARCH_MODELS
 MAX_NEW = 6
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    architecture, overrides = NEW_ARCH_MODELS["qwen3_5_linear_attention"]
-    return build_model(tmp_path_factory.mktemp("qwen3_5"), architecture, **overrides)
+# Qwen3.5's Gated DeltaNet; Granite 4.0-H's and NemotronH's Mamba 2 layers (a conv and a scan
+# state each), NemotronH's beside MLP-only layers
+@pytest.fixture(
+    scope="module",
+    params=[
+        "qwen3_5_linear_attention",
+        "granite4_hybrid_dense_nope",
+        "nemotron_h_one_module_layers",
+    ],
+)
+def model_dir(request, tmp_path_factory):
+    architecture, overrides = NEW_ARCH_MODELS[request.param]
+    return build_model(tmp_path_factory.mktemp(request.param), architecture, **overrides)
 
 
 @pytest.fixture(scope="module")

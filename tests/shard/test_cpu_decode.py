@@ -27,7 +27,10 @@ STEPS = 12  # past a 16-token block boundary for the shortest prompt
 
 # Architectures whose layers are their own composition of the blocks (Gemma 4's), which the
 # loop does not restate: their decode steps run the module forward.
-OWN_LAYERS = [n for n, (arch, _) in NEW_ARCH_MODELS.items() if arch.startswith("Gemma4")]
+# Gemma 4's layers, and NemotronH's one-module blocks
+OWN_LAYERS = [
+    n for n, (arch, _) in NEW_ARCH_MODELS.items() if arch.startswith(("Gemma4", "NemotronH"))
+]
 
 
 pytestmark = pytest.mark.skipif(

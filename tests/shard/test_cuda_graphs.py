@@ -128,6 +128,8 @@ CASES = [
     ("qwen2_moe_shared_dense", "torch"),
     # linear attention's state pools: the padded row updates the scratch slot, not a live one
     ("qwen3_5_linear_attention", "torch"),
+    ("granite4_hybrid_dense_nope", "torch"),  # Mamba 2's conv and scan states likewise
+    ("nemotron_h_one_module_layers", "torch"),  # MLP-only layers, whose cache entry is empty
     # Gemma 4: the KV-sharing layers read the keys and values their source kept in the same
     # captured step; per-layer embeddings from the static input ids
     ("gemma4_per_layer_inputs_kv_sharing", "torch"),

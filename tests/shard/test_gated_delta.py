@@ -23,13 +23,8 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import (
     torch_recurrent_gated_delta_rule,
 )
 
-from shard.layers.gated_delta import (
-    CHUNK_SIZE,
-    causal_conv1d_decode,
-    causal_conv1d_prefill,
-    gated_delta_decode,
-    gated_delta_prefill,
-)
+from shard.layers.causal_conv import causal_conv1d_decode, causal_conv1d_prefill
+from shard.layers.gated_delta import CHUNK_SIZE, gated_delta_decode, gated_delta_prefill
 from tests.host_sync_guard import HostSyncError, HostSyncGuard
 
 # float32 against the token-by-token reference: the blocks sum in another order (measured: under

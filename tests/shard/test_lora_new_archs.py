@@ -30,7 +30,7 @@ from shard.distributed import Distributed
 from shard.lora.adapter import AdapterError
 from shard.lora.manager import LoraManager, LoraSettings
 from shard.models import load_model
-from shard.models.linear_attention import GatedDeltaNet
+from shard.models.linear_attention import RecurrentMixer
 from tests.shard.servicer_helpers import prompts
 from tests.shard.test_lora_vs_peft import LOGPROB_ATOL, NEW_TOKENS, lora_service, serve_mixed
 
@@ -51,6 +51,12 @@ CASES = {
         "qv_r4": ADAPTERS["qv_r4"],
         "all_linear_r8": dict(r=8, lora_alpha=16, target_modules="all-linear"),
     },
+    # Phi: attention's and the MLP's terms on one normed input, their outputs summed; fc1's term
+    # before gelu_new, the biased head without one
+    "phi_parallel_head_bias": {
+        "qv_r4": ADAPTERS["qv_r4"],
+        "all_linear_r8": dict(r=8, lora_alpha=16, target_modules="all-linear"),
+    },
     # Gemma 3 as released (vision-language, served text only): PEFT's adapters name the LM's
     # modules as transformers 5 does (`model.language_model...`), unlike the Hub's files, and
     # these also adapt the vision tower (its q/v_proj; all-linear: its fc1, fc2, out_proj too),
@@ -68,6 +74,13 @@ CASES = {
     # DeepSeek-V3's latent attention: terms on the query's bottleneck (q_a_proj, whole on every
     # rank) and its heads (q_b_proj), on the latent's projection and on o_proj (PEFT turns MLP
     # targets into terms on the routed experts' parameters, which are refused)
+    # Granite 4.0-H: all-linear adds terms on the Mamba layers' in_proj (its z, x, B, C and dt
+    # rows in one product, each rank its own) and out_proj, and on the shared MLP's fused
+    # input_linear
+    "granite4_hybrid_dense_nope": {
+        "qv_r4": ADAPTERS["qv_r4"],
+        "all_linear_r8": dict(r=8, lora_alpha=16, target_modules="all-linear"),
+    },
     # Qwen3.5: q_proj's terms on each head's query and its output gate alike; all-linear adds
     # terms on linear attention's projections (q/k/v with z in one product, b with a, out_proj)
     "qwen3_5_linear_attention": {
@@ -156,9 +169,9 @@ def test_the_fused_terms_have_one_sub_module_per_checkpoint_module(setup):
     once); Gemma's come from three and two tensors, as Llama's (gpt-oss's MLP is experts
     only: no gate_up term)."""
     model, _, service, _ = setup
-    # the first layer that attends (Qwen3.5's first is linear attention)
+    # the first layer that attends (Qwen3.5's and Granite 4.0-H's first are recurrent)
     layers = service.runner.model.layers
-    layer = next(x for x in layers if not isinstance(x.self_attn, GatedDeltaNet))
+    layer = next(x for x in layers if not isinstance(x.self_attn, RecurrentMixer))
     if model.startswith("deepseek"):  # latent attention: each projection is its own module
         attention = layer.self_attn
         q_a_proj, _, q_b_proj = attention.q_proj
@@ -175,10 +188,13 @@ def test_the_fused_terms_have_one_sub_module_per_checkpoint_module(setup):
     if model.startswith("gpt_oss"):
         assert not hasattr(layer.mlp, "gate_up_proj")
         return
-    if model.startswith("arcee"):  # ungated: up_proj's term alone
+    if model.startswith(("arcee", "phi_")):  # ungated: up_proj's (Phi's fc1's) term alone
         assert not hasattr(layer.mlp, "gate_up_proj")
         assert len(layer.mlp.up_proj.lora.out_slices) == 1
         return
+    if model.startswith("granite4"):  # the Mamba in_proj's rows: one module, one term
+        assert len(layers[0].self_attn.in_proj.lora.out_slices) == 1
+        fused = True  # the shared MLP's input_linear holds gate and up
     assert len(layer.mlp.gate_up_proj.lora.out_slices) == (1 if fused else 2)
 
 

@@ -114,6 +114,8 @@ KEPT_FLOAT32 = {
     "gemma4_per_layer_inputs_kv_sharing": r"norm",
     # Llama 4's q/k L2 norms (weightless: ones in float32)
     "llama4_chunked_nope_top1": r"qk_norm",
+    # StableLM 2 12B's per-head q/k LayerNorms (their weights stacked in float32)
+    "stablelm2_parallel_qk_layernorm": r"qk_norm\.[qk]_norm\.weight",
 }
 # Models whose transformers' own half-precision logits are beyond 3e-2 of float32's (OLMo 2's
 # post norms: 0.039 in bf16 on these prompts; DeepSeek-V3's case: 0.031; MiniMax-M2's, whose
@@ -138,6 +140,11 @@ HALF_AS_TRANSFORMERS = (
         "qwen2_moe_shared_dense",
         "minimax_m2_projection_norms",
         "olmoe_projection_norms",
+        # LayerNorms in the dtype (torch's kernel), gelu_new op by op, the head's bias; 1 + w
+        # added in the dtype; weightless norms in float32 and q/k/v clamped
+        "phi_qk_layernorm_tied",
+        "nemotron_layernorm1p_relu2",
+        "olmo_weightless_norms_clip",
         *KEPT_FLOAT32,
     ],  # fmt: skip
 )

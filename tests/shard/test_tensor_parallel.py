@@ -65,6 +65,9 @@ MOE_TP = [
     "qwen3_5_moe_linear_attention",
     # Qwen3-Next: the fused projections' rows taken per key head group; dense layers between
     "qwen3_next_fused_projections",
+    # Granite 4.0-H: the Mamba heads split, both ranks reading the one group's B and C, whose
+    # gated norm spans the ranks; the experts beside the shared MLP
+    "granite4_hybrid_moe",
     # Gemma 4's experts beside the dense MLP, reduced apart (each half is normed after its
     # sum); the global layers' one KV head, its values its keys' rows, replicated on both
     "gemma4_experts_beside_dense",
@@ -86,11 +89,17 @@ PROJECTION_QK_NORM_MOE = ["minimax_m2_projection_norms", "olmoe_projection_norms
 ALL_REDUCES = {
     "gemma4_experts_beside_dense": (3, 1),
     "gemma4_per_layer_inputs_kv_sharing": (3, 2),
+    # the two Mamba layers' gated norms: their one group's sums of squares span the ranks
+    "granite4_hybrid_moe": (2, 3),
+    # one module a layer, so one row-parallel output
+    "nemotron_h_one_module_layers": (1, 1),
 }
 # Models whose layers the CPU decode loop does not restate (tests/shard/test_cpu_decode.py):
-# Gemma 4's own layers; Llama 4's chunked attention, which the native decode kernel lacks
+# Gemma 4's and NemotronH's own layers; Llama 4's chunked attention, which the native decode
+# kernel lacks
 OWN_LAYERS = [
-    "gemma4_per_layer_inputs_kv_sharing", "gemma4_experts_beside_dense", "llama4_chunked_nope_top1"
+    "gemma4_per_layer_inputs_kv_sharing", "gemma4_experts_beside_dense", "llama4_chunked_nope_top1",
+    "nemotron_h_one_module_layers",  # one module a layer
 ]  # fmt: skip
 # How far two ranks' float32 logits may be from one's: the sums' order differs. Gemma 4's
 # per-layer input is an RMSNorm straight after a row-parallel sum over 8 inputs (4 a rank),
@@ -123,9 +132,20 @@ MODELS = [
     "glm4_interleaved_partial",  # fused gate_up and interleaved partial rotary, heads split
     "ernie4_5_biased_interleaved",  # o_proj and down_proj biases added once, by rank 0
     "cohere2_sliding_nope",  # attention and MLP in parallel: both outputs reduced, then added
+    # Phi's head bias split by vocabulary with its tied weight, its parallel outputs summed;
+    # StarCoder2's biased ungated MLP (c_proj's bias added once); OLMo's q/k/v clamped per rank
+    "phi_qk_layernorm_tied",
+    "starcoder2_biased_sliding",
+    "olmo_weightless_norms_clip",
+    "gpt_neox_parallel_two_norms",  # q/k/v fused by head: each rank's heads' rows picked out
+    "stablelm2_parallel_qk_layernorm",  # each rank the q/k LayerNorms of its own heads
     # linear attention split by key heads (out_proj reduced as o_proj is); the query-computed
     # output gate read per rank's heads
     "qwen3_5_linear_attention",
+    # Mamba 2 heads split by groups, each rank its group's B and C, conv channels and states
+    "granite4_hybrid_dense_nope",
+    # NemotronH's one-module layers: MLP blocks beside the mixers, each its own residual add
+    "nemotron_h_one_module_layers",
     # Gemma 4's per-layer embeddings: the table split by vocabulary, each layer's gate by its
     # outputs (each rank gating its columns of the input) and projection by its inputs; the
     # KV-sharing layers' queries split, the caches they read their source's

@@ -262,6 +262,26 @@ NEW_ARCH_MODELS: dict[str, tuple[str, dict]] = {
 # heads, of other dims), softmax layers with q/k norms, a query-computed output gate and a
 # quarter of each head rotated; 1 + w norms
 NEW_ARCH_MODELS["qwen3_5_linear_attention"] = ("Qwen3_5ForCausalLM", {"num_hidden_layers": 4})
+# Granite 4.0-H dense (h-micro): Mamba 2 layers (8 heads in 2 groups, a conv bias) and a
+# softmax layer without position encoding; the shared MLP every layer's; Granite's multipliers
+NEW_ARCH_MODELS["granite4_hybrid_dense_nope"] = (
+    "GraniteMoeHybridForCausalLM",
+    {**GRANITE_MULTIPLIERS, "num_hidden_layers": 4, "num_local_experts": 0,
+     "layer_types": ["linear_attention", "linear_attention", "full_attention",
+                     "linear_attention"]},
+)  # fmt: skip
+# Bamba: Mamba 2 layers around one attention layer of half-rotated heads, SwiGLU after each
+NEW_ARCH_MODELS["bamba_hybrid_partial_rotary"] = (
+    "BambaForCausalLM",
+    {"num_hidden_layers": 3, "attn_layer_indices": [1], "head_dim": 16},
+)
+# Nemotron-H: one module a layer (Mamba 2, a ReLU^2 MLP, attention without position encoding),
+# two Mamba layers in a row as Nemotron Nano 2's pattern has
+NEW_ARCH_MODELS["nemotron_h_one_module_layers"] = (
+    "NemotronHForCausalLM",
+    {"layers_block_type": ["linear_attention", "mlp", "linear_attention",
+     "linear_attention", "full_attention", "mlp"]},
+)  # fmt: skip
 # The first Gemma: GeGLU (gelu-tanh), 1 + w norms, scaled embeddings, one KV head, tied
 NEW_ARCH_MODELS["gemma_geglu_one_kv_head"] = (
     "GemmaForCausalLM",
@@ -282,6 +302,41 @@ NEW_ARCH_MODELS["glm_interleaved_partial_two_norms"] = (
 NEW_ARCH_MODELS["helium_fp32_norms_qkv_bias"] = (
     "HeliumForCausalLM",
     {"head_dim": 16, "num_key_value_heads": 2, "attention_bias": True},
+)
+# LayerNorms with a bias (random, as their weights), biases on every projection:
+# StarCoder2: the ungated c_fc -> gelu-tanh -> c_proj MLP, a window in every layer, tied
+NEW_ARCH_MODELS["starcoder2_biased_sliding"] = ("Starcoder2ForCausalLM", {"sliding_window": 7})
+# Phi-2: one LayerNorm a layer, attention and the gelu_new MLP summed in parallel, half of each
+# head rotated, an LM head with a bias; MHA as released
+NEW_ARCH_MODELS["phi_parallel_head_bias"] = ("PhiForCausalLM", {"num_key_value_heads": 4})
+# Phi with its optional q/k LayerNorms (one over head_dim for all heads) and a tied head whose
+# bias is its own
+NEW_ARCH_MODELS["phi_qk_layernorm_tied"] = (
+    "PhiForCausalLM",
+    {"qk_layernorm": True, "tie_word_embeddings": True},
+)
+# StableLM 2: q/k/v biases, a quarter of each head rotated, SwiGLU, two norms a layer
+NEW_ARCH_MODELS["stablelm2_qkv_bias"] = ("StableLmForCausalLM", {"use_qkv_bias": True})
+# StableLM 2 12B: the parallel residual (one norm a layer, attention's output added first, as
+# Cohere's) and q/k LayerNorms whose weights are each head's own
+NEW_ARCH_MODELS["stablelm2_parallel_qk_layernorm"] = (
+    "StableLmForCausalLM",
+    {"use_parallel_residual": True, "qk_layernorm": True},
+)
+# Nemotron: LayerNorm1P (1 + w, a bias), the ungated relu^2 MLP, half of each head rotated
+NEW_ARCH_MODELS["nemotron_layernorm1p_relu2"] = ("NemotronForCausalLM", {})
+# OLMo: LayerNorms without weight or bias, q/k/v clamped to +-0.3 (about their spread here)
+NEW_ARCH_MODELS["olmo_weightless_norms_clip"] = ("OlmoForCausalLM", {"clip_qkv": 0.3})
+# Pythia: q/k/v fused by head, a quarter of each head rotated, the parallel residual with two
+# norms of the same input, the biased gelu MLP, the `embed_out` head; MHA (GPT-NeoX has no GQA)
+NEW_ARCH_MODELS["gpt_neox_parallel_two_norms"] = (
+    "GPTNeoXForCausalLM",
+    {"num_key_value_heads": 4},
+)
+# GPT-NeoX without the parallel residual: Llama's order, post_attention_layernorm before the MLP
+NEW_ARCH_MODELS["gpt_neox_sequential"] = (
+    "GPTNeoXForCausalLM",
+    {"num_key_value_heads": 4, "use_parallel_residual": False},
 )
 
 VISION_LANGUAGE_MODELS: dict[str, tuple[str, dict]] = {
@@ -620,6 +675,16 @@ MOE_MODELS["granite_moe_shared"] = (
     "GraniteMoeSharedForCausalLM",
     {**GRANITE_MULTIPLIERS, "num_local_experts": 6, "num_experts_per_tok": 2,
      "intermediate_size": 48, "shared_intermediate_size": 32},
+)  # fmt: skip
+# Granite 4.0-H MoE (h-tiny, h-small): Mamba 2 layers (one group of heads, as released) around
+# one softmax layer, rotary on (the field's other value), experts beside the shared MLP,
+# Granite's multipliers
+MOE_MODELS["granite4_hybrid_moe"] = (
+    "GraniteMoeHybridForCausalLM",
+    {**GRANITE_MULTIPLIERS, "num_hidden_layers": 3, "position_embedding_type": "rope",
+     "layer_types": ["linear_attention", "full_attention", "linear_attention"],
+     "mamba_n_groups": 1, "num_local_experts": 6,
+     "num_experts_per_tok": 2, "intermediate_size": 48, "shared_intermediate_size": 32},
 )  # fmt: skip
 # Hunyuan MoE: Hunyuan's attention, a float32 router, top-2 of 6 renormalised, a shared MLP
 MOE_MODELS["hunyuan_moe_shared"] = (

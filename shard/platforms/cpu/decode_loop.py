@@ -12,11 +12,12 @@ the same order, on the same inputs, without the Python around them.
 It computes exactly what DecoderModel.forward computes (tests/shard/test_cpu_decode.py compares
 them bit for bit, for every architecture): every sub-step that is not plain here (a quantized or
 oneDNN weight, q/k norms, a rotary that is not the whole-head position-only rotation or none
-(NoPE), a norm whose weight is not in the model's dtype, a LayerNorm (Cohere's, whose layers
-run attention and the MLP in parallel) or a residual add without a norm, a
+(NoPE), a norm whose weight is not in the model's dtype, a LayerNorm of any kind (Cohere's,
+StarCoder2's, Nemotron's 1 + w, OLMo's weightless) or a residual add without a norm, a
 gated activation other than SwiGLU, the sandwich norms, a Mixture-of-Experts MLP, DeepSeek's
 latent attention, Gated DeltaNet linear attention, each as a whole) calls the module
-that owns it. Attention sinks (gpt-oss) are
+that owns it. Parallel layers (Cohere's, Phi's, GPT-NeoX's) and OLMo's clamped q/k/v are
+the loop's own, as the modules order them. Attention sinks (gpt-oss) are
 the native decode kernel's own. It runs decode-only steps;
 prefill and chunked steps run the module forward. A step whose tokens use adapters runs a
 second copy of the loop whose linears add their LoRA terms, as the modules do.
@@ -76,6 +77,10 @@ class _Layer:
     # the whole attention as its module (DeepSeek's latent attention), in place of the five
     # fields above it; None: the loop's own calls
     attention_module: Callable[..., torch.Tensor] | None = None
+    # a parallel layer's own norm of its input for the MLP (GPT-NeoX's), or None: the input norm's
+    parallel_mlp_norm: Norm | None = None
+    # a parallel layer whose two outputs are summed before the stream is added (Phi, GPT-NeoX)
+    parallel_outputs_summed: bool = False
 
 
 class CpuDecodePath:
@@ -178,9 +183,14 @@ class CpuDecodePath:
                 if layer.output_gate is not None:
                     flat = flat * torch.sigmoid(layer.output_gate(normed))
                 x = layer.o_proj(flat)
-            if layer.pre_mlp_norm is None:  # parallel: attention's output joins the stream first
-                residual = residual + x
-                hidden = layer.mlp(normed)
+            if layer.pre_mlp_norm is None:  # parallel, as DecoderLayer.forward adds them
+                if layer.parallel_mlp_norm is not None:
+                    normed = layer.parallel_mlp_norm(residual)
+                if layer.parallel_outputs_summed:
+                    hidden = x + layer.mlp(normed)
+                else:  # attention's output joins the stream first
+                    residual = residual + x
+                    hidden = layer.mlp(normed)
                 continue
             if layer.post_attention_norm is not None:
                 x = layer.post_attention_norm(x)
@@ -210,6 +220,8 @@ class CpuDecodePath:
             post_mlp_norm=None if post_mlp is None else _norm(post_mlp, dtype),
             residual_scale=layer.residual_scale,
             mlp=_mlp(mlp, lora),
+            parallel_mlp_norm=layer.parallel_mlp_norm,
+            parallel_outputs_summed=layer.parallel_outputs_summed,
         )
         if not isinstance(attention, Attention):  # its module stores and reads its own cache
             return _Layer(
@@ -218,7 +230,7 @@ class CpuDecodePath:
             )  # fmt: skip
         return _Layer(
             **common,
-            qkv=_linear(attention.qkv_proj, lora),
+            qkv=_clipped(attention, _linear(attention.qkv_proj, lora)),
             o_proj=_linear(attention.o_proj, lora),
             rotate=_rotation(attention),
             scale=attention.scale,
@@ -227,6 +239,13 @@ class CpuDecodePath:
             sinks=attention.sinks,
             output_gate=_optional_linear(attention.output_gate, lora),
         )
+
+
+def _clipped(attention: Attention, qkv: Linear) -> Linear:
+    """The q/k/v product clamped as Attention.clipped does (OLMo's clip_qkv), or as it is."""
+    if attention.clip_qkv is None:
+        return qkv
+    return lambda x: attention.clipped(qkv(x))
 
 
 def _optional_linear(linear: ColumnParallelLinear | None, lora: bool) -> Linear | None:
