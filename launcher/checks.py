@@ -49,11 +49,35 @@ def check_num_shard(
             f"key heads (linear_num_key_heads in {model_dir / 'config.json'}): pass one of "
             f"{_divisors(linear_heads)}"
         )
+    _check_mamba_heads(num_shard, config, model_dir / "config.json")
     if kv_heads is not None and kv_heads % num_shard and num_shard % kv_heads:
         # KV heads split across shards, or, when there are fewer of them, are replicated.
         raise ShardCountError(
             f"--num-shard {num_shard} cannot share the model's {kv_heads} key/value heads "
             f"(num_key_value_heads): it must divide {kv_heads} or be a multiple of it"
+        )
+
+
+def _check_mamba_heads(num_shard: int, config: dict, path: Path) -> None:
+    """A Mamba 2 mixer's heads split across the shards; its groups (whose heads share B and C)
+    split too, or, when there are fewer of them, each shard reads its heads' group. Granite 4.0
+    and Bamba name the fields mamba_n_heads / mamba_n_groups, NemotronH mamba_num_heads /
+    n_groups."""
+    heads_field = next((f for f in ("mamba_n_heads", "mamba_num_heads") if f in config), None)
+    heads = _positive(config.get(heads_field)) if heads_field else None
+    if heads is None:
+        return
+    if heads % num_shard:
+        raise ShardCountError(
+            f"--num-shard {num_shard} does not divide the model's {heads} Mamba heads "
+            f"({heads_field} in {path}): pass one of {_divisors(heads)}"
+        )
+    groups_field = "mamba_n_groups" if heads_field == "mamba_n_heads" else "n_groups"
+    groups = _positive(config.get(groups_field)) or 1
+    if groups % num_shard and num_shard % groups:
+        raise ShardCountError(
+            f"--num-shard {num_shard} cannot share the model's {groups} Mamba groups "
+            f"({groups_field}): it must divide {groups} or be a multiple of it"
         )
 
 

@@ -7,7 +7,10 @@ A model file names its checkpoint tensors (a `Names` table) and maps its config.
   window per layer, the query scale, attention-logit soft-capping, q/k/v and o biases, q/k/v
   clamped (OLMo's clip_qkv); or
   with `ModelConfig.mla`, `LatentAttention` (shard/models/latent_attention.py: DeepSeek's
-  multi-head latent attention, caching one latent vector a token).
+  multi-head latent attention, caching one latent vector a token); or in the layers that keep a
+  state per sequence instead of K/V, `GatedDeltaNet` (shard/models/linear_attention.py: Qwen3.5's
+  linear attention) or `Mamba2Mixer` (shard/models/mamba_mixer.py: Granite 4.0-H's, Bamba's,
+  NemotronH's).
 - `GatedMLP` (shard/models/mlp.py): a fused gate_up product (two tensors or one fused),
   act(gate) * up with the activation from shard/layers/activation.py's table, down projection;
   or with `gated_mlp` False `UngatedMLP`: act(up), down projection.

@@ -77,6 +77,21 @@ def test_kv_heads_split_or_replicate(tmp_path):
         check_num_shard(2, path, None, gpus(0))
 
 
+def test_mamba_heads_split_and_groups_split_or_replicate(tmp_path):
+    """Granite 4.0-H's one group is read by every shard; NemotronH's 8 split or replicate."""
+    granite = model(tmp_path, num_attention_heads=8, mamba_n_heads=6, mamba_n_groups=1)
+    check_num_shard(2, granite, None, gpus(0))
+    with pytest.raises(ShardCountError, match=r"--num-shard 4 .* 6 Mamba heads.*: pass one of 1"):
+        check_num_shard(4, granite, None, gpus(0))
+    nemotron = tmp_path / "nemotron"
+    nemotron.mkdir()
+    model(nemotron, num_attention_heads=48, mamba_num_heads=48, n_groups=8)
+    check_num_shard(4, nemotron, None, gpus(0))
+    check_num_shard(16, model(nemotron, mamba_num_heads=48, n_groups=8), None, gpus(0))
+    with pytest.raises(ShardCountError, match=r"--num-shard 6 cannot share .* 8 Mamba groups"):
+        check_num_shard(6, nemotron, None, gpus(0))
+
+
 def test_a_config_without_head_counts_is_left_to_the_shard(tmp_path):
     check_num_shard(3, model(tmp_path), None, gpus(0))
     check_num_shard(3, tmp_path / "missing", None, gpus(0))
