@@ -127,9 +127,25 @@ def _grouped_pieces(
 
 class RecurrentMixer(nn.Module):
     """A mixer that keeps a fixed state per sequence in RecurrentState pools instead of K/V per
-    token (Gated DeltaNet, Mamba 2's shard/models/mamba_mixer.py); `shape` sizes its pools."""
+    token (Gated DeltaNet, Mamba 2's shard/models/mamba_mixer.py); `shape` sizes its pools.
+    Both start with a causal depthwise conv over their channels (`conv_weight` [channels, K],
+    `conv_bias` or None), whose last inputs the pools keep."""
 
     shape: LinearShape
+    conv_weight: torch.Tensor
+    conv_bias: torch.Tensor | None
+
+    def _conv(
+        self, x: torch.Tensor, cache: RecurrentState, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """silu(conv) of this part's channels [T, C], its sequences' conv states advanced."""
+        slots = state_slots(meta)
+        if meta.is_prefill:
+            return causal_conv1d_prefill(
+                x, self.conv_weight, cache.conv, slots, list(meta.host_query_lens),
+                list(meta.host_fresh), self.conv_bias,
+            )  # fmt: skip
+        return causal_conv1d_decode(x, self.conv_weight, cache.conv, slots, self.conv_bias)
 
 
 class GatedDeltaNet(RecurrentMixer):
@@ -149,6 +165,7 @@ class GatedDeltaNet(RecurrentMixer):
         self.in_proj_qkvz = in_proj_qkvz  # [q | k | v | z] of this rank's heads
         self.in_proj_ba = in_proj_ba  # [b | a]: per value head, the write strength and decay
         self.register_buffer("conv_weight", conv_weight, persistent=False)  # [channels, K]
+        self.register_buffer("conv_bias", None, persistent=False)  # Qwen's convs have none
         self.register_buffer("dt_bias", dt_bias, persistent=False)
         # the decay's scale, -exp(A_log), kept in float32 as transformers computes it
         self.register_buffer("neg_a", -a_log.float().exp(), persistent=False)
@@ -237,17 +254,6 @@ class GatedDeltaNet(RecurrentMixer):
         normed = gated_rms_norm(out, z.unflatten(-1, (s.value_heads, s.value_dim)),
                                 self.norm_weight, self.eps)  # fmt: skip
         return self.out_proj(normed.flatten(1))
-
-    def _conv(
-        self, x: torch.Tensor, cache: RecurrentState, meta: AttentionMetadata
-    ) -> torch.Tensor:
-        slots = state_slots(meta)
-        if meta.is_prefill:
-            return causal_conv1d_prefill(
-                x, self.conv_weight, cache.conv, slots, list(meta.host_query_lens),
-                list(meta.host_fresh),
-            )  # fmt: skip
-        return causal_conv1d_decode(x, self.conv_weight, cache.conv, slots)
 
     def _delta(
         self,

@@ -25,7 +25,6 @@ import torch.nn.functional as F
 
 from shard.attention import AttentionMetadata, StepMetadata
 from shard.distributed import Distributed
-from shard.layers.causal_conv import causal_conv1d_decode, causal_conv1d_prefill
 from shard.layers.linear import ColumnParallelLinear, RowParallelLinear, head_range
 from shard.layers.quant.base import Piece
 from shard.layers.ssd import ssd_decode, ssd_prefill, time_steps
@@ -270,17 +269,6 @@ class Mamba2Mixer(RecurrentMixer):
                 part,
             )
         return self.out_proj(self._gated_norm(y.flatten(1), z))
-
-    def _conv(
-        self, x: torch.Tensor, cache: RecurrentState, meta: AttentionMetadata
-    ) -> torch.Tensor:
-        slots = state_slots(meta)
-        if meta.is_prefill:
-            return causal_conv1d_prefill(
-                x, self.conv_weight, cache.conv, slots, list(meta.host_query_lens),
-                list(meta.host_fresh), self.conv_bias,
-            )  # fmt: skip
-        return causal_conv1d_decode(x, self.conv_weight, cache.conv, slots, self.conv_bias)
 
     def _scan(
         self,
