@@ -152,12 +152,12 @@ class LayerNorm1P(BiasLayerNorm):
 
 
 class WeightlessLayerNorm(LayerNorm):
-    """OLMo (1)'s LayerNorm: neither weight nor bias, in float32 and rounded once, its eps fixed
-    at 1e-5 whatever the config says (transformers' OlmoLayerNorm). Nothing is read."""
+    """OLMo (1)'s LayerNorm: neither weight nor bias, in float32 and rounded once (transformers'
+    OlmoLayerNorm). Nothing is read."""
 
     @classmethod
     def load(cls, weights: Weights, prefix: str, eps: float) -> LayerNorm:
-        return cls(None, 1e-5)
+        return cls(None, eps)
 
 
 # config's norm kind -> the layer (shard/models/config.py: ModelConfig.norm)

@@ -20,6 +20,10 @@ class OlmoForCausalLM(DecoderModel):
         clip = raw.get("clip_qkv")
         if clip is not None and not float(clip) > 0:
             raise UnsupportedArchitectureError(f"clip_qkv must be positive, got {clip}")
+        # transformers' OlmoLayerNorm fixes its eps at 1e-5 whatever the config says
         return replace(
-            config, norm="layer_weightless", clip_qkv=None if clip is None else float(clip)
+            config,
+            norm="layer_weightless",
+            rms_norm_eps=1e-5,
+            clip_qkv=None if clip is None else float(clip),
         )
