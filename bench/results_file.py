@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -15,3 +16,12 @@ def write_results(out: Path, stem: str, results: Any) -> Path:
     path = out / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(results, indent=2, default=str))
     return path
+
+
+def package_version(name: str) -> str | None:
+    """The installed version of `name`; None where it is not installed (Switchyard on a GPU
+    machine runs from the checkout, uninstalled)."""
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None

@@ -26,12 +26,12 @@ import random
 import shlex
 import time
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from bench import serve_metrics
 from bench.models import add_model_args, resolve_model
+from bench.results_file import package_version
 from bench.serve_client import (
     Endpoint,
     Job,
@@ -301,12 +301,6 @@ def starved_levels(results: dict[str, Any]) -> list[str]:
 
 
 def environment(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
-    def version(pkg: str) -> str | None:
-        try:
-            return metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            return None
-
     cpu = platform.processor()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -327,7 +321,8 @@ def environment(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
         "load_average_at_start": os.getloadavg(),
         "python": platform.python_version(),
         "versions": {
-            p: version(p) for p in ("switchyard", "torch", "transformers", "aiohttp", "grpcio")
+            p: package_version(p)
+            for p in ("switchyard", "torch", "transformers", "aiohttp", "grpcio")
         },
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
     }

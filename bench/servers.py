@@ -174,7 +174,7 @@ def transformers_serve(
         "serve",
         str(model_dir),  # FORCE_MODEL: preloaded at startup, every request must name it
         "--continuous-batching",
-        "--device", "cpu",
+        "--device", _peer_device(),
         "--dtype", "bfloat16",
         "--host", "127.0.0.1",
         "--port", str(port),
@@ -195,6 +195,14 @@ def transformers_serve(
         extra_body={"generation_config": json.dumps(generation_config)},
         env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
     )
+
+
+def _peer_device() -> str:
+    """The device the Switchyard under test takes by default, so both serve on the same one:
+    the GPU where there is one (transformers' own "auto" would pick it too), else the CPU."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _model_eos(model_dir: Path) -> int | list[int]:

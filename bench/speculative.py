@@ -31,12 +31,12 @@ import shlex
 import time
 import urllib.request
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
 import aiohttp
 
 from bench.models import add_model_args, resolve_model
+from bench.results_file import package_version
 from bench.servers import switchyard
 
 CODE = '''def {name}(items, limit):
@@ -214,7 +214,7 @@ def _counters(url: str) -> dict[str, float]:
 
 def _report(args, model_name, servers, cells, results, acceptance) -> int:
     print(f"\nmodel: {model_name}; host: {platform.processor() or platform.machine()}; "
-          f"switchyard {metadata.version('switchyard')}")  # fmt: skip
+          f"switchyard {package_version('switchyard') or '(checkout, not installed)'}")  # fmt: skip
     for name, flags in servers.items():
         print(f"  {name}: launcher {' '.join(flags) or '(defaults)'}")
     print(f"\n{'workload':<10}{'conc':>5}{'plain tok/s':>13}{'spec tok/s':>12}{'ratio':>8}"

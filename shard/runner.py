@@ -360,10 +360,18 @@ class ModelRunner:
         got = graphs.replay(inputs.input_ids, inputs.positions, inputs.meta, head=head)
         if got is None:
             return None
+        # The graph's outputs are its static buffers, which its next replay rewrites, and a step
+        # queued ahead (shard/steps_ahead.py) is answered after other batches' steps may have
+        # replayed the same graph: the answers are copied out (on the device, nothing waits).
         if len(got) == 2 or not top_n:  # no alternatives asked: no columns to copy back
-            return SampleOutput.chosen_only(*got[:2])
+            return SampleOutput.chosen_only(got[0].clone(), got[1].clone())
         ids, chosen, top_ids, top_logprobs = got
-        return SampleOutput(ids, chosen, top_ids[:, :top_n], top_logprobs[:, :top_n])
+        return SampleOutput(
+            ids.clone(),
+            chosen.clone(),
+            top_ids[:, :top_n].clone(),
+            top_logprobs[:, :top_n].clone(),
+        )
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         """The step's final hidden states: from a CUDA graph where one holds the step, the CPU

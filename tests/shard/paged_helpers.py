@@ -3,6 +3,7 @@ each sequence gets blocks drawn from a shuffled pool, so block tables are non-co
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import pytest
@@ -87,6 +88,19 @@ class PagedLayout:
         )
 
 
+def on_device(
+    device: torch.device, positions: torch.Tensor, meta: AttentionMetadata
+) -> tuple[torch.Tensor, AttentionMetadata]:
+    """A step's positions and metadata, built on the host, where the model runs (as the
+    runner uploads them: a GPU's kernels take no host tensors)."""
+    moved = {
+        f.name: value.to(device)
+        for f in dataclasses.fields(meta)
+        if isinstance(value := getattr(meta, f.name), torch.Tensor)
+    }
+    return positions.to(device), dataclasses.replace(meta, **moved)
+
+
 def run_paged(
     model,
     prompts: list[torch.Tensor],
@@ -107,7 +121,8 @@ def run_paged(
     layout = PagedLayout(block_size, num_blocks, seed=seed)
     seqs = [layout.add(n + steps + 1) for n in lens]
     caches = model.allocate_kv_cache(num_blocks, block_size, len(prompts))
-    positions, meta = layout.prefill(seqs, [0] * len(lens), lens)
+    device = prompts[0].device
+    positions, meta = on_device(device, *layout.prefill(seqs, [0] * len(lens), lens))
     with torch.inference_mode():
         logits = model.compute_logits(model(torch.cat(prompts), positions, caches, meta))
         all_logits = [logits]
@@ -117,7 +132,7 @@ def run_paged(
         for _ in range(steps):
             for t, nid in zip(tokens, next_ids.tolist(), strict=True):
                 t.append(nid)
-            positions, meta = layout.decode(seqs, [len(t) - 1 for t in tokens])
+            positions, meta = on_device(device, *layout.decode(seqs, [len(t) - 1 for t in tokens]))
             hidden = (decode_forward or model)(next_ids, positions, caches, meta)
             logits = model.compute_logits(hidden)
             all_logits.append(logits)

@@ -121,7 +121,8 @@ def _step(
 
 def _reference(step: Step, window: int | None, softcap: float | None) -> torch.Tensor:
     """float64, Gemma 2's eager order: scale, cap, mask, softmax."""
-    return paged_reference(step.q, step.spans, step.keys, step.values, SCALE, window, softcap)
+    # the truth on the host, where the float64 keys and values are, whatever ran the step
+    return paged_reference(step.q.cpu(), step.spans, step.keys, step.values, SCALE, window, softcap)
 
 
 STEPS = {

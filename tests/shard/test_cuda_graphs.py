@@ -63,8 +63,8 @@ def service(model_dir, attention: str, graphs: str, adapters: dict | None = None
         runner.graphs.replays = 0
         replay = runner.graphs.replay
 
-        def counted(*args):
-            hidden = replay(*args)
+        def counted(*args, **kwargs):
+            hidden = replay(*args, **kwargs)
             runner.graphs.replays += hidden is not None
             return hidden
 

@@ -219,7 +219,13 @@ def _assert_same(got: dict, want: dict) -> None:
     assert got.keys() == want.keys()
     for rid in want:
         ids = [[t for t, _ in entry] for entry in got[rid]]
-        assert ids == [[t for t, _ in entry] for entry in want[rid]], rid
+        # the message: each step's (id, logprob)s where they differ, to tell a tie from a fault
+        differ = [
+            (g, w)
+            for g, w in zip(got[rid], want[rid], strict=False)
+            if [t for t, _ in g] != [t for t, _ in w]
+        ]
+        assert ids == [[t for t, _ in entry] for entry in want[rid]], (rid, differ[:2])
         torch.testing.assert_close(
             torch.tensor([lp for entry in got[rid] for _, lp in entry]),
             torch.tensor([lp for entry in want[rid] for _, lp in entry]),
@@ -293,11 +299,15 @@ def test_the_heads_give_the_alternatives_warmup_asks_for(servicer_model_dir):
             runner.model, BUCKETS, runner.device, None, EagerReplayer(), heads=heads
         )
         request = BlockPool(8, seed=1).request(0, [3, 4, 5], 8, top_n_tokens=top_n)
+        # A KV budget of its own: left out, a GPU's Warmup takes most of the device's memory,
+        # which the tests running beside this one share.
         warmup = pb.WarmupRequest(
-            batch=pb.Batch(id=0, requests=[request]), max_total_tokens=MAX_TOTAL_TOKENS
+            batch=pb.Batch(id=0, requests=[request]),
+            max_total_tokens=MAX_TOTAL_TOKENS,
+            max_batch_total_tokens=4096,
         )
         run(svc.Warmup(warmup, FakeContext()))
         assert heads.top_n == top_n
-        hidden = torch.zeros(2, runner.model.config.hidden_size)
+        hidden = torch.zeros(2, runner.model.config.hidden_size, device=runner.device)
         ids, chosen, top_ids, top_logprobs = heads.head("sample")(hidden)
         assert top_ids.shape == top_logprobs.shape == (2, top_n)

@@ -44,7 +44,14 @@ PARAMS = {
 
 @pytest.fixture(scope="module")
 def svc(servicer_model_dir):
-    settings = ShardSettings(model_id=str(servicer_model_dir), uds_path="/unused", dtype="float32")
+    # Steps queued ahead off, as the launcher sets them with speculation (a step queued before
+    # the router's proposals for it exist answers without them).
+    settings = ShardSettings(
+        model_id=str(servicer_model_dir),
+        uds_path="/unused",
+        dtype="float32",
+        overlap_schedule="off",
+    )
     service = build_service(settings)
     warmup = pb.WarmupRequest(max_batch_total_tokens=4096, max_total_tokens=64)
     run(service.Warmup(warmup, FakeContext()))

@@ -18,6 +18,8 @@ import pytest
 import torch
 
 from shard.faults import Faults
+from shard.platforms.cuda.graphs import DecodeGraphs, EagerReplayer
+from shard.sampling.graph_heads import SamplingHeads
 from shard.settings import ShardSettings
 from shard.startup import build_service
 from shard.steps_ahead import can_run_ahead, overlap_enabled
@@ -42,11 +44,22 @@ PARAMS = [
 ]
 
 
-def _service(model_dir, overlap: str):
+def _service(model_dir, overlap: str, graphs: bool = False):
+    """A warmed servicer; with `graphs`, decode graphs ending in the sampling heads, replayed by
+    the CPU's stand-in (EagerReplayer), in one bucket: every decode step replays the graph the
+    last one did, so a step queued ahead must have its answers out of the graph's outputs
+    before another batch's step replays it (on a GPU, too, the graph's outputs are fixed
+    buffers)."""
     settings = ShardSettings(
         model_id=str(model_dir), uds_path="/unused", dtype="float32", overlap_schedule=overlap
     )
     svc = build_service(settings)
+    if graphs:
+        runner = svc.runner
+        heads = SamplingHeads(runner.model, runner.block_size)
+        runner.graphs = DecodeGraphs(
+            runner.model, (8,), runner.device, None, EagerReplayer(), heads=heads
+        )
     warmup = pb.WarmupRequest(max_batch_total_tokens=4096, max_total_tokens=64)
     run(svc.Warmup(warmup, FakeContext()))
     return svc
@@ -101,7 +114,8 @@ def _serve(svc) -> dict:
     for _ in range(2):
         a = s.decode(a)
     # A second batch, then both in one Decode (one has a step ahead, one may not).
-    b = s.prefill(3, [s.request(20, 12, PARAMS[1]), s.request(21, 5, PARAMS[3])])
+    # (b truncates, as a does: with graphs, both batches' steps replay the same graph.)
+    b = s.prefill(3, [s.request(20, 12, PARAMS[2]), s.request(21, 5, PARAMS[3])])
     ab = s.decode(a, b)
     for _ in range(2):
         ab = s.decode(ab)
@@ -119,9 +133,10 @@ def _serve(svc) -> dict:
     return s.got
 
 
-def test_steps_ahead_give_the_answers_steps_on_request_give(servicer_model_dir):
-    want = _serve(_service(servicer_model_dir, "off"))
-    svc = _service(servicer_model_dir, "on")
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph-heads"])
+def test_steps_ahead_give_the_answers_steps_on_request_give(servicer_model_dir, graphs):
+    want = _serve(_service(servicer_model_dir, "off", graphs))
+    svc = _service(servicer_model_dir, "on", graphs)
     assert_same_tokens(_serve(svc), want)
     # Every Decode of a batch whose rows all decode, and the join, answered from a step ahead.
     assert svc.ahead.taken >= 12

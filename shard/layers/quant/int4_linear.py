@@ -40,8 +40,13 @@ class FormatReader(Protocol):
 
 def int4_weight(qw: QuantizedWeight, dtype: torch.dtype, triton: bool) -> LinearWeight:
     """The int4 GEMM the platform names for this device (`Platform.int4_kernel`); with `triton`
-    (the Triton backend, interpreted on a CPU in tests) the Triton GEMM whatever the device."""
-    kernel = "triton" if triton else platform_of(qw.qweight.device).int4_kernel
+    (the Triton attention backend) the Triton GEMM where the platform's own is not one (the
+    CPU's: tests run the Triton kernels there, interpreted). A GPU's is Triton's already, with
+    tinygemm for decode rows: the Triton backend, its default, must not take tinygemm away
+    (it did, and a 7B AWQ model decoded at 0.52x its bf16 model on the H200)."""
+    kernel = platform_of(qw.qweight.device).int4_kernel
+    if triton and kernel != "tinygemm+triton":
+        kernel = "triton"
     if kernel == "triton":
         return TritonInt4(qw)
     if kernel == "tinygemm+triton":
