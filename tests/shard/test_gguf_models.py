@@ -117,6 +117,7 @@ def split_worker(
         Path(served), dtype=torch.float32, device=CPU, dist=dist, expert_parallel=expert_parallel
     )
     torch.save(run_paged(model, prompts(model.vocab_size), STEPS, seed=5), f"{out_dir}/{rank}.pt")
+    torch.distributed.barrier()  # both ranks done before either tears gloo down
     torch.distributed.destroy_process_group()
 
 
