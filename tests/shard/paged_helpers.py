@@ -88,17 +88,22 @@ class PagedLayout:
         )
 
 
-def on_device(
-    device: torch.device, positions: torch.Tensor, meta: AttentionMetadata
-) -> tuple[torch.Tensor, AttentionMetadata]:
-    """A step's positions and metadata, built on the host, where the model runs (as the
-    runner uploads them: a GPU's kernels take no host tensors)."""
+def meta_on(meta: AttentionMetadata, device: torch.device) -> AttentionMetadata:
+    """Metadata built on the host, its tensors where the model runs (as the runner uploads
+    them: a GPU's kernels take no host tensors), with nothing derived yet."""
     moved = {
         f.name: value.to(device)
         for f in dataclasses.fields(meta)
         if isinstance(value := getattr(meta, f.name), torch.Tensor)
     }
-    return positions.to(device), dataclasses.replace(meta, **moved)
+    return dataclasses.replace(meta, **moved, derived={})
+
+
+def on_device(
+    device: torch.device, positions: torch.Tensor, meta: AttentionMetadata
+) -> tuple[torch.Tensor, AttentionMetadata]:
+    """A step's positions and metadata where the model runs."""
+    return positions.to(device), meta_on(meta, device)
 
 
 def run_paged(

@@ -22,9 +22,10 @@ import torch
 from paged_helpers import NATIVE_REASON, PagedLayout
 
 from shard.attention import MixedMetadata, attend
-from shard.attention.metadata import AttentionMetadata, StepMetadata
+from shard.attention.metadata import StepMetadata
 from shard.platforms.cpu import attention as torch_backend
 from shard.platforms.cpu.attention import TorchAttentionBackend
+from tests.shard.paged_helpers import meta_on
 from tests.shard.test_cpu_paged_prefill import _reference as paged_reference
 
 BLOCK = 16
@@ -59,24 +60,14 @@ class Step:
         if isinstance(meta, MixedMetadata):
             meta = MixedMetadata(
                 meta.slot_mapping.to(device),
-                _meta_to(meta.prefill, device),
-                _meta_to(meta.decode, device),
+                meta_on(meta.prefill, device),
+                meta_on(meta.decode, device),
                 meta.num_prefill_tokens,
             )
         else:
-            meta = _meta_to(meta, device)
+            meta = meta_on(meta, device)
         cache, q, k, v = (t.to(device) for t in (self.cache, self.q, self.k, self.v))
         return Step(cache, meta, q, k, v, self.spans, self.keys, self.values)
-
-
-def _meta_to(meta: AttentionMetadata | None, device: torch.device) -> AttentionMetadata | None:
-    if meta is None:
-        return None
-    fields = {
-        k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in vars(meta).items()
-    }
-    fields["derived"] = {}
-    return AttentionMetadata(**fields)
 
 
 def _step(

@@ -24,6 +24,7 @@ from shard.layers.rotary import RopeConfig, RotaryEmbedding
 from shard.requests import NewRequest
 from shard.sampling.params import SamplingParams
 from shard.step_inputs import build_step_inputs, step_lengths
+from tests.shard.paged_helpers import meta_on
 
 CPU = torch.device("cpu")
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 32
@@ -479,12 +480,6 @@ def test_triton_rotary_takes_partial_tables_and_longrope_rows(partial, dtype):
     assert torch.equal(got[..., ours.rotary_dim :], q_before[..., ours.rotary_dim :])
 
 
-def _on_cuda(meta: AttentionMetadata | None) -> AttentionMetadata:
-    assert meta is not None
-    fields = {n: v.cuda() if isinstance(v, torch.Tensor) else v for n, v in vars(meta).items()}
-    return AttentionMetadata(**fields)
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the module's CUDA path needs a GPU")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("partial", [0.75, 1.0])
@@ -508,8 +503,8 @@ def test_cuda_module_path_matches_transformers(partial, dtype):
     want = _phi3_reference(ref, q, k, positions, [32] * 3 + [41] * 3 + [32, 33, 151])
     cuda_meta = MixedMetadata(
         slot_mapping=meta.slot_mapping.cuda(),
-        prefill=_on_cuda(meta.prefill),
-        decode=_on_cuda(meta.decode),
+        prefill=meta_on(meta.prefill, torch.device("cuda")),
+        decode=meta_on(meta.decode, torch.device("cuda")),
         num_prefill_tokens=6,
     )
     fused = q._base.cuda()  # q and k are views of one qkv buffer: move it whole
