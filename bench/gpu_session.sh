@@ -74,7 +74,8 @@ GPU_TESTS=(tests/shard/test_step_host_syncs.py tests/shard/test_steps_ahead.py
     tests/kernels/test_attention_sinks.py tests/kernels/test_quantized_triton.py
     tests/kernels/test_fp8_matmul.py tests/shard/test_gated_delta.py tests/shard/test_ssd.py
     tests/shard/test_quantized_moe.py tests/kernels/test_gpu_compile.py
-    tests/kernels/test_kernel_decode.py tests/kernels/test_elementwise_kernels.py)
+    tests/kernels/test_kernel_decode.py tests/kernels/test_elementwise_kernels.py
+    tests/kernels/test_truncation_floor.py)
 step gpu_tests 200 "${PYTEST[@]}" -vv -n 12 --timeout 150 "${GPU_TESTS[@]}"
 step env 30 bash -c "nvidia-smi; $PY -c \"import torch, triton, google.protobuf as pb, grpc, \
 transformers, peft; print('torch', torch.__version__, 'cuda', torch.version.cuda, \

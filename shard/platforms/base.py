@@ -191,6 +191,14 @@ class Platform:
         view where k's heads follow q's in the same rows (the fused qkv product), else None."""
         return None
 
+    def truncation_floor(
+        self, x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
+    ) -> torch.Tensor | None:
+        """Each row's smallest logit [R] that top-k, top-p and min-p keep of tempered float32
+        logits x [R, V] (top_k [R] int64, 0: off; top_p [R], 1: off; min_p [R], 0: off), as
+        shard/sampling/truncation.py: kept_floor computes it by a sort."""
+        return None
+
     def argmax(self, x: torch.Tensor) -> torch.Tensor | None:
         """Row-wise argmax of [N, V] float32 logits, first index on ties, as torch.argmax."""
         return None

@@ -14,10 +14,10 @@ The heads:
   nothing else of the sampler (the common case; nothing to fill).
 - "sample": also logit bias, repetition/frequency/presence penalties, grammar masks,
   temperature and the seeded draw (whole-vocabulary rows, the static draw).
-- "truncate": also top-k, top-p and min-p on whole sorted rows, as a GPU's eager sampler does
-  (truncation.full_width_group); rows that do not truncate keep "sample"'s answer, as sample()
-  splits them. It is a head of its own because the sort of every row costs more than
-  everything else in it.
+- "truncate": also top-k, top-p and min-p on whole rows masked below each row's kept floor, as
+  a GPU's eager sampler does (truncation.truncate_rows: a kernel's search, no sort); rows that
+  do not truncate keep "sample"'s answer, as sample() splits them. It is a head of its own
+  because it draws a second time, from the masked rows.
 
 "sample" and "truncate" also give each row's most likely tokens (alternatives,
 `top_n_tokens`) at a width fixed at capture: the most the router allows (its Warmup batch asks
@@ -46,10 +46,10 @@ from shard.sampling.sampler import (
     apply_penalties,
     draw,
     greedy_ids,
-    sample_group,
+    sample_rows,
 )
 from shard.sampling.token_masks import BITS_PER_WORD, TokenMasks
-from shard.sampling.truncation import Warpers, full_width_group
+from shard.sampling.truncation import truncate_rows
 
 GREEDY, SAMPLE, TRUNCATE = "greedy", "sample", "truncate"
 NAMES = (GREEDY, SAMPLE, TRUNCATE)
@@ -227,19 +227,18 @@ class SamplingHeads:
         if not truncate:
             return ids, chosen, top_ids, top_logprobs
 
-        # As sample()'s truncated rows, on whole sorted rows; the others' parameters made
-        # neutral, so that nothing in their (discarded) answers can fail.
+        # As sample()'s truncated rows on a static platform: whole rows (x holds them tempered)
+        # masked below their kept floors; the others' warpers made neutral, so that nothing in
+        # their (discarded) answers can fail.
         cuts = (p.top_k > 0) | (p.top_p < 1) | (p.min_p > 0)
         truncates = p.do_sample & cuts
-        warpers = Warpers(
-            temperature=torch.where(truncates, p.temperature, 1.0),
+        warpers = SimpleNamespace(
             top_k=torch.where(truncates, p.top_k, 0),
             top_p=torch.where(truncates, p.top_p, 1.0),
-            typical_p=torch.ones_like(p.top_p),
             min_p=torch.where(truncates, p.min_p, 0.0),
         )
-        group = full_width_group(scores, warpers, top_k=True, top_p=True, typical=False, min_p=True)
-        cut = sample_group(group, keys, top_ids.shape[1], static=True)
+        values = truncate_rows(x, warpers.top_k, warpers.top_p, warpers.min_p)
+        cut = sample_rows(values, keys, top_ids.shape[1], static=True)
         return (
             torch.where(truncates, cut.next_ids, ids),
             torch.where(truncates, cut.logprobs, chosen),

@@ -22,9 +22,11 @@ Both shortcuts choose rows by the data, which the host must read: free where the
 device, but on a GPU each read makes the host wait for everything queued, and a step captured
 as a CUDA graph cannot hold one. Where the platform says shapes are static
 (`Platform.static_shapes`), sample() reads nothing back and every shape follows from the
-batch alone: truncated rows are warped on their whole sorted row in one group, and every
-sampled row's tail is inverted, the draw then selecting between head and tail. The random
-numbers are the same, so are the ids (up to the order of tied logits) and the distribution.
+batch alone: truncated rows stay whole, masked below the smallest logit their warpers keep (a
+platform kernel finds it without a sort; typical-p still sorts), and every sampled row's tail
+is inverted, the draw then selecting between head and tail. The random numbers are the same,
+and the tail is inverted in token-id order on every path, so are the ids (up to float32
+rounding at a cut-off or in a normalizer) and the distribution.
 Which rows are dense or truncated is the host's to know (shard/sampling/tensors.py).
 """
 
@@ -45,6 +47,7 @@ from shard.sampling.truncation import (
     Warpers,
     candidate_groups,
     full_width_group,
+    truncate_rows,
 )
 
 # SamplingTensors and SamplingFlags live in tensors.py; callers import them from here too.
@@ -175,8 +178,9 @@ def greedy_ids(x: Tensor) -> Tensor:
 def _sample_truncated(
     scores: Tensor, tensors: SamplingTensors, keys: Tensor | None, top_n: int
 ) -> Iterator[tuple[Tensor, SampleOutput]]:
-    """Sampled rows with top-k/top-p/typical-p: on candidate logits only, or where shapes must
-    not depend on the data, on whole sorted rows.
+    """Sampled rows with top-k/top-p/min-p/typical-p: on candidate logits only, or where shapes
+    must not depend on the data, on whole rows (masked below each row's kept floor; with
+    typical-p, sorted).
 
     Yields (positions in tensors.truncated_rows, their outputs), one group per candidate
     width that was needed (one group on whole rows).
@@ -200,12 +204,19 @@ def _sample_truncated(
         "typical": flags.any_typical,
         "min_p": flags.any_min_p,
     }
+    keys = keys[rows]
     if platform_of(scores).static_shapes:
+        if not flags.any_typical:  # whole rows, each masked below its threshold: no sort
+            tempered = raw / warpers.temperature[:, None]
+            values = truncate_rows(tempered, warpers.top_k, warpers.top_p, warpers.min_p)
+            everyone = torch.arange(rows.shape[0], device=rows.device)
+            yield everyone, sample_rows(values, keys, top_n, static=True)
+            return
         groups = [full_width_group(raw, warpers, **used)]
     else:
         groups = candidate_groups(raw, warpers, **used, min_width=max(top_n, flags.max_top_k + 1))
     for group in groups:
-        yield group.rows, sample_group(group, keys[rows][group.rows], top_n)
+        yield group.rows, sample_group(group.in_id_order(), keys[group.rows], top_n)
 
 
 def sample_group(
@@ -213,16 +224,33 @@ def sample_group(
 ) -> SampleOutput:
     """A draw from each row of a truncated group (keys: its rows' random streams); every group
     is at least top_n wide, so its top_n columns are distinct real tokens."""
-    # Removed candidates are -inf: they drop out of the normalizer and the draw.
-    lse = group.logits.logsumexp(dim=1)
-    logprobs = group.logits - lse[:, None]
-    column = draw(group.logits, lse, keys, group.ids, static)
-    next_ids = group.ids.gather(1, column[:, None]).squeeze(1)
+    return sample_rows(group.logits, keys, top_n, group.ids, static)
+
+
+def sample_rows(
+    values: Tensor,
+    keys: Tensor,
+    top_n: int,
+    ids: Tensor | None = None,
+    static: bool | None = None,
+) -> SampleOutput:
+    """A draw from each row of truncated logits values [R, W], -inf where removed (they drop
+    out of the normalizer and the draw); ids [R, W] each column's token (None: the column is
+    the token). Its logprobs are the truncated distribution's.
+
+    The normalizer is summed in float64 and rounded once: the same kept set then gives the
+    same float32 normalizer (so the same logprobs and draw) whatever the columns' layout,
+    candidates or whole rows, where a float32 sum rounds by its order."""
+    lse = values.double().logsumexp(dim=1).float()
+    logprobs = values - lse[:, None]
+    column = draw(values, lse, keys, ids, static)
     chosen = logprobs.gather(1, column[:, None]).squeeze(1)
+    next_ids = column if ids is None else ids.gather(1, column[:, None]).squeeze(1)
     if not top_n:
         return SampleOutput.chosen_only(next_ids, chosen)
     top_logprobs, top_columns = logprobs.topk(top_n, dim=1)
-    return SampleOutput(next_ids, chosen, group.ids.gather(1, top_columns), top_logprobs)
+    top_ids = top_columns if ids is None else ids.gather(1, top_columns)
+    return SampleOutput(next_ids, chosen, top_ids, top_logprobs)
 
 
 # --- logit bias and penalties ---------------------------------------------------------------

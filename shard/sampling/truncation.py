@@ -11,10 +11,18 @@ to the whole row, where the check always holds.
 
 That check is read on the host and picks a subset of rows: free on the CPU, but on a device it
 makes the host wait, and a captured graph cannot hold it. Where the platform keeps shapes
-static (`Platform.static_shapes`), `full_width_group` starts from the whole row, sorted (as
-vLLM does on GPUs, where a sort of the vocabulary is cheap), and skips the check.
+static (`Platform.static_shapes`), rows stay whole: top-k, top-p and min-p each keep the logits
+at or above a threshold, so `truncate_rows` masks each row below its `kept_floor`, which the
+platform's kernel finds without sorting the row (the CUDA one: a search over the floats' bits,
+shard/platforms/cuda/kernels/truncation.py), or else a sort. Typical-p keeps an interval in the
+middle instead: with it, `full_width_group` starts from the whole row, sorted, and skips the
+check.
 
 Ties at a boundary are kept together, where HF's sort would split them arbitrarily.
+
+A group's columns are in token-id order when sampled (`CandidateGroup.in_id_order`), as whole
+rows are: the draw's inversion of its tail runs in column order, so the same kept set and seed
+give the same token on every path.
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from shard.platforms import platform_of
 
 NEG_INF = float("-inf")
 POS_INF = float("inf")
@@ -68,6 +78,11 @@ class CandidateGroup:
     rows: Tensor  # [r] positions in the rows given to candidate_groups
     logits: Tensor  # [r, width] tempered logits, descending, -inf where a warper removed them
     ids: Tensor  # [r, width] token ids
+
+    def in_id_order(self) -> CandidateGroup:
+        """The same candidates with each row's columns in token-id order."""
+        ids, order = self.ids.sort(dim=1)
+        return CandidateGroup(self.rows, self.logits.gather(1, order), ids)
 
 
 def candidate_groups(
@@ -135,6 +150,27 @@ def full_width_group(
     raw_vals, ids = raw.sort(dim=1, descending=True)
     vals, _ = _warp(raw_vals, warpers, True, _Used(top_k, top_p, typical, min_p))
     return CandidateGroup(torch.arange(raw.shape[0], device=raw.device), vals, ids)
+
+
+def truncate_rows(x: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor) -> Tensor:
+    """Tempered logits x [R, V] with what top-k, top-p and min-p remove at -inf (a new tensor);
+    shapes fixed by x alone. A row with every warper off comes back unchanged."""
+    floor = kept_floor(x, top_k, top_p, min_p)
+    return x.masked_fill(x < floor[:, None], NEG_INF)
+
+
+def kept_floor(x: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor) -> Tensor:
+    """Each row's smallest logit [R] that top-k, top-p and min-p (HF's order, each renormalizing
+    what the previous one kept) keep of tempered logits x [R, V]: the row keeps x >= floor.
+    The platform's kernel where it has one, else the warpers on whole sorted rows."""
+    floor = platform_of(x).truncation_floor(x, top_k, top_p, min_p)
+    if floor is not None:
+        return floor
+    vals = x.sort(dim=1, descending=True).values
+    ones = torch.ones_like(top_p)
+    warpers = Warpers(temperature=ones, top_k=top_k, top_p=top_p, typical_p=ones, min_p=min_p)
+    _, cut = _warp(vals, warpers, True, _Used(top_k=True, top_p=True, typical=False, min_p=True))
+    return vals.masked_fill(~cut.keep, POS_INF).amin(dim=1)
 
 
 @dataclass(frozen=True)

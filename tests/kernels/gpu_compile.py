@@ -35,6 +35,7 @@ from shard.platforms.cuda.kernels import (  # noqa: E402
     interpreting,
     kv_write,
     prefill,
+    truncation,
     w4a16,
 )
 from shard.platforms.cuda.kernels.w4a16_config import W4A16Config, default_config  # noqa: E402
@@ -174,6 +175,18 @@ def compile_elementwise(dtype: torch.dtype) -> None:
     report(f"rotary {t} d128", compiled)
 
 
+def compile_truncation_floor() -> None:
+    """The sampler's sort-free kept floor (truncation.py) at its launch's block and split."""
+    ptrs = {"x_ptr": "*fp32", "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32",
+            "out_ptr": "*fp32"}  # fmt: skip
+    compiled = compile_kernel(
+        truncation._floor_kernel, ptrs,
+        dict(BLOCK=truncation.BLOCK, SPLIT=truncation.SPLIT, PASSES=truncation.SEARCH_PASSES),
+        num_warps=8,
+    )  # fmt: skip
+    report("truncation floor fp32", compiled)
+
+
 def compile_fused_moe(dtype: torch.dtype, weight: str, act_order: bool = False) -> None:
     """The fused MoE's two grouped GEMMs (fused_moe.py) at Qwen3-30B-A3B's tiles, with experts
     of `weight`: "dense" (x's dtype), "fp8" (FP8_W: tiles scaled in registers) or "int4"
@@ -270,6 +283,7 @@ def main() -> int:
     compile_decode(torch.bfloat16, 128, splits=8, per_sequence=True, chunked=True)
     compile_reduce_and_kv_write(torch.bfloat16, 80)
     compile_elementwise(torch.bfloat16)
+    compile_truncation_floor()
     # W4A16: decode (split-K epilogue) and prefill in bf16, act-order, a mid-size M with a
     # group of 32, K off the tile and fp16.
     compile_w4a16_defaults(torch.bfloat16, 1, split_k=8)

@@ -1,6 +1,7 @@
 """The CUDA platform: the Triton kernels (shard/platforms/cuda/kernels/), one kernel where torch
 takes several (RMSNorm with its residual add, SwiGLU of the fused gate_up product, the joint
-rotation of q and k in place on the qkv product), rounding where the torch ops round."""
+rotation of q and k in place on the qkv product), rounding where the torch ops round; and the
+sampler's kept floor under top-k/top-p/min-p by a search, where torch would sort the vocabulary."""
 
 from __future__ import annotations
 
@@ -96,6 +97,15 @@ class CudaPlatform(Platform):
         from shard.platforms.cuda.kernels.fused_moe import fused_moe
 
         return fused_moe(x, w13, w2, topk_weights, topk_ids, act, **extras)
+
+    def truncation_floor(
+        self, x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
+    ) -> torch.Tensor | None:
+        if x.dtype != torch.float32 or not _rows(x):
+            return None
+        from shard.platforms.cuda.kernels.truncation import truncation_floor
+
+        return truncation_floor(x, top_k, top_p, min_p)
 
     def rotate(
         self,
