@@ -260,6 +260,9 @@ def profile_steps(torch, runner, state, steps: int = 10) -> None:  # type: ignor
             runner.step(state)
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
     print(f"profile of {steps} graphed steps, by self CPU time:\n{table}", flush=True)
+    if runner.device.type == "cuda":  # the kernels inside the replayed graphs, by device time
+        table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=40)
+        print(f"profile of {steps} graphed steps, by device time:\n{table}", flush=True)
 
 
 def measure_shape(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:

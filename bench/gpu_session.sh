@@ -116,6 +116,10 @@ step serve_overlap 260 bash -c "for o in off on; do \
 step serve_peer 300 "$PY" -m bench.serve --servers switchyard,transformers --random-weights \
     --random-shape 1b --ignore-eos --concurrency 1 16 32 --datasets fixed \
     --out "$RESULTS/serve_peer"
+# Where a 1B step's device time goes, kernel by kernel (issue 50's roofline goal), greedy and
+# top-p (the truncate head's sort-free kept floor), batch 1.
+step decode_profile 120 "$PY" -m bench.decode_graphs --shapes 1b --batches 1 \
+    --sampling greedy,top-p --profile --steps 16 --out "$RESULTS/profile"
 # Speculative decoding on the device (issue 49): verify steps (k + 1 decode rows a row, in the
 # decode graphs' buckets and their sampling heads) and the draft model's phase (its own
 # decode graphs) equal the plain steps, with LoRA too.
