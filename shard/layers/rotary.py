@@ -502,12 +502,15 @@ def _part_seq_lens(positions: torch.Tensor, meta: AttentionMetadata) -> torch.Te
 
 def _joint_heads(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
     """q and k as one [T, H + Hkv, D] view when k's heads follow q's in the same rows (as the
-    fused qkv projection lays them out), else None."""
+    fused qkv projection lays them out), else None. With one token, the stride between tokens
+    is whatever view() made of it (q's and k's differ after a split), and never read."""
     if (
         q.dim() != 3
+        or k.dim() != 3
         or q.shape[0] != k.shape[0]
         or q.shape[2] != k.shape[2]
-        or q.stride() != k.stride()
+        or q.stride()[1:] != k.stride()[1:]
+        or (q.shape[0] > 1 and q.stride(0) != k.stride(0))
         or q.stride(2) != 1
         or q.stride(1) != q.shape[2]
         or q.dtype != k.dtype

@@ -18,7 +18,7 @@ from transformers.models.llama.modeling_llama import (
 import shard.platforms.cpu.native.build
 from shard.layers.linear import QKVParallelLinear
 from shard.layers.norm import RMSNorm
-from shard.layers.rotary import RopeConfig, RotaryEmbedding
+from shard.layers.rotary import RopeConfig, RotaryEmbedding, _joint_heads
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -124,6 +124,21 @@ def test_rotary_of_fused_qkv_views_matches_llama_bit_for_bit(dtype, rotary_path)
     assert torch.equal(k_ours, k_ref[0].transpose(0, 1))
     assert torch.equal(q_ours, q_sep) and torch.equal(k_ours, k_sep)
     assert torch.equal(fused[:, : 9 * 64].view(5, 9, 64), q)  # the input is left as it was
+
+
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_fused_qkv_views_are_one_joint_view_at_any_token_count(tokens):
+    """q and k of one fused row reach the platform's rotation as one view (on a GPU, the one
+    in-place Triton kernel instead of some eight torch ops a layer). With one token, view()
+    gives q and k different strides between tokens: those are never read, and must not count
+    (a batch-1 decode step on a GPU took the torch ops in every layer)."""
+    layout = SimpleNamespace(head_dim=64, num_heads=9, num_kv_heads=3)
+    fused = torch.randn(tokens, (9 + 2 * 3) * 64)
+    q, k, _ = QKVParallelLinear.split(layout, fused)  # type: ignore[arg-type]
+    joint = _joint_heads(q, k)
+    assert joint is not None
+    assert torch.equal(joint, fused[:, : 12 * 64].view(tokens, 12, 64))
+    assert _joint_heads(q, k.clone()) is None  # not the row's neighbour: no joint view
 
 
 def test_rotary_kept_cos_sin_follow_the_positions(rotary_path):
