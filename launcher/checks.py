@@ -231,16 +231,21 @@ def _dense_reason(config: dict[str, Any]) -> str | None:
         value = _positive(config.get(field))
         if value is not None and value > (0 if field.endswith("index") else 1):
             return f"{field} {value}"
+    kinds = config.get("layers_block_type")  # NemotronH's dense MLP layers among its MoE ones
+    if isinstance(kinds, list) and "mlp" in kinds:
+        return "layers_block_type 'mlp'"
     return None
 
 
 def _shared(config: dict[str, Any]) -> tuple[str, int] | None:
     """The shared expert's intermediate size and where the config says it: Qwen2-MoE's
     shared_expert_intermediate_size, or GLM-4.5's and DeepSeek's n_shared_experts (ERNIE 4.5's
-    moe_num_shared_experts) experts of moe_intermediate_size (one MLP of their total width)."""
-    size = _positive(config.get("shared_expert_intermediate_size"))
-    if size is not None:
-        return f"shared_expert_intermediate_size {size}", size
+    moe_num_shared_experts) experts of moe_intermediate_size (one MLP of their total width), or
+    Nemotron 3's moe_shared_expert_intermediate_size."""
+    for field in ("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size"):
+        size = _positive(config.get(field))
+        if size is not None:
+            return f"{field} {size}", size
     each = _positive(config.get("moe_intermediate_size"))
     for field in ("n_shared_experts", "moe_num_shared_experts"):
         count = _positive(config.get(field))

@@ -148,7 +148,8 @@ class FusedMoE(nn.Module):
     """This rank's experts: w13 [E_r, 2 I_r, H] (gate rows first), w2 [E_r, H, I_r], or int4
     experts of those shapes (shard/layers/moe_int4.py); gpt-oss's biases w13_bias [E_r, 2 I_r]
     and w2_bias [E_r, H] (None on the ranks that leave it to rank 0) and its clamped SwiGLU's
-    (alpha, limit)."""
+    (alpha, limit). Ungated experts (`gated` False, Nemotron 3's): w13 [E_r, I_r, H] holds the
+    up projection alone, and an expert computes act(up) where gated ones take act(gate) * up."""
 
     def __init__(
         self,
@@ -164,6 +165,7 @@ class FusedMoE(nn.Module):
         swiglu: tuple[float, float] | None = None,
         w13_scales: Fp8Scales | None = None,
         w2_scales: Fp8Scales | None = None,
+        gated: bool = True,
     ) -> None:
         super().__init__()
         self.w13: ExpertWeights
@@ -185,6 +187,8 @@ class FusedMoE(nn.Module):
         self.extras: dict[str, float] = {}
         if swiglu is not None:
             self.extras = {"swiglu_alpha": swiglu[0], "swiglu_limit": swiglu[1]}
+        if not gated:
+            self.extras = {**self.extras, "gated": False}
         self.num_experts = num_experts  # the model's, over all ranks
         self.first_expert = first_expert  # this rank's first (expert parallel), else 0
         self.local_experts = len(w13)
@@ -205,9 +209,11 @@ class FusedMoE(nn.Module):
         interleaved: bool = False,
         swiglu: tuple[float, float] | None = None,
         transposed: bool = False,
+        gated: bool = True,
     ) -> FusedMoE:
         """`gate_up`: the gate and up modules' names with `{e}` for the expert (per-expert
-        checkpoints), or the one stacked gate_up parameter; `down` likewise. `interleaved`:
+        checkpoints), or the one stacked gate_up parameter; `down` likewise; with `gated` False
+        (ungated experts), the up module's name or the stacked up parameter. `interleaved`:
         gpt-oss's layout (shard/layers/moe_interleaved.py), with biases; `swiglu`: the clamped
         SwiGLU's (alpha, limit); `transposed`: the stacked parameters are Llama 4's, input
         dimension first (gate_up [E, H, 2I], down [E, I, H])."""
@@ -241,7 +247,7 @@ class FusedMoE(nn.Module):
             )
         else:
             w13, w2 = _read_stacked(
-                weights, gate_up, down, experts, cols, intermediate_size, transposed
+                weights, gate_up, down, experts, cols, intermediate_size, transposed, gated
             )
         return cls(
             w13,
@@ -255,6 +261,7 @@ class FusedMoE(nn.Module):
             swiglu=swiglu,
             w13_scales=s13,
             w2_scales=s2,
+            gated=gated,
         )
 
     def forward(
@@ -321,29 +328,29 @@ def _read_per_expert(
 ) -> tuple[ExpertWeights, ExpertWeights, Fp8Scales | None, Fp8Scales | None]:
     """w13 and w2 stacked over this rank's experts, and FP8 experts' scales where the Triton
     kernel takes them as stored (else FP8 experts are dequantized, and the scales None); int4
-    experts as moe_int4.int4_layer keeps them."""
-    gate, up = gate_up
+    experts as moe_int4.int4_layer keeps them. `gate_up`: the first GEMM's modules, gate and
+    up, or up alone (ungated experts)."""
     start, stop = cols
     w13: torch.Tensor | None = None
     w2: torch.Tensor | None = None
     kept: list[tuple[Fp8Weight, Fp8Weight]] = []
     int4: list[tuple[QuantizedWeight, QuantizedWeight]] = []
     for j, e in enumerate(experts):
-        modules = [m.replace(EXPERT, str(e)) for m in (gate, up, down)]
+        modules = [m.replace(EXPERT, str(e)) for m in (*gate_up, down)]
         if is_int4_expert(weights, modules[0]):
             int4.append(read_int4_expert(weights, modules, start, stop, intermediate_size))
             continue
-        _check_intermediate(weights, f"{modules[2]}.weight", 1, intermediate_size)
+        _check_intermediate(weights, f"{modules[-1]}.weight", 1, intermediate_size)
         if _fp8(weights, modules[0]):
             if keeps_fp8_experts(weights):
                 kept.append(read_fp8_expert(weights, modules, start, stop))
                 continue
-            pair = torch.cat([_fp8_part(weights, m, 0, start, stop) for m in modules[:2]])
-            rows = _fp8_part(weights, modules[2], 1, start, stop)
+            pair = torch.cat([_fp8_part(weights, m, 0, start, stop) for m in modules[:-1]])
+            rows = _fp8_part(weights, modules[-1], 1, start, stop)
         else:
             names = [f"{m}.weight" for m in modules]
-            pair = weights.get_concat([(names[0], start, stop), (names[1], start, stop)], 0)
-            rows = weights.get_range(names[2], 1, start, stop)
+            pair = weights.get_concat([(name, start, stop) for name in names[:-1]], 0)
+            rows = weights.get_range(names[-1], 1, start, stop)
         if w13 is None or w2 is None:
             w13 = pair.new_empty((len(experts), *pair.shape))
             w2 = rows.new_empty((len(experts), *rows.shape))
@@ -353,7 +360,7 @@ def _read_per_expert(
         if len(int4) != len(experts):
             raise WeightsError(f"{down}: some experts are int4 and some are not")
         w13s, w2s = zip(*int4, strict=True)
-        layers = int4_layer(list(w13s), weights, gate), int4_layer(list(w2s), weights, down)
+        layers = int4_layer(list(w13s), weights, gate_up[0]), int4_layer(list(w2s), weights, down)
         return *layers, None, None
     if kept:
         return stack_fp8_experts(kept, down)
@@ -409,17 +416,21 @@ def _read_stacked(
     cols: tuple[int, int],
     intermediate_size: int,
     transposed: bool = False,
+    gated: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Stacked experts (transformers 5's [E, 2I, H] and [E, H, I]; `transposed`: Llama 4's
-    [E, H, 2I] and [E, I, H]) -> this rank's w13 and w2 in ours."""
+    [E, H, 2I] and [E, I, H]; ungated: the up parameter [E, I, H]) -> this rank's w13 and w2
+    in ours."""
     (stacked,) = gate_up
     # the dims of gate_up's and of down's intermediate size
     pair_dim, down_dim = (2, 1) if transposed else (1, 2)
     shape = weights.shape(stacked)
     e_all, rows = shape[0], shape[pair_dim]
-    if rows != 2 * intermediate_size:
+    halves = 2 if gated else 1
+    if rows != halves * intermediate_size:
+        what = "gate and up" if gated else "up"
         raise WeightsError(
-            f"{stacked}: dim {pair_dim} is {rows}, not gate and up of intermediate size "
+            f"{stacked}: dim {pair_dim} is {rows}, not {what} of intermediate size "
             f"{intermediate_size}"
         )
     _check_intermediate(weights, down, down_dim, intermediate_size)
@@ -429,7 +440,7 @@ def _read_stacked(
         w2 = weights.get_range(down, 0, experts.start, experts.stop)
     else:
         up = intermediate_size
-        pieces = [(stacked, start, stop), (stacked, up + start, up + stop)]
+        pieces = [(stacked, start, stop), (stacked, up + start, up + stop)][:halves]
         w13 = weights.get_concat(pieces, pair_dim)
         w2 = weights.get_range(down, down_dim, start, stop)
     if transposed:

@@ -31,19 +31,19 @@ def read_fp8_expert(
     weights: Weights, modules: list[str], start: int, stop: int
 ) -> tuple[Fp8Weight, Fp8Weight]:
     """(gate rows start:stop then up's, down columns start:stop) of one expert's modules
-    [gate, up, down], FP8 as stored."""
+    [gate, up, down] ([up, down]: an ungated expert's), FP8 as stored."""
     assert weights.quantization is not None
     reader = fp8_reader(weights.quantization)
-    gate, up, down = modules
+    *firsts, down = modules
     pieces = []
-    for module in (gate, up):
+    for module in firsts:
         out, k = weights.shape(f"{module}.weight")
         pieces.append(
             reader.read(weights, module, FeatureRange(start, stop, out), FeatureRange.whole(k))
         )
     out, k = weights.shape(f"{down}.weight")
     rows = reader.read(weights, down, FeatureRange.whole(out), FeatureRange(start, stop, k))
-    return concat_columns(pieces, [gate, up]), rows
+    return concat_columns(pieces, firsts), rows
 
 
 def stack_fp8_experts(

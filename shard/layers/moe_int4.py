@@ -52,19 +52,19 @@ def read_int4_expert(
     weights: Weights, modules: list[str], start: int, stop: int, intermediate_size: int
 ) -> tuple[QuantizedWeight, QuantizedWeight]:
     """(gate rows start:stop then up's, down's input features start:stop) of one expert's
-    modules [gate, up, down], in the internal int4 layout."""
-    gate, up, down = modules
-    method = linear_method(weights, [gate, up, down])
+    modules [gate, up, down] ([up, down]: an ungated expert's), in the internal int4 layout."""
+    *firsts, down = modules
+    method = linear_method(weights, modules)
     if not isinstance(method, Int4Method):
-        raise WeightsError(f"{gate}, {up}, {down}: not all int4, so not one expert's GEMMs")
-    for name, size in ((gate, method.out_features(weights, gate)),
+        raise WeightsError(f"{', '.join(modules)}: not all int4, so not one expert's GEMMs")
+    for name, size in ((firsts[0], method.out_features(weights, firsts[0])),
                        (down, method.in_features(weights, down))):  # fmt: skip
         if size != intermediate_size:
             raise WeightsError(
                 f"{name}: {size} intermediate features, not the config's expert intermediate "
                 f"size {intermediate_size}"
             )
-    w13 = method.read_columns(weights, [Piece(gate, start, stop), Piece(up, start, stop)])
+    w13 = method.read_columns(weights, [Piece(m, start, stop) for m in firsts])
     return w13, method.read_rows(weights, Piece(down, start, stop))
 
 

@@ -108,6 +108,12 @@ class MoeConfig:
     # transformers' stacked expert parameters input dimension first (Llama 4's gate_up
     # [E, H, 2I] and down [E, I, H]); per-expert checkpoints are read as every model's
     transposed_experts: bool = False
+    # Nemotron 3: experts of an up and a down projection, act(up) without a gate (the model's
+    # hidden_act, relu^2), and a shared expert of the same kind (ModelConfig.gated_mlp False)
+    gated_experts: bool = True
+    # Nemotron 3 Super: the experts run in a latent space of this width, the token projected
+    # into it (fc1_latent_proj) and their weighted sum back out (fc2_latent_proj); 0: none
+    latent_size: int = 0
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The MLP blocks. `GatedMLP`: a fused gate_up product (two checkpoint tensors or one fused),
 act(gate) * up with the activation from shard/layers/activation.py's table, the down projection;
 dense layers' MLP, and Qwen2-MoE's shared expert (whose names carry the `shared_expert_` prefix).
-`UngatedMLP` (`ModelConfig.gated_mlp` False): act(up) and the down projection (Arcee's ReLU^2)."""
+`UngatedMLP` (`ModelConfig.gated_mlp` False): act(up) and the down projection (Arcee's ReLU^2;
+Nemotron 3's shared expert)."""
 
 from __future__ import annotations
 
@@ -67,9 +68,14 @@ class UngatedMLP(_DownProjected):
         self.act = act  # a name of shard/platforms/activations.py's MLP_ACTIVATIONS
 
     @classmethod
-    def load(cls, weights: Weights, names: Names, config: ModelConfig) -> UngatedMLP:
-        up = ColumnParallelLinear.load(weights, names.one("up_proj"), bias=config.mlp_bias)
-        down = RowParallelLinear.load(weights, names.one("down_proj"), bias=config.mlp_bias)
+    def load(
+        cls, weights: Weights, names: Names, config: ModelConfig, prefix: str = ""
+    ) -> UngatedMLP:
+        """`prefix`: of our names in the table (Nemotron 3's `shared_expert_up_proj`...)."""
+        up = ColumnParallelLinear.load(weights, names.one(f"{prefix}up_proj"), bias=config.mlp_bias)
+        down = RowParallelLinear.load(
+            weights, names.one(f"{prefix}down_proj"), bias=config.mlp_bias
+        )
         return cls(up, down, config.hidden_act)
 
     def hidden(self, x: torch.Tensor) -> torch.Tensor:

@@ -3,9 +3,12 @@ DeepSeek-V3's sigmoid scores chosen by group with a correction bias; DeepSeek-V2
 chosen by group and scaled; ERNIE 4.5's softmax chosen with a correction bias) picks each
 token's top-k experts, the experts run as one fused layer (shard/layers/moe.py), and an
 optional shared expert every token takes (Qwen2-MoE: a gated MLP scaled by
-sigmoid(shared_expert_gate(x)); GLM-4.5, DeepSeek, ERNIE 4.5: ungated) is added;
-the rank's partial outputs of both are all-reduced once, as a dense MLP's row-parallel down
-projection is.
+sigmoid(shared_expert_gate(x)); GLM-4.5, DeepSeek, ERNIE 4.5: added as it is; Nemotron 3: an
+ungated MLP beside ungated experts) is added; the rank's partial outputs of both are all-reduced
+once, as a dense MLP's row-parallel down projection is. Nemotron 3 Super's experts run in a
+latent space: the token projected into it first, their weighted sum projected back (both
+projections replicated: linear, so the back projection of a rank's partial sum is its part of
+the whole).
 
 The router's weight is small ([E, H]) and every rank needs all of its logits: replicated."""
 
@@ -18,7 +21,7 @@ from torch import nn
 from shard.distributed import Distributed
 from shard.layers.moe import FusedMoE, route, route_grouped_sigmoid, route_top_sigmoid
 from shard.models.config import ModelConfig, MoeConfig
-from shard.models.mlp import GatedMLP
+from shard.models.mlp import GatedMLP, UngatedMLP
 from shard.models.names import Names
 from shard.weights import Weights, WeightsError
 
@@ -30,10 +33,11 @@ class SparseMoeBlock(nn.Module):
         experts: FusedMoE,
         moe: MoeConfig,
         dist: Distributed,
-        shared_expert: GatedMLP | None = None,
+        shared_expert: GatedMLP | UngatedMLP | None = None,
         shared_expert_gate: torch.Tensor | None = None,
         router_bias: torch.Tensor | None = None,
         correction_bias: torch.Tensor | None = None,
+        latent: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
         super().__init__()
         self.router = nn.Parameter(router, requires_grad=False)
@@ -49,6 +53,11 @@ class SparseMoeBlock(nn.Module):
         self.shared_expert_gate = None
         if shared_expert_gate is not None:
             self.shared_expert_gate = nn.Parameter(shared_expert_gate, requires_grad=False)
+        # Nemotron 3 Super's projections into the experts' latent space and back ([L, H], [H, L])
+        self.latent_in = self.latent_out = None
+        if latent is not None:
+            self.latent_in = nn.Parameter(latent[0], requires_grad=False)
+            self.latent_out = nn.Parameter(latent[1], requires_grad=False)
 
     @classmethod
     def load(cls, weights: Weights, names: Names, config: ModelConfig) -> SparseMoeBlock:
@@ -65,10 +74,13 @@ class SparseMoeBlock(nn.Module):
             interleaved=moe.interleaved_experts,
             swiglu=moe.swiglu,
             transposed=moe.transposed_experts,
+            gated=moe.gated_experts,
         )
-        shared, shared_gate = None, None
+        shared: GatedMLP | UngatedMLP | None = None
+        shared_gate = None
         if moe.shared_expert_intermediate_size:
-            shared = GatedMLP.load(weights, names, config, prefix="shared_expert_")
+            mlp = GatedMLP if config.gated_mlp else UngatedMLP
+            shared = mlp.load(weights, names, config, prefix="shared_expert_")
             if moe.shared_expert_gated:
                 shared_gate = replicated_linear(weights, names.one("shared_expert_gate"))
         # GLM-4.5's and DeepSeek's routers are kept in float32, read from the stored values
@@ -87,12 +99,23 @@ class SparseMoeBlock(nn.Module):
             name = names.one("router_correction_bias")
             if weights.has(name):  # ERNIE 4.5 stores it [1, E]
                 correction = weights.get_tensor(name, stored_dtype=True).float().reshape(-1)
-        return cls(router, experts, moe, weights.dist, shared, shared_gate, bias, correction)
+        latent = None
+        if moe.latent_size:
+            latent = (
+                replicated_linear(weights, names.one("latent_in")),
+                replicated_linear(weights, names.one("latent_out")),
+            )
+        return cls(
+            router, experts, moe, weights.dist, shared, shared_gate, bias, correction, latent
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         topk_weights, topk_ids = self._route(x)
         if self.moe.weights_on_input:
             out = self._experts_on_weighted_inputs(x, topk_weights, topk_ids)
+        elif self.latent_in is not None and self.latent_out is not None:
+            out = self.experts(F.linear(x, self.latent_in), topk_weights, topk_ids)
+            out = F.linear(out, self.latent_out)
         else:
             out = self.experts(x, topk_weights, topk_ids)
         if self.shared_expert is not None:

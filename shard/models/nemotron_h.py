@@ -1,12 +1,14 @@
-"""NVIDIA Nemotron-H (NemotronHForCausalLM: Nemotron-H 4B-56B, Nemotron Nano 2 9B/12B). Each
-layer is one block, a norm and one module whose output joins the stream: a Mamba 2 mixer
-(shard/models/mamba_mixer.py), softmax attention without position encoding, or an ungated
-ReLU^2 MLP, in the order `layer_types` gives (the released configs' hybrid_override_pattern, which
-transformers reads into it). Norms compute and scale in float32 (Fp32RMSNorm). The Hub's files
-name the model `backbone.`, transformers' own module names `model.`; both are read.
-
-Nemotron 3's Mixture-of-Experts blocks ("moe": ungated experts under a grouped sigmoid router)
-are refused: the fused experts are gated.
+"""NVIDIA Nemotron-H (NemotronHForCausalLM: Nemotron-H 4B-56B, Nemotron Nano 2 9B/12B, Nemotron 3
+Nano and Super). Each layer is one block, a norm and one module whose output joins the stream: a
+Mamba 2 mixer (shard/models/mamba_mixer.py), softmax attention without position encoding, an
+ungated ReLU^2 MLP, or (Nemotron 3) a Mixture-of-Experts block of ungated ReLU^2 experts under
+DeepSeek-V3's grouped sigmoid router with a correction bias, beside an ungated shared expert,
+the experts in a latent space where the config gives one (shard/models/moe_block.py); in the
+order `layer_types` gives (the released configs' hybrid_override_pattern, which transformers
+reads into it). Norms compute and scale in float32 (Fp32RMSNorm). The Hub's files name the model
+`backbone.` with a tensor per expert, transformers' own module names `model.` with the experts
+stacked; both are read. Multi-token-prediction layers (`mtp.`) are skipped, as transformers
+skips them.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from shard.layers.activation import mlp_activation
 from shard.layers.norm import RMSNorm
 from shard.layers.rotary import NoRotary, RotaryEmbedding
 from shard.models.blocks import Attention, DecoderModel, Mixer, load_norm
-from shard.models.config import MambaConfig, ModelConfig, UnsupportedArchitectureError
+from shard.models.config import MambaConfig, ModelConfig, MoeConfig, UnsupportedArchitectureError
 from shard.models.mamba_mixer import (
     ATTENTION_LAYER,
     MAMBA_LAYER,
@@ -31,10 +33,12 @@ from shard.models.mamba_mixer import (
     layer_kinds,
 )
 from shard.models.mlp import UngatedMLP
-from shard.models.names import Names
+from shard.models.moe_block import SparseMoeBlock
+from shard.models.names import Names, in_some_layer
 from shard.weights import Weights
 
 MLP_LAYER = "mlp"
+MOE_LAYER = "moe"
 _LAYER = "backbone.layers.{i}"
 _MIXER = f"{_LAYER}.mixer"
 NEMOTRON_H_NAMES: dict[str, tuple[str, ...]] = {
@@ -53,11 +57,25 @@ NEMOTRON_H_NAMES: dict[str, tuple[str, ...]] = {
     "mamba_d": (f"{_MIXER}.D",),
     "mamba_norm": (f"{_MIXER}.norm",),
     "mamba_out": (f"{_MIXER}.out_proj",),
+    # Nemotron 3's Mixture-of-Experts blocks: "{{e}}" the expert (moe_block.py)
+    "router": (f"{_MIXER}.gate",),
+    "router_correction_bias": (f"{_MIXER}.gate.e_score_correction_bias",),
+    "expert_gate_up": (f"{_MIXER}.experts.{{{{e}}}}.up_proj",),
+    "expert_down": (f"{_MIXER}.experts.{{{{e}}}}.down_proj",),
+    "shared_expert_up_proj": (f"{_MIXER}.shared_experts.up_proj",),
+    "shared_expert_down_proj": (f"{_MIXER}.shared_experts.down_proj",),
+    "latent_in": (f"{_MIXER}.fc1_latent_proj",),
+    "latent_out": (f"{_MIXER}.fc2_latent_proj",),
 }
-# as transformers saves it with its own module names
+# as transformers saves it with its own module names, and its experts stacked ([E, I, H] and
+# [E, H, I]) where it holds them so
 _SAVED_NAMES = {
     ours: tuple(name.replace("backbone.", "model.") for name in names)
     for ours, names in NEMOTRON_H_NAMES.items()
+}
+_SAVED_STACKED_EXPERTS = {
+    "expert_gate_up": ("model.layers.{i}.mixer.experts.up_proj",),
+    "expert_down": ("model.layers.{i}.mixer.experts.down_proj",),
 }
 
 
@@ -66,7 +84,10 @@ class BlockLayer(nn.Module):
     block), as DecoderModel's layers name it."""
 
     def __init__(
-        self, norm: RMSNorm, self_attn: Mixer | None, mlp: UngatedMLP | None = None
+        self,
+        norm: RMSNorm,
+        self_attn: Mixer | None,
+        mlp: UngatedMLP | SparseMoeBlock | None = None,
     ) -> None:
         super().__init__()
         self.norm = norm
@@ -108,12 +129,7 @@ class NemotronHForCausalLM(DecoderModel):
     def adapt_config(cls, raw: dict[str, Any], config: ModelConfig) -> ModelConfig:
         # (transformers keeps the list as layers_block_type)
         listed = raw.get("layers_block_type") or raw.get("layer_types")
-        kinds = layer_kinds(listed, config.num_layers, (ATTENTION_LAYER, MLP_LAYER, "moe"))
-        if "moe" in kinds:
-            raise UnsupportedArchitectureError(
-                "NemotronH's Mixture-of-Experts blocks (layer_types 'moe', pattern 'E': ungated "
-                "ReLU^2 experts) are not supported"
-            )
+        kinds = layer_kinds(listed, config.num_layers, (ATTENTION_LAYER, MLP_LAYER, MOE_LAYER))
         if raw.get("sliding_window"):
             raise UnsupportedArchitectureError("NemotronH with a sliding_window is not supported")
         mamba = MambaConfig(
@@ -140,13 +156,21 @@ class NemotronHForCausalLM(DecoderModel):
             mamba=checked(mamba, raw.get("mamba_hidden_act", "silu")),
             rotary_layers=(False,) * config.num_layers,
             mlp_layers=tuple(kind == MLP_LAYER for kind in kinds),
+            moe=_moe_config(raw, kinds) if MOE_LAYER in kinds else None,
         )
+
+    def __init__(self, config: ModelConfig, weights: Weights, attention: str = "torch") -> None:
+        # Nemotron 3's multi-token-prediction layers, which transformers leaves out too
+        weights.skip_modules(("mtp.", "backbone.mtp.", "model.mtp."))
+        super().__init__(config, weights, attention)
 
     @classmethod
     def names_for(cls, weights: Weights) -> dict[str, tuple[str, ...]]:
-        if weights.has(f"{_SAVED_NAMES['embed_tokens'][0]}.weight"):
-            return _SAVED_NAMES
-        return cls.NAMES
+        if not weights.has(f"{_SAVED_NAMES['embed_tokens'][0]}.weight"):
+            return cls.NAMES
+        if in_some_layer(weights.has, _SAVED_STACKED_EXPERTS["expert_down"][0]):
+            return _SAVED_NAMES | _SAVED_STACKED_EXPERTS
+        return _SAVED_NAMES
 
     @classmethod
     def load_layer(
@@ -163,4 +187,38 @@ class NemotronHForCausalLM(DecoderModel):
             return BlockLayer(norm, Mamba2Mixer.load(weights, names, config))
         if config.mlp_layers[names.layer]:
             return BlockLayer(norm, None, UngatedMLP.load(weights, names, config))
+        if config.sparse_mlp(names.layer):
+            return BlockLayer(norm, None, SparseMoeBlock.load(weights, names, config))
         return BlockLayer(norm, Attention.load(weights, names, config, rotary, backend))
+
+
+def _moe_config(raw: dict[str, Any], kinds: list[str]) -> MoeConfig:
+    """Nemotron 3's Mixture-of-Experts blocks (transformers' NemotronHMoE): top-k of
+    n_routed_experts by DeepSeek-V3's grouped sigmoid choice with the correction bias, the
+    weights renormalised (norm_topk_prob) and scaled (routed_scaling_factor); ungated experts
+    and an ungated shared expert of moe_shared_expert_intermediate_size."""
+    latent = raw.get("moe_latent_size") or 0
+    if latent and raw.get("mlp_bias"):
+        raise UnsupportedArchitectureError(
+            "NemotronH with moe_latent_size and mlp_bias: the latent projections' biases are not "
+            "supported"
+        )
+    return MoeConfig(
+        num_experts=int(raw["n_routed_experts"]),
+        top_k=int(raw["num_experts_per_tok"]),
+        intermediate_size=int(raw["moe_intermediate_size"]),
+        renormalize=bool(raw.get("norm_topk_prob", True)),
+        round_weights=False,
+        sparse_layers=tuple(kind == MOE_LAYER for kind in kinds),
+        # transformers builds the shared expert whatever n_shared_experts says
+        shared_expert_intermediate_size=int(raw.get("moe_shared_expert_intermediate_size") or 0),
+        scoring="sigmoid",
+        num_groups=int(raw.get("n_group") or 1),
+        top_groups=int(raw.get("topk_group") or 1),
+        routed_scaling=float(raw.get("routed_scaling_factor") or 1.0),
+        shared_expert_gated=False,
+        float32_router=True,
+        correction_bias=True,
+        gated_experts=False,
+        latent_size=int(latent),
+    )

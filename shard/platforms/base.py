@@ -153,7 +153,9 @@ class Platform:
         float32; topk_ids [T, K] int32; `act` a name of shard/layers/activation.py's table, or
         CLAMPED_SWIGLU (shard/platforms/activations.py). `extras`, keyword-only: w13_bias
         [E, 2I] and w2_bias [E, H] (added to their products; None: none), swiglu_alpha and
-        swiglu_limit (CLAMPED_SWIGLU's parameters).
+        swiglu_limit (CLAMPED_SWIGLU's parameters), gated (False: ungated experts, Nemotron 3's,
+        w13 [E, I, H] the up projection alone and act(up) of MLP_ACTIVATIONS in place of
+        act(gate) * up).
         Here: grouped GEMMs, each expert once over the rows routed to it."""
         return grouped_moe.grouped_experts(
             x, w13, w2, topk_weights, topk_ids, act, swiglu=self.swiglu, **extras

@@ -1,6 +1,7 @@
 """A Mixture-of-Experts layer's experts as grouped GEMMs in torch: the step's (token, choice)
 pairs sorted by expert, then for each expert that has any, one gate_up GEMM over all of its
-rows, the gated activation, one down GEMM; each row weighted, and each token's rows added in
+rows, the gated activation (ungated experts, Nemotron 3's: one up GEMM and its activation), one
+down GEMM; each row weighted, and each token's rows added in
 ascending expert order, rounded at each add, as transformers' expert loop adds them with
 index_add_ in the model's dtype (one index_add_ over all pairs would sum in fp32 and round once:
 other bits from three choices a token on). The Python loop runs over the experts a step touches,
@@ -18,7 +19,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from shard.platforms.activations import CLAMPED_SWIGLU, GATED_ACTIVATIONS, SILU, clamped_swiglu
+from shard.platforms.activations import (
+    CLAMPED_SWIGLU,
+    GATED_ACTIVATIONS,
+    MLP_ACTIVATIONS,
+    SILU,
+    clamped_swiglu,
+)
 
 Swiglu = Callable[[torch.Tensor], torch.Tensor | None]
 # A layer's experts of one kind: a stacked tensor [E, N, K], or one linear module per expert
@@ -47,6 +54,7 @@ def grouped_experts(
     w2_bias: torch.Tensor | None = None,
     swiglu_alpha: float = 1.702,
     swiglu_limit: float = 7.0,
+    gated: bool = True,
 ) -> torch.Tensor:
     """See Platform.fused_moe. `swiglu`: the platform's fused silu(gate) * up of a [N, 2I]
     product, or None (torch's two ops); `linear`: the platform's x @ w.T of a plain weight;
@@ -57,7 +65,7 @@ def grouped_experts(
     if tokens == 0:
         return torch.zeros_like(x)
     plain = w13_bias is None and w2_bias is None and isinstance(w13, torch.Tensor)
-    if act == SILU and plain and swiglu_experts is not None:
+    if act == SILU and gated and plain and swiglu_experts is not None:
         out = swiglu_experts(x, w13, w2, topk_weights, topk_ids)
         if out is not None:
             return out
@@ -68,7 +76,9 @@ def grouped_experts(
     order = order[kept:]
     counts = torch.bincount(flat[order], minlength=len(w13)).tolist()
     gathered = x.index_select(0, order // k)
-    math = _ExpertMath(act, swiglu, linear, w13_bias, w2_bias, swiglu_alpha, swiglu_limit)
+    math = _ExpertMath(
+        act, swiglu, linear, w13_bias, w2_bias, swiglu_alpha, swiglu_limit, gated=gated
+    )
     results = _expert_loop(gathered, counts, w13, w2, math)
     # each row weighted in float32 and rounded once (the router has already rounded the
     # weights to the dtype where the model's reference weights in it)
@@ -104,7 +114,8 @@ def _sum_per_token(
 class _ExpertMath:
     """How one expert's rows go through its MLP: the activation and the platform's helpers,
     the biases (gpt-oss: [E, 2I] added to the gate_up product, [E, H] to the down one), the
-    clamped SwiGLU's parameters."""
+    clamped SwiGLU's parameters; `gated` False: the first product is the up projection alone,
+    and the activation (MLP_ACTIVATIONS) applies to it."""
 
     act: str
     swiglu: Swiglu | None
@@ -113,6 +124,7 @@ class _ExpertMath:
     w2_bias: torch.Tensor | None = None
     alpha: float = 1.702
     limit: float = 7.0
+    gated: bool = True
 
     def apply(self, rows: torch.Tensor, weight: torch.Tensor | nn.Module) -> torch.Tensor:
         """rows @ weight.T: a plain weight through the platform's linear, a module by itself."""
@@ -121,6 +133,8 @@ class _ExpertMath:
         return self.linear(rows, weight)
 
     def hidden(self, product: torch.Tensor) -> torch.Tensor:
+        if not self.gated:
+            return MLP_ACTIVATIONS[self.act](product)
         if self.act == SILU and self.swiglu is not None:
             fused = self.swiglu(product)
             if fused is not None:

@@ -187,10 +187,13 @@ def compile_truncation_floor() -> None:
     report("truncation floor fp32", compiled)
 
 
-def compile_fused_moe(dtype: torch.dtype, weight: str, act_order: bool = False) -> None:
+def compile_fused_moe(
+    dtype: torch.dtype, weight: str, act_order: bool = False, gated: bool = True
+) -> None:
     """The fused MoE's two grouped GEMMs (fused_moe.py) at Qwen3-30B-A3B's tiles, with experts
     of `weight`: "dense" (x's dtype), "fp8" (FP8_W: tiles scaled in registers) or "int4"
-    (INT4_W: int4 tiles dequantized in registers; groups of 128, or act-order's per row)."""
+    (INT4_W: int4 tiles dequantized in registers; groups of 128, or act-order's per row);
+    `gated` False: Nemotron 3's ungated relu^2 experts."""
     from shard.platforms.cuda.kernels import fused_moe
 
     t = TYPES[dtype]
@@ -204,10 +207,13 @@ def compile_fused_moe(dtype: torch.dtype, weight: str, act_order: bool = False) 
     tiles = dict(FP8_W=weight == "fp8", SCALE_K=128, INT4_W=int4, ROW_GROUPS=act_order,
                  ACT_ORDER=act_order, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, EVEN_K=True,
                  HAS_BIAS=False, **dot_options(dtype))  # fmt: skip
-    what = f"{t} {weight}{' act-order' if act_order else ''}"
+    what = f"{t} {weight}{' act-order' if act_order else ''}{'' if gated else ' ungated'}"
     launch = dict(num_warps=fused_moe.INT4_WARPS if int4 else 4, num_stages=3)
     compiled = compile_kernel(
-        fused_moe._gate_up_kernel, ptrs, dict(TOP_K=8, ACT=0, **tiles), **launch
+        fused_moe._gate_up_kernel,
+        ptrs,
+        dict(TOP_K=8, ACT=0 if gated else 4, GATED=gated, **tiles),
+        **launch,
     )
     report(f"fused_moe gate_up {what}", compiled, allow_spills=not int4)
     compiled = compile_kernel(fused_moe._down_kernel, ptrs | {"out_ptr": "*fp32"}, tiles, **launch)
@@ -306,6 +312,7 @@ def main() -> int:
     compile_fused_moe(torch.bfloat16, "fp8")
     compile_fused_moe(torch.bfloat16, "int4")
     compile_fused_moe(torch.bfloat16, "int4", act_order=True)
+    compile_fused_moe(torch.bfloat16, "dense", gated=False)
     compile_lora(compile_kernel, report, everything="--all" in sys.argv)
     return 0
 

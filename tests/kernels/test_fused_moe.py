@@ -149,6 +149,53 @@ def biased_reference(x, w13, w2, b13, b2, weights, ids, alpha, limit) -> torch.T
     return torch.einsum("tk,tkh->th", kept, rows)
 
 
+def ungated_reference(x, w1, w2, weights, ids, act: str) -> torch.Tensor:
+    """Ungated experts (Nemotron 3's) in float64: act(w1[e] @ x[t]) through w2[e]."""
+    x, w1, w2 = x.double(), w1.double(), w2.double()
+    chosen = ids.long().clamp(min=0)
+    up = torch.einsum("th,tkoh->tko", x, w1[chosen])
+    hidden = torch.relu(up) ** 2 if act == "relu2" else GATES[act](up)
+    rows = torch.einsum("tki,tkhi->tkh", hidden, w2[chosen])
+    kept = (ids >= 0).double() * weights.double()
+    return torch.einsum("tk,tkh->th", kept, rows)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "top_k", "kind", "dtype", "act", "tiles", "biased"),
+    [(40, 2, "uneven", torch.float32, "relu2", Tiles(16, 16, 16), False),
+     (40, 4, "parallel", torch.bfloat16, "relu2", None, True),
+     (1, 3, "uniform", torch.float32, "silu", None, False)],
+)  # fmt: skip
+def test_ungated_experts_match_float64(tokens, top_k, kind, dtype, act, tiles, biased):
+    """Nemotron 3's experts: the up projection alone ([E, I, H]) and act(up), relu^2 above all;
+    the kernel and the grouped torch form (every platform's without it) alike."""
+    from shard.platforms.grouped_moe import grouped_experts
+
+    x, w13, w2, weights, ids = make_case(tokens, 33, 19, 6, top_k, kind, seed=3)
+    w1 = w13[:, :19].contiguous()  # [E, I, H]
+    b1 = torch.randn(6, 19, generator=torch.Generator().manual_seed(8)) if biased else None
+    x, w1, w2 = x.to(dtype), w1.to(dtype), w2.to(dtype)
+    b1 = None if b1 is None else b1.to(dtype)
+    expected = ungated_reference(x, w1, w2, weights, ids, act)
+    if b1 is not None:  # the bias after the product, as the grouped form adds it
+        chosen = ids.long().clamp(min=0)
+        up = torch.einsum("th,tkoh->tko", x.double(), w1.double()[chosen]) + b1.double()[chosen]
+        hidden = torch.relu(up) ** 2
+        rows = torch.einsum("tki,tkhi->tkh", hidden, w2.double()[chosen])
+        expected = torch.einsum("tk,tkh->th", (ids >= 0).double() * weights.double(), rows)
+    on = [t.to(DEVICE) for t in (x, w1, w2, weights, ids)]
+    bias = None if b1 is None else b1.to(DEVICE)
+    out = fused_moe(*on, act, gated=False, w13_bias=bias, tiles=tiles)
+    torch.testing.assert_close(out.cpu().double(), expected, **TOLERANCES[dtype])
+    grouped = grouped_experts(x, w1, w2, weights, ids, act, gated=False, w13_bias=b1)
+    torch.testing.assert_close(grouped.double(), expected, **TOLERANCES[dtype])
+    # the same weights read as gated experts are refused by shape, and relu^2 is ungated only
+    with pytest.raises(ValueError, match=r"\[E, 2I, H\]"):
+        fused_moe(*on, "silu")
+    with pytest.raises(ValueError, match="no gated activation 'relu2'"):
+        fused_moe(*on[:1], torch.cat([on[1], on[1]], 1), *on[2:], "relu2")
+
+
 @pytest.mark.parametrize("biases", ["both", "gate_up", "down"])
 @pytest.mark.parametrize(
     ("tokens", "top_k", "kind", "dtype", "tiles"),

@@ -3,7 +3,8 @@ interpreted on a CPU) against transformers: soft-capped scores in the prefill an
 kernels (Gemma 2), a replicated KV head with q/k norms and per-type ropes (Gemma 3), partial
 longrope (Phi-3), post norms and whole-projection q/k norms (OLMo 3), a layer without
 position encoding (EXAONE 4), windows shorter than the prompts in every sliding layer, the fused MoE
-kernel (Qwen2-MoE), attention sinks and biased experts (gpt-oss), latent attention (DeepSeek-V3)."""
+kernel (Qwen2-MoE; ungated experts, Nemotron 3), attention sinks and biased experts (gpt-oss),
+latent attention (DeepSeek-V3)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,9 @@ CASES = {
     # Granite 4.0-H: the kernels' attention layer between Mamba layers, whose state pools sit in
     # the same cache list
     "granite4_hybrid_dense_nope": {"num_key_value_heads": 1},
+    # Nemotron 3: the fused MoE kernel's ungated experts (relu^2 of the up tile alone) beside
+    # Mamba 2 and attention layers
+    "nemotron3_ungated_experts": {"num_key_value_heads": 1},
 }
 # Phi-3's longrope factors, one per rotated frequency: 64 * 0.75 / 2 of them at this head size
 FREQUENCIES = 24

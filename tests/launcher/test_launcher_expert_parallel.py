@@ -292,3 +292,28 @@ def test_ernie_fields_name_the_experts_the_shared_ones_and_the_dense_layers(tmp_
     dense = model(tmp_path, {**ernie, "intermediate_size": 100})
     assert "which has dense layers: moe_layer_start_index 1)" in refusal(False, 8, dense)
     check_experts(True, 4, model(tmp_path, {**ernie, "moe_num_shared_experts": 2}))
+
+
+def test_nemotron3_fields_name_the_shared_expert_and_the_dense_layers(tmp_path):
+    """Nemotron 3: n_routed_experts of moe_intermediate_size, one shared expert of its own
+    moe_shared_expert_intermediate_size (not n_shared_experts x moe_intermediate_size), dense
+    ReLU^2 layers among the MoE ones where layers_block_type lists 'mlp'."""
+    nemotron = {
+        "architectures": ["NemotronHForCausalLM"],
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+        "n_shared_experts": 1,
+        "moe_shared_expert_intermediate_size": 24,
+        "intermediate_size": 64,
+        "layers_block_type": ["mamba", "moe", "attention", "moe"],
+    }
+    path = model(tmp_path, nemotron)
+    check_experts(False, 8, path)  # 16, 24: both split 8 ways; no dense layer
+    assert "(moe_shared_expert_intermediate_size 24 in" in refusal(False, 16, path)
+    dense = model(
+        tmp_path, {**nemotron, "layers_block_type": ["moe", "mlp"], "intermediate_size": 100}
+    )
+    assert "which has dense layers: layers_block_type 'mlp')" in refusal(False, 8, dense)

@@ -99,8 +99,10 @@ def test_expert_parallel_refuses_experts_the_ranks_cannot_share(tiny_model):
 
 # K-EXAONE's module layout moves the router's correction bias too (mlp.gate. vs the Hub's mlp.)
 @pytest.mark.parametrize(
-    "name", ["mixtral_top2", "qwen2_moe_shared_dense", "exaone_moe_grouped_nope"]
-)
+    "name",
+    ["mixtral_top2", "qwen2_moe_shared_dense", "exaone_moe_grouped_nope",
+     "nemotron3_ungated_experts"],
+)  # fmt: skip
 def test_stacked_and_per_expert_checkpoints_are_the_same_model(tiny_model, tmp_path, name):
     """transformers 5's own layout (save_original_format off) for each architecture."""
     architecture, overrides = MOE_MODELS[name]

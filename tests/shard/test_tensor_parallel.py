@@ -41,6 +41,10 @@ MOE_TP = [
     "gpt_oss_mxfp4",
     # GLM-4.5: the grouped sigmoid router, replicated; the ungated shared experts split
     "glm4_moe_grouped",
+    # Nemotron 3: ungated experts' up rows split (or whole experts per rank), the ungated
+    # shared expert's too, the latent projections replicated around the experts' partial sums
+    "nemotron3_ungated_experts",
+    "nemotron3_latent_stacked",
     # DeepSeek: query heads and kv_b_proj's up-projections split, the latent projections
     # (with biases in V2's case) computed whole on both ranks, each caching the same latent
     "deepseek_v3_mla",
@@ -93,6 +97,8 @@ ALL_REDUCES = {
     "granite4_hybrid_moe": (2, 3),
     # one module a layer, so one row-parallel output
     "nemotron_h_one_module_layers": (1, 1),
+    "nemotron3_ungated_experts": (1, 1),
+    "nemotron3_latent_stacked": (1, 1),
 }
 # Models whose layers the CPU decode loop does not restate (tests/shard/test_cpu_decode.py):
 # Gemma 4's and NemotronH's own layers; Llama 4's chunked attention, which the native decode
@@ -100,6 +106,7 @@ ALL_REDUCES = {
 OWN_LAYERS = [
     "gemma4_per_layer_inputs_kv_sharing", "gemma4_experts_beside_dense", "llama4_chunked_nope_top1",
     "nemotron_h_one_module_layers",  # one module a layer
+    "nemotron3_ungated_experts", "nemotron3_latent_stacked",
 ]  # fmt: skip
 # How far two ranks' float32 logits may be from one's: the sums' order differs. Gemma 4's
 # per-layer input is an RMSNorm straight after a row-parallel sum over 8 inputs (4 a rank),

@@ -686,6 +686,23 @@ MOE_MODELS["granite4_hybrid_moe"] = (
      "mamba_n_groups": 1, "num_local_experts": 6,
      "num_experts_per_tok": 2, "intermediate_size": 48, "shared_intermediate_size": 32},
 )  # fmt: skip
+# Nemotron 3 Nano: Mamba 2, attention without position encoding, a dense ReLU^2 MLP and
+# Mixture-of-Experts blocks of ungated ReLU^2 experts (top-3 of 8 from the best of 2 groups by
+# DeepSeek-V3's sigmoid choice with a correction bias, renormalised, scaled by 2.0) beside an
+# ungated shared expert; the Hub's layout (backbone., a tensor per expert)
+NEMOTRON3_MOE = {
+    "layers_block_type": ["linear_attention", "moe", "full_attention", "moe", "mlp"],
+    "n_routed_experts": 8, "num_experts_per_tok": 3, "moe_intermediate_size": 32,
+    "moe_shared_expert_intermediate_size": 48, "n_group": 2, "topk_group": 1,
+    "routed_scaling_factor": 2.0,
+}  # fmt: skip
+MOE_MODELS["nemotron3_ungated_experts"] = ("NemotronHForCausalLM", NEMOTRON3_MOE)
+# Nemotron 3 Super: the experts in a 24-wide latent space (the token projected in, their sum
+# projected out), saved as transformers holds it (model., the experts stacked)
+MOE_MODELS["nemotron3_latent_stacked"] = (
+    "NemotronHForCausalLM",
+    {**NEMOTRON3_MOE, "moe_latent_size": 24, "stacked_experts": True},
+)
 # Hunyuan MoE: Hunyuan's attention, a float32 router, top-2 of 6 renormalised, a shared MLP
 MOE_MODELS["hunyuan_moe_shared"] = (
     "HunYuanMoEV1ForCausalLM",

@@ -13,7 +13,8 @@ The step's T * K (token, choice) pairs are numbered p = t * K + k. Six launches 
    CUDA graph (graphs.py): blocks past the total return at once.
 2. gate_up: one grouped GEMM over the blocks, each program the matching gate and up tiles of one
    block's rows (w13[e] rows n and I + n), writing act(gate) * up to a [T * K, I] buffer at its
-   pairs' rows.
+   pairs' rows (ungated experts, Nemotron 3's: w13[e] is the up projection alone, [I, H], and
+   the buffer holds act(up)).
 3. down: one grouped GEMM reading those rows back through the same blocks, each row multiplied
    by its top-k weight, into an fp32 [T * K, H] buffer; then one reduction over k per token
    (k in order, so results do not depend on scheduling; dropped pairs' rows are never written
@@ -53,7 +54,10 @@ Experts = torch.Tensor | Int4Experts
 
 # Activation names (shard/platforms/activations.py) -> the epilogue's compile-time switch.
 # 3, gpt-oss's clamped SwiGLU, reads the up half too (alpha, limit): the kernel tests for it.
-ACTIVATIONS = {"silu": 0, "swish": 0, "gelu_pytorch_tanh": 1, "gelu": 2, "clamped_swiglu": 3}
+# 4, relu(x)^2, is an ungated experts' activation (Nemotron 3's).
+ACTIVATIONS = {"silu": 0, "swish": 0, "gelu_pytorch_tanh": 1, "gelu": 2, "clamped_swiglu": 3,
+               "relu2": 4}  # fmt: skip
+UNGATED_ACTIVATIONS = ("silu", "swish", "gelu_pytorch_tanh", "gelu", "relu2")
 
 INT4_WARPS = 8  # warps of the GEMMs' programs with int4 experts (fused_moe)
 ALIGN_CHUNK = 64  # pairs per program of the count and scatter kernels
@@ -206,7 +210,8 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeAlig
 
 @triton.jit
 def _activation(g, ACT: tl.constexpr):
-    """The gate's activation in fp32 (ACTIVATIONS): silu, gelu's tanh form, gelu (erf)."""
+    """The gate's activation in fp32 (ACTIVATIONS): silu, gelu's tanh form, gelu (erf),
+    relu squared."""
     if ACT == 0:
         out = g / (1.0 + tl.exp(-g))
     elif ACT == 1:
@@ -214,6 +219,9 @@ def _activation(g, ACT: tl.constexpr):
         # tanh through exp (triton has no portable tanh): right at both infinities, and its
         # absolute error near 0 is fp32's, which is what 1 + tanh keeps.
         out = 0.5 * g * (2.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0))
+    elif ACT == 4:
+        r = tl.maximum(g, 0.0)
+        out = r * r
     else:
         out = 0.5 * g * (1.0 + tl.erf(g * 0.7071067811865476))  # 1 / sqrt(2)
     return out
@@ -255,7 +263,8 @@ def _gate_up_kernel(x_ptr, w_ptr, b_ptr, s_ptr, z_ptr, gi_ptr, out_ptr, sorted_i
                     expert_ids_ptr, total_ptr, num_pairs, inter, hidden, stride_xt, stride_xh,
                     stride_we, stride_wn, stride_wk, stride_be, stride_se, stride_sn, stride_zg,
                     stride_ge, group_size, exponent, stride_ot, alpha, limit,
-                    TOP_K: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                    TOP_K: tl.constexpr, ACT: tl.constexpr, GATED: tl.constexpr,
+                    HAS_BIAS: tl.constexpr,
                     FP8_W: tl.constexpr, SCALE_K: tl.constexpr, INT4_W: tl.constexpr,
                     ROW_GROUPS: tl.constexpr, ACT_ORDER: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
@@ -265,7 +274,8 @@ def _gate_up_kernel(x_ptr, w_ptr, b_ptr, s_ptr, z_ptr, gi_ptr, out_ptr, sorted_i
     gpt-oss's activation of both halves, with `alpha` and `limit`; FP8_W: FP8 weights, each
     scaled by s[e, n, k // SCALE_K] and rounded to x's dtype before the tile matmul; INT4_W:
     an Int4Experts stack, w its qweight, z and s its zeros and scales, gi its g_idx, each tile
-    dequantized by moe_int4.int4_tile)."""
+    dequantized by moe_int4.int4_tile). GATED False: w holds the up rows alone, and out is
+    act(up), the up tile taking the gate tile's place here (its accumulator, its rows n)."""
     past, expert, pairs, valid = _block_rows(
         sorted_ids_ptr, expert_ids_ptr, total_ptr, num_pairs, BLOCK_M
     )
@@ -289,25 +299,33 @@ def _gate_up_kernel(x_ptr, w_ptr, b_ptr, s_ptr, z_ptr, gi_ptr, out_ptr, sorted_i
             g = int4_tile(w_ptr, z_ptr, s_ptr, gi_ptr, expert, k0, cols, hidden, stride_we,
                           stride_wk, stride_se, stride_zg, stride_ge, group_size, exponent,
                           a.dtype, BLOCK_K, ROW_GROUPS, ACT_ORDER, EVEN_K)  # fmt: skip
-            u = int4_tile(w_ptr, z_ptr, s_ptr, gi_ptr, expert, k0, cols + inter, hidden,
-                          stride_we, stride_wk, stride_se, stride_zg, stride_ge, group_size,
-                          exponent, a.dtype, BLOCK_K, ROW_GROUPS, ACT_ORDER, EVEN_K)  # fmt: skip
+            if GATED:
+                u = int4_tile(w_ptr, z_ptr, s_ptr, gi_ptr, expert, k0, cols + inter, hidden,
+                              stride_we, stride_wk, stride_se, stride_zg, stride_ge, group_size,
+                              exponent, a.dtype, BLOCK_K, ROW_GROUPS, ACT_ORDER,
+                              EVEN_K)  # fmt: skip
         elif EVEN_K:
             g = tl.load(gate_cols + ks[:, None] * stride_wk)
-            u = tl.load(up_cols + ks[:, None] * stride_wk)
+            if GATED:
+                u = tl.load(up_cols + ks[:, None] * stride_wk)
         else:
             g = tl.load(gate_cols + ks[:, None] * stride_wk, mask=ks[:, None] < hidden, other=0.0)
-            u = tl.load(up_cols + ks[:, None] * stride_wk, mask=ks[:, None] < hidden, other=0.0)
+            if GATED:
+                u = tl.load(up_cols + ks[:, None] * stride_wk, mask=ks[:, None] < hidden,
+                            other=0.0)  # fmt: skip
         if FP8_W:  # a K tile lies in one scale block (fused_moe chooses BLOCK_K so)
             scales = s_ptr + expert * stride_se + (k0 // SCALE_K)
             g = _scaled(g, tl.load(scales + cols * stride_sn), a.dtype)
-            u = _scaled(u, tl.load(scales + (cols + inter) * stride_sn), a.dtype)
+            if GATED:
+                u = _scaled(u, tl.load(scales + (cols + inter) * stride_sn), a.dtype)
         if DOT_UPCAST:  # interpreter only, see shard.platforms.cuda.kernels.dot_options
             a = a.to(tl.float32)
             g = g.to(tl.float32)
-            u = u.to(tl.float32)
+            if GATED:
+                u = u.to(tl.float32)
         acc_gate = tl.dot(a, g, acc_gate, input_precision=DOT_PRECISION)
-        acc_up = tl.dot(a, u, acc_up, input_precision=DOT_PRECISION)
+        if GATED:
+            acc_up = tl.dot(a, u, acc_up, input_precision=DOT_PRECISION)
     # Rounded where torch rounds: the product's halves (then plus the bias, rounded again, as
     # torch's `x @ w + b`), act(gate), and act(gate) * up.
     dtype = out_ptr.dtype.element_ty
@@ -316,8 +334,11 @@ def _gate_up_kernel(x_ptr, w_ptr, b_ptr, s_ptr, z_ptr, gi_ptr, out_ptr, sorted_i
     if HAS_BIAS:
         bias = b_ptr + expert * stride_be + cols
         gate = (gate + tl.load(bias).to(tl.float32)).to(dtype).to(tl.float32)
-        up = (up + tl.load(bias + inter).to(tl.float32)).to(dtype).to(tl.float32)
-    if ACT == 3:  # clamped_swiglu
+        if GATED:
+            up = (up + tl.load(bias + inter).to(tl.float32)).to(dtype).to(tl.float32)
+    if not GATED:
+        hidden_act = _activation(gate, ACT)
+    elif ACT == 3:  # clamped_swiglu
         hidden_act = _clamped_swiglu(gate, up, alpha, limit)
     else:
         hidden_act = _activation(gate, ACT).to(dtype).to(tl.float32) * up
@@ -394,50 +415,55 @@ def _sum_kernel(rows_ptr, ids_ptr, out_ptr, hidden, num_experts, stride_ot, TOP_
     tl.store(out_ptr + token * stride_ot + offs, acc.to(out_ptr.dtype.element_ty), mask=in_row)
 
 
-def _dims(w13: Experts, w2: Experts) -> tuple[int, int, int]:
+def _dims(w13: Experts, w2: Experts, gated: bool = True) -> tuple[int, int, int]:
     """(experts, hidden, intermediate) of w13, for dense and int4 experts alike."""
+    halves = 2 if gated else 1
     if isinstance(w13, Int4Experts):
-        return len(w13), w13.in_features, w13.out_features // 2
+        return len(w13), w13.in_features, w13.out_features // halves
     return w13.shape[0], w13.shape[2], w2.shape[2]
 
 
 def _check(x: torch.Tensor, w13: Experts, w2: Experts, topk_weights: torch.Tensor,
-           topk_ids: torch.Tensor) -> None:  # fmt: skip
+           topk_ids: torch.Tensor, gated: bool) -> None:  # fmt: skip
     """The kernels trust shapes and dtypes (a wrong one reads out of bounds): say it here."""
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"x must be fp32, fp16 or bf16, got {x.dtype}")
     if isinstance(w13, Int4Experts) or isinstance(w2, Int4Experts):
-        _check_int4(x, w13, w2)
+        _check_int4(x, w13, w2, gated)
     else:
-        _check_dense(x, w13, w2)
+        _check_dense(x, w13, w2, gated)
     _check_routing(x, topk_weights, topk_ids)
 
 
-def _check_int4(x: torch.Tensor, w13: Experts, w2: Experts) -> None:
+def _check_int4(x: torch.Tensor, w13: Experts, w2: Experts, gated: bool) -> None:
     if not (isinstance(w13, Int4Experts) and isinstance(w2, Int4Experts)):
         raise ValueError("fused_moe: w13 and w2 are both int4 experts, or neither")
-    experts, hidden, inter = _dims(w13, w2)
-    if w13.out_features % 2 or hidden != x.shape[-1] or x.dim() != 2:
+    experts, hidden, inter = _dims(w13, w2, gated)
+    halves = 2 if gated else 1
+    if w13.out_features % halves or hidden != x.shape[-1] or x.dim() != 2:
         raise ValueError(
             f"x {tuple(x.shape)} and int4 w13 of [{w13.out_features}, {hidden}]: want [T, H], "
-            "[2I, H]"
+            f"[{'2I' if gated else 'I'}, H]"
         )
-    check_int4(w13, "w13", experts, 2 * inter, hidden)
+    check_int4(w13, "w13", experts, halves * inter, hidden)
     check_int4(w2, "w2", experts, hidden, inter)
 
 
-def _check_dense(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> None:
+def _check_dense(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, gated: bool) -> None:
     if any(w.dtype not in (x.dtype, torch.float8_e4m3fn) for w in (w13, w2)):
         raise ValueError(
             f"weights {w13.dtype}, {w2.dtype} for x in {x.dtype}: x's dtype or FP8 (with scales)"
         )
-    if x.dim() != 2 or w13.dim() != 3 or w13.shape[1] % 2:
-        raise ValueError(f"x {tuple(x.shape)} and w13 {tuple(w13.shape)}: want [T, H], [E, 2I, H]")
-    experts, two_i, hidden = w13.shape
-    if hidden != x.shape[1] or w2.shape != (experts, hidden, two_i // 2):
+    halves, rows = (2, "2I") if gated else (1, "I")
+    if x.dim() != 2 or w13.dim() != 3 or w13.shape[1] % halves:
+        raise ValueError(
+            f"x {tuple(x.shape)} and w13 {tuple(w13.shape)}: want [T, H], [E, {rows}, H]"
+        )
+    experts, first, hidden = w13.shape
+    if hidden != x.shape[1] or w2.shape != (experts, hidden, first // halves):
         raise ValueError(
             f"x {tuple(x.shape)}, w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}: want [T, H], "
-            "[E, 2I, H], [E, H, I]"
+            f"[E, {rows}, H], [E, H, I]"
         )
 
 
@@ -461,9 +487,9 @@ def _check_biases(
         return
     if isinstance(w13, Int4Experts) or isinstance(w2, Int4Experts):
         raise ValueError("fused_moe: int4 experts take no biases")
-    experts, two_i, _ = w13.shape
+    experts, first, _ = w13.shape
     hidden = w2.shape[1]
-    for name, bias, shape in (("w13_bias", w13_bias, (experts, two_i)),
+    for name, bias, shape in (("w13_bias", w13_bias, (experts, first)),
                               ("w2_bias", w2_bias, (experts, hidden))):  # fmt: skip
         if bias is None:
             continue
@@ -547,6 +573,7 @@ def fused_moe(
     swiglu_limit: float = 7.0,
     w13_scales: Fp8Scales | None = None,
     w2_scales: Fp8Scales | None = None,
+    gated: bool = True,
     tiles: Tiles | None = None,
 ) -> torch.Tensor:
     """See Platform.fused_moe: x [T, H]; w13 [E, 2I, H] (gate rows first); w2 [E, H, I];
@@ -556,18 +583,21 @@ def fused_moe(
     clamped SwiGLU's alpha and limit. FP8 experts: w13 and w2 float8_e4m3fn with their
     `Fp8Scales` (shard.layers.quant.fp8's form, per expert). Int4 experts: w13 and w2
     `Int4Experts` stacks (shard/platforms/int4_experts.py: [2I, H] and [H, I] per expert as
-    outputs by inputs). `tiles`: a fixed tile config
+    outputs by inputs). `gated` False: ungated experts (Nemotron 3's), w13 [E, I, H] the up
+    projection alone and act(up) in place of act(gate) * up. `tiles`: a fixed tile config
     (tests), else default_tiles."""
-    code = ACTIVATIONS.get(act)
-    if code is None:
-        raise ValueError(f"fused_moe: no activation {act!r} (have {sorted(ACTIVATIONS)})")
-    _check(x, w13, w2, topk_weights, topk_ids)
+    usable = UNGATED_ACTIVATIONS if not gated else [a for a in ACTIVATIONS if a != "relu2"]
+    if act not in usable:
+        kind = "gated" if gated else "ungated"
+        raise ValueError(f"fused_moe: no {kind} activation {act!r} (have {sorted(usable)})")
+    code = ACTIVATIONS[act]
+    _check(x, w13, w2, topk_weights, topk_ids, gated)
     _check_biases(w13, w2, w13_bias, w2_bias)
     _check_fp8(w13, w13_scales, "w13")
     _check_fp8(w2, w2_scales, "w2")
     check_device(x, *_tensors(w13), *_tensors(w2), topk_weights, topk_ids)
     tokens, hidden = x.shape
-    experts, _, inter = _dims(w13, w2)
+    experts, _, inter = _dims(w13, w2, gated)
     top_k = topk_ids.shape[1]
     out = torch.empty_like(x)
     if not tokens * hidden:
@@ -596,8 +626,8 @@ def fused_moe(
         num_pairs=pairs, inter=inter, hidden=hidden, stride_xt=x.stride(0), stride_xh=x.stride(1),
         stride_be=0 if w13_bias is None else w13_bias.stride(0), stride_ot=hidden_act.stride(0),
         alpha=float(swiglu_alpha), limit=float(swiglu_limit), TOP_K=top_k, ACT=code,
-        HAS_BIAS=w13_bias is not None, **_weight_kwargs(w13, w13_scales, k13), **blocks,
-        BLOCK_K=k13, EVEN_K=hidden % k13 == 0, **options, **launch,
+        GATED=gated, HAS_BIAS=w13_bias is not None, **_weight_kwargs(w13, w13_scales, k13),
+        **blocks, BLOCK_K=k13, EVEN_K=hidden % k13 == 0, **options, **launch,
     )  # fmt: skip
     rows = torch.empty(pairs, hidden, dtype=torch.float32, device=x.device)
     _down_kernel[(plan.max_blocks, triton.cdiv(hidden, cfg.block_n))](
