@@ -7,6 +7,7 @@ The tokenizer is byte-level, so any text (multi-byte UTF-8 included) round-trips
 
 import copy
 import json
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -90,6 +91,7 @@ ARCHITECTURES = {
     "GraniteMoeHybridForCausalLM": "GraniteMoeHybridConfig",
     "BambaForCausalLM": "BambaConfig",
     "NemotronHForCausalLM": "NemotronHConfig",
+    "GPTBigCodeForCausalLM": "GPTBigCodeConfig",
     "ExaoneMoeForCausalLM": "ExaoneMoeConfig",
     "FlexOlmoForCausalLM": "FlexOlmoConfig",
     "YoutuForCausalLM": "YoutuConfig",
@@ -276,9 +278,19 @@ _NORM_IDENTITY = {
     "GraniteMoeHybridForCausalLM": 1.0,  # its Mamba layers' gated norms too
     "BambaForCausalLM": 1.0,
     "NemotronHForCausalLM": 1.0,
+    "GPTBigCodeForCausalLM": 1.0,
 }
 # norms computing x * w in a model whose others compute x * (1 + w)
 _PLAIN_NORMS = ("linear_attn.norm.weight",)
+# GPT-2's LayerNorms' names (GPTBigCode's ln_1, ln_2, ln_f), which do not say "norm"
+_GPT2_NORM = re.compile(r"(^|\.)ln_(\d+|f)\.")
+
+
+def is_norm(name: str) -> bool:
+    """Whether a parameter belongs to a norm, by its name."""
+    return "norm" in name or _GPT2_NORM.search(name) is not None
+
+
 _NORM_SPREAD = 0.1
 
 
@@ -417,7 +429,7 @@ def build_model(
             elif name.endswith(tuple(_MAMBA_INIT)):
                 low, high = _MAMBA_INIT[".".join(name.split(".")[-2:])]
                 param.uniform_(low, high)
-            elif "norm" not in name:
+            elif not is_norm(name):
                 param.normal_(0.0, 0.08 if "embed" in name or "lm_head" in name else 0.05)
             elif name.endswith(_PLAIN_NORMS):
                 param.normal_(1.0, _NORM_SPREAD)

@@ -30,6 +30,7 @@ import math
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from shard.attention import AttentionBackend, StepMetadata, attend, get_attention_backend
@@ -511,6 +512,12 @@ class DecoderModel(CausalLM):
         self.embed_tokens = VocabParallelEmbedding.load(
             weights, f"{names.one('embed_tokens')}.weight", config.vocab_size, config.embed_scale
         )
+        # learned absolute positions (GPTBigCode's wpe), [max positions, H]: replicated, as
+        # every rank adds every row's whole vector
+        self.embed_positions: nn.Parameter | None = None
+        if config.learned_positions:
+            positions = weights.get_tensor(f"{names.one('embed_positions')}.weight")
+            self.embed_positions = nn.Parameter(positions, requires_grad=False)
         self.layers = nn.ModuleList(
             self.load_layer(weights, Names(table, i), config, rotaries[i], backend)
             for i in range(config.num_layers)
@@ -618,6 +625,14 @@ class DecoderModel(CausalLM):
             if isinstance(m, RecurrentMixer)
         )
 
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The tokens' embeddings, plus their positions' where the model learned those (added
+        in the dtype, as transformers adds wte and wpe)."""
+        hidden = self.embed_tokens(input_ids)
+        if self.embed_positions is not None:
+            hidden = hidden + F.embedding(positions, self.embed_positions)
+        return hidden
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -625,7 +640,7 @@ class DecoderModel(CausalLM):
         kv_caches: list[torch.Tensor],
         meta: StepMetadata,
     ) -> torch.Tensor:
-        hidden, residual = self.embed_tokens(input_ids), None
+        hidden, residual = self.embed(input_ids, positions), None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden, residual = layer(hidden, residual, positions, kv_cache, meta)
         return self.norm(hidden) if residual is None else self.norm(hidden, residual)[0]

@@ -269,6 +269,9 @@ class ModelConfig:
     # one fused q/k/v tensor whose rows hold each head's q, k and v in turn (GPT-NeoX's
     # query_key_value), not every q row, then k's, then v's
     qkv_by_head: bool = False
+    # a learned embedding of each absolute position added to the token's (GPTBigCode's wpe),
+    # `embed_positions` in the names table; usually with no rotary in any layer
+    learned_positions: bool = False
     # Per layer where the rope differs by layer type (Gemma 3's local and global bases);
     # empty: `rope` in every layer.
     layer_ropes: tuple[RopeConfig, ...] = ()

@@ -70,6 +70,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "NemotronForCausalLM": ("shard.models.nemotron", "NemotronForCausalLM"),
     "OlmoForCausalLM": ("shard.models.olmo", "OlmoForCausalLM"),
     "GPTNeoXForCausalLM": ("shard.models.gpt_neox", "GPTNeoXForCausalLM"),
+    "GPTBigCodeForCausalLM": ("shard.models.gpt_bigcode", "GPTBigCodeForCausalLM"),
     "HunYuanDenseV1ForCausalLM": ("shard.models.hunyuan", "HunYuanDenseV1ForCausalLM"),
     "HunYuanMoEV1ForCausalLM": ("shard.models.hunyuan", "HunYuanMoEV1ForCausalLM"),
     "ExaoneMoeForCausalLM": ("shard.models.exaone_moe", "ExaoneMoeForCausalLM"),

@@ -54,6 +54,9 @@ CASES = {
     # Granite 4.0-H: the kernels' attention layer between Mamba layers, whose state pools sit in
     # the same cache list
     "granite4_hybrid_dense_nope": {"num_key_value_heads": 1},
+    # StarCoder: the kernels' multi-query attention (one KV head for both query heads) without
+    # rotary, positions learned and added to the tokens
+    "gpt_bigcode_multi_query": {},
     # Nemotron 3: the fused MoE kernel's ungated experts (relu^2 of the up tile alone) beside
     # Mamba 2 and attention layers
     "nemotron3_ungated_experts": {"num_key_value_heads": 1},

@@ -77,6 +77,16 @@ def test_kv_heads_split_or_replicate(tmp_path):
         check_num_shard(2, path, None, gpus(0))
 
 
+def test_gpt2_field_names_count_the_heads(tmp_path):
+    """StarCoder's config.json (GPTBigCode) says n_head, and multi_query for its one KV head."""
+    starcoder = model(tmp_path, n_head=48, multi_query=True)
+    check_num_shard(8, starcoder, None, gpus(0))  # the one KV head on every shard
+    with pytest.raises(ShardCountError, match=r"--num-shard 5 does not divide .* 48 attention"):
+        check_num_shard(5, starcoder, None, gpus(0))
+    with pytest.raises(ShardCountError, match=r"--num-shard 8 does not divide .* 12 attention"):
+        check_num_shard(8, model(tmp_path, n_head=12, multi_query=False), None, gpus(0))
+
+
 def test_mamba_heads_split_and_groups_split_or_replicate(tmp_path):
     """Granite 4.0-H's one group is read by every shard; NemotronH's 8 split or replicate."""
     granite = model(tmp_path, num_attention_heads=8, mamba_n_heads=6, mamba_n_groups=1)

@@ -13,12 +13,13 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from launcher.tiny_models import build_model
+from launcher.tiny_models import build_model, is_norm
 from tests.shard.tiny_model_cases import NEW_ARCH_MODELS
 
 PROMPT_LENS = (21, 37)  # the shard tests' prompts: Phi-3's longrope switches at 32 between them
 # Norms per layer (and the final one): Gemma 2 has four, Gemma 3 those and q/k norms.
 NORMS_PER_LAYER = {
+    "GPTBigCodeForCausalLM": 2,  # ln_1 and ln_2
     "Gemma2ForCausalLM": 4,
     "Gemma3ForCausalLM": 6,
     "Phi3ForCausalLM": 2,
@@ -53,7 +54,8 @@ NORMS_PER_LAYER = {
 }
 # Architectures whose norms hold a bias besides the weight: tensors a norm
 BIASED_NORMS = tuple(
-    f"{name}ForCausalLM" for name in ("Starcoder2", "Phi", "StableLm", "Nemotron", "GPTNeoX")
+    f"{name}ForCausalLM"
+    for name in ("Starcoder2", "Phi", "StableLm", "Nemotron", "GPTNeoX", "GPTBigCode")
 )
 # Cases whose layers differ in their norms: the total, the final norm included
 NORMS_IN_ALL = {
@@ -168,14 +170,15 @@ def test_config_round_trips_the_overrides(built, name):
         assert _contains(raw[key], value), (key, raw[key])
         assert _contains(loaded[key], value), (key, loaded[key])
     assert raw["architectures"] == [architecture] and raw["pad_token_id"] is None
-    assert raw["max_position_embeddings"] <= 512  # rotary tables stay small
+    # rotary tables stay small (GPT-2's name for it: n_positions)
+    assert raw.get("max_position_embeddings", raw.get("n_positions")) <= 512
 
 
 @pytest.mark.parametrize("name", sorted(NEW_ARCH_MODELS))
 def test_norms_are_random_around_their_identity_and_matter(built, name):
     architecture, _ = NEW_ARCH_MODELS[name]
     model = _load(built(name))
-    norms = {k: v for k, v in model.state_dict().items() if "norm" in k}
+    norms = {k: v for k, v in model.state_dict().items() if is_norm(k)}
     layers = model.config.num_hidden_layers
     per_norm = 2 if architecture.startswith(BIASED_NORMS) else 1
     expected = (NORMS_PER_LAYER.get(architecture, 0) * layers + 1) * per_norm

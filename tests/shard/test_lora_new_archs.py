@@ -99,6 +99,16 @@ CASES = {
     "gemma4_keys_as_values": {
         "kv_r4": dict(r=4, lora_alpha=8, target_modules=["k_proj", "v_proj"]),
     },
+    # StarCoder (GPTBigCode): PEFT's terms on the fused c_attn (its B's rows split as the
+    # weight's: q rows, then the one KV head's k and v; by head without multi_query), on both
+    # c_proj (attention's and the MLP's) and on c_fc before gelu-tanh
+    "gpt_bigcode_multi_query": {
+        "c_attn_r4": dict(r=4, lora_alpha=8, target_modules=["c_attn"]),
+        "all_linear_r8": dict(r=8, lora_alpha=16, target_modules="all-linear"),
+    },
+    "gpt_bigcode_per_head_qkv": {
+        "all_linear_r8": dict(r=8, lora_alpha=16, target_modules="all-linear"),
+    },
     "deepseek_v3_mla": {
         "latent_r4": dict(
             r=4, lora_alpha=8, target_modules=["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa"]
@@ -166,8 +176,8 @@ def test_every_adapter_changes_the_output(setup):
 
 def test_the_fused_terms_have_one_sub_module_per_checkpoint_module(setup):
     """Phi-3's fused q/k/v and gate/up are one sub-module each (their adapter's one A shrinks
-    once); Gemma's come from three and two tensors, as Llama's (gpt-oss's MLP is experts
-    only: no gate_up term)."""
+    once), as GPTBigCode's c_attn is; Gemma's come from three and two tensors, as Llama's
+    (gpt-oss's MLP is experts only: no gate_up term)."""
     model, _, service, _ = setup
     # the first layer that attends (Qwen3.5's and Granite 4.0-H's first are recurrent)
     layers = service.runner.model.layers
@@ -182,13 +192,13 @@ def test_the_fused_terms_have_one_sub_module_per_checkpoint_module(setup):
         ]
         return
     qkv = layer.self_attn.qkv_proj.lora
-    fused = model.startswith("phi3")
+    fused = model.startswith(("phi3", "gpt_bigcode"))  # GPTBigCode's c_attn
     assert len(qkv.out_slices) == (1 if fused else 3)
     assert qkv.lora_a.shape[1] == len(qkv.out_slices)
     if model.startswith("gpt_oss"):
         assert not hasattr(layer.mlp, "gate_up_proj")
         return
-    if model.startswith(("arcee", "phi_")):  # ungated: up_proj's (Phi's fc1's) term alone
+    if model.startswith(("arcee", "phi_", "gpt_bigcode")):  # ungated: up_proj's (fc1's, c_fc's)
         assert not hasattr(layer.mlp, "gate_up_proj")
         assert len(layer.mlp.up_proj.lora.out_slices) == 1
         return

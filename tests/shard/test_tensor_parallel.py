@@ -145,6 +145,10 @@ MODELS = [
     "starcoder2_biased_sliding",
     "olmo_weightless_norms_clip",
     "gpt_neox_parallel_two_norms",  # q/k/v fused by head: each rank's heads' rows picked out
+    # StarCoder's one KV head replicated on both ranks beside its split query heads, the learned
+    # position table whole on each; without multi_query, fused by head as GPT-NeoX's
+    "gpt_bigcode_multi_query",
+    "gpt_bigcode_per_head_qkv",
     "stablelm2_parallel_qk_layernorm",  # each rank the q/k LayerNorms of its own heads
     # linear attention split by key heads (out_proj reduced as o_proj is); the query-computed
     # output gate read per rank's heads

@@ -338,6 +338,18 @@ NEW_ARCH_MODELS["gpt_neox_sequential"] = (
     "GPTNeoXForCausalLM",
     {"num_key_value_heads": 4, "use_parallel_residual": False},
 )
+# StarCoder (GPTBigCode): one KV head for every query head (multi_query, q/k/v fused as q rows
+# then k's then v's), learned absolute positions added to the tokens', GPT-2's biased LayerNorms
+# and gelu-tanh MLP, the head tied to wte
+NEW_ARCH_MODELS["gpt_bigcode_multi_query"] = (
+    "GPTBigCodeForCausalLM",
+    {"n_inner": 96, "activation_function": "gelu_pytorch_tanh", "n_positions": 128},
+)
+# ... without multi_query: every head its own k and v, fused by head as GPT-NeoX's
+NEW_ARCH_MODELS["gpt_bigcode_per_head_qkv"] = (
+    "GPTBigCodeForCausalLM",
+    {**NEW_ARCH_MODELS["gpt_bigcode_multi_query"][1], "multi_query": False},
+)
 
 VISION_LANGUAGE_MODELS: dict[str, tuple[str, dict]] = {
     # Qwen3.5 as released (transformers 5's names: model.language_model., model.visual.)

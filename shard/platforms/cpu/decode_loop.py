@@ -162,7 +162,7 @@ class CpuDecodePath:
         positions = positions.to(torch.int64).contiguous()  # what the rotary kernel reads
         slots, tables, lens = meta.slot_mapping, meta.block_tables, meta.context_lens
         adapters = self.lora is not None and self.lora.token_slots is not None
-        residual = self.model.embed_tokens(input_ids)
+        residual = self.model.embed(input_ids, positions)
         hidden = None
         for layer, kv in zip(self.lora_layers if adapters else self.layers, kv_caches, strict=True):
             if hidden is None:  # the first layer: its input is the stream itself
