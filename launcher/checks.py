@@ -187,8 +187,14 @@ def _head_counts(model_dir: Path) -> tuple[int | None, int | None]:
 
 def _heads_of(config: dict[str, Any]) -> tuple[int | None, int | None]:
     heads = config.get("num_attention_heads", config.get("n_head"))  # n_head: GPT-2's (StarCoder)
-    # multi_query: one KV head for every query head (GPTBigCode's, without num_key_value_heads)
-    kv_heads = config.get("num_key_value_heads", 1 if config.get("multi_query") else heads)
+    kv_heads = config.get("num_key_value_heads")
+    if kv_heads is None:
+        if config.get("new_decoder_architecture"):  # Falcon-40B/180B, Falcon2
+            kv_heads = config.get("num_kv_heads", heads)
+        elif config.get("multi_query"):  # one KV head for every query head: StarCoder, Falcon-7B
+            kv_heads = 1
+        else:
+            kv_heads = heads
     return _positive(heads), _positive(kv_heads)
 
 

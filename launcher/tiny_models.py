@@ -92,6 +92,7 @@ ARCHITECTURES = {
     "BambaForCausalLM": "BambaConfig",
     "NemotronHForCausalLM": "NemotronHConfig",
     "GPTBigCodeForCausalLM": "GPTBigCodeConfig",
+    "FalconForCausalLM": "FalconConfig",
     "ExaoneMoeForCausalLM": "ExaoneMoeConfig",
     "FlexOlmoForCausalLM": "FlexOlmoConfig",
     "YoutuForCausalLM": "YoutuConfig",
@@ -279,11 +280,13 @@ _NORM_IDENTITY = {
     "BambaForCausalLM": 1.0,
     "NemotronHForCausalLM": 1.0,
     "GPTBigCodeForCausalLM": 1.0,
+    "FalconForCausalLM": 1.0,
 }
 # norms computing x * w in a model whose others compute x * (1 + w)
 _PLAIN_NORMS = ("linear_attn.norm.weight",)
-# GPT-2's LayerNorms' names (GPTBigCode's ln_1, ln_2, ln_f), which do not say "norm"
-_GPT2_NORM = re.compile(r"(^|\.)ln_(\d+|f)\.")
+# LayerNorms' names that do not say "norm": GPT-2's (GPTBigCode's ln_1, ln_2, ln_f), Falcon's
+# parallel ones (ln_attn, ln_mlp)
+_GPT2_NORM = re.compile(r"(^|\.)ln_(\d+|f|attn|mlp)\.")
 
 
 def is_norm(name: str) -> bool:

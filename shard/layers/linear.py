@@ -159,6 +159,23 @@ def gated_query_pieces(prefix: str, heads: range, head_dim: int, *, gate: bool) 
     ]
 
 
+def _by_kv_head(
+    prefix: str, heads: tuple[int, int], kv_heads: tuple[int, int], per_group: int, head_dim: int
+) -> list[Piece]:
+    """This rank's q rows, then k's, then v's, of a fused tensor grouped by KV head: group g
+    holds query heads g * per_group ... (g + 1) * per_group - 1, then k_g, then v_g."""
+
+    def rows(group: int, slot: int) -> Piece:
+        start = (group * (per_group + 2) + slot) * head_dim
+        return Piece(prefix, start, start + head_dim)
+
+    return [
+        *(rows(h // per_group, h % per_group) for h in range(*heads)),
+        *(rows(g, per_group) for g in range(*kv_heads)),
+        *(rows(g, per_group + 1) for g in range(*kv_heads)),
+    ]
+
+
 class QKVParallelLinear(ColumnParallelLinear):
     """q, k and v projections in one matmul, packed per rank as [q_r, k_r, v_r].
 
@@ -195,9 +212,10 @@ class QKVParallelLinear(ColumnParallelLinear):
         by_head: bool = False,
     ) -> QKVParallelLinear:
         """`prefixes`: the q, k, v checkpoint modules, or one module that already fuses them.
-        `by_head`: the one fused module's rows hold each head's q, k and v in turn (GPT-NeoX's
-        query_key_value, heads x [q, k, v] x head_dim; as many KV heads as heads), where a fused
-        qkv_proj holds every q row, then k's, then v's.
+        `by_head`: the one fused module's rows are grouped by KV head, each group that KV
+        head's query heads, then its k, then its v (Falcon's query_key_value; GPT-NeoX's, with
+        as many KV heads as heads, is each head's q, k and v in turn), where a fused qkv_proj
+        holds every q row, then k's, then v's.
         `gated_query`: q's rows hold each head's query and then its output gate (Qwen3.5); the
         queries are taken, every other head_dim rows. `queries_only`: q alone, for a layer that
         reads another's keys and values (`split` then gives k and v of no heads)."""
@@ -217,13 +235,12 @@ class QKVParallelLinear(ColumnParallelLinear):
             for (name, offset), (a, b) in zip(sources, (q, kv, kv), strict=True)
         ]
         if by_head:
-            if len(prefixes) != 1 or num_kv_heads != num_heads:
-                raise WeightsError(f"q/k/v by head need one fused tensor and MHA, got {prefixes}")
-            pieces = [
-                Piece(prefixes[0], (3 * h + part) * head_dim, (3 * h + part + 1) * head_dim)
-                for part in range(3)
-                for h in range(*q)
-            ]
+            if len(prefixes) != 1 or num_heads % num_kv_heads:
+                raise WeightsError(
+                    f"q/k/v by KV head need one fused tensor and whole groups of query heads per "
+                    f"KV head, got {prefixes} for {num_heads} heads, {num_kv_heads} KV heads"
+                )
+            pieces = _by_kv_head(prefixes[0], q, kv, num_heads // num_kv_heads, head_dim)
         if gated_query:
             if len(prefixes) != 3:
                 raise WeightsError(f"a gated q_proj must be its own tensor, got {prefixes}")

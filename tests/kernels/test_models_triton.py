@@ -57,6 +57,9 @@ CASES = {
     # StarCoder: the kernels' multi-query attention (one KV head for both query heads) without
     # rotary, positions learned and added to the tokens
     "gpt_bigcode_multi_query": {},
+    # Falcon-40B's layers: both query heads in one KV group of the fused q/k/v, attention and
+    # the MLP in parallel
+    "falcon_grouped_two_norms": {"num_kv_heads": 1},
     # Nemotron 3: the fused MoE kernel's ungated experts (relu^2 of the up tile alone) beside
     # Mamba 2 and attention layers
     "nemotron3_ungated_experts": {"num_key_value_heads": 1},
@@ -84,6 +87,8 @@ def checkpoints(tmp_path_factory):
             # its rotary width
             overrides.pop("head_dim")
             overrides["rope_parameters"] = _longrope(overrides["rope_parameters"])
+        if architecture == "FalconForCausalLM":  # head_dim is hidden / heads, never configured
+            overrides.pop("head_dim")
         built[name] = build_model(tmp_path_factory.mktemp(name), architecture, **overrides)
     return built
 

@@ -85,6 +85,12 @@ def test_gpt2_field_names_count_the_heads(tmp_path):
         check_num_shard(5, starcoder, None, gpus(0))
     with pytest.raises(ShardCountError, match=r"--num-shard 8 does not divide .* 12 attention"):
         check_num_shard(8, model(tmp_path, n_head=12, multi_query=False), None, gpus(0))
+    # Falcon's new decoder architecture: its KV heads are num_kv_heads (96 query heads in 6
+    # groups here)
+    falcon = model(tmp_path, num_attention_heads=96, num_kv_heads=6, new_decoder_architecture=True)
+    check_num_shard(12, falcon, None, gpus(0))  # each KV head on two shards
+    with pytest.raises(ShardCountError, match=r"--num-shard 4 cannot share .* 6 key/value heads"):
+        check_num_shard(4, falcon, None, gpus(0))
 
 
 def test_mamba_heads_split_and_groups_split_or_replicate(tmp_path):

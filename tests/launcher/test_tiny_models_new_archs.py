@@ -55,7 +55,7 @@ NORMS_PER_LAYER = {
 # Architectures whose norms hold a bias besides the weight: tensors a norm
 BIASED_NORMS = tuple(
     f"{name}ForCausalLM"
-    for name in ("Starcoder2", "Phi", "StableLm", "Nemotron", "GPTNeoX", "GPTBigCode")
+    for name in ("Starcoder2", "Phi", "StableLm", "Nemotron", "GPTNeoX", "GPTBigCode", "Falcon")
 )
 # Cases whose layers differ in their norms: the total, the final norm included
 NORMS_IN_ALL = {
@@ -70,6 +70,10 @@ NORMS_IN_ALL = {
     "granite4_hybrid_dense_nope": 2 * 4 + 3 + 1,
     "bamba_hybrid_partial_rotary": 2 * 3 + 2 + 1,
     "nemotron_h_one_module_layers": 6 + 3 + 1,  # one a layer, the Mamba layers' gated norms
+    # Falcon: two a layer (ln_attn, ln_mlp) in the new architecture, one (input_layernorm) in
+    # 7B's; weight and bias each
+    "falcon_grouped_two_norms": 2 * (2 * 2 + 1),
+    "falcon_multi_query_one_norm": 2 * (1 * 2 + 1),
 }
 # Overrides that transformers' config turns into another field on save: (that field, how to
 # find the value in it)

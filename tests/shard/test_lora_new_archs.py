@@ -109,6 +109,10 @@ CASES = {
     "gpt_bigcode_per_head_qkv": {
         "all_linear_r8": dict(r=8, lora_alpha=16, target_modules="all-linear"),
     },
+    # Falcon's query_key_value grouped by KV head: the term's B rows picked as the weight's
+    "falcon_grouped_two_norms": {
+        "all_linear_r8": dict(r=8, lora_alpha=16, target_modules="all-linear"),
+    },
     "deepseek_v3_mla": {
         "latent_r4": dict(
             r=4, lora_alpha=8, target_modules=["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa"]
@@ -192,13 +196,13 @@ def test_the_fused_terms_have_one_sub_module_per_checkpoint_module(setup):
         ]
         return
     qkv = layer.self_attn.qkv_proj.lora
-    fused = model.startswith(("phi3", "gpt_bigcode"))  # GPTBigCode's c_attn
+    fused = model.startswith(("phi3", "gpt_bigcode", "falcon"))  # c_attn, query_key_value
     assert len(qkv.out_slices) == (1 if fused else 3)
     assert qkv.lora_a.shape[1] == len(qkv.out_slices)
     if model.startswith("gpt_oss"):
         assert not hasattr(layer.mlp, "gate_up_proj")
         return
-    if model.startswith(("arcee", "phi_", "gpt_bigcode")):  # ungated: up_proj's (fc1's, c_fc's)
+    if model.startswith(("arcee", "phi_", "gpt_bigcode", "falcon")):  # ungated: up_proj's alone
         assert not hasattr(layer.mlp, "gate_up_proj")
         assert len(layer.mlp.up_proj.lora.out_slices) == 1
         return

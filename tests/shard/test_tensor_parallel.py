@@ -149,6 +149,9 @@ MODELS = [
     # position table whole on each; without multi_query, fused by head as GPT-NeoX's
     "gpt_bigcode_multi_query",
     "gpt_bigcode_per_head_qkv",
+    # Falcon's q/k/v grouped by KV head: each rank its groups' query heads, keys and values
+    "falcon_grouped_two_norms",
+    "falcon_multi_query_one_norm",
     "stablelm2_parallel_qk_layernorm",  # each rank the q/k LayerNorms of its own heads
     # linear attention split by key heads (out_proj reduced as o_proj is); the query-computed
     # output gate read per rank's heads

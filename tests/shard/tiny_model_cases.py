@@ -350,6 +350,21 @@ NEW_ARCH_MODELS["gpt_bigcode_per_head_qkv"] = (
     "GPTBigCodeForCausalLM",
     {**NEW_ARCH_MODELS["gpt_bigcode_multi_query"][1], "multi_query": False},
 )
+# Falcon-40B/180B's new decoder architecture: q/k/v fused by KV group (2 query heads, then the
+# group's k and v, in each of 2 groups), attention and the MLP in parallel after their own norms
+# (ln_attn, ln_mlp), the gelu MLP, the head tied
+NEW_ARCH_MODELS["falcon_grouped_two_norms"] = (
+    "FalconForCausalLM",
+    {"new_decoder_architecture": True, "num_kv_heads": 2, "ffn_hidden_size": 96,
+     "max_position_embeddings": 256},
+)  # fmt: skip
+# Falcon-7B: multi-query (every q row, then the one KV head's k and v), attention and the MLP in
+# parallel on one shared norm
+NEW_ARCH_MODELS["falcon_multi_query_one_norm"] = (
+    "FalconForCausalLM",
+    {"new_decoder_architecture": False, "multi_query": True, "parallel_attn": True,
+     "ffn_hidden_size": 96, "max_position_embeddings": 256},
+)  # fmt: skip
 
 VISION_LANGUAGE_MODELS: dict[str, tuple[str, dict]] = {
     # Qwen3.5 as released (transformers 5's names: model.language_model., model.visual.)
