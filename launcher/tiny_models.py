@@ -103,6 +103,9 @@ ARCHITECTURES = {
     "Qwen3_5MoeForCausalLM": "Qwen3_5MoeTextConfig",
     # Qwen3.5 as released: the vision-language wrapper around its LM
     "Qwen3_5ForConditionalGeneration": "Qwen3_5TextConfig",
+    "Qwen2VLForConditionalGeneration": "Qwen2VLTextConfig",
+    "Qwen2_5_VLForConditionalGeneration": "Qwen2_5_VLTextConfig",
+    "Qwen3VLForConditionalGeneration": "Qwen3VLTextConfig",
     "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeTextConfig",
     "Qwen3NextForCausalLM": "Qwen3NextConfig",
     "Llama4ForCausalLM": "Llama4TextConfig",
@@ -124,6 +127,13 @@ VISION_LANGUAGE = {
         "mm_tokens_per_image": 4,  # a whole number of the 2x2 patches' pooling windows
     }),
     "Qwen3_5ForConditionalGeneration": ("Qwen3_5Config", {"vision_config": _QWEN3_5_VISION}),
+    "Qwen2VLForConditionalGeneration": ("Qwen2VLConfig", {
+        "vision_config": {"depth": 1, "embed_dim": 32, "hidden_size": 64, "num_heads": 2}}),
+    "Qwen2_5_VLForConditionalGeneration": ("Qwen2_5_VLConfig", {
+        "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                          "out_hidden_size": 64, "fullatt_block_indexes": [0]}}),
+    "Qwen3VLForConditionalGeneration": ("Qwen3VLConfig", {
+        "vision_config": {**_QWEN3_5_VISION, "deepstack_visual_indexes": [0]}}),
     "Qwen3_5MoeForConditionalGeneration": ("Qwen3_5MoeConfig", {
         "vision_config": _QWEN3_5_VISION}),
     "Gemma4ForConditionalGeneration": ("Gemma4Config", {
@@ -156,7 +166,8 @@ def _vision_language(architecture: str, text_config):
         text_config=text_config.to_dict(),
         # the LM's, not the wrapper's default (Mistral 3's is tied; its LM is not, and a tied
         # wrapper would drop the lm_head on save)
-        tie_word_embeddings=text_config.tie_word_embeddings,
+        # (Qwen2.5-VL's text config has no such field: the wrapper's says it)
+        tie_word_embeddings=getattr(text_config, "tie_word_embeddings", False),
         **arguments,
     )
 

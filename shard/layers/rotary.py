@@ -43,7 +43,12 @@ from shard.platforms import platform_of
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "proportional")
 # What Phi-3's first configs called longrope (transformers' Phi3Config renames it likewise).
-_ROPE_TYPE_ALIASES = {"su": "longrope"}
+_ROPE_TYPE_ALIASES = {
+    "su": "longrope",
+    # Qwen2-VL's and Qwen2.5-VL's multimodal rope (older configs say it so): every section turns
+    # by the same position for text, the only input served (shard/models/text_only.py)
+    "mrope": "default",
+}
 # The types whose pretraining length transformers takes from the config's top level first
 # (standardize_rope_params: Phi-3 keeps `original_max_position_embeddings` there).
 _ORIGINAL_LENGTH_TYPES = ("llama3", "yarn", "longrope")

@@ -22,7 +22,13 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     # Mistral Small 3.1 and later as released (vision-language), served text only
     "Mistral3ForConditionalGeneration": ("shard.models.llama", "Mistral3ForConditionalGeneration"),
     "Qwen2ForCausalLM": ("shard.models.qwen2", "Qwen2ForCausalLM"),
+    "Qwen2VLForConditionalGeneration": ("shard.models.qwen2", "Qwen2VLForConditionalGeneration"),
+    "Qwen2_5_VLForConditionalGeneration": (
+        "shard.models.qwen2",
+        "Qwen2_5_VLForConditionalGeneration",
+    ),
     "Qwen3ForCausalLM": ("shard.models.qwen3", "Qwen3ForCausalLM"),
+    "Qwen3VLForConditionalGeneration": ("shard.models.qwen3", "Qwen3VLForConditionalGeneration"),
     "GemmaForCausalLM": ("shard.models.gemma", "GemmaForCausalLM"),
     "Gemma2ForCausalLM": ("shard.models.gemma2", "Gemma2ForCausalLM"),
     "VaultGemmaForCausalLM": ("shard.models.gemma2", "VaultGemmaForCausalLM"),

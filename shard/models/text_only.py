@@ -4,11 +4,13 @@ its config nests the LM's under `text_config`, its files nest
 the LM's tensors under a prefix, and the vision tower and projector are never run.
 
 Text-only requests through the LM are the wrapper's own outputs for them: transformers runs the
-vision parts only for images, which the API refuses. Two layouts of the nesting exist:
+vision parts only for images, which the API refuses. Three layouts of the nesting exist:
 - the Hub's files (what `save_pretrained` writes): `language_model.model.layers.0...` and
   `language_model.lm_head`;
 - transformers 5's module names (a state dict saved as is, PEFT's adapters):
-  `model.language_model.layers.0...`, with `lm_head` at the top.
+  `model.language_model.layers.0...`, with `lm_head` at the top;
+- no nesting (Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's Hub files): the LM's own names,
+  `model.layers.0...` and `lm_head`, beside the vision tower's `visual.`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
 # names are matched with one appended, so `lm_head` is matched whole, never `lm_head_x`).
 HUB_LAYOUT = {"model.": "language_model.model.", "lm_head.": "language_model.lm_head."}
 MODULE_LAYOUT = {"model.": "model.language_model.", "lm_head.": "lm_head."}
+PLAIN_LAYOUT = {"model.": "model.", "lm_head.": "lm_head."}
 # The parts a text-only server never runs, in either layout.
 VISION_PREFIXES = (
     "vision_tower.",
@@ -31,6 +34,7 @@ VISION_PREFIXES = (
     "model.vision_tower.",
     "model.multi_modal_projector.",
     "model.visual.",  # Qwen3.5's
+    "visual.",  # Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's Hub files
     # Gemma 4's: the audio tower and both towers' embedders into the LM
     "model.audio_tower.",
     "model.embed_vision.",
@@ -81,7 +85,9 @@ def holds(weights: Weights, name: str) -> bool:
 
 def layout_of(has: Callable[[str], bool]) -> dict[str, str]:
     """Which layout a checkpoint holds (`has`: Weights.has_module)."""
-    return MODULE_LAYOUT if has("model.language_model.embed_tokens") else HUB_LAYOUT
+    if has("model.language_model.embed_tokens"):
+        return MODULE_LAYOUT
+    return PLAIN_LAYOUT if has("model.embed_tokens") else HUB_LAYOUT
 
 
 def nested_table(

@@ -6,6 +6,7 @@ import pytest
 from shard.models.gemma2 import GEMMA_NAMES
 from shard.models.text_only import (
     HUB_LAYOUT,
+    PLAIN_LAYOUT,
     MODULE_LAYOUT,
     adapter_module,
     layout_of,
@@ -57,6 +58,18 @@ def test_adapter_modules_in_either_layout_map_onto_the_checkpoints(layout, neste
 def test_the_layout_is_read_from_the_checkpoint():
     assert layout_of(lambda m: m == "model.language_model.embed_tokens") is MODULE_LAYOUT
     assert layout_of(lambda m: m == "language_model.model.embed_tokens") is HUB_LAYOUT
+    assert layout_of(lambda m: m == "model.embed_tokens") is PLAIN_LAYOUT  # Qwen2.5-VL's
+
+
+def test_adapters_on_an_unnested_checkpoint_map_onto_its_own_names():
+    """Qwen2.5-VL's Hub files keep the LM's names; PEFT names its modules as transformers 5
+    holds them (`model.language_model.`), and its vision tower's (`model.visual.`) are left."""
+    want = "model.layers.0.self_attn.q_proj"
+    assert adapter_module("model.language_model.layers.0.self_attn.q_proj", PLAIN_LAYOUT) == want
+    assert adapter_module(want, PLAIN_LAYOUT) == want
+    assert adapter_module("lm_head", PLAIN_LAYOUT) == "lm_head"
+    for vision in ("model.visual.blocks.0.attn.qkv", "visual.blocks.0.mlp.up_proj"):
+        assert adapter_module(vision, PLAIN_LAYOUT) is None
 
 
 def test_a_wrapper_config_without_the_language_models_is_refused():

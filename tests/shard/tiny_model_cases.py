@@ -827,3 +827,21 @@ NEW_ARCH_MODELS["arcee_relu2_ungated_yarn"] = (
     "ArceeForCausalLM",
     {"head_dim": 16, "num_key_value_heads": 2, "rope_parameters": YARN_ROPE},
 )
+# Qwen2.5-VL and Qwen2-VL served text only: Qwen2's layers under the Hub's plain names beside
+# `visual.` (and transformers 5's module names), the multimodal rope's sections (of the tiny
+# head's 8 frequencies) all turning by the text position
+_MROPE = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]}
+VISION_LANGUAGE_MODELS["qwen2_5_vl_text_only"] = (
+    "Qwen2_5_VLForConditionalGeneration",
+    {"rope_parameters": _MROPE, "max_position_embeddings": 256},
+)
+VISION_LANGUAGE_MODELS["qwen2_vl_module_names"] = (
+    "Qwen2VLForConditionalGeneration",
+    {"rope_parameters": _MROPE, "max_position_embeddings": 256, "module_names": True},
+)
+# Qwen3-VL (dense) text only: Qwen3's layers, its interleaved multimodal rope and deepstack
+# features idle without images
+VISION_LANGUAGE_MODELS["qwen3_vl_text_only"] = (
+    "Qwen3VLForConditionalGeneration",
+    {"max_position_embeddings": 256},
+)
