@@ -6,8 +6,8 @@ import pytest
 from shard.models.gemma2 import GEMMA_NAMES
 from shard.models.text_only import (
     HUB_LAYOUT,
-    PLAIN_LAYOUT,
     MODULE_LAYOUT,
+    PLAIN_LAYOUT,
     adapter_module,
     layout_of,
     nest,
