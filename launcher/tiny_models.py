@@ -106,6 +106,7 @@ ARCHITECTURES = {
     "Qwen2VLForConditionalGeneration": "Qwen2VLTextConfig",
     "Qwen2_5_VLForConditionalGeneration": "Qwen2_5_VLTextConfig",
     "Qwen3VLForConditionalGeneration": "Qwen3VLTextConfig",
+    "Qwen3VLMoeForConditionalGeneration": "Qwen3VLMoeTextConfig",
     "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeTextConfig",
     "Qwen3NextForCausalLM": "Qwen3NextConfig",
     "Llama4ForCausalLM": "Llama4TextConfig",
@@ -133,6 +134,8 @@ VISION_LANGUAGE = {
         "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
                           "out_hidden_size": 64, "fullatt_block_indexes": [0]}}),
     "Qwen3VLForConditionalGeneration": ("Qwen3VLConfig", {
+        "vision_config": {**_QWEN3_5_VISION, "deepstack_visual_indexes": [0]}}),
+    "Qwen3VLMoeForConditionalGeneration": ("Qwen3VLMoeConfig", {
         "vision_config": {**_QWEN3_5_VISION, "deepstack_visual_indexes": [0]}}),
     "Qwen3_5MoeForConditionalGeneration": ("Qwen3_5MoeConfig", {
         "vision_config": _QWEN3_5_VISION}),
@@ -205,6 +208,7 @@ MOE_ARCHITECTURES = (
     "MixtralForCausalLM",
     "Qwen2MoeForCausalLM",
     "Qwen3MoeForCausalLM",
+    "Qwen3VLMoeForConditionalGeneration",
     "GptOssForCausalLM",
     "Glm4MoeForCausalLM",
     "DeepseekV2ForCausalLM",

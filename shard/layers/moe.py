@@ -208,7 +208,7 @@ class FusedMoE(nn.Module):
         expert_parallel: bool,
         interleaved: bool = False,
         swiglu: tuple[float, float] | None = None,
-        transposed: bool = False,
+        transposed: bool | None = False,
         gated: bool = True,
     ) -> FusedMoE:
         """`gate_up`: the gate and up modules' names with `{e}` for the expert (per-expert
@@ -216,7 +216,8 @@ class FusedMoE(nn.Module):
         (ungated experts), the up module's name or the stacked up parameter. `interleaved`:
         gpt-oss's layout (shard/layers/moe_interleaved.py), with biases; `swiglu`: the clamped
         SwiGLU's (alpha, limit); `transposed`: the stacked parameters are Llama 4's, input
-        dimension first (gate_up [E, H, 2I], down [E, I, H])."""
+        dimension first (gate_up [E, H, 2I], down [E, I, H]); None: as their shapes say
+        (Qwen3-VL-MoE's Hub files are, transformers 5's own module layout is not)."""
         world, rank = weights.dist.world_size, weights.dist.rank
         if not interleaved:  # MXFP4 is gpt-oss's layout's own, dequantized by its reader
             _refuse_quantized(weights, gate_up + [down])
@@ -415,13 +416,15 @@ def _read_stacked(
     experts: range,
     cols: tuple[int, int],
     intermediate_size: int,
-    transposed: bool = False,
+    transposed: bool | None = False,
     gated: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Stacked experts (transformers 5's [E, 2I, H] and [E, H, I]; `transposed`: Llama 4's
     [E, H, 2I] and [E, I, H]; ungated: the up parameter [E, I, H]) -> this rank's w13 and w2
     in ours."""
     (stacked,) = gate_up
+    if transposed is None:
+        transposed = _transposed(weights.shape(stacked), weights.shape(down), intermediate_size)
     # the dims of gate_up's and of down's intermediate size
     pair_dim, down_dim = (2, 1) if transposed else (1, 2)
     shape = weights.shape(stacked)
@@ -446,6 +449,14 @@ def _read_stacked(
     if transposed:
         return w13.transpose(1, 2).contiguous(), w2.transpose(1, 2).contiguous()
     return w13, w2
+
+
+def _transposed(pair: tuple[int, ...], down: tuple[int, ...], intermediate_size: int) -> bool:
+    """Whether stacked experts are stored input dimension first, by their shapes: down is
+    [E, I, H] so, else [E, H, I]; where I = H, gate_up's 2I tells."""
+    if down[1] != down[2]:
+        return down[1] == intermediate_size
+    return pair[2] != pair[1] and pair[2] % intermediate_size == 0 and pair[1] == down[1]
 
 
 def _check_intermediate(weights: Weights, name: str, dim: int, intermediate_size: int) -> None:

@@ -106,8 +106,10 @@ class MoeConfig:
     # it is (the weight inside the expert's nonlinearity), where the others weight the outputs
     weights_on_input: bool = False
     # transformers' stacked expert parameters input dimension first (Llama 4's gate_up
-    # [E, H, 2I] and down [E, I, H]); per-expert checkpoints are read as every model's
-    transposed_experts: bool = False
+    # [E, H, 2I] and down [E, I, H]); None: as the stored shapes say (Qwen3-VL-MoE's Hub files
+    # are, transformers 5's module layout is not); per-expert checkpoints are read as every
+    # model's
+    transposed_experts: bool | None = False
     # Nemotron 3: experts of an up and a down projection, act(up) without a gate (the model's
     # hidden_act, relu^2), and a shared expert of the same kind (ModelConfig.gated_mlp False)
     gated_experts: bool = True

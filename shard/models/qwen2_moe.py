@@ -5,11 +5,13 @@ mlp_only_layers names, or that decoder_sparse_step skips, keep a dense MLP."""
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from shard.models.blocks import DecoderModel
 from shard.models.config import ModelConfig, MoeConfig, UnsupportedArchitectureError
 from shard.models.names import QWEN_MOE_NAMES, STACKED_EXPERT_NAMES, stacked_experts
+from shard.models.text_only import holds
 from shard.weights import Weights
 
 
@@ -58,4 +60,7 @@ class Qwen2MoeForCausalLM(DecoderModel):
 
     @classmethod
     def names_for(cls, weights: Weights) -> dict[str, tuple[str, ...]]:
-        return {**cls.NAMES, **STACKED_EXPERT_NAMES} if stacked_experts(weights.has) else cls.NAMES
+        # (in the language model's own names or nested in a vision-language checkpoint's:
+        # Qwen3-VL-MoE's, shard/models/qwen3_moe.py)
+        has = partial(holds, weights)
+        return {**cls.NAMES, **STACKED_EXPERT_NAMES} if stacked_experts(has) else cls.NAMES

@@ -56,6 +56,10 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "GptOssForCausalLM": ("shard.models.gpt_oss", "GptOssForCausalLM"),
     "Qwen2MoeForCausalLM": ("shard.models.qwen2_moe", "Qwen2MoeForCausalLM"),
     "Qwen3MoeForCausalLM": ("shard.models.qwen3_moe", "Qwen3MoeForCausalLM"),
+    "Qwen3VLMoeForConditionalGeneration": (
+        "shard.models.qwen3_moe",
+        "Qwen3VLMoeForConditionalGeneration",
+    ),
     "OlmoeForCausalLM": ("shard.models.olmoe", "OlmoeForCausalLM"),
     "FlexOlmoForCausalLM": ("shard.models.flex_olmo", "FlexOlmoForCausalLM"),
     "GraniteMoeForCausalLM": ("shard.models.granite_moe", "GraniteMoeForCausalLM"),

@@ -116,3 +116,36 @@ def test_stacked_and_per_expert_checkpoints_are_the_same_model(tiny_model, tmp_p
         assert torch.equal(p, stacked_params[n]), n
     prompts = [torch.arange(3, 20)]
     assert run_paged(ours, prompts, 2)[1] == run_paged(per_expert, prompts, 2)[1]
+
+
+def test_stacked_experts_stored_input_first_are_read_by_their_shapes(tiny_model, tmp_path):
+    """Qwen3-VL-MoE's Hub files hold the stacked experts input dimension first (gate_up
+    [E, H, 2I], down [E, I, H]); transformers 5's own layout does not. Both are read, by
+    their shapes, as the same model (here H = 2I: the down projection's shape decides)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from shard.layers.moe import _transposed
+
+    source = tiny_model("qwen3_vl_moe_text_only")
+    hub = tmp_path / "hub"
+    shutil.copytree(source, hub)
+    (file,) = hub.glob("*.safetensors")
+    tensors = load_file(file)
+    stacked = [k for k in tensors if k.endswith(("experts.gate_up_proj", "experts.down_proj"))]
+    assert stacked
+    for key in stacked:
+        tensors[key] = tensors[key].transpose(1, 2).contiguous()
+    save_file(tensors, file, metadata={"format": "pt"})
+    prompts = [torch.arange(3, 20), torch.arange(40, 61)]
+    want = run_paged(load_model(source, dtype=torch.float32, device=CPU, dist=Distributed()),
+                     prompts, 2)  # fmt: skip
+    got = run_paged(load_model(hub, dtype=torch.float32, device=CPU, dist=Distributed()),
+                    prompts, 2)  # fmt: skip
+    assert got[1] == want[1]
+    for g, w in zip(got[0], want[0], strict=True):
+        assert torch.equal(g, w)
+    # I = H: gate_up's 2I tells
+    assert _transposed((8, 64, 128), (8, 64, 64), 64) is True
+    assert _transposed((8, 128, 64), (8, 64, 64), 64) is False

@@ -845,3 +845,10 @@ VISION_LANGUAGE_MODELS["qwen3_vl_text_only"] = (
     "Qwen3VLForConditionalGeneration",
     {"max_position_embeddings": 256},
 )
+# Qwen3-VL-MoE text only: Qwen3-MoE's layers nested under model.language_model., the experts
+# stacked (transformers 5's [E, 2I, H] here; tests/shard/test_moe_layer.py rewrites them as the
+# Hub's files hold them, input dimension first)
+VISION_LANGUAGE_MODELS["qwen3_vl_moe_text_only"] = (
+    "Qwen3VLMoeForConditionalGeneration",
+    {**MOE_MODELS["qwen3_moe_norm_topk"][1], "max_position_embeddings": 256},
+)
