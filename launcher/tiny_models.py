@@ -93,6 +93,9 @@ ARCHITECTURES = {
     "NemotronHForCausalLM": "NemotronHConfig",
     "GPTBigCodeForCausalLM": "GPTBigCodeConfig",
     "FalconForCausalLM": "FalconConfig",
+    "ExaoneForCausalLM": "ExaoneConfig",
+    "InternLM3ForCausalLM": "InternLM3Config",
+    "IQuestCoderForCausalLM": "IQuestCoderConfig",
     "ExaoneMoeForCausalLM": "ExaoneMoeConfig",
     "FlexOlmoForCausalLM": "FlexOlmoConfig",
     "YoutuForCausalLM": "YoutuConfig",
@@ -296,6 +299,9 @@ _NORM_IDENTITY = {
     "NemotronHForCausalLM": 1.0,
     "GPTBigCodeForCausalLM": 1.0,
     "FalconForCausalLM": 1.0,
+    "ExaoneForCausalLM": 1.0,
+    "InternLM3ForCausalLM": 1.0,
+    "IQuestCoderForCausalLM": 1.0,
 }
 # norms computing x * w in a model whose others compute x * (1 + w)
 _PLAIN_NORMS = ("linear_attn.norm.weight",)
@@ -423,7 +429,13 @@ def build_model(
         config = _vision_language(architecture, config)
     config.architectures = [architecture]
     torch.manual_seed(seed)
-    model = getattr(transformers, architecture)(config).to(getattr(torch, dtype))
+    # (EXAONE 3.5, InternLM3, IQuest-Coder: transformers runs them as Llama, no class of their own)
+    model_cls = getattr(transformers, architecture, None)
+    if model_cls is None:
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    else:
+        model = model_cls(config)
+    model = model.to(getattr(torch, dtype))
     # Random init gives near-uniform logits; a wider spread makes greedy choices decisive, so
     # token-equality tests compare real decisions rather than numerical ties.
     with torch.no_grad():
@@ -463,6 +475,10 @@ def build_model(
         from launcher.tiny_mxfp4 import to_mxfp4
 
         to_mxfp4(path, seed)
+    if model_cls is None:  # as released: the config names the architecture, not Llama
+        saved = json.loads((path / "config.json").read_text())
+        saved["architectures"] = [architecture]
+        (path / "config.json").write_text(json.dumps(saved, indent=2))
     if architecture in _NO_DENSE_MLP:  # as released: the config names no dense MLP size
         saved = json.loads((path / "config.json").read_text())
         saved.pop("intermediate_size", None)

@@ -43,7 +43,11 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "GraniteForCausalLM": ("shard.models.granite", "GraniteForCausalLM"),
     "Olmo2ForCausalLM": ("shard.models.olmo2", "Olmo2ForCausalLM"),
     "Olmo3ForCausalLM": ("shard.models.olmo2", "Olmo3ForCausalLM"),
+    "ExaoneForCausalLM": ("shard.models.exaone", "ExaoneForCausalLM"),
     "Exaone4ForCausalLM": ("shard.models.exaone4", "Exaone4ForCausalLM"),
+    # Llama's layers as transformers runs them, under their own config and architecture names
+    "InternLM3ForCausalLM": ("shard.models.llama", "LlamaForCausalLM"),
+    "IQuestCoderForCausalLM": ("shard.models.llama", "LlamaForCausalLM"),
     "GlmForCausalLM": ("shard.models.glm4", "GlmForCausalLM"),
     "Glm4ForCausalLM": ("shard.models.glm4", "Glm4ForCausalLM"),
     "HeliumForCausalLM": ("shard.models.helium", "HeliumForCausalLM"),

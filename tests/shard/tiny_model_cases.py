@@ -365,6 +365,21 @@ NEW_ARCH_MODELS["falcon_multi_query_one_norm"] = (
     {"new_decoder_architecture": False, "multi_query": True, "parallel_attn": True,
      "ffn_hidden_size": 96, "max_position_embeddings": 256},
 )  # fmt: skip
+# Llama's layers under other names, as transformers runs them: EXAONE 3.0/3.5's Hub files
+# (transformer.h.{i}.attn.attention..., the MLP's c_fc_0/c_fc_1/c_proj); InternLM3's and
+# IQuest-Coder's own architecture names (InternLM3's q/k/v/o and MLP biases)
+NEW_ARCH_MODELS["exaone3_gpt2_style_names"] = (
+    "ExaoneForCausalLM",
+    {"max_position_embeddings": 256},
+)
+NEW_ARCH_MODELS["internlm3_biased"] = (
+    "InternLM3ForCausalLM",
+    {"attention_bias": True, "mlp_bias": True, "head_dim": 16, "max_position_embeddings": 256},
+)
+NEW_ARCH_MODELS["iquestcoder_llama_layers"] = (
+    "IQuestCoderForCausalLM",
+    {"head_dim": 16, "max_position_embeddings": 256},
+)
 
 VISION_LANGUAGE_MODELS: dict[str, tuple[str, dict]] = {
     # Qwen3.5 as released (transformers 5's names: model.language_model., model.visual.)
