@@ -144,6 +144,32 @@ def route_grouped_sigmoid(
     return weights * scale, ids.to(torch.int32)
 
 
+def route_sparsemixer(logits: torch.Tensor, jitter_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Phi-3.5-MoE's router at inference (transformers' sparsemixer, top-2): logits [T, E] in the
+    model's dtype, where it computes -> (weights [T, 2] float32, expert ids [T, 2] int32). The
+    first expert is the largest logit; its weight is its softmax among the logits within a
+    relative 2 * jitter_eps of it. The second is the largest of the others, weighted likewise
+    among the others near it."""
+    first_value, first = logits.max(dim=-1, keepdim=True)
+    first_weight = _sparsemixer_weight(logits, logits, first_value, first, jitter_eps)
+    others = logits.scatter(-1, first, float("-inf"))
+    second_value, second = others.max(dim=-1, keepdim=True)
+    second_weight = _sparsemixer_weight(logits, others, second_value, second, jitter_eps)
+    weights = torch.cat([first_weight, second_weight], dim=-1)
+    return weights.float(), torch.cat([first, second], dim=-1).to(torch.int32)
+
+
+def _sparsemixer_weight(
+    logits: torch.Tensor, candidates: torch.Tensor, top: torch.Tensor, chosen: torch.Tensor,
+    jitter_eps: float,
+) -> torch.Tensor:  # fmt: skip
+    """The chosen expert's softmax over the candidates whose logit is within a relative
+    2 * jitter_eps of `top` (the relative gap measured against max(|logit|, top))."""
+    factor = logits.abs().clamp(min=top)
+    far = ((top - logits) / factor) > (2 * jitter_eps)
+    return torch.softmax(candidates.masked_fill(far, float("-inf")), dim=-1).gather(-1, chosen)
+
+
 class FusedMoE(nn.Module):
     """This rank's experts: w13 [E_r, 2 I_r, H] (gate rows first), w2 [E_r, H, I_r], or int4
     experts of those shapes (shard/layers/moe_int4.py); gpt-oss's biases w13_bias [E_r, 2 I_r]

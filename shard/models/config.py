@@ -110,6 +110,8 @@ class MoeConfig:
     # are, transformers 5's module layout is not); per-expert checkpoints are read as every
     # model's
     transposed_experts: bool | None = False
+    # Phi-3.5-MoE: "sparsemixer" scoring (route_sparsemixer) with its router_jitter_noise
+    jitter_eps: float = 0.0
     # Nemotron 3: experts of an up and a down projection, act(up) without a gate (the model's
     # hidden_act, relu^2), and a shared expert of the same kind (ModelConfig.gated_mlp False)
     gated_experts: bool = True

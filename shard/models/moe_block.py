@@ -19,7 +19,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from shard.distributed import Distributed
-from shard.layers.moe import FusedMoE, route, route_grouped_sigmoid, route_top_sigmoid
+from shard.layers.moe import (
+    FusedMoE,
+    route,
+    route_grouped_sigmoid,
+    route_sparsemixer,
+    route_top_sigmoid,
+)
 from shard.models.config import ModelConfig, MoeConfig
 from shard.models.mlp import GatedMLP, UngatedMLP
 from shard.models.names import Names
@@ -145,6 +151,8 @@ class SparseMoeBlock(nn.Module):
             logits = F.linear(x.float(), self.router, self.router_bias)
         else:
             logits = F.linear(x, self.router, self.router_bias)
+        if moe.scoring == "sparsemixer":
+            return route_sparsemixer(logits, moe.jitter_eps)
         if moe.scoring == "top_sigmoid":
             return route_top_sigmoid(
                 logits, self.top_k, round_to=x.dtype if self.round_weights else None

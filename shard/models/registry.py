@@ -57,6 +57,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Ernie4_5ForCausalLM": ("shard.models.ernie4_5", "Ernie4_5ForCausalLM"),
     "Ernie4_5_MoeForCausalLM": ("shard.models.ernie4_5_moe", "Ernie4_5_MoeForCausalLM"),
     "MixtralForCausalLM": ("shard.models.mixtral", "MixtralForCausalLM"),
+    "PhimoeForCausalLM": ("shard.models.phimoe", "PhimoeForCausalLM"),
     "GptOssForCausalLM": ("shard.models.gpt_oss", "GptOssForCausalLM"),
     "Qwen2MoeForCausalLM": ("shard.models.qwen2_moe", "Qwen2MoeForCausalLM"),
     "Qwen3MoeForCausalLM": ("shard.models.qwen3_moe", "Qwen3MoeForCausalLM"),

@@ -101,7 +101,7 @@ def test_expert_parallel_refuses_experts_the_ranks_cannot_share(tiny_model):
 @pytest.mark.parametrize(
     "name",
     ["mixtral_top2", "qwen2_moe_shared_dense", "exaone_moe_grouped_nope",
-     "nemotron3_ungated_experts"],
+     "nemotron3_ungated_experts", "phimoe_sparsemixer_longrope"],
 )  # fmt: skip
 def test_stacked_and_per_expert_checkpoints_are_the_same_model(tiny_model, tmp_path, name):
     """transformers 5's own layout (save_original_format off) for each architecture."""
@@ -149,3 +149,22 @@ def test_stacked_experts_stored_input_first_are_read_by_their_shapes(tiny_model,
     # I = H: gate_up's 2I tells
     assert _transposed((8, 64, 128), (8, 64, 64), 64) is True
     assert _transposed((8, 128, 64), (8, 64, 64), 64) is False
+
+
+def test_sparsemixer_is_transformers_router_at_inference():
+    """Phi-3.5-MoE's top-2: each expert weighted by its softmax among the logits near it."""
+    from transformers.models.phimoe.modeling_phimoe import sparsemixer
+
+    from shard.layers.moe import route_sparsemixer
+
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        logits = (torch.randn(64, 16, generator=gen) * 2).to(dtype)
+        logits[0, :3] = logits[0, 3]  # ties
+        want_weights, want_ids = sparsemixer(logits, jitter_eps=0.05, training=False)
+        weights, ids = route_sparsemixer(logits, 0.05)
+        assert torch.equal(ids.long(), want_ids)
+        assert torch.equal(weights, want_weights.float())
+        masked = ((logits.max(-1, keepdim=True)[0] - logits) / logits.abs().clamp(
+            min=logits.max(-1, keepdim=True)[0])) > 0.1  # fmt: skip
+        assert masked.any() and not masked.all(dim=-1).any()  # the jitter masks some, never all

@@ -45,6 +45,8 @@ MOE_TP = [
     # shared expert's too, the latent projections replicated around the experts' partial sums
     "nemotron3_ungated_experts",
     "nemotron3_latent_stacked",
+    # Phi-3.5-MoE: the sparsemixer router replicated, Mixtral's experts split
+    "phimoe_sparsemixer_longrope",
     # DeepSeek: query heads and kv_b_proj's up-projections split, the latent projections
     # (with biases in V2's case) computed whole on both ranks, each caching the same latent
     "deepseek_v3_mla",

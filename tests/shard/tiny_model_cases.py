@@ -867,3 +867,21 @@ VISION_LANGUAGE_MODELS["qwen3_vl_moe_text_only"] = (
     "Qwen3VLMoeForConditionalGeneration",
     {**MOE_MODELS["qwen3_moe_norm_topk"][1], "max_position_embeddings": 256},
 )
+# Phi-3.5-MoE: the sparsemixer's top-2 of 6 (a jitter wide enough to mask some experts out of
+# each softmax), LayerNorms, q/k/v/o and head biases, longrope (short factors at every length,
+# as transformers) scaled by the mscale, prompts past the original 32 positions
+_PHIMOE_HALF = 8  # head_dim 16
+MOE_MODELS["phimoe_sparsemixer_longrope"] = (
+    "PhimoeForCausalLM",
+    {
+        "num_local_experts": 6, "num_experts_per_tok": 2, "intermediate_size": 48,
+        "head_dim": 16, "attention_bias": True, "lm_head_bias": True,
+        "router_jitter_noise": 0.3, "max_position_embeddings": 256,
+        "rope_parameters": {
+            "rope_type": "longrope", "rope_theta": 10000.0,
+            "short_factor": [1.0 + i / 16 for i in range(_PHIMOE_HALF)],
+            "long_factor": [2.0 + i / 4 for i in range(_PHIMOE_HALF)],
+            "short_mscale": 1.2, "long_mscale": 1.2, "original_max_position_embeddings": 32,
+        },
+    },
+)  # fmt: skip
