@@ -95,6 +95,7 @@ ARCHITECTURES = {
     "GPTBigCodeForCausalLM": "GPTBigCodeConfig",
     "FalconForCausalLM": "FalconConfig",
     "ExaoneForCausalLM": "ExaoneConfig",
+    "ApertusForCausalLM": "ApertusConfig",
     "InternLM3ForCausalLM": "InternLM3Config",
     "IQuestCoderForCausalLM": "IQuestCoderConfig",
     "ExaoneMoeForCausalLM": "ExaoneMoeConfig",
@@ -302,6 +303,7 @@ _NORM_IDENTITY = {
     "GPTBigCodeForCausalLM": 1.0,
     "FalconForCausalLM": 1.0,
     "ExaoneForCausalLM": 1.0,
+    "ApertusForCausalLM": 1.0,
     "InternLM3ForCausalLM": 1.0,
     "IQuestCoderForCausalLM": 1.0,
 }

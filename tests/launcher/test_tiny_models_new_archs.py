@@ -21,6 +21,7 @@ PROMPT_LENS = (21, 37)  # the shard tests' prompts: Phi-3's longrope switches at
 NORMS_PER_LAYER = {
     "GPTBigCodeForCausalLM": 2,  # ln_1 and ln_2
     "ExaoneForCausalLM": 2,  # Llama's two (ln_1 and ln_2 in its Hub files)
+    "ApertusForCausalLM": 4,  # and the q/k norms
     "InternLM3ForCausalLM": 2,
     "IQuestCoderForCausalLM": 2,
     "Gemma2ForCausalLM": 4,

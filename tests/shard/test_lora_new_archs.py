@@ -109,6 +109,10 @@ CASES = {
     "gpt_bigcode_per_head_qkv": {
         "all_linear_r8": dict(r=8, lora_alpha=16, target_modules="all-linear"),
     },
+    # Apertus: up_proj's term before each layer's xIELU, down_proj's after it
+    "apertus_xielu_qk_norm": {
+        "all_linear_r8": dict(r=8, lora_alpha=16, target_modules="all-linear"),
+    },
     # Falcon's query_key_value grouped by KV head: the term's B rows picked as the weight's
     "falcon_grouped_two_norms": {
         "all_linear_r8": dict(r=8, lora_alpha=16, target_modules="all-linear"),
@@ -202,7 +206,7 @@ def test_the_fused_terms_have_one_sub_module_per_checkpoint_module(setup):
     if model.startswith("gpt_oss"):
         assert not hasattr(layer.mlp, "gate_up_proj")
         return
-    if model.startswith(("arcee", "phi_", "gpt_bigcode", "falcon")):  # ungated: up_proj's alone
+    if model.startswith(("arcee", "phi_", "gpt_bigcode", "falcon", "apertus")):  # ungated
         assert not hasattr(layer.mlp, "gate_up_proj")
         assert len(layer.mlp.up_proj.lora.out_slices) == 1
         return

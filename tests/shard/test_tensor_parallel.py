@@ -134,6 +134,7 @@ MODELS = [
     "gemma_geglu_one_kv_head",
     "helium_fp32_norms_qkv_bias",
     "arcee_relu2_ungated_yarn",  # the ungated MLP's up_proj split by columns
+    "apertus_xielu_qk_norm",  # ... through each layer's xIELU, its parameters on every rank
     # q/k normed over the whole projection, each rank holding part of it: KV heads split (OLMo
     # 2) and one replicated on both (OLMo 3); per-head q/k norms and a NoPE layer (EXAONE 4)
     *PROJECTION_QK_NORM,

@@ -380,6 +380,12 @@ NEW_ARCH_MODELS["iquestcoder_llama_layers"] = (
     "IQuestCoderForCausalLM",
     {"head_dim": 16, "max_position_embeddings": 256},
 )
+# Apertus: Qwen3's per-head q/k norms under Llama's attention, the norms' own names, an ungated
+# MLP through each layer's xIELU (its random alpha_p and alpha_n), llama3 rope scaling
+NEW_ARCH_MODELS["apertus_xielu_qk_norm"] = (
+    "ApertusForCausalLM",
+    {"head_dim": 16, "max_position_embeddings": 256},
+)
 
 VISION_LANGUAGE_MODELS: dict[str, tuple[str, dict]] = {
     # Qwen3.5 as released (transformers 5's names: model.language_model., model.visual.)
