@@ -73,12 +73,14 @@ class Client(threading.Thread):
         self.response: requests.Response | None = None
         self.text = ""
         self.first_chunk = threading.Event()
+        self.chunk_times: list[float] = []  # when each chunk arrived (time.monotonic)
         self.start()
 
     def run(self) -> None:
         with requests.post(self.url, json=self.body, stream=True, timeout=300) as r:
             self.response = r
             for chunk in r.iter_content(chunk_size=None, decode_unicode=True):
+                self.chunk_times.append(time.monotonic())
                 self.text += chunk
                 self.first_chunk.set()
         self.first_chunk.set()
@@ -106,19 +108,23 @@ class HealthPoller(threading.Thread):
 
 
 def assert_lost(server: LauncherProcess, stream: Client, plain: Client, poller: HealthPoller,
-                reason: str, since: float) -> None:  # fmt: skip
+                reason: str, since: float | None = None) -> None:  # fmt: skip
     """The launcher exits 1 naming the shard; the requests in flight got errors; /health said
-    503 with the reason before the router went."""
+    503 with the reason before the router went. `since`: when the fault struck; None: when the
+    stream's last token arrived (a step that hangs is the step after it)."""
     code = server.proc.wait(timeout=DETECTION_S + 30)
-    elapsed = time.monotonic() - since
+    exited = time.monotonic()
     log = server.log_text()
     assert code == 1, log
+    stream.join(30)
+    plain.join(30)
+    if since is None:
+        since = stream.chunk_times[-2]  # the last token's chunk, before the error event's
+    elapsed = exited - since
     assert elapsed < DETECTION_S, f"noticed {elapsed:.1f} s after the hang:\n{log}"
     summary = "ERROR launcher: router exited with code 4 unexpectedly: "
     lines = [line for line in log.splitlines() if summary in line]
     assert lines and reason in lines[0], log
-    stream.join(30)
-    plain.join(30)
     assert stream.response is not None and stream.response.status_code == 200
     last = stream.text.strip().splitlines()[-1]
     assert last.startswith("data:") and '"error_type":"generation"' in last.replace(" ", ""), last
@@ -141,7 +147,9 @@ def adapter(tiny_model_dirs, tmp_path_factory):
 def test_one_shard_a_failing_step_is_contained_then_a_hung_step_stops_the_server(
     tiny_model_dirs, adapter
 ):
-    env = {"SWITCHYARD_FAULT_FAIL_FORWARD": "3", "SWITCHYARD_FAULT_HANG_FORWARD": "40"}
+    # The hang comes well after both requests below are decoding, whatever the machine's load
+    # delays the second one by (at 40, a busy CI machine once admitted it after the hang).
+    env = {"SWITCHYARD_FAULT_FAIL_FORWARD": "3", "SWITCHYARD_FAULT_HANG_FORWARD": "150"}
     args = (*FLAGS, "--lora-adapters", f"qv={adapter}")
     with LauncherProcess(tiny_model_dirs["llama"], *args, env=env) as server:
         # Forward 3 fails: both requests are in it (one with the adapter), and fail alone.
@@ -158,17 +166,17 @@ def test_one_shard_a_failing_step_is_contained_then_a_hung_step_stops_the_server
             assert generate(server, adapter_id=adapter_id).status_code == 200
         assert_idle_and_free(server)
 
-        # Forward 40 never returns.
+        # Forward 150 never returns: the stream's (from forward 12) and the plain request's
+        # 300 tokens are being decoded then.
         poller = HealthPoller(server)
-        stream = Client(server, "generate_stream", 200)
-        plain = Client(server, "generate", 200)
+        stream = Client(server, "generate_stream", 300)
         stream.first_chunk.wait(60)
-        hung = time.monotonic()
+        plain = Client(server, "generate", 300)
         reason = (
             f"did not finish within {STEP_TIMEOUT_S:g} s on shard(s) 0; they still answer "
             "Health: a step that never returns"
         )
-        assert_lost(server, stream, plain, poller, reason, hung)
+        assert_lost(server, stream, plain, poller, reason)
 
 
 def test_two_shards_a_refused_step_is_contained_then_a_stopped_shard_stops_the_server(
