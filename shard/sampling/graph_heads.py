@@ -232,12 +232,12 @@ class SamplingHeads:
         # their (discarded) answers can fail.
         cuts = (p.top_k > 0) | (p.top_p < 1) | (p.min_p > 0)
         truncates = p.do_sample & cuts
-        warpers = SimpleNamespace(
-            top_k=torch.where(truncates, p.top_k, 0),
-            top_p=torch.where(truncates, p.top_p, 1.0),
-            min_p=torch.where(truncates, p.min_p, 0.0),
+        values = truncate_rows(
+            x,
+            torch.where(truncates, p.top_k, 0),
+            torch.where(truncates, p.top_p, 1.0),
+            torch.where(truncates, p.min_p, 0.0),
         )
-        values = truncate_rows(x, warpers.top_k, warpers.top_p, warpers.min_p)
         cut = sample_rows(values, keys, top_ids.shape[1], static=True)
         return (
             torch.where(truncates, cut.next_ids, ids),

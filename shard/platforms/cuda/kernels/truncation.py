@@ -66,6 +66,19 @@ def _above(row_ptr, vocab, m, floor_key, cands, MASS: tl.constexpr, BLOCK: tl.co
 
 
 @triton.jit
+def _kept_mass(row_ptr, vocab, m, floor_key, BLOCK: tl.constexpr):
+    """sum of exp(x - m) over the row's logits whose key is >= floor_key (what top-k kept)."""
+    cols = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, vocab, BLOCK):
+        offs = start + cols
+        valid = offs < vocab
+        x = tl.load(row_ptr + offs, mask=valid, other=float("-inf"))
+        acc += tl.where(valid & (_keys(x) >= floor_key), tl.exp(x - m), 0.0)
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit
 def _search(row_ptr, vocab, m, floor_key, bound, MASS: tl.constexpr, BLOCK: tl.constexpr,
             SPLIT: tl.constexpr, PASSES: tl.constexpr):  # fmt: skip
     """The smallest key t with _above(t) < bound: the predicate is false below KEY_MIN (every
@@ -113,8 +126,7 @@ def _floor_kernel(
         floor_key = _search(row_ptr, vocab, m, floor_key, top_k.to(tl.float32), False, BLOCK,
                             SPLIT, PASSES)  # fmt: skip
     if top_p < 1.0:
-        one = tl.full([SPLIT], -(2**31) - 1, tl.int64)  # below every key: the whole kept mass
-        kept = tl.max(_above(row_ptr, vocab, m, floor_key, one, True, BLOCK, SPLIT), axis=0)
+        kept = _kept_mass(row_ptr, vocab, m, floor_key, BLOCK)
         p_key = _search(row_ptr, vocab, m, floor_key, top_p * kept, True, BLOCK, SPLIT, PASSES)
         floor_key = tl.maximum(floor_key, p_key)
 
