@@ -80,6 +80,8 @@ ARCHITECTURES = {
     "DeepseekV2ForCausalLM": "DeepseekV2Config",
     "DeepseekV3ForCausalLM": "DeepseekV3Config",
     "Glm4MoeLiteForCausalLM": "Glm4MoeLiteConfig",
+    "DeepseekV32ForCausalLM": "DeepseekV32Config",
+    "GlmMoeDsaForCausalLM": "GlmMoeDsaConfig",
     "MiniMaxM2ForCausalLM": "MiniMaxM2Config",
     "OlmoeForCausalLM": "OlmoeConfig",
     "GraniteMoeForCausalLM": "GraniteMoeConfig",
@@ -220,6 +222,8 @@ MOE_ARCHITECTURES = (
     "DeepseekV2ForCausalLM",
     "DeepseekV3ForCausalLM",
     "Glm4MoeLiteForCausalLM",
+    "DeepseekV32ForCausalLM",
+    "GlmMoeDsaForCausalLM",
     "Ernie4_5_MoeForCausalLM",
     "MiniMaxM2ForCausalLM",
     "OlmoeForCausalLM",
@@ -256,7 +260,11 @@ MLA_ARCHITECTURES = (
     "Glm4MoeLiteForCausalLM",
     "Mistral4ForCausalLM",
     "YoutuForCausalLM",
+    "DeepseekV32ForCausalLM",
+    "GlmMoeDsaForCausalLM",
 )
+# ... whose attention reads only the tokens an indexer picks (DeepSeek Sparse Attention)
+SPARSE_ATTENTION_ARCHITECTURES = ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")
 # The router's weights spread wider than the rest: its top-k choices then have clear margins,
 # so a model that computes the layer's input within rounding picks the same experts.
 _ROUTER_SPREAD = 0.3
@@ -590,6 +598,12 @@ def _tiny_defaults(
             "n_shared_experts": 1,
             "n_group": 4,
             "topk_group": 2,
+            # DeepSeek-V3.2's and GLM-5's indexer (DSA): 64 or 32 heads of 128 choose 2048 tokens
+            **(
+                {"index_n_heads": 8, "index_head_dim": 2 * head_dim, "index_topk": 12}
+                if architecture in SPARSE_ATTENTION_ARCHITECTURES
+                else {}
+            ),
         }
     if architecture == "MiniMaxM2ForCausalLM":
         # the releases' 256 experts (top 8) and head_dim 128, rotary over its first 64

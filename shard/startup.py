@@ -19,6 +19,7 @@ from shard.layers.quant.unquantized import DenseWeight
 from shard.lora.manager import LoraManager, LoraSettings
 from shard.models import load_model
 from shard.models.config import UnsupportedArchitectureError, read_quantization
+from shard.models.sparse_attention import SparseLatentAttention
 from shard.platforms import platform_of, shard_device
 from shard.platforms.cpu.compiled import CompiledForward, check_supported
 from shard.platforms.cpu.decode_loop import CpuDecodePath
@@ -209,6 +210,7 @@ def compiled_forward(
         quantized=quantized,
         experts=experts,
         recurrent=bool(getattr(model, "recurrent", False)),
+        sparse_attention=any(isinstance(m, SparseLatentAttention) for m in model.modules()),
     )
     log.info("--compile: the forward pass is compiled with torch.compile (inductor) at warmup")
     return CompiledForward(model, get_attention_backend(attention))

@@ -55,6 +55,8 @@ class MixedMetadata:
     prefill: AttentionMetadata | None
     decode: AttentionMetadata | None
     num_prefill_tokens: int
+    # What layers derive from the whole step once and reuse (as AttentionMetadata.derived)
+    derived: dict[object, object] = field(default_factory=dict, repr=False, compare=False)
 
 
 # What a model's forward pass takes: a pure prefill or decode step, or a mixed one.

@@ -450,6 +450,26 @@ class RotaryEmbedding(nn.Module):
             cos, sin = self._cos_sin(rows, q.dtype)
         return _rotate(q, cos, sin)
 
+    def rotate_leading(
+        self,
+        positions: torch.Tensor,
+        x: torch.Tensor,
+        meta: StepMetadata | None = None,
+        *,
+        interleaved: bool = False,
+    ) -> torch.Tensor:
+        """x [T, heads, D >= rotary_dim] with its first rotary_dim dims turned by this module's
+        frequencies, as halves or, `interleaved`, as neighbouring pairs (reordered
+        evens-then-odds first, as this module reorders its own), whatever pairing this module
+        itself turns; the dims past them pass. The torch form: a second rotation over the
+        same tables (DeepSeek Sparse Attention's indexer, shard/models/sparse_attention.py)."""
+        rotary_dim = self.rotary_dim
+        part = x[..., :rotary_dim]
+        if interleaved:
+            part = torch.cat((part[..., 0::2], part[..., 1::2]), -1)
+        cos, sin = self._cos_sin(self._rows(positions, meta), x.dtype)
+        return torch.cat((_rotate(part, cos, sin), x[..., rotary_dim:]), -1)
+
 
 class NoRotary(nn.Module):
     """A layer without position encoding (NoPE: SmolLM3's every fourth layer): q and k pass as

@@ -7,7 +7,9 @@ A model file names its checkpoint tensors (a `Names` table) and maps its config.
   window per layer, the query scale, attention-logit soft-capping, q/k/v and o biases, q/k/v
   clamped (OLMo's clip_qkv); or
   with `ModelConfig.mla`, `LatentAttention` (shard/models/latent_attention.py: DeepSeek's
-  multi-head latent attention, caching one latent vector a token); or in the layers that keep a
+  multi-head latent attention, caching one latent vector a token; with `MlaConfig.indexer`
+  `SparseLatentAttention`, shard/models/sparse_attention.py: DeepSeek Sparse Attention, each
+  token attending over the earlier tokens an indexer picks); or in the layers that keep a
   state per sequence instead of K/V, `GatedDeltaNet` (shard/models/linear_attention.py: Qwen3.5's
   linear attention) or `Mamba2Mixer` (shard/models/mamba_mixer.py: Granite 4.0-H's, Bamba's,
   NemotronH's).
@@ -61,6 +63,7 @@ from shard.models.mamba_mixer import Mamba2Mixer
 from shard.models.mlp import GatedMLP, UngatedMLP
 from shard.models.moe_block import SparseMoeBlock
 from shard.models.names import LLAMA_NAMES, Names
+from shard.models.sparse_attention import SparseLatentAttention
 from shard.weights import Weights, WeightsError
 
 # How many layers past the last one may hold multi-token-prediction weights (the releases have
@@ -358,7 +361,8 @@ class DecoderLayer(nn.Module):
             attention = Mamba2Mixer.load(weights, names, config)
         elif config.mla is not None:
             assert isinstance(rotary, RotaryEmbedding)
-            attention = LatentAttention.load(weights, names, config, rotary, backend)
+            latent = SparseLatentAttention if config.mla.indexer else LatentAttention
+            attention = latent.load(weights, names, config, rotary, backend)
         else:
             attention = Attention.load(weights, names, config, rotary, backend)
         mlp: GatedMLP | UngatedMLP | SparseMoeBlock

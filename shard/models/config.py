@@ -131,6 +131,28 @@ class MlaConfig:
     qk_nope_head_dim: int  # each head's query/key dims without position encoding
     qk_rope_head_dim: int  # ... and with it (rotary)
     v_head_dim: int
+    # DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5): each token attends over the tokens its
+    # layer's indexer picks, not its whole context; None: dense MLA
+    indexer: IndexerConfig | None = None
+
+
+@dataclass(frozen=True)
+class IndexerConfig:
+    """DeepSeek Sparse Attention's lightning indexer (shard/models/sparse_attention.py): per
+    token, `num_heads` small queries of `head_dim` (from the query's low-rank latent) score every
+    earlier token's one indexer key, and the token attends over the `top_k` best-scored only.
+    The first `rope_dims` dims of each are rotated, in halves (DeepSeek-V3.2) or in interleaved
+    pairs (`rope_interleaved`, GLM-5). GLM-5's `shared_layers` reuse the choice of the layer
+    before them instead of running an indexer of their own."""
+
+    num_heads: int
+    head_dim: int
+    top_k: int
+    rope_interleaved: bool = False
+    shared_layers: tuple[bool, ...] = ()
+
+    def shared(self, layer: int) -> bool:
+        return bool(self.shared_layers) and self.shared_layers[layer]
 
 
 @dataclass(frozen=True)

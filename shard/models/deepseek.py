@@ -1,7 +1,10 @@
 """DeepSeek-V2 and DeepSeek-V3 (`DeepseekV2ForCausalLM`, `DeepseekV3ForCausalLM`: also DeepSeek-R1,
 Kimi K2 and Moonlight, which are V3 checkpoints), GLM-4.7-Flash (`Glm4MoeLiteForCausalLM`:
 V3's layers, its dense and sparse layers listed by `mlp_layer_types`) and Youtu-LLM
-(`YoutuForCausalLM`: V3's attention, every MLP dense): multi-head latent
+(`YoutuForCausalLM`: V3's attention, every MLP dense), DeepSeek-V3.2 (`DeepseekV32ForCausalLM`:
+V3 with DeepSeek Sparse Attention, shard/models/sparse_attention.py) and GLM-5
+(`GlmMoeDsaForCausalLM`: V3.2's, its indexer's rotary pairs interleaved, some layers reusing
+the choice of the layer before): multi-head latent
 attention in every layer (shard/models/latent_attention.py), Mixture-of-Experts MLPs after the
 first `first_k_dense_replace` dense ones, with `n_shared_experts` shared experts as one ungated
 MLP.
@@ -25,7 +28,13 @@ from typing import Any
 
 from shard.layers.rotary import RopeConfig, yarn_mscale
 from shard.models.blocks import DecoderModel
-from shard.models.config import MlaConfig, ModelConfig, MoeConfig, UnsupportedArchitectureError
+from shard.models.config import (
+    IndexerConfig,
+    MlaConfig,
+    ModelConfig,
+    MoeConfig,
+    UnsupportedArchitectureError,
+)
 from shard.models.glm4_moe import (
     GLM4_MOE_NAMES,
     deepseek_moe,
@@ -44,6 +53,11 @@ DEEPSEEK_NAMES = {
     "kv_a_proj": ("model.layers.{i}.self_attn.kv_a_proj_with_mqa",),
     "kv_a_layernorm": ("model.layers.{i}.self_attn.kv_a_layernorm",),
     "kv_b_proj": ("model.layers.{i}.self_attn.kv_b_proj",),
+    # DeepSeek Sparse Attention's indexer (V3.2, GLM-5)
+    "indexer_wq_b": ("model.layers.{i}.self_attn.indexer.wq_b",),
+    "indexer_wk": ("model.layers.{i}.self_attn.indexer.wk",),
+    "indexer_k_norm": ("model.layers.{i}.self_attn.indexer.k_norm",),
+    "indexer_weights_proj": ("model.layers.{i}.self_attn.indexer.weights_proj",),
 }
 
 
@@ -162,3 +176,82 @@ class Glm4MoeLiteForCausalLM(DeepseekV3ForCausalLM):
     @staticmethod
     def router(raw: dict[str, Any], config: ModelConfig) -> MoeConfig:
         return listed_sparse_layers(raw, config, grouped_sigmoid_moe(raw, config))
+
+
+def indexer_config(
+    raw: dict[str, Any], mla: MlaConfig, *, interleaved: bool, layers: int
+) -> IndexerConfig:
+    """DeepSeek Sparse Attention's indexer from index_n_heads, index_head_dim, index_topk (and
+    GLM-5's shared layers, `indexer_types`); raises naming the field it cannot serve."""
+    if mla.q_lora_rank is None:
+        raise UnsupportedArchitectureError(
+            "q_lora_rank is null: the sparse attention's indexer reads the queries' latent"
+        )
+    spec = IndexerConfig(
+        num_heads=int(raw.get("index_n_heads", 64)),
+        head_dim=int(raw.get("index_head_dim", 128)),
+        top_k=int(raw.get("index_topk", 2048)),
+        rope_interleaved=interleaved,
+        shared_layers=_shared_layers(raw, layers),
+    )
+    if spec.num_heads < 1 or spec.top_k < 1:
+        raise UnsupportedArchitectureError(
+            f"index_n_heads = {spec.num_heads} and index_topk = {spec.top_k} must be positive"
+        )
+    if spec.head_dim < mla.qk_rope_head_dim:
+        raise UnsupportedArchitectureError(
+            f"index_head_dim = {spec.head_dim} is narrower than the qk_rope_head_dim = "
+            f"{mla.qk_rope_head_dim} dims its rotary turns"
+        )
+    return spec
+
+
+def _shared_layers(raw: dict[str, Any], layers: int) -> tuple[bool, ...]:
+    """GLM-5's layers that reuse the choice of the layer before (`indexer_types` "shared"), as
+    transformers derives them when the config lists none: from `index_topk_pattern` ("F"/"S"
+    a layer) or every `index_topk_freq`-th layer from `index_skip_topk_offset` on running its
+    own indexer. No such field: every layer runs its own."""
+    kinds = raw.get("indexer_types")
+    if kinds is None and (pattern := raw.get("index_topk_pattern")) is not None:
+        letters = {"F": "full", "S": "shared"}
+        kinds = [letters.get(c, c) for c in pattern] if isinstance(pattern, str) else pattern
+    if kinds is None:
+        freq = max(int(raw.get("index_topk_freq", 1)), 1)
+        offset = int(raw.get("index_skip_topk_offset", 2))
+        kinds = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(layers)]
+    if len(kinds) != layers or not set(kinds) <= {"full", "shared"}:
+        raise UnsupportedArchitectureError(
+            f"indexer_types = {kinds} must name each of the {layers} layers 'full' or 'shared'"
+        )
+    if kinds and kinds[0] != "full":
+        raise UnsupportedArchitectureError(
+            "indexer_types: the first layer is 'shared', with no indexer before it to share"
+        )
+    return tuple(kind == "shared" for kind in kinds) if "shared" in kinds else ()
+
+
+class DeepseekV32ForCausalLM(DeepseekV3ForCausalLM):
+    """DeepSeek-V3.2 (and V3.2-Exp, V3.2-Speciale): V3 with DeepSeek Sparse Attention, its
+    dense and sparse layers listed by `mlp_layer_types` where the config lists them."""
+
+    INDEXER_INTERLEAVED = False  # the indexer turns halves, the attention interleaved pairs
+
+    @staticmethod
+    def router(raw: dict[str, Any], config: ModelConfig) -> MoeConfig:
+        return listed_sparse_layers(raw, config, grouped_sigmoid_moe(raw, config))
+
+    @classmethod
+    def adapt_config(cls, raw: dict[str, Any], config: ModelConfig) -> ModelConfig:
+        config = super().adapt_config(raw, config)
+        assert config.mla is not None
+        indexer = indexer_config(
+            raw, config.mla, interleaved=cls.INDEXER_INTERLEAVED, layers=config.num_layers
+        )
+        return replace(config, mla=replace(config.mla, indexer=indexer))
+
+
+class GlmMoeDsaForCausalLM(DeepseekV32ForCausalLM):
+    """GLM-5: V3.2's layers, its indexer's rotary in interleaved pairs, some layers reusing the
+    choice of the layer before (`indexer_types`)."""
+
+    INDEXER_INTERLEAVED = True

@@ -137,11 +137,19 @@ class LatentAttention(nn.Module):
         kv_cache: torch.Tensor,
         meta: StepMetadata,
     ) -> torch.Tensor:
+        query, key = self.query_key(self.q_proj(hidden), hidden, positions, meta)
+        out = attend(self.backend, query, key, key, kv_cache, meta, self.scale)
+        return self.output(out)
+
+    def query_key(
+        self, q: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, meta: StepMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The heads' queries [T, H (nope + rope)] and the layer's input -> what attention
+        reads: each head's query in latent space with its rotated part [T, H, rank + rope], and
+        the token's one key, the normed latent with the rotated key part [T, 1, rank + rope]."""
         mla, rank = self.mla, self.mla.kv_lora_rank
         nope, rope = mla.qk_nope_head_dim, mla.qk_rope_head_dim
-        q_nope, q_rope = (
-            self.q_proj(hidden).view(-1, self.num_heads, nope + rope).split([nope, rope], -1)
-        )
+        q_nope, q_rope = q.view(-1, self.num_heads, nope + rope).split([nope, rope], -1)
         latent, k_rope = self.kv_a_proj(hidden).split([rank, rope], -1)
         latent = self.kv_a_norm(latent.contiguous())
         q_rope, k_rope = self.rotary(
@@ -154,8 +162,12 @@ class LatentAttention(nn.Module):
         q_latent = torch.bmm(q_nope.transpose(0, 1), self.w_uk).transpose(0, 1)
         query = torch.cat((q_latent, q_rope), -1)
         key = torch.cat((latent.unsqueeze(1), k_rope), -1)  # [T, 1, rank + rope]
-        out = attend(self.backend, query, key, key, kv_cache, meta, self.scale)
-        # the softmax-weighted latent of each head, up-projected to its values: [T, H, v]
+        return query, key
+
+    def output(self, out: torch.Tensor) -> torch.Tensor:
+        """Attention's output [T, H, >= rank] -> the layer's [T, hidden]: the softmax-weighted
+        latent of each head, up-projected to its values, through o_proj."""
+        rank = self.mla.kv_lora_rank
         values = torch.bmm(out[..., :rank].transpose(0, 1), self.w_uv).transpose(0, 1)
         return self.o_proj(values.reshape(values.shape[0], -1))
 

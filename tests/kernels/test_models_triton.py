@@ -43,6 +43,9 @@ CASES = {
     # DeepSeek's latent attention: both kernels over one cached 64-wide latent (32 + 32
     # rotary dims) that every query head reads
     "deepseek_v3_mla": {},
+    # DeepSeek-V3.2 with every context within top_k: both kernels over rows that also hold
+    # the indexer's keys, the queries padded with zeros against them
+    "deepseek_v32_sparse_attention": {"index_topk": 64},
     # Gemma 4: global layers of 128-dim heads (values their keys, one KV head) beside 64-dim
     # sliding ones; experts beside the dense MLP. And the small models' per-layer embeddings
     # and layers attending over earlier layers' caches.
@@ -82,7 +85,7 @@ def checkpoints(tmp_path_factory):
     for name, extra in CASES.items():
         architecture, overrides = {**NEW_ARCH_MODELS, **MOE_MODELS}[name]
         overrides = {**overrides, **SHAPE, **extra}
-        if architecture in ("Phi3ForCausalLM", "DeepseekV3ForCausalLM"):
+        if architecture in ("Phi3ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM"):
             # Phi-3's head size is hidden / heads, never configured; DeepSeek's head_dim is
             # its rotary width
             overrides.pop("head_dim")

@@ -39,6 +39,8 @@ ARCHITECTURES = [
     "olmo3_sliding_one_kv_head",  # post norms only, whole-projection q/k norms
     "exaone4_sliding_nope",  # a layer without position encoding
     "deepseek_v3_mla",  # the latent cache read back chunk after chunk, YaRN past 16 positions
+    # DeepSeek-V3.2: each chunk's tokens choose among the indexer keys earlier chunks stored
+    "deepseek_v32_sparse_attention",
     # Mamba 2 layers: each chunk's conv and scan start from the state the last chunk left
     "granite4_hybrid_dense_nope",
     "starcoder2_biased_sliding",  # biased LayerNorms, a 7-token window in every layer

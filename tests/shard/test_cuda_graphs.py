@@ -133,6 +133,9 @@ CASES = [
     # Gemma 4: the KV-sharing layers read the keys and values their source kept in the same
     # captured step; per-layer embeddings from the static input ids
     ("gemma4_per_layer_inputs_kv_sharing", "torch"),
+    # DeepSeek Sparse Attention: captured steps always choose (and attend over the chosen rows)
+    # from the static block tables; eager ones past top_k likewise, within it densely
+    ("deepseek_v32_sparse_attention", "torch"),
 ]
 
 

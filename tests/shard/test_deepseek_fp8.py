@@ -1,6 +1,7 @@
-"""DeepSeek-V3 in transformers' fine-grained FP8 (the format DeepSeek-V3, R1 and Kimi K2 are
-released in: 128x128 blocks, `weight_scale_inv`), quantized by transformers' own Fp8Quantize on
-every module its replace_with_fp8_linear converts (the latent attention's five projections,
+"""DeepSeek-V3 and V3.2 in transformers' fine-grained FP8 (the format DeepSeek-V3, R1, V3.2 and
+Kimi K2 are released in: 128x128 blocks, `weight_scale_inv`), quantized by transformers' own
+Fp8Quantize on every module its replace_with_fp8_linear converts (the latent attention's five
+projections and V3.2's indexer's two,
 the dense and shared MLPs, each routed expert), against transformers loading the same
 checkpoint dequantized (`FineGrainedFP8Config(dequantize=True)`): logits and greedy ids; and on
 two ranks, each rank's weights (kv_b_proj's absorbed halves included) equal that rank's slice
@@ -59,20 +60,31 @@ def _converted(model, config: FineGrainedFP8Config) -> dict[str, str]:
     return {n: type(m).__name__ for n, m in meta.named_modules() if isinstance(m, kinds)}
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
+# architecture, its config beyond SHAPE, the projections of its attention in FP8. DeepSeek-V3.2
+# as released: the indexer's wq_b and wk in FP8 too (8 heads of 128), its weights_proj in bf16
+# (transformers leaves it so).
+ARCHITECTURES = {
+    "DeepseekV3ForCausalLM": ({}, 5),
+    "DeepseekV32ForCausalLM": ({"index_n_heads": 8, "index_head_dim": 128, "index_topk": 12}, 7),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(ARCHITECTURES))
+def checkpoint(tmp_path_factory, request) -> Path:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "quant_fixtures"))
     from build_fp8 import quantize_hf  # the FP8 fixtures' Fp8Quantize over a state dict
 
+    extra, attention_fp8 = ARCHITECTURES[request.param]
     root = tmp_path_factory.mktemp("deepseek_fp8")
-    source = build_model(root / "bf16", "DeepseekV3ForCausalLM", dtype="bfloat16", **SHAPE)
+    source = build_model(root / "bf16", request.param, dtype="bfloat16", **SHAPE, **extra)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16)
     config = FineGrainedFP8Config(
         weight_block_size=BLOCK, activation_scheme="dynamic", modules_to_not_convert=["lm_head"]
     )
     converted = _converted(model, config)
     assert sum(kind == "FP8Experts" for kind in converted.values()) == 1  # layer 1's experts
-    assert len(converted) == 2 * 5 + 3 + 1 + 3  # attention x2, dense MLP, experts, shared
+    # attention x2, dense MLP, experts, shared
+    assert len(converted) == 2 * attention_fp8 + 3 + 1 + 3
     tensors = quantize_hf(model, config, converted)
     out = root / "fp8"
     shutil.copytree(source, out)

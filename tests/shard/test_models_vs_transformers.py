@@ -106,6 +106,7 @@ KEPT_FLOAT32 = {
     "glm4_moe_grouped": r"\.router$",
     "deepseek_v3_mla": r"\.router$",
     "glm4_moe_lite_mla": r"\.router$",
+    "deepseek_v32_sparse_attention": r"\.router$",
     "ernie4_5_moe_biased_choice": r"\.router$",
     # NemotronH's block norms scale in float32 (Fp32RMSNorm), its router is DeepSeek-V3's
     "nemotron3_ungated_experts": r"^(layers\.\d+\.)?norm\.weight$|\.router$",
@@ -126,6 +127,7 @@ HALF_AS_TRANSFORMERS = (
     "olmo2_projection_qk_norm",
     "flex_olmo_post_norms",  # OLMo 2's post norms again: 0.066 in bf16
     "deepseek_v3_mla",
+    "deepseek_v32_sparse_attention",  # V3's case with the indexer: 0.031 in bf16 too
     "minimax_m2_projection_norms",
     # Gemma 4's per-layer embeddings gate every layer's stream: transformers' bf16 is 0.30 off
     "gemma4_per_layer_inputs_kv_sharing",

@@ -51,6 +51,8 @@ MOE_TP = [
     # (with biases in V2's case) computed whole on both ranks, each caching the same latent
     "deepseek_v3_mla",
     "deepseek_v2_grouped",
+    # DeepSeek Sparse Attention: the indexer computed whole on both ranks, which choose alike
+    "deepseek_v32_sparse_attention",
     # ERNIE 4.5: the softmax choice with a correction bias, the dense layers' biases
     "ernie4_5_moe_biased_choice",
     # MiniMax-M2: whole-projection q/k norms (their all-reduce) with partial rotary, the

@@ -553,6 +553,25 @@ MOE_MODELS["glm4_moe_lite_mla"] = (
         "routed_scaling_factor": 1.8,
     },
 )
+# DeepSeek-V3.2: V3's case with DeepSeek Sparse Attention, each token attending over the 12
+# earlier tokens its layer's indexer (8 heads of 32, the first 8 dims rotated in halves) scores
+# best: the test prompts (21 and 37 tokens) run past it from their thirteenth token on
+MOE_MODELS["deepseek_v32_sparse_attention"] = (
+    "DeepseekV32ForCausalLM",
+    {**MOE_MODELS["deepseek_v3_mla"][1], "index_topk": 12},
+)
+# GLM-5: V3.2's layers with the indexer's rotary in interleaved pairs, the middle layer reusing
+# the first's choice (indexer_types), one expert group
+MOE_MODELS["glm_moe_dsa_shared_choice"] = (
+    "GlmMoeDsaForCausalLM",
+    {
+        "num_hidden_layers": 3,
+        "indexer_types": ["full", "shared", "full"],
+        "n_group": 1,
+        "topk_group": 1,
+        "index_topk": 10,
+    },
+)
 # ERNIE 4.5 MoE: softmax top-3 of 8 chosen with a correction bias, renormalised, one shared
 # expert; only the middle layer sparse (moe_layer_interval 2); interleaved rotary.
 MOE_MODELS["ernie4_5_moe_biased_choice"] = (

@@ -182,6 +182,7 @@ def check_supported(
     quantized: bool,
     experts: bool = False,
     recurrent: bool = False,
+    sparse_attention: bool = False,
 ) -> None:
     """Raises ValueError naming --compile and the reason when this shard cannot compile."""
     reasons = []
@@ -199,6 +200,9 @@ def check_supported(
     if recurrent:
         # prompt chunks run per sequence from host lengths, and the states update in place
         reasons.append("models with linear attention (Qwen3.5) are not supported with it")
+    if sparse_attention:
+        # which tokens a layer reads follows each step's lengths and its indexer's scores
+        reasons.append("sparse attention (DeepSeek-V3.2's, GLM-5's) is not supported with it")
     if device.type == "cpu" and not any(shutil.which(cxx) for cxx in ("g++", "c++", "clang++")):
         reasons.append("inductor builds C++ kernels and no C++ compiler is on PATH")
     if reasons:
