@@ -114,6 +114,8 @@ ARCHITECTURES = {
     "Qwen2_5_VLForConditionalGeneration": "Qwen2_5_VLTextConfig",
     "Qwen3VLForConditionalGeneration": "Qwen3VLTextConfig",
     "Qwen3VLMoeForConditionalGeneration": "Qwen3VLMoeTextConfig",
+    "Glm4vForConditionalGeneration": "Glm4vTextConfig",
+    "Glm4vMoeForConditionalGeneration": "Glm4vMoeTextConfig",
     "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeTextConfig",
     "Qwen3NextForCausalLM": "Qwen3NextConfig",
     "Llama4ForCausalLM": "Llama4TextConfig",
@@ -124,6 +126,9 @@ ARCHITECTURES = {
 
 _QWEN3_5_VISION = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
                    "out_hidden_size": 64, "num_position_embeddings": 16}  # fmt: skip
+
+_GLM4V_VISION = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                 "out_hidden_size": 64, "image_size": 28}  # fmt: skip
 
 # Vision-language wrappers -> their config class and its arguments besides the LM's config: a
 # tiny vision tower (its weights are saved, as in the released checkpoints, and a text-only
@@ -146,6 +151,8 @@ VISION_LANGUAGE = {
         "vision_config": {**_QWEN3_5_VISION, "deepstack_visual_indexes": [0]}}),
     "Qwen3_5MoeForConditionalGeneration": ("Qwen3_5MoeConfig", {
         "vision_config": _QWEN3_5_VISION}),
+    "Glm4vForConditionalGeneration": ("Glm4vConfig", {"vision_config": _GLM4V_VISION}),
+    "Glm4vMoeForConditionalGeneration": ("Glm4vMoeConfig", {"vision_config": _GLM4V_VISION}),
     "Gemma4ForConditionalGeneration": ("Gemma4Config", {
         "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
                           "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16,
@@ -191,6 +198,7 @@ POST_LLAMA_ARCHITECTURES = (
     "Olmo3ForCausalLM",
     "Exaone4ForCausalLM",
     "Glm4ForCausalLM",
+    "Glm4vForConditionalGeneration",
     "SeedOssForCausalLM",
     "Ernie4_5ForCausalLM",
     "CohereForCausalLM",
@@ -219,6 +227,7 @@ MOE_ARCHITECTURES = (
     "PhimoeForCausalLM",
     "GptOssForCausalLM",
     "Glm4MoeForCausalLM",
+    "Glm4vMoeForConditionalGeneration",
     "DeepseekV2ForCausalLM",
     "DeepseekV3ForCausalLM",
     "Glm4MoeLiteForCausalLM",

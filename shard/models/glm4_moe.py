@@ -5,18 +5,24 @@ scores, a per-expert correction bias in the choice only, the best `topk_group` o
 expert groups, the weights renormalised (`norm_topk_prob`) and scaled by
 `routed_scaling_factor`; `n_shared_experts` shared experts as one ungated MLP every token takes.
 
+GLM-4.5V and GLM-4.6V (`Glm4vMoeForConditionalGeneration`) as released are served as this
+language model, text only (shard/models/text_only.py): their multimodal rope (mrope_section)
+turns every section by the same position for text, which is GLM-4.5's rope.
+
 The released checkpoints also hold the multi-token-prediction layer(s) after the last layer
 (`model.layers.{num_hidden_layers}...`), which transformers leaves out too: skipped."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from shard.models.blocks import DecoderModel
 from shard.models.config import ModelConfig, MoeConfig, UnsupportedArchitectureError
 from shard.models.names import QWEN_MOE_NAMES, STACKED_EXPERT_NAMES, stacked_experts
 from shard.models.qwen2_moe import experts_per_token
+from shard.models.text_only import TextOnly, holds
 from shard.weights import Weights
 
 GLM4_MOE_NAMES = {
@@ -129,4 +135,10 @@ class Glm4MoeForCausalLM(DecoderModel):
 
     @classmethod
     def names_for(cls, weights: Weights) -> dict[str, tuple[str, ...]]:
-        return {**cls.NAMES, **STACKED_EXPERT_NAMES} if stacked_experts(weights.has) else cls.NAMES
+        # (in the language model's own names or nested in a vision-language checkpoint's)
+        has = partial(holds, weights)
+        return {**cls.NAMES, **STACKED_EXPERT_NAMES} if stacked_experts(has) else cls.NAMES
+
+
+class Glm4vMoeForConditionalGeneration(TextOnly, Glm4MoeForCausalLM):
+    """GLM-4.5V, GLM-4.6V: served as their language model."""

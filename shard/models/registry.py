@@ -50,6 +50,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "IQuestCoderForCausalLM": ("shard.models.llama", "LlamaForCausalLM"),
     "GlmForCausalLM": ("shard.models.glm4", "GlmForCausalLM"),
     "Glm4ForCausalLM": ("shard.models.glm4", "Glm4ForCausalLM"),
+    "Glm4vForConditionalGeneration": ("shard.models.glm4", "Glm4vForConditionalGeneration"),
     "HeliumForCausalLM": ("shard.models.helium", "HeliumForCausalLM"),
     "CohereForCausalLM": ("shard.models.cohere", "CohereForCausalLM"),
     "Cohere2ForCausalLM": ("shard.models.cohere", "Cohere2ForCausalLM"),
@@ -76,6 +77,10 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "NemotronHForCausalLM": ("shard.models.nemotron_h", "NemotronHForCausalLM"),
     "GraniteMoeSWAForCausalLM": ("shard.models.granite_swa", "GraniteMoeSWAForCausalLM"),
     "Glm4MoeForCausalLM": ("shard.models.glm4_moe", "Glm4MoeForCausalLM"),
+    "Glm4vMoeForConditionalGeneration": (
+        "shard.models.glm4_moe",
+        "Glm4vMoeForConditionalGeneration",
+    ),
     "Dots1ForCausalLM": ("shard.models.dots1", "Dots1ForCausalLM"),
     "AfmoeForCausalLM": ("shard.models.afmoe", "AfmoeForCausalLM"),
     "ArceeForCausalLM": ("shard.models.arcee", "ArceeForCausalLM"),

@@ -892,6 +892,25 @@ VISION_LANGUAGE_MODELS["qwen3_vl_moe_text_only"] = (
     "Qwen3VLMoeForConditionalGeneration",
     {**MOE_MODELS["qwen3_moe_norm_topk"][1], "max_position_embeddings": 256},
 )
+# GLM-4.1V and GLM-4.5V served text only: GLM-4's and GLM-4.5's layers under transformers 5's
+# names beside `model.visual.`, the multimodal rope's sections (of the tiny rotary's 4
+# frequencies) all turning by the text position; GLM-4.1V's rotary in interleaved pairs over
+# half of each head (its config's partial_rotary_factor), GLM-4.5V's in halves (half of each
+# head by default)
+_GLM4V_ROPE = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2]}
+VISION_LANGUAGE_MODELS["glm4v_text_only"] = (
+    "Glm4vForConditionalGeneration",
+    {"rope_parameters": {**_GLM4V_ROPE, "partial_rotary_factor": 0.5},
+     "max_position_embeddings": 256},
+)  # fmt: skip
+VISION_LANGUAGE_MODELS["glm4v_moe_text_only"] = (
+    "Glm4vMoeForConditionalGeneration",
+    {
+        **{k: v for k, v in MOE_MODELS["glm4_moe_grouped"][1].items() if k != "use_qk_norm"},
+        "rope_parameters": _GLM4V_ROPE,
+        "max_position_embeddings": 256,
+    },
+)
 # Phi-3.5-MoE: the sparsemixer's top-2 of 6 (a jitter wide enough to mask some experts out of
 # each softmax), LayerNorms, q/k/v/o and head biases, longrope (short factors at every length,
 # as transformers) scaled by the mscale, prompts past the original 32 positions
