@@ -48,6 +48,8 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     # Llama's layers as transformers runs them, under their own config and architecture names
     "InternLM3ForCausalLM": ("shard.models.llama", "LlamaForCausalLM"),
     "IQuestCoderForCausalLM": ("shard.models.llama", "LlamaForCausalLM"),
+    # Meta's Code World Model: Llama's layers, a window in three layers of four (layer_types)
+    "CwmForCausalLM": ("shard.models.llama", "LlamaForCausalLM"),
     "GlmForCausalLM": ("shard.models.glm4", "GlmForCausalLM"),
     "Glm4ForCausalLM": ("shard.models.glm4", "Glm4ForCausalLM"),
     "Glm4vForConditionalGeneration": ("shard.models.glm4", "Glm4vForConditionalGeneration"),

@@ -24,6 +24,7 @@ NORMS_PER_LAYER = {
     "ApertusForCausalLM": 4,  # and the q/k norms
     "InternLM3ForCausalLM": 2,
     "IQuestCoderForCausalLM": 2,
+    "CwmForCausalLM": 2,
     "Gemma2ForCausalLM": 4,
     "Gemma3ForCausalLM": 6,
     "Phi3ForCausalLM": 2,

@@ -380,6 +380,12 @@ NEW_ARCH_MODELS["iquestcoder_llama_layers"] = (
     "IQuestCoderForCausalLM",
     {"head_dim": 16, "max_position_embeddings": 256},
 )
+# Meta's CWM: Llama's layers, its window (7 here, 8192 released) in the layers layer_types
+# names sliding (every layer but each fourth's first by default: here the second of two)
+NEW_ARCH_MODELS["cwm_sliding_layers"] = (
+    "CwmForCausalLM",
+    {"head_dim": 16, "sliding_window": 7, "max_position_embeddings": 256},
+)
 # Apertus: Qwen3's per-head q/k norms under Llama's attention, the norms' own names, an ungated
 # MLP through each layer's xIELU (its random alpha_p and alpha_n), llama3 rope scaling
 NEW_ARCH_MODELS["apertus_xielu_qk_norm"] = (
