@@ -116,6 +116,8 @@ ARCHITECTURES = {
     "Qwen3VLMoeForConditionalGeneration": "Qwen3VLMoeTextConfig",
     "Glm4vForConditionalGeneration": "Glm4vTextConfig",
     "CwmForCausalLM": "CwmConfig",
+    "Lfm2ForCausalLM": "Lfm2Config",
+    "Lfm2MoeForCausalLM": "Lfm2MoeConfig",
     "Glm4vMoeForConditionalGeneration": "Glm4vMoeTextConfig",
     "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeTextConfig",
     "Qwen3NextForCausalLM": "Qwen3NextConfig",
@@ -201,6 +203,7 @@ POST_LLAMA_ARCHITECTURES = (
     "Glm4ForCausalLM",
     "Glm4vForConditionalGeneration",
     "CwmForCausalLM",
+    "Lfm2ForCausalLM",
     "SeedOssForCausalLM",
     "Ernie4_5ForCausalLM",
     "CohereForCausalLM",
@@ -230,6 +233,7 @@ MOE_ARCHITECTURES = (
     "GptOssForCausalLM",
     "Glm4MoeForCausalLM",
     "Glm4vMoeForConditionalGeneration",
+    "Lfm2MoeForCausalLM",
     "DeepseekV2ForCausalLM",
     "DeepseekV3ForCausalLM",
     "Glm4MoeLiteForCausalLM",
@@ -280,7 +284,8 @@ SPARSE_ATTENTION_ARCHITECTURES = ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalL
 # so a model that computes the layer's input within rounding picks the same experts.
 _ROUTER_SPREAD = 0.3
 _ROUTERS = (
-    "mlp.gate.weight", "mlp.router.weight", "mlp.router.gate.weight", "feed_forward.router.weight"
+    "mlp.gate.weight", "mlp.router.weight", "mlp.router.gate.weight", "feed_forward.router.weight",
+    "feed_forward.gate.weight",  # LFM2-MoE's
 )  # fmt: skip
 # gpt-oss's attention sinks: a logit per head of the size of the scores', so that a model
 # ignoring them (or applying them to the wrong head) is visibly off.
@@ -466,7 +471,7 @@ def build_model(
         # (and Gemma 4's layer scalars, ones at init)
         corrections = [
             (n, b) for n, b in model.named_buffers()
-            if n.endswith(("e_score_correction_bias", "layer_scalar"))
+            if n.endswith(("e_score_correction_bias", "layer_scalar", "feed_forward.expert_bias"))
         ]  # fmt: skip
         for name, param in [*model.named_parameters(), *corrections]:
             if name.endswith(_GEMMA4_SCALES):
@@ -477,7 +482,9 @@ def build_model(
                 param.normal_(0.0, _ROUTER_SPREAD)
             elif name.endswith("self_attn.sinks"):
                 param.normal_(_SINK_MEAN, _SINK_SPREAD)
-            elif name.endswith(("e_score_correction_bias", "mlp.expert_bias")):  # AFMoE's
+            elif name.endswith(
+                ("e_score_correction_bias", "mlp.expert_bias", "feed_forward.expert_bias")
+            ):  # AFMoE's, LFM2-MoE's
                 param.normal_(0.0, _CORRECTION_SPREAD)
             elif name.endswith(tuple(_MAMBA_INIT)):
                 low, high = _MAMBA_INIT[".".join(name.split(".")[-2:])]

@@ -1,5 +1,6 @@
 """The causal depthwise convolution before a recurrent mixer's scan (Gated DeltaNet's over q, k
-and v; Mamba 2's over x, B and C), then SiLU, for packed, continuously batched steps.
+and v; Mamba 2's over x, B and C), then SiLU (`silu`; LFM2's short convolution has none), for
+packed, continuously batched steps.
 
 Each sequence keeps its last K-1 inputs in `conv_states` [S, C, K-1] (model dtype), one slot per
 sequence. Rounding follows transformers: one F.conv1d in the weight's dtype (its bias included),
@@ -22,10 +23,11 @@ def causal_conv1d_prefill(
     lengths: list[int],
     fresh: list[bool],
     bias: torch.Tensor | None = None,
+    silu: bool = True,
 ) -> torch.Tensor:
-    """silu(causal depthwise conv) of packed chunks: x [T, C], weight [C, K] (and a bias [C]
-    where the checkpoint has one) -> [T, C] in x's
-    dtype; each sequence's last K-1 inputs (older ones from its state where its chunk is shorter)
+    """silu(causal depthwise conv) (or the conv alone, `silu` False) of packed chunks: x [T, C],
+    weight [C, K] (and a bias [C] where the checkpoint has one) -> [T, C] in x's dtype; each
+    sequence's last K-1 inputs (older ones from its state where its chunk is shorter)
     written to conv_states[slots[b]].
 
     All sequences go through one conv: each one's history columns followed by its tokens, laid
@@ -50,7 +52,7 @@ def causal_conv1d_prefill(
     new_states = window[:, torch.tensor(state_cols, device=x.device)]  # [C, B*(K-1)]
     new_states = new_states.view(x.shape[1], len(lengths), history).transpose(0, 1)
     conv_states.index_copy_(0, slots, new_states.to(conv_states.dtype))
-    out = _depthwise_silu(window.unsqueeze(0), weight, bias)[0]  # [C, outputs]
+    out = _depthwise(window.unsqueeze(0), weight, bias, silu)[0]  # [C, outputs]
     return out[:, torch.tensor(token_cols, device=x.device)].t().to(x.dtype)
 
 
@@ -60,19 +62,22 @@ def causal_conv1d_decode(
     conv_states: torch.Tensor,
     slots: torch.Tensor,
     bias: torch.Tensor | None = None,
+    silu: bool = True,
 ) -> torch.Tensor:
-    """One token per sequence: x [B, C] -> silu(conv) [B, C] in x's dtype; conv_states[slots]
+    """One token per sequence: x [B, C] -> silu(conv) (or the conv, `silu` False) [B, C] in x's
+    dtype; conv_states[slots]
     shifted by one input. Fixed shapes, no host reads: safe to capture in a CUDA graph."""
     prev = conv_states.index_select(0, slots).to(weight.dtype)  # [B, C, K-1]
     window = torch.cat([prev, x.to(weight.dtype).unsqueeze(-1)], dim=-1)  # [B, C, K]
     conv_states.index_copy_(0, slots, window[..., 1:].to(conv_states.dtype))
-    return _depthwise_silu(window, weight, bias)[..., -1].to(x.dtype)
+    return _depthwise(window, weight, bias, silu)[..., -1].to(x.dtype)
 
 
-def _depthwise_silu(
-    window: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+def _depthwise(
+    window: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool
 ) -> torch.Tensor:
-    """[N, C, L] (weight's dtype) -> silu(valid depthwise conv) [N, C, L-K+1], rounded as
-    transformers rounds it: one F.conv1d in the weight's dtype, SiLU in that dtype."""
+    """[N, C, L] (weight's dtype) -> silu(valid depthwise conv) [N, C, L-K+1] (or the conv
+    alone), rounded as transformers rounds it: one F.conv1d in the weight's dtype, SiLU in that
+    dtype."""
     out = F.conv1d(window, weight.unsqueeze(1), bias, groups=weight.shape[0])
-    return F.silu(out)
+    return F.silu(out) if silu else out

@@ -120,13 +120,15 @@ def route_grouped_sigmoid(
     top_groups: int,
     renormalize: bool,
     scale: float,
+    renormalize_eps: float = 1e-20,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """DeepSeek-V3's and GLM-4.5's router: logits [T, E] float32 -> (weights [T, K] float32,
     expert ids [T, K] int32). Each expert's score is sigmoid(logit); the choice reads the score
     plus the expert's `correction_bias` (load balancing), first keeping the `top_groups` of
     `num_groups` equal groups of experts whose two best biased scores sum highest, then the top k
     experts within them; the weights are the chosen experts' unbiased scores, divided by their
-    sum with `renormalize` (plus 1e-20, as transformers), times `scale`
+    sum with `renormalize` (plus `renormalize_eps`: 1e-20 as transformers' DeepSeek-V3, 1e-6 as its
+    LFM2-MoE), times `scale`
     (routed_scaling_factor)."""
     scores = torch.sigmoid(logits.float())
     choice = scores if correction_bias is None else scores + correction_bias
@@ -140,7 +142,7 @@ def route_grouped_sigmoid(
     ids = torch.topk(choice, top_k, dim=-1, sorted=False)[1]
     weights = scores.gather(1, ids)
     if renormalize:
-        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + renormalize_eps)
     return weights * scale, ids.to(torch.int32)
 
 

@@ -11,8 +11,8 @@ A model file names its checkpoint tensors (a `Names` table) and maps its config.
   `SparseLatentAttention`, shard/models/sparse_attention.py: DeepSeek Sparse Attention, each
   token attending over the earlier tokens an indexer picks); or in the layers that keep a
   state per sequence instead of K/V, `GatedDeltaNet` (shard/models/linear_attention.py: Qwen3.5's
-  linear attention) or `Mamba2Mixer` (shard/models/mamba_mixer.py: Granite 4.0-H's, Bamba's,
-  NemotronH's).
+  linear attention), `Mamba2Mixer` (shard/models/mamba_mixer.py: Granite 4.0-H's, Bamba's,
+  NemotronH's) or `ShortConv` (shard/models/short_conv.py: LFM2's gated short convolution).
 - `GatedMLP` (shard/models/mlp.py): a fused gate_up product (two tensors or one fused),
   act(gate) * up with the activation from shard/layers/activation.py's table, down projection;
   or with `gated_mlp` False `UngatedMLP`: act(up), down projection.
@@ -63,6 +63,7 @@ from shard.models.mamba_mixer import Mamba2Mixer
 from shard.models.mlp import GatedMLP, UngatedMLP
 from shard.models.moe_block import SparseMoeBlock
 from shard.models.names import LLAMA_NAMES, Names
+from shard.models.short_conv import ShortConv
 from shard.models.sparse_attention import SparseLatentAttention
 from shard.weights import Weights, WeightsError
 
@@ -307,7 +308,7 @@ def query_gate(
 
 # What mixes a layer's tokens: softmax attention, latent attention, linear attention, or a Mamba 2
 # state-space mixer
-Mixer = Attention | LatentAttention | GatedDeltaNet | Mamba2Mixer
+Mixer = Attention | LatentAttention | GatedDeltaNet | Mamba2Mixer | ShortConv
 
 
 class DecoderLayer(nn.Module):
@@ -359,6 +360,8 @@ class DecoderLayer(nn.Module):
             attention = GatedDeltaNet.load(weights, names, config)
         elif config.mamba_layer(names.layer):
             attention = Mamba2Mixer.load(weights, names, config)
+        elif config.short_conv_layer(names.layer):
+            attention = ShortConv.load(weights, names, config)
         elif config.mla is not None:
             assert isinstance(rotary, RotaryEmbedding)
             latent = SparseLatentAttention if config.mla.indexer else LatentAttention

@@ -99,6 +99,8 @@ class MoeConfig:
     correction_bias: bool = False
     # renormalised weights are divided by max(their sum, this) (ERNIE 4.5's moe_norm_min)
     renormalize_min: float = 0.0
+    # added to the sum the "sigmoid" scoring renormalises by (DeepSeek-V3's 1e-20, LFM2-MoE's 1e-6)
+    renormalize_eps: float = 1e-20
     # with softmax scoring and groups, what ranks a group: "max", its best probability
     # (DeepSeek-V2's group_limited_greedy), or "top2", its two best summed (Mistral 4)
     group_score: str = "max"
@@ -199,6 +201,16 @@ class MambaConfig:
     @property
     def intermediate_size(self) -> int:
         return self.num_heads * self.head_dim
+
+
+@dataclass(frozen=True)
+class ShortConvConfig:
+    """LFM2's gated short convolutions (shard/models/short_conv.py) in the layers they name: each
+    keeps per sequence its last `kernel` - 1 conv inputs instead of K/V per token."""
+
+    layers: tuple[bool, ...]  # per layer: a short convolution (True) or softmax attention
+    kernel: int  # conv_L_cache
+    bias: bool  # in_proj's, the conv's and out_proj's
 
 
 @dataclass(frozen=True)
@@ -319,6 +331,8 @@ class ModelConfig:
     linear_attention: LinearAttentionConfig | None = None
     # Mamba 2 mixers in the layers it names (Granite 4.0-H); None: none.
     mamba: MambaConfig | None = None
+    # LFM2's gated short convolutions in the layers they name (a state per sequence, no KV)
+    short_conv: ShortConvConfig | None = None
     # Per layer whether it is an MLP block alone, no mixer (NemotronH's one-module layers:
     # shard/models/nemotron_h.py); empty: none is.
     mlp_layers: tuple[bool, ...] = ()
@@ -358,6 +372,10 @@ class ModelConfig:
     def mamba_layer(self, layer: int) -> bool:
         """Whether `layer` mixes tokens with a Mamba 2 mixer (a state per sequence, no KV)."""
         return self.mamba is not None and self.mamba.layers[layer]
+
+    def short_conv_layer(self, layer: int) -> bool:
+        """Whether `layer` mixes tokens with LFM2's short convolution (a state per sequence)."""
+        return self.short_conv is not None and self.short_conv.layers[layer]
 
     def sparse_mlp(self, layer: int) -> bool:
         return self.moe is not None and self.moe.sparse_layers[layer]

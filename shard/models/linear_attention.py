@@ -134,6 +134,7 @@ class RecurrentMixer(nn.Module):
     shape: LinearShape
     conv_weight: torch.Tensor
     conv_bias: torch.Tensor | None
+    conv_silu = True  # SiLU after the conv (LFM2's short convolution has none)
 
     def _conv(
         self, x: torch.Tensor, cache: RecurrentState, meta: AttentionMetadata
@@ -143,9 +144,11 @@ class RecurrentMixer(nn.Module):
         if meta.is_prefill:
             return causal_conv1d_prefill(
                 x, self.conv_weight, cache.conv, slots, list(meta.host_query_lens),
-                list(meta.host_fresh), self.conv_bias,
+                list(meta.host_fresh), self.conv_bias, self.conv_silu,
             )  # fmt: skip
-        return causal_conv1d_decode(x, self.conv_weight, cache.conv, slots, self.conv_bias)
+        return causal_conv1d_decode(
+            x, self.conv_weight, cache.conv, slots, self.conv_bias, self.conv_silu
+        )
 
 
 class GatedDeltaNet(RecurrentMixer):

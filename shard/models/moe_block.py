@@ -166,6 +166,7 @@ class SparseMoeBlock(nn.Module):
                 top_groups=moe.top_groups,
                 renormalize=self.renormalize,
                 scale=moe.routed_scaling,
+                renormalize_eps=moe.renormalize_eps,
             )
         round_to = x.dtype if self.round_weights else None
         return route(

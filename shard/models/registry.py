@@ -76,6 +76,8 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     # Granite 4.0: Mamba 2 layers with a few attention ones (shard/models/mamba_mixer.py)
     "GraniteMoeHybridForCausalLM": ("shard.models.granite_hybrid", "GraniteMoeHybridForCausalLM"),
     "BambaForCausalLM": ("shard.models.bamba", "BambaForCausalLM"),
+    "Lfm2ForCausalLM": ("shard.models.lfm2", "Lfm2ForCausalLM"),
+    "Lfm2MoeForCausalLM": ("shard.models.lfm2", "Lfm2MoeForCausalLM"),
     "NemotronHForCausalLM": ("shard.models.nemotron_h", "NemotronHForCausalLM"),
     "GraniteMoeSWAForCausalLM": ("shard.models.granite_swa", "GraniteMoeSWAForCausalLM"),
     "Glm4MoeForCausalLM": ("shard.models.glm4_moe", "Glm4MoeForCausalLM"),

@@ -25,6 +25,7 @@ NORMS_PER_LAYER = {
     "InternLM3ForCausalLM": 2,
     "IQuestCoderForCausalLM": 2,
     "CwmForCausalLM": 2,
+    "Lfm2ForCausalLM": 2,
     "Gemma2ForCausalLM": 4,
     "Gemma3ForCausalLM": 6,
     "Phi3ForCausalLM": 2,
@@ -79,6 +80,7 @@ NORMS_IN_ALL = {
     # two a layer, and the three Mamba layers' gated norms
     "granite4_hybrid_dense_nope": 2 * 4 + 3 + 1,
     "bamba_hybrid_partial_rotary": 2 * 3 + 2 + 1,
+    "lfm2_short_conv_hybrid": 2 * 3 + 2 + 1,  # and the attention layer's q/k norms
     "nemotron_h_one_module_layers": 6 + 3 + 1,  # one a layer, the Mamba layers' gated norms
     # Falcon: two a layer (ln_attn, ln_mlp) in the new architecture, one (input_layernorm) in
     # 7B's; weight and bias each

@@ -117,6 +117,11 @@ CASES = {
     "falcon_grouped_two_norms": {
         "all_linear_r8": dict(r=8, lora_alpha=16, target_modules="all-linear"),
     },
+    # LFM2: terms on the short convolutions' in_proj (B, C and x rows) and out_proj beside
+    # attention's and the MLP's (w1, w3 before SwiGLU, w2 after)
+    "lfm2_short_conv_hybrid": {
+        "all_linear_r8": dict(r=8, lora_alpha=16, target_modules="all-linear"),
+    },
     "deepseek_v3_mla": {
         "latent_r4": dict(
             r=4, lora_alpha=8, target_modules=["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa"]

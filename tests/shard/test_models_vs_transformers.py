@@ -133,6 +133,8 @@ HALF_AS_TRANSFORMERS = (
     "gemma4_per_layer_inputs_kv_sharing",
     # Gemma 4's router reads the stream in half precision and flips an expert choice: 0.65
     "gemma4_experts_beside_dense",
+    # LFM2-MoE's router scores logits computed in bf16, and flips an expert choice: 0.39
+    "lfm2_moe_expert_bias",
 )
 
 
@@ -149,6 +151,7 @@ HALF_AS_TRANSFORMERS = (
         "phi_qk_layernorm_tied",
         "nemotron_layernorm1p_relu2",
         "olmo_weightless_norms_clip",
+        "lfm2_moe_expert_bias",  # sigmoid scores of logits in the dtype, a float32 bias
         *KEPT_FLOAT32,
     ],  # fmt: skip
 )

@@ -35,6 +35,7 @@ QUANT_MOE = ["gptq_g32_sym_qwen3_moe", "awq_gemm_g32_qwen3_moe", "gptq_g32_sym_m
 # slices that split a 32-wide block, its sinks split with the query heads.
 MOE_TP = [
     "mixtral_top2",
+    "lfm2_moe_stacked",  # beside LFM2's short convolutions, split by channels
     "qwen2_moe_shared_dense",
     "qwen3_moe_stacked",
     "gpt_oss_sinks_clamped",
@@ -163,6 +164,8 @@ MODELS = [
     "qwen3_5_linear_attention",
     # Mamba 2 heads split by groups, each rank its group's B and C, conv channels and states
     "granite4_hybrid_dense_nope",
+    # LFM2's short convolutions split by channels: each rank its B, C and x, conv and states
+    "lfm2_short_conv_hybrid",
     # NemotronH's one-module layers: MLP blocks beside the mixers, each its own residual add
     "nemotron_h_one_module_layers",
     # Gemma 4's per-layer embeddings: the table split by vocabulary, each layer's gate by its

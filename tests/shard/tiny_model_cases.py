@@ -270,6 +270,13 @@ NEW_ARCH_MODELS["granite4_hybrid_dense_nope"] = (
      "layer_types": ["linear_attention", "linear_attention", "full_attention",
                      "linear_attention"]},
 )  # fmt: skip
+# LFM2: gated short convolutions (3 taps) around one attention layer of per-head q/k norms;
+# the MLP's width derived from intermediate_size as transformers derives it
+NEW_ARCH_MODELS["lfm2_short_conv_hybrid"] = (
+    "Lfm2ForCausalLM",
+    {"num_hidden_layers": 3, "layer_types": ["conv", "full_attention", "conv"],
+     "block_multiple_of": 16, "block_ffn_dim_multiplier": 1.5, "max_position_embeddings": 256},
+)  # fmt: skip
 # Bamba: Mamba 2 layers around one attention layer of half-rotated heads, SwiGLU after each
 NEW_ARCH_MODELS["bamba_hybrid_partial_rotary"] = (
     "BambaForCausalLM",
@@ -935,3 +942,15 @@ MOE_MODELS["phimoe_sparsemixer_longrope"] = (
         },
     },
 )  # fmt: skip
+# LFM2-MoE: LFM2's layers, the first MLP dense (intermediate_size wide), then experts: top-3 of
+# 8 by sigmoid score plus a per-expert bias, renormalised, scaled by 1.5
+MOE_MODELS["lfm2_moe_expert_bias"] = (
+    "Lfm2MoeForCausalLM",
+    {"num_hidden_layers": 3, "layer_types": ["conv", "full_attention", "conv"],
+     "num_dense_layers": 1, "num_experts": 8, "num_experts_per_tok": 3,
+     "moe_intermediate_size": 32, "routed_scaling_factor": 1.5, "max_position_embeddings": 256},
+)  # fmt: skip
+MOE_MODELS["lfm2_moe_stacked"] = (
+    "Lfm2MoeForCausalLM",
+    {**MOE_MODELS["lfm2_moe_expert_bias"][1], "stacked_experts": True},
+)
