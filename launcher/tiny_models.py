@@ -50,6 +50,7 @@ ARCHITECTURES = {
     "Gemma3ForConditionalGeneration": "Gemma3TextConfig",
     "Gemma4ForCausalLM": "Gemma4TextConfig",
     "Gemma4ForConditionalGeneration": "Gemma4TextConfig",
+    "Gemma3nForCausalLM": "Gemma3nTextConfig",
     "Phi3ForCausalLM": "Phi3Config",
     "SmolLM3ForCausalLM": "SmolLM3Config",
     "GraniteForCausalLM": "GraniteConfig",
@@ -295,7 +296,10 @@ _SINK_MEAN, _SINK_SPREAD = 0.5, 1.0
 _CORRECTION_SPREAD = 0.2
 # Gemma 4's multipliers that are ones at init (each layer's output scalar, its router's input
 # scale and per-expert scale): random around one, so that one left out shows
-_GEMMA4_SCALES = ("layer_scalar", "router.scale", "router.per_expert_scale")
+_GEMMA4_SCALES = (
+    "layer_scalar", "router.scale", "router.per_expert_scale",
+    "altup.correct_output_scale",  # Gemma 3n's (zeros at init)
+)  # fmt: skip
 _SCALE_SPREAD = 0.2
 _GEMMA4_ROUTER_SPREAD = 1.0
 
@@ -317,6 +321,7 @@ _NORM_IDENTITY = {
     "Phi3ForCausalLM": 1.0,
     "Gemma4ForCausalLM": 1.0,  # x * w, unlike Gemma 2 and 3
     "Gemma4ForConditionalGeneration": 1.0,
+    "Gemma3nForCausalLM": 1.0,  # x * w, as Gemma 4's
     **dict.fromkeys(POST_LLAMA_ARCHITECTURES, 1.0),
     **dict.fromkeys(MOE_ARCHITECTURES, 1.0),
     **dict.fromkeys(LINEAR_ATTENTION_ARCHITECTURES, 0.0),  # 1 + w, but for the gated norm:
@@ -547,6 +552,20 @@ def _tiny_defaults(
             "max_position_embeddings": 512,
             "hidden_size_per_layer_input": 0,
             "vocab_size_per_layer_input": vocab_size,
+        }
+    if architecture.startswith("Gemma3n"):
+        # the releases' 2048 and 256-wide per-layer inputs, windows of 512, 32768 positions,
+        # a shared KV cache in the last 10-20 of 30-35 layers, AltUp over 4 streams
+        head_dim = overrides.get("head_dim", hidden_size // num_attention_heads)
+        return {
+            "head_dim": head_dim,
+            "sliding_window": 8,
+            "max_position_embeddings": 512,
+            "hidden_size_per_layer_input": 8,
+            "vocab_size_per_layer_input": vocab_size,
+            "laurel_rank": 8,
+            "num_kv_shared_layers": 0,
+            "activation_sparsity_pattern": None,
         }
     if architecture.startswith("Llama4"):
         # the releases' 8192-token chunks and temperature floor, 131072 positions, 16-128

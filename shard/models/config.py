@@ -204,6 +204,19 @@ class MambaConfig:
 
 
 @dataclass(frozen=True)
+class AltUpConfig:
+    """Gemma 3n's AltUp (shard/models/gemma3n.py): the model carries `num_inputs` streams, the
+    layers compute on the `active` one and correct the others from it; `correct_scale`: the
+    corrected active stream is scaled before it gates the per-layer input. Each layer's MLP
+    keeps only its gate's values above a Gaussian quantile (`sparsity`, 0: all)."""
+
+    num_inputs: int
+    active: int
+    correct_scale: bool
+    sparsity: tuple[float, ...]
+
+
+@dataclass(frozen=True)
 class ShortConvConfig:
     """LFM2's gated short convolutions (shard/models/short_conv.py) in the layers they name: each
     keeps per sequence its last `kernel` - 1 conv inputs instead of K/V per token."""
@@ -350,6 +363,8 @@ class ModelConfig:
     kv_sources: tuple[int | None, ...] = ()
     # Gemma 4's per-layer embeddings; None: none.
     per_layer_inputs: PerLayerInputConfig | None = None
+    # Gemma 3n's alternating updates of several streams (shard/models/gemma3n.py)
+    altup: AltUpConfig | None = None
 
     def head_dim_of(self, layer: int) -> int:
         return (

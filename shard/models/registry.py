@@ -36,6 +36,8 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     # Gemma 3 4B and up as released (vision-language), served text only
     "Gemma3ForConditionalGeneration": ("shard.models.gemma3", "Gemma3ForConditionalGeneration"),
     "Gemma4ForCausalLM": ("shard.models.gemma4", "Gemma4ForCausalLM"),
+    "Gemma3nForCausalLM": ("shard.models.gemma3n", "Gemma3nForCausalLM"),
+    "Gemma3nForConditionalGeneration": ("shard.models.gemma3n", "Gemma3nForConditionalGeneration"),
     # Gemma 4 as released (vision and audio towers), served text only
     "Gemma4ForConditionalGeneration": ("shard.models.gemma4", "Gemma4ForConditionalGeneration"),
     "Phi3ForCausalLM": ("shard.models.phi3", "Phi3ForCausalLM"),

@@ -51,6 +51,8 @@ CASES = {
     # and layers attending over earlier layers' caches.
     "gemma4_experts_beside_dense": {},
     "gemma4_per_layer_inputs_kv_sharing": {"num_key_value_heads": 1},
+    # Gemma 3n: its layers' attention (KV sharing, windows) in both kernels, over its streams
+    "gemma3n_altup_laurel_sparse": {"num_key_value_heads": 1},
     # Llama 4: chunks of 8 positions in both kernels (prompts cross several); the fused MoE
     # kernel on inputs weighted by the router, one choice each
     "llama4_chunked_nope_top1": {"num_key_value_heads": 1},

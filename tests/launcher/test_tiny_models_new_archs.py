@@ -73,6 +73,9 @@ NORMS_IN_ALL = {
     # six a layer, and a norm of each layer's per-layer input; the two KV-sharing layers have
     # no key norm; and the per-layer embeddings' projection norm
     "gemma4_per_layer_inputs_kv_sharing": 6 * 6 + 6 - 2 + 1 + 1,
+    # four a layer, q/k norms (none for the 2 KV-sharing layers' keys), AltUp's router norm,
+    # Laurel's, the per-layer input's; the final and the per-layer projection's
+    "gemma3n_altup_laurel_sparse": 4 * 4 + 4 * 2 - 2 + 4 * 3 + 1 + 1,
     "phi_qk_layernorm_tied": 2 * (3 * 2 + 1),  # and each layer's q and k LayerNorms
     # one norm a layer (weight and bias), and a weight for each of the 4 q and 2 k heads
     "stablelm2_parallel_qk_layernorm": 2 * (2 + 4 + 2) + 2,
@@ -97,7 +100,8 @@ CONVERTED = {
     ),
 }
 # norms computing x * (1 + w), but for Qwen3.5's gated norm of linear attention's output
-ZERO_CENTRED = ("GemmaFor", "Gemma2", "Gemma3", "VaultGemma", "Qwen3_5")  # (Gemma 4's are x * w)
+# (Gemma 4's and Gemma 3n's are x * w)
+ZERO_CENTRED = ("GemmaFor", "Gemma2", "Gemma3For", "VaultGemma", "Qwen3_5")
 ZERO_CENTRED += ("NemotronForCausalLM",)  # LayerNorm1P (not NemotronH's x * w)
 PLAIN_NORMS = ("linear_attn.norm.weight",)
 

@@ -29,7 +29,9 @@ STEPS = 12  # past a 16-token block boundary for the shortest prompt
 # loop does not restate: their decode steps run the module forward.
 # Gemma 4's layers, and NemotronH's one-module blocks
 OWN_LAYERS = [
-    n for n, (arch, _) in NEW_ARCH_MODELS.items() if arch.startswith(("Gemma4", "NemotronH"))
+    n
+    for n, (arch, _) in NEW_ARCH_MODELS.items()
+    if arch.startswith(("Gemma4", "Gemma3n", "NemotronH"))
 ]
 
 

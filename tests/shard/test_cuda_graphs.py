@@ -134,6 +134,7 @@ CASES = [
     # Gemma 4: the KV-sharing layers read the keys and values their source kept in the same
     # captured step; per-layer embeddings from the static input ids
     ("gemma4_per_layer_inputs_kv_sharing", "torch"),
+    ("gemma3n_altup_laurel_sparse", "torch"),  # Gemma 3n's streams through the same
     # DeepSeek Sparse Attention: captured steps always choose (and attend over the chosen rows)
     # from the static block tables; eager ones past top_k likewise, within it densely
     ("deepseek_v32_sparse_attention", "torch"),

@@ -94,6 +94,32 @@ CASES = {
         "qv_r4": ADAPTERS["qv_r4"],
         "all_linear_r8": dict(r=8, lora_alpha=16, target_modules="all-linear"),
     },
+    # Gemma 3n: q/v terms on the active stream's attention (the KV-sharing layers' q over their
+    # sources' keys); then Laurel's, the stream projections', the per-layer inputs' and the
+    # (sparse) MLPs' (AltUp's coefficient projections take none: refused by name)
+    "gemma3n_altup_laurel_sparse": {
+        "qv_r4": ADAPTERS["qv_r4"],
+        "linears_r8": dict(
+            r=8,
+            lora_alpha=16,
+            target_modules=[
+                "q_proj",
+                "k_proj",
+                "v_proj",
+                "o_proj",
+                "gate_proj",
+                "up_proj",
+                "down_proj",
+                "linear_left",
+                "linear_right",
+                "altup_projections.0",
+                "altup_unembed_projections.2",
+                "per_layer_input_gate",
+                "per_layer_projection",
+                "per_layer_model_projection",
+            ],
+        ),
+    },
     # Gemma 4 (31B's shape): a k_proj term reaches the global layers' values too (their values
     # are k_proj's output)
     "gemma4_keys_as_values": {

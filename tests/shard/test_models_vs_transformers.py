@@ -115,6 +115,7 @@ KEPT_FLOAT32 = {
     # Gemma 4's norms scale in float32 (the router's and the values' weightless ones too)
     "gemma4_experts_beside_dense": r"norm",
     "gemma4_per_layer_inputs_kv_sharing": r"norm",
+    "gemma3n_altup_laurel_sparse": r"norm",
     # Llama 4's q/k L2 norms (weightless: ones in float32)
     "llama4_chunked_nope_top1": r"qk_norm",
     # StableLM 2 12B's per-head q/k LayerNorms (their weights stacked in float32)
@@ -133,6 +134,9 @@ HALF_AS_TRANSFORMERS = (
     "gemma4_per_layer_inputs_kv_sharing",
     # Gemma 4's router reads the stream in half precision and flips an expert choice: 0.65
     "gemma4_experts_beside_dense",
+    # Gemma 3n's sparse MLPs cut their gates at a quantile half precision moves: transformers'
+    # fp16 is 0.098 off, its bf16 0.74
+    "gemma3n_altup_laurel_sparse",
     # LFM2-MoE's router scores logits computed in bf16, and flips an expert choice: 0.39
     "lfm2_moe_expert_bias",
 )

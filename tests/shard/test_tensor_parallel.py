@@ -98,6 +98,8 @@ PROJECTION_QK_NORM_MOE = ["minimax_m2_projection_norms", "olmoe_projection_norms
 ALL_REDUCES = {
     "gemma4_experts_beside_dense": (3, 1),
     "gemma4_per_layer_inputs_kv_sharing": (3, 2),
+    # Gemma 4's three a layer and two beyond, and the two sparse MLPs' row sums of their gates
+    "gemma3n_altup_laurel_sparse": (3, 4),
     # the two Mamba layers' gated norms: their one group's sums of squares span the ranks
     "granite4_hybrid_moe": (2, 3),
     # one module a layer, so one row-parallel output
@@ -112,12 +114,16 @@ OWN_LAYERS = [
     "gemma4_per_layer_inputs_kv_sharing", "gemma4_experts_beside_dense", "llama4_chunked_nope_top1",
     "nemotron_h_one_module_layers",  # one module a layer
     "nemotron3_ungated_experts", "nemotron3_latent_stacked",
+    "gemma3n_altup_laurel_sparse",  # Gemma 3n's, over its streams
 ]  # fmt: skip
 # How far two ranks' float32 logits may be from one's: the sums' order differs. Gemma 4's
 # per-layer input is an RMSNorm straight after a row-parallel sum over 8 inputs (4 a rank),
 # which rescales that sum's rounding with it, in each of 6 layers: 1.6e-5 where the others
 # stay under 2e-6.
-TWO_RANKS_ATOL = {"gemma4_per_layer_inputs_kv_sharing": 5e-5}
+TWO_RANKS_ATOL = {
+    "gemma4_per_layer_inputs_kv_sharing": 5e-5,
+    "gemma3n_altup_laurel_sparse": 5e-5,  # Gemma 4's per-layer inputs, into three streams
+}
 
 CPU = torch.device("cpu")
 # GQA split across ranks, one KV head replicated on both, qkv bias, and a vocab of 509 (padded).
@@ -172,6 +178,9 @@ MODELS = [
     # outputs (each rank gating its columns of the input) and projection by its inputs; the
     # KV-sharing layers' queries split, the caches they read their source's
     "gemma4_per_layer_inputs_kv_sharing",
+    # Gemma 3n: AltUp, Laurel and the stream projections whole on each rank; the sparse MLPs'
+    # cutoffs from their gates' row statistics summed over the ranks
+    "gemma3n_altup_laurel_sparse",
     # Mixture-of-Experts: every expert's intermediate split per rank (the stacked layout too);
     # the shared expert and the routed ones reduced together
     *MOE_TP,

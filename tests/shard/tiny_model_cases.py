@@ -387,6 +387,17 @@ NEW_ARCH_MODELS["iquestcoder_llama_layers"] = (
     "IQuestCoderForCausalLM",
     {"head_dim": 16, "max_position_embeddings": 256},
 )
+# Gemma 3n: AltUp over 4 streams, Laurel, the per-layer inputs (a table of 480 rows: the test
+# prompts' ids past it read row 0), activation sparsity (0.95) in the first two layers' MLPs,
+# per-layer MLP widths, and the last two layers (sliding, full) reading the first two's KV
+NEW_ARCH_MODELS["gemma3n_altup_laurel_sparse"] = (
+    "Gemma3nForCausalLM",
+    {"num_hidden_layers": 4, "num_key_value_heads": 2, "head_dim": 16,
+     "layer_types": ["sliding_attention", "full_attention"] * 2, "num_kv_shared_layers": 2,
+     "activation_sparsity_pattern": [0.95, 0.95, 0.0, 0.0],
+     "intermediate_size": [128, 128, 96, 96], "vocab_size_per_layer_input": 480,
+     "max_position_embeddings": 256},
+)  # fmt: skip
 # Meta's CWM: Llama's layers, its window (7 here, 8192 released) in the layers layer_types
 # names sliding (every layer but each fourth's first by default: here the second of two)
 NEW_ARCH_MODELS["cwm_sliding_layers"] = (
