@@ -1,10 +1,10 @@
-"""A model with recurrent layers (Qwen3.5's Gated DeltaNet, Granite 4.0-H's and NemotronH's
-Mamba 2: a state per sequence, not K/V per token), end to end: the real router over a real shard.
-Concurrent requests of different lengths, prompts split into chunks while others decode, a
-one-token prompt, requests that finish and free their state slots for the next ones: greedy ids
-as transformers generates them. The router serves such a model without prefix caching, refuses
-prefix caching and speculation asked for by name, and keeps batches within the shard's state
-slots."""
+"""A model with recurrent layers (Qwen3.5's Gated DeltaNet, Granite 4.0-H's and NemotronH's Mamba
+2, LFM2's short convolutions: a state per sequence, not K/V per token), end to end: the real
+router over a real shard. Concurrent requests of different lengths, prompts split into chunks
+while others decode, a one-token prompt, requests that finish and free their state slots for the
+next ones: greedy ids as transformers generates them. The router serves such a model without
+prefix caching, refuses prefix caching and speculation asked for by name, and keeps batches
+within the shard's state slots."""
 
 from __future__ import annotations
 
@@ -25,13 +25,14 @@ MAX_NEW = 6
 
 
 # Qwen3.5's Gated DeltaNet; Granite 4.0-H's and NemotronH's Mamba 2 layers (a conv and a scan
-# state each), NemotronH's beside MLP-only layers
+# state each), NemotronH's beside MLP-only layers; LFM2's short convolutions (a conv state)
 @pytest.fixture(
     scope="module",
     params=[
         "qwen3_5_linear_attention",
         "granite4_hybrid_dense_nope",
         "nemotron_h_one_module_layers",
+        "lfm2_short_conv_hybrid",
     ],
 )
 def model_dir(request, tmp_path_factory):
