@@ -1,9 +1,10 @@
 """DeepSeek Sparse Attention over the paged cache (DeepSeek-V3.2, GLM-5): which earlier tokens
-each query token reads, as its layer's indexer scores them, and attention over those alone.
+each query token reads, as its layer's indexer scores them (the attention over those is the
+backends' decode kernel: shard/models/sparse_attention.py `chosen_rows`).
 
-Both run in torch on every platform and read the step's metadata on the device only (no host
-read, static shapes for a given block-table width), so a decode step with them can be captured
-in a CUDA graph. A query token at position p considers the positions 0..p of its sequence,
+The choice runs in torch on every platform and reads the step's metadata on the device only
+(no host read, static shapes for a given block-table width), so a decode step with it can be
+captured in a CUDA graph. A query token at position p considers the positions 0..p of its sequence,
 through its sequence's block table: the columns a table has past p (stale entries of a reused
 row or a graph's padding included) are masked, never read as context.
 
@@ -17,7 +18,7 @@ import torch
 
 from shard.attention.metadata import AttentionMetadata, StepMetadata
 
-# Bytes of gathered keys and float32 scores one chunk of query tokens may take.
+# Bytes of gathered indexer keys and float32 scores one chunk of query tokens may take.
 CHUNK_BYTES = 256 * 2**20
 
 
@@ -71,9 +72,10 @@ def select_tokens(
     queries [T, Hi, Di] and weights [T, Hi] (float32, the head weights); keys [S, Di], every
     cache slot's indexer key; slots [T, L] each token's context slots (context_slots); positions
     [T]. The score of position j for token t is sum_h weights[t, h] * relu(scale * q[t, h] . k_j),
-    in float32 as transformers computes it. Returns ([T, K] the chosen slots, [T, K] whether
-    each is a real position: False for the places a context shorter than K leaves), K =
-    min(top_k, L); which of equally-scored positions is chosen is topk's."""
+    in float32 as transformers computes it. Returns ([T, K] the chosen slots, best first, [T, K]
+    whether each is a real position: False for the places a context shorter than K leaves,
+    which come last), K = min(top_k, L); which of equally-scored positions is chosen is
+    topk's."""
     num_tokens, length = slots.shape
     k = min(top_k, length)
     chosen = torch.empty(num_tokens, k, dtype=torch.int64, device=slots.device)
@@ -89,31 +91,7 @@ def select_tokens(
         index = torch.bmm(weights[start:end, None], scores).squeeze(1)  # [t, L]
         later = span[None, :] > positions[start:end, None]
         index = index.masked_fill(later, float("-inf"))
-        best, picked = index.topk(k, dim=1)
+        best, picked = index.topk(k, dim=1, sorted=True)  # the valid ones first
         chosen[start:end] = context.gather(1, picked)
         valid[start:end] = best > float("-inf")
     return chosen, valid
-
-
-def attend_chosen(
-    q: torch.Tensor,
-    rows: torch.Tensor,
-    chosen: torch.Tensor,
-    valid: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """Multi-query attention of q [T, H, D] over the chosen cache rows only, which serve as keys
-    and as values (latent attention's one vector a token): rows [S, >= D] (the columns past D,
-    the indexer's keys, are not read); chosen, valid [T, K] (select_tokens). Float32 scores and
-    softmax; [T, H, D] in q's dtype."""
-    num_tokens, heads, dim = q.shape
-    out = torch.empty_like(q)
-    per_token = chosen.shape[1] * (dim * rows.element_size() + 4 * (dim + heads))
-    step = _chunk(num_tokens, per_token)
-    for start in range(0, num_tokens, step):
-        end = min(start + step, num_tokens)
-        kv = rows[chosen[start:end], :dim].float()  # [t, K, D]
-        scores = torch.bmm(q[start:end].float(), kv.transpose(1, 2)) * scale  # [t, H, K]
-        scores = scores.masked_fill(~valid[start:end, None, :], float("-inf"))
-        out[start:end] = torch.bmm(torch.softmax(scores, dim=-1), kv).to(q.dtype)
-    return out

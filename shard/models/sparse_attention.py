@@ -17,7 +17,9 @@ get zeros there: a dense kernel reading the whole row scores exactly what it wou
 When a step's every context fits in top_k (its block tables span at most top_k positions), the
 indexer would choose every token: the layer then attends with the backend's dense kernels and
 skips the indexer's queries. Otherwise, and always inside a captured CUDA graph (which cannot
-branch on a step's lengths), it chooses and attends over the chosen rows in torch.
+branch on a step's lengths), it chooses, and attends over the chosen rows with the backend's
+decode kernel: each query token a row whose block table lists its chosen slots, over the cache
+viewed as blocks of one slot (`chosen_rows`).
 
 GLM-5's shared layers run no indexer: they reuse the choice of the layer before them (passed
 along in the step metadata's `derived`), and their rows hold the latent vector alone.
@@ -30,7 +32,7 @@ from torch import nn
 
 from shard.attention import AttentionBackend, StepMetadata, attend
 from shard.attention.metadata import AttentionMetadata
-from shard.attention.sparse import attend_chosen, context_slots, select_tokens, token_tables
+from shard.attention.sparse import context_slots, select_tokens, token_tables
 from shard.layers.linear import ColumnParallelLinear
 from shard.layers.norm import BiasLayerNorm, LayerNorm
 from shard.layers.quant.base import Piece
@@ -47,6 +49,26 @@ _CHOICE = "sparse_attention_choice"
 _SLOTS = "sparse_attention_slots"
 
 Choice = tuple[torch.Tensor, torch.Tensor] | None  # (chosen slots, valid) [T, K]; None: all
+
+
+def chosen_rows(
+    kv_cache: torch.Tensor, chosen: torch.Tensor, valid: torch.Tensor, meta: StepMetadata
+) -> tuple[torch.Tensor, AttentionMetadata]:
+    """The chosen rows as a decode step over blocks of one slot: the cache viewed with a block
+    size of 1, each query token a row whose block table is its chosen slots (the valid ones
+    first: topk sorts them) and whose context is how many are valid. Every backend's decode
+    kernel then attends over them, without a copy of the rows."""
+    planes, blocks, block_size, heads, width = kv_cache.shape
+    slots = kv_cache.view(planes, blocks * block_size, 1, heads, width)
+    captured = isinstance(meta, AttentionMetadata) and meta.captured
+    step = AttentionMetadata(
+        is_prefill=False,
+        slot_mapping=meta.slot_mapping,
+        block_tables=chosen.to(torch.int32),
+        context_lens=valid.sum(1, dtype=torch.int32),
+        captured=captured,
+    )
+    return slots, step
 
 
 def every_position_chosen(
@@ -164,11 +186,12 @@ class SparseLatentAttention(LatentAttention):
         self.backend.store_kv(key, key, kv_cache, meta.slot_mapping)
         rows = kv_cache[0].reshape(-1, kv_cache.shape[-1])  # one row a slot
         choice = self._choice(q_latent, hidden, positions, rows, kv_cache.shape[2], meta)
-        if choice is not None:
-            return self.output(attend_chosen(query, rows, *choice, self.scale))
         if key.shape[-1] > width:  # zeros against the indexer's keys: the same scores
             query = nn.functional.pad(query, (0, key.shape[-1] - width))
-        out = attend(self.backend, query, key, key, kv_cache, meta, self.scale, store=False)
+        if choice is None:
+            out = attend(self.backend, query, key, key, kv_cache, meta, self.scale, store=False)
+        else:
+            out = self.backend.decode(query, *chosen_rows(kv_cache, *choice, meta), self.scale)
         return self.output(out)
 
     def _choice(

@@ -43,9 +43,10 @@ CASES = {
     # DeepSeek's latent attention: both kernels over one cached 64-wide latent (32 + 32
     # rotary dims) that every query head reads
     "deepseek_v3_mla": {},
-    # DeepSeek-V3.2 with every context within top_k: both kernels over rows that also hold
-    # the indexer's keys, the queries padded with zeros against them
-    "deepseek_v32_sparse_attention": {"index_topk": 64},
+    # DeepSeek-V3.2 past its 12-token top_k: the decode kernel over each token's chosen rows
+    # (blocks of one slot), which also hold the indexer's keys, the queries padded with zeros
+    # against them (within top_k, the dense kernels: tests/shard/test_sparse_attention.py)
+    "deepseek_v32_sparse_attention": {},
     # Gemma 4: global layers of 128-dim heads (values their keys, one KV head) beside 64-dim
     # sliding ones; experts beside the dense MLP. And the small models' per-layer embeddings
     # and layers attending over earlier layers' caches.

@@ -65,13 +65,17 @@ def test_cache_rows_carry_the_indexer_keys_on_layers_with_an_indexer(tiny_model)
     assert model.kv_cache_bytes_per_token() == sum(widths) * 2
 
 
+@pytest.mark.parametrize("attention", ["torch", "triton"])
 @pytest.mark.parametrize("name", [V32, GLM5])
 def test_dense_kernels_equal_the_chosen_rows_where_every_position_is_chosen(
-    tiny_model, monkeypatch, name
+    tiny_model, monkeypatch, name, attention
 ):
     """With top_k past every context, the dense kernels (queries padded with zeros against the
-    indexer's keys) and attention over the chosen rows (all of them) give the same logits."""
-    model = _load(tiny_model(name))
+    indexer's keys) and the decode kernel over the chosen rows (all of them, best first) give
+    the same logits, with either backend's kernels (Triton's interpreted)."""
+    model = load_model(
+        tiny_model(name), dtype=torch.float32, device=CPU, dist=Distributed(), attention=attention
+    )
     for layer in model.layers:
         layer.self_attn.top_k = 10_000
     batch = _prompts(model.vocab_size)
