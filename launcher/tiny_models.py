@@ -117,6 +117,8 @@ ARCHITECTURES = {
     "Qwen3VLMoeForConditionalGeneration": "Qwen3VLMoeTextConfig",
     "Glm4vForConditionalGeneration": "Glm4vTextConfig",
     "CwmForCausalLM": "CwmConfig",
+    # LLaVA-style wrappers (Pixtral-12B, Apriel): a Mistral's config inside
+    "LlavaForConditionalGeneration": "MistralConfig",
     "Lfm2ForCausalLM": "Lfm2Config",
     "Lfm2MoeForCausalLM": "Lfm2MoeConfig",
     "Glm4vMoeForConditionalGeneration": "Glm4vMoeTextConfig",
@@ -169,6 +171,11 @@ VISION_LANGUAGE = {
                           "num_attention_heads": 2, "image_size": 28, "patch_size": 14,
                           "vision_output_dim": 32, "projector_input_dim": 32,
                           "projector_output_dim": 32},
+    }),
+    "LlavaForConditionalGeneration": ("LlavaConfig", {
+        "vision_config": {"model_type": "pixtral", "hidden_size": 32, "intermediate_size": 64,
+                          "num_hidden_layers": 1, "num_attention_heads": 2, "head_dim": 16,
+                          "image_size": 28, "patch_size": 14},
     }),
     "Mistral3ForConditionalGeneration": ("Mistral3Config", {
         "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,

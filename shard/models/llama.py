@@ -39,6 +39,22 @@ class Ministral3ForCausalLM(LlamaForCausalLM):
         return replace(config, query_position_scale=llama4_query_scale(raw))
 
 
+class LlavaForConditionalGeneration(TextOnly, LlamaForCausalLM):
+    """LLaVA-style vision-language checkpoints whose language model is a Llama or a Mistral
+    (Pixtral-12B as transformers ports it, ServiceNow's Apriel 1.5 and 1.6, LLaVA 1.5): a
+    vision tower and projector before the language model, served text only."""
+
+    @classmethod
+    def adapt_config(cls, raw: dict[str, Any], config: ModelConfig) -> ModelConfig:
+        kind = raw.get("model_type")
+        if kind not in ("llama", "mistral"):
+            raise UnsupportedArchitectureError(
+                f"LlavaForConditionalGeneration with a {kind!r} language model "
+                "(text_config.model_type) is not supported; a llama or a mistral one is"
+            )
+        return config
+
+
 class Mistral3ForConditionalGeneration(TextOnly, LlamaForCausalLM):
     """Mistral Small 3.1 / 3.2, Magistral Small (a Mistral), Ministral 3 (a Ministral 3):
     Pixtral's vision tower before the language model."""

@@ -21,6 +21,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Ministral3ForCausalLM": ("shard.models.llama", "Ministral3ForCausalLM"),
     # Mistral Small 3.1 and later as released (vision-language), served text only
     "Mistral3ForConditionalGeneration": ("shard.models.llama", "Mistral3ForConditionalGeneration"),
+    "LlavaForConditionalGeneration": ("shard.models.llama", "LlavaForConditionalGeneration"),
     "Qwen2ForCausalLM": ("shard.models.qwen2", "Qwen2ForCausalLM"),
     "Qwen2VLForConditionalGeneration": ("shard.models.qwen2", "Qwen2VLForConditionalGeneration"),
     "Qwen2_5_VLForConditionalGeneration": (

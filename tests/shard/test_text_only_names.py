@@ -76,3 +76,18 @@ def test_a_wrapper_config_without_the_language_models_is_refused():
     assert text_config({"text_config": {"hidden_size": 8}}) == {"hidden_size": 8}
     with pytest.raises(ValueError, match="text_config"):
         text_config({"vision_config": {}})
+
+
+def test_a_llava_wrapper_around_a_language_model_it_does_not_serve_is_refused():
+    """LLaVA's wrapper serves a Llama or a Mistral inside it; another language model (a Qwen2,
+    whose q/k/v biases the Llama class would not read) is refused naming the field."""
+    from shard.models.config import UnsupportedArchitectureError
+    from shard.models.llama import LlavaForConditionalGeneration
+
+    text = {"model_type": "qwen2", "hidden_size": 64, "num_attention_heads": 4,
+            "num_hidden_layers": 2, "vocab_size": 512}  # fmt: skip
+    with pytest.raises(UnsupportedArchitectureError, match="text_config.model_type"):
+        LlavaForConditionalGeneration.config_from_dict(
+            {"text_config": text}, architecture="LlavaForConditionalGeneration",
+            eos_token_ids=[2], quantization=None,
+        )  # fmt: skip

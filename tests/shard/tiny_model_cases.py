@@ -891,6 +891,12 @@ NEW_ARCH_MODELS["arcee_relu2_ungated_yarn"] = (
     "ArceeForCausalLM",
     {"head_dim": 16, "num_key_value_heads": 2, "rope_parameters": YARN_ROPE},
 )
+# Pixtral-12B and Apriel as transformers ports them: a Mistral (GQA, a window off) behind
+# Pixtral's tower in a LLaVA wrapper, the Hub's layout (language_model.model...)
+VISION_LANGUAGE_MODELS["llava_mistral_text_only"] = (
+    "LlavaForConditionalGeneration",
+    {"num_key_value_heads": 2, "head_dim": 16, "sliding_window": None},
+)
 # Qwen2.5-VL and Qwen2-VL served text only: Qwen2's layers under the Hub's plain names beside
 # `visual.` (and transformers 5's module names), the multimodal rope's sections (of the tiny
 # head's 8 frequencies) all turning by the text position
