@@ -121,6 +121,7 @@ ARCHITECTURES = {
     "LlavaForConditionalGeneration": "MistralConfig",
     "Lfm2ForCausalLM": "Lfm2Config",
     "Lfm2MoeForCausalLM": "Lfm2MoeConfig",
+    "FalconH1ForCausalLM": "FalconH1Config",
     "Glm4vMoeForConditionalGeneration": "Glm4vMoeTextConfig",
     "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeTextConfig",
     "Qwen3NextForCausalLM": "Qwen3NextConfig",
@@ -335,6 +336,7 @@ _NORM_IDENTITY = {
     "NemotronForCausalLM": 0.0,  # LayerNorm1P: 1 + w
     "GraniteMoeHybridForCausalLM": 1.0,  # its Mamba layers' gated norms too
     "BambaForCausalLM": 1.0,
+    "FalconH1ForCausalLM": 1.0,
     "NemotronHForCausalLM": 1.0,
     "GPTBigCodeForCausalLM": 1.0,
     "FalconForCausalLM": 1.0,
@@ -696,6 +698,28 @@ def _tiny_defaults(
             "mamba_d_conv": 4,
             "shared_intermediate_size": 96,
             "max_position_embeddings": 512,
+        }
+    if architecture == "FalconH1ForCausalLM":
+        # the releases' 24-64 Mamba heads of 64 (mamba_d_ssm 1536-4096) with a 128-256 state,
+        # muP multipliers of 0.1-10: 8 heads in two groups, multipliers away from 1
+        return {
+            "mamba_n_heads": 8,
+            "mamba_n_groups": 2,
+            "mamba_d_state": 16,
+            "mamba_d_ssm": 96,
+            "mamba_d_head": 12,
+            "mamba_d_conv": 4,
+            "mamba_chunk_size": 16,
+            "max_position_embeddings": 512,
+            "embedding_multiplier": 1.5,
+            "lm_head_multiplier": 0.7,
+            "key_multiplier": 0.8,
+            "attention_in_multiplier": 1.2,
+            "attention_out_multiplier": 0.9,
+            "ssm_in_multiplier": 1.1,
+            "ssm_out_multiplier": 0.8,
+            "ssm_multipliers": [0.9, 1.1, 0.8, 1.2, 1.3],
+            "mlp_multipliers": [1.2, 0.8],
         }
     if architecture in MOE_ARCHITECTURES or architecture in POST_LLAMA_ARCHITECTURES:
         # the defaults' 32k-131k positions would tabulate rotary tables far past any test

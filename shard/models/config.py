@@ -197,10 +197,28 @@ class MambaConfig:
     proj_bias: bool  # in_proj and out_proj biases
     # the per-token step clamped to (low, high) after its softplus (time_step_limit)
     time_step_limit: tuple[float, float] = (0.0, float("inf"))
+    # Falcon-H1: in_proj's outputs scaled per part, (z, x, B, C, dt) (its ssm_multipliers)
+    projection_scales: tuple[float, ...] = ()
+    # How the output meets the gate z: "gate_then_norm" (RMS-normed per group after the gate,
+    # transformers' norm_before_gate False), "norm_then_gate", or "gate" alone (no norm)
+    gate_norm: str = "gate_then_norm"
+    out_bias: bool | None = None  # out_proj's bias (None: proj_bias)
 
     @property
     def intermediate_size(self) -> int:
         return self.num_heads * self.head_dim
+
+
+@dataclass(frozen=True)
+class FalconH1Scales:
+    """Falcon-H1's multipliers of its layers' inputs and outputs (shard/models/falcon_h1.py)."""
+
+    ssm_in: float = 1.0
+    ssm_out: float = 1.0
+    attention_in: float = 1.0
+    attention_out: float = 1.0
+    mlp_gate: float = 1.0
+    mlp_down: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -365,6 +383,8 @@ class ModelConfig:
     per_layer_inputs: PerLayerInputConfig | None = None
     # Gemma 3n's alternating updates of several streams (shard/models/gemma3n.py)
     altup: AltUpConfig | None = None
+    # Falcon-H1's muP multipliers around its layers' parts (shard/models/falcon_h1.py)
+    falcon_h1: FalconH1Scales | None = None
 
     def head_dim_of(self, layer: int) -> int:
         return (

@@ -156,6 +156,17 @@ class _RankSlice:
         dt = Piece(name, dt_start + self.heads.start, dt_start + self.heads.stop)
         return [z, *conv, dt]
 
+    def projection_scale(self) -> torch.Tensor | None:
+        """Falcon-H1's scales of in_proj's parts (z, x, B, C, dt) over this rank's rows, in
+        their order [z | x | B | C | dt], float32; None without them."""
+        scales = self.cfg.projection_scales
+        if not scales:
+            return None
+        p, n = self.cfg.head_dim, self.cfg.state_size
+        heads, groups = len(self.heads), len(self.groups)
+        widths = (heads * p, heads * p, groups * n, groups * n, heads)
+        return torch.cat([torch.full((w,), float(s)) for w, s in zip(widths, scales, strict=True)])
+
     def shape(self) -> LinearShape:
         cfg = self.cfg
         return LinearShape(
@@ -173,7 +184,7 @@ class Mamba2Mixer(RecurrentMixer):
         dt_bias: torch.Tensor,
         a_log: torch.Tensor,
         d: torch.Tensor,
-        norm_weight: torch.Tensor,
+        norm_weight: torch.Tensor | None,
         out_proj: RowParallelLinear,
         ranks: _RankSlice,
         eps: float,
@@ -187,7 +198,15 @@ class Mamba2Mixer(RecurrentMixer):
         # the decay's scale, -exp(A_log), in float32 as transformers computes it
         self.register_buffer("neg_a", -a_log.float().exp(), persistent=False)
         self.register_buffer("d", d, persistent=False)
-        self.register_buffer("norm_weight", norm_weight.float(), persistent=False)
+        self.register_buffer(
+            "norm_weight", None if norm_weight is None else norm_weight.float(), persistent=False
+        )
+        # Falcon-H1's per-part scales of in_proj's outputs, over this rank's rows (float32, as
+        # transformers multiplies them); None: none
+        scale = ranks.projection_scale()
+        scale = None if scale is None else scale.to(d.device)
+        self.register_buffer("projection_scale", scale, persistent=False)
+        self.gate_norm = ranks.cfg.gate_norm
         self.out_proj = out_proj
         self.shape = ranks.shape()
         cfg = ranks.cfg
@@ -227,6 +246,11 @@ class Mamba2Mixer(RecurrentMixer):
         def per_head(ours: str) -> torch.Tensor:
             return weights.get_range(names.one(ours), 0, heads.start, heads.stop)
 
+        norm = None
+        if cfg.gate_norm != "gate":
+            norm_name = f"{names.one('mamba_norm')}.weight"
+            norm = weights.get_range(norm_name, 0, heads.start * p, heads.stop * p)
+        out_bias = cfg.proj_bias if cfg.out_bias is None else cfg.out_bias
         return cls(
             in_proj,
             conv_weight,
@@ -234,10 +258,8 @@ class Mamba2Mixer(RecurrentMixer):
             per_head("mamba_dt_bias"),
             per_head("mamba_a_log"),
             per_head("mamba_d"),
-            weights.get_range(
-                f"{names.one('mamba_norm')}.weight", 0, heads.start * p, heads.stop * p
-            ),  # fmt: skip
-            RowParallelLinear.load(weights, names.one("mamba_out"), bias=cfg.proj_bias),
+            norm,
+            RowParallelLinear.load(weights, names.one("mamba_out"), bias=out_bias),
             ranks,
             config.rms_norm_eps,
             weights.dist,
@@ -252,7 +274,10 @@ class Mamba2Mixer(RecurrentMixer):
     ) -> torch.Tensor:
         s = self.shape
         inner, heads = s.value_heads * s.value_dim, s.value_heads
-        z, xbc, dt = self.in_proj(hidden).split([inner, s.conv_channels, heads], dim=-1)
+        projected = self.in_proj(hidden)
+        if self.projection_scale is not None:
+            projected = projected * self.projection_scale
+        z, xbc, dt = projected.split([inner, s.conv_channels, heads], dim=-1)
         step = time_steps(dt, self.dt_bias, self.time_step_limit)
         y = torch.empty(hidden.shape[0], heads, s.value_dim, dtype=torch.float32,
                         device=hidden.device)  # fmt: skip
@@ -268,7 +293,8 @@ class Mamba2Mixer(RecurrentMixer):
                 cache,
                 part,
             )
-        return self.out_proj(self._gated_norm(y.flatten(1), z))
+        # (in the input's dtype: Falcon-H1's scaled z is float32, as transformers has it)
+        return self.out_proj(self._gated_norm(y.flatten(1), z).to(hidden.dtype))
 
     def _scan(
         self,
@@ -290,8 +316,16 @@ class Mamba2Mixer(RecurrentMixer):
     def _gated_norm(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """y [T, heads * head_dim] float32 times silu(z), RMS-normed per group of heads (the
         gate before the norm: transformers' RMSNormGated, norm_before_gate False), times the
-        weight, rounded once to z's dtype."""
-        gated = y * F.silu(z.float())
+        weight, rounded once to z's dtype. `gate_norm` "norm_then_gate": the norm of y first,
+        then the gate; "gate": the gate alone (Falcon-H1's options)."""
+        if self.gate_norm == "gate":
+            return (y * F.silu(z.float())).to(z.dtype)
+        if self.gate_norm == "norm_then_gate":
+            return (self._normed(y) * F.silu(z.float())).to(z.dtype)
+        return self._normed(y * F.silu(z.float())).to(z.dtype)
+
+    def _normed(self, gated: torch.Tensor) -> torch.Tensor:
+        """float32 [T, heads * head_dim] RMS-normed per group of heads, times the weight."""
         per_group = self.heads_per_group * self.shape.value_dim
         if not self.norm_groups_span_ranks:
             grouped = gated.unflatten(-1, (-1, per_group))
@@ -305,4 +339,4 @@ class Mamba2Mixer(RecurrentMixer):
             sums = self.dist.all_reduce(sums)[:, self.group_offset : self.group_offset + 1]
             mean_square = (sums / per_group).unsqueeze(-1)
         normed = (grouped * torch.rsqrt(mean_square + self.eps)).flatten(-2)
-        return (self.norm_weight * normed).to(z.dtype)
+        return self.norm_weight * normed

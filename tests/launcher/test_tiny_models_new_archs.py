@@ -84,6 +84,10 @@ NORMS_IN_ALL = {
     "granite4_hybrid_dense_nope": 2 * 4 + 3 + 1,
     "bamba_hybrid_partial_rotary": 2 * 3 + 2 + 1,
     "lfm2_short_conv_hybrid": 2 * 3 + 2 + 1,  # and the attention layer's q/k norms
+    # two a layer; the Mamba mixers' gated norms where mamba_rms_norm is on
+    "falcon_h1_parallel_hybrid": 2 * 2 + 1,
+    "falcon_h1_norm_before_gate": 2 * 2 + 2 + 1,
+    "falcon_h1_gate_before_norm": 2 * 2 + 2 + 1,
     "nemotron_h_one_module_layers": 6 + 3 + 1,  # one a layer, the Mamba layers' gated norms
     # Falcon: two a layer (ln_attn, ln_mlp) in the new architecture, one (input_layernorm) in
     # 7B's; weight and bias each

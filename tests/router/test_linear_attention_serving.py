@@ -33,6 +33,7 @@ MAX_NEW = 6
         "granite4_hybrid_dense_nope",
         "nemotron_h_one_module_layers",
         "lfm2_short_conv_hybrid",
+        "falcon_h1_parallel_hybrid",  # a Mamba state and K/V in every layer
     ],
 )
 def model_dir(request, tmp_path_factory):

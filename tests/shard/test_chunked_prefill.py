@@ -44,6 +44,7 @@ ARCHITECTURES = [
     # Mamba 2 layers: each chunk's conv and scan start from the state the last chunk left
     "granite4_hybrid_dense_nope",
     "lfm2_short_conv_hybrid",  # LFM2's short convolutions: each chunk from the last's inputs
+    "falcon_h1_gate_before_norm",  # Falcon-H1: both caches of each layer, chunk after chunk
     "starcoder2_biased_sliding",  # biased LayerNorms, a 7-token window in every layer
     "phi_qk_layernorm_tied",  # parallel layers, q/k LayerNorms, partial rotary, a head bias
 ]

@@ -143,6 +143,25 @@ CASES = {
     "falcon_grouped_two_norms": {
         "all_linear_r8": dict(r=8, lora_alpha=16, target_modules="all-linear"),
     },
+    # Falcon-H1: terms on the Mamba mixer's in_proj (its rows scaled per part after the term)
+    # beside attention's and the MLP's (the gate's term before its multiplier); PEFT refuses
+    # out_proj on Mamba models
+    "falcon_h1_gate_before_norm": {
+        "linears_r8": dict(
+            r=8,
+            lora_alpha=16,
+            target_modules=[
+                "q_proj",
+                "k_proj",
+                "v_proj",
+                "o_proj",
+                "in_proj",
+                "gate_proj",
+                "up_proj",
+                "down_proj",
+            ],
+        ),
+    },
     # LFM2: terms on the short convolutions' in_proj (B, C and x rows) and out_proj beside
     # attention's and the MLP's (w1, w3 before SwiGLU, w2 after)
     "lfm2_short_conv_hybrid": {
@@ -231,13 +250,14 @@ def test_the_fused_terms_have_one_sub_module_per_checkpoint_module(setup):
         ]
         return
     qkv = layer.self_attn.qkv_proj.lora
-    fused = model.startswith(("phi3", "gpt_bigcode", "falcon"))  # c_attn, query_key_value
+    falcon = model.startswith("falcon_") and not model.startswith("falcon_h1")  # not Falcon-H1
+    fused = falcon or model.startswith(("phi3", "gpt_bigcode"))  # c_attn, query_key_value
     assert len(qkv.out_slices) == (1 if fused else 3)
     assert qkv.lora_a.shape[1] == len(qkv.out_slices)
     if model.startswith("gpt_oss"):
         assert not hasattr(layer.mlp, "gate_up_proj")
         return
-    if model.startswith(("arcee", "phi_", "gpt_bigcode", "falcon", "apertus")):  # ungated
+    if falcon or model.startswith(("arcee", "phi_", "gpt_bigcode", "apertus")):  # ungated
         assert not hasattr(layer.mlp, "gate_up_proj")
         assert len(layer.mlp.up_proj.lora.out_slices) == 1
         return

@@ -156,6 +156,8 @@ HALF_AS_TRANSFORMERS = (
         "nemotron_layernorm1p_relu2",
         "olmo_weightless_norms_clip",
         "lfm2_moe_expert_bias",  # sigmoid scores of logits in the dtype, a float32 bias
+        # Falcon-H1's in_proj scaled in float32 (its ssm_multipliers), the gated norm's weight
+        "falcon_h1_gate_before_norm",
         *KEPT_FLOAT32,
     ],  # fmt: skip
 )

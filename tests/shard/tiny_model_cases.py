@@ -277,6 +277,23 @@ NEW_ARCH_MODELS["lfm2_short_conv_hybrid"] = (
     {"num_hidden_layers": 3, "layer_types": ["conv", "full_attention", "conv"],
      "block_multiple_of": 16, "block_ffn_dim_multiplier": 1.5, "max_position_embeddings": 256},
 )  # fmt: skip
+# Falcon-H1: a Mamba 2 mixer and attention side by side in every layer, muP multipliers away
+# from 1 everywhere (the tiny builder's), the mixer's output gated alone (mamba_rms_norm off,
+# the releases'); then with the gated norm, normed before the gate and after it
+NEW_ARCH_MODELS["falcon_h1_parallel_hybrid"] = (
+    "FalconH1ForCausalLM",
+    {"num_hidden_layers": 2, "head_dim": 16},
+)
+NEW_ARCH_MODELS["falcon_h1_norm_before_gate"] = (
+    "FalconH1ForCausalLM",
+    {"num_hidden_layers": 2, "head_dim": 16, "mamba_rms_norm": True,
+     "mamba_norm_before_gate": True},
+)  # fmt: skip
+NEW_ARCH_MODELS["falcon_h1_gate_before_norm"] = (
+    "FalconH1ForCausalLM",
+    {"num_hidden_layers": 2, "head_dim": 16, "mamba_rms_norm": True,
+     "mamba_norm_before_gate": False, "num_key_value_heads": 1},
+)  # fmt: skip
 # Bamba: Mamba 2 layers around one attention layer of half-rotated heads, SwiGLU after each
 NEW_ARCH_MODELS["bamba_hybrid_partial_rotary"] = (
     "BambaForCausalLM",
