@@ -122,6 +122,7 @@ ARCHITECTURES = {
     "Lfm2ForCausalLM": "Lfm2Config",
     "Lfm2MoeForCausalLM": "Lfm2MoeConfig",
     "FalconH1ForCausalLM": "FalconH1Config",
+    "OPTForCausalLM": "OPTConfig",
     "Glm4vMoeForConditionalGeneration": "Glm4vMoeTextConfig",
     "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeTextConfig",
     "Qwen3NextForCausalLM": "Qwen3NextConfig",
@@ -337,6 +338,7 @@ _NORM_IDENTITY = {
     "GraniteMoeHybridForCausalLM": 1.0,  # its Mamba layers' gated norms too
     "BambaForCausalLM": 1.0,
     "FalconH1ForCausalLM": 1.0,
+    "OPTForCausalLM": 1.0,
     "NemotronHForCausalLM": 1.0,
     "GPTBigCodeForCausalLM": 1.0,
     "FalconForCausalLM": 1.0,

@@ -524,6 +524,7 @@ class DecoderModel(CausalLM):
         self.embed_positions: nn.Parameter | None = None
         if config.learned_positions:
             positions = weights.get_tensor(f"{names.one('embed_positions')}.weight")
+            positions = positions[config.learned_position_offset :]
             self.embed_positions = nn.Parameter(positions, requires_grad=False)
         self.layers = nn.ModuleList(
             self.load_layer(weights, Names(table, i), config, rotaries[i], backend)

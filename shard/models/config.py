@@ -341,6 +341,8 @@ class ModelConfig:
     # a learned embedding of each absolute position added to the token's (GPTBigCode's wpe),
     # `embed_positions` in the names table; usually with no rotary in any layer
     learned_positions: bool = False
+    # the table's row of position p is p + this (OPT's first two rows are never read)
+    learned_position_offset: int = 0
     # Per layer where the rope differs by layer type (Gemma 3's local and global bases);
     # empty: `rope` in every layer.
     layer_ropes: tuple[RopeConfig, ...] = ()

@@ -100,6 +100,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "OlmoForCausalLM": ("shard.models.olmo", "OlmoForCausalLM"),
     "GPTNeoXForCausalLM": ("shard.models.gpt_neox", "GPTNeoXForCausalLM"),
     "GPTBigCodeForCausalLM": ("shard.models.gpt_bigcode", "GPTBigCodeForCausalLM"),
+    "OPTForCausalLM": ("shard.models.opt", "OPTForCausalLM"),
     "FalconForCausalLM": ("shard.models.falcon", "FalconForCausalLM"),
     "HunYuanDenseV1ForCausalLM": ("shard.models.hunyuan", "HunYuanDenseV1ForCausalLM"),
     "HunYuanMoEV1ForCausalLM": ("shard.models.hunyuan", "HunYuanMoEV1ForCausalLM"),

@@ -41,6 +41,7 @@ MLP_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     **GATED_ACTIVATIONS,
     "relu2": relu2,
     "gelu_new": gelu_new,
+    "relu": F.relu,  # OPT's
 }
 
 # gpt-oss's experts: SwiGLU over clamped halves, with a sigmoid gain and up + 1. Not in the

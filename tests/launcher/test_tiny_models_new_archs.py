@@ -20,6 +20,7 @@ PROMPT_LENS = (21, 37)  # the shard tests' prompts: Phi-3's longrope switches at
 # Norms per layer (and the final one): Gemma 2 has four, Gemma 3 those and q/k norms.
 NORMS_PER_LAYER = {
     "GPTBigCodeForCausalLM": 2,  # ln_1 and ln_2
+    "OPTForCausalLM": 2,  # self_attn_layer_norm and final_layer_norm
     "ExaoneForCausalLM": 2,  # Llama's two (ln_1 and ln_2 in its Hub files)
     "ApertusForCausalLM": 4,  # and the q/k norms
     "InternLM3ForCausalLM": 2,
@@ -66,7 +67,16 @@ LLAMA_RUN = dict.fromkeys(
 )
 BIASED_NORMS = tuple(
     f"{name}ForCausalLM"
-    for name in ("Starcoder2", "Phi", "StableLm", "Nemotron", "GPTNeoX", "GPTBigCode", "Falcon")
+    for name in (
+        "Starcoder2",
+        "Phi",
+        "StableLm",
+        "Nemotron",
+        "GPTNeoX",
+        "GPTBigCode",
+        "Falcon",
+        "OPT",
+    )  # fmt: skip
 )
 # Cases whose layers differ in their norms: the total, the final norm included
 NORMS_IN_ALL = {

@@ -143,6 +143,11 @@ CASES = {
     "falcon_grouped_two_norms": {
         "all_linear_r8": dict(r=8, lora_alpha=16, target_modules="all-linear"),
     },
+    # OPT: PEFT's classic q/v adapter, and every linear (fc1's term before the ReLU)
+    "opt_learned_positions": {
+        "qv_r4": ADAPTERS["qv_r4"],
+        "all_linear_r8": dict(r=8, lora_alpha=16, target_modules="all-linear"),
+    },
     # Falcon-H1: terms on the Mamba mixer's in_proj (its rows scaled per part after the term)
     # beside attention's and the MLP's (the gate's term before its multiplier); PEFT refuses
     # out_proj on Mamba models
@@ -257,7 +262,7 @@ def test_the_fused_terms_have_one_sub_module_per_checkpoint_module(setup):
     if model.startswith("gpt_oss"):
         assert not hasattr(layer.mlp, "gate_up_proj")
         return
-    if falcon or model.startswith(("arcee", "phi_", "gpt_bigcode", "apertus")):  # ungated
+    if falcon or model.startswith(("arcee", "phi_", "gpt_bigcode", "apertus", "opt_")):  # ungated
         assert not hasattr(layer.mlp, "gate_up_proj")
         assert len(layer.mlp.up_proj.lora.out_slices) == 1
         return

@@ -164,6 +164,7 @@ MODELS = [
     # position table whole on each; without multi_query, fused by head as GPT-NeoX's
     "gpt_bigcode_multi_query",
     "gpt_bigcode_per_head_qkv",
+    "opt_learned_positions",  # OPT's positions table whole on each rank, q/k/v biases split
     # Falcon's q/k/v grouped by KV head: each rank its groups' query heads, keys and values
     "falcon_grouped_two_norms",
     "falcon_multi_query_one_norm",

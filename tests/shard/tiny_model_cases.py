@@ -415,6 +415,13 @@ NEW_ARCH_MODELS["gemma3n_altup_laurel_sparse"] = (
      "intermediate_size": [128, 128, 96, 96], "vocab_size_per_layer_input": 480,
      "max_position_embeddings": 256},
 )  # fmt: skip
+# OPT (vLLM's quickstart opt-125m's layers): GPT-2's pre-norm layer with q/k/v/o and the ReLU
+# MLP biased, learned positions two rows into their table, the head tied; and the original
+# checkpoints' names without `model.`
+NEW_ARCH_MODELS["opt_learned_positions"] = (
+    "OPTForCausalLM",
+    {"ffn_dim": 96, "max_position_embeddings": 128, "word_embed_proj_dim": 64},
+)
 # Meta's CWM: Llama's layers, its window (7 here, 8192 released) in the layers layer_types
 # names sliding (every layer but each fourth's first by default: here the second of two)
 NEW_ARCH_MODELS["cwm_sliding_layers"] = (

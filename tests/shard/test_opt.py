@@ -1,0 +1,48 @@
+"""OPT beyond the whole-model comparison (test_models_vs_transformers.py): the original
+checkpoints' layout (the decoder's names without `model.`, as facebook/opt-* ship), and OPT-350m's
+shape refused by name."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from config_edits import assert_refused
+from paged_helpers import assert_every_step_equals_reference, run_paged
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
+
+from shard.distributed import Distributed
+from shard.models import load_model
+
+CPU = torch.device("cpu")
+NAME = "opt_learned_positions"
+
+
+def test_the_original_names_without_model_are_read(tiny_model, tmp_path):
+    source = tiny_model(NAME)
+    path = tmp_path / "original"
+    shutil.copytree(source, path)
+    tensors = load_file(source / "model.safetensors")
+    renamed = {k.removeprefix("model."): v for k, v in tensors.items()}
+    assert any(k.startswith("decoder.") for k in renamed)
+    save_file(renamed, path / "model.safetensors", metadata={"format": "pt"})
+    ours = load_model(path, dtype=torch.float32, device=CPU, dist=Distributed())
+    ref = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(2)
+    batch = [torch.randint(3, ours.vocab_size, (n,), generator=gen) for n in (21, 37)]
+    logits, tokens = run_paged(ours, batch, 3, seed=4)
+    assert_every_step_equals_reference(ref, batch, logits, tokens, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"do_layer_norm_before": False}, "do_layer_norm_before"),
+        ({"word_embed_proj_dim": 32}, "word_embed_proj_dim"),
+        ({"_remove_final_layer_norm": True}, "_remove_final_layer_norm"),
+    ],
+)
+def test_shapes_it_cannot_serve_are_refused_naming_the_field(tiny_model, tmp_path, change, field):
+    assert_refused(tiny_model(NAME), tmp_path / "bad", change, field)
