@@ -159,6 +159,13 @@ class Weights:
         self._source = _open_source(self.model_dir)
         self._keys = set(self._source.keys())
         self.consumed: set[str] = set()
+        # 2-D tensors stored [in, out] (GPT-2's Conv1D), read as their transposes
+        self._transposed: set[str] = set()
+
+    def read_transposed(self, names: Iterable[str]) -> None:
+        """The 2-D tensors `names` (those present) are stored input dimension first (GPT-2's
+        Conv1D weights): every read sees their transposes, [out, in] as a Linear's."""
+        self._transposed.update(n for n in names if n in self._keys)
 
     def has(self, name: str) -> bool:
         return name in self._keys
@@ -170,7 +177,8 @@ class Weights:
 
     def shape(self, name: str) -> list[int]:
         self._require(name)
-        return self._source.shape(name)
+        shape = self._source.shape(name)
+        return shape[::-1] if name in self._transposed else shape
 
     def mark_consumed(self, name: str) -> None:
         """For tensors deliberately skipped, e.g. a saved lm_head that is tied to the embedding."""
@@ -281,6 +289,16 @@ class Weights:
         out: torch.Tensor | None = None
         offset = 0
         for (name, start, stop), shape in zip(pieces, shapes, strict=True):
+            if name in self._transposed:  # the stored [in, out] slice, transposed whole
+                stored = (slice(None), slice(start, stop)) if dim == 0 else (slice(start, stop),)
+                with self._source.view(name, stored) as view:
+                    if out is None:
+                        dtype = view.dtype if stored_dtype else self._dtype_of(name, view)
+                        out = torch.empty(out_shape, dtype=dtype, device=self.device)
+                    out.narrow(dim, offset, stop - start).copy_(view.t())
+                self.consumed.add(name)
+                offset += stop - start
+                continue
             # Chunks of rows (dim 0), each through its own mapping: a column slice touches the
             # pages of every row, so reading it whole would map the whole tensor at once.
             lo, hi = (start, stop) if dim == 0 else (0, shape[0])

@@ -182,7 +182,6 @@ def _refuse_unsupported(name: str, config: dict) -> None:
         raise AdapterError(f"adapter {name!r}: peft_type {config['peft_type']!r} is not LoRA")
     reasons = {
         "use_dora": "DoRA adapters are not supported",
-        "fan_in_fan_out": "fan_in_fan_out (Conv1D-style) weights are not supported",
         "modules_to_save": "modules_to_save (fully trained extra modules) are not supported",
         "lora_bias": "trained LoRA biases (lora_bias) are not supported",
         "layer_replication": "layer replication (layer_replication) is not supported",
@@ -194,6 +193,8 @@ def _refuse_unsupported(name: str, config: dict) -> None:
         "arrow_config": "Arrow routing adapters are not supported",
         "kasa_config": "KaSA adapters are not supported",
     }
+    # (fan_in_fan_out is served: it says the base weights are Conv1D's, [in, out], as GPT-2's,
+    # which PEFT only transposes when it merges; A and B are [r, in] and [out, r] either way)
     for field, reason in reasons.items():
         if config.get(field):
             raise AdapterError(f"adapter {name!r}: {reason} ({field} = {config[field]!r})")

@@ -101,6 +101,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "GPTNeoXForCausalLM": ("shard.models.gpt_neox", "GPTNeoXForCausalLM"),
     "GPTBigCodeForCausalLM": ("shard.models.gpt_bigcode", "GPTBigCodeForCausalLM"),
     "OPTForCausalLM": ("shard.models.opt", "OPTForCausalLM"),
+    "GPT2LMHeadModel": ("shard.models.gpt2", "GPT2LMHeadModel"),
     "FalconForCausalLM": ("shard.models.falcon", "FalconForCausalLM"),
     "HunYuanDenseV1ForCausalLM": ("shard.models.hunyuan", "HunYuanDenseV1ForCausalLM"),
     "HunYuanMoEV1ForCausalLM": ("shard.models.hunyuan", "HunYuanMoEV1ForCausalLM"),

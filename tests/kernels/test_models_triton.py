@@ -60,6 +60,8 @@ CASES = {
     # Granite 4.0-H: the kernels' attention layer between Mamba layers, whose state pools sit in
     # the same cache list
     "granite4_hybrid_dense_nope": {"num_key_value_heads": 1},
+    # GPT-2: its Conv1D weights transposed at load, the kernels without rotary
+    "gpt2_conv1d": {"n_embd": 128, "n_head": 2},
     # OPT: the kernels without rotary, learned positions two rows into their table
     "opt_learned_positions": {"word_embed_proj_dim": 128},  # the embedding as wide
     # Falcon-H1: the kernels' attention beside a Mamba 2 mixer in every layer

@@ -21,6 +21,7 @@ PROMPT_LENS = (21, 37)  # the shard tests' prompts: Phi-3's longrope switches at
 NORMS_PER_LAYER = {
     "GPTBigCodeForCausalLM": 2,  # ln_1 and ln_2
     "OPTForCausalLM": 2,  # self_attn_layer_norm and final_layer_norm
+    "GPT2LMHeadModel": 2,  # ln_1 and ln_2
     "ExaoneForCausalLM": 2,  # Llama's two (ln_1 and ln_2 in its Hub files)
     "ApertusForCausalLM": 4,  # and the q/k norms
     "InternLM3ForCausalLM": 2,
@@ -77,7 +78,7 @@ BIASED_NORMS = tuple(
         "Falcon",
         "OPT",
     )  # fmt: skip
-)
+) + ("GPT2LMHeadModel",)
 # Cases whose layers differ in their norms: the total, the final norm included
 NORMS_IN_ALL = {
     # six a layer, and a norm of each layer's per-layer input; the two KV-sharing layers have

@@ -143,6 +143,11 @@ CASES = {
     "falcon_grouped_two_norms": {
         "all_linear_r8": dict(r=8, lora_alpha=16, target_modules="all-linear"),
     },
+    # GPT-2: PEFT's terms on its Conv1D modules (fan_in_fan_out), c_attn's B rows [q | k | v]
+    "gpt2_conv1d": {
+        "c_attn_r4": dict(r=4, lora_alpha=8, target_modules=["c_attn"], fan_in_fan_out=True),
+        "all_linear_r8": dict(r=8, lora_alpha=16, target_modules="all-linear"),
+    },
     # OPT: PEFT's classic q/v adapter, and every linear (fc1's term before the ReLU)
     "opt_learned_positions": {
         "qv_r4": ADAPTERS["qv_r4"],
@@ -256,13 +261,14 @@ def test_the_fused_terms_have_one_sub_module_per_checkpoint_module(setup):
         return
     qkv = layer.self_attn.qkv_proj.lora
     falcon = model.startswith("falcon_") and not model.startswith("falcon_h1")  # not Falcon-H1
-    fused = falcon or model.startswith(("phi3", "gpt_bigcode"))  # c_attn, query_key_value
+    fused = falcon or model.startswith(("phi3", "gpt_bigcode", "gpt2"))  # c_attn, query_key_value
     assert len(qkv.out_slices) == (1 if fused else 3)
     assert qkv.lora_a.shape[1] == len(qkv.out_slices)
     if model.startswith("gpt_oss"):
         assert not hasattr(layer.mlp, "gate_up_proj")
         return
-    if falcon or model.startswith(("arcee", "phi_", "gpt_bigcode", "apertus", "opt_")):  # ungated
+    ungated = ("arcee", "phi_", "gpt_bigcode", "gpt2", "apertus", "opt_")
+    if falcon or model.startswith(ungated):
         assert not hasattr(layer.mlp, "gate_up_proj")
         assert len(layer.mlp.up_proj.lora.out_slices) == 1
         return

@@ -422,6 +422,12 @@ NEW_ARCH_MODELS["opt_learned_positions"] = (
     "OPTForCausalLM",
     {"ffn_dim": 96, "max_position_embeddings": 128, "word_embed_proj_dim": 64},
 )
+# GPT-2: StarCoder's layer with every head its own keys and values, [q | k | v] in c_attn,
+# gelu_new, its linears stored as Conv1D ([in, out])
+NEW_ARCH_MODELS["gpt2_conv1d"] = (
+    "GPT2LMHeadModel",
+    {"n_inner": 96, "activation_function": "gelu_new", "n_positions": 128},
+)
 # Meta's CWM: Llama's layers, its window (7 here, 8192 released) in the layers layer_types
 # names sliding (every layer but each fourth's first by default: here the second of two)
 NEW_ARCH_MODELS["cwm_sliding_layers"] = (
