@@ -124,6 +124,7 @@ ARCHITECTURES = {
     "FalconH1ForCausalLM": "FalconH1Config",
     "OPTForCausalLM": "OPTConfig",
     "GPT2LMHeadModel": "GPT2Config",
+    "Mamba2ForCausalLM": "Mamba2Config",
     "Glm4vMoeForConditionalGeneration": "Glm4vMoeTextConfig",
     "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeTextConfig",
     "Qwen3NextForCausalLM": "Qwen3NextConfig",
@@ -341,6 +342,7 @@ _NORM_IDENTITY = {
     "FalconH1ForCausalLM": 1.0,
     "OPTForCausalLM": 1.0,
     "GPT2LMHeadModel": 1.0,
+    "Mamba2ForCausalLM": 1.0,
     "NemotronHForCausalLM": 1.0,
     "GPTBigCodeForCausalLM": 1.0,
     "FalconForCausalLM": 1.0,
@@ -703,6 +705,9 @@ def _tiny_defaults(
             "shared_intermediate_size": 96,
             "max_position_embeddings": 512,
         }
+    if architecture == "Mamba2ForCausalLM":
+        # Codestral Mamba's 128 heads of 64 in 8 groups, a 128-wide state: 8 heads in 2 groups
+        return {"num_heads": 8, "head_dim": 16, "n_groups": 2, "state_size": 16, "chunk_size": 16}
     if architecture == "FalconH1ForCausalLM":
         # the releases' 24-64 Mamba heads of 64 (mamba_d_ssm 1536-4096) with a 128-256 state,
         # muP multipliers of 0.1-10: 8 heads in two groups, multipliers away from 1

@@ -26,6 +26,11 @@ class KvCacheTooLargeError(ValueError):
     pass
 
 
+# The tokens a model without K/V serves at once when the router asks no number (its state
+# slots bound its batch; blocks there cost no memory).
+UNCACHED_TOKENS = 1 << 20
+
+
 def plan_num_blocks(
     bytes_per_token: int,
     settings: KvCacheSettings,
@@ -34,7 +39,11 @@ def plan_num_blocks(
     reserved_bytes: int = 0,
 ) -> int:
     """Number of KV blocks this shard can hold; `requested_tokens` 0 means "as many as fit".
-    `reserved_bytes`: device memory something else will hold beside the peak (CUDA graphs)."""
+    `reserved_bytes`: device memory something else will hold beside the peak (CUDA graphs).
+    A model without K/V (pure Mamba: its layers keep states alone) holds blocks for nothing:
+    the router's block tables still index its tokens, as many as requested or UNCACHED_TOKENS."""
+    if not bytes_per_token:
+        return math.ceil((requested_tokens or UNCACHED_TOKENS) / settings.block_size)
     bytes_per_block = bytes_per_token * settings.block_size
     budget, most = platform_of(device).kv_cache_budget(device, settings, reserved_bytes)
     fits = int(budget // bytes_per_block)

@@ -387,6 +387,8 @@ class ModelConfig:
     altup: AltUpConfig | None = None
     # Falcon-H1's muP multipliers around its layers' parts (shard/models/falcon_h1.py)
     falcon_h1: FalconH1Scales | None = None
+    # the stream between the layers kept in float32 (pure Mamba 2's residual_in_fp32)
+    residual_in_float32: bool = False
 
     def head_dim_of(self, layer: int) -> int:
         return (

@@ -81,6 +81,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "BambaForCausalLM": ("shard.models.bamba", "BambaForCausalLM"),
     "Lfm2ForCausalLM": ("shard.models.lfm2", "Lfm2ForCausalLM"),
     "FalconH1ForCausalLM": ("shard.models.falcon_h1", "FalconH1ForCausalLM"),
+    "Mamba2ForCausalLM": ("shard.models.mamba2", "Mamba2ForCausalLM"),
     "Lfm2MoeForCausalLM": ("shard.models.lfm2", "Lfm2MoeForCausalLM"),
     "NemotronHForCausalLM": ("shard.models.nemotron_h", "NemotronHForCausalLM"),
     "GraniteMoeSWAForCausalLM": ("shard.models.granite_swa", "GraniteMoeSWAForCausalLM"),

@@ -45,6 +45,7 @@ ARCHITECTURES = [
     "granite4_hybrid_dense_nope",
     "lfm2_short_conv_hybrid",  # LFM2's short convolutions: each chunk from the last's inputs
     "falcon_h1_gate_before_norm",  # Falcon-H1: both caches of each layer, chunk after chunk
+    "mamba2_pure",  # states alone, no K/V: each chunk from the last's conv and scan states
     "starcoder2_biased_sliding",  # biased LayerNorms, a 7-token window in every layer
     "phi_qk_layernorm_tied",  # parallel layers, q/k LayerNorms, partial rotary, a head bias
 ]

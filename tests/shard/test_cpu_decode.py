@@ -31,7 +31,7 @@ STEPS = 12  # past a 16-token block boundary for the shortest prompt
 OWN_LAYERS = [
     n
     for n, (arch, _) in NEW_ARCH_MODELS.items()
-    if arch.startswith(("Gemma4", "Gemma3n", "NemotronH", "FalconH1"))
+    if arch.startswith(("Gemma4", "Gemma3n", "NemotronH", "FalconH1", "Mamba2"))
 ]
 
 

@@ -131,6 +131,7 @@ CASES = [
     ("granite4_hybrid_dense_nope", "torch"),  # Mamba 2's conv and scan states likewise
     ("lfm2_short_conv_hybrid", "torch"),  # LFM2's short convolutions' inputs likewise
     ("falcon_h1_parallel_hybrid", "torch"),  # Falcon-H1: K/V and a state in every layer
+    ("mamba2_pure", "torch"),  # no K/V at all: states only
     ("nemotron_h_one_module_layers", "torch"),  # MLP-only layers, whose cache entry is empty
     # Gemma 4: the KV-sharing layers read the keys and values their source kept in the same
     # captured step; per-layer embeddings from the static input ids

@@ -108,6 +108,7 @@ ALL_REDUCES = {
     "nemotron3_latent_stacked": (1, 1),
     # attention's o_proj and the mixer's out_proj side by side, then the MLP's
     "falcon_h1_gate_before_norm": (3, 1),
+    "mamba2_pure": (1, 1),  # the mixer's out_proj alone
 }
 # Models whose layers the CPU decode loop does not restate (tests/shard/test_cpu_decode.py):
 # Gemma 4's and NemotronH's own layers; Llama 4's chunked attention, which the native decode
@@ -118,6 +119,7 @@ OWN_LAYERS = [
     "nemotron3_ungated_experts", "nemotron3_latent_stacked",
     "gemma3n_altup_laurel_sparse",  # Gemma 3n's, over its streams
     "falcon_h1_gate_before_norm",  # Falcon-H1's, two mixers side by side
+    "mamba2_pure",  # NemotronH's one-module blocks
 ]  # fmt: skip
 # How far two ranks' float32 logits may be from one's: the sums' order differs. Gemma 4's
 # per-layer input is an RMSNorm straight after a row-parallel sum over 8 inputs (4 a rank),
@@ -177,6 +179,7 @@ MODELS = [
     "granite4_hybrid_dense_nope",
     # LFM2's short convolutions split by channels: each rank its B, C and x, conv and states
     "lfm2_short_conv_hybrid",
+    "mamba2_pure",  # Mamba 2 alone: a group of heads a rank, no K/V anywhere
     # Falcon-H1: Mamba heads (a group a rank) and attention heads split side by side, the
     # in_proj's per-part scales cut with its rows
     "falcon_h1_gate_before_norm",

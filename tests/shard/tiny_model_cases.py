@@ -294,6 +294,9 @@ NEW_ARCH_MODELS["falcon_h1_gate_before_norm"] = (
     {"num_hidden_layers": 2, "head_dim": 16, "mamba_rms_norm": True,
      "mamba_norm_before_gate": False, "num_key_value_heads": 1},
 )  # fmt: skip
+# Pure Mamba 2 (Codestral Mamba): a Mamba 2 block in every layer, no attention or MLP, the
+# stream between them in float32
+NEW_ARCH_MODELS["mamba2_pure"] = ("Mamba2ForCausalLM", {"num_hidden_layers": 3})
 # Bamba: Mamba 2 layers around one attention layer of half-rotated heads, SwiGLU after each
 NEW_ARCH_MODELS["bamba_hybrid_partial_rotary"] = (
     "BambaForCausalLM",
