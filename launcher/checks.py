@@ -60,10 +60,13 @@ def check_num_shard(
 
 def _check_mamba_heads(num_shard: int, config: dict, path: Path) -> None:
     """A Mamba 2 mixer's heads split across the shards; its groups (whose heads share B and C)
-    split too, or, when there are fewer of them, each shard reads its heads' group. Granite 4.0
-    and Bamba name the fields mamba_n_heads / mamba_n_groups, NemotronH mamba_num_heads /
-    n_groups."""
-    heads_field = next((f for f in ("mamba_n_heads", "mamba_num_heads") if f in config), None)
+    split too, or, when there are fewer of them, each shard reads its heads' group. Granite 4.0,
+    Bamba and Falcon-H1 name the fields mamba_n_heads / mamba_n_groups, NemotronH
+    mamba_num_heads / n_groups, pure Mamba 2 num_heads / n_groups."""
+    fields = ("mamba_n_heads", "mamba_num_heads")
+    if config.get("model_type") == "mamba2":
+        fields = ("num_heads",)
+    heads_field = next((f for f in fields if f in config), None)
     heads = _positive(config.get(heads_field)) if heads_field else None
     if heads is None:
         return

@@ -106,6 +106,13 @@ def test_mamba_heads_split_and_groups_split_or_replicate(tmp_path):
     check_num_shard(16, model(nemotron, mamba_num_heads=48, n_groups=8), None, gpus(0))
     with pytest.raises(ShardCountError, match=r"--num-shard 6 cannot share .* 8 Mamba groups"):
         check_num_shard(6, nemotron, None, gpus(0))
+    # pure Mamba 2 (Codestral Mamba): num_heads and n_groups, no attention heads at all
+    mamba2 = tmp_path / "mamba2"
+    mamba2.mkdir()
+    model(mamba2, model_type="mamba2", num_heads=128, n_groups=8)
+    check_num_shard(8, mamba2, None, gpus(0))
+    with pytest.raises(ShardCountError, match=r"--num-shard 3 .* 128 Mamba heads \(num_heads"):
+        check_num_shard(3, mamba2, None, gpus(0))
 
 
 def test_a_config_without_head_counts_is_left_to_the_shard(tmp_path):
