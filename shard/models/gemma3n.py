@@ -41,7 +41,13 @@ from shard.layers.quant.base import Piece
 from shard.layers.rotary import NoRotary, RotaryEmbedding
 from shard.models.blocks import Attention, DecoderModel, load_norm
 from shard.models.config import AltUpConfig, ModelConfig, UnsupportedArchitectureError
-from shard.models.gemma4 import GEMMA4_NAMES, PerLayerEmbeddings, PerLayerInput, gemma4_config
+from shard.models.gemma4 import (
+    GEMMA4_NAMES,
+    PerLayerEmbeddings,
+    PerLayerInput,
+    gemma4_config,
+    skip_shared_kv_modules,
+)
 from shard.models.mlp import GatedMLP
 from shard.models.names import Names
 from shard.models.text_only import TextOnly
@@ -288,13 +294,7 @@ class Gemma3nForCausalLM(DecoderModel):
 
     def __init__(self, config: ModelConfig, weights: Weights, attention: str = "torch") -> None:
         table = self.names_for(weights)
-        # the released files keep the KV-sharing layers' unused key and value modules
-        unused = []
-        for layer in range(config.num_layers):
-            if config.kv_source(layer) is not None:
-                names = Names(table, layer)
-                unused += [*names.many("qkv_proj")[1:], names.one("k_norm"), names.one("v_norm")]
-        weights.skip_modules(tuple(f"{module}." for module in unused))
+        skip_shared_kv_modules(weights, table, config)
         super().__init__(config, weights, attention)
         model = Names(table)
         assert config.altup is not None and config.per_layer_inputs is not None

@@ -384,6 +384,19 @@ class Gemma4DecoderLayer(nn.Module):
         return stream * self.layer_scalar
 
 
+def skip_shared_kv_modules(
+    weights: Weights, table: dict[str, tuple[str, ...]], config: ModelConfig
+) -> None:
+    """The KV-sharing layers' key and value modules (and their norms), which the released files
+    may keep and those layers never run, deliberately not loaded (Gemma 4's, Gemma 3n's)."""
+    unused = []
+    for layer in range(config.num_layers):
+        if config.kv_source(layer) is not None:
+            names = Names(table, layer)
+            unused += [*names.many("qkv_proj")[1:], names.one("k_norm"), names.one("v_norm")]
+    weights.skip_modules(tuple(f"{module}." for module in unused))
+
+
 class Gemma4ForCausalLM(DecoderModel):
     NAMES = GEMMA4_NAMES
     CONFIG_DEFAULTS = {"qk_norm": True}
@@ -405,14 +418,7 @@ class Gemma4ForCausalLM(DecoderModel):
 
     def __init__(self, config: ModelConfig, weights: Weights, attention: str = "torch") -> None:
         table = self.names_for(weights)
-        # the released files may keep the KV-sharing layers' unused key and value modules
-        unused = []
-        for layer in range(config.num_layers):
-            if config.kv_source(layer) is not None:
-                names = Names(table, layer)
-                qkv = names.many("qkv_proj")
-                unused += [*qkv[1:], names.one("k_norm"), names.one("v_norm")]
-        weights.skip_modules(tuple(f"{module}." for module in unused))
+        skip_shared_kv_modules(weights, table, config)
         super().__init__(config, weights, attention)
         self.per_layer_embeddings = None
         if config.per_layer_inputs is not None:

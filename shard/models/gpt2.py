@@ -13,7 +13,7 @@ from typing import Any
 
 from shard.models.config import ModelConfig, UnsupportedArchitectureError
 from shard.models.gpt_bigcode import GPT_BIGCODE_NAMES, GPTBigCodeForCausalLM
-from shard.models.names import Names
+from shard.models.names import Names, without_prefix
 from shard.weights import Weights
 
 # Conv1D modules: their weights are stored [in, out]
@@ -35,11 +35,7 @@ class GPT2LMHeadModel(GPTBigCodeForCausalLM):
     def names_for(cls, weights: Weights) -> dict[str, tuple[str, ...]]:
         if weights.has("transformer.wte.weight"):
             return cls.NAMES
-        # the original checkpoints: the modules' names without `transformer.`
-        return {
-            ours: tuple(name.removeprefix("transformer.") for name in names)
-            for ours, names in cls.NAMES.items()
-        }
+        return without_prefix(cls.NAMES, "transformer.")  # the originals: `h.0...`
 
     def __init__(self, config: ModelConfig, weights: Weights, attention: str = "torch") -> None:
         table = self.names_for(weights)

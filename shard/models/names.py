@@ -92,3 +92,11 @@ def in_some_layer(has: Callable[[str], bool], template: str) -> bool:
 
 
 _MAX_LAYERS = 1024
+
+
+def without_prefix(table: dict[str, tuple[str, ...]], prefix: str) -> dict[str, tuple[str, ...]]:
+    """`table` with `prefix` taken off every name that has it (original checkpoints that name
+    the base model's modules without the causal LM's `model.` or `transformer.`)."""
+    return {
+        ours: tuple(name.removeprefix(prefix) for name in names) for ours, names in table.items()
+    }

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 from shard.models.blocks import DecoderModel
 from shard.models.config import ModelConfig, UnsupportedArchitectureError
+from shard.models.names import without_prefix
 from shard.weights import Weights
 
 LAYER = "model.decoder.layers.{i}"
@@ -90,8 +91,4 @@ class OPTForCausalLM(DecoderModel):
     def names_for(cls, weights: Weights) -> dict[str, tuple[str, ...]]:
         if weights.has("model.decoder.embed_tokens.weight"):
             return cls.NAMES
-        # the original checkpoints: the decoder's names without `model.`
-        return {
-            ours: tuple(name.removeprefix("model.") for name in names)
-            for ours, names in cls.NAMES.items()
-        }
+        return without_prefix(cls.NAMES, "model.")  # the originals: `decoder.layers...`

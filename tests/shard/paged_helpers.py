@@ -191,3 +191,20 @@ def assert_every_step_equals_reference(
                                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                                pad_token_id=0)  # fmt: skip
         assert tokens[row][len(prompt) :] == out[0, len(prompt) :].tolist()
+
+
+def assert_serves_as_reference(path, reference_dir, steps: int = 3, atol: float = 1e-4) -> None:  # type: ignore[no-untyped-def]
+    """The checkpoint at `path` (another layout of the same weights: renamed, nested, with extra
+    tensors) loaded by the server computes what transformers computes on `reference_dir`: two
+    prompts (21 and 37 tokens), every prompt position and decode step, float32."""
+    from transformers import AutoModelForCausalLM
+
+    from shard.distributed import Distributed
+    from shard.models import load_model
+
+    ours = load_model(path, dtype=torch.float32, device=torch.device("cpu"), dist=Distributed())
+    ref = AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(2)
+    batch = [torch.randint(3, ours.vocab_size, (n,), generator=gen) for n in (21, 37)]
+    logits, tokens = run_paged(ours, batch, steps, seed=4)
+    assert_every_step_equals_reference(ref, batch, logits, tokens, atol=atol)

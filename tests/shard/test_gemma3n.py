@@ -17,9 +17,8 @@ import pytest
 import torch
 import transformers
 from config_edits import assert_refused
-from paged_helpers import assert_every_step_equals_reference, run_paged
+from paged_helpers import assert_serves_as_reference
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM
 
 from shard.distributed import Distributed
 from shard.models import load_model
@@ -55,11 +54,7 @@ def test_the_released_layout_is_served_as_its_language_model(tiny_model, tmp_pat
     path = _released(source, tmp_path / "released")
     ours = load_model(path, dtype=torch.float32, device=CPU, dist=Distributed())
     assert type(ours).__name__ == "Gemma3nForConditionalGeneration"
-    ref = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
-    gen = torch.Generator().manual_seed(2)
-    batch = [torch.randint(3, ours.vocab_size, (n,), generator=gen) for n in (21, 37)]
-    logits, tokens = run_paged(ours, batch, 3, seed=4)
-    assert_every_step_equals_reference(ref, batch, logits, tokens, atol=1e-4)
+    assert_serves_as_reference(path, source)
 
 
 @pytest.mark.parametrize(

@@ -9,12 +9,8 @@ import shutil
 import pytest
 import torch
 from config_edits import assert_refused
-from paged_helpers import assert_every_step_equals_reference, run_paged
+from paged_helpers import assert_serves_as_reference
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM
-
-from shard.distributed import Distributed
-from shard.models import load_model
 
 CPU = torch.device("cpu")
 NAME = "opt_learned_positions"
@@ -28,12 +24,7 @@ def test_the_original_names_without_model_are_read(tiny_model, tmp_path):
     renamed = {k.removeprefix("model."): v for k, v in tensors.items()}
     assert any(k.startswith("decoder.") for k in renamed)
     save_file(renamed, path / "model.safetensors", metadata={"format": "pt"})
-    ours = load_model(path, dtype=torch.float32, device=CPU, dist=Distributed())
-    ref = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
-    gen = torch.Generator().manual_seed(2)
-    batch = [torch.randint(3, ours.vocab_size, (n,), generator=gen) for n in (21, 37)]
-    logits, tokens = run_paged(ours, batch, 3, seed=4)
-    assert_every_step_equals_reference(ref, batch, logits, tokens, atol=1e-4)
+    assert_serves_as_reference(path, source)
 
 
 @pytest.mark.parametrize(
