@@ -119,6 +119,8 @@ ARCHITECTURES = {
     "CwmForCausalLM": "CwmConfig",
     # LLaVA-style wrappers (Pixtral-12B, Apriel): a Mistral's config inside
     "LlavaForConditionalGeneration": "MistralConfig",
+    # Mistral's Voxtral: a Llama behind a Whisper-style audio encoder
+    "VoxtralForConditionalGeneration": "LlamaConfig",
     "Lfm2ForCausalLM": "Lfm2Config",
     "Lfm2MoeForCausalLM": "Lfm2MoeConfig",
     "FalconH1ForCausalLM": "FalconH1Config",
@@ -175,6 +177,11 @@ VISION_LANGUAGE = {
                           "num_attention_heads": 2, "image_size": 28, "patch_size": 14,
                           "vision_output_dim": 32, "projector_input_dim": 32,
                           "projector_output_dim": 32},
+    }),
+    "VoxtralForConditionalGeneration": ("VoxtralConfig", {
+        "audio_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                         "num_attention_heads": 2, "num_mel_bins": 16,
+                         "max_source_positions": 8},
     }),
     "LlavaForConditionalGeneration": ("LlavaConfig", {
         "vision_config": {"model_type": "pixtral", "hidden_size": 32, "intermediate_size": 64,

@@ -55,6 +55,11 @@ class LlavaForConditionalGeneration(TextOnly, LlamaForCausalLM):
         return config
 
 
+class VoxtralForConditionalGeneration(LlavaForConditionalGeneration):
+    """Mistral's Voxtral Mini and Small: a Whisper-style audio encoder and projector before a
+    Llama (Ministral's and Mistral Small's layers), served text only."""
+
+
 class Mistral3ForConditionalGeneration(TextOnly, LlamaForCausalLM):
     """Mistral Small 3.1 / 3.2, Magistral Small (a Mistral), Ministral 3 (a Ministral 3):
     Pixtral's vision tower before the language model."""

@@ -22,6 +22,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     # Mistral Small 3.1 and later as released (vision-language), served text only
     "Mistral3ForConditionalGeneration": ("shard.models.llama", "Mistral3ForConditionalGeneration"),
     "LlavaForConditionalGeneration": ("shard.models.llama", "LlavaForConditionalGeneration"),
+    "VoxtralForConditionalGeneration": ("shard.models.llama", "VoxtralForConditionalGeneration"),
     "Qwen2ForCausalLM": ("shard.models.qwen2", "Qwen2ForCausalLM"),
     "Qwen2VLForConditionalGeneration": ("shard.models.qwen2", "Qwen2VLForConditionalGeneration"),
     "Qwen2_5_VLForConditionalGeneration": (

@@ -42,6 +42,8 @@ VISION_PREFIXES = (
     # Llama 4's
     "vision_model.",
     "model.vision_model.",
+    # Voxtral's audio encoder (its projector is multi_modal_projector.)
+    "audio_tower.",
 )
 
 

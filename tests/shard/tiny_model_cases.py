@@ -930,6 +930,12 @@ VISION_LANGUAGE_MODELS["llava_mistral_text_only"] = (
     "LlavaForConditionalGeneration",
     {"num_key_value_heads": 2, "head_dim": 16, "sliding_window": None},
 )
+# Voxtral: a Llama (GQA, a head_dim of its own) behind a Whisper-style audio encoder, served
+# text only (the encoder and projector skipped)
+VISION_LANGUAGE_MODELS["voxtral_text_only"] = (
+    "VoxtralForConditionalGeneration",
+    {"num_key_value_heads": 2, "head_dim": 16},
+)
 # Qwen2.5-VL and Qwen2-VL served text only: Qwen2's layers under the Hub's plain names beside
 # `visual.` (and transformers 5's module names), the multimodal rope's sections (of the tiny
 # head's 8 frequencies) all turning by the text position
