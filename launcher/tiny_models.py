@@ -121,6 +121,8 @@ ARCHITECTURES = {
     "LlavaForConditionalGeneration": "MistralConfig",
     # Mistral's Voxtral: a Llama behind a Whisper-style audio encoder
     "VoxtralForConditionalGeneration": "LlamaConfig",
+    # Kimi K2.5 and K2.6: DeepSeek-V3's layers behind a vision tower
+    "Kimi_K25ForConditionalGeneration": "DeepseekV3Config",
     "Lfm2ForCausalLM": "Lfm2Config",
     "Lfm2MoeForCausalLM": "Lfm2MoeConfig",
     "FalconH1ForCausalLM": "FalconH1Config",
@@ -177,6 +179,11 @@ VISION_LANGUAGE = {
                           "num_attention_heads": 2, "image_size": 28, "patch_size": 14,
                           "vision_output_dim": 32, "projector_input_dim": 32,
                           "projector_output_dim": 32},
+    }),
+    "Kimi_K25ForConditionalGeneration": ("Kimi_K25Config", {
+        "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                          "num_attention_heads": 2, "pos_emb_height": 4, "pos_emb_width": 4},
+        "projection_hidden_size": 32,
     }),
     "VoxtralForConditionalGeneration": ("VoxtralConfig", {
         "audio_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
@@ -258,6 +265,7 @@ MOE_ARCHITECTURES = (
     "Glm4MoeLiteForCausalLM",
     "DeepseekV32ForCausalLM",
     "GlmMoeDsaForCausalLM",
+    "Kimi_K25ForConditionalGeneration",
     "Ernie4_5_MoeForCausalLM",
     "MiniMaxM2ForCausalLM",
     "OlmoeForCausalLM",
@@ -296,6 +304,7 @@ MLA_ARCHITECTURES = (
     "YoutuForCausalLM",
     "DeepseekV32ForCausalLM",
     "GlmMoeDsaForCausalLM",
+    "Kimi_K25ForConditionalGeneration",
 )
 # ... whose attention reads only the tokens an indexer picks (DeepSeek Sparse Attention)
 SPARSE_ATTENTION_ARCHITECTURES = ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")

@@ -24,6 +24,7 @@ last: skipped."""
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from shard.layers.rotary import RopeConfig, yarn_mscale
@@ -42,6 +43,7 @@ from shard.models.glm4_moe import (
     listed_sparse_layers,
 )
 from shard.models.names import STACKED_EXPERT_NAMES, stacked_experts
+from shard.models.text_only import TextOnly, holds
 from shard.weights import Weights
 
 DEEPSEEK_NAMES = {
@@ -148,7 +150,9 @@ class DeepseekV3ForCausalLM(DecoderModel):
 
     @classmethod
     def names_for(cls, weights: Weights) -> dict[str, tuple[str, ...]]:
-        return {**cls.NAMES, **STACKED_EXPERT_NAMES} if stacked_experts(weights.has) else cls.NAMES
+        # (in the language model's own names or nested in a vision-language checkpoint's)
+        has = partial(holds, weights)
+        return {**cls.NAMES, **STACKED_EXPERT_NAMES} if stacked_experts(has) else cls.NAMES
 
 
 class DeepseekV2ForCausalLM(DeepseekV3ForCausalLM):
@@ -255,3 +259,8 @@ class GlmMoeDsaForCausalLM(DeepseekV32ForCausalLM):
     choice of the layer before (`indexer_types`)."""
 
     INDEXER_INTERLEAVED = True
+
+
+class Kimi_K25ForConditionalGeneration(TextOnly, DeepseekV3ForCausalLM):  # noqa: N801
+    """Moonshot's Kimi K2.5 and K2.6: a vision tower and projector before Kimi K2's language
+    model (DeepSeek-V3's layers), served text only."""

@@ -115,6 +115,10 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Glm4MoeLiteForCausalLM": ("shard.models.deepseek", "Glm4MoeLiteForCausalLM"),  # GLM-4.7-Flash
     "YoutuForCausalLM": ("shard.models.deepseek", "YoutuForCausalLM"),
     "DeepseekV32ForCausalLM": ("shard.models.deepseek", "DeepseekV32ForCausalLM"),
+    "Kimi_K25ForConditionalGeneration": (
+        "shard.models.deepseek",
+        "Kimi_K25ForConditionalGeneration",
+    ),
     "GlmMoeDsaForCausalLM": ("shard.models.deepseek", "GlmMoeDsaForCausalLM"),  # GLM-5
     # Gated DeltaNet linear attention in three layers of four (a state per sequence)
     "Qwen3_5ForCausalLM": ("shard.models.qwen3_5", "Qwen3_5ForCausalLM"),

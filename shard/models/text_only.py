@@ -44,6 +44,9 @@ VISION_PREFIXES = (
     "model.vision_model.",
     # Voxtral's audio encoder (its projector is multi_modal_projector.)
     "audio_tower.",
+    # Kimi K2.5's projector (its tower is vision_tower.)
+    "mm_projector.",
+    "model.mm_projector.",
 )
 
 

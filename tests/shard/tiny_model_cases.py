@@ -936,6 +936,14 @@ VISION_LANGUAGE_MODELS["voxtral_text_only"] = (
     "VoxtralForConditionalGeneration",
     {"num_key_value_heads": 2, "head_dim": 16},
 )
+# Kimi K2.5 and K2.6: DeepSeek-V3's case behind a vision tower and projector, in transformers
+# 5's module names (its save_pretrained renames the language model's layers to `blocks` on the
+# way back to the Hub's layout, which the releases do not have; their `language_model.model.`
+# is the Hub layout every wrapper reads)
+VISION_LANGUAGE_MODELS["kimi_k25_text_only"] = (
+    "Kimi_K25ForConditionalGeneration",
+    {**MOE_MODELS["deepseek_v3_mla"][1], "module_names": True},
+)
 # Qwen2.5-VL and Qwen2-VL served text only: Qwen2's layers under the Hub's plain names beside
 # `visual.` (and transformers 5's module names), the multimodal rope's sections (of the tiny
 # head's 8 frequencies) all turning by the text position
