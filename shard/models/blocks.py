@@ -199,8 +199,9 @@ class Attention(nn.Module):
             sinks = weights.get_range(name, 0, first, last, stored_dtype=True).float()
         gate = None
         if config.attention_output_gate:
-            rows = Piece(names.one("attn_output_gate"), first * head_dim,
-                         last * head_dim)  # fmt: skip
+            # a gate a head (LFM3's), or one for every dim of each head (AFMoE's)
+            width = 1 if config.attention_head_gate else head_dim
+            rows = Piece(names.one("attn_output_gate"), first * width, last * width)
             gate = ColumnParallelLinear.load_rows(weights, rows, bias=False)
         elif config.query_gate:
             gate = query_gate(weights, names.many("qkv_proj")[0], range(first, last), config)
@@ -277,7 +278,17 @@ class Attention(nn.Module):
         as transformers computes it; as it is without a gate."""
         if self.output_gate is None:
             return out
-        return out * torch.sigmoid(self.output_gate(hidden))
+        return output_gated(out, self.output_gate(hidden))
+
+
+def output_gated(out: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """Attention's output [T, H D] times sigmoid(gate): a gate for every dim of each head
+    [T, H D] (AFMoE's), or one a head [T, H] (LFM3's), each head's dims times it."""
+    gate = torch.sigmoid(gate)
+    if gate.shape[-1] == out.shape[-1]:
+        return out * gate
+    heads = gate.shape[-1]
+    return (out.view(out.shape[0], heads, -1) * gate.unsqueeze(-1)).view(out.shape)
 
 
 def weightless_norm(dim: int, weights: Weights, config: ModelConfig) -> Fp32RMSNorm:

@@ -327,6 +327,8 @@ class ModelConfig:
     # attention's output, before o_proj, times sigmoid of a projection of the layer's input, one
     # gate per head dim (AFMoE's gate_proj)
     attention_output_gate: bool = False
+    # ... one gate a head (LFM3's g_proj: hidden -> heads), each head's output times its gate
+    attention_head_gate: bool = False
     # the same gate, from q_proj: its rows hold each head's query and then that head's gate
     # (Qwen3.5, Qwen3-Next)
     query_gate: bool = False

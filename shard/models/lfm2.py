@@ -24,7 +24,7 @@ from shard.models.config import (
     ShortConvConfig,
     UnsupportedArchitectureError,
 )
-from shard.models.names import LLAMA_NAMES, stacked_experts
+from shard.models.names import LLAMA_NAMES, in_some_layer, stacked_experts
 from shard.models.qwen2_moe import experts_per_token
 from shard.models.short_conv import SHORT_CONV_NAMES
 from shard.weights import Weights
@@ -74,11 +74,13 @@ def mlp_width(raw: dict[str, Any]) -> int:
     return width
 
 
-def short_conv_config(raw: dict[str, Any], num_layers: int) -> ShortConvConfig:
+def short_conv_config(
+    raw: dict[str, Any], num_layers: int, known: tuple[str, ...] = _KINDS
+) -> ShortConvConfig:
     kinds = raw.get("layer_types")
-    if kinds is None or len(kinds) != num_layers or not set(kinds) <= set(_KINDS):
+    if kinds is None or len(kinds) != num_layers or not set(kinds) <= set(known):
         raise UnsupportedArchitectureError(
-            f"layer_types = {kinds} must name each of the {num_layers} layers one of {_KINDS}"
+            f"layer_types = {kinds} must name each of the {num_layers} layers one of {known}"
         )
     kernel = int(raw.get("conv_L_cache", 3))
     if kernel < 1:
@@ -138,3 +140,68 @@ class Lfm2MoeForCausalLM(Lfm2ForCausalLM):
             return weights.has(name.replace("mlp.experts", "feed_forward.experts"))
 
         return {**cls.NAMES, **_STACKED} if stacked_experts(has) else cls.NAMES
+
+
+LFM3_NAMES = {
+    **LFM2_NAMES,
+    "o_proj": ("model.layers.{i}.self_attn.o_proj",),
+    "q_norm": ("model.layers.{i}.self_attn.q_norm",),
+    "k_norm": ("model.layers.{i}.self_attn.k_norm",),
+    # the Hub's name for it (transformers' module: g_proj)
+    "attn_output_gate": ("model.layers.{i}.self_attn.gate_proj",),
+    # the sandwich norms: after the mixer (operator) and after the MLP
+    "post_attention_layernorm": ("model.layers.{i}.post_operator_norm",),
+    "pre_feedforward_layernorm": ("model.layers.{i}.ffn_norm",),
+    "post_feedforward_layernorm": ("model.layers.{i}.post_ffn_norm",),
+}
+_LFM3_KINDS = ("conv", "sliding_attention", "full_attention")
+_MODULE_GATE = "model.layers.{i}.self_attn.g_proj"  # transformers' module name of the gate
+# (a conv layer's rope and window, never used, read as a sliding layer's)
+_CONV_AS = "sliding_attention"
+
+
+class Lfm3ForCausalLM(Lfm2ForCausalLM):
+    """Liquid AI's LFM3: LFM2's short convolutions beside attention layers that slide
+    (`sliding_window`, their own rope) or attend in full (proportional rope), each head's output
+    gated by a sigmoid of the layer's input (`use_attention_gate`: g_proj, one gate a head);
+    sandwich norms after the mixer and the MLP (`use_sandwich_norm`); the MLP intermediate_size
+    wide."""
+
+    NAMES = LFM3_NAMES
+
+    @classmethod
+    def config_from_dict(cls, raw: dict[str, Any], **kwargs: Any) -> ModelConfig:
+        kinds = list(raw.get("layer_types") or [])
+        shown = [_CONV_AS if kind == "conv" else kind for kind in kinds]
+        return super().config_from_dict(
+            {**raw, "layer_types": shown, "_lfm3_layer_types": kinds}, **kwargs
+        )
+
+    @classmethod
+    def names_for(cls, weights: Weights) -> dict[str, tuple[str, ...]]:
+        if in_some_layer(weights.has, _MODULE_GATE + ".weight"):
+            return {**cls.NAMES, "attn_output_gate": (_MODULE_GATE,)}
+        return cls.NAMES
+
+    def __init__(self, config: ModelConfig, weights: Weights, attention: str = "torch") -> None:
+        super().__init__(config, weights, attention)
+        self._hub_gate = self.names_for(weights) is self.NAMES
+
+    def adapter_module(self, name: str) -> str | None:
+        """PEFT names the gate by transformers' module (g_proj): the Hub's files, gate_proj."""
+        return name.replace(".self_attn.g_proj", ".self_attn.gate_proj") if self._hub_gate else name
+
+    @classmethod
+    def adapt_config(cls, raw: dict[str, Any], config: ModelConfig) -> ModelConfig:
+        if not raw.get("use_sandwich_norm", True):
+            raise UnsupportedArchitectureError("LFM3 with use_sandwich_norm false is not supported")
+        kinds = {**raw, "layer_types": raw["_lfm3_layer_types"]}
+        return replace(
+            config,
+            rms_norm_eps=float(raw.get("norm_eps", raw.get("rms_norm_eps", 1e-5))),
+            intermediate_size=int(raw["intermediate_size"]),
+            short_conv=short_conv_config(kinds, config.num_layers, _LFM3_KINDS),
+            sandwich_norms=True,
+            attention_output_gate=bool(raw.get("use_attention_gate", True)),
+            attention_head_gate=True,
+        )

@@ -84,6 +84,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "FalconH1ForCausalLM": ("shard.models.falcon_h1", "FalconH1ForCausalLM"),
     "Mamba2ForCausalLM": ("shard.models.mamba2", "Mamba2ForCausalLM"),
     "Lfm2MoeForCausalLM": ("shard.models.lfm2", "Lfm2MoeForCausalLM"),
+    "Lfm3ForCausalLM": ("shard.models.lfm2", "Lfm3ForCausalLM"),
     "NemotronHForCausalLM": ("shard.models.nemotron_h", "NemotronHForCausalLM"),
     "GraniteMoeSWAForCausalLM": ("shard.models.granite_swa", "GraniteMoeSWAForCausalLM"),
     "Glm4MoeForCausalLM": ("shard.models.glm4_moe", "Glm4MoeForCausalLM"),

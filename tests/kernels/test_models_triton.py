@@ -66,6 +66,8 @@ CASES = {
     "opt_learned_positions": {"word_embed_proj_dim": 128},  # the embedding as wide
     # Falcon-H1: the kernels' attention beside a Mamba 2 mixer in every layer
     "falcon_h1_parallel_hybrid": {"num_key_value_heads": 1},
+    # LFM3: the kernels' sliding and full layers (proportional rope), each head's output gated
+    "lfm3_gated_sliding_sandwich": {"num_key_value_heads": 1},
     # LFM2: the kernels' attention layer (per-head q/k norms) between short convolutions
     "lfm2_short_conv_hybrid": {"num_key_value_heads": 1},
     # StarCoder: the kernels' multi-query attention (one KV head for both query heads) without

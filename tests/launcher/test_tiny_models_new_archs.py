@@ -28,7 +28,7 @@ NORMS_PER_LAYER = {
     "IQuestCoderForCausalLM": 2,
     "CwmForCausalLM": 2,
     "Lfm2ForCausalLM": 2,
-    "Gemma2ForCausalLM": 4,
+    "Lfm3ForCausalLM": 4,  # and the sandwich norms    "Gemma2ForCausalLM": 4,
     "Gemma3ForCausalLM": 6,
     "Phi3ForCausalLM": 2,
     "SmolLM3ForCausalLM": 2,
@@ -95,6 +95,7 @@ NORMS_IN_ALL = {
     "granite4_hybrid_dense_nope": 2 * 4 + 3 + 1,
     "bamba_hybrid_partial_rotary": 2 * 3 + 2 + 1,
     "lfm2_short_conv_hybrid": 2 * 3 + 2 + 1,  # and the attention layer's q/k norms
+    "lfm3_gated_sliding_sandwich": 4 * 4 + 2 * 2 + 1,  # and the two attention layers' q/k
     # two a layer; the Mamba mixers' gated norms where mamba_rms_norm is on
     "falcon_h1_parallel_hybrid": 2 * 2 + 1,
     "falcon_h1_norm_before_gate": 2 * 2 + 2 + 1,

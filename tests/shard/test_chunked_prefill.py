@@ -44,6 +44,7 @@ ARCHITECTURES = [
     # Mamba 2 layers: each chunk's conv and scan start from the state the last chunk left
     "granite4_hybrid_dense_nope",
     "lfm2_short_conv_hybrid",  # LFM2's short convolutions: each chunk from the last's inputs
+    "lfm3_gated_sliding_sandwich",  # LFM3: 7-tap convolutions and a 7-token window across chunks
     "falcon_h1_gate_before_norm",  # Falcon-H1: both caches of each layer, chunk after chunk
     "mamba2_pure",  # states alone, no K/V: each chunk from the last's conv and scan states
     "starcoder2_biased_sliding",  # biased LayerNorms, a 7-token window in every layer

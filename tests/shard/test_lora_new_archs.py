@@ -172,6 +172,10 @@ CASES = {
             ],
         ),
     },
+    # LFM3: the gate's term (a gate a head) beside attention's, the convolutions' and the MLP's
+    "lfm3_gated_sliding_sandwich": {
+        "all_linear_r8": dict(r=8, lora_alpha=16, target_modules="all-linear"),
+    },
     # LFM2: terms on the short convolutions' in_proj (B, C and x rows) and out_proj beside
     # attention's and the MLP's (w1, w3 before SwiGLU, w2 after)
     "lfm2_short_conv_hybrid": {

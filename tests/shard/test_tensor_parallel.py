@@ -179,6 +179,7 @@ MODELS = [
     "granite4_hybrid_dense_nope",
     # LFM2's short convolutions split by channels: each rank its B, C and x, conv and states
     "lfm2_short_conv_hybrid",
+    "lfm3_gated_sliding_sandwich",  # LFM3's gates a head: each rank its heads' rows
     "mamba2_pure",  # Mamba 2 alone: a group of heads a rank, no K/V anywhere
     # Falcon-H1: Mamba heads (a group a rank) and attention heads split side by side, the
     # in_proj's per-part scales cut with its rows

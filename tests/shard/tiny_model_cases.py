@@ -297,6 +297,19 @@ NEW_ARCH_MODELS["falcon_h1_gate_before_norm"] = (
 # Pure Mamba 2 (Codestral Mamba): a Mamba 2 block in every layer, no attention or MLP, the
 # stream between them in float32
 NEW_ARCH_MODELS["mamba2_pure"] = ("Mamba2ForCausalLM", {"num_hidden_layers": 3})
+# LFM3: short convolutions (7 taps) around a sliding layer (a 7-token window, its own rope) and
+# a full one (proportional rope over half of each head), each head's output gated, sandwich
+# norms after the mixers and the MLPs
+NEW_ARCH_MODELS["lfm3_gated_sliding_sandwich"] = (
+    "Lfm3ForCausalLM",
+    {"num_hidden_layers": 4, "head_dim": 16,
+     "layer_types": ["conv", "sliding_attention", "conv", "full_attention"],
+     "sliding_window": 7, "max_position_embeddings": 256,
+     "rope_parameters": {
+         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+         "full_attention": {"rope_type": "proportional", "rope_theta": 1000000.0,
+                            "partial_rotary_factor": 0.5}}},
+)  # fmt: skip
 # Bamba: Mamba 2 layers around one attention layer of half-rotated heads, SwiGLU after each
 NEW_ARCH_MODELS["bamba_hybrid_partial_rotary"] = (
     "BambaForCausalLM",

@@ -37,7 +37,7 @@ from shard.layers.linear import ColumnParallelLinear, MergedColumnParallelLinear
 from shard.layers.lora import LoraStep
 from shard.layers.norm import RMSNorm
 from shard.layers.quant.unquantized import DenseWeight
-from shard.models.blocks import Attention, DecoderLayer, DecoderModel
+from shard.models.blocks import Attention, DecoderLayer, DecoderModel, output_gated
 from shard.models.mlp import GatedMLP, UngatedMLP
 from shard.models.moe_block import SparseMoeBlock
 from shard.platforms.cpu import MAX_NATIVE_HEAD_DIM, matmul_amx
@@ -181,7 +181,7 @@ class CpuDecodePath:
                 )  # fmt: skip
                 flat = out.flatten(1)
                 if layer.output_gate is not None:
-                    flat = flat * torch.sigmoid(layer.output_gate(normed))
+                    flat = output_gated(flat, layer.output_gate(normed))
                 x = layer.o_proj(flat)
             if layer.pre_mlp_norm is None:  # parallel, as DecoderLayer.forward adds them
                 if layer.parallel_mlp_norm is not None:
