@@ -51,6 +51,8 @@ ARCHITECTURES = {
     "Gemma4ForCausalLM": "Gemma4TextConfig",
     "Gemma4ForConditionalGeneration": "Gemma4TextConfig",
     "Gemma3nForCausalLM": "Gemma3nTextConfig",
+    "Gemma4UnifiedForCausalLM": "Gemma4UnifiedTextConfig",
+    "Gemma4UnifiedForConditionalGeneration": "Gemma4UnifiedTextConfig",
     "Phi3ForCausalLM": "Phi3Config",
     "SmolLM3ForCausalLM": "SmolLM3Config",
     "GraniteForCausalLM": "GraniteConfig",
@@ -181,6 +183,8 @@ VISION_LANGUAGE = {
                           "vision_output_dim": 32, "projector_input_dim": 32,
                           "projector_output_dim": 32},
     }),
+    # (no towers: the unified model's vision and audio embedders are optional)
+    "Gemma4UnifiedForConditionalGeneration": ("Gemma4UnifiedConfig", {}),
     "Kimi_K25ForConditionalGeneration": ("Kimi_K25Config", {
         "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
                           "num_attention_heads": 2, "pos_emb_height": 4, "pos_emb_width": 4},
@@ -351,6 +355,8 @@ _NORM_IDENTITY = {
     "Gemma4ForCausalLM": 1.0,  # x * w, unlike Gemma 2 and 3
     "Gemma4ForConditionalGeneration": 1.0,
     "Gemma3nForCausalLM": 1.0,  # x * w, as Gemma 4's
+    "Gemma4UnifiedForCausalLM": 1.0,
+    "Gemma4UnifiedForConditionalGeneration": 1.0,
     **dict.fromkeys(POST_LLAMA_ARCHITECTURES, 1.0),
     **dict.fromkeys(MOE_ARCHITECTURES, 1.0),
     **dict.fromkeys(LINEAR_ATTENTION_ARCHITECTURES, 0.0),  # 1 + w, but for the gated norm:
@@ -576,15 +582,16 @@ def _tiny_defaults(
     tables for); `overrides` win over these."""
     if architecture.startswith("Gemma4"):
         # the releases' head_dim 256 (512 global), 512-1024-token windows, 131072 positions,
-        # and the per-layer embeddings' 262144-row table of 256 a layer
+        # and the per-layer embeddings' 262144-row table of 256 a layer (none in the unified
+        # models)
         head_dim = overrides.get("head_dim", hidden_size // num_attention_heads)
+        per_layer = {"hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": vocab_size}
         return {
             "head_dim": head_dim,
             "global_head_dim": 2 * head_dim,
             "sliding_window": 8,
             "max_position_embeddings": 512,
-            "hidden_size_per_layer_input": 0,
-            "vocab_size_per_layer_input": vocab_size,
+            **({} if architecture.startswith("Gemma4Unified") else per_layer),
         }
     if architecture.startswith("Gemma3n"):
         # the releases' 2048 and 256-wide per-layer inputs, windows of 512, 32768 positions,

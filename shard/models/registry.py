@@ -39,6 +39,12 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Gemma3ForConditionalGeneration": ("shard.models.gemma3", "Gemma3ForConditionalGeneration"),
     "Gemma4ForCausalLM": ("shard.models.gemma4", "Gemma4ForCausalLM"),
     "Gemma3nForCausalLM": ("shard.models.gemma3n", "Gemma3nForCausalLM"),
+    # Gemma 4's unified releases (gemma-4-12B): Gemma 4's text layers without per-layer inputs
+    "Gemma4UnifiedForCausalLM": ("shard.models.gemma4", "Gemma4ForCausalLM"),
+    "Gemma4UnifiedForConditionalGeneration": (
+        "shard.models.gemma4",
+        "Gemma4ForConditionalGeneration",
+    ),
     "Gemma3nForConditionalGeneration": ("shard.models.gemma3n", "Gemma3nForConditionalGeneration"),
     # Gemma 4 as released (vision and audio towers), served text only
     "Gemma4ForConditionalGeneration": ("shard.models.gemma4", "Gemma4ForConditionalGeneration"),

@@ -48,6 +48,7 @@ NORMS_PER_LAYER = {
     # two a layer, and every other layer's q/k norms (softmax) or gated norm (linear)
     "Qwen3_5ForCausalLM": 3.5,
     "Gemma4ForCausalLM": 6,  # Gemma 3's; its value norms have no weight
+    "Gemma4UnifiedForCausalLM": 6,
     "GemmaForCausalLM": 2,
     "VaultGemmaForCausalLM": 2,
     "GlmForCausalLM": 2,
@@ -84,6 +85,7 @@ NORMS_IN_ALL = {
     # six a layer, and a norm of each layer's per-layer input; the two KV-sharing layers have
     # no key norm; and the per-layer embeddings' projection norm
     "gemma4_per_layer_inputs_kv_sharing": 6 * 6 + 6 - 2 + 1 + 1,
+    "gemma4_unified_text": 6 * 6 - 2 + 1,  # six a layer, no key norm in the 2 KV-sharing layers
     # four a layer, q/k norms (none for the 2 KV-sharing layers' keys), AltUp's router norm,
     # Laurel's, the per-layer input's; the final and the per-layer projection's
     "gemma3n_altup_laurel_sparse": 4 * 4 + 4 * 2 - 2 + 4 * 3 + 1 + 1,

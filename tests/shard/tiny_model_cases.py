@@ -874,6 +874,22 @@ NEW_ARCH_MODELS["gemma4_keys_as_values"] = (
         "num_global_key_value_heads": 1,
     },
 )
+# Gemma 4's unified text model (gemma-4-12B): Gemma 4's layers without per-layer inputs, values
+# from keys in the global layers, KV sharing in the last two, the final logits capped
+NEW_ARCH_MODELS["gemma4_unified_text"] = (
+    "Gemma4UnifiedForCausalLM",
+    {
+        "num_hidden_layers": 6,
+        "layer_types": GEMMA4_LAYERS,
+        "num_kv_shared_layers": 2,
+        "attention_k_eq_v": True,
+        "final_logit_softcapping": 3.0,
+    },
+)
+VISION_LANGUAGE_MODELS["gemma4_unified_wrapper"] = (
+    "Gemma4UnifiedForConditionalGeneration",
+    {**NEW_ARCH_MODELS["gemma4_unified_text"][1], "module_names": True, "pad_token_id": 0},
+)
 # Gemma 4 as released: the vision and audio towers around the E2B-shaped LM, transformers 5's
 # names (model.language_model., model.vision_tower., model.audio_tower.)
 VISION_LANGUAGE_MODELS["gemma4_vision_language"] = (
