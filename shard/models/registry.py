@@ -101,6 +101,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Dots1ForCausalLM": ("shard.models.dots1", "Dots1ForCausalLM"),
     "AfmoeForCausalLM": ("shard.models.afmoe", "AfmoeForCausalLM"),
     "ArceeForCausalLM": ("shard.models.arcee", "ArceeForCausalLM"),
+    "Jais2ForCausalLM": ("shard.models.jais2", "Jais2ForCausalLM"),
     "ApertusForCausalLM": ("shard.models.apertus", "ApertusForCausalLM"),
     "Starcoder2ForCausalLM": ("shard.models.starcoder2", "Starcoder2ForCausalLM"),
     "PhiForCausalLM": ("shard.models.phi", "PhiForCausalLM"),

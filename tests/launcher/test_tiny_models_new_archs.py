@@ -22,6 +22,7 @@ NORMS_PER_LAYER = {
     "GPTBigCodeForCausalLM": 2,  # ln_1 and ln_2
     "OPTForCausalLM": 2,  # self_attn_layer_norm and final_layer_norm
     "GPT2LMHeadModel": 2,  # ln_1 and ln_2
+    "Jais2ForCausalLM": 2,
     "ExaoneForCausalLM": 2,  # Llama's two (ln_1 and ln_2 in its Hub files)
     "ApertusForCausalLM": 4,  # and the q/k norms
     "InternLM3ForCausalLM": 2,
@@ -78,6 +79,7 @@ BIASED_NORMS = tuple(
         "GPTBigCode",
         "Falcon",
         "OPT",
+        "Jais2",
     )  # fmt: skip
 ) + ("GPT2LMHeadModel",)
 # Cases whose layers differ in their norms: the total, the final norm included

@@ -444,6 +444,11 @@ NEW_ARCH_MODELS["gpt2_conv1d"] = (
     "GPT2LMHeadModel",
     {"n_inner": 96, "activation_function": "gelu_new", "n_positions": 128},
 )
+# Jais 2: Arcee's ungated relu^2 MLP under LayerNorms with biases, biases on q/k/v/o and the MLP
+NEW_ARCH_MODELS["jais2_layernorm_relu2"] = (
+    "Jais2ForCausalLM",
+    {"head_dim": 16, "max_position_embeddings": 256},
+)
 # Meta's CWM: Llama's layers, its window (7 here, 8192 released) in the layers layer_types
 # names sliding (every layer but each fourth's first by default: here the second of two)
 NEW_ARCH_MODELS["cwm_sliding_layers"] = (
