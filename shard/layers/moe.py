@@ -121,6 +121,7 @@ def route_grouped_sigmoid(
     renormalize: bool,
     scale: float,
     renormalize_eps: float = 1e-20,
+    bias_on_logits: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """DeepSeek-V3's and GLM-4.5's router: logits [T, E] float32 -> (weights [T, K] float32,
     expert ids [T, K] int32). Each expert's score is sigmoid(logit); the choice reads the score
@@ -129,9 +130,11 @@ def route_grouped_sigmoid(
     experts within them; the weights are the chosen experts' unbiased scores, divided by their
     sum with `renormalize` (plus `renormalize_eps`: 1e-20 as transformers' DeepSeek-V3, 1e-6 as its
     LFM2-MoE), times `scale`
-    (routed_scaling_factor)."""
+    (routed_scaling_factor). With `bias_on_logits` the choice reads the logits plus the bias
+    (Kolibri's), the weights still the chosen experts' sigmoids."""
     scores = torch.sigmoid(logits.float())
-    choice = scores if correction_bias is None else scores + correction_bias
+    choice = logits.float() if bias_on_logits else scores
+    choice = choice if correction_bias is None else choice + correction_bias
     if num_groups > 1:
         tokens, experts = choice.shape
         grouped = choice.view(tokens, num_groups, experts // num_groups)

@@ -101,6 +101,9 @@ class MoeConfig:
     renormalize_min: float = 0.0
     # added to the sum the "sigmoid" scoring renormalises by (DeepSeek-V3's 1e-20, LFM2-MoE's 1e-6)
     renormalize_eps: float = 1e-20
+    # the "sigmoid" scoring's correction bias added to the logits for the choice, not to their
+    # sigmoids (Kolibri's)
+    correction_on_logits: bool = False
     # with softmax scoring and groups, what ranks a group: "max", its best probability
     # (DeepSeek-V2's group_limited_greedy), or "top2", its two best summed (Mistral 4)
     group_score: str = "max"

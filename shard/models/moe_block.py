@@ -167,6 +167,7 @@ class SparseMoeBlock(nn.Module):
                 renormalize=self.renormalize,
                 scale=moe.routed_scaling,
                 renormalize_eps=moe.renormalize_eps,
+                bias_on_logits=moe.correction_on_logits,
             )
         round_to = x.dtype if self.round_weights else None
         return route(

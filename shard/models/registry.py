@@ -102,6 +102,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "AfmoeForCausalLM": ("shard.models.afmoe", "AfmoeForCausalLM"),
     "ArceeForCausalLM": ("shard.models.arcee", "ArceeForCausalLM"),
     "Jais2ForCausalLM": ("shard.models.jais2", "Jais2ForCausalLM"),
+    "Kolibri1ForCausalLM": ("shard.models.kolibri", "Kolibri1ForCausalLM"),
     "ApertusForCausalLM": ("shard.models.apertus", "ApertusForCausalLM"),
     "Starcoder2ForCausalLM": ("shard.models.starcoder2", "Starcoder2ForCausalLM"),
     "PhiForCausalLM": ("shard.models.phi", "PhiForCausalLM"),

@@ -115,6 +115,7 @@ KEPT_FLOAT32 = {
     "deepseek_v3_mla": r"\.router$",
     "glm4_moe_lite_mla": r"\.router$",
     "deepseek_v32_sparse_attention": r"\.router$",
+    "kolibri_logit_bias_router": r"\.router$",
     "ernie4_5_moe_biased_choice": r"\.router$",
     # NemotronH's block norms scale in float32 (Fp32RMSNorm), its router is DeepSeek-V3's
     "nemotron3_ungated_experts": r"^(layers\.\d+\.)?norm\.weight$|\.router$",
@@ -147,6 +148,8 @@ HALF_AS_TRANSFORMERS = (
     "gemma3n_altup_laurel_sparse",
     # LFM2-MoE's router scores logits computed in bf16, and flips an expert choice: 0.39
     "lfm2_moe_expert_bias",
+    # Kolibri's choice by logit plus bias flips under bf16's rounding of the stream: 0.83
+    "kolibri_logit_bias_router",
 )
 
 

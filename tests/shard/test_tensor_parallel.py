@@ -36,6 +36,7 @@ QUANT_MOE = ["gptq_g32_sym_qwen3_moe", "awq_gemm_g32_qwen3_moe", "gptq_g32_sym_m
 MOE_TP = [
     "mixtral_top2",
     "lfm2_moe_stacked",  # beside LFM2's short convolutions, split by channels
+    "kolibri_stacked",  # the logit-bias router replicated, a shared expert split beside
     "qwen2_moe_shared_dense",
     "qwen3_moe_stacked",
     "gpt_oss_sinks_clamped",

@@ -1040,6 +1040,16 @@ MOE_MODELS["phimoe_sparsemixer_longrope"] = (
         },
     },
 )  # fmt: skip
+# Kolibri: EXAONE 4's attention (a 7-token window in the sliding layers, NoPE in the full one)
+# in GLM-4's four-norm layer, top-3 of 8 experts by logit plus correction bias, weighted by
+# sigmoid and renormalised, a shared expert added ungated
+MOE_MODELS["kolibri_logit_bias_router"] = (
+    "Kolibri1ForCausalLM",
+    {"num_hidden_layers": 3, "head_dim": 16, "num_experts": 8, "num_experts_per_tok": 3,
+     "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48, "sliding_window": 7,
+     "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+     "max_position_embeddings": 256},
+)  # fmt: skip
 # LFM2-MoE: LFM2's layers, the first MLP dense (intermediate_size wide), then experts: top-3 of
 # 8 by sigmoid score plus a per-expert bias, renormalised, scaled by 1.5
 MOE_MODELS["lfm2_moe_expert_bias"] = (
@@ -1051,4 +1061,9 @@ MOE_MODELS["lfm2_moe_expert_bias"] = (
 MOE_MODELS["lfm2_moe_stacked"] = (
     "Lfm2MoeForCausalLM",
     {**MOE_MODELS["lfm2_moe_expert_bias"][1], "stacked_experts": True},
+)
+# ... in transformers 5's own names (GLM-4's norms, the bias under mlp.gate), experts stacked
+MOE_MODELS["kolibri_stacked"] = (
+    "Kolibri1ForCausalLM",
+    {**MOE_MODELS["kolibri_logit_bias_router"][1], "stacked_experts": True},
 )
