@@ -99,13 +99,16 @@ def route(
 
 
 def route_top_sigmoid(
-    logits: torch.Tensor, top_k: int, *, round_to: torch.dtype | None
+    logits: torch.Tensor, top_k: int, *, round_to: torch.dtype | None, renormalize: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Llama 4's router: logits [T, E] -> (weights [T, K] float32, expert ids [T, K] int32): the
     k highest logits, each weighted by its sigmoid (in float32, rounded to `round_to` as
-    transformers rounds it to the model's dtype); not renormalised."""
+    transformers rounds it to the model's dtype); with `renormalize` divided by their sum
+    (Command A+'s sigmoid selection), else not renormalised."""
     top, ids = torch.topk(logits, top_k, dim=-1)
     weights = torch.sigmoid(top.float())
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
     if round_to is not None:
         weights = weights.to(round_to).float()
     return weights, ids.to(torch.int32)

@@ -101,6 +101,8 @@ class MoeConfig:
     renormalize_min: float = 0.0
     # added to the sum the "sigmoid" scoring renormalises by (DeepSeek-V3's 1e-20, LFM2-MoE's 1e-6)
     renormalize_eps: float = 1e-20
+    # the shared expert's output and the routed experts' averaged, not summed (Command A+'s)
+    shared_expert_averaged: bool = False
     # the "sigmoid" scoring's correction bias added to the logits for the choice, not to their
     # sigmoids (Kolibri's)
     correction_on_logits: bool = False

@@ -129,6 +129,8 @@ class SparseMoeBlock(nn.Module):
             if self.shared_expert_gate is not None:
                 shared = torch.sigmoid(F.linear(x, self.shared_expert_gate)) * shared
             out = out + shared
+            if self.moe.shared_expert_averaged:  # (linear: each rank halves its partial sum)
+                out = out / 2
         return self.dist.all_reduce(out)
 
     def _experts_on_weighted_inputs(
@@ -155,7 +157,10 @@ class SparseMoeBlock(nn.Module):
             return route_sparsemixer(logits, moe.jitter_eps)
         if moe.scoring == "top_sigmoid":
             return route_top_sigmoid(
-                logits, self.top_k, round_to=x.dtype if self.round_weights else None
+                logits,
+                self.top_k,
+                round_to=x.dtype if self.round_weights else None,
+                renormalize=self.renormalize,
             )
         if moe.scoring == "sigmoid":
             return route_grouped_sigmoid(

@@ -66,6 +66,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "HeliumForCausalLM": ("shard.models.helium", "HeliumForCausalLM"),
     "CohereForCausalLM": ("shard.models.cohere", "CohereForCausalLM"),
     "Cohere2ForCausalLM": ("shard.models.cohere", "Cohere2ForCausalLM"),
+    "Cohere2MoeForCausalLM": ("shard.models.cohere", "Cohere2MoeForCausalLM"),  # Command A+
     "SeedOssForCausalLM": ("shard.models.seed_oss", "SeedOssForCausalLM"),
     "Ernie4_5ForCausalLM": ("shard.models.ernie4_5", "Ernie4_5ForCausalLM"),
     "Ernie4_5_MoeForCausalLM": ("shard.models.ernie4_5_moe", "Ernie4_5_MoeForCausalLM"),

@@ -29,7 +29,8 @@ NORMS_PER_LAYER = {
     "IQuestCoderForCausalLM": 2,
     "CwmForCausalLM": 2,
     "Lfm2ForCausalLM": 2,
-    "Lfm3ForCausalLM": 4,  # and the sandwich norms    "Gemma2ForCausalLM": 4,
+    "Lfm3ForCausalLM": 4,  # and the sandwich norms
+    "Gemma2ForCausalLM": 4,
     "Gemma3ForCausalLM": 6,
     "Phi3ForCausalLM": 2,
     "SmolLM3ForCausalLM": 2,

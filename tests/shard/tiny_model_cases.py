@@ -1050,6 +1050,24 @@ MOE_MODELS["kolibri_logit_bias_router"] = (
      "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
      "max_position_embeddings": 256},
 )  # fmt: skip
+# Command A+: Command A's parallel layers (RMSNorms), the first dense (96 wide, full attention
+# that rotates: prefix_dense_sliding_window_pattern 1), then top-2 of 6 experts by softmax over
+# their logits with a shared expert averaged in; windows of 7 in the sliding layers
+MOE_MODELS["cohere2_moe_shared_average"] = (
+    "Cohere2MoeForCausalLM",
+    {"num_hidden_layers": 4, "head_dim": 16, "num_experts": 6, "num_experts_per_tok": 2,
+     "num_shared_experts": 1, "shared_expert_combination_strategy": "average",
+     "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+     "layer_types": ["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+     "prefix_dense_intermediate_size": 96, "rms_norm_eps": 1e-5, "sliding_window": 7,
+     "logit_scale": 0.5, "max_position_embeddings": 256},
+)  # fmt: skip
+# ... sigmoid selection renormalised, the shared expert summed, Cohere's LayerNorms
+MOE_MODELS["cohere2_moe_sigmoid_sum"] = (
+    "Cohere2MoeForCausalLM",
+    {**MOE_MODELS["cohere2_moe_shared_average"][1], "expert_selection_fn": "sigmoid",
+     "shared_expert_combination_strategy": "sum", "rms_norm_eps": None},
+)  # fmt: skip
 # LFM2-MoE: LFM2's layers, the first MLP dense (intermediate_size wide), then experts: top-3 of
 # 8 by sigmoid score plus a per-expert bias, renormalised, scaled by 1.5
 MOE_MODELS["lfm2_moe_expert_bias"] = (
