@@ -38,6 +38,7 @@ MOE_TP = [
     "lfm2_moe_stacked",  # beside LFM2's short convolutions, split by channels
     "kolibri_stacked",  # the logit-bias router replicated, a shared expert split beside
     "cohere2_moe_shared_average",  # each rank's partial sum of routed and shared halved
+    "flint_sinks_sigmoid",  # each rank its heads' sinks; the float32 sigmoid router replicated
     "qwen2_moe_shared_dense",
     "qwen3_moe_stacked",
     "gpt_oss_sinks_clamped",

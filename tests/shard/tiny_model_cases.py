@@ -1068,6 +1068,16 @@ MOE_MODELS["cohere2_moe_sigmoid_sum"] = (
     {**MOE_MODELS["cohere2_moe_shared_average"][1], "expert_selection_fn": "sigmoid",
      "shared_expert_combination_strategy": "sum", "rms_norm_eps": None},
 )  # fmt: skip
+# Flint: Qwen3-MoE's attention with sinks, 7-token windows in the sliding layers (which alone
+# rotate), the first layer dense, then top-3 of 8 by sigmoid renormalised beside a shared expert
+MOE_MODELS["flint_sinks_sigmoid"] = (
+    "FlintForCausalLM",
+    {"num_hidden_layers": 3, "head_dim": 16, "num_experts": 8, "num_experts_per_tok": 3,
+     "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48, "mlp_only_layers": [0],
+     "sliding_window": 7,
+     "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
+     "max_position_embeddings": 256},
+)  # fmt: skip
 # LFM2-MoE: LFM2's layers, the first MLP dense (intermediate_size wide), then experts: top-3 of
 # 8 by sigmoid score plus a per-expert bias, renormalised, scaled by 1.5
 MOE_MODELS["lfm2_moe_expert_bias"] = (
