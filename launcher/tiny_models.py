@@ -131,6 +131,7 @@ ARCHITECTURES = {
     "FalconH1ForCausalLM": "FalconH1Config",
     "OPTForCausalLM": "OPTConfig",
     "Jais2ForCausalLM": "Jais2Config",
+    "NanoChatForCausalLM": "NanoChatConfig",
     "Kolibri1ForCausalLM": "Kolibri1Config",
     "Cohere2MoeForCausalLM": "Cohere2MoeConfig",
     "FlintForCausalLM": "FlintConfig",

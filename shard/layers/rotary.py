@@ -84,6 +84,9 @@ class RopeConfig:
     # proportional only: the fraction of each head's frequency pairs that turn (its
     # partial_rotary_factor); the tables still span the whole head
     rotated_fraction: float = 1.0
+    # every pair turned the other way, by -position x frequency (NanoChat's rotate_half is
+    # (x2, -x1)): the sin table negated, which every kernel reads as it is
+    reverse: bool = False
 
     def __post_init__(self) -> None:
         dim = self.rotary_dim
@@ -292,7 +295,7 @@ def _attention_factor(
 
 
 def _tables(
-    inv_freq: torch.Tensor, rows: int, attention_factor: float
+    inv_freq: torch.Tensor, rows: int, attention_factor: float, reverse: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin [rows, rotary_dim] for positions 0..rows-1, over the whole rotated width (cos
     for both halves; sin negated for the first half), so rotating is x * cos + swap_halves(x) *
@@ -300,6 +303,8 @@ def _tables(
     ops rather than eight."""
     freqs = torch.arange(rows, dtype=torch.float32)[:, None] * inv_freq[None, :]
     cos, sin = freqs.cos() * attention_factor, freqs.sin() * attention_factor
+    if reverse:
+        sin = -sin
     return torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)
 
 
@@ -349,11 +354,14 @@ class RotaryEmbedding(nn.Module):
         # positions are below it, so the short table stops there.
         if config.rope_type == "longrope":
             self.long_offset = min(config.original_max_position_embeddings, positions)
-            short = _tables(config.inv_freq(long=False), self.long_offset, config.attention_factor)
-            long = _tables(config.inv_freq(long=True), positions, config.attention_factor)
+            factor, reverse = config.attention_factor, config.reverse
+            short = _tables(config.inv_freq(long=False), self.long_offset, factor, reverse)
+            long = _tables(config.inv_freq(long=True), positions, factor, reverse)
             cos, sin = torch.cat((short[0], long[0])), torch.cat((short[1], long[1]))
         else:
-            cos, sin = _tables(config.inv_freq(), positions, config.attention_factor)
+            cos, sin = _tables(
+                config.inv_freq(), positions, config.attention_factor, config.reverse
+            )
         self.register_buffer("cos", cos.to(device), persistent=False)
         self.register_buffer("sin", sin.to(device), persistent=False)
         self._step = self._kept_rows = None

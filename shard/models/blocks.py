@@ -73,7 +73,13 @@ _MAX_MTP_LAYERS = 8
 
 
 def load_norm(weights: Weights, prefix: str, config: ModelConfig) -> RMSNorm | LayerNorm:
+    if config.norm == WEIGHTLESS_RMS:  # nothing stored: a norm of the stream, hidden-wide
+        return weightless_norm(config.hidden_size, weights, config)
     return NORMS[config.norm].load(weights, prefix, config.rms_norm_eps)
+
+
+# config.norm of models whose RMSNorms have no weight at all (nanochat's)
+WEIGHTLESS_RMS = "rms_weightless"
 
 
 class Attention(nn.Module):

@@ -288,7 +288,8 @@ class ModelConfig:
     # The options the shared blocks take (shard/models/blocks.py); an architecture's own file
     # sets those its config states differently from Llama's defaults.
     # a kind of shard/layers/norm.py's NORMS: "rms", "gemma_rms", "fp32_rms", "layer",
-    # "layer_bias", "layer_1p", "layer_weightless"
+    # "layer_bias", "layer_1p", "layer_weightless"; or "rms_weightless" (blocks.load_norm:
+    # nanochat's RMSNorms without a weight)
     norm: str = "rms"
     # the dense MLP's kind: act(gate) * up (GatedMLP), or False act(up) alone (UngatedMLP:
     # Arcee's), its `hidden_act` then a name of MLP_ACTIVATIONS

@@ -105,6 +105,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Jais2ForCausalLM": ("shard.models.jais2", "Jais2ForCausalLM"),
     "Kolibri1ForCausalLM": ("shard.models.kolibri", "Kolibri1ForCausalLM"),
     "FlintForCausalLM": ("shard.models.flint", "FlintForCausalLM"),
+    "NanoChatForCausalLM": ("shard.models.nanochat", "NanoChatForCausalLM"),
     "ApertusForCausalLM": ("shard.models.apertus", "ApertusForCausalLM"),
     "Starcoder2ForCausalLM": ("shard.models.starcoder2", "Starcoder2ForCausalLM"),
     "PhiForCausalLM": ("shard.models.phi", "PhiForCausalLM"),

@@ -96,6 +96,7 @@ NORMS_IN_ALL = {
     # one norm a layer (weight and bias), and a weight for each of the 4 q and 2 k heads
     "stablelm2_parallel_qk_layernorm": 2 * (2 + 4 + 2) + 2,
     "olmo_weightless_norms_clip": 0,  # LayerNorms without weight or bias
+    "nanochat_reverse_rope": 0,  # RMSNorms without a weight
     # two a layer, and the three Mamba layers' gated norms
     "granite4_hybrid_dense_nope": 2 * 4 + 3 + 1,
     "bamba_hybrid_partial_rotary": 2 * 3 + 2 + 1,

@@ -171,6 +171,7 @@ MODELS = [
     "gpt_bigcode_per_head_qkv",
     "opt_learned_positions",  # OPT's positions table whole on each rank, q/k/v biases split
     "gpt2_conv1d",  # GPT-2's Conv1D weights: each rank's rows read as columns, transposed
+    "nanochat_reverse_rope",  # weightless norms, the reversed rotary on each rank's heads
     # Falcon's q/k/v grouped by KV head: each rank its groups' query heads, keys and values
     "falcon_grouped_two_norms",
     "falcon_multi_query_one_norm",

@@ -449,6 +449,12 @@ NEW_ARCH_MODELS["jais2_layernorm_relu2"] = (
     "Jais2ForCausalLM",
     {"head_dim": 16, "max_position_embeddings": 256},
 )
+# nanochat: weightless RMSNorms everywhere (the embeddings normed too), q/k normed after a
+# rotary that turns the other way, fc1 -> relu^2 -> fc2, the final logits capped
+NEW_ARCH_MODELS["nanochat_reverse_rope"] = (
+    "NanoChatForCausalLM",
+    {"num_key_value_heads": 4, "final_logit_softcapping": 3.0, "max_position_embeddings": 256},
+)
 # Meta's CWM: Llama's layers, its window (7 here, 8192 released) in the layers layer_types
 # names sliding (every layer but each fourth's first by default: here the second of two)
 NEW_ARCH_MODELS["cwm_sliding_layers"] = (
