@@ -138,6 +138,7 @@ ARCHITECTURES = {
     "GPT2LMHeadModel": "GPT2Config",
     "Mamba2ForCausalLM": "Mamba2Config",
     "Glm4vMoeForConditionalGeneration": "Glm4vMoeTextConfig",
+    "Glm46VForConditionalGeneration": "Glm4vMoeTextConfig",
     "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeTextConfig",
     "Qwen3NextForCausalLM": "Qwen3NextConfig",
     "Llama4ForCausalLM": "Llama4TextConfig",
@@ -175,6 +176,7 @@ VISION_LANGUAGE = {
         "vision_config": _QWEN3_5_VISION}),
     "Glm4vForConditionalGeneration": ("Glm4vConfig", {"vision_config": _GLM4V_VISION}),
     "Glm4vMoeForConditionalGeneration": ("Glm4vMoeConfig", {"vision_config": _GLM4V_VISION}),
+    "Glm46VForConditionalGeneration": ("Glm46VConfig", {"vision_config": _GLM4V_VISION}),
     "Gemma4ForConditionalGeneration": ("Gemma4Config", {
         "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
                           "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16,
@@ -270,6 +272,7 @@ MOE_ARCHITECTURES = (
     "GptOssForCausalLM",
     "Glm4MoeForCausalLM",
     "Glm4vMoeForConditionalGeneration",
+    "Glm46VForConditionalGeneration",
     "Lfm2MoeForCausalLM",
     "Kolibri1ForCausalLM",
     "Cohere2MoeForCausalLM",

@@ -22,7 +22,7 @@ from shard.models.blocks import DecoderModel
 from shard.models.config import ModelConfig, MoeConfig, UnsupportedArchitectureError
 from shard.models.names import QWEN_MOE_NAMES, STACKED_EXPERT_NAMES, stacked_experts
 from shard.models.qwen2_moe import experts_per_token
-from shard.models.text_only import TextOnly, holds
+from shard.models.text_only import TextOnly, holds, text_config
 from shard.weights import Weights
 
 GLM4_MOE_NAMES = {
@@ -142,3 +142,31 @@ class Glm4MoeForCausalLM(DecoderModel):
 
 class Glm4vMoeForConditionalGeneration(TextOnly, Glm4MoeForCausalLM):
     """GLM-4.5V, GLM-4.6V: served as their language model."""
+
+
+class Glm46VForConditionalGeneration:
+    """GLM-4.6V's own wrapper class (`Glm46VForConditionalGeneration`): the language model
+    inside is GLM-4's (text_config.model_type glm4v_text, GLM-4.6V-Flash's shape) or GLM-4.5's
+    (glm4v_moe_text): served, text only, as Glm4vForConditionalGeneration or
+    Glm4vMoeForConditionalGeneration serves it."""
+
+    @staticmethod
+    def _served(moe: bool) -> type[DecoderModel]:
+        from shard.models.glm4 import Glm4vForConditionalGeneration
+
+        return Glm4vMoeForConditionalGeneration if moe else Glm4vForConditionalGeneration
+
+    @classmethod
+    def config_from_dict(cls, raw: dict[str, Any], **fields: Any) -> ModelConfig:
+        kind = text_config(raw).get("model_type")
+        if kind not in ("glm4v_text", "glm4v_moe_text"):
+            raise UnsupportedArchitectureError(
+                f"Glm46VForConditionalGeneration with a {kind!r} language model "
+                "(text_config.model_type) is not supported; glm4v_text or glm4v_moe_text is"
+            )
+        return cls._served(kind == "glm4v_moe_text").config_from_dict(raw, **fields)
+
+    def __new__(  # type: ignore[misc]
+        cls, config: ModelConfig, weights: Weights, attention: str = "torch"
+    ) -> DecoderModel:
+        return cls._served(config.moe is not None)(config, weights, attention)

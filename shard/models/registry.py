@@ -99,6 +99,8 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
         "shard.models.glm4_moe",
         "Glm4vMoeForConditionalGeneration",
     ),
+    # GLM-4.6V's own wrapper: GLM-4's or GLM-4.5's language model inside
+    "Glm46VForConditionalGeneration": ("shard.models.glm4_moe", "Glm46VForConditionalGeneration"),
     "Dots1ForCausalLM": ("shard.models.dots1", "Dots1ForCausalLM"),
     "AfmoeForCausalLM": ("shard.models.afmoe", "AfmoeForCausalLM"),
     "ArceeForCausalLM": ("shard.models.arcee", "ArceeForCausalLM"),

@@ -91,3 +91,18 @@ def test_a_llava_wrapper_around_a_language_model_it_does_not_serve_is_refused():
             {"text_config": text}, architecture="LlavaForConditionalGeneration",
             eos_token_ids=[2], quantization=None,
         )  # fmt: skip
+
+
+def test_a_glm46v_wrapper_around_a_language_model_it_does_not_serve_is_refused():
+    """GLM-4.6V's wrapper serves GLM-4's or GLM-4.5's language model; another is refused naming
+    the field."""
+    from shard.models.config import UnsupportedArchitectureError
+    from shard.models.glm4_moe import Glm46VForConditionalGeneration
+
+    text = {"model_type": "qwen3", "hidden_size": 64, "num_attention_heads": 4,
+            "num_hidden_layers": 2, "vocab_size": 512}  # fmt: skip
+    with pytest.raises(UnsupportedArchitectureError, match="text_config.model_type"):
+        Glm46VForConditionalGeneration.config_from_dict(
+            {"text_config": text}, architecture="Glm46VForConditionalGeneration",
+            eos_token_ids=[2], quantization=None,
+        )  # fmt: skip

@@ -1028,6 +1028,11 @@ VISION_LANGUAGE_MODELS["glm4v_moe_text_only"] = (
         "max_position_embeddings": 256,
     },
 )
+# GLM-4.6V's own wrapper around GLM-4.5V's language model
+VISION_LANGUAGE_MODELS["glm46v_moe_text_only"] = (
+    "Glm46VForConditionalGeneration",
+    VISION_LANGUAGE_MODELS["glm4v_moe_text_only"][1],
+)
 # Phi-3.5-MoE: the sparsemixer's top-2 of 6 (a jitter wide enough to mask some experts out of
 # each softmax), LayerNorms, q/k/v/o and head biases, longrope (short factors at every length,
 # as transformers) scaled by the mscale, prompts past the original 32 positions
