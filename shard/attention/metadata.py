@@ -61,3 +61,13 @@ class MixedMetadata:
 
 # What a model's forward pass takes: a pure prefill or decode step, or a mixed one.
 StepMetadata = AttentionMetadata | MixedMetadata
+
+
+def prompt_token_rows(meta: AttentionMetadata, num_tokens: int) -> torch.Tensor:
+    """[T] the row (sequence) of each of a prefill part's packed tokens: token t is in row r
+    where cu_seqlens_q[r] <= t < cu_seqlens_q[r + 1]."""
+    cu = meta.cu_seqlens_q
+    if cu is None:
+        raise ValueError("prefill metadata without cu_seqlens_q: its tokens' rows are unknown")
+    tokens = torch.arange(num_tokens, dtype=cu.dtype, device=cu.device)
+    return torch.searchsorted(cu[1:], tokens, right=True)

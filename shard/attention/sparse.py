@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from shard.attention.metadata import AttentionMetadata, StepMetadata
+from shard.attention.metadata import AttentionMetadata, StepMetadata, prompt_token_rows
 
 # Bytes of gathered indexer keys and float32 scores one chunk of query tokens may take.
 CHUNK_BYTES = 256 * 2**20
@@ -40,12 +40,7 @@ def token_tables(meta: StepMetadata, num_tokens: int) -> torch.Tensor:
 def _part_tables(meta: AttentionMetadata, num_tokens: int) -> torch.Tensor:
     if not meta.is_prefill:  # one token a row
         return meta.block_tables
-    cu = meta.cu_seqlens_q
-    if cu is None:
-        raise ValueError("prefill metadata without cu_seqlens_q: its tokens' rows are unknown")
-    tokens = torch.arange(num_tokens, dtype=cu.dtype, device=cu.device)
-    # Token t is in row r where cu[r] <= t < cu[r + 1].
-    return meta.block_tables[torch.searchsorted(cu[1:], tokens, right=True)]
+    return meta.block_tables[prompt_token_rows(meta, num_tokens)]
 
 
 def context_slots(tables: torch.Tensor, block_size: int) -> torch.Tensor:

@@ -38,7 +38,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from shard.attention.metadata import AttentionMetadata, MixedMetadata, StepMetadata
+from shard.attention.metadata import (
+    AttentionMetadata,
+    MixedMetadata,
+    StepMetadata,
+    prompt_token_rows,
+)
 from shard.platforms import platform_of
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "proportional")
@@ -525,12 +530,7 @@ def _part_seq_lens(positions: torch.Tensor, meta: AttentionMetadata) -> torch.Te
     if not meta.is_prefill:  # one token a row
         return positions + 1 if meta.seq_lens is None else meta.seq_lens
     lens = meta.context_lens if meta.seq_lens is None else meta.seq_lens
-    cu = meta.cu_seqlens_q
-    if cu is None:
-        raise ValueError("prefill metadata without cu_seqlens_q: its tokens' rows are unknown")
-    tokens = torch.arange(positions.shape[0], dtype=cu.dtype, device=cu.device)
-    # Token t is in row r where cu[r] <= t < cu[r + 1].
-    return lens[torch.searchsorted(cu[1:], tokens, right=True)]
+    return lens[prompt_token_rows(meta, positions.shape[0])]
 
 
 def _joint_heads(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:

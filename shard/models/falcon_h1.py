@@ -31,14 +31,9 @@ from shard.attention import AttentionBackend, StepMetadata
 from shard.layers.activation import GATED_ACTIVATIONS
 from shard.layers.rotary import NoRotary, RotaryEmbedding
 from shard.models.blocks import Attention, DecoderModel, Mixer, load_norm
-from shard.models.config import (
-    FalconH1Scales,
-    MambaConfig,
-    ModelConfig,
-    UnsupportedArchitectureError,
-)
+from shard.models.config import FalconH1Scales, ModelConfig, UnsupportedArchitectureError
 from shard.models.linear_attention import RecurrentState
-from shard.models.mamba_mixer import MAMBA_NAMES, Mamba2Mixer, checked
+from shard.models.mamba_mixer import MAMBA_NAMES, Mamba2Mixer, mamba_config
 from shard.models.mlp import GatedMLP
 from shard.models.names import LLAMA_NAMES, Names
 from shard.weights import Weights
@@ -64,39 +59,18 @@ def _pair(raw: dict[str, Any], name: str, size: int) -> tuple[float, ...]:
 
 
 def falcon_h1_config(raw: dict[str, Any], config: ModelConfig) -> ModelConfig:
-    hidden = config.hidden_size
-    inner = raw.get("mamba_d_ssm") or int(raw.get("mamba_expand", 2) * hidden)
-    heads = int(raw["mamba_n_heads"])
-    head_dim = raw.get("mamba_d_head")
-    if head_dim in (None, "auto"):
-        head_dim = inner // heads
-    if head_dim * heads != inner:
-        raise UnsupportedArchitectureError(
-            f"mamba_d_head {head_dim} x mamba_n_heads {heads} is not mamba_d_ssm {inner}"
-        )
     if not raw.get("mamba_rms_norm", False):
         gate_norm = "gate"
     elif raw.get("mamba_norm_before_gate", True):
         gate_norm = "norm_then_gate"
     else:
         gate_norm = "gate_then_norm"
-    limit = raw.get("time_step_limit") or (0.0, float("inf"))
-    mamba = checked(
-        MambaConfig(
-            layers=(True,) * config.num_layers,
-            num_heads=heads,
-            head_dim=int(head_dim),
-            num_groups=int(raw.get("mamba_n_groups") or 1),
-            state_size=int(raw["mamba_d_state"]),
-            conv_kernel=int(raw.get("mamba_d_conv") or 4),
-            conv_bias=bool(raw.get("mamba_conv_bias", True)),
-            proj_bias=bool(raw.get("mamba_proj_bias", False)),
-            time_step_limit=(float(limit[0]), float(limit[1])),
-            projection_scales=_pair(raw, "ssm_multipliers", 5),
-            gate_norm=gate_norm,
-            out_bias=bool(raw.get("projectors_bias", False)),
-        ),
-        raw.get("hidden_act", "silu"),
+    # every layer's mixer (its layer_types name the attention beside it, not a kind)
+    mamba = replace(
+        mamba_config(raw, None, config),
+        projection_scales=_pair(raw, "ssm_multipliers", 5),
+        gate_norm=gate_norm,
+        out_bias=bool(raw.get("projectors_bias", False)),
     )
     key_multiplier = float(raw.get("key_multiplier") or 1.0)
     gate, down = _pair(raw, "mlp_multipliers", 2)

@@ -87,17 +87,19 @@ def checked(cfg: MambaConfig, conv_act: str) -> MambaConfig:
 def mamba_config(
     raw: dict[str, Any], kinds: Sequence[str] | None, config: ModelConfig
 ) -> MambaConfig:
-    """config.json's mamba_* fields (Granite 4.0's, Bamba's) with each layer's kind."""
+    """config.json's mamba_* fields (Granite 4.0's, Bamba's, Falcon-H1's) with each layer's
+    kind; the inner width mamba_d_ssm where the config gives it (Falcon-H1), else
+    mamba_expand x hidden_size."""
     kinds = layer_kinds(kinds, config.num_layers)
     heads = raw["mamba_n_heads"]
-    inner = int(raw.get("mamba_expand", 2) * config.hidden_size)
+    inner = raw.get("mamba_d_ssm") or int(raw.get("mamba_expand", 2) * config.hidden_size)
     head_dim = raw.get("mamba_d_head")
     if head_dim in (None, "auto"):
         head_dim = inner // heads
     if head_dim * heads != inner:
         raise UnsupportedArchitectureError(
-            f"mamba_d_head {head_dim} x mamba_n_heads {heads} is not mamba_expand x hidden_size "
-            f"{inner}"
+            f"mamba_d_head {head_dim} x mamba_n_heads {heads} is not the inner width {inner} "
+            "(mamba_d_ssm, or mamba_expand x hidden_size)"
         )
     limit = raw.get("time_step_limit") or (0.0, float("inf"))
     cfg = MambaConfig(

@@ -48,24 +48,27 @@ INDEXER_NORM_EPS = 1e-6
 _CHOICE = "sparse_attention_choice"
 _SLOTS = "sparse_attention_slots"
 
-Choice = tuple[torch.Tensor, torch.Tensor] | None  # (chosen slots, valid) [T, K]; None: all
+# ([T, K] int32 each token's chosen slots, best first, [T] int32 how many of them are real
+# positions): a decode step's block tables and contexts over blocks of one slot; None: all
+Choice = tuple[torch.Tensor, torch.Tensor] | None
 
 
 def chosen_rows(
-    kv_cache: torch.Tensor, chosen: torch.Tensor, valid: torch.Tensor, meta: StepMetadata
+    kv_cache: torch.Tensor, choice: tuple[torch.Tensor, torch.Tensor], meta: StepMetadata
 ) -> tuple[torch.Tensor, AttentionMetadata]:
     """The chosen rows as a decode step over blocks of one slot: the cache viewed with a block
-    size of 1, each query token a row whose block table is its chosen slots (the valid ones
-    first: topk sorts them) and whose context is how many are valid. Every backend's decode
-    kernel then attends over them, without a copy of the rows."""
+    size of 1, each query token a row whose block table is its chosen slots and whose context
+    is how many are valid (`choice`, as _choice keeps it). Every backend's decode kernel then
+    attends over them, without a copy of the rows."""
     planes, blocks, block_size, heads, width = kv_cache.shape
     slots = kv_cache.view(planes, blocks * block_size, 1, heads, width)
+    tables, counts = choice
     captured = isinstance(meta, AttentionMetadata) and meta.captured
     step = AttentionMetadata(
         is_prefill=False,
         slot_mapping=meta.slot_mapping,
-        block_tables=chosen.to(torch.int32),
-        context_lens=valid.sum(1, dtype=torch.int32),
+        block_tables=tables,
+        context_lens=counts,
         captured=captured,
     )
     return slots, step
@@ -191,7 +194,7 @@ class SparseLatentAttention(LatentAttention):
         if choice is None:
             out = attend(self.backend, query, key, key, kv_cache, meta, self.scale, store=False)
         else:
-            out = self.backend.decode(query, *chosen_rows(kv_cache, *choice, meta), self.scale)
+            out = self.backend.decode(query, *chosen_rows(kv_cache, choice, meta), self.scale)
         return self.output(out)
 
     def _choice(
@@ -208,18 +211,20 @@ class SparseLatentAttention(LatentAttention):
             if _CHOICE not in derived:
                 raise ValueError("a shared sparse-attention layer runs before any indexer")
             return derived[_CHOICE]  # type: ignore[return-value]
-        slots = derived.get(_SLOTS)
-        if slots is None:
+        if _SLOTS not in derived:  # once a step: every layer's tokens read the same slots
             tables = token_tables(meta, positions.shape[0])
             dense = every_position_chosen(tables, block_size, self.top_k, meta)
-            slots = derived[_SLOTS] = () if dense else (context_slots(tables, block_size),)
+            derived[_SLOTS] = None if dense else context_slots(tables, block_size)
+        slots = derived[_SLOTS]
         choice: Choice = None
-        if slots:
+        if slots is not None:
             spec = self.indexer.config
             queries, weights = self.indexer.queries(q_latent, hidden, positions, self.rotary, meta)
             keys = rows[:, rows.shape[1] - spec.head_dim :]
-            choice = select_tokens(
-                queries, weights, keys, slots[0], positions, self.top_k, spec.head_dim**-0.5
+            chosen, valid = select_tokens(
+                queries, weights, keys, slots, positions, self.top_k, spec.head_dim**-0.5
             )
+            # (in the decode kernels' form once: a shared layer reads it as it is)
+            choice = (chosen.to(torch.int32), valid.sum(1, dtype=torch.int32))
         derived[_CHOICE] = choice
         return choice
