@@ -16,6 +16,8 @@ from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from router.chat_encoding import ChatEncoding, encoding_of
+
 
 @dataclass(frozen=True)
 class Encoding:
@@ -37,9 +39,17 @@ def processor_chat_template(model_dir: Path) -> str | None:
 
 
 class Tokenizer:
-    def __init__(self, decoder: PreTrainedTokenizerBase, encoder: PreTrainedTokenizerBase) -> None:
+    def __init__(
+        self,
+        decoder: PreTrainedTokenizerBase,
+        encoder: PreTrainedTokenizerBase,
+        chat_encoding: ChatEncoding | None = None,
+    ) -> None:
+        """`chat_encoding`: renders conversations where the tokenizer has no chat template."""
         self.decoder = decoder
         self._encoder = encoder
+        has_template = bool(getattr(encoder, "chat_template", None))
+        self._chat_encoding = None if has_template else chat_encoding
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
         self._piece_cache: dict[int, str] = {}
         self._special_cache: dict[int, bool] = {}
@@ -50,7 +60,7 @@ class Tokenizer:
         template = processor_chat_template(Path(model_dir))
         if template is not None and not getattr(encoder, "chat_template", None):
             decoder.chat_template = encoder.chat_template = template
-        return cls(decoder, encoder)
+        return cls(decoder, encoder, encoding_of(Path(model_dir)))
 
     @classmethod
     def from_object(cls, tokenizer: PreTrainedTokenizerBase) -> Tokenizer:
@@ -80,12 +90,17 @@ class Tokenizer:
 
     @property
     def has_chat_template(self) -> bool:
-        return bool(getattr(self._encoder, "chat_template", None))
+        """Whether conversations can be rendered: a Jinja template or a Python encoding."""
+        template = getattr(self._encoder, "chat_template", None)
+        return self._chat_encoding is not None or bool(template)
 
     def chat_template_reads(self, name: str, tools: list[dict[str, Any]] | None) -> bool:
         """Whether the chat template chosen for a conversation (with or without tools: a
         tokenizer may have a `tool_use` template of its own) mentions `name` at all (`tools`,
-        `tool_calls`): a template that does not would drop it without a word."""
+        `tool_calls`): a template that does not would drop it without a word. (The Python
+        encodings render both.)"""
+        if self._chat_encoding is not None:
+            return True
         source = self._encoder.get_chat_template(None, tools)
         return name in source
 
@@ -95,6 +110,8 @@ class Tokenizer:
         variables: dict[str, Any],
         tools: list[dict[str, Any]] | None,
     ) -> str:
+        if self._chat_encoding is not None:
+            return self._chat_encoding(messages, variables, tools)
         return self._encoder.apply_chat_template(
             messages, tools=tools, tokenize=False, add_generation_prompt=True, **variables
         )
@@ -105,7 +122,8 @@ class Tokenizer:
         variables: dict[str, Any] | None = None,
         tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        """The prompt for a conversation, rendered by the tokenizer's own (Jinja) chat template;
+        """The prompt for a conversation, rendered by the tokenizer's own (Jinja) chat template
+        (or the model's Python encoding, router/chat_encoding);
         `variables` are extra template variables (e.g. Qwen3's `enable_thinking`), `tools` the
         functions offered (OpenAI's shape, as transformers' templates take them).
 

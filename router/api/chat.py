@@ -67,7 +67,7 @@ FunctionCallNone = Annotated[Any, Unsupported("none", "auto", None, why=LEGACY)]
 
 
 class ChatMessage(BaseModel):
-    # Other members (a `reasoning_content` echoed back...) do not reach the template.
+    # Other members (an assistant turn's `refusal`, `annotations`...) do not reach the template.
     model_config = ConfigDict(strict=True, extra="ignore")
 
     role: Annotated[
@@ -78,6 +78,10 @@ class ChatMessage(BaseModel):
     name: str | None = None
     tool_calls: list[MessageToolCall] | None = None  # an assistant turn's calls
     tool_call_id: str | None = None  # a tool turn: the call it answers
+    # An assistant turn's reasoning, as agents send it back within a tool round: the templates
+    # that keep it there (Qwen3's, gpt-oss's, DeepSeek-V3.2's encoding) read `reasoning_content`.
+    reasoning_content: str | None = None
+    reasoning: str | None = None  # vLLM's newer name for the same
 
     def for_template(self, index: int) -> dict[str, Any]:
         """The message as chat templates read it (transformers' conventions)."""
@@ -94,6 +98,9 @@ class ChatMessage(BaseModel):
                 raise ValidationError(str(err)) from None
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
+        reasoning = self.reasoning_content if self.reasoning_content is not None else self.reasoning
+        if reasoning is not None and self.role == "assistant":
+            out["reasoning_content"] = reasoning
         return out
 
 

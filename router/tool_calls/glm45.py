@@ -34,7 +34,7 @@ class Glm45Parser(XmlCallParser):
     layout = XmlLayout(
         call_open=lambda name: f"{name}\n",
         call_end="",
-        param_open=lambda key: f"<arg_key>{key}</arg_key>\n<arg_value>",
+        param_open=lambda key, _kind: f"<arg_key>{key}</arg_key>\n<arg_value>",
         value_end="</arg_value>",
         param_end="\n",
         separator="\n",
@@ -46,7 +46,7 @@ class Glm47Parser(Glm45Parser):
     layout = dataclasses.replace(
         Glm45Parser.layout,
         call_open=lambda name: name,
-        param_open=lambda key: f"<arg_key>{key}</arg_key><arg_value>",
+        param_open=lambda key, _kind: f"<arg_key>{key}</arg_key><arg_value>",
         param_end="",
         separator="",
     )

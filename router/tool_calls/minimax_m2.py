@@ -32,7 +32,7 @@ class MiniMaxM2Parser(XmlCallParser):
     layout = XmlLayout(
         call_open=lambda name: f'<invoke name="{name}">\n',
         call_end="</invoke>\n",
-        param_open=lambda key: f'<parameter name="{key}">',
+        param_open=lambda key, _kind: f'<parameter name="{key}">',
         value_end="</parameter>",
         param_end="\n",
         block_per_call=False,

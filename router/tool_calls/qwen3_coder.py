@@ -33,7 +33,7 @@ class Qwen3CoderParser(XmlCallParser):
     layout = XmlLayout(
         call_open=lambda name: f"\n<function={name}>\n",
         call_end="</function>\n",
-        param_open=lambda key: f"<parameter={key}>\n",
+        param_open=lambda key, _kind: f"<parameter={key}>\n",
         value_end="\n</parameter>",
         param_end="\n",
         separator="\n",

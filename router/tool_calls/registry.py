@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from router.tool_calls.deepseek import DeepSeekV3Parser, DeepSeekV31Parser
+from router.tool_calls.deepseek_v32 import DeepSeekV32Parser
 from router.tool_calls.glm45 import Glm45Parser, Glm47Parser
 from router.tool_calls.granite import GraniteParser
 from router.tool_calls.hermes import Ernie45Parser, HermesParser
@@ -36,6 +37,7 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
         SeedOssParser,
         DeepSeekV3Parser,
         DeepSeekV31Parser,
+        DeepSeekV32Parser,
         KimiK2Parser,
         Llama4PythonicParser,
         Llama4JsonParser,

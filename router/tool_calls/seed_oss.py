@@ -28,7 +28,7 @@ class SeedOssParser(XmlCallParser):
     layout = XmlLayout(
         call_open=lambda name: f"\n<function={name}>\n",
         call_end="</function>\n",
-        param_open=lambda key: f"<parameter={key}>",
+        param_open=lambda key, _kind: f"<parameter={key}>",
         value_end="</parameter>",
         param_end="\n",
         separator="\n",

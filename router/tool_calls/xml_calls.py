@@ -40,7 +40,7 @@ from router.tool_calls.common import (
     skip_spaces,
 )
 from router.tool_calls.types import MarkerTerm, Tool, ToolCall
-from router.tool_calls.xml_values import argument_value, resolved, value_kind
+from router.tool_calls.xml_values import Kind, argument_value, json_value, resolved, value_kind
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,9 @@ class XmlFormat:
     call_close: str | None
     param_head: re.Pattern[str]  # group `key`; the value starts where it ends
     param_close: str
+    # The templates that put values on lines of their own: a newline at either end of a value
+    # is the layout's, not the value's.
+    values_on_lines: bool = True
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,8 @@ class XmlLayout:
 
     call_open: Callable[[str], str]
     call_end: str  # after the parameters, before the next call or the block's closer
-    param_open: Callable[[str], str]
+    # Given the key and how the value is written ("string": as text, "json").
+    param_open: Callable[[str, Kind], str]
     value_end: str  # the text that ends a value (its closing tag with what the layout puts before)
     param_end: str  # after the closing tag
     # One block per call (joined by `separator`), or all calls in one block.
@@ -154,8 +158,16 @@ class XmlCallParser(ScanParser):
             if end is None:
                 return None
             key = head.group("key").strip()
-            value = _one_newline_off(body[head.end() : end])
-            arguments[key] = argument_value(value, resolved(properties.get(key), schema))
+            value = body[head.end() : end]
+            if fmt.values_on_lines:
+                value = _one_newline_off(value)
+            written = head.groupdict().get("string")  # DSML says how it wrote the value
+            if written == "true":
+                arguments[key] = value
+            elif written == "false":
+                arguments[key] = json_value(value)
+            else:
+                arguments[key] = argument_value(value, resolved(properties.get(key), schema))
             pos = end + len(fmt.param_close)
 
     def _value_end(self, body: str, begin: int) -> int | None:
@@ -219,7 +231,7 @@ def _parameter_terms(tool: Tool, layout: XmlLayout, terms: _Terms, values: list[
         # Any object: parameters of any name, each a string.
         free = _free_text(layout, terms, values, {})
         key = "/[A-Za-z_][A-Za-z0-9_.\\-]*/"
-        before, after = layout.param_open("\0").split("\0")
+        before, after = layout.param_open("\0", "string").split("\0")
         return [f"({terms(before)} {key} {terms(after)} {free} {terms(layout.param_end)})*"]
     required = set(schema.get("required") or [])
     # References into the schema's definitions still resolve from a property's own schema.
@@ -230,7 +242,8 @@ def _parameter_terms(tool: Tool, layout: XmlLayout, terms: _Terms, values: list[
         if isinstance(sub, dict) and definitions:
             sub = {**sub, **definitions}
         value = _value_term(key, sub, tool, layout, terms, values)
-        term = f"{terms(layout.param_open(key))} {value} {terms(layout.param_end)}".strip()
+        opener = terms(layout.param_open(key, value_kind(sub)))
+        term = f"{opener} {value} {terms(layout.param_end)}".strip()
         parts.append(term if key in required else f"({term})?")
     return parts
 

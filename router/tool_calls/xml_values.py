@@ -82,6 +82,11 @@ def argument_value(text: str, schema: Any) -> Any:
     """The JSON value of a parameter written as `text`, given its schema (None: untyped)."""
     if value_kind(schema) == "string":
         return None if nullable(schema) and text in _NULLS else text
+    return json_value(text)
+
+
+def json_value(text: str) -> Any:
+    """A value written as JSON (or a Python literal); where it is neither, the text itself."""
     stripped = text.strip()
     try:
         return DECODER.decode(stripped)

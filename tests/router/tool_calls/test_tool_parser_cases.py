@@ -12,6 +12,7 @@ from router.tool_calls.types import Parsed
 from tests.router.tool_calls import (
     test_tool_parser_deepseek_v3,
     test_tool_parser_deepseek_v31,
+    test_tool_parser_deepseek_v32,
     test_tool_parser_glm45,
     test_tool_parser_hermes,
     test_tool_parser_kimi_k2,
@@ -27,7 +28,8 @@ from tests.router.tool_calls.checks import check_all_splits, check_stream, cut, 
 FORMATS = [test_tool_parser_hermes, test_tool_parser_llama3_json, test_tool_parser_mistral,
            test_tool_parser_pythonic, test_tool_parser_qwen3_coder, test_tool_parser_glm45,
            test_tool_parser_minimax_m2, test_tool_parser_seed_oss, test_tool_parser_deepseek_v3,
-           test_tool_parser_deepseek_v31, test_tool_parser_kimi_k2]  # fmt: skip
+           test_tool_parser_deepseek_v31, test_tool_parser_deepseek_v32,
+           test_tool_parser_kimi_k2]  # fmt: skip
 WHOLE = [(f.PARSER, text, expected) for f in FORMATS for text, expected in f.WHOLE]
 MALFORMED = [(f.PARSER, text) for f in FORMATS for text in f.MALFORMED]
 EVERY = [(parser, text) for parser, text, _ in WHOLE] + MALFORMED

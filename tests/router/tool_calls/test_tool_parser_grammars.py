@@ -101,6 +101,22 @@ def minimax(*calls) -> str:
     return "<minimax:tool_call>\n" + xml_calls(MINIMAX, "", *calls) + "</minimax:tool_call>"
 
 
+def dsml(*calls) -> str:
+    """DeepSeek-V3.2's block: each parameter says whether its value is a string (`days` is
+    the weather tool's only JSON one)."""
+
+    def param(key: str, value: str) -> str:
+        flag = "false" if key == "days" else "true"
+        return f'<｜DSML｜parameter name="{key}" string="{flag}">{value}</｜DSML｜parameter>\n'
+
+    body = "".join(
+        f'<｜DSML｜invoke name="{name}">\n' + "".join(param(k, v) for k, v in pairs)
+        + "</｜DSML｜invoke>\n"
+        for name, pairs in calls
+    )  # fmt: skip
+    return "<｜DSML｜function_calls>\n" + body + "</｜DSML｜function_calls>"
+
+
 DS_CALL = "<｜tool▁call▁begin｜>{}<｜tool▁sep｜>{}<｜tool▁call▁end｜>"
 DS3_CALL = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>{}\n```json\n{}\n```<｜tool▁call▁end｜>"
 KIMI_CALL = "<|tool_call_begin|>functions.{}:{}<|tool_call_argument_begin|>{}<|tool_call_end|>"
@@ -112,6 +128,7 @@ ACCEPTED |= {
     "glm45": [xml_calls(GLM45, "\n", *ONE), xml_calls(GLM45, "\n", *BOTH)],
     "glm47": [xml_calls(GLM47, "", *ONE), xml_calls(GLM47, "", *BOTH)],
     "minimax_m2": [minimax(*ONE), minimax(*BOTH)],
+    "deepseek_v32": [dsml(*ONE), dsml(*BOTH)],
     "deepseek_v3": [
         "<｜tool▁calls▁begin｜>" + DS3_CALL.format("get_weather", ARGS) + "<｜tool▁calls▁end｜>",
         "<｜tool▁calls▁begin｜>" + DS3_CALL.format("ping", "{}") + "\n"
@@ -131,7 +148,7 @@ ACCEPTED |= {
 }  # fmt: skip
 # How each format writes the enum value "c" (the JSON ones: `"c"`).
 UNIT_C = {"qwen3_coder": "\nc\n", "seed_oss": ">c<", "glm45": ">c<", "glm47": ">c<",
-          "minimax_m2": ">c<"}  # fmt: skip
+          "minimax_m2": ">c<", "deepseek_v32": ">c<"}  # fmt: skip
 
 # Variants: which parser, and which markers the tokenizer does not hold as one token.
 VARIANTS = {

@@ -13,7 +13,8 @@ def test_names_are_vllm_names():
     assert set(TOOL_PARSERS) == {"hermes", "llama3_json", "mistral", "openai", "pythonic",
                                  "qwen3_coder", "qwen3_xml", "ernie45", "glm45", "glm47",
                                  "minimax_m2", "seed_oss",
-                                 "deepseek_v3", "deepseek_v31", "kimi_k2", "llama4_pythonic",
+                                 "deepseek_v3", "deepseek_v31", "deepseek_v32", "kimi_k2",
+                                 "llama4_pythonic",
                                  "llama4_json", "granite", "phi4_mini_json", "hunyuan_a13b",
                                  "olmo3"}  # fmt: skip
     for name, parser in TOOL_PARSERS.items():
@@ -22,7 +23,7 @@ def test_names_are_vllm_names():
 
 
 def test_unknown_name_lists_the_choices():
-    with pytest.raises(ValueError, match="one of: deepseek_v3, deepseek_v31, ernie45, glm45, "):
+    with pytest.raises(ValueError, match="one of: deepseek_v3, deepseek_v31, deepseek_v32, "):
         tool_parser("nope")
 
 
