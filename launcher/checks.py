@@ -7,6 +7,7 @@ Each mistake caught here would otherwise surface minutes later, deep inside N sh
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ def check_num_shard(
             f"whole number of heads: pass one of {_divisors(heads)}"
         )
     config = _text_config(model_dir) or {}
+    _check_layer_heads(num_shard, config, model_dir / "config.json")
     linear_heads = _positive(config.get("linear_num_key_heads"))
     if linear_heads is not None and linear_heads % num_shard:
         raise ShardCountError(
@@ -50,12 +52,35 @@ def check_num_shard(
             f"{_divisors(linear_heads)}"
         )
     _check_mamba_heads(num_shard, config, model_dir / "config.json")
+    _check_mamba1_channels(num_shard, config, model_dir / "config.json")
     if kv_heads is not None and kv_heads % num_shard and num_shard % kv_heads:
         # KV heads split across shards, or, when there are fewer of them, are replicated.
         raise ShardCountError(
             f"--num-shard {num_shard} cannot share the model's {kv_heads} key/value heads "
             f"(num_key_value_heads): it must divide {kv_heads} or be a multiple of it"
         )
+
+
+def _check_layer_heads(num_shard: int, config: dict, path: Path) -> None:
+    """Laguna's query heads, a count a layer (num_attention_heads_per_layer): each layer's
+    split across the shards."""
+    counts = _layer_heads(config)
+    for layer, heads in enumerate(counts):
+        if heads % num_shard:
+            every = math.gcd(*counts)
+            raise ShardCountError(
+                f"--num-shard {num_shard} does not divide the {heads} attention heads of layer "
+                f"{layer} (num_attention_heads_per_layer in {path}); each shard must hold a "
+                f"whole number of every layer's heads: pass one of {_divisors(every)}"
+            )
+
+
+def _layer_heads(config: dict[str, Any]) -> list[int]:
+    """The query heads of each layer where the config counts them a layer (Laguna's), or []."""
+    counts = config.get("num_attention_heads_per_layer")
+    if not isinstance(counts, list):
+        return []
+    return [h for h in map(_positive, counts) if h is not None]
 
 
 def _check_mamba_heads(num_shard: int, config: dict, path: Path) -> None:
@@ -81,6 +106,23 @@ def _check_mamba_heads(num_shard: int, config: dict, path: Path) -> None:
         raise ShardCountError(
             f"--num-shard {num_shard} cannot share the model's {groups} Mamba groups "
             f"({groups_field}): it must divide {groups} or be a multiple of it"
+        )
+
+
+def _check_mamba1_channels(num_shard: int, config: dict, path: Path) -> None:
+    """A Mamba 1 mixer's inner channels (expand x hidden_size) split across the shards: Mamba's
+    and FalconMamba's expand, Jamba's mamba_expand."""
+    expand_field = {"mamba": "expand", "falcon_mamba": "expand", "jamba": "mamba_expand"}.get(
+        config.get("model_type", "")
+    )
+    hidden, expand = _positive(config.get("hidden_size")), config.get(expand_field, 2)
+    if expand_field is None or hidden is None or not isinstance(expand, int | float):
+        return
+    channels = int(expand * hidden)
+    if channels % num_shard:
+        raise ShardCountError(
+            f"--num-shard {num_shard} does not divide the model's {channels} Mamba channels "
+            f"({expand_field} x hidden_size in {path}): pass one of {_divisors(channels)}"
         )
 
 
@@ -115,6 +157,8 @@ def check_experts(
 
     def works(n: int, ep: bool) -> bool:
         if heads is not None and heads % n:
+            return False
+        if any(h % n for h in _layer_heads(config)):
             return False
         if kv_heads is not None and kv_heads % n and n % kv_heads:
             return False
@@ -241,6 +285,9 @@ def _dense_reason(config: dict[str, Any]) -> str | None:
         value = _positive(config.get(field))
         if value is not None and value > (0 if field.endswith("index") else 1):
             return f"{field} {value}"
+    kinds = config.get("mlp_layer_types")  # GLM-4.7-Flash's, Laguna's, Mellum's list
+    if isinstance(kinds, list) and "dense" in kinds:
+        return "mlp_layer_types 'dense'"
     kinds = config.get("layers_block_type")  # NemotronH's dense MLP layers among its MoE ones
     if isinstance(kinds, list) and "mlp" in kinds:
         return "layers_block_type 'mlp'"

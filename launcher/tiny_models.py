@@ -10,6 +10,7 @@ import json
 import re
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -58,6 +59,7 @@ ARCHITECTURES = {
     "GraniteForCausalLM": "GraniteConfig",
     "Olmo2ForCausalLM": "Olmo2Config",
     "Olmo3ForCausalLM": "Olmo3Config",
+    "OlmoHybridForCausalLM": "OlmoHybridConfig",
     "Exaone4ForCausalLM": "Exaone4Config",
     "GlmForCausalLM": "GlmConfig",
     "Glm4ForCausalLM": "Glm4Config",
@@ -135,8 +137,14 @@ ARCHITECTURES = {
     "Kolibri1ForCausalLM": "Kolibri1Config",
     "Cohere2MoeForCausalLM": "Cohere2MoeConfig",
     "FlintForCausalLM": "FlintConfig",
+    "LaraMiniForCausalLM": "LaraMiniConfig",
+    "LagunaForCausalLM": "LagunaConfig",
+    "MellumForCausalLM": "MellumConfig",
     "GPT2LMHeadModel": "GPT2Config",
     "Mamba2ForCausalLM": "Mamba2Config",
+    "MambaForCausalLM": "MambaConfig",
+    "FalconMambaForCausalLM": "FalconMambaConfig",
+    "JambaForCausalLM": "JambaConfig",
     "Glm4vMoeForConditionalGeneration": "Glm4vMoeTextConfig",
     "Glm46VForConditionalGeneration": "Glm4vMoeTextConfig",
     "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeTextConfig",
@@ -277,6 +285,8 @@ MOE_ARCHITECTURES = (
     "Kolibri1ForCausalLM",
     "Cohere2MoeForCausalLM",
     "FlintForCausalLM",
+    "LagunaForCausalLM",
+    "MellumForCausalLM",
     "DeepseekV2ForCausalLM",
     "DeepseekV3ForCausalLM",
     "Glm4MoeLiteForCausalLM",
@@ -351,6 +361,21 @@ _GEMMA4_ROUTER_SPREAD = 1.0
 # 0.3 (dt_bias through softplus) and decays exp(A_log) of 0.4 to 2.7, so that some heads
 # remember a few tokens and others hundreds; the skip D around one
 _MAMBA_INIT = {"mamba.A_log": (-1.0, 1.0), "mamba.dt_bias": (-4.0, -1.0), "mamba.D": (0.5, 1.5)}
+# Mamba 1 mixers' per-channel parameters likewise: decays exp(A_log) of 1 to 16 per state
+# element (the releases' init), time steps of about 0.007 to 0.3 (dt_proj's bias through
+# softplus), so that some channels remember hundreds of tokens; the skip D around one
+_MAMBA1_ARCHITECTURES = ("MambaForCausalLM", "FalconMambaForCausalLM", "JambaForCausalLM")
+_MAMBA1_INIT = {".A_log": (0.0, 2.8), ".dt_proj.bias": (-5.0, -1.0), ".D": (0.5, 1.5)}
+# ... and the conv's and x_proj's weights spread wider than the rest: B and C (so the state's
+# reading) then weigh about one, as in the releases, where at 0.05 two small products would make
+# them vanish beside the skip D x and a model that lost its state would go unnoticed
+_MAMBA1_SPREAD = {".conv1d.weight": 0.3, ".x_proj.weight": 0.5}
+
+
+def _by_ending(name: str, table: dict[str, Any]) -> Any:
+    """The value of `table` whose key `name` ends with, or None."""
+    return next((value for end, value in table.items() if name.endswith(end)), None)
+
 
 # Where each norm's weight is its identity: Gemma norms compute x * (1 + w), others x * w. Left
 # at their init (zeros for Gemma) a norm's weight would be invisible: a model computing x * w or
@@ -375,10 +400,15 @@ _NORM_IDENTITY = {
     "GraniteMoeHybridForCausalLM": 1.0,  # its Mamba layers' gated norms too
     "BambaForCausalLM": 1.0,
     "FalconH1ForCausalLM": 1.0,
+    "OlmoHybridForCausalLM": 1.0,  # its gated output norms too
+    "LaraMiniForCausalLM": 1.0,  # likewise
     "OPTForCausalLM": 1.0,
     "Jais2ForCausalLM": 1.0,
     "GPT2LMHeadModel": 1.0,
     "Mamba2ForCausalLM": 1.0,
+    "MambaForCausalLM": 1.0,
+    "FalconMambaForCausalLM": 1.0,
+    "JambaForCausalLM": 1.0,  # its mixers' dt, B and C norms too
     "NemotronHForCausalLM": 1.0,
     "GPTBigCodeForCausalLM": 1.0,
     "FalconForCausalLM": 1.0,
@@ -542,6 +572,10 @@ def build_model(
                 ("e_score_correction_bias", "mlp.expert_bias", "feed_forward.expert_bias")
             ):  # AFMoE's, LFM2-MoE's
                 param.normal_(0.0, _CORRECTION_SPREAD)
+            elif architecture in _MAMBA1_ARCHITECTURES and _by_ending(name, _MAMBA1_INIT):
+                param.uniform_(*_by_ending(name, _MAMBA1_INIT))
+            elif architecture in _MAMBA1_ARCHITECTURES and _by_ending(name, _MAMBA1_SPREAD):
+                param.normal_(0.0, _by_ending(name, _MAMBA1_SPREAD))
             elif name.endswith(tuple(_MAMBA_INIT)):
                 low, high = _MAMBA_INIT[".".join(name.split(".")[-2:])]
                 param.uniform_(low, high)
@@ -720,6 +754,30 @@ def _tiny_defaults(
             "max_position_embeddings": 512,
             **(moe if "Moe" in architecture or "Next" in architecture else {}),
         }
+    if architecture == "LaraMiniForCausalLM":
+        # the release's 8 linear key heads (16 value heads) of 128, 128 experts (top 4)
+        return {
+            "head_dim": hidden_size // num_attention_heads,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "linear_key_head_dim": 16,
+            "linear_value_head_dim": 24,
+            "num_experts": 8,
+            "num_experts_per_tok": 3,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 48,
+            "max_position_embeddings": 512,
+        }
+    if architecture == "OlmoHybridForCausalLM":
+        # the release's 30 linear heads of 96 keys and 192 values, three linear layers in four
+        return {
+            "head_dim": hidden_size // num_attention_heads,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 2,
+            "linear_key_head_dim": 16,
+            "linear_value_head_dim": 24,
+            "max_position_embeddings": 512,
+        }
     if architecture == "NemotronHForCausalLM":
         # the releases' 128 Mamba heads of 64 in 8 groups, a 128-wide state, head_dim 128
         return {
@@ -742,6 +800,10 @@ def _tiny_defaults(
             "shared_intermediate_size": 96,
             "max_position_embeddings": 512,
         }
+    if architecture == "JambaForCausalLM":
+        # the releases' 16 experts and 256k positions (no rotary): 4 experts; its attention and
+        # expert layer pattern is the case's
+        return {"num_experts": 4, "num_experts_per_tok": 2, "max_position_embeddings": 512}
     if architecture == "Mamba2ForCausalLM":
         # Codestral Mamba's 128 heads of 64 in 8 groups, a 128-wide state: 8 heads in 2 groups
         return {"num_heads": 8, "head_dim": 16, "n_groups": 2, "state_size": 16, "chunk_size": 16}

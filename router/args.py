@@ -269,7 +269,8 @@ def add_chat_parser_flags(p: argparse.ArgumentParser | argparse._ArgumentGroup) 
         "(gpt-oss, with --reasoning-parser openai_gptoss), qwen3_coder or qwen3_xml (Qwen3-Coder, "
         "Qwen3.5), ernie45 (ERNIE 4.5: hermes' blocks), "
         "glm45/glm47 (GLM-4.5 to 4.7), minimax_m2, seed_oss, deepseek_v3, deepseek_v31 "
-        "(DeepSeek-V3.1, V3.2-Exp), deepseek_v32 (DeepSeek-V3.2's DSML), kimi_k2, llama4_pythonic and llama4_json (Llama 4), granite "
+        "(DeepSeek-V3.1, V3.2-Exp), deepseek_v32 (DeepSeek-V3.2's DSML), kimi_k2, "
+        "llama4_pythonic and llama4_json (Llama 4), granite "
         "(Granite 3.x), phi4_mini_json (Phi-4-mini), hunyuan_a13b, olmo3 (Olmo 3); needed for "
         "tool_choice required or a named function",
     )

@@ -12,7 +12,8 @@ A model file names its checkpoint tensors (a `Names` table) and maps its config.
   token attending over the earlier tokens an indexer picks); or in the layers that keep a
   state per sequence instead of K/V, `GatedDeltaNet` (shard/models/linear_attention.py: Qwen3.5's
   linear attention), `Mamba2Mixer` (shard/models/mamba_mixer.py: Granite 4.0-H's, Bamba's,
-  NemotronH's) or `ShortConv` (shard/models/short_conv.py: LFM2's gated short convolution).
+  NemotronH's), `Mamba1Mixer` (shard/models/mamba1_mixer.py: Jamba's) or `ShortConv`
+  (shard/models/short_conv.py: LFM2's gated short convolution).
 - `GatedMLP` (shard/models/mlp.py): a fused gate_up product (two tensors or one fused),
   act(gate) * up with the activation from shard/layers/activation.py's table, down projection;
   or with `gated_mlp` False `UngatedMLP`: act(up), down projection.
@@ -59,6 +60,7 @@ from shard.models.base import CausalLM
 from shard.models.config import ModelConfig
 from shard.models.latent_attention import LatentAttention
 from shard.models.linear_attention import GatedDeltaNet, RecurrentMixer, RecurrentState
+from shard.models.mamba1_mixer import Mamba1Mixer
 from shard.models.mamba_mixer import Mamba2Mixer
 from shard.models.mlp import GatedMLP, UngatedMLP
 from shard.models.moe_block import SparseMoeBlock
@@ -98,6 +100,7 @@ class Attention(nn.Module):
         position_scale: QueryPositionScale | None = None,
         chunk: int | None = None,
         output_gate: ColumnParallelLinear | None = None,
+        gate_activation: str = "sigmoid",
         norm_after_rope: bool = False,
         value_norm: RMSNorm | None = None,
         clip_qkv: float | None = None,
@@ -119,6 +122,7 @@ class Attention(nn.Module):
         self.position_scale = position_scale  # ModelConfig.query_position_scale
         # hidden -> this rank's heads' gates [T, H D] (ModelConfig.attention_output_gate), or None
         self.output_gate = output_gate
+        self.gate_activation = gate_activation  # ModelConfig.attention_gate_activation
         self.norm_after_rope = norm_after_rope  # ModelConfig.qk_norm_after_rope
         self.value_norm = value_norm  # ModelConfig.value_norm
         # KV sharing (ModelConfig.kv_sources), wired by DecoderModel: the keys and values this
@@ -146,6 +150,7 @@ class Attention(nn.Module):
     ) -> Attention:
         layer = names.layer
         head_dim, reads_other = config.head_dim_of(layer), config.kv_source(layer) is not None
+        heads = config.heads_of(layer)  # (Laguna's differ by layer)
         prefixes = names.many("qkv_proj")
         if config.values_from_keys and config.values_from_keys[layer]:
             if len(prefixes) != 3:
@@ -154,7 +159,7 @@ class Attention(nn.Module):
         qkv = QKVParallelLinear.load_qkv(
             weights,
             prefixes,
-            num_heads=config.num_heads,
+            num_heads=heads,
             num_kv_heads=config.kv_heads_of(layer),
             head_dim=head_dim,
             bias=config.qkv_bias,
@@ -170,7 +175,7 @@ class Attention(nn.Module):
                 names.one("q_norm"),
                 names.one("k_norm"),
                 config.rms_norm_eps,
-                num_heads=config.num_heads,
+                num_heads=heads,
                 num_kv_heads=config.num_kv_heads,
                 head_dim=config.head_dim,
                 weight_in_float32=config.norm == "fp32_rms",
@@ -178,7 +183,7 @@ class Attention(nn.Module):
         elif config.per_head_qk_layernorm:
             eps = config.rms_norm_eps
             qk_norm = HeadQKNorm(
-                PerHeadLayerNorm.load(weights, names.one("q_norm"), config.num_heads, eps,
+                PerHeadLayerNorm.load(weights, names.one("q_norm"), heads, eps,
                                       kv=False),
                 PerHeadLayerNorm.load(weights, names.one("k_norm"), config.num_kv_heads, eps,
                                       kv=True),
@@ -198,12 +203,17 @@ class Attention(nn.Module):
         if config.value_norm and not reads_other:
             value_norm = weightless_norm(head_dim, weights, config)
         dist = weights.dist
-        first, last = head_range(config.num_heads, dist.rank, dist.world_size, replicate=False)
+        first, last = head_range(heads, dist.rank, dist.world_size, replicate=False)
         sinks = None
         if config.attention_sinks:
             name = names.one("sinks")
             sinks = weights.get_range(name, 0, first, last, stored_dtype=True).float()
         gate = None
+        if config.attention_gate_activation not in OUTPUT_GATE_ACTIVATIONS:
+            raise ValueError(
+                f"attention gate {config.attention_gate_activation!r} is not one of "
+                f"{sorted(OUTPUT_GATE_ACTIVATIONS)}"
+            )
         if config.attention_output_gate:
             # a gate a head (LFM3's), or one for every dim of each head (AFMoE's)
             width = 1 if config.attention_head_gate else head_dim
@@ -225,6 +235,7 @@ class Attention(nn.Module):
             position_scale=config.position_scale_of(layer),
             chunk=config.chunk_of(layer),
             output_gate=gate,
+            gate_activation=config.attention_gate_activation,
             norm_after_rope=norm_after_rope,
             value_norm=value_norm,
             clip_qkv=config.clip_qkv,
@@ -280,17 +291,28 @@ class Attention(nn.Module):
         return q, k
 
     def gated(self, out: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """Attention's output [T, H D] times sigmoid(output_gate(hidden)), in the model's dtype
-        as transformers computes it; as it is without a gate."""
+        """Attention's output [T, H D] times its gate of `hidden` (output_gated), as
+        transformers computes it; as it is without a gate."""
         if self.output_gate is None:
             return out
-        return output_gated(out, self.output_gate(hidden))
+        return output_gated(out, self.output_gate(hidden), self.gate_activation)
 
 
-def output_gated(out: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-    """Attention's output [T, H D] times sigmoid(gate): a gate for every dim of each head
-    [T, H D] (AFMoE's), or one a head [T, H] (LFM3's), each head's dims times it."""
-    gate = torch.sigmoid(gate)
+def _softplus_in_float32(gate: torch.Tensor) -> torch.Tensor:
+    return F.softplus(gate.float()).to(gate.dtype)
+
+
+# ModelConfig.attention_gate_activation -> the gate's function, as transformers computes it
+OUTPUT_GATE_ACTIVATIONS = {"sigmoid": torch.sigmoid, "softplus": _softplus_in_float32}
+
+
+def output_gated(
+    out: torch.Tensor, gate: torch.Tensor, activation: str = "sigmoid"
+) -> torch.Tensor:
+    """Attention's output [T, H D] times activation(gate) (OUTPUT_GATE_ACTIVATIONS): a gate for
+    every dim of each head [T, H D] (AFMoE's, Laguna's per-element), or one a head [T, H] (LFM3's,
+    Laguna's per-head), each head's dims times it."""
+    gate = OUTPUT_GATE_ACTIVATIONS[activation](gate)
     if gate.shape[-1] == out.shape[-1]:
         return out * gate
     heads = gate.shape[-1]
@@ -377,6 +399,8 @@ class DecoderLayer(nn.Module):
             attention = GatedDeltaNet.load(weights, names, config)
         elif config.mamba_layer(names.layer):
             attention = Mamba2Mixer.load(weights, names, config)
+        elif config.mamba1_layer(names.layer):
+            attention = Mamba1Mixer.load(weights, names, config)
         elif config.short_conv_layer(names.layer):
             attention = ShortConv.load(weights, names, config)
         elif config.mla is not None:

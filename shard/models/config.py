@@ -125,6 +125,9 @@ class MoeConfig:
     # Nemotron 3 Super: the experts run in a latent space of this width, the token projected
     # into it (fc1_latent_proj) and their weighted sum back out (fc2_latent_proj); 0: none
     latent_size: int = 0
+    # the router's logits capped, cap * tanh(logit / cap), in float32 before they are scored
+    # (Laguna's moe_router_logit_softcapping); 0: not capped
+    router_softcap: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -175,9 +178,20 @@ class LinearAttentionConfig:
     key_head_dim: int
     value_head_dim: int
     conv_kernel: int  # the causal depthwise convolution over q, k and v
-    # Qwen3-Next's checkpoints: q, k, v, z in one in_proj_qkvz and b, a in one in_proj_ba,
-    # grouped by key head; False: Qwen3.5's in_proj_qkv, in_proj_z, in_proj_b, in_proj_a
-    fused_projections: bool = False
+    # How the checkpoint stores the input projections: "split", Qwen3.5's in_proj_qkv,
+    # in_proj_z, in_proj_b, in_proj_a; "grouped", Qwen3-Next's in_proj_qkvz and in_proj_ba, rows
+    # grouped by key head; "separate", OLMo-Hybrid's q_proj, k_proj, v_proj, g_proj, b_proj,
+    # a_proj; "single", Lara's one in_proj, rows [q | k | v | z | b | a]
+    projections: str = "split"
+    # the write strength's range: sigmoid * 2 lets the delta rule's eigenvalues go negative
+    # (OLMo-Hybrid's linear_allow_neg_eigval)
+    beta_scale: float = 1.0
+    # the gated output norm's epsilon where it is not the model's rms_norm_eps (OLMo-Hybrid's
+    # is FLA's fixed 1e-5)
+    norm_eps: float | None = None
+    # the gated output norm scales in float32 before rounding (Lara's), where Qwen's rounds the
+    # normed values to the model's dtype first
+    norm_in_float32: bool = False
 
     @property
     def conv_channels(self) -> int:
@@ -212,6 +226,25 @@ class MambaConfig:
     @property
     def intermediate_size(self) -> int:
         return self.num_heads * self.head_dim
+
+
+@dataclass(frozen=True)
+class Mamba1Config:
+    """Mamba 1 mixers (Mamba, FalconMamba, Jamba; shard/models/mamba1_mixer.py) in the layers
+    they name: each keeps per sequence the last conv inputs and a [state_size] state per inner
+    channel instead of K/V per token."""
+
+    layers: tuple[bool, ...]  # per layer: a Mamba 1 mixer (True) or softmax attention
+    intermediate_size: int  # the inner channels (expand x hidden_size)
+    state_size: int
+    dt_rank: int  # the time step's low-rank width between x_proj and dt_proj
+    conv_kernel: int
+    conv_bias: bool
+    proj_bias: bool  # in_proj and out_proj biases
+    # RMS norms on x_proj's dt, B and C: "" none (Mamba), "weightless" (FalconMamba), "weighted"
+    # (Jamba's dt_layernorm, b_layernorm, c_layernorm)
+    bcdt_norm: str = ""
+    norm_eps: float = 1e-6
 
 
 @dataclass(frozen=True)
@@ -335,6 +368,9 @@ class ModelConfig:
     attention_output_gate: bool = False
     # ... one gate a head (LFM3's g_proj: hidden -> heads), each head's output times its gate
     attention_head_gate: bool = False
+    # the output gate's function: "sigmoid" (AFMoE's, LFM3's), or "softplus" in float32, rounded
+    # to the dtype before it multiplies (Laguna's)
+    attention_gate_activation: str = "sigmoid"
     # the same gate, from q_proj: its rows hold each head's query and then that head's gate
     # (Qwen3.5, Qwen3-Next)
     query_gate: bool = False
@@ -372,6 +408,8 @@ class ModelConfig:
     linear_attention: LinearAttentionConfig | None = None
     # Mamba 2 mixers in the layers it names (Granite 4.0-H); None: none.
     mamba: MambaConfig | None = None
+    # Mamba 1 mixers in the layers it names (Mamba, FalconMamba, Jamba); None: none.
+    mamba1: Mamba1Config | None = None
     # LFM2's gated short convolutions in the layers they name (a state per sequence, no KV)
     short_conv: ShortConvConfig | None = None
     # Per layer whether it is an MLP block alone, no mixer (NemotronH's one-module layers:
@@ -380,6 +418,9 @@ class ModelConfig:
     # Per layer (KV heads, head dims) where the layers differ (Gemma 4's global layers: wider
     # heads, fewer KV heads); empty: num_kv_heads and head_dim in every layer.
     layer_attention_shapes: tuple[tuple[int, int], ...] = ()
+    # Per layer its query heads where the layers differ (Laguna's num_attention_heads_per_layer;
+    # the KV heads stay num_kv_heads); empty: num_heads in every layer.
+    layer_heads: tuple[int, ...] = ()
     # Per layer whether its values are its keys' projection, before the key norm and rotary (no
     # v_proj: Gemma 4's attention_k_eq_v in its global layers); empty: none are.
     values_from_keys: tuple[bool, ...] = ()
@@ -397,6 +438,9 @@ class ModelConfig:
     falcon_h1: FalconH1Scales | None = None
     # the stream between the layers kept in float32 (pure Mamba 2's residual_in_fp32)
     residual_in_float32: bool = False
+
+    def heads_of(self, layer: int) -> int:
+        return self.layer_heads[layer] if self.layer_heads else self.num_heads
 
     def head_dim_of(self, layer: int) -> int:
         return (
@@ -419,6 +463,10 @@ class ModelConfig:
     def mamba_layer(self, layer: int) -> bool:
         """Whether `layer` mixes tokens with a Mamba 2 mixer (a state per sequence, no KV)."""
         return self.mamba is not None and self.mamba.layers[layer]
+
+    def mamba1_layer(self, layer: int) -> bool:
+        """Whether `layer` mixes tokens with a Mamba 1 mixer (a state per sequence, no KV)."""
+        return self.mamba1 is not None and self.mamba1.layers[layer]
 
     def short_conv_layer(self, layer: int) -> bool:
         """Whether `layer` mixes tokens with LFM2's short convolution (a state per sequence)."""

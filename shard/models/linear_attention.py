@@ -1,4 +1,5 @@
-"""Gated DeltaNet, the linear attention of Qwen3.5's and Qwen3-Next's linear layers.
+"""Gated DeltaNet, the linear attention of Qwen3.5's, Qwen3-Next's and OLMo-Hybrid's linear
+layers.
 
 Instead of K/V per token, each sequence keeps a fixed state in every such layer: the last
 `conv_kernel - 1` inputs of a causal depthwise convolution over q, k and v, and one
@@ -39,7 +40,7 @@ LINEAR_ATTENTION_NAMES: dict[str, tuple[str, ...]] = {
     "linear_a_log": ("model.layers.{i}.linear_attn.A_log",),
     "linear_norm": ("model.layers.{i}.linear_attn.norm",),
     "linear_out": ("model.layers.{i}.linear_attn.out_proj",),
-    # Qwen3-Next's fused projections (LinearAttentionConfig.fused_projections)
+    # Qwen3-Next's fused projections (LinearAttentionConfig.projections "grouped")
     "linear_qkvz": ("model.layers.{i}.linear_attn.in_proj_qkvz",),
     "linear_ba": ("model.layers.{i}.linear_attn.in_proj_ba",),
 }
@@ -125,6 +126,43 @@ def _grouped_pieces(
     return pieces, ba_pieces
 
 
+def _projection_pieces(
+    names: Names,
+    cfg: LinearAttentionConfig,
+    keys: range,
+    values: range,
+    spans: list[tuple[int, int]],
+) -> tuple[list[Piece], list[Piece]]:
+    """This rank's rows of the input projections as [q | k | v | z] and [b | a], in whichever
+    layout the checkpoint stores them (`LinearAttentionConfig.projections`); `spans` are this
+    rank's q, k and v rows within a [q | k | v] of every head."""
+    dk, dv = cfg.key_head_dim, cfg.value_head_dim
+    z_rows = (values.start * dv, values.stop * dv)
+    if cfg.projections == "grouped":
+        return _grouped_pieces(names, cfg, keys)
+    if cfg.projections == "single":  # one in_proj: [q | k | v | z | b | a] of every head
+        proj = names.one("linear_in")
+        z_at = cfg.conv_channels
+        b_at = z_at + cfg.num_value_heads * dv
+        a_at = b_at + cfg.num_value_heads
+        pieces = [Piece(proj, a, b) for a, b in spans]
+        pieces.append(Piece(proj, z_at + z_rows[0], z_at + z_rows[1]))
+        ba = [Piece(proj, at + values.start, at + values.stop) for at in (b_at, a_at)]
+        return pieces, ba
+    if cfg.projections == "separate":
+        q, k, v = (names.one(f"linear_{x}") for x in "qkv")
+        pieces = [
+            Piece(q, keys.start * dk, keys.stop * dk),
+            Piece(k, keys.start * dk, keys.stop * dk),
+            Piece(v, values.start * dv, values.stop * dv),
+        ]
+    else:
+        pieces = [Piece(names.one("linear_qkv"), a, b) for a, b in spans]
+    pieces.append(Piece(names.one("linear_z"), *z_rows))
+    ba = [Piece(names.one(f"linear_{x}"), values.start, values.stop) for x in "ba"]
+    return pieces, ba
+
+
 class RecurrentMixer(nn.Module):
     """A mixer that keeps a fixed state per sequence in RecurrentState pools instead of K/V per
     token (Gated DeltaNet, Mamba 2's shard/models/mamba_mixer.py); `shape` sizes its pools.
@@ -163,6 +201,8 @@ class GatedDeltaNet(RecurrentMixer):
         out_proj: RowParallelLinear,
         shape: LinearShape,
         eps: float,
+        beta_scale: float = 1.0,
+        norm_in_float32: bool = False,
     ) -> None:
         super().__init__()
         self.in_proj_qkvz = in_proj_qkvz  # [q | k | v | z] of this rank's heads
@@ -176,6 +216,8 @@ class GatedDeltaNet(RecurrentMixer):
         self.out_proj = out_proj
         self.shape = shape
         self.eps = eps
+        self.beta_scale = beta_scale
+        self.norm_in_float32 = norm_in_float32
 
     @classmethod
     def load(cls, weights: Weights, names: Names, config: ModelConfig) -> GatedDeltaNet:
@@ -184,34 +226,32 @@ class GatedDeltaNet(RecurrentMixer):
         keys, values = _ranked(weights, cfg)
         dk, dv = cfg.key_head_dim, cfg.value_head_dim
         key_size = cfg.num_key_heads * dk
-        conv = names.one("linear_conv")
         # the conv's channels (and in_proj_qkv's rows): all q heads, all k heads, all v heads
         spans = [
             (keys.start * dk, keys.stop * dk),
             (key_size + keys.start * dk, key_size + keys.stop * dk),
             (2 * key_size + values.start * dv, 2 * key_size + values.stop * dv),
         ]
-        if cfg.fused_projections:
-            pieces, ba_pieces = _grouped_pieces(names, cfg, keys)
-        else:
-            qkv, z = names.one("linear_qkv"), names.one("linear_z")
-            pieces = [Piece(qkv, a, b) for a, b in spans]
-            pieces.append(Piece(z, values.start * dv, values.stop * dv))
-            ba_pieces = [
-                Piece(names.one("linear_b"), values.start, values.stop),
-                Piece(names.one("linear_a"), values.start, values.stop),
-            ]
+        pieces, ba_pieces = _projection_pieces(names, cfg, keys, values, spans)
         qkvz = ColumnParallelLinear(*ColumnParallelLinear.load_pieces(weights, pieces, bias=False))
         ba = ColumnParallelLinear(*ColumnParallelLinear.load_pieces(weights, ba_pieces, bias=False))
-        conv_weight = torch.cat(
-            [weights.get_range(f"{conv}.weight", 0, a, b) for a, b in spans]
-        ).flatten(1)  # [channels, 1, K] -> [channels, K]
+        convs = names.many("linear_conv")
+        if len(convs) > 1:
+            # OLMo-Hybrid's q_conv1d, k_conv1d, v_conv1d: the one conv's rows, in three tensors
+            # (transformers saves them cut into equal thirds whatever the q, k and v sizes, so
+            # only their concatenation is the conv)
+            whole = torch.cat([weights.get_tensor(f"{c}.weight") for c in convs])
+            parts = [whole[a:b] for a, b in spans]
+        else:
+            parts = [weights.get_range(f"{convs[0]}.weight", 0, a, b) for a, b in spans]
+        conv = convs[0]
+        conv_weight = torch.cat(parts).flatten(1)  # [channels, 1, K] -> [channels, K]
         if conv_weight.shape[1] != cfg.conv_kernel:
             raise WeightsError(
                 f"{conv}.weight has a kernel of {conv_weight.shape[1]}, the config says "
                 f"{cfg.conv_kernel} (linear_conv_kernel_dim)"
             )
-        if weights.has(f"{conv}.bias"):
+        if any(weights.has(f"{c}.bias") for c in convs):
             raise WeightsError(f"{conv}.bias: a biased linear-attention conv is not supported")
         shape = LinearShape(len(keys), len(values), dk, dv, cfg.conv_kernel)
         return cls(
@@ -223,7 +263,9 @@ class GatedDeltaNet(RecurrentMixer):
             weights.get_tensor(f"{names.one('linear_norm')}.weight"),
             RowParallelLinear.load(weights, names.one("linear_out"), bias=False),
             shape,
-            config.rms_norm_eps,
+            cfg.norm_eps if cfg.norm_eps is not None else config.rms_norm_eps,
+            cfg.beta_scale,
+            cfg.norm_in_float32,
         )
 
     def forward(
@@ -238,6 +280,8 @@ class GatedDeltaNet(RecurrentMixer):
         mixed, z = self.in_proj_qkvz(hidden).split([s.conv_channels, value_size], dim=-1)
         b, a = self.in_proj_ba(hidden).split([s.value_heads, s.value_heads], dim=-1)
         beta = b.sigmoid()
+        if self.beta_scale != 1.0:
+            beta = beta * self.beta_scale
         # the per-token log decay: float32, as transformers (an fp16 exp would overflow)
         g = self.neg_a * F.softplus(a.float() + self.dt_bias)
         out = torch.empty(hidden.shape[0], s.value_heads, s.value_dim, dtype=hidden.dtype,
@@ -255,7 +299,7 @@ class GatedDeltaNet(RecurrentMixer):
                 part,
             )
         normed = gated_rms_norm(out, z.unflatten(-1, (s.value_heads, s.value_dim)),
-                                self.norm_weight, self.eps)  # fmt: skip
+                                self.norm_weight, self.eps, self.norm_in_float32)  # fmt: skip
         return self.out_proj(normed.flatten(1))
 
     def _delta(
@@ -278,14 +322,15 @@ class GatedDeltaNet(RecurrentMixer):
 
 
 def gated_rms_norm(
-    x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float, in_float32: bool = False
 ) -> torch.Tensor:
     """RMSNorm over each head's values, times silu(gate): transformers' order of dtypes (the
-    normed values back in the model's dtype before the weight, the gate in float32)."""
+    normed values back in the model's dtype before the weight, or with `in_float32` scaled in
+    float32; the gate in float32)."""
     dtype = x.dtype
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    h = weight * h.to(dtype)
+    h = weight.float() * h if in_float32 else weight * h.to(dtype)
     return (h * F.silu(gate.float())).to(dtype)
 
 

@@ -153,6 +153,8 @@ class SparseMoeBlock(nn.Module):
             logits = F.linear(x.float(), self.router, self.router_bias)
         else:
             logits = F.linear(x, self.router, self.router_bias)
+        if moe.router_softcap:  # Laguna's, in float32 as transformers caps them
+            logits = torch.tanh(logits.float() / moe.router_softcap) * moe.router_softcap
         if moe.scoring == "sparsemixer":
             return route_sparsemixer(logits, moe.jitter_eps)
         if moe.scoring == "top_sigmoid":

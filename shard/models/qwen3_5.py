@@ -112,7 +112,7 @@ class Qwen3NextForCausalLM(Qwen3_5MoeForCausalLM):
     def adapt_config(cls, raw: dict[str, Any], config: ModelConfig) -> ModelConfig:
         config = qwen3_5_config(raw, config)
         assert config.linear_attention is not None
-        fused = replace(config.linear_attention, fused_projections=True)
+        fused = replace(config.linear_attention, projections="grouped")
         config = qwen_moe_config(raw, replace(config, linear_attention=fused), shared=True)
         if config.moe is None:
             return config

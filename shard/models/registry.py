@@ -53,6 +53,8 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "GraniteForCausalLM": ("shard.models.granite", "GraniteForCausalLM"),
     "Olmo2ForCausalLM": ("shard.models.olmo2", "Olmo2ForCausalLM"),
     "Olmo3ForCausalLM": ("shard.models.olmo2", "Olmo3ForCausalLM"),
+    "OlmoHybridForCausalLM": ("shard.models.olmo_hybrid", "OlmoHybridForCausalLM"),
+    "LaraMiniForCausalLM": ("shard.models.lara", "LaraMiniForCausalLM"),
     "ExaoneForCausalLM": ("shard.models.exaone", "ExaoneForCausalLM"),
     "Exaone4ForCausalLM": ("shard.models.exaone4", "Exaone4ForCausalLM"),
     # Llama's layers as transformers runs them, under their own config and architecture names
@@ -90,6 +92,10 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Lfm2ForCausalLM": ("shard.models.lfm2", "Lfm2ForCausalLM"),
     "FalconH1ForCausalLM": ("shard.models.falcon_h1", "FalconH1ForCausalLM"),
     "Mamba2ForCausalLM": ("shard.models.mamba2", "Mamba2ForCausalLM"),
+    # Mamba 1 (shard/models/mamba1_mixer.py): alone, or beside attention and experts (Jamba)
+    "MambaForCausalLM": ("shard.models.mamba1", "MambaForCausalLM"),
+    "FalconMambaForCausalLM": ("shard.models.mamba1", "FalconMambaForCausalLM"),
+    "JambaForCausalLM": ("shard.models.jamba", "JambaForCausalLM"),
     "Lfm2MoeForCausalLM": ("shard.models.lfm2", "Lfm2MoeForCausalLM"),
     "Lfm3ForCausalLM": ("shard.models.lfm2", "Lfm3ForCausalLM"),
     "NemotronHForCausalLM": ("shard.models.nemotron_h", "NemotronHForCausalLM"),
@@ -107,6 +113,8 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Jais2ForCausalLM": ("shard.models.jais2", "Jais2ForCausalLM"),
     "Kolibri1ForCausalLM": ("shard.models.kolibri", "Kolibri1ForCausalLM"),
     "FlintForCausalLM": ("shard.models.flint", "FlintForCausalLM"),
+    "LagunaForCausalLM": ("shard.models.laguna", "LagunaForCausalLM"),
+    "MellumForCausalLM": ("shard.models.mellum", "MellumForCausalLM"),
     "NanoChatForCausalLM": ("shard.models.nanochat", "NanoChatForCausalLM"),
     "ApertusForCausalLM": ("shard.models.apertus", "ApertusForCausalLM"),
     "Starcoder2ForCausalLM": ("shard.models.starcoder2", "Starcoder2ForCausalLM"),

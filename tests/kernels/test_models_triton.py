@@ -68,6 +68,14 @@ CASES = {
     "falcon_h1_parallel_hybrid": {"num_key_value_heads": 1},
     # LFM3: the kernels' sliding and full layers (proportional rope), each head's output gated
     "lfm3_gated_sliding_sandwich": {"num_key_value_heads": 1},
+    # Laguna: the kernels over each layer's own number of query heads (2, 4, 1, 3 on one KV
+    # head), windows of 7 and half-rotated heads, softplus gates; the fused MoE kernel
+    "laguna_head_counts_softcapped": {
+        "num_key_value_heads": 1,
+        "num_attention_heads_per_layer": [2, 4, 1, 3],
+    },  # fmt: skip
+    # Mellum 2: the kernels' sliding and full layers (each its rope base) with q/k norms
+    "mellum_sliding_dense_first": {"num_key_value_heads": 1},
     # LFM2: the kernels' attention layer (per-head q/k norms) between short convolutions
     "lfm2_short_conv_hybrid": {"num_key_value_heads": 1},
     # StarCoder: the kernels' multi-query attention (one KV head for both query heads) without
@@ -79,6 +87,9 @@ CASES = {
     # Nemotron 3: the fused MoE kernel's ungated experts (relu^2 of the up tile alone) beside
     # Mamba 2 and attention layers
     "nemotron3_ungated_experts": {"num_key_value_heads": 1},
+    # Jamba: the kernels' attention without rotary between Mamba 1 mixers, the fused MoE
+    # kernel's unrenormalised softmax choices
+    "jamba_mamba1_attention_experts": {"num_key_value_heads": 1},
 }
 # Phi-3's longrope factors, one per rotated frequency: 64 * 0.75 / 2 of them at this head size
 FREQUENCIES = 24

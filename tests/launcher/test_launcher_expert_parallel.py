@@ -113,6 +113,13 @@ def test_expert_parallel_needs_the_experts_to_divide(tmp_path):
     )
 
 
+def test_the_counts_offered_split_every_layers_own_heads(tmp_path):
+    # Laguna's query heads a layer: 8 experts would go 4 ways, but the last layer's 2 heads not
+    laguna = {**MIXTRAL, "num_attention_heads": 8, "num_key_value_heads": 2,
+              "num_attention_heads_per_layer": [8, 4, 2]}  # fmt: skip
+    assert refusal(True, 3, model(tmp_path, laguna)).endswith(": pass one of 1, 2")
+
+
 def test_expert_parallel_refusal_names_qwen_fields(tmp_path):
     message = refusal(True, 4, model(tmp_path, QWEN3_MOE))
     assert "the model's 6 experts (num_experts in" in message
@@ -160,6 +167,8 @@ def test_the_shared_expert_is_split_even_under_expert_parallel(tmp_path):
     [
         ({"mlp_only_layers": [0, 3]}, "mlp_only_layers [0, 3]"),
         ({"decoder_sparse_step": 2}, "decoder_sparse_step 2"),
+        # Laguna's and Mellum's list (GLM-4.7-Flash's too)
+        ({"mlp_layer_types": ["dense", "sparse", "sparse"]}, "mlp_layer_types 'dense'"),
     ],
 )
 def test_dense_layers_are_split_too(tmp_path, dense_layers, reason):

@@ -69,6 +69,19 @@ def test_heads_must_divide(tmp_path):
         check_num_shard(8, path, None, gpus(0))
 
 
+def test_each_layers_own_heads_must_divide(tmp_path):
+    """Laguna counts its query heads a layer (num_attention_heads_per_layer)."""
+    path = model(tmp_path, num_attention_heads=48, num_key_value_heads=8,
+                 num_attention_heads_per_layer=[48, 64, 64, 40])  # fmt: skip
+    check_num_shard(8, path, None, gpus(0))
+    with pytest.raises(
+        ShardCountError,
+        match=r"--num-shard 16 does not divide the 40 attention heads of layer 3 "
+        r"\(num_attention_heads_per_layer .*: pass one of 1, 2, 4, 8$",
+    ):
+        check_num_shard(16, path, None, gpus(0))
+
+
 def test_kv_heads_split_or_replicate(tmp_path):
     check_num_shard(4, model(tmp_path, num_attention_heads=8, num_key_value_heads=1), None, gpus(0))
     check_num_shard(4, model(tmp_path, num_attention_heads=8, num_key_value_heads=2), None, gpus(0))
@@ -113,6 +126,19 @@ def test_mamba_heads_split_and_groups_split_or_replicate(tmp_path):
     check_num_shard(8, mamba2, None, gpus(0))
     with pytest.raises(ShardCountError, match=r"--num-shard 3 .* 128 Mamba heads \(num_heads"):
         check_num_shard(3, mamba2, None, gpus(0))
+
+
+def test_mamba1_channels_split(tmp_path):
+    """Mamba 1's inner channels (expand x hidden_size; Jamba's mamba_expand) split."""
+    mamba = model(tmp_path, model_type="mamba", hidden_size=768, expand=2)  # mamba-130m
+    check_num_shard(8, mamba, None, gpus(0))
+    with pytest.raises(ShardCountError, match=r"--num-shard 7 .* 1536 Mamba channels \(expand"):
+        check_num_shard(7, mamba, None, gpus(0))
+    jamba = tmp_path / "jamba"
+    jamba.mkdir()
+    model(jamba, model_type="jamba", hidden_size=20, mamba_expand=2, num_attention_heads=6)
+    with pytest.raises(ShardCountError, match=r"--num-shard 3 .* 40 Mamba channels \(mamba_exp"):
+        check_num_shard(3, jamba, None, gpus(0))
 
 
 def test_a_config_without_head_counts_is_left_to_the_shard(tmp_path):

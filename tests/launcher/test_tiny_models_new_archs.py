@@ -49,6 +49,11 @@ NORMS_PER_LAYER = {
     "HunYuanDenseV1ForCausalLM": 4,  # and the q/k norms after the rotary
     # two a layer, and every other layer's q/k norms (softmax) or gated norm (linear)
     "Qwen3_5ForCausalLM": 3.5,
+    # the test case's one softmax layer in four: OLMo 2's four; the linear ones three (input,
+    # before the MLP, the gated output norm)
+    "OlmoHybridForCausalLM": 3.25,
+    # two linear layers in five (input, before the MLP, gated output), three softmax (and q/k)
+    "LaraMiniForCausalLM": 3.6,
     "Gemma4ForCausalLM": 6,  # Gemma 3's; its value norms have no weight
     "Gemma4UnifiedForCausalLM": 6,
     "GemmaForCausalLM": 2,
@@ -108,6 +113,9 @@ NORMS_IN_ALL = {
     "falcon_h1_gate_before_norm": 2 * 2 + 2 + 1,
     "nemotron_h_one_module_layers": 6 + 3 + 1,  # one a layer, the Mamba layers' gated norms
     "mamba2_pure": 3 + 3 + 1,  # one a layer and each mixer's gated norm
+    # one a layer (FalconMamba's norms of dt, B and C have no weight)
+    "mamba1_biased": 2 + 1,
+    "falcon_mamba_bcdt_norms": 2 + 1,
     # Falcon: two a layer (ln_attn, ln_mlp) in the new architecture, one (input_layernorm) in
     # 7B's; weight and bias each
     "falcon_grouped_two_norms": 2 * (2 * 2 + 1),
@@ -215,7 +223,7 @@ def test_config_round_trips_the_overrides(built, name):
         assert _contains(loaded[key], value), (key, loaded[key])
     assert raw["architectures"] == [architecture] and raw["pad_token_id"] is None
     # rotary tables stay small (GPT-2's name for it: n_positions; pure Mamba has none)
-    if architecture != "Mamba2ForCausalLM":
+    if architecture not in ("Mamba2ForCausalLM", "MambaForCausalLM", "FalconMambaForCausalLM"):
         assert raw.get("max_position_embeddings", raw.get("n_positions")) <= 512
 
 

@@ -35,6 +35,7 @@ MAX_NEW = 6
         "lfm2_short_conv_hybrid",
         "falcon_h1_parallel_hybrid",  # a Mamba state and K/V in every layer
         "mamba2_pure",  # no attention at all: no K/V, a state in every layer
+        "falcon_mamba_bcdt_norms",  # Mamba 1: a state per inner channel in every layer
     ],
 )
 def model_dir(request, tmp_path_factory):

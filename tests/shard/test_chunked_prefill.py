@@ -45,8 +45,15 @@ ARCHITECTURES = [
     "granite4_hybrid_dense_nope",
     "lfm2_short_conv_hybrid",  # LFM2's short convolutions: each chunk from the last's inputs
     "lfm3_gated_sliding_sandwich",  # LFM3: 7-tap convolutions and a 7-token window across chunks
+    # Laguna: 7-token windows across chunks in layers of 4 and 2 query heads, 8 and 6 between
+    "laguna_head_counts_softcapped",
+    "mellum_sliding_dense_first",  # Mellum 2: Qwen3-MoE's attention windowed across chunks
     "falcon_h1_gate_before_norm",  # Falcon-H1: both caches of each layer, chunk after chunk
     "mamba2_pure",  # states alone, no K/V: each chunk from the last's conv and scan states
+    # Mamba 1: each chunk's conv and selective scan from the channels' states the last left;
+    # Jamba's beside attention's K/V and experts
+    "falcon_mamba_bcdt_norms",
+    "jamba_mamba1_attention_experts",
     "starcoder2_biased_sliding",  # biased LayerNorms, a 7-token window in every layer
     "phi_qk_layernorm_tied",  # parallel layers, q/k LayerNorms, partial rotary, a head bias
 ]

@@ -31,7 +31,8 @@ STEPS = 12  # past a 16-token block boundary for the shortest prompt
 OWN_LAYERS = [
     n
     for n, (arch, _) in NEW_ARCH_MODELS.items()
-    if arch.startswith(("Gemma4", "Gemma3n", "NemotronH", "FalconH1", "Mamba2"))
+    if arch.startswith(("Gemma4", "Gemma3n", "NemotronH", "FalconH1", "Mamba2", "MambaFor"))
+    or arch.startswith("FalconMamba")  # (pure Mamba 1: Mamba 2's blocks)
 ]
 
 
@@ -52,7 +53,11 @@ pytestmark = pytest.mark.skipif(
     + ["solar_open_grouped", "granite_moe_swa_shared", "exaone_moe_grouped_nope"]
     + ["flex_olmo_post_norms", "afmoe_gated_nope", "granite_moe_shared"]
     + ["hunyuan_moe_shared", "deepseek_v32_sparse_attention"]
-    + ["cohere2_moe_shared_average"],  # a parallel layer with experts
+    + ["cohere2_moe_shared_average"]  # a parallel layer with experts
+    + ["jamba_mamba1_attention_experts"]  # Mamba 1 mixers beside attention and experts
+    # softplus gates (a head's, a head dim's) over each layer's own number of query heads
+    + ["laguna_head_counts_softcapped", "laguna_per_element_stacked"]
+    + ["mellum_sliding_dense_first"],
 )
 def test_decode_steps_equal_the_module_forward(tiny_model, name, dtype):
     model = load_model(tiny_model(name), dtype=dtype, device=CPU, dist=Distributed())

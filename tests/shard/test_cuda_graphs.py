@@ -132,6 +132,7 @@ CASES = [
     ("lfm2_short_conv_hybrid", "torch"),  # LFM2's short convolutions' inputs likewise
     ("falcon_h1_parallel_hybrid", "torch"),  # Falcon-H1: K/V and a state in every layer
     ("mamba2_pure", "torch"),  # no K/V at all: states only
+    ("falcon_mamba_bcdt_norms", "torch"),  # Mamba 1's conv inputs and per-channel states
     ("nemotron_h_one_module_layers", "torch"),  # MLP-only layers, whose cache entry is empty
     # Gemma 4: the KV-sharing layers read the keys and values their source kept in the same
     # captured step; per-layer embeddings from the static input ids

@@ -87,6 +87,12 @@ CASES = {
         "qv_r4": ADAPTERS["qv_r4"],
         "all_linear_r8": dict(r=8, lora_alpha=16, target_modules="all-linear"),
     },
+    # OLMo-Hybrid: q_proj and v_proj name both kinds of layer's projections (the linear layers'
+    # terms on their q and v rows of one product); all-linear adds k, the gate, b, a, o_proj
+    "olmo_hybrid_delta_post_norm": {
+        "qv_r4": ADAPTERS["qv_r4"],
+        "all_linear_r8": dict(r=8, lora_alpha=16, target_modules="all-linear"),
+    },
     # Gemma 4 (E2B's shape): the KV-sharing layers' q terms over their sources' keys; all-linear
     # adds terms on the per-layer embeddings' projection (whole on every rank) and each layer's
     # gate and projection of them

@@ -122,6 +122,11 @@ KEPT_FLOAT32 = {
     "nemotron3_ungated_experts": r"^(layers\.\d+\.)?norm\.weight$|\.router$",
     "cohere2_sliding_nope": r"norm\b",  # Cohere's LayerNorms scale in float32
     "flex_olmo_post_norms": r"norm\b",  # OLMo 2's
+    # OLMo 2's norms in the softmax layers, and the linear layers' (not the gated one's, which
+    # rounds to the dtype before its weight, as Qwen3.5's)
+    "olmo_hybrid_delta_post_norm": r"(?<!linear_attn\.)norm(_weight)?\b",
+    # Lara's norms scale in float32, the gated output norm's too; its router scores in float32
+    "lara_mini_single_in_proj": r"norm(_weight)?\b|\.router$",
     # Gemma 4's norms scale in float32 (the router's and the values' weightless ones too)
     "gemma4_experts_beside_dense": r"norm",
     "gemma4_per_layer_inputs_kv_sharing": r"norm",
@@ -151,6 +156,12 @@ HALF_AS_TRANSFORMERS = (
     "lfm2_moe_expert_bias",
     # Kolibri's choice by logit plus bias flips under bf16's rounding of the stream: 0.83
     "kolibri_logit_bias_router",
+    # OLMo-Hybrid's OLMo 2 post norms and Lara's float32-scaled norms over bf16 delta rules:
+    # transformers' bf16 is 0.058 and 0.048 off
+    "olmo_hybrid_delta_post_norm",
+    "lara_mini_single_in_proj",
+    # Jamba's four bf16 layers (its Mamba mixers' normed dt, B and C; the experts): 0.032
+    "jamba_mamba1_attention_experts",
 )
 
 
@@ -171,6 +182,10 @@ HALF_AS_TRANSFORMERS = (
         # Falcon-H1's in_proj scaled in float32 (its ssm_multipliers), the gated norm's weight
         "falcon_h1_gate_before_norm",
         "mamba2_pure",  # the stream between the blocks in float32
+        # Mamba 1's likewise, its scan in float32 from the dtype's projections; Jamba's
+        # mixers beside attention and experts
+        "falcon_mamba_bcdt_norms",
+        "jamba_mamba1_attention_experts",
         *KEPT_FLOAT32,
     ],  # fmt: skip
 )

@@ -68,6 +68,12 @@ MOE_TP = [
     "granite_moe_swa_shared",
     # attention's output gate read per rank's heads; sigmoid scores with an expert bias
     "afmoe_gated_nope",
+    # Laguna: each layer's own query heads split (4, 8, 2, 6: 2, 4, 1, 3 a rank) with their
+    # softplus gates' rows (a head's, or a head dim's in transformers' own names); the
+    # soft-capped router replicated
+    "laguna_head_counts_softcapped",
+    "laguna_per_element_stacked",
+    "mellum_sliding_dense_first",  # Qwen3-MoE's experts after a dense layer, windows of 7
     # q/k norms after the rotary on each rank's heads; a float32 router and a shared MLP
     "hunyuan_moe_shared",
     # Mistral 4: latent attention's heads split, each rank's queries scaled by position
@@ -86,6 +92,9 @@ MOE_TP = [
     # Llama 4: experts read transposed, split by columns; their weights on the inputs; the
     # ungated shared expert split; chunked and position-scaled layers on each rank's heads
     "llama4_chunked_nope_top1",
+    # Jamba: Mamba 1 mixers split by channels beside attention heads without rotary, experts
+    # split (or whole per rank) under the unrenormalised softmax router, replicated
+    "jamba_mamba1_attention_experts",
     # int4 experts as gptqmodel saved them (tests/quant_fixtures/): each expert's GPTQ gate/up
     # columns and down rows cut on group boundaries, int4 attention split likewise
     *QUANT_MOE,
@@ -112,6 +121,13 @@ ALL_REDUCES = {
     # attention's o_proj and the mixer's out_proj side by side, then the MLP's
     "falcon_h1_gate_before_norm": (3, 1),
     "mamba2_pure": (1, 1),  # the mixer's out_proj alone
+    # and the one softmax layer's q/k norms, whose sums span the projection
+    "olmo_hybrid_delta_post_norm": (2, 2),
+    # Mamba 1's x_proj (row-parallel: dt, B and C summed over the channels) and out_proj
+    "mamba1_biased": (2, 1),
+    "falcon_mamba_bcdt_norms": (2, 1),
+    # o_proj or out_proj and the MLP's a layer, and each of the three Mamba layers' x_proj
+    "jamba_mamba1_attention_experts": (2, 4),
 }
 # Models whose layers the CPU decode loop does not restate (tests/shard/test_cpu_decode.py):
 # Gemma 4's and NemotronH's own layers; Llama 4's chunked attention, which the native decode
@@ -123,6 +139,7 @@ OWN_LAYERS = [
     "gemma3n_altup_laurel_sparse",  # Gemma 3n's, over its streams
     "falcon_h1_gate_before_norm",  # Falcon-H1's, two mixers side by side
     "mamba2_pure",  # NemotronH's one-module blocks
+    "mamba1_biased", "falcon_mamba_bcdt_norms",  # pure Mamba 2's blocks, Mamba 1's mixer
 ]  # fmt: skip
 # How far two ranks' float32 logits may be from one's: the sums' order differs. Gemma 4's
 # per-layer input is an RMSNorm straight after a row-parallel sum over 8 inputs (4 a rank),
@@ -179,12 +196,19 @@ MODELS = [
     # linear attention split by key heads (out_proj reduced as o_proj is); the query-computed
     # output gate read per rank's heads
     "qwen3_5_linear_attention",
+    "olmo_hybrid_delta_post_norm",  # q, k, v and their three convs each cut to the rank's heads
+    "lara_mini_single_in_proj",  # each rank its heads' q, k, v, z, b and a rows of one in_proj
     # Mamba 2 heads split by groups, each rank its group's B and C, conv channels and states
     "granite4_hybrid_dense_nope",
     # LFM2's short convolutions split by channels: each rank its B, C and x, conv and states
     "lfm2_short_conv_hybrid",
     "lfm3_gated_sliding_sandwich",  # LFM3's gates a head: each rank its heads' rows
     "mamba2_pure",  # Mamba 2 alone: a group of heads a rank, no K/V anywhere
+    # Mamba 1: the inner channels split (x and z, the conv, dt_proj's rows, A, D, its states),
+    # x_proj row-parallel, the biases of in_proj split and out_proj's added once; FalconMamba's
+    # norms of dt, B and C over the reduced whole
+    "mamba1_biased",
+    "falcon_mamba_bcdt_norms",
     # Falcon-H1: Mamba heads (a group a rank) and attention heads split side by side, the
     # in_proj's per-part scales cut with its rows
     "falcon_h1_gate_before_norm",

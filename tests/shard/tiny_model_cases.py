@@ -262,6 +262,13 @@ NEW_ARCH_MODELS: dict[str, tuple[str, dict]] = {
 # heads, of other dims), softmax layers with q/k norms, a query-computed output gate and a
 # quarter of each head rotated; 1 + w norms
 NEW_ARCH_MODELS["qwen3_5_linear_attention"] = ("Qwen3_5ForCausalLM", {"num_hidden_layers": 4})
+# OLMo-Hybrid: pre-norm Gated DeltaNet layers (q, k, v projected apart, write strengths up to
+# 2) around OLMo 2's post-norm softmax layers
+NEW_ARCH_MODELS["olmo_hybrid_delta_post_norm"] = (
+    "OlmoHybridForCausalLM",
+    {"num_hidden_layers": 4, "layer_types": ["linear_attention", "full_attention",
+                                             "linear_attention", "linear_attention"]},
+)  # fmt: skip
 # Granite 4.0-H dense (h-micro): Mamba 2 layers (8 heads in 2 groups, a conv bias) and a
 # softmax layer without position encoding; the shared MLP every layer's; Granite's multipliers
 NEW_ARCH_MODELS["granite4_hybrid_dense_nope"] = (
@@ -297,6 +304,15 @@ NEW_ARCH_MODELS["falcon_h1_gate_before_norm"] = (
 # Pure Mamba 2 (Codestral Mamba): a Mamba 2 block in every layer, no attention or MLP, the
 # stream between them in float32
 NEW_ARCH_MODELS["mamba2_pure"] = ("Mamba2ForCausalLM", {"num_hidden_layers": 3})
+# Pure Mamba 1 (state-spaces' mamba-*-hf): a Mamba 1 block in every layer, the stream between
+# them in float32; in_proj and out_proj biased (the releases' are not: the bias path is tested)
+NEW_ARCH_MODELS["mamba1_biased"] = ("MambaForCausalLM", {"use_bias": True})
+# Falcon Mamba 7B: Mamba 1 with weightless RMS norms on each mixer's time step, B and C, an
+# untied LM head as released
+NEW_ARCH_MODELS["falcon_mamba_bcdt_norms"] = (
+    "FalconMambaForCausalLM",
+    {"tie_word_embeddings": False, "mixer_rms_eps": 1e-5},
+)
 # LFM3: short convolutions (7 taps) around a sliding layer (a 7-token window, its own rope) and
 # a full one (proportional rope over half of each head), each head's output gated, sandwich
 # norms after the mixers and the MLPs
@@ -581,6 +597,12 @@ MOE_MODELS["qwen3_5_moe_linear_attention"] = (
 )
 # Qwen3-Next: the same layers with linear attention's projections fused by key head
 # (in_proj_qkvz, in_proj_ba); experts in every other layer, the Hub's per-expert tensors
+# Lara Mini: its period of five (linear, sliding, linear, full without positions, sliding), the
+# linear layers' projections in one in_proj, experts by a float32 softmax beside a shared one
+MOE_MODELS["lara_mini_single_in_proj"] = (
+    "LaraMiniForCausalLM",
+    {"num_hidden_layers": 5, "sliding_window": 7},
+)
 MOE_MODELS["qwen3_next_fused_projections"] = (
     "Qwen3NextForCausalLM",
     {"num_hidden_layers": 4, "decoder_sparse_step": 2},
@@ -851,6 +873,19 @@ MOE_MODELS["nemotron3_latent_stacked"] = (
     "NemotronHForCausalLM",
     {**NEMOTRON3_MOE, "moe_latent_size": 24, "stacked_experts": True},
 )
+# Jamba: Mamba 1 mixers (weighted RMS norms on dt, B and C) with attention without position
+# encoding in every 4th layer from the 3rd, experts (top-2 of 4, not renormalised) in every 2nd
+# MLP from the 2nd: Mamba + dense, Mamba + experts, attention + dense, Mamba + experts
+MOE_MODELS["jamba_mamba1_attention_experts"] = (
+    "JambaForCausalLM",
+    {"num_hidden_layers": 4, "attn_layer_period": 4, "attn_layer_offset": 2,
+     "expert_layer_period": 2, "expert_layer_offset": 1},
+)  # fmt: skip
+# ... its experts stacked, as transformers 5 holds them
+MOE_MODELS["jamba_stacked"] = (
+    "JambaForCausalLM",
+    {**MOE_MODELS["jamba_mamba1_attention_experts"][1], "stacked_experts": True},
+)
 # Hunyuan MoE: Hunyuan's attention, a float32 router, top-2 of 6 renormalised, a shared MLP
 MOE_MODELS["hunyuan_moe_shared"] = (
     "HunYuanMoEV1ForCausalLM",
@@ -1106,3 +1141,42 @@ MOE_MODELS["kolibri_stacked"] = (
     "Kolibri1ForCausalLM",
     {**MOE_MODELS["kolibri_logit_bias_router"][1], "stacked_experts": True},
 )
+# Laguna: each layer its own query heads (4, 8, 2, 6 over 2 KV heads), a softplus gate a head on
+# attention's output, windows of 7 in the sliding layers (full rope) and rope over half of each
+# head in the full ones; the first MLP dense, then top-3 of 8 by sigmoid of soft-capped logits
+# plus a correction bias, renormalised, times 1.5, beside a shared expert
+MOE_MODELS["laguna_head_counts_softcapped"] = (
+    "LagunaForCausalLM",
+    {"num_hidden_layers": 4, "head_dim": 16, "num_attention_heads_per_layer": [4, 8, 2, 6],
+     "layer_types": ["sliding_attention", "full_attention", "sliding_attention",
+                     "full_attention"],
+     "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"], "sliding_window": 7,
+     "num_experts": 8, "num_experts_per_tok": 3, "moe_intermediate_size": 32,
+     "shared_expert_intermediate_size": 48, "moe_routed_scaling_factor": 1.5,
+     "moe_router_logit_softcapping": 2.0, "max_position_embeddings": 256},
+)  # fmt: skip
+# ... a softplus gate for every dim of each head, the middle MLP dense, transformers 5's own
+# names (stacked experts, shared_experts, the bias under the router)
+MOE_MODELS["laguna_per_element_stacked"] = (
+    "LagunaForCausalLM",
+    {"num_hidden_layers": 3, "head_dim": 16, "num_attention_heads_per_layer": [6, 2, 4],
+     "gating": "per-element",
+     "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
+     "mlp_layer_types": ["sparse", "dense", "sparse"], "sliding_window": 7, "num_experts": 8,
+     "num_experts_per_tok": 3, "moe_intermediate_size": 32,
+     "shared_expert_intermediate_size": 48, "max_position_embeddings": 256,
+     "stacked_experts": True},
+)  # fmt: skip
+# Mellum 2: Qwen3-MoE's attention with windows of 7 in the sliding layers, each layer type its
+# own rope base; the first MLP dense, then top-3 of 8 experts by softmax, renormalised
+MOE_MODELS["mellum_sliding_dense_first"] = (
+    "MellumForCausalLM",
+    {"num_hidden_layers": 3, "head_dim": 16,
+     "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+     "mlp_layer_types": ["dense", "sparse", "sparse"], "sliding_window": 7, "num_experts": 8,
+     "num_experts_per_tok": 3, "moe_intermediate_size": 32, "norm_topk_prob": True,
+     "max_position_embeddings": 256,
+     "rope_parameters": {
+         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+         "full_attention": {"rope_type": "default", "rope_theta": 500000.0}}},
+)  # fmt: skip

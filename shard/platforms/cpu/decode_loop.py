@@ -74,6 +74,7 @@ class _Layer:
     softcap: float  # 0: none
     sinks: torch.Tensor | None  # gpt-oss's per-head sink logits, float32
     output_gate: Linear | None  # AFMoE's gate on attention's output (Attention.gated), or None
+    gate_activation: str  # its function (Attention.gate_activation)
     # the whole attention as its module (DeepSeek's latent attention), in place of the five
     # fields above it; None: the loop's own calls
     attention_module: Callable[..., torch.Tensor] | None = None
@@ -181,7 +182,7 @@ class CpuDecodePath:
                 )  # fmt: skip
                 flat = out.flatten(1)
                 if layer.output_gate is not None:
-                    flat = output_gated(flat, layer.output_gate(normed))
+                    flat = output_gated(flat, layer.output_gate(normed), layer.gate_activation)
                 x = layer.o_proj(flat)
             if layer.pre_mlp_norm is None:  # parallel, as DecoderLayer.forward adds them
                 if layer.parallel_mlp_norm is not None:
@@ -226,7 +227,8 @@ class CpuDecodePath:
         if not isinstance(attention, Attention):  # its module stores and reads its own cache
             return _Layer(
                 **common, qkv=_not_called, o_proj=_not_called, rotate=_not_called, scale=0.0,
-                window=0, softcap=0.0, sinks=None, output_gate=None, attention_module=attention,
+                window=0, softcap=0.0, sinks=None, output_gate=None, gate_activation="sigmoid",
+                attention_module=attention,
             )  # fmt: skip
         return _Layer(
             **common,
@@ -238,6 +240,7 @@ class CpuDecodePath:
             softcap=attention.softcap or 0.0,
             sinks=attention.sinks,
             output_gate=_optional_linear(attention.output_gate, lora),
+            gate_activation=attention.gate_activation,
         )
 
 
