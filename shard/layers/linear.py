@@ -191,11 +191,14 @@ class QKVParallelLinear(ColumnParallelLinear):
         num_heads: int,
         num_kv_heads: int,
         head_dim: int,
+        value_head_dim: int | None = None,
     ) -> None:
         super().__init__(weight, bias)
         self.num_heads = num_heads  # per rank
         self.num_kv_heads = num_kv_heads  # per rank
         self.head_dim = head_dim
+        # v's heads where they are narrower than q's and k's (MiMo-V2-Flash's)
+        self.value_head_dim = head_dim if value_head_dim is None else value_head_dim
 
     @classmethod
     def load_qkv(
@@ -210,6 +213,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         gated_query: bool = False,
         queries_only: bool = False,
         by_head: bool = False,
+        value_head_dim: int | None = None,
     ) -> QKVParallelLinear:
         """`prefixes`: the q, k, v checkpoint modules, or one module that already fuses them.
         `by_head`: the one fused module's rows are grouped by KV head, each group that KV
@@ -218,8 +222,15 @@ class QKVParallelLinear(ColumnParallelLinear):
         holds every q row, then k's, then v's.
         `gated_query`: q's rows hold each head's query and then its output gate (Qwen3.5); the
         queries are taken, every other head_dim rows. `queries_only`: q alone, for a layer that
-        reads another's keys and values (`split` then gives k and v of no heads)."""
+        reads another's keys and values (`split` then gives k and v of no heads).
+        `value_head_dim`: v's heads where they are narrower (three tensors only)."""
         rank, world = weights.dist.rank, weights.dist.world_size
+        dv = head_dim if value_head_dim is None else value_head_dim
+        if dv != head_dim and (len(prefixes) != 3 or by_head or gated_query):
+            raise WeightsError(
+                f"values of {dv} dims under heads of {head_dim} need q, k and v apart, got "
+                f"{prefixes}"
+            )
         if len(prefixes) == 3:
             sources = [(p, 0) for p in prefixes]
         elif len(prefixes) == 1:
@@ -231,8 +242,10 @@ class QKVParallelLinear(ColumnParallelLinear):
         q = head_range(num_heads, rank, world, replicate=False, tensor=q_name)
         kv = head_range(num_kv_heads, rank, world, replicate=True, tensor=k_name)
         pieces = [
-            Piece(name, offset + a * head_dim, offset + b * head_dim)
-            for (name, offset), (a, b) in zip(sources, (q, kv, kv), strict=True)
+            Piece(name, offset + a * dim, offset + b * dim)
+            for (name, offset), (a, b), dim in zip(
+                sources, (q, kv, kv), (head_dim, head_dim, dv), strict=True
+            )
         ]
         if by_head:
             if len(prefixes) != 1 or num_heads % num_kv_heads:
@@ -252,18 +265,20 @@ class QKVParallelLinear(ColumnParallelLinear):
             num_heads=q[1] - q[0],
             num_kv_heads=kv[1] - kv[0],
             head_dim=head_dim,
+            value_head_dim=dv,
         )
         return layer._record(weights, pieces)
 
     def split(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """[T, (H + 2 Hkv) D] -> q [T, H, D], k [T, Hkv, D], v [T, Hkv, D] (this rank's heads)."""
-        d = self.head_dim
-        q, k, v = out.split([self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], -1)
+        """[T, (H + Hkv) D + Hkv Dv] -> q [T, H, D], k [T, Hkv, D], v [T, Hkv, Dv] (this rank's
+        heads; Dv = D but for narrower values)."""
+        d, dv = self.head_dim, self.value_head_dim
+        q, k, v = out.split([self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * dv], -1)
         tokens = out.shape[0]  # (k and v may have no heads: `queries_only`)
         return (
             q.view(tokens, self.num_heads, d),
             k.view(tokens, self.num_kv_heads, d),
-            v.view(tokens, self.num_kv_heads, d),
+            v.view(tokens, self.num_kv_heads, dv),
         )
 
 

@@ -104,9 +104,12 @@ class Attention(nn.Module):
         norm_after_rope: bool = False,
         value_norm: RMSNorm | None = None,
         clip_qkv: float | None = None,
+        value_scale: float | None = None,
     ) -> None:
         super().__init__()
         self.qkv_proj = qkv_proj
+        # values times this after their projection (ModelConfig.value_scale), or None
+        self.value_scale = value_scale
         # OLMo's clip_qkv: the q/k/v product clamped to [-clip, clip] before anything reads it
         self.clip_qkv = clip_qkv
         self.o_proj = o_proj
@@ -166,6 +169,7 @@ class Attention(nn.Module):
             gated_query=config.query_gate,
             queries_only=reads_other,
             by_head=config.qkv_by_head,
+            value_head_dim=config.value_head_dim,
         )
         o_proj = RowParallelLinear.load(weights, names.one("o_proj"), bias=config.o_bias)
         qk_norm: HeadQKNorm | ProjectionQKNorm | None = None
@@ -205,7 +209,7 @@ class Attention(nn.Module):
         dist = weights.dist
         first, last = head_range(heads, dist.rank, dist.world_size, replicate=False)
         sinks = None
-        if config.attention_sinks:
+        if config.sinks_in(layer):
             name = names.one("sinks")
             sinks = weights.get_range(name, 0, first, last, stored_dtype=True).float()
         gate = None
@@ -239,6 +243,7 @@ class Attention(nn.Module):
             norm_after_rope=norm_after_rope,
             value_norm=value_norm,
             clip_qkv=config.clip_qkv,
+            value_scale=config.value_scale,
         )
 
     def clipped(self, qkv: torch.Tensor) -> torch.Tensor:
@@ -268,6 +273,9 @@ class Attention(nn.Module):
         else:
             if self.value_norm is not None:
                 v = self.value_norm(v)
+            if self.value_scale is not None:
+                v = v * self.value_scale
+            v = self.padded_values(v)
             q, k = self.position(q, k, positions, meta)
             if self.shares is not None:
                 self.shares.k, self.shares.v = k, v
@@ -276,7 +284,14 @@ class Attention(nn.Module):
             self.backend, q, k, v, kv_cache, meta, self.scale, self.window, self.softcap,
             self.sinks, store=self.reads is None, chunk=self.chunk,
         )  # fmt: skip
+        out = out[..., : self.qkv_proj.value_head_dim]  # (the padding's outputs are zeros)
         return self.o_proj(self.gated(out.flatten(1), hidden))
+
+    def padded_values(self, v: torch.Tensor) -> torch.Tensor:
+        """Values [T, Hkv, Dv] zero-padded to the head dim the cache and kernels share: their
+        weighted sums then carry zeros there, which the output drops."""
+        missing = self.qkv_proj.head_dim - v.shape[-1]
+        return F.pad(v, (0, missing)) if missing else v
 
     def position(
         self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, meta: StepMetadata

@@ -363,6 +363,14 @@ class ModelConfig:
     layer_chunks: tuple[int | None, ...] = ()
     # a learned logit per query head in every softmax's denominator (gpt-oss's `sinks`)
     attention_sinks: bool = False
+    # the layers that have those sinks where only some do (MiMo-V2-Flash's sliding layers);
+    # empty: every layer, with attention_sinks
+    sink_layers: tuple[bool, ...] = ()
+    # values narrower than queries and keys (MiMo-V2-Flash's v_head_dim); None: head_dim. The
+    # cache keeps them zero-padded to head_dim, so every kernel attends as it does
+    value_head_dim: int | None = None
+    # values times this after their projection (MiMo-V2-Flash's attention_value_scale)
+    value_scale: float | None = None
     # attention's output, before o_proj, times sigmoid of a projection of the layer's input, one
     # gate per head dim (AFMoE's gate_proj)
     attention_output_gate: bool = False
@@ -438,6 +446,9 @@ class ModelConfig:
     falcon_h1: FalconH1Scales | None = None
     # the stream between the layers kept in float32 (pure Mamba 2's residual_in_fp32)
     residual_in_float32: bool = False
+
+    def sinks_in(self, layer: int) -> bool:
+        return self.attention_sinks and (not self.sink_layers or self.sink_layers[layer])
 
     def heads_of(self, layer: int) -> int:
         return self.layer_heads[layer] if self.layer_heads else self.num_heads

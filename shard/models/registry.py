@@ -55,6 +55,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Olmo3ForCausalLM": ("shard.models.olmo2", "Olmo3ForCausalLM"),
     "OlmoHybridForCausalLM": ("shard.models.olmo_hybrid", "OlmoHybridForCausalLM"),
     "LaraMiniForCausalLM": ("shard.models.lara", "LaraMiniForCausalLM"),
+    "MiMoV2FlashForCausalLM": ("shard.models.mimo_v2", "MiMoV2FlashForCausalLM"),
     "ExaoneForCausalLM": ("shard.models.exaone", "ExaoneForCausalLM"),
     "Exaone4ForCausalLM": ("shard.models.exaone4", "Exaone4ForCausalLM"),
     # Llama's layers as transformers runs them, under their own config and architecture names

@@ -74,6 +74,9 @@ CASES = {
         "num_key_value_heads": 1,
         "num_attention_heads_per_layer": [2, 4, 1, 3],
     },  # fmt: skip
+    # MiMo-V2-Flash: the kernels over values zero-padded to the keys' width, sinks in the
+    # sliding layers only, two KV heads there and one in the full layer
+    "mimo_v2_flash_narrow_values": {"head_dim": 48, "v_head_dim": 32},  # (192 and 128 released)
     # Mellum 2: the kernels' sliding and full layers (each its rope base) with q/k norms
     "mellum_sliding_dense_first": {"num_key_value_heads": 1},
     # LFM2: the kernels' attention layer (per-head q/k norms) between short convolutions

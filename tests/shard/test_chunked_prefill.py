@@ -48,6 +48,8 @@ ARCHITECTURES = [
     # Laguna: 7-token windows across chunks in layers of 4 and 2 query heads, 8 and 6 between
     "laguna_head_counts_softcapped",
     "mellum_sliding_dense_first",  # Mellum 2: Qwen3-MoE's attention windowed across chunks
+    # MiMo-V2-Flash: zero-padded narrow values read back chunk after chunk, sinks in windows
+    "mimo_v2_flash_narrow_values",
     "falcon_h1_gate_before_norm",  # Falcon-H1: both caches of each layer, chunk after chunk
     "mamba2_pure",  # states alone, no K/V: each chunk from the last's conv and scan states
     # Mamba 1: each chunk's conv and selective scan from the channels' states the last left;

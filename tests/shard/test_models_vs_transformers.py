@@ -116,6 +116,7 @@ KEPT_FLOAT32 = {
     "glm4_moe_lite_mla": r"\.router$",
     "deepseek_v32_sparse_attention": r"\.router$",
     "kolibri_logit_bias_router": r"\.router$",
+    "mimo_v2_flash_narrow_values": r"\.router$",  # DeepSeek-V3's router, as transformers keeps it
     "flint_sinks_sigmoid": r"norm\b|\.router$",  # gpt-oss's float32 norms too
     "ernie4_5_moe_biased_choice": r"\.router$",
     # NemotronH's block norms scale in float32 (Fp32RMSNorm), its router is DeepSeek-V3's

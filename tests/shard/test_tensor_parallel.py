@@ -140,6 +140,8 @@ OWN_LAYERS = [
     "falcon_h1_gate_before_norm",  # Falcon-H1's, two mixers side by side
     "mamba2_pure",  # NemotronH's one-module blocks
     "mamba1_biased", "falcon_mamba_bcdt_norms",  # pure Mamba 2's blocks, Mamba 1's mixer
+    # values narrower than keys, which the loop does not restate
+    "mimo_v2_flash_narrow_values", "mimo_v2_flash_stacked_grouped",
 ]  # fmt: skip
 # How far two ranks' float32 logits may be from one's: the sums' order differs. Gemma 4's
 # per-layer input is an RMSNorm straight after a row-parallel sum over 8 inputs (4 a rank),
@@ -198,6 +200,10 @@ MODELS = [
     "qwen3_5_linear_attention",
     "olmo_hybrid_delta_post_norm",  # q, k, v and their three convs each cut to the rank's heads
     "lara_mini_single_in_proj",  # each rank its heads' q, k, v, z, b and a rows of one in_proj
+    # narrow values split by head as q and k are (the sliding layers' doubled KV heads too),
+    # each rank its heads' sinks
+    "mimo_v2_flash_narrow_values",
+    "mimo_v2_flash_stacked_grouped",
     # Mamba 2 heads split by groups, each rank its group's B and C, conv channels and states
     "granite4_hybrid_dense_nope",
     # LFM2's short convolutions split by channels: each rank its B, C and x, conv and states

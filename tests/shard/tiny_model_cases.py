@@ -597,6 +597,26 @@ MOE_MODELS["qwen3_5_moe_linear_attention"] = (
 )
 # Qwen3-Next: the same layers with linear attention's projections fused by key head
 # (in_proj_qkvz, in_proj_ba); experts in every other layer, the Hub's per-expert tensors
+# MiMo-V2-Flash: values narrower than keys (16 under 24) and scaled, the sliding layers with
+# twice the KV heads and sinks, a third of each head rotated at a rope base per layer type; a
+# dense first layer, then DeepSeek-V3's router (scaled 1.5) over experts without a shared one
+MOE_MODELS["mimo_v2_flash_narrow_values"] = (
+    "MiMoV2FlashForCausalLM",
+    {"num_hidden_layers": 3, "num_key_value_heads": 1, "head_dim": 24, "v_head_dim": 16,
+     "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+     "routed_scaling_factor": 1.5, "sliding_window": 7,
+     "layer_types": ["full_attention", "sliding_attention", "sliding_attention"]},
+)  # fmt: skip
+# The same in transformers' own names (stacked experts, `sinks`), two KV heads (four in the
+# sliding layers), the router choosing within the best of two groups
+MOE_MODELS["mimo_v2_flash_stacked_grouped"] = (
+    "MiMoV2FlashForCausalLM",
+    {"num_hidden_layers": 3, "num_key_value_heads": 2, "head_dim": 24, "v_head_dim": 16,
+     "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+     "n_group": 2, "topk_group": 1, "sliding_window": 7, "stacked_experts": True,
+     "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+     "mlp_layer_types": ["sparse", "dense", "sparse"]},
+)  # fmt: skip
 # Lara Mini: its period of five (linear, sliding, linear, full without positions, sliding), the
 # linear layers' projections in one in_proj, experts by a float32 softmax beside a shared one
 MOE_MODELS["lara_mini_single_in_proj"] = (

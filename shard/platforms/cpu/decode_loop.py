@@ -130,6 +130,12 @@ class CpuDecodePath:
             for m in model.mixers
         ):
             return "some layer norms its values or reads another layer's keys and values"
+        if any(
+            isinstance(m, Attention)
+            and (m.value_scale is not None or m.qkv_proj.value_head_dim != m.qkv_proj.head_dim)
+            for m in model.mixers
+        ):
+            return "some layer's values are scaled or narrower than its keys (MiMo-V2-Flash's)"
         if any(isinstance(m, Attention) and m.chunk is not None for m in model.mixers):
             return "some layer attends in chunks (Llama 4's), which the native kernel has not"
         # (linear-attention layers have no backend: the first that attends says which)
