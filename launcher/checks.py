@@ -53,6 +53,7 @@ def check_num_shard(
         )
     _check_mamba_heads(num_shard, config, model_dir / "config.json")
     _check_mamba1_channels(num_shard, config, model_dir / "config.json")
+    _check_kda_heads(num_shard, config, model_dir / "config.json")
     if kv_heads is not None and kv_heads % num_shard and num_shard % kv_heads:
         # KV heads split across shards, or, when there are fewer of them, are replicated.
         raise ShardCountError(
@@ -123,6 +124,21 @@ def _check_mamba1_channels(num_shard: int, config: dict, path: Path) -> None:
         raise ShardCountError(
             f"--num-shard {num_shard} does not divide the model's {channels} Mamba channels "
             f"({expand_field} x hidden_size in {path}): pass one of {_divisors(channels)}"
+        )
+
+
+def _check_kda_heads(num_shard: int, config: dict, path: Path) -> None:
+    """Kimi Delta Attention's heads (Kimi Linear): linear_num_heads as transformers saves it,
+    linear_attn_config.num_heads as Moonshot's release states it. (Ling's are its
+    num_attention_heads, checked above.)"""
+    nested = config.get("linear_attn_config")
+    field, heads = "linear_num_heads", _positive(config.get("linear_num_heads"))
+    if heads is None and isinstance(nested, dict):
+        field, heads = "linear_attn_config.num_heads", _positive(nested.get("num_heads"))
+    if heads is not None and heads % num_shard:
+        raise ShardCountError(
+            f"--num-shard {num_shard} does not divide the model's {heads} Kimi Delta Attention "
+            f"heads ({field} in {path}): pass one of {_divisors(heads)}"
         )
 
 

@@ -139,6 +139,7 @@ ARCHITECTURES = {
     "FlintForCausalLM": "FlintConfig",
     "LaraMiniForCausalLM": "LaraMiniConfig",
     "MiMoV2FlashForCausalLM": "MiMoV2FlashConfig",
+    "MistralLarge4ForConditionalGeneration": "MistralLarge4TextConfig",
     "LagunaForCausalLM": "LagunaConfig",
     "MellumForCausalLM": "MellumConfig",
     "GPT2LMHeadModel": "GPT2Config",
@@ -150,6 +151,8 @@ ARCHITECTURES = {
     "Glm46VForConditionalGeneration": "Glm4vMoeTextConfig",
     "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeTextConfig",
     "Qwen3NextForCausalLM": "Qwen3NextConfig",
+    "KimiLinearForCausalLM": "KimiLinearConfig",
+    "BailingHybridForCausalLM": "BailingHybridConfig",
     "Llama4ForCausalLM": "Llama4TextConfig",
     # Llama 4 as released: the vision-language wrapper around Llama4TextConfig's LM
     "Llama4ForConditionalGeneration": "Llama4TextConfig",
@@ -217,6 +220,11 @@ VISION_LANGUAGE = {
                           "image_size": 28, "patch_size": 14},
     }),
     "Mistral3ForConditionalGeneration": ("Mistral3Config", {
+        "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                          "num_attention_heads": 2, "head_dim": 16, "image_size": 28,
+                          "patch_size": 14},
+    }),
+    "MistralLarge4ForConditionalGeneration": ("MistralLarge4Config", {
         "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
                           "num_attention_heads": 2, "head_dim": 16, "image_size": 28,
                           "patch_size": 14},
@@ -313,7 +321,11 @@ MOE_ARCHITECTURES = (
     "Qwen3NextForCausalLM",
     "Llama4ForCausalLM",
     "Llama4ForConditionalGeneration",
+    "KimiLinearForCausalLM",
+    "BailingHybridForCausalLM",
 )
+# Kimi Delta Attention beside latent attention (Kimi Linear, Ling's hybrids)
+KDA_ARCHITECTURES = ("KimiLinearForCausalLM", "BailingHybridForCausalLM")
 # Gated DeltaNet linear attention in some layers (Qwen3.5)
 LINEAR_ATTENTION_ARCHITECTURES = (
     "Qwen3_5ForCausalLM",
@@ -334,9 +346,19 @@ MLA_ARCHITECTURES = (
     "DeepseekV32ForCausalLM",
     "GlmMoeDsaForCausalLM",
     "Kimi_K25ForConditionalGeneration",
+    "MistralLarge4ForConditionalGeneration",
 )
 # ... whose attention reads only the tokens an indexer picks (DeepSeek Sparse Attention)
-SPARSE_ATTENTION_ARCHITECTURES = ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")
+SPARSE_ATTENTION_ARCHITECTURES = (
+    "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM", "MistralLarge4ForConditionalGeneration",
+)  # fmt: skip
+# Mistral Large 4's learned scales, their inits 0 (scale) and 1 (bias, LeRoPE's exp(alpha)):
+# spread so that each moves the logits (name suffix -> mean, spread)
+_MISTRAL_LARGE4_SCALES = {
+    "softmax_scaling.scale": (0.0, 0.2),
+    "softmax_scaling.bias": (1.0, 0.2),
+    "rotary_emb.alpha": (0.0, 0.3),
+}
 # The router's weights spread wider than the rest: its top-k choices then have clear margins,
 # so a model that computes the layer's input within rounding picks the same experts.
 _ROUTER_SPREAD = 0.3
@@ -363,6 +385,10 @@ _GEMMA4_ROUTER_SPREAD = 1.0
 # 0.3 (dt_bias through softplus) and decays exp(A_log) of 0.4 to 2.7, so that some heads
 # remember a few tokens and others hundreds; the skip D around one
 _MAMBA_INIT = {"mamba.A_log": (-1.0, 1.0), "mamba.dt_bias": (-4.0, -1.0), "mamba.D": (0.5, 1.5)}
+# KDA's forget gates likewise (per head A_log, per channel dt_bias through softplus or Ling's
+# bounded sigmoid): decays from about 0.99 to 0.4 a token, so that some channels carry the
+# state across a whole test prompt; at the plain 0.05 spread every channel would halve a token
+_KDA_INIT = {"forget_gate.A_log": (-1.0, 1.0), "forget_gate.dt_bias": (-5.0, -1.0)}
 # Mamba 1 mixers' per-channel parameters likewise: decays exp(A_log) of 1 to 16 per state
 # element (the releases' init), time steps of about 0.007 to 0.3 (dt_proj's bias through
 # softplus), so that some channels remember hundreds of tokens; the skip D around one
@@ -403,6 +429,7 @@ _NORM_IDENTITY = {
     "BambaForCausalLM": 1.0,
     "FalconH1ForCausalLM": 1.0,
     "OlmoHybridForCausalLM": 1.0,  # its gated output norms too
+    "MistralLarge4ForConditionalGeneration": 1.0,
     "LaraMiniForCausalLM": 1.0,  # likewise
     "OPTForCausalLM": 1.0,
     "Jais2ForCausalLM": 1.0,
@@ -518,7 +545,7 @@ def build_model(
         tokenizer = family_tokenizer(chat_family, vocab_size)
         vocab_size = max(vocab_size, len(tokenizer))
     config_cls = getattr(transformers, text_config or ARCHITECTURES[architecture])
-    if architecture in MLA_ARCHITECTURES:
+    if architecture in MLA_ARCHITECTURES or architecture in KDA_ARCHITECTURES:
         # latent attention expands every head's keys and values: transformers' MLA wants as
         # many "KV heads" as heads
         num_key_value_heads = num_attention_heads
@@ -570,6 +597,9 @@ def build_model(
                 param.normal_(0.0, _ROUTER_SPREAD)
             elif name.endswith("self_attn.sinks"):
                 param.normal_(_SINK_MEAN, _SINK_SPREAD)
+            elif name.endswith(tuple(_MISTRAL_LARGE4_SCALES)):
+                suffix = next(s for s in _MISTRAL_LARGE4_SCALES if name.endswith(s))
+                param.normal_(*_MISTRAL_LARGE4_SCALES[suffix])
             elif name.endswith(
                 ("e_score_correction_bias", "mlp.expert_bias", "feed_forward.expert_bias")
             ):  # AFMoE's, LFM2-MoE's
@@ -578,6 +608,8 @@ def build_model(
                 param.uniform_(*_by_ending(name, _MAMBA1_INIT))
             elif architecture in _MAMBA1_ARCHITECTURES and _by_ending(name, _MAMBA1_SPREAD):
                 param.normal_(0.0, _by_ending(name, _MAMBA1_SPREAD))
+            elif _by_ending(name, _KDA_INIT):
+                param.uniform_(*_by_ending(name, _KDA_INIT))
             elif name.endswith(tuple(_MAMBA_INIT)):
                 low, high = _MAMBA_INIT[".".join(name.split(".")[-2:])]
                 param.uniform_(low, high)
@@ -704,6 +736,29 @@ def _tiny_defaults(
                 "original_max_position_embeddings": 64,
             },
         }
+    if architecture in KDA_ARCHITECTURES:
+        # the releases' 32 KDA heads of 128 (kernel 4), MLA ranks of 512, 256-512 experts (top
+        # 8) in groups, 27-42 layers: 4 heads of 16 beside a 32-wide latent
+        head_dim = hidden_size // num_attention_heads
+        kda = (
+            {"linear_num_heads": num_attention_heads, "linear_head_dim": head_dim}
+            if architecture == "KimiLinearForCausalLM"
+            else {"head_dim": head_dim}  # Ling's KDA heads are num_attention_heads of head_dim
+        )
+        return {
+            **kda,
+            "max_position_embeddings": 512,
+            "kv_lora_rank": 32,
+            "qk_nope_head_dim": head_dim,
+            "qk_rope_head_dim": head_dim // 2,
+            "v_head_dim": head_dim,
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "n_group": 2,
+            "topk_group": 1,
+            "first_k_dense_replace": 1,
+        }
     if architecture in MLA_ARCHITECTURES:
         # the releases' latent attention ranks (512, 1536), 64-256 experts and 47-61 layers
         head_dim = hidden_size // num_attention_heads
@@ -712,7 +767,9 @@ def _tiny_defaults(
         return {
             **dense,
             "max_position_embeddings": 512,
-            "q_lora_rank": None if architecture == "DeepseekV2ForCausalLM" else 48,
+            "q_lora_rank": None
+            if architecture in ("DeepseekV2ForCausalLM", "MistralLarge4ForConditionalGeneration")
+            else 48,
             "kv_lora_rank": 32,
             "qk_nope_head_dim": head_dim,
             "qk_rope_head_dim": head_dim // 2,

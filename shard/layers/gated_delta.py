@@ -25,6 +25,7 @@ Dk**-0.5) and the output rounded to q's dtype.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -40,7 +41,7 @@ L2NORM_EPS = 1e-6
 # --- gated delta rule ------------------------------------------------------------------------
 
 
-def _float_heads(
+def float_heads(
     q: torch.Tensor, k: torch.Tensor, value_heads: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k [N, Hk, Dk] -> float32 [N, Hv, Dk], L2-normalised, q also scaled by Dk**-0.5; each
@@ -59,23 +60,24 @@ def _float_heads(
 
 
 @dataclass(frozen=True)
-class _BlockTerms:
+class BlockTerms:
     """Per block, what the scan needs beside the state S0 the block starts from (UT transform):
     with gamma_i the decay from the block's start through token i, the rule's corrections are
     delta = u - w S0, the outputs o = q_read S0 + attn delta, and the state after the block
-    decay S0 + k_rest^T delta."""
+    decay S0 + k_rest^T delta. Kimi Delta Attention (shard/layers/kimi_delta.py) builds the same
+    terms with a decay per key channel, and scans them here too."""
 
     u: torch.Tensor  # [N, H, C, Dv]
     w: torch.Tensor  # [N, H, C, Dk]
     q_read: torch.Tensor  # [N, H, C, Dk]: gamma_i q_i
     attn: torch.Tensor  # [N, H, C, C]: causal (q_i . k_j) gamma_i / gamma_j
     k_rest: torch.Tensor  # [N, H, C, Dk]: k_j gamma_last / gamma_j
-    decay: torch.Tensor  # [N, H, 1, 1]: gamma_last
+    decay: torch.Tensor  # [N, H, 1, 1]: gamma_last ([N, H, Dk, 1] decaying per key channel)
 
 
 def _block_terms(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
-) -> _BlockTerms:
+) -> BlockTerms:
     """q, k [N, H, C, Dk], v [N, H, C, Dv], g, beta [N, H, C], float32 (padding all zeros: no
     decay, no write, no read).
 
@@ -97,7 +99,7 @@ def _block_terms(
     solved = torch.linalg.solve_triangular(strictly_lower, rhs, upper=False, unitriangular=True)
     u, w = solved.split([v.shape[-1], k.shape[-1]], dim=-1)
     last = log_gamma[..., -1:]
-    return _BlockTerms(
+    return BlockTerms(
         u=u,
         w=w,
         q_read=q * gamma,
@@ -107,7 +109,7 @@ def _block_terms(
     )
 
 
-def _scan_blocks(terms: _BlockTerms, state: torch.Tensor, active: list[int]) -> torch.Tensor:
+def scan_blocks(terms: BlockTerms, state: torch.Tensor, active: list[int]) -> torch.Tensor:
     """Carries `state` [B, H, Dk, Dv] (in the layout's order, updated in place) through the
     blocks step by step; returns the outputs [N, H, C, Dv]."""
     out = torch.empty_like(terms.u)
@@ -136,6 +138,24 @@ def gated_delta_prefill(
     """Packed chunks of prompts: q, k [T, Hk, Dk], v [T, Hv, Dv], g, beta [T, Hv] -> o
     [T, Hv, Dv] in q's dtype. Sequence b (lengths[b] tokens) starts from zeros if fresh[b], else
     from states[slots[b]], where its state after the chunk is written."""
+    return scan_prefill(q, k, v, g, beta, states, slots, lengths, fresh, _block_terms)
+
+
+def scan_prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    states: torch.Tensor,
+    slots: torch.Tensor,
+    lengths: list[int],
+    fresh: list[bool],
+    block_terms: Callable[..., BlockTerms],
+) -> torch.Tensor:
+    """The delta rule over packed prompt chunks in blocks, whatever the decay's shape (a
+    scalar per head here, a vector per head in shard/layers/kimi_delta.py): `block_terms`
+    makes each block's terms from its float32 q, k, v, g and beta."""
     out_dtype = q.dtype
     tokens, value_heads, value_dim = v.shape
     if not lengths:
@@ -146,12 +166,12 @@ def gated_delta_prefill(
     def blocks(x: torch.Tensor) -> torch.Tensor:
         return to_blocks(x, gather, CHUNK_SIZE)
 
-    q, k = _float_heads(q, k, value_heads)
-    terms = _block_terms(blocks(q), blocks(k), blocks(v), blocks(g), blocks(beta))
+    q, k = float_heads(q, k, value_heads)
+    terms = block_terms(blocks(q), blocks(k), blocks(v), blocks(g), blocks(beta))
     order = torch.tensor(layout.order, device=v.device)
     seq_slots = slots.index_select(0, order)
     state = starting_states(states, seq_slots, [fresh[b] for b in layout.order]).float()
-    out = _scan_blocks(terms, state, layout.active)
+    out = scan_blocks(terms, state, layout.active)
     states.index_copy_(0, seq_slots, state.to(states.dtype))
     out = out.transpose(1, 2).reshape(-1, value_heads, value_dim)
     return out.index_select(0, torch.tensor(layout.token_pos, device=v.device)).to(out_dtype)
@@ -167,11 +187,13 @@ def gated_delta_decode(
     slots: torch.Tensor,
 ) -> torch.Tensor:
     """One token per sequence: q, k [B, Hk, Dk], v [B, Hv, Dv], g, beta [B, Hv] -> o [B, Hv, Dv]
-    in q's dtype; states[slots] advanced by one token in place. Fixed shapes, no host reads."""
+    in q's dtype; states[slots] advanced by one token in place. Fixed shapes, no host reads.
+    g may also be [B, Hv, Dk], a decay per key channel (Kimi Delta Attention's)."""
     out_dtype = q.dtype
-    q, k = _float_heads(q, k, v.shape[1])
-    v, g, beta = v.float(), g.float(), beta.float()
-    state = states.index_select(0, slots).float() * g.exp()[..., None, None]  # [B, Hv, Dk, Dv]
+    q, k = float_heads(q, k, v.shape[1])
+    v, beta = v.float(), beta.float()
+    decay = g.float().exp().reshape(*g.shape[:2], -1, 1)  # [B, Hv, 1 or Dk, 1]
+    state = states.index_select(0, slots).float() * decay  # [B, Hv, Dk, Dv]
     predicted = torch.einsum("bhkv,bhk->bhv", state, k)
     delta = (v - predicted) * beta.unsqueeze(-1)
     state = state + k.unsqueeze(-1) * delta.unsqueeze(-2)

@@ -326,6 +326,8 @@ class RotaryEmbedding(nn.Module):
         self.ops = platform_of(device)
         self.long_offset: int | None = None
         self.positions = 0  # the tables' rows (and the short ones before them, for longrope)
+        # learned multipliers of the frequencies (Mistral Large 4's LeRoPE), float32, or None
+        self.frequency_scale: torch.Tensor | None = None
         self.tabulate(LOAD_POSITIONS, device)
         # Interleaved pairs are reordered evens-then-odds (the dims past rotary_dim stay) and
         # then turned as halves: the same rotation of each pair, the dims of q and of k in the
@@ -364,13 +366,26 @@ class RotaryEmbedding(nn.Module):
             long = _tables(config.inv_freq(long=True), positions, factor, reverse)
             cos, sin = torch.cat((short[0], long[0])), torch.cat((short[1], long[1]))
         else:
-            cos, sin = _tables(
-                config.inv_freq(), positions, config.attention_factor, config.reverse
-            )
+            inv_freq = config.inv_freq()
+            if self.frequency_scale is not None:
+                inv_freq = inv_freq * self.frequency_scale.to(inv_freq.device)
+            cos, sin = _tables(inv_freq, positions, config.attention_factor, config.reverse)
         self.register_buffer("cos", cos.to(device), persistent=False)
         self.register_buffer("sin", sin.to(device), persistent=False)
         self._step = self._kept_rows = None
         self.positions = positions
+
+    def scale_frequencies(self, scale: torch.Tensor) -> None:
+        """Every frequency times `scale` [rotary_dim / 2] (Mistral Large 4's learned LeRoPE:
+        exp(alpha), in float32 as transformers keeps it), the tables rebuilt."""
+        if self.config.rope_type == "longrope" or scale.shape != (self.rotary_dim // 2,):
+            raise ValueError(
+                f"frequency scale of shape {tuple(scale.shape)} for {self.rotary_dim // 2} "
+                f"{self.config.rope_type} frequencies"
+            )
+        self.frequency_scale = scale.float()
+        positions, self.positions = self.positions, 0  # (so that tabulate rebuilds)
+        self.tabulate(positions)
 
     @property
     def plain(self) -> bool:
@@ -503,6 +518,16 @@ class NoRotary(nn.Module):
         self, positions: torch.Tensor, q: torch.Tensor, meta: StepMetadata | None = None
     ) -> torch.Tensor:
         return q
+
+    def rotate_leading(
+        self,
+        positions: torch.Tensor,
+        x: torch.Tensor,
+        meta: StepMetadata | None = None,
+        *,
+        interleaved: bool = False,
+    ) -> torch.Tensor:
+        return x
 
 
 def _token_seq_lens(positions: torch.Tensor, meta: StepMetadata | None) -> torch.Tensor:

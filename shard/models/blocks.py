@@ -9,9 +9,12 @@ A model file names its checkpoint tensors (a `Names` table) and maps its config.
   with `ModelConfig.mla`, `LatentAttention` (shard/models/latent_attention.py: DeepSeek's
   multi-head latent attention, caching one latent vector a token; with `MlaConfig.indexer`
   `SparseLatentAttention`, shard/models/sparse_attention.py: DeepSeek Sparse Attention, each
-  token attending over the earlier tokens an indexer picks); or in the layers that keep a
+  token attending over the earlier tokens an indexer picks; with `attention_output_gate`
+  `GatedLatentAttention`, shard/models/gated_latent_attention.py: Ling's gate a head); or in
+  the layers that keep a
   state per sequence instead of K/V, `GatedDeltaNet` (shard/models/linear_attention.py: Qwen3.5's
-  linear attention), `Mamba2Mixer` (shard/models/mamba_mixer.py: Granite 4.0-H's, Bamba's,
+  linear attention), `KimiDeltaAttention` (shard/models/kda_mixer.py: Kimi Linear's and Ling's),
+  `Mamba2Mixer` (shard/models/mamba_mixer.py: Granite 4.0-H's, Bamba's,
   NemotronH's), `Mamba1Mixer` (shard/models/mamba1_mixer.py: Jamba's) or `ShortConv`
   (shard/models/short_conv.py: LFM2's gated short convolution).
 - `GatedMLP` (shard/models/mlp.py): a fused gate_up product (two tensors or one fused),
@@ -58,6 +61,8 @@ from shard.layers.rotary import (
 )
 from shard.models.base import CausalLM
 from shard.models.config import ModelConfig
+from shard.models.gated_latent_attention import GatedLatentAttention
+from shard.models.kda_mixer import KimiDeltaAttention
 from shard.models.latent_attention import LatentAttention
 from shard.models.linear_attention import GatedDeltaNet, RecurrentMixer, RecurrentState
 from shard.models.mamba1_mixer import Mamba1Mixer
@@ -362,7 +367,7 @@ def query_gate(
 
 # What mixes a layer's tokens: softmax attention, latent attention, linear attention, or a Mamba 2
 # state-space mixer
-Mixer = Attention | LatentAttention | GatedDeltaNet | Mamba2Mixer | ShortConv
+Mixer = Attention | LatentAttention | GatedDeltaNet | KimiDeltaAttention | Mamba2Mixer | ShortConv
 
 
 class DecoderLayer(nn.Module):
@@ -412,15 +417,18 @@ class DecoderLayer(nn.Module):
         attention: Mixer
         if config.linear(names.layer):
             attention = GatedDeltaNet.load(weights, names, config)
+        elif config.kda_layer(names.layer):
+            attention = KimiDeltaAttention.load(weights, names, config)
         elif config.mamba_layer(names.layer):
             attention = Mamba2Mixer.load(weights, names, config)
         elif config.mamba1_layer(names.layer):
             attention = Mamba1Mixer.load(weights, names, config)
         elif config.short_conv_layer(names.layer):
             attention = ShortConv.load(weights, names, config)
-        elif config.mla is not None:
-            assert isinstance(rotary, RotaryEmbedding)
+        elif config.mla is not None:  # (a NoPE layer's NoRotary: Mistral Large 4's)
             latent = SparseLatentAttention if config.mla.indexer else LatentAttention
+            if config.attention_output_gate and not config.mla.indexer:  # Ling's gate a head
+                latent = GatedLatentAttention
             attention = latent.load(weights, names, config, rotary, backend)
         else:
             attention = Attention.load(weights, names, config, rotary, backend)

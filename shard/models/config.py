@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +144,25 @@ class MlaConfig:
     # DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5): each token attends over the tokens its
     # layer's indexer picks, not its whole context; None: dense MLA
     indexer: IndexerConfig | None = None
+    # Mistral Large 4's layers without position encoding: their whole query head is "nope"
+    # (qk_nope + qk_rope dims) and their latent has no rotary key part; empty: none
+    nope_layers: tuple[bool, ...] = ()
+    # Mistral Large 4's learned query scale per head and position (shard/layers/
+    # head_position_scale.py), on the attention's queries and the indexer's
+    head_position_scale: bool = False
+    # the latent norms' epsilon: transformers builds DeepSeek's with RMSNorm's default, whatever
+    # the config's rms_norm_eps; Mistral Large 4's kv_a norm with rms_norm_eps (None: that)
+    latent_norm_eps: float | None = 1e-6
+
+    def of_layer(self, layer: int) -> MlaConfig:
+        """The shapes of `layer`'s latent attention (a NoPE layer's differ)."""
+        if not (self.nope_layers and self.nope_layers[layer]):
+            return self
+        return replace(
+            self,
+            qk_nope_head_dim=self.qk_nope_head_dim + self.qk_rope_head_dim,
+            qk_rope_head_dim=0,
+        )
 
 
 @dataclass(frozen=True)
@@ -160,6 +179,9 @@ class IndexerConfig:
     top_k: int
     rope_interleaved: bool = False
     shared_layers: tuple[bool, ...] = ()
+    # Mistral Large 4's: the queries from the layer's input through a LayerNorm of their own
+    # (its attention has no query latent), and scaled per head by position
+    query_norm: bool = False
 
     def shared(self, layer: int) -> bool:
         return bool(self.shared_layers) and self.shared_layers[layer]
@@ -198,6 +220,26 @@ class LinearAttentionConfig:
         return (
             2 * self.num_key_heads * self.key_head_dim + self.num_value_heads * self.value_head_dim
         )
+
+
+@dataclass(frozen=True)
+class KdaConfig:
+    """Kimi Delta Attention (Kimi Linear's and Ling's linear layers; shard/models/kda_mixer.py):
+    Gated DeltaNet with a decay per key channel, `num_heads` heads of `head_dim` for q, k and v
+    alike, in the layers it names."""
+
+    layers: tuple[bool, ...]  # per layer: KDA (True) or softmax attention
+    num_heads: int
+    head_dim: int
+    conv_kernel: int  # the causal depthwise convolution over q, k and v
+    # the forget gate's log decay from f = f_proj(x) + dt_bias: "softplus", Kimi Linear's
+    # -exp(A_log) softplus(f); "bounded", Ling's gate_lower_bound sigmoid(exp(A_log) f)
+    gate: str = "softplus"
+    gate_lower_bound: float = -5.0
+    # Ling's: the gate's g rounded to the model's dtype (transformers' BailingHybridForgetGate
+    # returns it so), and the convs kept in float32 (its _keep_in_fp32_modules)
+    decay_in_model_dtype: bool = False
+    float32_conv: bool = False
 
 
 @dataclass(frozen=True)
@@ -414,6 +456,8 @@ class ModelConfig:
     mla: MlaConfig | None = None
     # Gated DeltaNet in the layers it names (Qwen3.5); None: softmax attention in every layer.
     linear_attention: LinearAttentionConfig | None = None
+    # Kimi Delta Attention in the layers it names (Kimi Linear, Ling hybrids); None: none.
+    kda: KdaConfig | None = None
     # Mamba 2 mixers in the layers it names (Granite 4.0-H); None: none.
     mamba: MambaConfig | None = None
     # Mamba 1 mixers in the layers it names (Mamba, FalconMamba, Jamba); None: none.
@@ -470,6 +514,10 @@ class ModelConfig:
     def linear(self, layer: int) -> bool:
         """Whether `layer` mixes tokens with linear attention (a state per sequence, no KV)."""
         return self.linear_attention is not None and self.linear_attention.layers[layer]
+
+    def kda_layer(self, layer: int) -> bool:
+        """Whether `layer` mixes tokens with Kimi Delta Attention (a state per sequence)."""
+        return self.kda is not None and self.kda.layers[layer]
 
     def mamba_layer(self, layer: int) -> bool:
         """Whether `layer` mixes tokens with a Mamba 2 mixer (a state per sequence, no KV)."""

@@ -196,7 +196,7 @@ def indexer_config(
         head_dim=int(raw.get("index_head_dim", 128)),
         top_k=int(raw.get("index_topk", 2048)),
         rope_interleaved=interleaved,
-        shared_layers=_shared_layers(raw, layers),
+        shared_layers=shared_indexer_layers(raw, layers),
     )
     if spec.num_heads < 1 or spec.top_k < 1:
         raise UnsupportedArchitectureError(
@@ -210,7 +210,7 @@ def indexer_config(
     return spec
 
 
-def _shared_layers(raw: dict[str, Any], layers: int) -> tuple[bool, ...]:
+def shared_indexer_layers(raw: dict[str, Any], layers: int) -> tuple[bool, ...]:
     """GLM-5's layers that reuse the choice of the layer before (`indexer_types` "shared"), as
     transformers derives them when the config lists none: from `index_topk_pattern` ("F"/"S"
     a layer) or every `index_topk_freq`-th layer from `index_skip_topk_offset` on running its

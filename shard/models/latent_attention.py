@@ -29,17 +29,14 @@ import torch
 from torch import nn
 
 from shard.attention import AttentionBackend, StepMetadata, attend
+from shard.layers.head_position_scale import HeadPositionScale
 from shard.layers.linear import ColumnParallelLinear, RowParallelLinear, head_range
 from shard.layers.norm import NORMS, RMSNorm
 from shard.layers.quant.base import Piece
-from shard.layers.rotary import QueryPositionScale, RotaryEmbedding, scaled_by_position
+from shard.layers.rotary import NoRotary, QueryPositionScale, RotaryEmbedding, scaled_by_position
 from shard.models.config import MlaConfig, ModelConfig
 from shard.models.names import Names
 from shard.weights import Weights
-
-# transformers builds the latent norms (q_a_layernorm, kv_a_layernorm) with RMSNorm's default
-# eps, whatever the config's rms_norm_eps
-LATENT_NORM_EPS = 1e-6
 
 
 class LatentAttention(nn.Module):
@@ -51,7 +48,7 @@ class LatentAttention(nn.Module):
         w_uk: torch.Tensor,
         w_uv: torch.Tensor,
         o_proj: RowParallelLinear,
-        rotary: RotaryEmbedding,
+        rotary: RotaryEmbedding | NoRotary,
         backend: AttentionBackend,
         *,
         mla: MlaConfig,
@@ -71,6 +68,8 @@ class LatentAttention(nn.Module):
         self.scale = scale
         self.num_heads = w_uk.shape[0]
         self.position_scale: QueryPositionScale | None = None  # ModelConfig.query_position_scale
+        # this rank's heads' learned scale by position (MlaConfig.head_position_scale), or None
+        self.head_scale: HeadPositionScale | None = None
 
     # the cached vectors serve as keys and as values: the cache stores them once
     values_are_keys = True
@@ -86,11 +85,16 @@ class LatentAttention(nn.Module):
         weights: Weights,
         names: Names,
         config: ModelConfig,
-        rotary: RotaryEmbedding,
+        rotary: RotaryEmbedding | NoRotary,
         backend: AttentionBackend,
     ) -> LatentAttention:
-        mla = config.mla
-        assert mla is not None
+        assert config.mla is not None
+        mla = config.mla.of_layer(names.layer)
+        if isinstance(rotary, NoRotary) != (mla.qk_rope_head_dim == 0):
+            raise ValueError(
+                f"layer {names.layer}: latent attention with {mla.qk_rope_head_dim} rotary dims "
+                f"and {'no ' if isinstance(rotary, NoRotary) else ''}rotary embedding"
+            )
         dist = weights.dist
         first, last = head_range(
             config.num_heads, dist.rank, dist.world_size, replicate=False,
@@ -107,11 +111,11 @@ class LatentAttention(nn.Module):
         else:
             q_proj = nn.Sequential(
                 _columns(weights, names.one("q_a_proj"), bias=config.qkv_bias),
-                _norm(weights, names.one("q_a_layernorm"), config),
+                _norm(weights, names.one("q_a_layernorm"), config, mla),
                 heads(names.one("q_b_proj"), qk_dim),
             )
         kv_a_proj = _columns(weights, names.one("kv_a_proj"), bias=config.qkv_bias)
-        kv_a_norm = _norm(weights, names.one("kv_a_layernorm"), config)
+        kv_a_norm = _norm(weights, names.one("kv_a_layernorm"), config, mla)
         # kv_b_proj is only ever multiplied into q and the attention's output: read as its
         # representation computes it (quantized ones dequantized) and kept as two tensors
         kv_b = heads(names.one("kv_b_proj"), mla.qk_nope_head_dim + mla.v_head_dim)
@@ -128,6 +132,9 @@ class LatentAttention(nn.Module):
             mla=mla, scale=scale,
         )  # fmt: skip
         attention.position_scale = config.position_scale_of(names.layer)
+        if mla.head_position_scale:
+            prefix = names.one("head_position_scale")
+            attention.head_scale = HeadPositionScale.load(weights, prefix, first, last)
         return attention
 
     def forward(
@@ -155,9 +162,12 @@ class LatentAttention(nn.Module):
         q_rope, k_rope = self.rotary(
             positions, q_rope.contiguous(), k_rope[:, None].contiguous(), meta
         )
-        # Mistral 4 scales the whole query by position, before it meets the keys
+        # Mistral 4 scales the whole query by position, before it meets the keys; Mistral
+        # Large 4 by a learned factor a head
         q_nope = scaled_by_position(q_nope, positions, self.position_scale)
         q_rope = scaled_by_position(q_rope, positions, self.position_scale)
+        if self.head_scale is not None:
+            q_nope, q_rope = self.head_scale(q_nope, positions), self.head_scale(q_rope, positions)
         # each head's query in latent space: q_nope W_UK^T, [T, H, rank]
         q_latent = torch.bmm(q_nope.transpose(0, 1), self.w_uk).transpose(0, 1)
         query = torch.cat((q_latent, q_rope), -1)
@@ -181,5 +191,6 @@ def _columns(
     return ColumnParallelLinear.load_rows(weights, Piece(prefix, start, stop), bias=bias)
 
 
-def _norm(weights: Weights, prefix: str, config: ModelConfig) -> RMSNorm:
-    return NORMS[config.norm].load(weights, prefix, LATENT_NORM_EPS)
+def _norm(weights: Weights, prefix: str, config: ModelConfig, mla: MlaConfig) -> RMSNorm:
+    eps = config.rms_norm_eps if mla.latent_norm_eps is None else mla.latent_norm_eps
+    return NORMS[config.norm].load(weights, prefix, eps)

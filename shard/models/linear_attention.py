@@ -14,6 +14,7 @@ with them their value heads) across ranks; out_proj is a row-parallel linear.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -322,16 +323,21 @@ class GatedDeltaNet(RecurrentMixer):
 
 
 def gated_rms_norm(
-    x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float, in_float32: bool = False
+    x: torch.Tensor,
+    gate: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    in_float32: bool = False,
+    activation: Callable[[torch.Tensor], torch.Tensor] = F.silu,
 ) -> torch.Tensor:
-    """RMSNorm over each head's values, times silu(gate): transformers' order of dtypes (the
-    normed values back in the model's dtype before the weight, or with `in_float32` scaled in
-    float32; the gate in float32)."""
+    """RMSNorm over each head's values, times silu(gate) (or `activation`: Kimi Delta
+    Attention's sigmoid): transformers' order of dtypes (the normed values back in the model's
+    dtype before the weight, or with `in_float32` scaled in float32; the gate in float32)."""
     dtype = x.dtype
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     h = weight.float() * h if in_float32 else weight * h.to(dtype)
-    return (h * F.silu(gate.float())).to(dtype)
+    return (h * activation(gate.float())).to(dtype)
 
 
 def step_parts(meta: StepMetadata, tokens: int) -> list[tuple[AttentionMetadata, int, int]]:

@@ -18,19 +18,24 @@ OLMO2_NAMES = {
 }
 
 
+def olmo2_layers(config: ModelConfig) -> ModelConfig:
+    """OLMo 2's layer layout: post norms only, q/k normed over the projection, float32 norms."""
+    return replace(
+        config,
+        norm="fp32_rms",
+        sandwich_norms=True,
+        pre_norms=False,
+        qk_norm=True,
+        projection_qk_norm=True,
+    )
+
+
 class Olmo2ForCausalLM(DecoderModel):
     NAMES = OLMO2_NAMES
 
     @classmethod
     def adapt_config(cls, raw: dict[str, Any], config: ModelConfig) -> ModelConfig:
-        return replace(
-            config,
-            norm="fp32_rms",
-            sandwich_norms=True,
-            pre_norms=False,
-            qk_norm=True,
-            projection_qk_norm=True,
-        )
+        return olmo2_layers(config)
 
 
 class Olmo3ForCausalLM(Olmo2ForCausalLM):

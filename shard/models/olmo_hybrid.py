@@ -18,7 +18,7 @@ from shard.layers.rotary import NoRotary, RotaryEmbedding
 from shard.models.blocks import DecoderLayer, DecoderModel
 from shard.models.config import LinearAttentionConfig, ModelConfig, UnsupportedArchitectureError
 from shard.models.names import Names
-from shard.models.olmo2 import OLMO2_NAMES
+from shard.models.olmo2 import OLMO2_NAMES, olmo2_layers
 from shard.models.qwen3_5 import linear_attention_config
 from shard.weights import Weights
 
@@ -84,15 +84,8 @@ class OlmoHybridForCausalLM(DecoderModel):
 
     @classmethod
     def adapt_config(cls, raw: dict[str, Any], config: ModelConfig) -> ModelConfig:
-        return replace(
-            config,
-            norm="fp32_rms",
-            sandwich_norms=True,
-            pre_norms=False,
-            qk_norm=True,
-            projection_qk_norm=True,
-            linear_attention=_linear_config(raw, config.num_layers),
-        )
+        linear = _linear_config(raw, config.num_layers)
+        return replace(olmo2_layers(config), linear_attention=linear)
 
     @classmethod
     def load_layer(

@@ -56,6 +56,10 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "OlmoHybridForCausalLM": ("shard.models.olmo_hybrid", "OlmoHybridForCausalLM"),
     "LaraMiniForCausalLM": ("shard.models.lara", "LaraMiniForCausalLM"),
     "MiMoV2FlashForCausalLM": ("shard.models.mimo_v2", "MiMoV2FlashForCausalLM"),
+    "MistralLarge4ForConditionalGeneration": (
+        "shard.models.mistral_large4",
+        "MistralLarge4ForConditionalGeneration",
+    ),
     "ExaoneForCausalLM": ("shard.models.exaone", "ExaoneForCausalLM"),
     "Exaone4ForCausalLM": ("shard.models.exaone4", "Exaone4ForCausalLM"),
     # Llama's layers as transformers runs them, under their own config and architecture names
@@ -143,6 +147,9 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
         "Kimi_K25ForConditionalGeneration",
     ),
     "GlmMoeDsaForCausalLM": ("shard.models.deepseek", "GlmMoeDsaForCausalLM"),  # GLM-5
+    # Kimi Delta Attention beside latent attention (a state per sequence in the KDA layers)
+    "KimiLinearForCausalLM": ("shard.models.kimi_linear", "KimiLinearForCausalLM"),
+    "BailingHybridForCausalLM": ("shard.models.bailing_hybrid", "BailingHybridForCausalLM"),
     # Gated DeltaNet linear attention in three layers of four (a state per sequence)
     "Qwen3_5ForCausalLM": ("shard.models.qwen3_5", "Qwen3_5ForCausalLM"),
     "Qwen3_5MoeForCausalLM": ("shard.models.qwen3_5", "Qwen3_5MoeForCausalLM"),

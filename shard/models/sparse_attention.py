@@ -33,10 +33,11 @@ from torch import nn
 from shard.attention import AttentionBackend, StepMetadata, attend
 from shard.attention.metadata import AttentionMetadata
 from shard.attention.sparse import context_slots, select_tokens, token_tables
+from shard.layers.head_position_scale import HeadPositionScale
 from shard.layers.linear import ColumnParallelLinear
 from shard.layers.norm import BiasLayerNorm, LayerNorm
 from shard.layers.quant.base import Piece
-from shard.layers.rotary import RotaryEmbedding
+from shard.layers.rotary import NoRotary, RotaryEmbedding
 from shard.models.config import IndexerConfig, ModelConfig
 from shard.models.latent_attention import LatentAttention
 from shard.models.names import Names
@@ -92,51 +93,68 @@ class Indexer(nn.Module):
         k_norm: LayerNorm,
         weights_proj: ColumnParallelLinear,
         config: IndexerConfig,
+        q_norm: LayerNorm | None = None,
+        head_scale: HeadPositionScale | None = None,
     ) -> None:
         super().__init__()
-        self.wq_b = wq_b  # the query's normed latent -> num_heads x head_dim, on every rank whole
+        # the query's normed latent (or with `q_norm` the normed input) -> num_heads x head_dim,
+        # on every rank whole
+        self.wq_b = wq_b
         self.wk = wk  # hidden -> head_dim
         self.k_norm = k_norm
         self.weights_proj = weights_proj  # hidden -> num_heads
         self.config = config
+        self.q_norm = q_norm  # IndexerConfig.query_norm (Mistral Large 4's), or None
+        self.head_scale = head_scale  # its queries' scale by position, or None
 
     @classmethod
-    def load(cls, weights: Weights, names: Names, config: IndexerConfig) -> Indexer:
+    def load(
+        cls, weights: Weights, names: Names, config: IndexerConfig, *, head_scale: bool = False
+    ) -> Indexer:
         def whole(ours: str) -> ColumnParallelLinear:
             prefix = names.one(ours)
             rows = Piece(prefix, 0, ColumnParallelLinear.out_features_of(weights, prefix))
             return ColumnParallelLinear.load_rows(weights, rows, bias=False)
 
         k_norm = BiasLayerNorm.load(weights, names.one("indexer_k_norm"), INDEXER_NORM_EPS)
+        q_norm = scale = None
+        if config.query_norm:
+            q_norm = BiasLayerNorm.load(weights, names.one("indexer_q_norm"), INDEXER_NORM_EPS)
+        if head_scale:
+            scale = HeadPositionScale.load(weights, names.one("indexer_head_position_scale"))
         return cls(
             whole("indexer_wq_b"), whole("indexer_wk"), k_norm, whole("indexer_weights_proj"),
-            config,
+            config, q_norm, scale,
         )  # fmt: skip
 
     def keys(
         self,
         hidden: torch.Tensor,
         positions: torch.Tensor,
-        rotary: RotaryEmbedding,
+        rotary: RotaryEmbedding | NoRotary,
         meta: StepMetadata,
     ) -> torch.Tensor:
-        """[T, head_dim] each token's indexer key, rotated."""
+        """[T, head_dim] each token's indexer key, rotated (in a rotating layer)."""
         key = self.k_norm(self.wk(hidden))[:, None]
         key = rotary.rotate_leading(positions, key, meta, interleaved=self.config.rope_interleaved)
         return key[:, 0]
 
     def queries(
         self,
-        q_latent: torch.Tensor,
+        q_latent: torch.Tensor | None,
         hidden: torch.Tensor,
         positions: torch.Tensor,
-        rotary: RotaryEmbedding,
+        rotary: RotaryEmbedding | NoRotary,
         meta: StepMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """([T, num_heads, head_dim] each token's rotated queries, [T, num_heads] float32 their
-        weights)."""
+        weights), from the query's latent or with `q_norm` from the layer's input."""
         spec = self.config
-        q = self.wq_b(q_latent).view(-1, spec.num_heads, spec.head_dim)
+        source = self.q_norm(hidden) if self.q_norm is not None else q_latent
+        assert source is not None
+        q = self.wq_b(source).view(-1, spec.num_heads, spec.head_dim)
+        if self.head_scale is not None:
+            q = self.head_scale(q, positions)
         q = rotary.rotate_leading(positions, q, meta, interleaved=spec.rope_interleaved)
         weights = self.weights_proj(hidden).float() * spec.num_heads**-0.5
         return q, weights
@@ -164,7 +182,9 @@ class SparseLatentAttention(LatentAttention):
         assert spec is not None
         attention.top_k = spec.top_k
         shared = spec.shared(names.layer)
-        attention.indexer = None if shared else Indexer.load(weights, names, spec)
+        scaled = config.mla.head_position_scale
+        indexer = None if shared else Indexer.load(weights, names, spec, head_scale=scaled)
+        attention.indexer = indexer
         return attention
 
     @property
@@ -179,9 +199,14 @@ class SparseLatentAttention(LatentAttention):
         kv_cache: torch.Tensor,
         meta: StepMetadata,
     ) -> torch.Tensor:
-        q_a_proj, q_a_norm, q_b_proj = self.q_proj  # DSA's queries always have the bottleneck
-        q_latent = q_a_norm(q_a_proj(hidden))
-        query, key = self.query_key(q_b_proj(q_latent), hidden, positions, meta)
+        q_latent: torch.Tensor | None = None
+        if isinstance(self.q_proj, nn.Sequential):  # through the bottleneck the indexer reads
+            q_a_proj, q_a_norm, q_b_proj = self.q_proj
+            q_latent = q_a_norm(q_a_proj(hidden))
+            q = q_b_proj(q_latent)
+        else:  # (Mistral Large 4's indexer normalises the layer's input itself)
+            q = self.q_proj(hidden)
+        query, key = self.query_key(q, hidden, positions, meta)
         width = query.shape[-1]
         if self.indexer is not None:
             index_key = self.indexer.keys(hidden, positions, self.rotary, meta)
@@ -199,7 +224,7 @@ class SparseLatentAttention(LatentAttention):
 
     def _choice(
         self,
-        q_latent: torch.Tensor,
+        q_latent: torch.Tensor | None,
         hidden: torch.Tensor,
         positions: torch.Tensor,
         rows: torch.Tensor,

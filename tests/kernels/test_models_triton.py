@@ -15,7 +15,7 @@ from kernel_cases import DEVICE
 from launcher.tiny_models import build_model
 from shard.distributed import Distributed
 from shard.models import load_model
-from tests.shard.paged_helpers import assert_every_step_equals_reference, run_paged
+from tests.shard.paged_helpers import assert_every_step_equals_reference, reference, run_paged
 from tests.shard.tiny_model_cases import MOE_MODELS, NEW_ARCH_MODELS
 
 # the kernels' tiling is tests/kernels' other tests': here one tile where the models allow
@@ -47,6 +47,9 @@ CASES = {
     # (blocks of one slot), which also hold the indexer's keys, the queries padded with zeros
     # against them (within top_k, the dense kernels: tests/shard/test_sparse_attention.py)
     "deepseek_v32_sparse_attention": {},
+    # Mistral Large 4: the same past top_k over layers with and without rotary dims (a NoPE
+    # layer's rows are the latent and the indexer key alone), queries scaled by position
+    "mistral_large4_sparse_nope": {},
     # Gemma 4: global layers of 128-dim heads (values their keys, one KV head) beside 64-dim
     # sliding ones; experts beside the dense MLP. And the small models' per-layer embeddings
     # and layers attending over earlier layers' caches.
@@ -117,7 +120,8 @@ def checkpoints(tmp_path_factory):
             # its rotary width
             overrides.pop("head_dim")
             overrides["rope_parameters"] = _longrope(overrides["rope_parameters"])
-        if architecture == "FalconForCausalLM":  # head_dim is hidden / heads, never configured
+        if architecture in ("FalconForCausalLM", "MistralLarge4ForConditionalGeneration"):
+            # head_dim is hidden / heads (Mistral Large 4's: its rotary width), not configured
             overrides.pop("head_dim")
         built[name] = build_model(tmp_path_factory.mktemp(name), architecture, **overrides)
     return built
@@ -125,13 +129,11 @@ def checkpoints(tmp_path_factory):
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_greedy_ids_and_logits_equal_transformers(checkpoints, name):
-    from transformers import AutoModelForCausalLM
-
     path = checkpoints[name]
     ours = load_model(
         path, dtype=torch.float32, device=DEVICE, dist=Distributed(), attention="triton"
     )
-    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ref = reference(path)
     gen = torch.Generator().manual_seed(2)
     batch = [torch.randint(3, ours.vocab_size, (n,), generator=gen) for n in (21, 37)]
     logits, tokens = run_paged(ours, [p.to(DEVICE) for p in batch], STEPS, seed=4)

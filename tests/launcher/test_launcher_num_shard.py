@@ -141,6 +141,19 @@ def test_mamba1_channels_split(tmp_path):
         check_num_shard(3, jamba, None, gpus(0))
 
 
+def test_kda_heads_split(tmp_path):
+    """Kimi Linear's KDA heads: as transformers saves them, or in Moonshot's nested config."""
+    saved = model(tmp_path, model_type="kimi_linear", num_attention_heads=8, linear_num_heads=6)
+    check_num_shard(2, saved, None, gpus(0))
+    with pytest.raises(ShardCountError, match=r"--num-shard 4 .* 6 Kimi Delta Attention heads"):
+        check_num_shard(4, saved, None, gpus(0))
+    released = tmp_path / "released"
+    released.mkdir()
+    model(released, num_attention_heads=32, linear_attn_config={"num_heads": 12})
+    with pytest.raises(ShardCountError, match=r"heads \(linear_attn_config\.num_heads in"):
+        check_num_shard(8, released, None, gpus(0))
+
+
 def test_a_config_without_head_counts_is_left_to_the_shard(tmp_path):
     check_num_shard(3, model(tmp_path), None, gpus(0))
     check_num_shard(3, tmp_path / "missing", None, gpus(0))

@@ -19,7 +19,7 @@ from router.limits import ConfigError
 from router.speculation.config import SpeculativeConfig
 from tests.router.harness import real_router_env
 from tests.shard.servicer_helpers import greedy_reference, start_service
-from tests.shard.tiny_model_cases import NEW_ARCH_MODELS
+from tests.shard.tiny_model_cases import MOE_MODELS, NEW_ARCH_MODELS
 
 MAX_NEW = 6
 
@@ -36,10 +36,11 @@ MAX_NEW = 6
         "falcon_h1_parallel_hybrid",  # a Mamba state and K/V in every layer
         "mamba2_pure",  # no attention at all: no K/V, a state in every layer
         "falcon_mamba_bcdt_norms",  # Mamba 1: a state per inner channel in every layer
+        "kimi_linear_kda_nope_mla",  # KDA: a decay per key channel, beside latent attention
     ],
 )
 def model_dir(request, tmp_path_factory):
-    architecture, overrides = NEW_ARCH_MODELS[request.param]
+    architecture, overrides = {**NEW_ARCH_MODELS, **MOE_MODELS}[request.param]
     return build_model(tmp_path_factory.mktemp(request.param), architecture, **overrides)
 
 

@@ -208,3 +208,21 @@ def assert_serves_as_reference(path, reference_dir, steps: int = 3, atol: float 
     batch = [torch.randint(3, ours.vocab_size, (n,), generator=gen) for n in (21, 37)]
     logits, tokens = run_paged(ours, batch, steps, seed=4)
     assert_every_step_equals_reference(ref, batch, logits, tokens, atol=atol)
+
+
+def reference(path, dtype: torch.dtype = torch.float32):  # type: ignore[no-untyped-def]
+    """transformers' own model of the checkpoint at `path`, in `dtype`: by the auto class that maps
+    it (a vision-language wrapper AutoModelForCausalLM does not map, Mistral 3's, by
+    AutoModelForImageTextToText; an audio one neither auto class does, Voxtral's: its own)."""
+    import json
+
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    for auto in (AutoModelForCausalLM, AutoModelForImageTextToText):
+        try:
+            return auto.from_pretrained(path, dtype=dtype).eval()
+        except ValueError:
+            pass
+    (architecture,) = json.loads((path / "config.json").read_text())["architectures"]
+    return getattr(transformers, architecture).from_pretrained(path, dtype=dtype).eval()

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from switchyard_pb import generate_pb2 as pb
+from tests.shard.paged_helpers import reference as reference_model
 from tests.shard.servicer_helpers import (
     AbortError,
     BlockPool,
@@ -41,6 +42,7 @@ ARCHITECTURES = [
     "deepseek_v3_mla",  # the latent cache read back chunk after chunk, YaRN past 16 positions
     # DeepSeek-V3.2: each chunk's tokens choose among the indexer keys earlier chunks stored
     "deepseek_v32_sparse_attention",
+    "mistral_large4_sparse_nope",  # a NoPE layer's narrower rows, the indexer's own input norm
     # Mamba 2 layers: each chunk's conv and scan start from the state the last chunk left
     "granite4_hybrid_dense_nope",
     "lfm2_short_conv_hybrid",  # LFM2's short convolutions: each chunk from the last's inputs
@@ -56,6 +58,10 @@ ARCHITECTURES = [
     # Jamba's beside attention's K/V and experts
     "falcon_mamba_bcdt_norms",
     "jamba_mamba1_attention_experts",
+    # KDA: each chunk's conv and per-channel delta rule from the states the last chunk left,
+    # beside latent attention's K/V read back
+    "kimi_linear_kda_nope_mla",
+    "bailing_hybrid_kda_gated_mla",
     "starcoder2_biased_sliding",  # biased LayerNorms, a 7-token window in every layer
     "phi_qk_layernorm_tied",  # parallel layers, q/k LayerNorms, partial rotary, a head bias
 ]
@@ -63,11 +69,8 @@ ARCHITECTURES = [
 
 @pytest.fixture(scope="module", params=ARCHITECTURES)
 def architecture(request, tiny_model):
-    from transformers import AutoModelForCausalLM
-
     path = tiny_model(request.param)
-    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    return start_warm_service(path), reference
+    return start_warm_service(path), reference_model(path)
 
 
 def _collect(got: dict[int, list[int]], generations) -> set[int]:

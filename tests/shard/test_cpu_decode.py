@@ -52,9 +52,11 @@ pytestmark = pytest.mark.skipif(
     + ["olmoe_projection_norms", "granite_moe_multipliers", "dots1_grouped_sliding"]
     + ["solar_open_grouped", "granite_moe_swa_shared", "exaone_moe_grouped_nope"]
     + ["flex_olmo_post_norms", "afmoe_gated_nope", "granite_moe_shared"]
-    + ["hunyuan_moe_shared", "deepseek_v32_sparse_attention"]
+    + ["hunyuan_moe_shared", "deepseek_v32_sparse_attention", "mistral_large4_sparse_nope"]
     + ["cohere2_moe_shared_average"]  # a parallel layer with experts
     + ["jamba_mamba1_attention_experts"]  # Mamba 1 mixers beside attention and experts
+    # KDA mixers (the module's decode) beside NoPE and head-gated latent attention, experts
+    + ["kimi_linear_kda_nope_mla", "bailing_hybrid_kda_gated_mla"]
     # softplus gates (a head's, a head dim's) over each layer's own number of query heads
     + ["laguna_head_counts_softcapped", "laguna_per_element_stacked"]
     + ["mellum_sliding_dense_first"],

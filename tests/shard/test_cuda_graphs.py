@@ -141,6 +141,7 @@ CASES = [
     # DeepSeek Sparse Attention: captured steps always choose (and attend over the chosen rows)
     # from the static block tables; eager ones past top_k likewise, within it densely
     ("deepseek_v32_sparse_attention", "torch"),
+    ("mistral_large4_sparse_nope", "torch"),  # the position scales from the static positions
 ]
 
 

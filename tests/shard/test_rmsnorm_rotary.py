@@ -110,7 +110,7 @@ def test_rotary_of_fused_qkv_views_matches_llama_bit_for_bit(dtype, rotary_path)
     # same rounding) and exactly what rotating separate copies gives.
     config = LlamaConfig(hidden_size=9 * 64, num_attention_heads=9, num_key_value_heads=3)
     ours = RotaryEmbedding(RopeConfig.from_config_dict(config.to_dict(), 64), torch.device("cpu"))
-    layout = SimpleNamespace(head_dim=64, num_heads=9, num_kv_heads=3)
+    layout = SimpleNamespace(head_dim=64, value_head_dim=64, num_heads=9, num_kv_heads=3)
     torch.manual_seed(1)
     positions = torch.tensor([0, 3, 17, 100, 511])
     fused = (torch.randn(5, (9 + 2 * 3) * 64) * 4).to(dtype)
@@ -132,7 +132,7 @@ def test_fused_qkv_views_are_one_joint_view_at_any_token_count(tokens):
     in-place Triton kernel instead of some eight torch ops a layer). With one token, view()
     gives q and k different strides between tokens: those are never read, and must not count
     (a batch-1 decode step on a GPU took the torch ops in every layer)."""
-    layout = SimpleNamespace(head_dim=64, num_heads=9, num_kv_heads=3)
+    layout = SimpleNamespace(head_dim=64, value_head_dim=64, num_heads=9, num_kv_heads=3)
     fused = torch.randn(tokens, (9 + 2 * 3) * 64)
     q, k, _ = QKVParallelLinear.split(layout, fused)  # type: ignore[arg-type]
     joint = _joint_heads(q, k)

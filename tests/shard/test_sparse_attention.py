@@ -26,6 +26,7 @@ from tests.shard.tiny_model_cases import MOE_MODELS
 CPU = torch.device("cpu")
 V32 = "deepseek_v32_sparse_attention"
 GLM5 = "glm_moe_dsa_shared_choice"
+ML4 = "mistral_large4_sparse_nope"
 
 
 def _load(path, dtype=torch.float32):
@@ -37,7 +38,7 @@ def _prompts(vocab: int) -> list[torch.Tensor]:
     return [torch.randint(3, vocab, (n,), generator=gen) for n in (21, 37)]
 
 
-@pytest.mark.parametrize("name", [V32, GLM5])
+@pytest.mark.parametrize("name", [V32, GLM5, ML4])
 def test_the_choice_changes_what_the_model_computes(tiny_model, name):
     """The test prompts run past top_k: attending over every position instead of the chosen
     ones moves the logits far beyond the comparisons' tolerance, so equality with transformers
@@ -66,7 +67,7 @@ def test_cache_rows_carry_the_indexer_keys_on_layers_with_an_indexer(tiny_model)
 
 
 @pytest.mark.parametrize("attention", ["torch", "triton"])
-@pytest.mark.parametrize("name", [V32, GLM5])
+@pytest.mark.parametrize("name", [V32, GLM5, ML4])
 def test_dense_kernels_equal_the_chosen_rows_where_every_position_is_chosen(
     tiny_model, monkeypatch, name, attention
 ):

@@ -57,6 +57,9 @@ MOE_TP = [
     "deepseek_v2_grouped",
     # DeepSeek Sparse Attention: the indexer computed whole on both ranks, which choose alike
     "deepseek_v32_sparse_attention",
+    # Mistral Large 4: its indexer's input norm and position scales whole on both ranks, the
+    # attention's position scales each rank's heads'
+    "mistral_large4_sparse_nope",
     # ERNIE 4.5: the softmax choice with a correction bias, the dense layers' biases
     "ernie4_5_moe_biased_choice",
     # MiniMax-M2: whole-projection q/k norms (their all-reduce) with partial rotary, the
@@ -83,6 +86,11 @@ MOE_TP = [
     "qwen3_5_moe_linear_attention",
     # Qwen3-Next: the fused projections' rows taken per key head group; dense layers between
     "qwen3_next_fused_projections",
+    # Kimi Linear and Ling: KDA's heads split (q, k, v, the gates' and b's rows, the three
+    # convs, dt_bias, A_log and the pools), the low-rank gates' first halves whole on each
+    # rank; latent attention's heads (Ling's gate a head with them), DeepSeek-V3's experts
+    "kimi_linear_kda_nope_mla",
+    "bailing_hybrid_kda_gated_mla",
     # Granite 4.0-H: the Mamba heads split, both ranks reading the one group's B and C, whose
     # gated norm spans the ranks; the experts beside the shared MLP
     "granite4_hybrid_moe",

@@ -595,8 +595,14 @@ MOE_MODELS["qwen3_5_moe_linear_attention"] = (
     "Qwen3_5MoeForCausalLM",
     {"num_hidden_layers": 4, "stacked_experts": True},
 )
-# Qwen3-Next: the same layers with linear attention's projections fused by key head
-# (in_proj_qkvz, in_proj_ba); experts in every other layer, the Hub's per-expert tensors
+# Mistral Large 4 as released (its Pixtral tower beside, Mistral's own tensor names): one
+# q_proj, every query scaled per head by position, the last layer without position encoding,
+# LeRoPE's learned frequencies, an indexer over its own normed input past 12 tokens, Mistral
+# 4's router after a dense first layer, the final logits capped
+MOE_MODELS["mistral_large4_sparse_nope"] = (
+    "MistralLarge4ForConditionalGeneration",
+    {"num_hidden_layers": 4},
+)
 # MiMo-V2-Flash: values narrower than keys (16 under 24) and scaled, the sliding layers with
 # twice the KV heads and sinks, a third of each head rotated at a rope base per layer type; a
 # dense first layer, then DeepSeek-V3's router (scaled 1.5) over experts without a shared one
@@ -623,10 +629,28 @@ MOE_MODELS["lara_mini_single_in_proj"] = (
     "LaraMiniForCausalLM",
     {"num_hidden_layers": 5, "sliding_window": 7},
 )
+# Qwen3-Next: the same layers with linear attention's projections fused by key head
+# (in_proj_qkvz, in_proj_ba); experts in every other layer, the Hub's per-expert tensors
 MOE_MODELS["qwen3_next_fused_projections"] = (
     "Qwen3NextForCausalLM",
     {"num_hidden_layers": 4, "decoder_sparse_step": 2},
 )
+# Kimi Linear: Kimi Delta Attention (4 heads of 16, a decay per key channel, low-rank forget
+# and output gates, q/k/v convs) around a NoPE latent attention layer; DeepSeek-V3's router
+# over 8 experts in 2 groups beside a shared expert, the first layer dense
+MOE_MODELS["kimi_linear_kda_nope_mla"] = (
+    "KimiLinearForCausalLM",
+    {"num_hidden_layers": 3,
+     "layer_types": ["linear_attention", "full_attention", "linear_attention"]},
+)  # fmt: skip
+# Ling/Ring hybrid: KDA with full-rank gates, the forget gate bounded (kda_safe_gate) and its
+# convs in float32, around latent attention with interleaved rotary, queries through a
+# 48-wide bottleneck and a sigmoid gate a head; experts after a dense first layer
+MOE_MODELS["bailing_hybrid_kda_gated_mla"] = (
+    "BailingHybridForCausalLM",
+    {"num_hidden_layers": 3, "q_lora_rank": 48,
+     "layer_types": ["linear_attention", "full_attention", "linear_attention"]},
+)  # fmt: skip
 MOE_MODELS["gpt_oss_sinks_clamped"] = (
     "GptOssForCausalLM",
     {"intermediate_size": 96, "sliding_window": 7, "swiglu_limit": 0.3},
