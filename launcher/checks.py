@@ -237,6 +237,9 @@ def _text_config(model_dir: Path) -> dict[str, Any] | None:
         return None
     if not isinstance(config, dict):
         return None
+    # Qwen3-Omni keeps its thinker's inside thinker_config
+    thinker = config.get("thinker_config")
+    config = thinker if isinstance(thinker, dict) else config
     config = config.get("text_config", config)  # multimodal wrappers keep the LM's config inside
     return config if isinstance(config, dict) else None
 

@@ -82,6 +82,14 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "GptOssForCausalLM": ("shard.models.gpt_oss", "GptOssForCausalLM"),
     "Qwen2MoeForCausalLM": ("shard.models.qwen2_moe", "Qwen2MoeForCausalLM"),
     "Qwen3MoeForCausalLM": ("shard.models.qwen3_moe", "Qwen3MoeForCausalLM"),
+    "Qwen3OmniMoeForConditionalGeneration": (
+        "shard.models.qwen3_omni",
+        "Qwen3OmniMoeForConditionalGeneration",
+    ),
+    "Qwen3OmniMoeThinkerForConditionalGeneration": (
+        "shard.models.qwen3_omni",
+        "Qwen3OmniMoeThinkerForConditionalGeneration",
+    ),
     "Qwen3VLMoeForConditionalGeneration": (
         "shard.models.qwen3_moe",
         "Qwen3VLMoeForConditionalGeneration",
