@@ -34,6 +34,7 @@ def attend(
     sinks: torch.Tensor | None = None,
     store: bool = True,
     chunk: int | None = None,
+    alibi: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Stores the step's new K/V (unless `store` is False: another layer's, already in the
     cache this layer reads, Gemma 4's KV sharing), then attends each token over its sequence's
@@ -41,20 +42,24 @@ def attend(
     layer, or over the positions of its own chunk of `chunk` (Llama 4's local layers); with
     `softcap`, each scaled score s becomes softcap * tanh(s / softcap) before the mask and the
     softmax (Gemma 2); with `sinks` ([query heads] float32, gpt-oss), each head's softmax
-    denominator also counts exp(sinks[h]), a logit with no value."""
+    denominator also counts exp(sinks[h]), a logit with no value; with `alibi` ([query heads]
+    float32 slopes, BLOOM, MPT), head h adds alibi[h] * (key position - query position) to each
+    (capped) score before the mask."""
     softcap = softcap or None  # 0 means off, as the kernels take it: one spelling from here on
     if torch.compiler.is_compiling():  # --compile: one opaque op reading the step's metadata
         assert _graph_attend is not None, "a traced attend needs --compile's op registered"
         # (its op always stores: for a layer reading another's K/V, the same values again)
-        return _graph_attend(q, k, v, kv_cache, scale, window, softcap, sinks, chunk)
+        return _graph_attend(q, k, v, kv_cache, scale, window, softcap, sinks, chunk, alibi)
     if store:
         backend.store_kv(k, v, kv_cache, meta.slot_mapping)
     if isinstance(meta, AttentionMetadata):
         if meta.is_prefill:
             return backend.prefill(
-                q, k, v, kv_cache, meta, scale, window, softcap, sinks, chunk=chunk
+                q, k, v, kv_cache, meta, scale, window, softcap, sinks, chunk=chunk, alibi=alibi
             )
-        return backend.decode(q, kv_cache, meta, scale, window, softcap, sinks, chunk=chunk)
+        return backend.decode(
+            q, kv_cache, meta, scale, window, softcap, sinks, chunk=chunk, alibi=alibi
+        )
     n = meta.num_prefill_tokens
     parts = []
     if meta.prefill is not None:
@@ -70,12 +75,16 @@ def attend(
                 softcap,
                 sinks,
                 chunk=chunk,
+                alibi=alibi,
             )  # fmt: skip
         )
     if meta.decode is not None:
         parts.append(
-            backend.decode(q[n:], kv_cache, meta.decode, scale, window, softcap, sinks, chunk=chunk)
-        )
+            backend.decode(
+                q[n:], kv_cache, meta.decode, scale, window, softcap, sinks, chunk=chunk,
+                alibi=alibi,
+            )
+        )  # fmt: skip
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
@@ -92,7 +101,11 @@ class AttentionBackend(Protocol):
 
     `sinks`: None, or [query heads] float32 (gpt-oss's attention sinks): query head h's softmax
     denominator also counts exp(sinks[h]), a logit used as it is (not scaled, not capped) that
-    has no value vector: p_j = exp(s_j) / (sum_i exp(s_i) + exp(sinks[h]))."""
+    has no value vector: p_j = exp(s_j) / (sum_i exp(s_i) + exp(sinks[h])).
+
+    `alibi` (keyword): None, or [query heads] float32 slopes (ALiBi: BLOOM, MPT): query head h
+    at position p adds alibi[h] * (j - p) to its score for the key at position j, after the cap
+    and before the mask and the softmax. A backend must honour it on every path, or refuse."""
 
     def store_kv(
         self,
@@ -115,6 +128,7 @@ class AttentionBackend(Protocol):
         sinks: torch.Tensor | None = None,
         *,
         chunk: int | None = None,
+        alibi: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
 
     def decode(
@@ -128,6 +142,7 @@ class AttentionBackend(Protocol):
         sinks: torch.Tensor | None = None,
         *,
         chunk: int | None = None,
+        alibi: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
 
 

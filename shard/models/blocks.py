@@ -5,7 +5,7 @@ A model file names its checkpoint tensors (a `Names` table) and maps its config.
 - `Attention`: fused q/k/v (three checkpoint tensors or one fused), optional q/k norms of the
   model's norm kind, rotary per layer (its own base and scaling, partial rotary), a sliding
   window per layer, the query scale, attention-logit soft-capping, q/k/v and o biases, q/k/v
-  clamped (OLMo's clip_qkv); or
+  clamped (OLMo's clip_qkv), ALiBi's per-head linear biases (BLOOM, MPT); or
   with `ModelConfig.mla`, `LatentAttention` (shard/models/latent_attention.py: DeepSeek's
   multi-head latent attention, caching one latent vector a token; with `MlaConfig.indexer`
   `SparseLatentAttention`, shard/models/sparse_attention.py: DeepSeek Sparse Attention, each
@@ -110,6 +110,7 @@ class Attention(nn.Module):
         value_norm: RMSNorm | None = None,
         clip_qkv: float | None = None,
         value_scale: float | None = None,
+        alibi: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
         self.qkv_proj = qkv_proj
@@ -139,6 +140,8 @@ class Attention(nn.Module):
         self.reads: SharedKV | None = None
         # this rank's heads' sink logits, float32 [heads] (gpt-oss), or None
         self.register_buffer("sinks", sinks, persistent=False)
+        # this rank's heads' ALiBi slopes, float32 [heads] (BLOOM, MPT), or None
+        self.register_buffer("alibi", alibi, persistent=False)
 
     values_are_keys = False  # the cache holds keys and values apart
 
@@ -217,6 +220,10 @@ class Attention(nn.Module):
         if config.sinks_in(layer):
             name = names.one("sinks")
             sinks = weights.get_range(name, 0, first, last, stored_dtype=True).float()
+        alibi = None
+        if config.alibi_slopes:  # this rank's heads' slopes (ModelConfig.alibi_slopes)
+            slopes = config.alibi_slopes[first:last]
+            alibi = torch.tensor(slopes, dtype=torch.float32, device=weights.device)
         gate = None
         if config.attention_gate_activation not in OUTPUT_GATE_ACTIVATIONS:
             raise ValueError(
@@ -249,6 +256,7 @@ class Attention(nn.Module):
             value_norm=value_norm,
             clip_qkv=config.clip_qkv,
             value_scale=config.value_scale,
+            alibi=alibi,
         )
 
     def clipped(self, qkv: torch.Tensor) -> torch.Tensor:
@@ -287,7 +295,7 @@ class Attention(nn.Module):
         q = self.scale_queries(q, positions)
         out = attend(
             self.backend, q, k, v, kv_cache, meta, self.scale, self.window, self.softcap,
-            self.sinks, store=self.reads is None, chunk=self.chunk,
+            self.sinks, store=self.reads is None, chunk=self.chunk, alibi=self.alibi,
         )  # fmt: skip
         out = out[..., : self.qkv_proj.value_head_dim]  # (the padding's outputs are zeros)
         return self.o_proj(self.gated(out.flatten(1), hidden))

@@ -408,6 +408,9 @@ class ModelConfig:
     # the layers that have those sinks where only some do (MiMo-V2-Flash's sliding layers);
     # empty: every layer, with attention_sinks
     sink_layers: tuple[bool, ...] = ()
+    # ALiBi's slope of every query head (BLOOM's, MPT's: shard/layers/alibi.py): head h adds
+    # slope * (key position - query position) to its scores; empty: no ALiBi
+    alibi_slopes: tuple[float, ...] = ()
     # values narrower than queries and keys (MiMo-V2-Flash's v_head_dim); None: head_dim. The
     # cache keeps them zero-padded to head_dim, so every kernel attends as it does
     value_head_dim: int | None = None

@@ -136,6 +136,9 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "NemotronForCausalLM": ("shard.models.nemotron", "NemotronForCausalLM"),
     "OlmoForCausalLM": ("shard.models.olmo", "OlmoForCausalLM"),
     "GPTNeoXForCausalLM": ("shard.models.gpt_neox", "GPTNeoXForCausalLM"),
+    # ALiBi instead of rotary (attention's per-head linear biases)
+    "BloomForCausalLM": ("shard.models.bloom", "BloomForCausalLM"),
+    "MptForCausalLM": ("shard.models.mpt", "MptForCausalLM"),
     "GPTBigCodeForCausalLM": ("shard.models.gpt_bigcode", "GPTBigCodeForCausalLM"),
     "OPTForCausalLM": ("shard.models.opt", "OPTForCausalLM"),
     "GPT2LMHeadModel": ("shard.models.gpt2", "GPT2LMHeadModel"),

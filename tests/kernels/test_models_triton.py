@@ -25,6 +25,7 @@ STEPS = 3
 # The kernels' head sizes start at 64 (tests/kernels/kernel_cases.py HEAD_DIMS): two heads of
 # 64 over a hidden size of 128, otherwise each case's own overrides.
 SHAPE = {"hidden_size": 128, "num_attention_heads": 2, "head_dim": 64}
+ALIBI_HEADS = {"hidden_size": 192, "num_attention_heads": 3, "num_key_value_heads": 3}
 CASES = {
     "gemma2_softcap_alternating": {"num_key_value_heads": 1, "query_pre_attn_scalar": 48},
     "gemma3_qk_norm_local_rope": {"num_key_value_heads": 1},
@@ -67,6 +68,10 @@ CASES = {
     "gpt2_conv1d": {"n_embd": 128, "n_head": 2},
     # OPT: the kernels without rotary, learned positions two rows into their table
     "opt_learned_positions": {"word_embed_proj_dim": 128},  # the embedding as wide
+    # ALiBi in both kernels: three heads of 64 (BLOOM's slopes for a count that is not a power
+    # of two; MPT's clamped q/k/v and softmax_scale)
+    "bloom_alibi_six_heads": ALIBI_HEADS,
+    "mpt_alibi_clip_scale": ALIBI_HEADS,
     # Falcon-H1: the kernels' attention beside a Mamba 2 mixer in every layer
     "falcon_h1_parallel_hybrid": {"num_key_value_heads": 1},
     # LFM3: the kernels' sliding and full layers (proportional rope), each head's output gated

@@ -120,6 +120,9 @@ NORMS_IN_ALL = {
     # 7B's; weight and bias each
     "falcon_grouped_two_norms": 2 * (2 * 2 + 1),
     "falcon_multi_query_one_norm": 2 * (1 * 2 + 1),
+    # two a layer and the final one, weight and bias each, and the embeddings' LayerNorm
+    "bloom_alibi_six_heads": 2 * (2 * 2 + 1 + 1),
+    "mpt_alibi_clip_scale": 2 * 2 + 1,  # LayerNorms without a bias
 }
 # Overrides that transformers' config turns into another field on save: (that field, how to
 # find the value in it)
@@ -213,18 +216,23 @@ def test_config_round_trips_the_overrides(built, name):
     architecture, overrides = NEW_ARCH_MODELS[name]
     path = built(name)
     raw = json.loads((path / "config.json").read_text())  # what the server reads
-    loaded = AutoConfig.from_pretrained(path).to_dict()
+    config = AutoConfig.from_pretrained(path)
+    loaded = config.to_dict()
     for key, value in overrides.items():
         if key in CONVERTED:
             field, holds = CONVERTED[key]
             assert holds(raw[field], value) and holds(loaded[field], value), (key, raw[field])
             continue
+        key = config.attribute_map.get(key, key)  # stored under the class's own name (n_head)
         assert _contains(raw[key], value), (key, raw[key])
         assert _contains(loaded[key], value), (key, loaded[key])
     assert raw["architectures"] == [architecture] and raw["pad_token_id"] is None
-    # rotary tables stay small (GPT-2's name for it: n_positions; pure Mamba has none)
-    if architecture not in ("Mamba2ForCausalLM", "MambaForCausalLM", "FalconMambaForCausalLM"):
-        assert raw.get("max_position_embeddings", raw.get("n_positions")) <= 512
+    # rotary tables stay small (GPT-2's name for it: n_positions, MPT's max_seq_len; pure Mamba
+    # and BLOOM have none)
+    unbounded = ("Mamba2ForCausalLM", "MambaForCausalLM", "FalconMambaForCausalLM")
+    if architecture not in (*unbounded, "BloomForCausalLM"):
+        limit = raw.get("max_position_embeddings", raw.get("n_positions", raw.get("max_seq_len")))
+        assert limit <= 512
 
 
 @pytest.mark.parametrize("name", sorted(NEW_ARCH_MODELS))

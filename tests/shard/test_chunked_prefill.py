@@ -64,6 +64,9 @@ ARCHITECTURES = [
     "bailing_hybrid_kda_gated_mla",
     "starcoder2_biased_sliding",  # biased LayerNorms, a 7-token window in every layer
     "phi_qk_layernorm_tied",  # parallel layers, q/k LayerNorms, partial rotary, a head bias
+    # ALiBi: each chunk's queries biased by their distance to the earlier chunks' keys
+    "bloom_alibi_six_heads",
+    "mpt_alibi_clip_scale",
 ]
 
 

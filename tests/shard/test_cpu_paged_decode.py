@@ -78,8 +78,9 @@ def test_kernel_equals_float64_attention(dtype, heads, kv_heads, dim, window, co
     scale = dim**-0.5
     kernel = paged_decode_kernel()
     out = kernel(
-        q, cache[0], cache[1], meta.block_tables, meta.context_lens, scale, window or 0, 0.0, None
-    )
+        q, cache[0], cache[1], meta.block_tables, meta.context_lens, scale, window or 0, 0.0, None,
+        None,
+    )  # fmt: skip
     assert out.dtype == dtype and out.shape == q.shape
     want = _reference(q, keys, values, scale, window)
     tol = TOL[dtype]
@@ -103,7 +104,7 @@ def test_kernel_soft_caps_as_float64_attention(dtype, heads, kv_heads, dim, wind
     scale, softcap = 0.5, 3.0
     kernel = paged_decode_kernel()
     args = (q, cache[0], cache[1], meta.block_tables, meta.context_lens, scale, window or 0)
-    out = kernel(*args, softcap, None)
+    out = kernel(*args, softcap, None, None)
     want = _reference(q, keys, values, scale, window, softcap)
     tol = TOL[dtype]
     torch.testing.assert_close(out.double(), want, atol=tol, rtol=tol)
@@ -111,7 +112,9 @@ def test_kernel_soft_caps_as_float64_attention(dtype, heads, kv_heads, dim, wind
     multi = [i for i, n in enumerate(contexts) if min(n, window or n) > 1]  # one key: weight 1
     assert (want - uncapped)[multi].abs().max() > 20 * tol
     # 0: no cap, the plain scores as before.
-    torch.testing.assert_close(kernel(*args, 0.0, None).double(), uncapped, atol=tol, rtol=tol)
+    torch.testing.assert_close(
+        kernel(*args, 0.0, None, None).double(), uncapped, atol=tol, rtol=tol
+    )
 
 
 @needs_kernel
@@ -134,7 +137,7 @@ def test_kernel_counts_sinks_as_float64_attention(dtype, heads, kv_heads, dim, w
     scale = 0.5
     kernel = paged_decode_kernel()
     args = (q, cache[0], cache[1], meta.block_tables, meta.context_lens, scale, window or 0)
-    out = kernel(*args, softcap, sinks)
+    out = kernel(*args, softcap, sinks, None)
     cap = softcap or None
     want = _reference(q, keys, values, scale, window, cap, sinks)
     tol = TOL[dtype]
@@ -143,7 +146,7 @@ def test_kernel_counts_sinks_as_float64_attention(dtype, heads, kv_heads, dim, w
     flipped = _reference(q, keys, values, scale, window, cap, sinks.flip(0))
     assert (want - flipped).abs().max() > 20 * tol
     with pytest.raises(RuntimeError, match=r"sinks must be float32 \[heads\]"):
-        kernel(*args, softcap, sinks[1:])
+        kernel(*args, softcap, sinks[1:], None)
 
 
 @needs_kernel
@@ -156,7 +159,7 @@ def test_backend_decode_runs_the_kernel_and_is_no_less_exact_than_its_torch_path
     native = backend.decode(q_strided, cache, meta, scale)
     kernel = paged_decode_kernel()
     direct = kernel(
-        q, cache[0], cache[1], meta.block_tables, meta.context_lens, scale, 0, 0.0, None
+        q, cache[0], cache[1], meta.block_tables, meta.context_lens, scale, 0, 0.0, None, None
     )
     assert torch.equal(native, direct)
     sdpa = TorchAttentionBackend(native=False).decode(q_strided, cache, meta, scale)
@@ -175,7 +178,7 @@ def test_kernel_refuses_what_it_cannot_read():
     kernel = paged_decode_kernel()
 
     def call(q=q, tables=meta.block_tables, lens=meta.context_lens, softcap=0.0):
-        return kernel(q, cache[0], cache[1], tables, lens, 1.0, 0, softcap, None)
+        return kernel(q, cache[0], cache[1], tables, lens, 1.0, 0, softcap, None, None)
 
     with pytest.raises(RuntimeError, match="share a dtype"):
         call(q=q.bfloat16())
@@ -201,7 +204,7 @@ def test_q_may_be_a_view_into_the_fused_qkv_rows(batch, dim):
     fused[:, :4] = q
     view = fused[:, :4]
     assert view.stride(0) == 8 * dim  # rows as far apart as the fused rows
-    args = (cache[0], cache[1], meta.block_tables, meta.context_lens, 0.3, 0, 0.0, None)
+    args = (cache[0], cache[1], meta.block_tables, meta.context_lens, 0.3, 0, 0.0, None, None)
     got = kernel(view, *args)
     assert got.is_contiguous() and torch.equal(got, kernel(q, *args))
     with pytest.raises(RuntimeError, match="heads contiguous"):

@@ -198,6 +198,9 @@ MODELS = [
     "gpt_bigcode_per_head_qkv",
     "opt_learned_positions",  # OPT's positions table whole on each rank, q/k/v biases split
     "gpt2_conv1d",  # GPT-2's Conv1D weights: each rank's rows read as columns, transposed
+    # ALiBi: each rank its 3 heads' slopes (BLOOM's last two the odd in-between ones)
+    "bloom_alibi_six_heads",
+    "mpt_alibi_clip_scale",
     "nanochat_reverse_rope",  # weightless norms, the reversed rotary on each rank's heads
     # Falcon's q/k/v grouped by KV head: each rank its groups' query heads, keys and values
     "falcon_grouped_two_norms",

@@ -394,6 +394,22 @@ NEW_ARCH_MODELS["gpt_neox_sequential"] = (
     "GPTNeoXForCausalLM",
     {"num_key_value_heads": 4, "use_parallel_residual": False},
 )
+# BLOOM: ALiBi, no rotary; 6 heads (not a power of two: the last two take BLOOM's in-between
+# slopes 0.5 and 0.125, the largest), 3 a rank; the embeddings' LayerNorm, q/k/v fused by head,
+# biases everywhere, the tanh-gelu MLP, the tied head
+NEW_ARCH_MODELS["bloom_alibi_six_heads"] = (
+    "BloomForCausalLM",
+    {"hidden_size": 96, "num_attention_heads": 6, "num_key_value_heads": 6},
+)
+# MPT: ALiBi over 6 heads (MPT's slopes 2^(-8i/8) for i = 2, 4, 6, 8 then 1, 3: the power of
+# two above, odd-indexed first), q/k/v clamped to +-0.5 (about their spread), softmax_scale 0.2
+# for head_dim 16's
+# 0.25, bias-free linears and LayerNorms, the gelu MLP, the tied head
+NEW_ARCH_MODELS["mpt_alibi_clip_scale"] = (
+    "MptForCausalLM",
+    {"hidden_size": 96, "num_attention_heads": 6, "num_key_value_heads": 6, "max_seq_len": 256,
+     "attn_config": {"clip_qkv": 0.5, "softmax_scale": 0.2}},
+)  # fmt: skip
 # StarCoder (GPTBigCode): one KV head for every query head (multi_query, q/k/v fused as q rows
 # then k's then v's), learned absolute positions added to the tokens', GPT-2's biased LayerNorms
 # and gelu-tanh MLP, the head tied to wte

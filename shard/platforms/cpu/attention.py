@@ -88,6 +88,23 @@ def _decode_gather_index(
     key = ("torch_decode_index", window, chunk, dtype)
     if key in meta.derived:
         return meta.derived[key]  # type: ignore[return-value]
+    positions, last = _decode_positions(meta, block_size, window, chunk)
+    # A padded position reads the row's own newest slot, written by this very step: its value
+    # is finite whenever the row's own output is, so a zero weight on it adds exactly zero and
+    # no other sequence's (or never-written) slot can leak a NaN into this row.
+    slots = _slots(meta.block_tables, torch.minimum(positions, last), block_size)
+    bias = torch.zeros(positions.shape, dtype=dtype, device=positions.device)
+    bias.masked_fill_(positions > last, float("-inf"))
+    index = (slots.reshape(-1), bias[:, None, None, :])
+    meta.derived[key] = index
+    return index
+
+
+def _decode_positions(
+    meta: AttentionMetadata, block_size: int, window: int | None, chunk: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The positions [B, width] each decode row's gathered keys hold (past the row's context:
+    padding) and each row's query position [B, 1] (`_decode_gather_index` says how wide)."""
     context_lens = meta.context_lens.long()
     if meta.captured:  # no host read: the widest context the block table can hold
         max_ctx = meta.block_tables.shape[1] * block_size
@@ -100,16 +117,19 @@ def _decode_gather_index(
     else:  # the query, at position context_len - 1, sees its chunk from the chunk's start
         first = (context_lens - 1).div_(chunk, rounding_mode="floor").mul_(chunk)
     positions = first[:, None] + torch.arange(width, device=context_lens.device)
-    last = context_lens[:, None] - 1
-    # A padded position reads the row's own newest slot, written by this very step: its value
-    # is finite whenever the row's own output is, so a zero weight on it adds exactly zero and
-    # no other sequence's (or never-written) slot can leak a NaN into this row.
-    slots = _slots(meta.block_tables, torch.minimum(positions, last), block_size)
-    bias = torch.zeros(positions.shape, dtype=dtype, device=positions.device)
-    bias.masked_fill_(positions > last, float("-inf"))
-    index = (slots.reshape(-1), bias[:, None, None, :])
-    meta.derived[key] = index
-    return index
+    return positions, context_lens[:, None] - 1
+
+
+def _decode_distances(
+    meta: AttentionMetadata, block_size: int, window: int | None, chunk: int | None
+) -> torch.Tensor:
+    """ALiBi's key position - query position [B, 1, 1, 1, width] in float32 for each decode
+    row's gathered keys (padding's are masked anyway), once per step, window and chunk."""
+    key = ("torch_decode_distances", window, chunk)
+    if key not in meta.derived:
+        positions, last = _decode_positions(meta, block_size, window, chunk)
+        meta.derived[key] = (positions - last).float()[:, None, None, None, :]
+    return meta.derived[key]  # type: ignore[return-value]
 
 
 def _native_prefill_split(
@@ -152,6 +172,8 @@ class _PrefillSequence:
     stop: int
     prefix_slots: torch.Tensor | None  # cache rows of the cached prefix it reads, if any
     mask: torch.Tensor | None  # [q_len, keys] bool; None: plain causal over its own tokens
+    key_start: int = 0  # the position of its first key read (ALiBi's distances)
+    query_start: int = 0  # ... and of its first query
 
 
 def _prefill_plan(
@@ -194,7 +216,7 @@ def _prefill_plan(
             mask &= k_pos > q_pos - window
         if chunk is not None:
             mask &= k_pos >= q_pos // chunk * chunk
-        plan.append(_PrefillSequence(start, stop, slots, mask))
+        plan.append(_PrefillSequence(start, stop, slots, mask, first, prefix))
     meta.derived[key] = plan
     return plan
 
@@ -207,11 +229,13 @@ def _explicit_attention(
     scale: float,
     softcap: float | None,
     sinks: torch.Tensor | None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Attention written out: scores, cap, mask, softmax, weighted values, all in fp32 (or
+    """Attention written out: scores, cap, bias, mask, softmax, weighted values, all in fp32 (or
     wider) and rounded once. SDPA has no hook between its scores and its softmax, so this is
-    what every soft-capped call (Gemma 2) or call with sinks (gpt-oss) takes that no native
-    kernel does.
+    what every soft-capped call (Gemma 2), call with sinks (gpt-oss) or with ALiBi (BLOOM, MPT)
+    takes that no native kernel does. `bias`: added to the capped scores (ALiBi's), broadcast
+    to them as `seen` is.
 
     q [N, Hkv, G, M, D] (the G query heads sharing each KV head, M query rows each), k and v
     [N, Hkv, n, D]; `seen` boolean, broadcastable to the scores [N, Hkv, G, M, n], True where a
@@ -226,6 +250,8 @@ def _explicit_attention(
     scores = scores.view(n_seq, kv_heads, group, rows, -1)
     if softcap:  # Gemma 2's order: cap the scaled score, then mask, then the softmax.
         scores = scores.div_(softcap).tanh_().mul_(softcap)
+    if bias is not None:
+        scores = scores.add_(bias)
     if seen is not None:
         scores.masked_fill_(~seen, float("-inf"))
     if sinks is None:
@@ -246,10 +272,15 @@ def _explicit_prefill(
     scale: float,
     softcap: float | None,
     sinks: torch.Tensor | None,
+    alibi: torch.Tensor | None = None,
+    key_start: int = 0,
+    query_start: int = 0,
 ) -> torch.Tensor:
     """One sequence's prefill through `_explicit_attention`: q [T, H, D] over its keys k, v
     [n, Hkv, D] (the cached prefix, then its own T tokens), `mask` [T, n] (None: plain causal,
-    n == T), in chunks of queries of at most EXPLICIT_SCORES_PER_CHUNK scores -> [T, H, D]."""
+    n == T), in chunks of queries of at most EXPLICIT_SCORES_PER_CHUNK scores -> [T, H, D].
+    With `alibi` ([H] slopes), the keys are at positions key_start .., the queries at
+    query_start .."""
     tokens, heads, dim = q.shape
     keys, kv_heads = k.shape[0], k.shape[1]
     group = heads // kv_heads
@@ -259,10 +290,17 @@ def _explicit_prefill(
     qh = q.reshape(tokens, kv_heads, group, dim).permute(1, 2, 0, 3)[None]
     kh, vh = k.transpose(0, 1)[None], v.transpose(0, 1)[None]
     out = torch.empty_like(q)
+    distances = slopes = None
+    if alibi is not None:
+        k_pos = torch.arange(key_start, key_start + keys, device=q.device)
+        q_pos = torch.arange(query_start, query_start + tokens, device=q.device)
+        distances = (k_pos[None, :] - q_pos[:, None]).float()
+        slopes = alibi.view(1, kv_heads, group, 1, 1)
     step = max(1, EXPLICIT_SCORES_PER_CHUNK // (heads * keys))
     for a in range(0, tokens, step):
         b = min(tokens, a + step)
-        o = _explicit_attention(qh[..., a:b, :], kh, vh, mask[a:b], scale, softcap, sinks)
+        bias = None if distances is None else slopes * distances[a:b]
+        o = _explicit_attention(qh[..., a:b, :], kh, vh, mask[a:b], scale, softcap, sinks, bias)
         out[a:b] = o[0].permute(2, 0, 1, 3).reshape(b - a, heads, dim)
     return out
 
@@ -309,15 +347,17 @@ class TorchAttentionBackend:
         sinks: torch.Tensor | None = None,
         *,
         chunk: int | None = None,
+        alibi: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Causal attention per packed sequence; a cached prefix (context_lens > query length)
         is read from the cache and comes before the new tokens. With a window, only the part
         of the prefix the first query can see is read. With `softcap`, the native kernels cap
         the scores themselves; the sequences SDPA would take (it cannot cap) take the explicit
-        scores path instead, as every sequence does with `sinks` (no native kernel has them)."""
+        scores path instead, as every sequence does with `sinks` or `alibi` (no native prefill
+        kernel has them)."""
         plan = _prefill_plan(meta, kv_cache.shape[2], window, chunk)
         sequences: list[int] | range = range(len(plan))
-        native = self.native and sinks is None
+        native = self.native and sinks is None and alibi is None
         kernel, cells = _prefill_kernel(q, kv_cache) if native else (None, 0)
         if kernel is not None:
             native, sequences = _native_prefill_split(meta, plan, window, cells, chunk)
@@ -335,10 +375,11 @@ class TorchAttentionBackend:
             if seq.prefix_slots is not None:
                 k_i = torch.cat([keys.index_select(0, seq.prefix_slots).to(k.dtype), k_i])
                 v_i = torch.cat([values.index_select(0, seq.prefix_slots).to(v.dtype), v_i])
-            if softcap or sinks is not None:
+            if softcap or sinks is not None or alibi is not None:
                 out[seq.start : seq.stop] = _explicit_prefill(
-                    q[seq.start : seq.stop], k_i, v_i, seq.mask, scale, softcap, sinks
-                )
+                    q[seq.start : seq.stop], k_i, v_i, seq.mask, scale, softcap, sinks,
+                    alibi, seq.key_start, seq.query_start,
+                )  # fmt: skip
                 continue
             # A leading batch dim of 1: with 4-D inputs torch's CPU SDPA takes its fused
             # flash kernel; 3-D ones fall back to the unfused math path, 2-3x slower for a
@@ -366,6 +407,7 @@ class TorchAttentionBackend:
         sinks: torch.Tensor | None = None,
         *,
         chunk: int | None = None,
+        alibi: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One query per sequence against its context (or its window, or its chunk). On the
         CPU, the native paged kernel (shard/platforms/cpu/native/build.py) where it could be
@@ -373,7 +415,7 @@ class TorchAttentionBackend:
         batched pass: every row gathers the same number of slots and masks the ones it lacks.
         With `softcap`, the kernel caps the scores itself; the batched pass then computes its
         scores explicitly (_explicit_attention) instead of through SDPA, which cannot cap, as
-        it does with `sinks` (the kernel counts them in its softmax).
+        it does with `sinks` or `alibi` (the kernel counts both in its scores).
 
         K/V are gathered with index_select (several times faster than advanced indexing on CPU)
         and handed to SDPA as heads-first strided views of the gathered rows, 4-D, so torch's
@@ -397,6 +439,7 @@ class TorchAttentionBackend:
                 window or 0,
                 softcap or 0.0,
                 sinks,
+                alibi,
             )
         keys, values = _slot_rows(kv_cache)
         flat, mask = _decode_gather_index(meta, kv_cache.shape[2], window, q.dtype, chunk)
@@ -407,8 +450,12 @@ class TorchAttentionBackend:
             gathered = rows.index_select(0, flat).view(batch, -1, num_kv_heads, head_dim)
             return gathered.transpose(1, 2).to(q.dtype)
 
-        if softcap or sinks is not None:
+        if softcap or sinks is not None or alibi is not None:
             group = num_heads // num_kv_heads
+            bias = None
+            if alibi is not None:  # [B, Hkv, G, 1, width]
+                distances = _decode_distances(meta, kv_cache.shape[2], window, chunk)
+                bias = alibi.view(1, num_kv_heads, group, 1, 1) * distances
             # One query row per sequence: [B, Hkv, G, 1, D]; the additive mask's zeros are the
             # positions each row sees, as [B, 1, 1, 1, width] over the scores.
             out = _explicit_attention(
@@ -419,6 +466,7 @@ class TorchAttentionBackend:
                 scale,
                 softcap,
                 sinks,
+                bias,
             )
             return out.reshape(batch, num_heads, head_dim)
         out = F.scaled_dot_product_attention(

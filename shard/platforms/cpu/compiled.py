@@ -62,10 +62,11 @@ _STEP = _Step()
 # step (bench/profile_decode.py --compile: the op's own time fell from 154 to 89 us a call).
 _LIBRARY = torch.library.Library("switchyard", "DEF")
 # window 0: none; softcap 0: none; chunk 0: none (the schema has no optional scalars worth their
-# cost here); sinks: gpt-oss's per-head attention sinks, or None.
+# cost here); sinks: gpt-oss's per-head attention sinks, or None; alibi: ALiBi's per-head
+# slopes (BLOOM, MPT), or None.
 _LIBRARY.define(
     "attend(Tensor q, Tensor k, Tensor v, Tensor(a!) kv_cache, float scale, int window, "
-    "float softcap, Tensor? sinks, int chunk) -> Tensor"
+    "float softcap, Tensor? sinks, int chunk, Tensor? alibi) -> Tensor"
 )
 
 
@@ -79,6 +80,7 @@ def _attend_impl(
     softcap: float,
     sinks: torch.Tensor | None,
     chunk: int,
+    alibi: torch.Tensor | None,
 ) -> torch.Tensor:
     if _STEP.backend is None or _STEP.meta is None:
         raise RuntimeError("switchyard::attend called outside a compiled forward pass")
@@ -89,12 +91,12 @@ def _attend_impl(
     if q.shape[0] == n:
         return attend(
             backend, q, k, v, kv_cache, meta, scale, window or None, cap, sinks,
-            chunk=chunk or None,
+            chunk=chunk or None, alibi=alibi,
         )  # fmt: skip
     out = torch.zeros_like(q)  # a padded one-token step: the pad row attends to nothing
     out[:n] = attend(
         backend, q[:n], k[:n], v[:n], kv_cache, meta, scale, window or None, cap, sinks,
-        chunk=chunk or None,
+        chunk=chunk or None, alibi=alibi,
     )  # fmt: skip
     return out
 
@@ -110,7 +112,7 @@ _LIBRARY.impl("attend", _attend_impl, "CPU")
 
 
 @torch.library.register_fake("switchyard::attend")
-def _(q, k, v, kv_cache, scale, window, softcap, sinks, chunk):  # type: ignore[no-untyped-def]
+def _(q, k, v, kv_cache, scale, window, softcap, sinks, chunk, alibi):  # type: ignore[no-untyped-def]
     return torch.empty_like(q)
 
 
@@ -127,10 +129,11 @@ def _attend_in_graph(
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
     chunk: int | None = None,
+    alibi: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """What `attend` becomes inside the compiled graph (window, softcap, chunk 0: none)."""
     return _attend_op(
-        q, k, v, kv_cache, scale, window or 0, float(softcap or 0.0), sinks, chunk or 0
+        q, k, v, kv_cache, scale, window or 0, float(softcap or 0.0), sinks, chunk or 0, alibi
     )
 
 

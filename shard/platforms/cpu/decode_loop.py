@@ -82,6 +82,7 @@ class _Layer:
     parallel_mlp_norm: Norm | None = None
     # a parallel layer whose two outputs are summed before the stream is added (Phi, GPT-NeoX)
     parallel_outputs_summed: bool = False
+    alibi: torch.Tensor | None = None  # ALiBi's per-head slopes, float32 (BLOOM, MPT)
 
 
 class CpuDecodePath:
@@ -184,7 +185,7 @@ class CpuDecodePath:
                 store_kv(k, v, kv, slots)
                 out = paged_decode(
                     q, kv[0], kv[1], tables, lens, layer.scale, layer.window, layer.softcap,
-                    layer.sinks,
+                    layer.sinks, layer.alibi,
                 )  # fmt: skip
                 flat = out.flatten(1)
                 if layer.output_gate is not None:
@@ -245,6 +246,7 @@ class CpuDecodePath:
             window=attention.window or 0,
             softcap=attention.softcap or 0.0,
             sinks=attention.sinks,
+            alibi=attention.alibi,
             output_gate=_optional_linear(attention.output_gate, lora),
             gate_activation=attention.gate_activation,
         )

@@ -49,13 +49,14 @@ class TritonAttentionBackend:
         sinks: torch.Tensor | None = None,
         *,
         chunk: int | None = None,
+        alibi: torch.Tensor | None = None,
     ) -> torch.Tensor:
         assert meta.cu_seqlens_q is not None, "prefill needs cu_seqlens_q"
         return varlen_prefill(
             q, k, v,
             meta.cu_seqlens_q, meta.cu_seqlens_q, meta.max_seqlen_q, scale,
             kv_cache=kv_cache, block_tables=meta.block_tables, context_lens=meta.context_lens,
-            window=window, softcap=softcap, sinks=sinks, chunk=chunk,
+            window=window, softcap=softcap, sinks=sinks, chunk=chunk, alibi=alibi,
         )  # fmt: skip
 
     def decode(
@@ -69,9 +70,10 @@ class TritonAttentionBackend:
         sinks: torch.Tensor | None = None,
         *,
         chunk: int | None = None,
+        alibi: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return paged_decode(
             q, kv_cache, meta.block_tables, meta.context_lens, scale,
-            window=window, softcap=softcap, sinks=sinks, chunk=chunk,
+            window=window, softcap=softcap, sinks=sinks, chunk=chunk, alibi=alibi,
             split_per_sequence=meta.captured,
         )  # fmt: skip

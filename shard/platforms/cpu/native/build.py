@@ -125,8 +125,9 @@ def unavailable_reason() -> str | None:
 def paged_decode_kernel() -> Callable[..., torch.Tensor] | None:
     """paged_decode(q [B, H, D], k_cache, v_cache [blocks, block_size, Hkv, D], block_tables
     [B, max_blocks] int32, context_lens [B] int32, scale, window (0: none), softcap (0: none;
-    else each scaled score s becomes softcap * tanh(s / softcap), Gemma 2)) -> [B, H, D], all in
-    one dtype (fp32, bf16, fp16); None where it cannot be built (logged once)."""
+    else each scaled score s becomes softcap * tanh(s / softcap), Gemma 2), sinks (None or [H]
+    float32, gpt-oss), alibi (None or [H] float32 slopes: ALiBi, BLOOM, MPT)) -> [B, H, D], all
+    in one dtype (fp32, bf16, fp16); None where it cannot be built (logged once)."""
     return _function("paged_decode")
 
 

@@ -81,6 +81,14 @@ inline void soft_cap(float* s, int64_t n, float cap) {
 #endif
 }
 
+// ALiBi (BLOOM, MPT) over n scores of keys at positions first .. first + n - 1 for the query at
+// `query`, in place: s[i] += slope * (first + i - query), after any cap and before the softmax.
+// Called only for a model with slopes: others pay one pointer test a row.
+inline void add_alibi(float* s, int64_t n, float slope, int64_t first, int64_t query) {
+  const int64_t from = first - query;
+  for (int64_t i = 0; i < n; ++i) s[i] += slope * float(from + i);
+}
+
 // Scores of `group` scaled query rows qf [group, dim] against one key row.
 template <typename T>
 inline void dot_rows(const float* qf, const T* k, int64_t group, int64_t dim, float* out,
@@ -199,7 +207,8 @@ inline void pv_registers(const float* w, const T* vbase, const int64_t* offs, in
 template <int NC, typename T>
 void head_registers(const float* q, const T* kp, const T* vp, int64_t head, const int64_t* offs,
                     int64_t n, int64_t group, float* s, float* out, float* inv,
-                    int64_t prefetch_bytes, float softcap, const float* sinks) {
+                    int64_t prefetch_bytes, float softcap, const float* sinks,
+                    const float* alibi, int64_t first, int64_t query) {
   constexpr int kStep = NC == 4 ? 4 : 2;
   constexpr int64_t dim = NC * 16;
   const T* kbase = kp + head * dim;
@@ -212,6 +221,7 @@ void head_registers(const float* q, const T* kp, const T* vp, int64_t head, cons
   }
   for (int64_t g = 0; g < group; ++g) {
     if (softcap > 0.f) soft_cap(s + g * n, n, softcap);
+    if (alibi) add_alibi(s + g * n, n, alibi[g], first, query);
     inv[g] = 1.f / softmax_numerators(s + g * n, n, sinks ? sinks[g] : kNoSink);
   }
   for (int64_t g0 = 0; g0 < group; g0 += kStep) {
@@ -225,7 +235,8 @@ void head_registers(const float* q, const T* kp, const T* vp, int64_t head, cons
 template <typename T>
 void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
             const at::Tensor& block_tables, const at::Tensor& context_lens, at::Tensor& out,
-            double scale, int64_t window, float softcap, const float* sinks) {
+            double scale, int64_t window, float softcap, const float* sinks,
+            const float* alibi) {
   const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
   const int64_t block_size = k_cache.size(1), kv_heads = k_cache.size(2);
   const int64_t group = heads / kv_heads, max_blocks = block_tables.size(1);
@@ -275,7 +286,8 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
         const int64_t prefetch_bytes = h == 0 ? per_task * dim * int64_t(sizeof(T)) : 0;
         run(qf.data() + at * dim, kp + h0 * dim, vp + h0 * dim, h, offs.data(), n, group,
             scores.data() + at * n, acc.data() + at * dim, inv.data() + at, prefetch_bytes,
-            softcap, sinks ? sinks + h0 * group + at : nullptr);
+            softcap, sinks ? sinks + h0 * group + at : nullptr,
+            alibi ? alibi + h0 * group + at : nullptr, first, ctx - 1);
       }
 #endif
       if (!in_registers) {
@@ -287,6 +299,7 @@ void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
         }
         for (int64_t r = 0; r < rows; ++r) {
           if (softcap > 0.f) soft_cap(scores.data() + r * n, n, softcap);
+          if (alibi) add_alibi(scores.data() + r * n, n, alibi[h0 * group + r], first, ctx - 1);
           const float sink = sinks ? sinks[h0 * group + r] : kNoSink;
           inv[r] = 1.f / softmax_numerators(scores.data() + r * n, n, sink);
         }
@@ -360,10 +373,13 @@ std::string attention_path() {
 
 // softcap: Gemma 2's attention-logit soft-capping of each scaled score (0: none). sinks: None, or
 // gpt-oss's attention sinks, [heads] float32: each query head's softmax counts e^sink too.
+// alibi: None, or ALiBi's slopes, [heads] float32: head h adds alibi[h] * (key position - query
+// position) to each (capped) score.
 at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                         const at::Tensor& block_tables, const at::Tensor& context_lens,
                         double scale, int64_t window, double softcap,
-                        const c10::optional<at::Tensor>& sinks) {
+                        const c10::optional<at::Tensor>& sinks,
+                        const c10::optional<at::Tensor>& alibi) {
   check_paged_inputs("paged_decode", q, k_cache, v_cache, block_tables, context_lens);
   TORCH_CHECK(softcap >= 0, "paged_decode: softcap must be 0 (none) or positive, not ", softcap);
   at::Tensor sink_values;
@@ -373,6 +389,13 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
                     sink_values.size(0) == q.size(1),
                 "paged_decode: sinks must be float32 [heads] (", q.size(1), " heads)");
   }
+  at::Tensor slopes;
+  if (alibi.has_value()) {
+    slopes = alibi->contiguous();
+    TORCH_CHECK(slopes.scalar_type() == at::kFloat && slopes.dim() == 1 &&
+                    slopes.size(0) == q.size(1),
+                "paged_decode: alibi must be float32 [heads] slopes (", q.size(1), " heads)");
+  }
   TORCH_CHECK(block_tables.size(0) == q.size(0) && context_lens.numel() == q.size(0),
               "paged_decode: one block table row and one context length per query row");
   auto tables = block_tables.contiguous();
@@ -381,7 +404,8 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
   auto out = at::empty(q.sizes(), q.options());
   with_dtype(q.scalar_type(), "paged_decode", [&](auto tag) {
     decode<decltype(tag)>(q, k_cache, v_cache, tables, lens, out, scale, window, float(softcap),
-                          sinks.has_value() ? sink_values.data_ptr<float>() : nullptr);
+                          sinks.has_value() ? sink_values.data_ptr<float>() : nullptr,
+                          alibi.has_value() ? slopes.data_ptr<float>() : nullptr);
   });
   return out;
 }

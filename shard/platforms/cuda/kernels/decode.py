@@ -21,6 +21,9 @@ the reduce is unchanged.
 Attention sinks (SINKS, gpt-oss): each query head's sink logit joins its softmax's denominator
 once: unsplit, at the end of the loop against the running max; split, in the reduce, as one
 more part whose log-sum-exp is the sink and whose output is zero.
+
+ALiBi (ALIBI, BLOOM, MPT): each head's scores gain its slope * (key position - query position)
+after the cap; the splits' log-sum-exps are of the biased scores, so the reduce is unchanged.
 """
 
 from __future__ import annotations
@@ -34,7 +37,13 @@ import triton.language as tl
 
 from shard.platforms.cuda.kernels import check_device, dot_options, head_block, interpreting
 from shard.platforms.cuda.kernels.decode_reduce import decode_reduce
-from shard.platforms.cuda.kernels.softmax import attend_tile, check_sinks, score_scales
+from shard.platforms.cuda.kernels.softmax import (
+    alibi_bias,
+    attend_tile,
+    check_alibi,
+    check_sinks,
+    score_scales,
+)
 
 # A split shorter than this spends more on its partial write and the reduce than it saves.
 MIN_TOKENS_PER_SPLIT = 256
@@ -53,6 +62,7 @@ def _paged_decode_kernel(
     part_out_ptr,
     part_lse_ptr,
     sinks_ptr,
+    alibi_ptr,
     scale_log2,
     softcap_log2,
     tokens_per_split,
@@ -82,6 +92,7 @@ def _paged_decode_kernel(
     CHUNKED: tl.constexpr,
     SOFTCAP: tl.constexpr,
     SINKS: tl.constexpr,
+    ALIBI: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
@@ -122,6 +133,9 @@ def _paged_decode_kernel(
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
     head_off = kv_head * stride_c_h + offs_d[None, :] * stride_c_d
+    slopes = tl.zeros([BLOCK_G], dtype=tl.float32)
+    if ALIBI:  # each row's head's slope; the query is at position context_len - 1
+        slopes = tl.load(alibi_ptr + heads, mask=offs_g < GROUP, other=0.0)
     # Every tile starts below `end`, so no tile is fully masked (see attend_tile).
     for start_n in range(start, end, BLOCK_N):
         pos = start_n + offs_n
@@ -131,6 +145,9 @@ def _paged_decode_kernel(
         ptrs = cache_ptr + rows[:, None] + head_off
         k = tl.load(ptrs, mask=valid[:, None] & d_mask, other=0.0)
         v = tl.load(ptrs + stride_c_kv, mask=valid[:, None] & d_mask, other=0.0)
+        bias = None
+        if ALIBI:
+            bias = alibi_bias(slopes[:, None], pos[None, :], context_len - 1)
         m_i, l_i, acc = attend_tile(
             q,
             k,
@@ -145,6 +162,8 @@ def _paged_decode_kernel(
             SOFTCAP=SOFTCAP,
             DOT_PRECISION=DOT_PRECISION,
             DOT_UPCAST=DOT_UPCAST,
+            bias=bias,
+            BIASED=ALIBI,
         )
 
     if NUM_SPLITS == 1:
@@ -220,6 +239,7 @@ def paged_decode(
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
     chunk: int | None = None,
+    alibi: torch.Tensor | None = None,
     num_splits: int | None = None,
     config: DecodeConfig | None = None,
     split_per_sequence: bool = False,
@@ -229,7 +249,8 @@ def paged_decode(
     the query's own chunk (from its position rounded down to a multiple of `chunk`). With
     `softcap` (None or 0: off), each scaled score s becomes softcap * tanh(s / softcap) before
     the softmax (Gemma 2). With `sinks` ([H] float32, gpt-oss), head h's softmax denominator
-    also counts exp(sinks[h]).
+    also counts exp(sinks[h]). With `alibi` ([H] float32 slopes, BLOOM, MPT), head h adds
+    alibi[h] * (key position - query position) to each (capped) score.
 
     `num_splits=None` lets `choose_num_splits` decide. Its context bound is the block table's
     width (or the window, if smaller), known on the host, so deciding costs no device-to-host
@@ -249,6 +270,9 @@ def paged_decode(
     if sinks is not None:
         check_device(sinks)
         check_sinks(sinks, num_heads)
+    if alibi is not None:
+        check_device(alibi)
+        check_alibi(alibi, num_heads)
     group = num_heads // num_kv_heads
     cfg = config or default_decode_config(head_dim)
     max_context = block_tables.shape[1] * cache_block_size
@@ -277,6 +301,7 @@ def paged_decode(
         part_out,
         part_lse,
         q if sinks is None else sinks,  # a dummy where SINKS is compiled out
+        q if alibi is None else alibi,  # likewise where ALIBI is
         scale_log2,
         softcap_log2,
         tokens_per_split,
@@ -298,6 +323,7 @@ def paged_decode(
         CHUNKED=chunk is not None,
         SOFTCAP=bool(softcap),
         SINKS=sinks is not None,
+        ALIBI=alibi is not None,
         **dot_options(q.dtype),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

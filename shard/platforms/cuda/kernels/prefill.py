@@ -24,6 +24,10 @@ Soft-capped layers (SOFTCAP, Gemma 2): every score is capped before the masks an
 Attention sinks (SINKS, gpt-oss): each query head's sink logit joins its softmax's denominator
 once the keys are folded in, 2^(sink log2(e) - m) against the running max m, as if a last key
 without a value; off, the kernel is the same as without the option.
+
+ALiBi (ALIBI, BLOOM, MPT): each score of head h gains slopes[h] * (key position - query
+position) after the cap, in every tile (cached, unmasked and diagonal alike); off, the kernel is
+the same as without the option.
 """
 
 from __future__ import annotations
@@ -35,7 +39,13 @@ import triton
 import triton.language as tl
 
 from shard.platforms.cuda.kernels import check_device, dot_options, head_block, interpreting
-from shard.platforms.cuda.kernels.softmax import attend_tile, check_sinks, score_scales
+from shard.platforms.cuda.kernels.softmax import (
+    alibi_bias,
+    attend_tile,
+    check_alibi,
+    check_sinks,
+    score_scales,
+)
 
 
 @triton.jit
@@ -69,12 +79,14 @@ def _masked_new_keys(
     stride_vt,
     scale_log2,
     softcap_log2,
+    slope,
     BLOCK_N: tl.constexpr,
     SLIDING: tl.constexpr,
     CHUNKED: tl.constexpr,
     SOFTCAP: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
+    ALIBI: tl.constexpr,
 ):
     """Folds in the packed new keys lo .. hi with every mask applied: the causal diagonal, the
     sequence's end and (SLIDING, CHUNKED) the row's first key. Query row m (at position
@@ -90,6 +102,9 @@ def _masked_new_keys(
         if SLIDING or CHUNKED:
             first = _first_seen(prefix + shift + offs_m[:, None], window, CHUNKED)
             seen = seen & (prefix + pos[None, :] >= first)
+        bias = None
+        if ALIBI:
+            bias = alibi_bias(slope, pos[None, :], offs_m[:, None] + shift)
         m_i, l_i, acc = attend_tile(
             q,
             k,
@@ -104,6 +119,8 @@ def _masked_new_keys(
             SOFTCAP=SOFTCAP,
             DOT_PRECISION=DOT_PRECISION,
             DOT_UPCAST=DOT_UPCAST,
+            bias=bias,
+            BIASED=ALIBI,
         )
     return m_i, l_i, acc
 
@@ -120,6 +137,7 @@ def _prefill_kernel(
     cu_seqlens_q_ptr,
     cu_seqlens_k_ptr,
     sinks_ptr,
+    alibi_ptr,
     scale_log2,
     softcap_log2,
     window,
@@ -152,6 +170,7 @@ def _prefill_kernel(
     CHUNKED: tl.constexpr,
     SOFTCAP: tl.constexpr,
     SINKS: tl.constexpr,
+    ALIBI: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
@@ -181,6 +200,9 @@ def _prefill_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    slope = 0.0
+    if ALIBI:
+        slope = tl.load(alibi_ptr + head)
 
     # the cached tokens before the new keys: new key n is at position prefix + n
     prefix = k_len * 0
@@ -204,6 +226,9 @@ def _prefill_kernel(
             if SLIDING or CHUNKED:  # row m is at position prefix + shift + m
                 first = _first_seen(prefix + shift + offs_m[:, None], window, CHUNKED)
                 seen = seen & (pos[None, :] >= first)
+            bias = None
+            if ALIBI:  # against positions relative to the first new key (prefix)
+                bias = alibi_bias(slope, pos[None, :] - prefix, offs_m[:, None] + shift)
             m_i, l_i, acc = attend_tile(
                 q,
                 k,
@@ -218,6 +243,8 @@ def _prefill_kernel(
                 SOFTCAP=SOFTCAP,
                 DOT_PRECISION=DOT_PRECISION,
                 DOT_UPCAST=DOT_UPCAST,
+                bias=bias,
+                BIASED=ALIBI,
             )
 
     k_base = k_ptr + kv_head * stride_kh + offs_d[None, :] * stride_kd
@@ -240,8 +267,8 @@ def _prefill_kernel(
         m_i, l_i, acc = _masked_new_keys(
             q, m_i, l_i, acc, k_base, v_base, first_key, tl.minimum(full_start, diag_end),
             k_start, k_len, shift, prefix, window, offs_m, offs_n, d_mask, stride_kt, stride_vt,
-            scale_log2, softcap_log2, BLOCK_N, SLIDING, CHUNKED, SOFTCAP, DOT_PRECISION,
-            DOT_UPCAST,
+            scale_log2, softcap_log2, slope, BLOCK_N, SLIDING, CHUNKED, SOFTCAP, DOT_PRECISION,
+            DOT_UPCAST, ALIBI,
         )  # fmt: skip
     for start_n in range(full_start, full_end, BLOCK_N):
         rows = (k_start + start_n + offs_n).to(tl.int64)[:, None]
@@ -251,6 +278,9 @@ def _prefill_kernel(
         else:
             k = tl.load(k_base + rows * stride_kt, mask=d_mask, other=0.0)
             v = tl.load(v_base + rows * stride_vt, mask=d_mask, other=0.0)
+        bias = None
+        if ALIBI:
+            bias = alibi_bias(slope, (start_n + offs_n)[None, :], offs_m[:, None] + shift)
         m_i, l_i, acc = attend_tile(
             q,
             k,
@@ -265,11 +295,14 @@ def _prefill_kernel(
             SOFTCAP=SOFTCAP,
             DOT_PRECISION=DOT_PRECISION,
             DOT_UPCAST=DOT_UPCAST,
+            bias=bias,
+            BIASED=ALIBI,
         )
     m_i, l_i, acc = _masked_new_keys(
         q, m_i, l_i, acc, k_base, v_base, tl.maximum(full_end, full_start), diag_end,
         k_start, k_len, shift, prefix, window, offs_m, offs_n, d_mask, stride_kt, stride_vt,
-        scale_log2, softcap_log2, BLOCK_N, SLIDING, CHUNKED, SOFTCAP, DOT_PRECISION, DOT_UPCAST,
+        scale_log2, softcap_log2, slope, BLOCK_N, SLIDING, CHUNKED, SOFTCAP, DOT_PRECISION,
+        DOT_UPCAST, ALIBI,
     )  # fmt: skip
 
     if SINKS:  # the sink in base 2 (log2(e)), against the same max as the sum
@@ -329,6 +362,7 @@ def varlen_prefill(
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
     chunk: int | None = None,
+    alibi: torch.Tensor | None = None,
     config: PrefillConfig | None = None,
 ) -> torch.Tensor:
     """Causal attention of packed queries q [Tq, H, D] over packed keys/values k, v [Tk, Hkv, D]
@@ -340,7 +374,9 @@ def varlen_prefill(
     chunk (positions c * chunk .. (c + 1) * chunk - 1). With `softcap` (None or 0: off), each
     scaled score s becomes softcap * tanh(s / softcap) before the masks and the softmax (Gemma
     2). With `sinks` ([H] float32, gpt-oss), head h's softmax denominator also counts
-    exp(sinks[h]). Returns [Tq, H, D] in q's dtype.
+    exp(sinks[h]). With `alibi` ([H] float32 slopes, BLOOM, MPT), head h adds
+    alibi[h] * (key position - query position) to each (capped) score. Returns [Tq, H, D] in
+    q's dtype.
     """
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
@@ -366,6 +402,9 @@ def varlen_prefill(
     if sinks is not None:
         check_device(sinks)
         check_sinks(sinks, num_heads)
+    if alibi is not None:
+        check_device(alibi)
+        check_alibi(alibi, num_heads)
     cfg = config or default_prefill_config(head_dim, q.dtype)
     grid = (triton.cdiv(max_seqlen_q, cfg.block_m), batch, num_heads)
     scale_log2, softcap_log2 = score_scales(scale, softcap)
@@ -380,6 +419,7 @@ def varlen_prefill(
         cu_seqlens_q,
         cu_seqlens_k,
         q if sinks is None else sinks,  # a dummy where SINKS is compiled out
+        q if alibi is None else alibi,  # likewise where ALIBI is
         scale_log2,
         softcap_log2,
         chunk or window or 0,
@@ -400,6 +440,7 @@ def varlen_prefill(
         CHUNKED=chunk is not None,
         SOFTCAP=bool(softcap),
         SINKS=sinks is not None,
+        ALIBI=alibi is not None,
         **dot_options(q.dtype),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

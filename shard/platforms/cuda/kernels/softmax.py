@@ -7,6 +7,9 @@ Soft-capped scores (SOFTCAP, Gemma 2): the scaled score s = (q . k) * scale beco
 C * tanh(s / C) before the mask and the softmax. tl has no tanh, and libdevice's fails in the
 interpreter (triton 3.5), so it is written with one exp2: tanh(|x|) = (1 - e) / (1 + e) with
 e = 2^(-2 |x| log2(e)) in (0, 1], which never overflows; `score_scales` folds the constants.
+
+ALiBi (BIASED, BLOOM, MPT): the caller's bias tile, slope * (key position - query position) in
+base 2 (`alibi_bias`), is added to the capped scores before the mask.
 """
 
 from __future__ import annotations
@@ -27,6 +30,24 @@ def score_scales(scale: float, softcap: float | None) -> tuple[float, float]:
     if not softcap:
         return scale * math.log2(math.e), 0.0
     return 2 * scale * math.log2(math.e) / softcap, softcap * math.log2(math.e)
+
+
+def check_alibi(alibi: torch.Tensor, num_heads: int) -> None:
+    """The kernels read head h's slope at alibi_ptr + h, as they read sinks: the same
+    contract, checked the same way (metadata only)."""
+    contiguous = alibi.ndim == 1 and (num_heads == 1 or alibi.stride(0) == 1)
+    if alibi.shape != (num_heads,) or not contiguous or alibi.dtype != torch.float32:
+        raise ValueError(
+            f"alibi must be one contiguous float32 slope per query head ({num_heads}), got "
+            f"shape {tuple(alibi.shape)}, stride {alibi.stride()}, {alibi.dtype}"
+        )
+
+
+@triton.jit
+def alibi_bias(slope, key_pos, query_pos):
+    """ALiBi's bias in base 2 (log2(e)): slope * (key_pos - query_pos), the three broadcast to
+    the score tile ([M, 1] or scalar slopes and query positions, [1, N] key positions)."""
+    return slope * 1.4426950408889634 * (key_pos - query_pos).to(tl.float32)
 
 
 def check_sinks(sinks: torch.Tensor, num_heads: int) -> None:
@@ -57,6 +78,8 @@ def attend_tile(
     SOFTCAP: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
+    bias=None,
+    BIASED: tl.constexpr = False,
 ):
     """Folds one key/value tile into the running (max, sum, weighted values) of each query row.
 
@@ -67,6 +90,7 @@ def attend_tile(
 
     `scale_log2` and `softcap_log2` are `score_scales`' (SOFTCAP: the cap is applied to every
     score before the mask, as Gemma 2 orders them; off, the scores are exactly as without it).
+    BIASED: `bias` [M, N] (ALiBi's, base 2) is added to the capped scores before the mask.
     """
     dtype = q.dtype
     k = k.to(dtype)
@@ -80,6 +104,8 @@ def attend_tile(
         e = tl.exp2(-tl.abs(s))
         t = (1.0 - e) / (1.0 + e)
         s = tl.where(s < 0, -t, t) * softcap_log2
+    if BIASED:
+        s = s + bias
     if MASKED:
         s = tl.where(mask, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
