@@ -84,23 +84,24 @@ def compile_prefill(
     softcap: bool = False,
     sinks: bool = False,
     chunked: bool = False,
+    alibi: bool = False,
 ) -> None:
     t = TYPES[dtype]
     cfg = prefill.default_prefill_config(head_dim, dtype)
     ptrs = {n: f"*{t}" for n in ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "cache_ptr")}
     ptrs |= {n: "*i32" for n in ("block_tables_ptr", "context_lens_ptr")}
     ptrs |= {"cu_seqlens_q_ptr": "*i32", "cu_seqlens_k_ptr": "*i32", "scale_log2": "fp32"}
-    ptrs |= {"softcap_log2": "fp32", "sinks_ptr": "*fp32"}
+    ptrs |= {"softcap_log2": "fp32", "sinks_ptr": "*fp32", "alibi_ptr": "*fp32"}
     ptrs["stride_c_kv"] = "i64"  # a large cache's K-to-V distance passes 2^31 elements
     compiled = compile_kernel(
         prefill._prefill_kernel, ptrs,
         dict(GROUP=4, HEAD_DIM=head_dim, BLOCK_D=head_block(head_dim), BLOCK_M=cfg.block_m,
              BLOCK_N=cfg.block_n, CACHE_BLOCK_SIZE=16, HAS_PREFIX=True, SLIDING=sliding,
-             CHUNKED=chunked, SOFTCAP=softcap, SINKS=sinks, **dot_options(dtype)),
+             CHUNKED=chunked, SOFTCAP=softcap, SINKS=sinks, ALIBI=alibi, **dot_options(dtype)),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     what = f"prefill {t} d{head_dim} sliding={sliding} chunked={chunked} softcap={softcap}"
-    what += f" sinks={sinks}"
+    what += f" sinks={sinks} alibi={alibi}"
     report(f"{what} {cfg}", compiled)
 
 
@@ -113,23 +114,24 @@ def compile_decode(
     softcap: bool = False,
     sinks: bool = False,
     chunked: bool = False,
+    alibi: bool = False,
 ) -> None:
     t = TYPES[dtype]
     cfg = decode.default_decode_config(head_dim)
     ptrs = {n: f"*{t}" for n in ("q_ptr", "cache_ptr", "out_ptr")}
     ptrs |= {"block_tables_ptr": "*i32", "context_lens_ptr": "*i32", "scale_log2": "fp32"}
-    ptrs |= {"softcap_log2": "fp32", "sinks_ptr": "*fp32"}
+    ptrs |= {"softcap_log2": "fp32", "sinks_ptr": "*fp32", "alibi_ptr": "*fp32"}
     ptrs |= {"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "stride_c_kv": "i64"}
     compiled = compile_kernel(
         decode._paged_decode_kernel, ptrs,
         dict(NUM_HEADS=32, GROUP=4, BLOCK_G=16, HEAD_DIM=head_dim, BLOCK_D=head_block(head_dim),
              BLOCK_N=cfg.block_n, CACHE_BLOCK_SIZE=16, NUM_SPLITS=splits, SLIDING=sliding,
              CHUNKED=chunked, SPLIT_PER_SEQUENCE=per_sequence, SOFTCAP=softcap, SINKS=sinks,
-             **dot_options(dtype)),
+             ALIBI=alibi, **dot_options(dtype)),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     name = f"decode {t} d{head_dim} splits={splits} sliding={sliding} per_seq={per_sequence}"
-    name += f" chunked={chunked} softcap={softcap} sinks={sinks}"
+    name += f" chunked={chunked} softcap={softcap} sinks={sinks} alibi={alibi}"
     report(f"{name} {cfg}", compiled)
 
 
@@ -287,6 +289,9 @@ def main() -> int:
     # Llama 4's chunked layers
     compile_prefill(torch.bfloat16, 128, chunked=True)
     compile_decode(torch.bfloat16, 128, splits=8, per_sequence=True, chunked=True)
+    # ALiBi's bias tiles (BLOOM's 128-dim heads, MPT's), prefill and graphed decode
+    compile_prefill(torch.bfloat16, 128, alibi=True)
+    compile_decode(torch.bfloat16, 128, splits=8, per_sequence=True, alibi=True)
     compile_reduce_and_kv_write(torch.bfloat16, 80)
     compile_elementwise(torch.bfloat16)
     compile_truncation_floor()

@@ -33,12 +33,12 @@ def test_unsupported_architecture_names_it_and_the_supported_ones(tiny_model, tm
     dst = tmp_path / "gpt"
     shutil.copytree(tiny_model("llama_gqa_llama3"), dst)
     config = json.loads((dst / "config.json").read_text())
-    config["architectures"] = ["BloomForCausalLM"]
+    config["architectures"] = ["DeepseekV4ForCausalLM"]
     (dst / "config.json").write_text(json.dumps(config))
     with pytest.raises(UnsupportedArchitectureError) as err:
         load(dst)
     message = str(err.value)
-    assert "BloomForCausalLM" in message
+    assert "DeepseekV4ForCausalLM" in message
     assert all(a in message for a in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"))
 
 
