@@ -336,6 +336,10 @@ LINEAR_ATTENTION_ARCHITECTURES = (
     "Qwen3_5MoeForConditionalGeneration",
     "Qwen3NextForCausalLM",
 )
+# The tiny Gated DeltaNet heads (Qwen3.5's, OLMo-Hybrid's, Lara's): 2 key heads of 16, values of
+# 24 dims (each architecture its own number of value heads)
+_TINY_LINEAR_HEADS = {"linear_num_key_heads": 2, "linear_key_head_dim": 16,
+                      "linear_value_head_dim": 24}  # fmt: skip
 # Every MLP an expert block: the released configs have no intermediate_size
 _NO_DENSE_MLP = ("SolarOpenForCausalLM",)
 # Multi-head latent attention (DeepSeek's)
@@ -810,10 +814,8 @@ def _tiny_defaults(
         return {
             "head_dim": head_dim,
             "full_attention_interval": 2,
-            "linear_num_key_heads": 2,
+            **_TINY_LINEAR_HEADS,
             "linear_num_value_heads": 4,
-            "linear_key_head_dim": 16,
-            "linear_value_head_dim": 24,
             "max_position_embeddings": 512,
             **(moe if "Moe" in architecture or "Next" in architecture else {}),
         }
@@ -821,10 +823,8 @@ def _tiny_defaults(
         # the release's 8 linear key heads (16 value heads) of 128, 128 experts (top 4)
         return {
             "head_dim": hidden_size // num_attention_heads,
-            "linear_num_key_heads": 2,
+            **_TINY_LINEAR_HEADS,
             "linear_num_value_heads": 4,
-            "linear_key_head_dim": 16,
-            "linear_value_head_dim": 24,
             "num_experts": 8,
             "num_experts_per_tok": 3,
             "moe_intermediate_size": 32,
@@ -835,10 +835,8 @@ def _tiny_defaults(
         # the release's 30 linear heads of 96 keys and 192 values, three linear layers in four
         return {
             "head_dim": hidden_size // num_attention_heads,
-            "linear_num_key_heads": 2,
+            **_TINY_LINEAR_HEADS,
             "linear_num_value_heads": 2,
-            "linear_key_head_dim": 16,
-            "linear_value_head_dim": 24,
             "max_position_embeddings": 512,
         }
     if architecture == "NemotronHForCausalLM":

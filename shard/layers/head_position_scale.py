@@ -28,9 +28,12 @@ class HeadPositionScale(nn.Module):
 
         return cls(part("s"), part("b"))
 
-    def forward(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """q [T, heads, D] at `positions` [T] -> each head's query times its factor."""
-        dtype = q.dtype
+    def factor(self, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """[T, heads, 1] each token's factor per head, in `dtype`."""
         log_pos = (positions + 1).float().log().to(dtype)
         factor = self.scale.to(dtype)[None, :] * log_pos[:, None] + self.bias.to(dtype)[None, :]
-        return q * factor.unsqueeze(-1)
+        return factor.unsqueeze(-1)
+
+    def forward(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """q [T, heads, D] at `positions` [T] -> each head's query times its factor."""
+        return q * self.factor(positions, q.dtype)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from shard.attention import AttentionBackend, StepMetadata, attend
+from shard.attention import AttentionBackend
 from shard.layers.linear import ColumnParallelLinear, head_range
 from shard.layers.quant.base import Piece
 from shard.layers.rotary import RotaryEmbedding
@@ -40,15 +40,7 @@ class GatedLatentAttention(LatentAttention):
         attention.output_gate = ColumnParallelLinear.load_rows(weights, rows, bias=False)
         return attention
 
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        positions: torch.Tensor,
-        kv_cache: torch.Tensor,
-        meta: StepMetadata,
-    ) -> torch.Tensor:
-        query, key = self.query_key(self.q_proj(hidden), hidden, positions, meta)
-        out = attend(self.backend, query, key, key, kv_cache, meta, self.scale)
+    def gated(self, out: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         # sigmoid in float32, rounded to the model's dtype, as transformers gates
         gate = torch.sigmoid(self.output_gate(hidden).float()).to(out.dtype)
-        return self.output(out * gate.unsqueeze(-1))
+        return out * gate.unsqueeze(-1)

@@ -146,7 +146,12 @@ class LatentAttention(nn.Module):
     ) -> torch.Tensor:
         query, key = self.query_key(self.q_proj(hidden), hidden, positions, meta)
         out = attend(self.backend, query, key, key, kv_cache, meta, self.scale)
-        return self.output(out)
+        return self.output(self.gated(out, hidden))
+
+    def gated(self, out: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """The heads' attended latents [T, H, >= rank], gated by the layer's input where the
+        model gates them (GatedLatentAttention); as they are here."""
+        return out
 
     def query_key(
         self, q: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, meta: StepMetadata
@@ -166,8 +171,9 @@ class LatentAttention(nn.Module):
         # Large 4 by a learned factor a head
         q_nope = scaled_by_position(q_nope, positions, self.position_scale)
         q_rope = scaled_by_position(q_rope, positions, self.position_scale)
-        if self.head_scale is not None:
-            q_nope, q_rope = self.head_scale(q_nope, positions), self.head_scale(q_rope, positions)
+        if self.head_scale is not None:  # (one factor for both parts)
+            factor = self.head_scale.factor(positions, q_nope.dtype)
+            q_nope, q_rope = q_nope * factor, q_rope * factor
         # each head's query in latent space: q_nope W_UK^T, [T, H, rank]
         q_latent = torch.bmm(q_nope.transpose(0, 1), self.w_uk).transpose(0, 1)
         query = torch.cat((q_latent, q_rope), -1)
